@@ -1,0 +1,16 @@
+#!/usr/bin/env node
+import { Command } from 'commander';
+import { workerCommand } from './worker-command.js';
+
+const program = new Command('ebb')
+  .description('LLM-inference serving whose workers own their lifecycle')
+  .version('0.1.0')
+  .showHelpAfterError();
+
+program.addCommand(workerCommand());
+
+program.parseAsync(process.argv).catch((err: unknown) => {
+  // Operators get one clear line, not a stack trace.
+  process.stderr.write(`ebb: ${(err as Error).message}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,102 @@
+import { Command, Option } from 'commander';
+import { createLogger } from '../common/logger.js';
+import { MOCKER_DEFAULTS } from '../engine/mocker.js';
+import { newWorkerId, startWorker } from '../worker/worker.js';
+import type { WorkerMode } from '../discovery/discovery.js';
+import { discoveryDefault, intOption } from './options.js';
+
+interface WorkerFlags {
+  engine: string;
+  model: string;
+  mode: WorkerMode;
+  host: string;
+  port: number;
+  systemHost: string;
+  systemPort: number;
+  discovery: string;
+  workerId?: string;
+  leaseTtlMs?: number;
+  shutdownGraceMs: number;
+  drainTimeoutMs: number;
+  mockerTtftMs: number;
+  mockerItlMs: number;
+  mockerBatchSlots: number;
+  mockerMaxQueue: number;
+  mockerIdleness: 'exact' | 'unknown';
+}
+
+export function workerCommand(): Command {
+  return new Command('worker')
+    .description('run one worker: an engine, its request plane and its system-status server (Admin API)')
+    .addOption(new Option('--engine <name>', 'inference engine').choices(['mocker']).default('mocker'))
+    .option('--model <name>', 'model name served', 'ebb-mock')
+    .addOption(new Option('--mode <mode>', 'serving mode').choices(['aggregated', 'prefill', 'decode']).default('aggregated'))
+    .option('--host <addr>', 'request-plane bind address', '127.0.0.1')
+    .option('--port <n>', 'request-plane port (0 = any free port)', intOption(0), 0)
+    .option('--system-host <addr>', 'system-status server bind address', '127.0.0.1')
+    .option('--system-port <n>', 'system-status server port (0 = any free port)', intOption(0), 0)
+    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
+    .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx)')
+    .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', intOption(1))
+    .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', intOption(0), 1000)
+    .option('--drain-timeout-ms <n>', 'after the grace, how long in-flight work may run before being cut off', intOption(0), 30_000)
+    .option('--mocker-ttft-ms <n>', 'mocker base time to first token (grows with prompt length)', intOption(0), MOCKER_DEFAULTS.ttftMs)
+    .option('--mocker-itl-ms <n>', 'mocker inter-token latency', intOption(0), MOCKER_DEFAULTS.itlMs)
+    .option('--mocker-batch-slots <n>', 'mocker concurrent sequences; more queue', intOption(1), MOCKER_DEFAULTS.batchSlots)
+    .option('--mocker-max-queue <n>', 'queued sequences past which the worker answers worker_overloaded', intOption(0), MOCKER_DEFAULTS.maxQueue)
+    .addOption(
+      new Option('--mocker-idleness <mode>', 'idleness probe: exact, or unknown to simulate an engine that cannot tell (never drains)')
+        .choices(['exact', 'unknown'])
+        .default('exact'),
+    )
+    .action(async (flags: WorkerFlags) => {
+      const workerId = flags.workerId ?? newWorkerId();
+      const log = createLogger('worker', { worker_id: workerId });
+      let exiting = false;
+      const exit = (code: number) => {
+        exiting = true;
+        process.exit(code);
+      };
+      const worker = await startWorker(
+        {
+          workerId,
+          model: flags.model,
+          mode: flags.mode,
+          host: flags.host,
+          port: flags.port,
+          systemHost: flags.systemHost,
+          systemPort: flags.systemPort,
+          discoveryUrl: flags.discovery,
+          leaseTtlMs: flags.leaseTtlMs,
+          shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
+          mocker: {
+            ttftMs: flags.mockerTtftMs,
+            itlMs: flags.mockerItlMs,
+            batchSlots: flags.mockerBatchSlots,
+            maxQueue: flags.mockerMaxQueue,
+            idleness: flags.mockerIdleness,
+          },
+        },
+        log,
+        exit,
+      );
+      const { record } = worker;
+      log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
+
+      let signals = 0;
+      const onSignal = (signal: NodeJS.Signals) => {
+        signals++;
+        if (signals > 1 || exiting) {
+          log.warn({ event: 'shutdown_forced', signal }, 'second signal: exiting now');
+          exit(130);
+          return;
+        }
+        void worker.shutdown(signal).then(exit, (err: unknown) => {
+          log.fatal({ err }, 'shutdown failed');
+          exit(1);
+        });
+      };
+      process.on('SIGTERM', onSignal);
+      process.on('SIGINT', onSignal);
+    });
+}

@@ -1,0 +1,43 @@
+import Fastify, { type FastifyInstance, type FastifyError } from 'fastify';
+import type { AddressInfo } from 'node:net';
+import { errorBody, HttpError } from './errors.js';
+
+const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'] as const;
+
+/**
+ * A fastify instance whose every failure answers JSON: 404 for unknown paths, 400 for bad bodies,
+ * the HttpError's own status otherwise. Fastify's logger stays off: request logging on a hot path
+ * costs more than it tells; ebb logs lifecycle events itself.
+ */
+export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: number } = {}): FastifyInstance {
+  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit ?? 4 * 1024 * 1024, keepAliveTimeout: opts.keepAliveTimeout ?? 65_000 });
+  app.setNotFoundHandler((req, reply) => {
+    void reply.code(404).send(errorBody('not_found', `no route for ${req.method} ${req.url}`));
+  });
+  app.setErrorHandler((err: FastifyError | HttpError, _req, reply) => {
+    if (err instanceof HttpError) return reply.code(err.status).send(err.body());
+    const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
+    const code = status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : 'internal_error';
+    return reply.code(status).send(errorBody(code, err.message, status >= 500 ? 'server_error' : 'invalid_request_error'));
+  });
+  return app;
+}
+
+/** Registers `methods` on `url` and a JSON 405 with an Allow header for every other method. */
+export function allowOnly(app: FastifyInstance, url: string, methods: readonly (typeof ALL_METHODS)[number][]): void {
+  const others = ALL_METHODS.filter((m) => !methods.includes(m) && !(m === 'HEAD' && methods.includes('GET')));
+  const allow = methods.join(', ');
+  app.route({
+    method: [...others],
+    url,
+    handler: (req, reply) =>
+      reply.code(405).header('allow', allow).send(errorBody('method_not_allowed', `${req.method} is not allowed on ${url}; use ${allow}`)),
+  });
+}
+
+export async function listen(app: FastifyInstance, host: string, port: number): Promise<string> {
+  await app.listen({ host, port });
+  const addr = app.server.address() as AddressInfo;
+  const h = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
+  return `http://${h}:${addr.port}`;
+}

@@ -1,0 +1,28 @@
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Discovery } from './discovery.js';
+import { FileDiscovery } from './file.js';
+import { MemoryDiscovery } from './memory.js';
+
+export interface DiscoveryOptions {
+  /** Lease TTL for registrations this process makes. */
+  leaseTtlMs?: number;
+}
+
+/** A fresh directory for `ebb up` and tests: the embedded default needs nothing installed. */
+export function temporaryDiscoveryUrl(): string {
+  return `file://${mkdtempSync(join(tmpdir(), 'ebb-discovery-'))}`;
+}
+
+/** memory: | file:///dir | etcd://host:2379[,host:2379] */
+export async function connectDiscovery(url: string, opts: DiscoveryOptions = {}): Promise<Discovery> {
+  if (url === 'memory:' || url === 'memory://') return new MemoryDiscovery();
+  if (url.startsWith('file://')) return new FileDiscovery(fileURLToPath(url), opts.leaseTtlMs);
+  if (url.startsWith('etcd://')) {
+    const { EtcdDiscovery } = await import('./etcd.js');
+    return EtcdDiscovery.connect(url, opts);
+  }
+  throw new Error(`unsupported discovery URL "${url}": use memory:, file:///path/dir or etcd://host:2379`);
+}

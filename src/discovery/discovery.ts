@@ -1,0 +1,52 @@
+/**
+ * The registry the frontend routes from. Workers register one record each; the frontend lists then
+ * watches. Backends: in-process (memory:), one machine (file:), a cluster (etcd:).
+ */
+
+export type WorkerMode = 'aggregated' | 'prefill' | 'decode';
+
+export interface WorkerRecord {
+  worker_id: string;
+  model: string;
+  mode: WorkerMode;
+  request_url: string;
+  system_url: string;
+}
+
+/**
+ * `reset` carries the whole current set: sent first, and again whenever the backend had to
+ * resynchronise (after a reconnect), so a watcher never depends on having seen every event.
+ */
+export type DiscoveryEvent =
+  | { type: 'reset'; records: WorkerRecord[] }
+  | { type: 'put'; record: WorkerRecord }
+  | { type: 'delete'; worker_id: string };
+
+export interface DiscoveryWatch {
+  close(): Promise<void>;
+}
+
+export interface Discovery {
+  /** Human-readable location, for logs. */
+  readonly url: string;
+  register(record: WorkerRecord): Promise<void>;
+  unregister(workerId: string): Promise<void>;
+  list(): Promise<WorkerRecord[]>;
+  /** Delivers a `reset` with the listed set first, then every change after it. */
+  watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch>;
+  /** Fires when a registration this process holds was lost (lease expired) and must be redone. */
+  onRegistrationLost(listener: (workerId: string) => void): () => void;
+  close(): Promise<void>;
+}
+
+export function isWorkerRecord(v: unknown): v is WorkerRecord {
+  if (typeof v !== 'object' || v === null) return false;
+  const r = v as Record<string, unknown>;
+  return (
+    typeof r.worker_id === 'string' &&
+    typeof r.model === 'string' &&
+    (r.mode === 'aggregated' || r.mode === 'prefill' || r.mode === 'decode') &&
+    typeof r.request_url === 'string' &&
+    typeof r.system_url === 'string'
+  );
+}

@@ -1,0 +1,145 @@
+import { watch as fsWatch, type FSWatcher } from 'node:fs';
+import { mkdir, readdir, readFile, rename, unlink, writeFile } from 'node:fs/promises';
+import { hostname } from 'node:os';
+import { join } from 'node:path';
+import { isWorkerRecord, type Discovery, type DiscoveryEvent, type DiscoveryWatch, type WorkerRecord } from './discovery.js';
+
+interface FileEntry {
+  record: WorkerRecord;
+  pid: number;
+  hostname: string;
+  heartbeat_at: number;
+  ttl_ms: number;
+}
+
+const HOST = hostname();
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * Discovery for several processes on one machine: one JSON file per worker in a directory.
+ * A record is a lease: its owner rewrites the heartbeat every ttl/3; readers drop a record whose
+ * heartbeat is older than its TTL, or at once when its owner process on this host is gone.
+ * Watchers react to inotify events on the directory and sweep for expiries once per second.
+ */
+export class FileDiscovery implements Discovery {
+  readonly url: string;
+  private readonly heartbeats = new Map<string, NodeJS.Timeout>();
+  private readonly closers = new Set<() => Promise<void>>();
+
+  constructor(
+    private readonly dir: string,
+    private readonly ttlMs = 3000,
+  ) {
+    this.url = `file://${dir}`;
+  }
+
+  private pathOf(workerId: string): string {
+    return join(this.dir, `${encodeURIComponent(workerId)}.json`);
+  }
+
+  private async write(record: WorkerRecord): Promise<void> {
+    const entry: FileEntry = { record, pid: process.pid, hostname: HOST, heartbeat_at: Date.now(), ttl_ms: this.ttlMs };
+    const path = this.pathOf(record.worker_id);
+    const tmp = `${path}.${process.pid}.tmp`;
+    await writeFile(tmp, JSON.stringify(entry));
+    await rename(tmp, path); // atomic: readers never see half a record
+  }
+
+  async register(record: WorkerRecord): Promise<void> {
+    await mkdir(this.dir, { recursive: true });
+    await this.write(record);
+    clearInterval(this.heartbeats.get(record.worker_id));
+    const timer = setInterval(() => {
+      this.write(record).catch(() => undefined); // a missed beat is survivable; TTL covers 3 of them
+    }, Math.max(100, Math.floor(this.ttlMs / 3)));
+    timer.unref();
+    this.heartbeats.set(record.worker_id, timer);
+  }
+
+  async unregister(workerId: string): Promise<void> {
+    clearInterval(this.heartbeats.get(workerId));
+    this.heartbeats.delete(workerId);
+    await unlink(this.pathOf(workerId)).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'ENOENT') throw err;
+    });
+  }
+
+  async list(): Promise<WorkerRecord[]> {
+    await mkdir(this.dir, { recursive: true });
+    const names = (await readdir(this.dir)).filter((n) => n.endsWith('.json'));
+    const now = Date.now();
+    const entries = await Promise.all(
+      names.map(async (n) => {
+        try {
+          return JSON.parse(await readFile(join(this.dir, n), 'utf8')) as FileEntry;
+        } catch {
+          return null; // removed between readdir and read
+        }
+      }),
+    );
+    return entries
+      .filter((e): e is FileEntry => e !== null && isWorkerRecord(e.record))
+      .filter((e) => now - e.heartbeat_at <= e.ttl_ms && !(e.hostname === HOST && !processAlive(e.pid)))
+      .map((e) => e.record);
+  }
+
+  async watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch> {
+    await mkdir(this.dir, { recursive: true });
+    let known = new Map<string, string>();
+    let scanning = false;
+    let rescan = false;
+    let closed = false;
+    const scan = async (): Promise<void> => {
+      if (scanning) {
+        rescan = true;
+        return;
+      }
+      scanning = true;
+      try {
+        do {
+          rescan = false;
+          const next = new Map((await this.list()).map((r) => [r.worker_id, JSON.stringify(r)]));
+          if (closed) return;
+          for (const [id, json] of next) if (known.get(id) !== json) listener({ type: 'put', record: JSON.parse(json) as WorkerRecord });
+          for (const id of known.keys()) if (!next.has(id)) listener({ type: 'delete', worker_id: id });
+          known = next;
+        } while (rescan);
+      } finally {
+        scanning = false;
+      }
+    };
+    const initial = await this.list();
+    known = new Map(initial.map((r) => [r.worker_id, JSON.stringify(r)]));
+    listener({ type: 'reset', records: initial });
+    const watcher: FSWatcher = fsWatch(this.dir, () => void scan());
+    watcher.on('error', () => undefined);
+    const sweep = setInterval(() => void scan(), 1000);
+    sweep.unref();
+    const close = async () => {
+      closed = true;
+      watcher.close();
+      clearInterval(sweep);
+      this.closers.delete(close);
+    };
+    this.closers.add(close);
+    return { close };
+  }
+
+  onRegistrationLost(): () => void {
+    return () => undefined; // the heartbeat rewrites a lost file itself
+  }
+
+  async close(): Promise<void> {
+    for (const t of this.heartbeats.values()) clearInterval(t);
+    this.heartbeats.clear();
+    await Promise.all([...this.closers].map((c) => c()));
+  }
+}

@@ -1,0 +1,36 @@
+import { EventEmitter } from 'node:events';
+import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
+
+/** In-process discovery: for tests and for components sharing one process. Nothing expires. */
+export class MemoryDiscovery implements Discovery {
+  readonly url = 'memory:';
+  private readonly records = new Map<string, WorkerRecord>();
+  private readonly events = new EventEmitter();
+
+  async register(record: WorkerRecord): Promise<void> {
+    this.records.set(record.worker_id, { ...record });
+    this.events.emit('event', { type: 'put', record: { ...record } } satisfies DiscoveryEvent);
+  }
+
+  async unregister(workerId: string): Promise<void> {
+    if (this.records.delete(workerId)) this.events.emit('event', { type: 'delete', worker_id: workerId } satisfies DiscoveryEvent);
+  }
+
+  async list(): Promise<WorkerRecord[]> {
+    return [...this.records.values()].map((r) => ({ ...r }));
+  }
+
+  async watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch> {
+    listener({ type: 'reset', records: await this.list() });
+    this.events.on('event', listener);
+    return { close: async () => void this.events.off('event', listener) };
+  }
+
+  onRegistrationLost(): () => void {
+    return () => undefined;
+  }
+
+  async close(): Promise<void> {
+    this.events.removeAllListeners();
+  }
+}

@@ -1,0 +1,131 @@
+import { EventEmitter } from 'node:events';
+import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
+import type { Engine, EngineStats, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import { Slots } from './slots.js';
+
+export interface MockerOptions {
+  /** Base time to first token; grows with prompt length (see ttftFor). 0 disables the delay. */
+  ttftMs: number;
+  /** Inter-token latency. 0 yields to the event loop between tokens, for benchmarks. */
+  itlMs: number;
+  /** Concurrent sequences (batch slots); the rest queue FIFO. */
+  batchSlots: number;
+  /** Queued sequences beyond which the engine reports overload (admission answers worker_overloaded). */
+  maxQueue: number;
+  /** `exact` reports idleness from its own counters; `unknown` simulates an engine that cannot tell. */
+  idleness: 'exact' | 'unknown';
+}
+
+export const MOCKER_DEFAULTS: MockerOptions = { ttftMs: 20, itlMs: 10, batchSlots: 32, maxQueue: 512, idleness: 'exact' };
+
+const VOCABULARY = (
+  'the of and to in is that it for on with as was at by an be this from or are which not have has one all ' +
+  'model token stream worker drain engine serve request cache batch prefill decode state idle ready route ' +
+  'signal graceful fleet admit release watch lease ebb flow tide shore quiet steady river harbor light'
+).split(' ');
+
+/** Words stand in for tokens: tokenizer-free and deterministic. */
+export function countTokens(text: string): number {
+  const n = text.split(/\s+/).filter(Boolean).length;
+  return Math.max(1, n);
+}
+
+/** Time to first token: the base, plus one base per 256 prompt tokens (prefill cost grows with length). */
+export function ttftFor(baseMs: number, promptTokens: number): number {
+  return baseMs * (1 + promptTokens / 256);
+}
+
+function hashString(s: string, seed: number): number {
+  let h = (seed ^ 0x9e3779b9) >>> 0;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193) >>> 0;
+  return h;
+}
+
+/** mulberry32: small, fast, good enough to pick words reproducibly. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function pause(ms: number, signal: AbortSignal): Promise<unknown> {
+  return ms > 0 ? sleep(ms, undefined, { signal }) : yieldTurn(undefined, { signal });
+}
+
+/** The embedded simulated engine: deterministic text for a seed, a timing model, batch slots with a queue. */
+export class MockerEngine implements Engine {
+  readonly kind = 'mocker';
+  private readonly slots: Slots;
+  private readonly events = new EventEmitter();
+  private generated = 0;
+
+  constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
+    this.slots = new Slots(opts.batchSlots);
+  }
+
+  async *generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<string, GenerateResult, void> {
+    const promptTokens = countTokens(req.prompt);
+    try {
+      await this.slots.acquire(signal);
+    } catch (err) {
+      this.notifyIfIdle(); // a sequence dropped while queued may have been the last work
+      throw err;
+    }
+    try {
+      const random = prng(hashString(req.prompt, req.seed ?? 0));
+      await pause(ttftFor(this.opts.ttftMs, promptTokens), signal);
+      let text = '';
+      for (let i = 0; i < req.max_tokens; i++) {
+        if (i > 0) await pause(this.opts.itlMs, signal);
+        const word = VOCABULARY[Math.floor(random() * VOCABULARY.length)] as string;
+        const piece = i === 0 ? word : ` ${word}`;
+        text += piece;
+        const hit = req.stop?.find((s) => s.length > 0 && text.includes(s));
+        if (hit !== undefined) return { finish_reason: 'stop', prompt_tokens: promptTokens, completion_tokens: i };
+        this.generated++;
+        yield piece;
+      }
+      return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: req.max_tokens };
+    } finally {
+      this.slots.release();
+      this.notifyIfIdle();
+    }
+  }
+
+  private notifyIfIdle(): void {
+    if (this.slots.running === 0 && this.slots.queued === 0) this.events.emit('change');
+  }
+
+  async probeQuiescence(): Promise<Quiescence> {
+    if (this.opts.idleness === 'unknown') return { state: 'unknown', reason: 'engine cannot report idleness (--mocker-idleness unknown)' };
+    const { running, queued } = this.slots;
+    if (running === 0 && queued === 0) return { state: 'idle' };
+    return { state: 'busy', waiting_for: [`engine: ${running} running, ${queued} queued sequences`] };
+  }
+
+  onQuiescenceChange(listener: () => void): () => void {
+    this.events.on('change', listener);
+    return () => this.events.off('change', listener);
+  }
+
+  isOverloaded(): boolean {
+    return this.slots.queued >= this.opts.maxQueue;
+  }
+
+  stats(): EngineStats {
+    return {
+      kind: this.kind,
+      running_sequences: this.slots.running,
+      queued_sequences: this.slots.queued,
+      batch_slots: this.slots.capacity,
+      generated_tokens: this.generated,
+    };
+  }
+
+  async close(): Promise<void> {}
+}

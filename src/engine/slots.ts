@@ -1,0 +1,46 @@
+/** FIFO counting semaphore for batch slots; a waiter whose signal aborts leaves the queue. */
+export class Slots {
+  private free: number;
+  private readonly waiters: Array<{ grant: () => void }> = [];
+
+  constructor(readonly capacity: number) {
+    this.free = capacity;
+  }
+
+  get queued(): number {
+    return this.waiters.length;
+  }
+
+  get running(): number {
+    return this.capacity - this.free;
+  }
+
+  acquire(signal: AbortSignal): Promise<void> {
+    if (signal.aborted) return Promise.reject(signal.reason);
+    if (this.free > 0 && this.waiters.length === 0) {
+      this.free--;
+      return Promise.resolve();
+    }
+    return new Promise<void>((resolve, reject) => {
+      const waiter = {
+        grant: () => {
+          signal.removeEventListener('abort', onAbort);
+          resolve();
+        },
+      };
+      const onAbort = () => {
+        const i = this.waiters.indexOf(waiter);
+        if (i >= 0) this.waiters.splice(i, 1);
+        reject(signal.reason);
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      this.waiters.push(waiter);
+    });
+  }
+
+  release(): void {
+    const next = this.waiters.shift();
+    if (next) next.grant();
+    else this.free++;
+  }
+}

@@ -1,0 +1,88 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Admission } from '../lifecycle/admission.js';
+import type { Lifecycle, Transition } from '../lifecycle/lifecycle.js';
+import { WORKER_STATES } from '../lifecycle/states.js';
+import type { Engine } from '../engine/engine.js';
+
+/**
+ * Worker metrics. Overload and drain are kept apart on purpose: a refusal counter labelled by code,
+ * the lifecycle state gauge for drain, and engine queue depth for overload.
+ */
+export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, engine: Engine) {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: 'ebb_worker_process_' });
+
+  new Gauge({
+    name: 'ebb_worker_state',
+    help: 'Lifecycle state (1 for the current one)',
+    labelNames: ['state'],
+    registers: [registry],
+    collect() {
+      for (const s of WORKER_STATES) this.set({ state: s }, lifecycle.state === s ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'ebb_worker_inflight_requests',
+    help: 'Admitted requests whose response has not ended',
+    registers: [registry],
+    collect() {
+      this.set(admission.inflight);
+    },
+  });
+  new Gauge({
+    name: 'ebb_worker_admission_open',
+    help: '1 while the worker admits new requests',
+    registers: [registry],
+    collect() {
+      this.set(admission.open ? 1 : 0);
+    },
+  });
+  new Gauge({
+    name: 'ebb_engine_running_sequences',
+    help: 'Sequences in the engine batch',
+    registers: [registry],
+    collect() {
+      this.set(engine.stats().running_sequences);
+    },
+  });
+  new Gauge({
+    name: 'ebb_engine_queued_sequences',
+    help: 'Sequences waiting for a batch slot (overload, not drain)',
+    registers: [registry],
+    collect() {
+      this.set(engine.stats().queued_sequences);
+    },
+  });
+  const released = new Counter({ name: 'ebb_worker_requests_total', help: 'Admitted requests by how they ended', labelNames: ['outcome'], registers: [registry] });
+  const refused = new Counter({ name: 'ebb_worker_admission_refusals_total', help: 'Requests refused before any work, by code', labelNames: ['code'], registers: [registry] });
+  const transitions = new Counter({ name: 'ebb_worker_transitions_total', help: 'Lifecycle transitions', labelNames: ['from', 'to'], registers: [registry] });
+  const drainSeconds = new Histogram({
+    name: 'ebb_worker_drain_duration_seconds',
+    help: 'From drain to drained',
+    buckets: [0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 300, 900],
+    registers: [registry],
+  });
+  const shutdownStage = new Histogram({
+    name: 'ebb_worker_shutdown_stage_seconds',
+    help: 'SIGTERM stages: time spent and how each ended',
+    labelNames: ['stage', 'result'],
+    buckets: [0.01, 0.1, 0.5, 1, 5, 15, 30, 60],
+    registers: [registry],
+  });
+
+  admission.on('released', (outcome: string) => released.inc({ outcome }));
+  let drainStarted = 0;
+  lifecycle.on('transition', (t: Transition) => {
+    transitions.inc({ from: t.from, to: t.to });
+    if (t.to === 'draining') drainStarted = performance.now();
+    if (t.to === 'drained') drainSeconds.observe((performance.now() - drainStarted) / 1000);
+  });
+
+  return {
+    registry,
+    refused: (code: string) => refused.inc({ code }),
+    shutdownStage: (stage: string, result: string, seconds: number) => shutdownStage.observe({ stage, result }, seconds),
+  };
+}
+
+export type WorkerMetrics = ReturnType<typeof createWorkerMetrics>;

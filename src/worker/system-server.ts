@@ -1,0 +1,81 @@
+import type { FastifyInstance } from 'fastify';
+import type { Engine } from '../engine/engine.js';
+import { allowOnly, createHttpServer } from '../common/http-server.js';
+import type { Lifecycle, LifecycleStatus } from '../lifecycle/lifecycle.js';
+import type { WorkerMetrics } from './metrics.js';
+
+export interface SystemServerDeps {
+  lifecycle: Lifecycle;
+  engine: Engine;
+  metrics: WorkerMetrics;
+  /** Guards mutating admin routes (drain, resume); see admin-auth. */
+  guardAdmin?: (authorization: string | undefined) => void;
+}
+
+interface DrainBody {
+  reason?: string;
+}
+
+/**
+ * The system-status server: probes, metrics and the Admin API, on their own port so the request
+ * plane never carries them. /live stays 200 while draining: drain must not get the pod killed.
+ */
+export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: SystemServerDeps): FastifyInstance {
+  const app = createHttpServer({ bodyLimit: 64 * 1024 });
+  // curl -X POST sends no body; a JSON content type with an empty body is also a plain drain.
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
+    const text = (body as string).trim();
+    if (text === '') return done(null, {});
+    try {
+      done(null, JSON.parse(text));
+    } catch (err) {
+      (err as { statusCode?: number }).statusCode = 400;
+      done(err as Error);
+    }
+  });
+
+  const statusBody = (s: LifecycleStatus) => ({ ...s, engine: engine.stats() });
+
+  allowOnly(app, '/live', ['GET']);
+  app.get('/live', async () => ({ status: 'alive', state: lifecycle.state }));
+
+  allowOnly(app, '/health', ['GET']);
+  app.get('/health', async (_req, reply) => {
+    const state = lifecycle.state;
+    const ready = state === 'serving' && !lifecycle.isShuttingDown;
+    return reply.code(ready ? 200 : 503).send({ status: ready ? 'ready' : 'not_ready', state });
+  });
+
+  allowOnly(app, '/metrics', ['GET']);
+  app.get('/metrics', async (_req, reply) => {
+    return reply.header('content-type', metrics.registry.contentType).send(await metrics.registry.metrics());
+  });
+
+  allowOnly(app, '/engine/status', ['GET']);
+  app.get('/engine/status', async () => statusBody(lifecycle.status()));
+
+  allowOnly(app, '/engine/drain', ['POST']);
+  app.post<{ Body: DrainBody | undefined }>(
+    '/engine/drain',
+    {
+      schema: { body: { type: 'object', properties: { reason: { type: 'string', maxLength: 500 } }, additionalProperties: false } },
+      preValidation: async (req) => {
+        req.body ??= {}; // a bare POST (no body) is a plain drain
+      },
+    },
+    async (req, reply) => {
+      guardAdmin?.(req.headers.authorization);
+      const status = await lifecycle.drain(req.body?.reason ?? 'admin');
+      return reply.code(status.state === 'drained' ? 200 : 202).send(statusBody(status));
+    },
+  );
+
+  allowOnly(app, '/engine/resume', ['POST']);
+  app.post('/engine/resume', async (req) => {
+    guardAdmin?.(req.headers.authorization);
+    return statusBody(await lifecycle.resume());
+  });
+
+  return app;
+}

@@ -1,0 +1,91 @@
+import { randomBytes } from 'node:crypto';
+import type { Logger } from 'pino';
+import { connectDiscovery } from '../discovery/connect.js';
+import type { Discovery, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
+import { listen } from '../common/http-server.js';
+import type { Engine } from '../engine/engine.js';
+import { MockerEngine, type MockerOptions } from '../engine/mocker.js';
+import { Admission } from '../lifecycle/admission.js';
+import { Lifecycle } from '../lifecycle/lifecycle.js';
+import { createWorkerMetrics } from './metrics.js';
+import { createRequestPlane } from './request-plane.js';
+import { runShutdown, type ShutdownOptions } from './shutdown.js';
+import { createSystemServer } from './system-server.js';
+
+export interface WorkerOptions {
+  workerId?: string | undefined;
+  model: string;
+  mode: WorkerMode;
+  host: string;
+  port: number;
+  systemHost: string;
+  systemPort: number;
+  discoveryUrl: string;
+  leaseTtlMs?: number | undefined;
+  shutdown: Omit<ShutdownOptions, 'watchdogMarginMs'> & { watchdogMarginMs?: number };
+  mocker: MockerOptions;
+  guardAdmin?: (authorization: string | undefined) => void;
+}
+
+export interface RunningWorker {
+  record: WorkerRecord;
+  lifecycle: Lifecycle;
+  engine: Engine;
+  discovery: Discovery;
+  /** Runs the SIGTERM sequence once; later calls get the same promise. Resolves with the exit code. */
+  shutdown(signal: string): Promise<number>;
+}
+
+export function newWorkerId(): string {
+  return `w-${randomBytes(4).toString('hex')}`;
+}
+
+export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code: number) => void): Promise<RunningWorker> {
+  const workerId = opts.workerId ?? newWorkerId();
+  const engine = new MockerEngine(opts.mocker);
+  const admission = new Admission(() => engine.isOverloaded());
+  const discovery = await connectDiscovery(opts.discoveryUrl, { leaseTtlMs: opts.leaseTtlMs });
+
+  let record: WorkerRecord | undefined;
+  const lifecycle = new Lifecycle(
+    workerId,
+    admission,
+    engine,
+    {
+      register: () => discovery.register(record as WorkerRecord),
+      unregister: () => discovery.unregister(workerId),
+    },
+    log,
+  );
+  const metrics = createWorkerMetrics(admission, lifecycle, engine);
+  const requestPlane = createRequestPlane({ model: opts.model, engine, admission, metrics, log });
+  const systemServer = createSystemServer({ lifecycle, engine, metrics, guardAdmin: opts.guardAdmin });
+
+  const requestUrl = await listen(requestPlane, opts.host, opts.port);
+  const systemUrl = await listen(systemServer, opts.systemHost, opts.systemPort);
+  record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl };
+  discovery.onRegistrationLost((id) => {
+    if (id === workerId) void lifecycle.registrationLost();
+  });
+  await lifecycle.start();
+
+  const cleanup = async (force: boolean) => {
+    if (force) requestPlane.server.closeAllConnections();
+    await requestPlane.close();
+    await discovery.close();
+    await systemServer.close();
+    await engine.close();
+  };
+  let shuttingDown: Promise<number> | undefined;
+  const shutdownOpts: ShutdownOptions = { watchdogMarginMs: 5000, ...opts.shutdown };
+  return {
+    record,
+    lifecycle,
+    engine,
+    discovery,
+    shutdown(signal) {
+      shuttingDown ??= runShutdown(signal, shutdownOpts, { lifecycle, admission, metrics, log, cleanup, exit });
+      return shuttingDown;
+    },
+  };
+}

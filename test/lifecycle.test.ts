@@ -1,0 +1,212 @@
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { EventEmitter } from 'node:events';
+import { pino } from 'pino';
+import { Admission, type Ticket } from '../src/lifecycle/admission.js';
+import { Lifecycle, type Transition } from '../src/lifecycle/lifecycle.js';
+import { nextState, InvalidTransition, TRANSITIONS, WORKER_STATES } from '../src/lifecycle/states.js';
+import type { Engine, EngineStats, Quiescence } from '../src/engine/engine.js';
+
+const silent = pino({ level: 'silent' });
+
+/** An engine whose idleness answers the test controls, including answers that arrive late. */
+class ScriptedEngine implements Engine {
+  readonly kind = 'scripted';
+  readonly events = new EventEmitter();
+  answer: Quiescence = { state: 'idle' };
+  held: Array<(q: Quiescence) => void> = [];
+  holdProbes = false;
+  probes = 0;
+  async *generate(): AsyncGenerator<string, never, void> {
+    throw new Error('not used');
+  }
+  probeQuiescence(): Promise<Quiescence> {
+    this.probes++;
+    if (this.holdProbes) return new Promise((resolve) => this.held.push(resolve));
+    return Promise.resolve(this.answer);
+  }
+  onQuiescenceChange(listener: () => void) {
+    this.events.on('change', listener);
+    return () => this.events.off('change', listener);
+  }
+  changed() {
+    this.events.emit('change');
+  }
+  isOverloaded() {
+    return false;
+  }
+  stats(): EngineStats {
+    return { kind: this.kind, running_sequences: 0, queued_sequences: 0, batch_slots: 1 };
+  }
+  async close() {}
+}
+
+function setup(registration?: { register(): Promise<void>; unregister(): Promise<void> }) {
+  const engine = new ScriptedEngine();
+  const admission = new Admission();
+  const calls: string[] = [];
+  const reg = registration ?? {
+    register: async () => void calls.push(`register(open=${admission.open})`),
+    unregister: async () => void calls.push(`unregister(open=${admission.open})`),
+  };
+  const lifecycle = new Lifecycle('w-test', admission, engine, reg, silent);
+  const transitions: Transition[] = [];
+  lifecycle.on('transition', (t: Transition) => transitions.push(t));
+  return { engine, admission, lifecycle, calls, transitions };
+}
+
+function admit(admission: Admission): Ticket {
+  const r = admission.admit('r');
+  assert.ok(r.admitted);
+  return r.ticket;
+}
+
+const flush = () => new Promise((resolve) => setImmediate(resolve));
+
+describe('state table', () => {
+  it('has exactly the documented moves', () => {
+    assert.equal(nextState('serving', 'drain'), 'draining');
+    assert.equal(nextState('draining', 'idle_confirmed'), 'drained');
+    assert.equal(nextState('draining', 'unregister_failed'), 'serving');
+    assert.equal(nextState('draining', 'resume'), 'serving');
+    assert.equal(nextState('drained', 'resume'), 'serving');
+    assert.equal(nextState('drained', 'drain'), 'drained');
+    assert.throws(() => nextState('serving', 'idle_confirmed'), InvalidTransition);
+    assert.throws(() => nextState('drained', 'idle_confirmed'), InvalidTransition);
+    assert.throws(() => nextState('serving', 'unregister_failed'), InvalidTransition);
+    for (const s of WORKER_STATES) assert.equal(TRANSITIONS[s].resume, 'serving', `resume from ${s}`);
+  });
+});
+
+describe('admission', () => {
+  it('releases each ticket exactly once and never goes negative', () => {
+    const admission = new Admission();
+    const t = admit(admission);
+    let idle = 0;
+    admission.on('idle', () => idle++);
+    assert.equal(admission.inflight, 1);
+    assert.equal(t.release('completed'), true);
+    assert.equal(t.release('dropped'), false);
+    assert.equal(admission.inflight, 0);
+    assert.equal(idle, 1);
+  });
+
+  it('keeps draining and overload apart', () => {
+    let overloaded = true;
+    const admission = new Admission(() => overloaded);
+    assert.deepEqual(admission.admit('a'), { admitted: false, code: 'worker_overloaded' });
+    overloaded = false;
+    admission.close();
+    assert.deepEqual(admission.admit('a'), { admitted: false, code: 'worker_draining' });
+  });
+});
+
+describe('lifecycle controller', () => {
+  it('closes admission before unregistering and reopens it before registering', async () => {
+    const { lifecycle, calls } = setup();
+    await lifecycle.start();
+    await lifecycle.drain('test');
+    await lifecycle.resume();
+    assert.deepEqual(calls, ['register(open=true)', 'unregister(open=false)', 'register(open=true)']);
+  });
+
+  it('reaches drained on the release event, not before', async () => {
+    const { lifecycle, admission } = setup();
+    const t1 = admit(admission);
+    const t2 = admit(admission);
+    const status = await lifecycle.drain('test');
+    assert.equal(status.state, 'draining');
+    assert.equal(status.inflight_requests, 2);
+    t1.release('completed');
+    await flush();
+    assert.equal(lifecycle.state, 'draining');
+    t2.release('dropped');
+    await lifecycle.whenDrained();
+    assert.equal(lifecycle.state, 'drained');
+  });
+
+  it('fails closed when the engine cannot confirm idleness, and drains once it can', async () => {
+    const { lifecycle, engine } = setup();
+    engine.answer = { state: 'unknown', reason: 'no probe' };
+    const status = await lifecycle.drain('test');
+    assert.equal(status.state, 'draining');
+    assert.match(status.waiting_for.join(), /unknown/);
+    engine.answer = { state: 'busy', waiting_for: ['1 transfer'] };
+    engine.changed();
+    await flush();
+    assert.deepEqual(lifecycle.status().waiting_for, ['1 transfer']);
+    engine.answer = { state: 'idle' };
+    engine.changed();
+    await lifecycle.whenDrained();
+  });
+
+  it('fences a late idleness answer from an earlier drain cycle', async () => {
+    const { lifecycle, admission, engine, transitions } = setup();
+    const t1 = admit(admission);
+    await lifecycle.drain('cycle 1');
+    engine.holdProbes = true;
+    t1.release('completed'); // cycle 1 asks the engine; its answer is held back
+    await flush();
+    assert.equal(engine.held.length, 1);
+    const staleAnswer = engine.held.shift()!;
+    engine.holdProbes = false;
+    await lifecycle.resume();
+    engine.answer = { state: 'busy', waiting_for: ['engine: 1 running'] };
+    const second = await lifecycle.drain('cycle 2');
+    assert.equal(second.state, 'draining');
+    staleAnswer({ state: 'idle' }); // cycle 1's "idle" arrives while cycle 2's engine is busy
+    await flush();
+    assert.equal(lifecycle.state, 'draining');
+    assert.ok(!transitions.some((x) => x.to === 'drained'), 'the stale idle answer must not drain any cycle');
+    engine.answer = { state: 'idle' };
+    engine.changed();
+    await lifecycle.whenDrained();
+    assert.equal(transitions.at(-1)?.generation, second.generation);
+  });
+
+  it('rolls back to serving when unregistering fails', async () => {
+    const { lifecycle, admission } = setup({
+      register: async () => undefined,
+      unregister: async () => {
+        throw new Error('etcd down');
+      },
+    });
+    await assert.rejects(lifecycle.drain('test'), /drain rolled back/);
+    assert.equal(lifecycle.state, 'serving');
+    assert.equal(admission.open, true);
+    assert.match(lifecycle.status().last_error ?? '', /etcd down/);
+  });
+
+  it('keeps the state when registering on resume fails', async () => {
+    let fail = false;
+    const { lifecycle, admission } = setup({
+      register: async () => {
+        if (fail) throw new Error('etcd down');
+      },
+      unregister: async () => undefined,
+    });
+    await lifecycle.start();
+    await lifecycle.drain('test');
+    fail = true;
+    await assert.rejects(lifecycle.resume(), /resume failed/);
+    assert.equal(lifecycle.state, 'drained');
+    assert.equal(admission.open, false);
+  });
+
+  it('refuses resume once shutdown began', async () => {
+    const { lifecycle } = setup();
+    await lifecycle.drain('test');
+    lifecycle.beginShutdown();
+    await assert.rejects(lifecycle.resume(), (err: Error & { status?: number }) => err.status === 409);
+  });
+
+  it('re-registers a lost registration only while serving', async () => {
+    const { lifecycle, calls } = setup();
+    await lifecycle.start();
+    await lifecycle.registrationLost();
+    assert.equal(calls.filter((c) => c.startsWith('register')).length, 2);
+    await lifecycle.drain('test');
+    await lifecycle.registrationLost();
+    assert.equal(calls.filter((c) => c.startsWith('register')).length, 2, 'no re-register while drained');
+  });
+});

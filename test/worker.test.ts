@@ -1,0 +1,238 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
+import { call, openLineStream } from './helpers/http.js';
+import { startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
+
+const started: WorkerHandle[] = [];
+after(async () => {
+  await Promise.all(started.map((w) => w.stop()));
+});
+
+async function worker(args: string[] = []): Promise<WorkerHandle & { discoveryDir: string }> {
+  const url = tempDiscoveryUrl();
+  const w = await startWorker(['--discovery', url, '--model', 'm1', ...args]);
+  started.push(w);
+  return Object.assign(w, { discoveryDir: fileURLToPath(url) });
+}
+
+const gen = (w: WorkerHandle, body: Record<string, unknown> = {}) =>
+  openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'tell me about tides', max_tokens: 20, ...body });
+
+function tokensOf(lines: string[]): { tokens: number; last: any } {
+  const parsed = lines.map((l) => JSON.parse(l));
+  return { tokens: parsed.filter((p) => typeof p.text === 'string').length, last: parsed.at(-1) };
+}
+
+const registrationFile = (w: WorkerHandle & { discoveryDir: string }) => join(w.discoveryDir, `${w.workerId}.json`);
+
+describe('worker process: drain, resume, admission', () => {
+  it('closes admission before unregistering, then refuses new work with a retryable 503', async () => {
+    const w = await worker();
+    assert.ok(existsSync(registrationFile(w)), 'registered at start');
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(drain.status, 200);
+    assert.equal(drain.body.state, 'drained');
+    assert.equal(drain.body.inflight_requests, 0);
+    assert.ok(!existsSync(registrationFile(w)), 'unregistered');
+    await w.waitForEvent('discovery_unregistered');
+    const closed = w.indexOfEvent('admission_closed');
+    const unregistered = w.indexOfEvent('discovery_unregistered');
+    assert.ok(closed >= 0 && unregistered > closed, `admission_closed (${closed}) must precede discovery_unregistered (${unregistered})`);
+
+    const refused = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'hi' });
+    assert.equal(refused.status, 503);
+    assert.equal(refused.body.error.code, 'worker_draining');
+    assert.equal(refused.body.error.retryable, true);
+    const health = await call('GET', `${w.systemUrl}/health`);
+    assert.equal(health.status, 503);
+    assert.equal(health.body.state, 'drained');
+    assert.equal((await call('GET', `${w.systemUrl}/live`)).status, 200, '/live stays 200 while drained');
+  });
+
+  it('drains while 5 streams run: draining with 5 in flight, every token delivered, then drained', async () => {
+    const w = await worker(['--mocker-itl-ms', '40']);
+    const streams = await Promise.all(Array.from({ length: 5 }, (_, i) => gen(w, { seed: i, max_tokens: 25 })));
+    await Promise.all(streams.map((s) => s.first));
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(drain.status, 202);
+    assert.equal(drain.body.state, 'draining');
+    assert.equal(drain.body.inflight_requests, 5);
+    assert.deepEqual(drain.body.waiting_for, ['5 in-flight requests']);
+    const again = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(again.status, 202, 'drain is idempotent');
+    assert.equal(again.body.generation, drain.body.generation, 'a repeated drain does not start a new cycle');
+
+    const late = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'late' });
+    assert.equal(late.status, 503);
+    assert.equal(late.body.error.code, 'worker_draining');
+
+    for (const s of streams) {
+      const { tokens, last } = tokensOf(await s.done);
+      assert.equal(tokens, 25);
+      assert.equal(last.done, true);
+      assert.equal(last.usage.completion_tokens, 25);
+    }
+    await w.waitForEvent('state_changed', (l) => l.to === 'drained');
+    const status = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(status.body.state, 'drained');
+    assert.equal(status.body.inflight_requests, 0);
+  });
+
+  it('releases the slot of a client that disconnects mid-stream', async () => {
+    const w = await worker(['--mocker-itl-ms', '50']);
+    const s = await gen(w, { max_tokens: 10_000 });
+    await s.first;
+    const before = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(before.body.inflight_requests, 1);
+    s.abort();
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    if (drain.body.state !== 'drained') await w.waitForEvent('state_changed', (l) => l.to === 'drained');
+    const status = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(status.body.state, 'drained');
+    assert.equal(status.body.inflight_requests, 0);
+    assert.equal(status.body.engine.running_sequences, 0);
+    const metrics = await fetch(`${w.systemUrl}/metrics`).then((r) => r.text());
+    assert.match(metrics, /ebb_worker_requests_total\{outcome="dropped"\} 1/);
+  });
+
+  it('resume returns to serving and registers again', async () => {
+    const w = await worker();
+    await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.ok(!existsSync(registrationFile(w)));
+    const resumed = await call('POST', `${w.systemUrl}/engine/resume`);
+    assert.equal(resumed.status, 200);
+    assert.equal(resumed.body.state, 'serving');
+    assert.equal(resumed.body.discovery_registered, true);
+    assert.ok(existsSync(registrationFile(w)), 're-registered');
+    assert.equal((await call('GET', `${w.systemUrl}/health`)).status, 200);
+    const s = await gen(w, { max_tokens: 3 });
+    assert.equal(tokensOf(await s.done).tokens, 3);
+  });
+
+  it('keeps drain cycles apart: work of an earlier cycle cannot end a later one early', async () => {
+    const w = await worker(['--mocker-itl-ms', '30']);
+    const a = await gen(w, { max_tokens: 15 });
+    await a.first;
+    const first = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(first.body.state, 'draining');
+    await call('POST', `${w.systemUrl}/engine/resume`);
+    const b = await gen(w, { max_tokens: 60 });
+    await b.first;
+    const second = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(second.body.state, 'draining');
+    assert.ok(second.body.generation > first.body.generation);
+    assert.equal(tokensOf(await a.done).tokens, 15);
+    const mid = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(mid.body.state, 'draining', 'stream A ending must not drain the cycle that B still holds');
+    assert.equal(mid.body.inflight_requests, 1);
+    assert.equal(tokensOf(await b.done).tokens, 60);
+    const drained = await w.waitForEvent('state_changed', (l) => l.to === 'drained');
+    assert.equal(drained.generation, second.body.generation);
+  });
+
+  it('stays draining when the engine cannot confirm idleness (fail-closed)', async () => {
+    const w = await worker(['--mocker-idleness', 'unknown']);
+    const s = await gen(w, { max_tokens: 2 });
+    await s.done;
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(drain.status, 202);
+    assert.equal(drain.body.state, 'draining');
+    assert.equal(drain.body.inflight_requests, 0);
+    assert.match(drain.body.waiting_for.join(' '), /idleness unknown/);
+    const status = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(status.body.state, 'draining');
+    assert.ok(!w.logs.some((l) => l.to === 'drained'), 'never a false drained');
+  });
+
+  it('answers 404, 405 with Allow, and 400 as JSON', async () => {
+    const w = await worker();
+    const notFound = await call('GET', `${w.systemUrl}/nope`);
+    assert.equal(notFound.status, 404);
+    assert.equal(notFound.body.error.code, 'not_found');
+    const wrong = await call('GET', `${w.systemUrl}/engine/drain`);
+    assert.equal(wrong.status, 405);
+    assert.equal(wrong.headers.get('allow'), 'POST');
+    assert.equal(wrong.body.error.code, 'method_not_allowed');
+    const wrongStatus = await call('POST', `${w.systemUrl}/engine/status`);
+    assert.equal(wrongStatus.status, 405);
+    assert.equal(wrongStatus.headers.get('allow'), 'GET');
+    const badJson = await call('POST', `${w.systemUrl}/engine/drain`, '{oops');
+    assert.equal(badJson.status, 400);
+    assert.equal(badJson.body.error.code, 'invalid_request');
+    const badBody = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', max_tokens: 'many' });
+    assert.equal(badBody.status, 400);
+    const noPrompt = await call('POST', `${w.requestUrl}/generate`, { model: 'm1' });
+    assert.equal(noPrompt.status, 400);
+    const otherModel = await call('POST', `${w.requestUrl}/generate`, { model: 'other', prompt: 'x' });
+    assert.equal(otherModel.status, 404);
+    assert.equal(otherModel.body.error.code, 'model_not_found');
+    assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving', 'bad calls change nothing');
+  });
+
+  it('produces the same text for the same seed', async () => {
+    const w = await worker(['--mocker-itl-ms', '0']);
+    const one = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'same', seed: 7, max_tokens: 8, stream: false });
+    const two = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'same', seed: 7, max_tokens: 8, stream: false });
+    assert.equal(one.status, 200);
+    assert.equal(one.body.text, two.body.text);
+    assert.equal(one.body.usage.completion_tokens, 8);
+  });
+});
+
+describe('worker process: SIGTERM', () => {
+  it('lets in-flight streams finish, refuses new work, then exits 0', async () => {
+    const w = await worker(['--mocker-itl-ms', '30', '--shutdown-grace-ms', '200']);
+    const streams = await Promise.all([0, 1, 2].map((i) => gen(w, { seed: i, max_tokens: 30 })));
+    await Promise.all(streams.map((s) => s.first));
+    w.signal('SIGTERM');
+    await w.waitForEvent('shutdown_started');
+    const late = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'late' });
+    assert.equal(late.status, 503);
+    assert.equal(late.body.error.code, 'worker_draining');
+    for (const s of streams) assert.equal(tokensOf(await s.done).tokens, 30);
+    assert.equal(await w.exitCode(), 0);
+    assert.ok(!existsSync(registrationFile(w)));
+  });
+
+  it('exits promptly after an Admin drain: the grace is skipped', async () => {
+    // A 10-minute grace: this test only finishes if SIGTERM skips it.
+    const w = await worker(['--shutdown-grace-ms', '600000']);
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(drain.body.state, 'drained');
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 0);
+    const done = await w.waitForEvent('shutdown_complete');
+    assert.equal(done.exit_code, 0);
+  });
+
+  it('refuses resume with 409 while shutting down, still answers status, and a second SIGTERM exits at once', async () => {
+    const w = await worker(['--mocker-itl-ms', '50', '--shutdown-grace-ms', '600000']);
+    const s = await gen(w, { max_tokens: 10_000 });
+    await s.first;
+    w.signal('SIGTERM');
+    await w.waitForEvent('shutdown_started');
+    const resume = await call('POST', `${w.systemUrl}/engine/resume`);
+    assert.equal(resume.status, 409);
+    assert.equal(resume.body.error.code, 'shutdown_in_progress');
+    const status = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(status.status, 200);
+    assert.equal(status.body.state, 'draining');
+    assert.equal(status.body.shutting_down, true);
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 130);
+  });
+
+  it('exits non-zero and names what was in flight when the deadline cuts work off', async () => {
+    const w = await worker(['--mocker-itl-ms', '50', '--shutdown-grace-ms', '0', '--drain-timeout-ms', '300']);
+    const s = await gen(w, { max_tokens: 10_000, request_id: 'long-one' });
+    await s.first;
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 1);
+    const line = await w.waitForEvent('shutdown_deadline');
+    assert.deepEqual(line.inflight, ['long-one']);
+    await assert.rejects(s.done);
+  });
+});
