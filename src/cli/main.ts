@@ -1,5 +1,7 @@
 #!/usr/bin/env node
 import { Command } from 'commander';
+import { frontendCommand } from './frontend-command.js';
+import { upCommand } from './up-command.js';
 import { workerCommand } from './worker-command.js';
 
 const program = new Command('ebb')
@@ -8,6 +10,8 @@ const program = new Command('ebb')
   .showHelpAfterError();
 
 program.addCommand(workerCommand());
+program.addCommand(frontendCommand());
+program.addCommand(upCommand());
 
 program.parseAsync(process.argv).catch((err: unknown) => {
   // Operators get one clear line, not a stack trace.

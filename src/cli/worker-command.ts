@@ -98,5 +98,7 @@ export function workerCommand(): Command {
       };
       process.on('SIGTERM', onSignal);
       process.on('SIGINT', onSignal);
+      // Started by `ebb up`: if it goes away, drain as on SIGTERM rather than linger or die abruptly.
+      process.once('disconnect', () => onSignal('SIGTERM'));
     });
 }

@@ -1,4 +1,5 @@
 import { EventEmitter } from 'node:events';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Engine, Quiescence } from '../engine/engine.js';
 import { HttpError } from '../common/errors.js';
@@ -96,20 +97,28 @@ export class Lifecycle extends EventEmitter {
    * Discovery lost our registration (lease expired). Re-register only while serving: a draining or
    * drained worker being absent from discovery is the point.
    */
-  registrationLost(): Promise<void> {
-    return this.serialize(async () => {
-      this.registered = false;
-      if (this.current !== 'serving' || this.shuttingDown) return;
-      try {
-        await this.registration.register();
-        this.registered = true;
-        this.lastError = null;
-        this.log.warn({ event: 'discovery_reregistered' }, 'registration was lost; registered again');
-      } catch (err) {
-        this.lastError = `re-register failed: ${(err as Error).message}`;
-        this.log.error({ event: 'discovery_register_failed', err }, this.lastError);
-      }
-    });
+  async registrationLost(): Promise<void> {
+    this.registered = false;
+    // Each attempt takes its turn in the serialised chain; the back-off waits outside it, so a drain
+    // issued while discovery is down is never stuck behind the retries.
+    for (let backoff = 250; ; backoff = Math.min(backoff * 2, 5000)) {
+      const settled = await this.serialize(async () => {
+        if (this.current !== 'serving' || this.shuttingDown || this.registered) return true;
+        try {
+          await this.registration.register();
+          this.registered = true;
+          this.lastError = null;
+          this.log.warn({ event: 'discovery_reregistered' }, 'registration was lost; registered again');
+          return true;
+        } catch (err) {
+          this.lastError = `re-register failed: ${(err as Error).message}`;
+          this.log.error({ event: 'discovery_register_failed', err, retry_in_ms: backoff }, this.lastError);
+          return false;
+        }
+      });
+      if (settled) return;
+      await sleep(backoff);
+    }
   }
 
   /** From now on resume is refused; the SIGTERM orchestrator drives the rest. */

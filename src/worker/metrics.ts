@@ -53,6 +53,7 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
       this.set(engine.stats().queued_sequences);
     },
   });
+  const admitted = new Counter({ name: 'ebb_worker_admitted_total', help: 'Requests admitted', registers: [registry] });
   const released = new Counter({ name: 'ebb_worker_requests_total', help: 'Admitted requests by how they ended', labelNames: ['outcome'], registers: [registry] });
   const refused = new Counter({ name: 'ebb_worker_admission_refusals_total', help: 'Requests refused before any work, by code', labelNames: ['code'], registers: [registry] });
   const transitions = new Counter({ name: 'ebb_worker_transitions_total', help: 'Lifecycle transitions', labelNames: ['from', 'to'], registers: [registry] });
@@ -70,6 +71,7 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
     registers: [registry],
   });
 
+  admission.on('admitted', () => admitted.inc());
   admission.on('released', (outcome: string) => released.inc({ outcome }));
   let drainStarted = 0;
   lifecycle.on('transition', (t: Transition) => {

@@ -106,3 +106,21 @@ export async function startWorker(args: string[], env: NodeJS.ProcessEnv = {}): 
     systemUrl: ready.system_url as string,
   }) as WorkerHandle;
 }
+
+export interface FrontendHandle extends EbbProcess {
+  url: string;
+}
+
+export async function startFrontend(discoveryUrl: string, args: string[] = []): Promise<FrontendHandle> {
+  const p = spawnEbb(['frontend', '--port', '0', '--discovery', discoveryUrl, ...args], 'frontend');
+  const ready = await p.waitForEvent('frontend_ready');
+  return Object.assign(p, { url: ready.url as string }) as FrontendHandle;
+}
+
+/** Reads one counter or gauge sample from a Prometheus text page; 0 when absent. */
+export async function metricValue(url: string, name: string, labels = ''): Promise<number> {
+  const text = await fetch(`${url}/metrics`).then((r) => r.text());
+  const key = labels ? `${name}{${labels}}` : name;
+  const line = text.split('\n').find((l) => l.startsWith(key + ' '));
+  return line ? Number(line.slice(key.length + 1)) : 0;
+}

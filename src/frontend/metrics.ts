@@ -1,0 +1,53 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { WorkerPool } from './worker-pool.js';
+
+/**
+ * Frontend metrics. ebb_frontend_upstream_attempts_total is the routing record: which worker each
+ * attempt went to and how it ended (routed, worker_draining, worker_overloaded, unreachable, ...).
+ */
+export function createFrontendMetrics(pool: WorkerPool) {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry, prefix: 'ebb_frontend_process_' });
+  const requests = new Counter({ name: 'ebb_frontend_requests_total', help: 'Client requests by endpoint and status', labelNames: ['endpoint', 'status'], registers: [registry] });
+  const attempts = new Counter({ name: 'ebb_frontend_upstream_attempts_total', help: 'Upstream attempts by worker and outcome', labelNames: ['worker_id', 'outcome'], registers: [registry] });
+  const midStream = new Counter({ name: 'ebb_frontend_midstream_failures_total', help: 'Streams cut by a worker failure after tokens reached the client', registers: [registry] });
+  const ttft = new Histogram({
+    name: 'ebb_frontend_time_to_first_token_seconds',
+    help: 'From request to first token sent, including retries',
+    buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers: [registry],
+  });
+  new Gauge({
+    name: 'ebb_frontend_workers',
+    help: 'Workers in the routing view, by model and whether the frontend holds them out',
+    labelNames: ['model', 'mode', 'hold'],
+    registers: [registry],
+    collect() {
+      this.reset();
+      const now = Date.now();
+      for (const w of pool.all()) {
+        const hold = w.hold && w.hold.until > now ? w.hold.kind : 'none';
+        this.inc({ model: w.record.model, mode: w.record.mode, hold });
+      }
+    },
+  });
+  new Gauge({
+    name: 'ebb_frontend_worker_inflight_requests',
+    help: 'Requests this frontend has on each worker',
+    labelNames: ['worker_id'],
+    registers: [registry],
+    collect() {
+      this.reset();
+      for (const w of pool.all()) this.set({ worker_id: w.record.worker_id }, w.inflight);
+    },
+  });
+  return {
+    registry,
+    request: (endpoint: string, status: number) => requests.inc({ endpoint, status: String(status) }),
+    attempt: (workerId: string, outcome: string) => attempts.inc({ worker_id: workerId, outcome }),
+    midStreamFailure: () => midStream.inc(),
+    firstToken: (seconds: number) => ttft.observe(seconds),
+  };
+}
+
+export type FrontendMetrics = ReturnType<typeof createFrontendMetrics>;

@@ -1,0 +1,135 @@
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { ServerResponse } from 'node:http';
+import { once } from 'node:events';
+import { randomBytes } from 'node:crypto';
+import type { Logger } from 'pino';
+import { allowOnly, createHttpServer } from '../common/http-server.js';
+import { HttpError } from '../common/errors.js';
+import type { GenerateBody, Usage } from '../worker/protocol.js';
+import type { FrontendMetrics } from './metrics.js';
+import { completionResponse, SseFormatter, toGenerateBody, type Endpoint } from './openai-format.js';
+import { chatCompletionSchema, completionSchema, type OpenAIRequest } from './openai-schema.js';
+import { MidStreamFailure, type Upstream, type UpstreamStream } from './upstream.js';
+import type { WorkerPool } from './worker-pool.js';
+
+export interface OpenAIServerDeps {
+  pool: WorkerPool;
+  upstream: Upstream;
+  metrics: FrontendMetrics;
+  log: Logger;
+}
+
+async function write(res: ServerResponse, chunk: string): Promise<void> {
+  if (!res.write(chunk)) await once(res, 'drain');
+}
+
+/** Aborts when the client goes away before the response finished. */
+function clientGone(reply: FastifyReply): AbortSignal {
+  const controller = new AbortController();
+  reply.raw.on('close', () => {
+    if (!reply.raw.writableFinished) controller.abort(new Error('client disconnected'));
+  });
+  return controller.signal;
+}
+
+/** The public OpenAI-compatible API. No admin route lives here. */
+export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServerDeps): FastifyInstance {
+  const app = createHttpServer();
+  app.addHook('onResponse', async (req, reply) => {
+    const url = req.routeOptions.url;
+    if (url === '/v1/chat/completions' || url === '/v1/completions') metrics.request(url, reply.statusCode);
+  });
+
+  allowOnly(app, '/v1/models', ['GET']);
+  app.get('/v1/models', async () => ({
+    object: 'list',
+    data: pool.models().map((id) => ({ id, object: 'model', created: 0, owned_by: 'ebb' })),
+  }));
+
+  allowOnly(app, '/health', ['GET']);
+  app.get('/health', async () => ({ status: 'ok', workers: pool.size, models: pool.models() }));
+
+  allowOnly(app, '/metrics', ['GET']);
+  app.get('/metrics', async (_req, reply) => reply.header('content-type', metrics.registry.contentType).send(await metrics.registry.metrics()));
+
+  const route = (endpoint: Endpoint, url: string, schema: object) => {
+    allowOnly(app, url, ['POST']);
+    app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
+      const body = req.body;
+      if (!pool.hasModel(body.model)) throw new HttpError(404, 'model_not_found', `the model "${body.model}" does not exist or has no serving worker`);
+      const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`;
+      const gen = toGenerateBody(endpoint, body, id);
+      const signal = clientGone(reply);
+      const started = performance.now();
+      if (body.stream) {
+        const up = await upstream.open(gen, 'aggregated', signal);
+        metrics.firstToken((performance.now() - started) / 1000);
+        reply.hijack();
+        await relay(reply.raw, new SseFormatter(endpoint, id, body.model), up, body.stream_options?.include_usage === true, signal);
+        return;
+      }
+      const { text, finishReason, usage } = await collect(gen, signal);
+      return completionResponse(endpoint, id, body.model, text, finishReason, usage);
+    });
+  };
+  route('chat', '/v1/chat/completions', chatCompletionSchema);
+  route('completion', '/v1/completions', completionSchema);
+
+  /** Streams a committed response. A worker failing now can only be reported: tokens already left. */
+  async function relay(res: ServerResponse, fmt: SseFormatter, up: UpstreamStream, includeUsage: boolean, signal: AbortSignal): Promise<void> {
+    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': up.worker.record.worker_id });
+    try {
+      let line = up.first;
+      await write(res, fmt.opening() + ('text' in line ? fmt.token(line.text) : ''));
+      for (;;) {
+        if ('done' in line) {
+          res.end(fmt.finish(line.finish_reason, includeUsage ? line.usage : undefined));
+          return;
+        }
+        if ('error' in line) throw new Error(line.error.message);
+        const next = await up.rest.next();
+        if (next.done) throw new Error('stream ended without a final line');
+        line = next.value;
+        if ('text' in line) await write(res, fmt.token(line.text));
+      }
+    } catch (err) {
+      if (signal.aborted) return; // the client left; the aborted upstream request frees the worker's slot
+      const failure = new MidStreamFailure(up.worker.record.worker_id, err);
+      metrics.midStreamFailure();
+      log.warn({ event: 'midstream_failure', worker_id: up.worker.record.worker_id, err: failure.message }, failure.message);
+      res.end(fmt.error('worker_failed_mid_stream', failure.message));
+    } finally {
+      up.release();
+    }
+  }
+
+  /**
+   * Non-streaming: nothing reaches the client until the end, so even a worker that dies half way
+   * is retried on another worker from the start.
+   */
+  async function collect(gen: GenerateBody, signal: AbortSignal): Promise<{ text: string; finishReason: string; usage: Usage }> {
+    const tried = new Set<string>();
+    for (;;) {
+      const up = await upstream.open(gen, 'aggregated', signal, tried);
+      try {
+        let text = '';
+        let line = up.first;
+        for (;;) {
+          if ('text' in line) text += line.text;
+          else if ('done' in line) return { text, finishReason: line.finish_reason, usage: line.usage };
+          else throw new Error(line.error.message);
+          const next = await up.rest.next();
+          if (next.done) throw new Error('stream ended without a final line');
+          line = next.value;
+        }
+      } catch (err) {
+        if (signal.aborted) throw err;
+        log.warn({ event: 'retry_after_failure', worker_id: up.worker.record.worker_id, err: (err as Error).message }, 'worker failed; retrying elsewhere');
+      } finally {
+        up.release();
+      }
+    }
+  }
+
+  return app;
+}

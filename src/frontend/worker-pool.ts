@@ -1,0 +1,94 @@
+import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
+
+/** Why the frontend is not sending a worker new requests for now, though discovery still lists it. */
+export type Hold = 'draining' | 'overloaded' | 'unreachable';
+
+/** How long each kind of hold lasts unless discovery says otherwise first. */
+export const HOLD_MS: Record<Hold, number> = {
+  // Draining workers leave discovery soon after refusing; re-trying one after a while costs one 503.
+  draining: 10_000,
+  overloaded: 250,
+  unreachable: 5_000,
+};
+
+export interface PoolWorker {
+  record: WorkerRecord;
+  /** Requests this frontend currently has on the worker. */
+  inflight: number;
+  hold?: { kind: Hold; until: number } | undefined;
+}
+
+/**
+ * The frontend's view of the fleet, fed by discovery events; no state of its own beyond local holds
+ * and in-flight counts. Routing is least in-flight with a round-robin tie-break: long streams make
+ * per-request round robin uneven, and in-flight is the load signal a frontend has for free; the
+ * rotating start spreads ties so an idle fleet is used evenly.
+ */
+export class WorkerPool {
+  private readonly workers = new Map<string, PoolWorker>();
+  private cursor = 0;
+
+  apply(event: DiscoveryEvent): void {
+    if (event.type === 'reset') {
+      const next = new Map(event.records.map((r) => [r.worker_id, r]));
+      for (const id of this.workers.keys()) if (!next.has(id)) this.workers.delete(id);
+      for (const r of next.values()) this.put(r);
+    } else if (event.type === 'put') this.put(event.record);
+    else this.workers.delete(event.worker_id);
+  }
+
+  private put(record: WorkerRecord): void {
+    const existing = this.workers.get(record.worker_id);
+    // A (re-)registration is the worker saying it serves: any local hold ends.
+    if (existing) {
+      existing.record = record;
+      existing.hold = undefined;
+    } else this.workers.set(record.worker_id, { record, inflight: 0 });
+  }
+
+  hold(workerId: string, kind: Hold, now = Date.now()): void {
+    const w = this.workers.get(workerId);
+    if (w) w.hold = { kind, until: now + HOLD_MS[kind] };
+  }
+
+  get size(): number {
+    return this.workers.size;
+  }
+
+  all(): PoolWorker[] {
+    return [...this.workers.values()];
+  }
+
+  get(workerId: string): PoolWorker | undefined {
+    return this.workers.get(workerId);
+  }
+
+  hasModel(model: string): boolean {
+    for (const w of this.workers.values()) if (w.record.model === model) return true;
+    return false;
+  }
+
+  /** Models with at least one worker in discovery that is not held as draining. */
+  models(): string[] {
+    const now = Date.now();
+    const names = new Set<string>();
+    for (const w of this.workers.values()) if (!(w.hold?.kind === 'draining' && w.hold.until > now)) names.add(w.record.model);
+    return [...names].sort();
+  }
+
+  /** The least-loaded eligible worker of `model` in `mode`, skipping those already tried for this request. */
+  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, now = Date.now()): PoolWorker | undefined {
+    const all = [...this.workers.values()];
+    const n = all.length;
+    if (n === 0) return undefined;
+    const start = this.cursor++ % n;
+    let best: PoolWorker | undefined;
+    for (let i = 0; i < n; i++) {
+      const w = all[(start + i) % n] as PoolWorker;
+      if (w.record.model !== model || w.record.mode !== mode || tried.has(w.record.worker_id)) continue;
+      if (w.hold && w.hold.until > now) continue;
+      if (!best || w.inflight < best.inflight) best = w;
+    }
+    return best;
+  }
+}

@@ -1,0 +1,179 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { EventEmitter, once } from 'node:events';
+import OpenAI from 'openai';
+import { call } from './helpers/http.js';
+import { metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
+
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+async function cluster(workers: number, workerArgs: string[] = [], model = 'm1') {
+  const discovery = tempDiscoveryUrl();
+  const ws: WorkerHandle[] = [];
+  for (let i = 0; i < workers; i++) {
+    const w = await startWorker(['--discovery', discovery, '--model', model, ...workerArgs]);
+    started.push(w);
+    ws.push(w);
+  }
+  const frontend = await startFrontend(discovery);
+  started.push(frontend);
+  return { discovery, workers: ws, frontend };
+}
+
+describe('frontend: OpenAI API through the official SDK', () => {
+  it('streams and non-streams chat and completions', async () => {
+    const { frontend } = await cluster(2, ['--mocker-itl-ms', '1']);
+    const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused' });
+
+    const models = await client.models.list();
+    assert.deepEqual(models.data.map((m) => m.id), ['m1']);
+
+    const chat = await client.chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'Say hello' }], max_tokens: 7, seed: 3 });
+    assert.equal(chat.object, 'chat.completion');
+    assert.equal(chat.choices[0]?.message.role, 'assistant');
+    assert.ok((chat.choices[0]?.message.content ?? '').length > 0);
+    assert.equal(chat.usage?.completion_tokens, 7);
+
+    const stream = await client.chat.completions.create({
+      model: 'm1',
+      messages: [{ role: 'user', content: 'Say hello' }],
+      max_tokens: 7,
+      seed: 3,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let text = '';
+    let finish: string | null | undefined;
+    let usage: OpenAI.CompletionUsage | undefined | null;
+    for await (const chunk of stream) {
+      text += chunk.choices[0]?.delta?.content ?? '';
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+      usage = chunk.usage ?? usage;
+    }
+    assert.equal(text, chat.choices[0]?.message.content, 'same seed, same text, streamed or not');
+    assert.equal(finish, 'length');
+    assert.equal(usage?.completion_tokens, 7);
+
+    const completion = await client.completions.create({ model: 'm1', prompt: 'Once upon a time', max_tokens: 5 });
+    assert.equal(completion.object, 'text_completion');
+    assert.equal(completion.usage?.completion_tokens, 5);
+    const completionStream = await client.completions.create({ model: 'm1', prompt: 'Once upon a time', max_tokens: 5, stream: true });
+    let pieces = 0;
+    for await (const chunk of completionStream) if (chunk.choices[0]?.text) pieces++;
+    assert.equal(pieces, 5);
+
+    await assert.rejects(client.chat.completions.create({ model: 'nope', messages: [{ role: 'user', content: 'x' }] }), (err: unknown) => {
+      assert.ok(err instanceof OpenAI.NotFoundError);
+      return true;
+    });
+    await assert.rejects(
+      client.chat.completions.create({ model: 'm1', messages: [], max_tokens: 5 }),
+      (err: unknown) => err instanceof OpenAI.BadRequestError,
+    );
+  });
+
+  it('answers bad input with 400 in OpenAI error shape, and wrong methods with 405', async () => {
+    const { frontend } = await cluster(1);
+    const bad = await call('POST', `${frontend.url}/v1/chat/completions`, { model: 'm1', messages: 'hi' });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.type, 'invalid_request_error');
+    assert.equal(typeof bad.body.error.message, 'string');
+    const badJson = await call('POST', `${frontend.url}/v1/completions`, '{"model":');
+    assert.equal(badJson.status, 400);
+    const wrong = await call('GET', `${frontend.url}/v1/chat/completions`);
+    assert.equal(wrong.status, 405);
+    assert.equal(wrong.headers.get('allow'), 'POST');
+    assert.equal((await call('POST', `${frontend.url}/engine/drain`)).status, 404, 'no admin route on the public port');
+  });
+
+  it('answers 503 when every worker of the model is out of rotation', async () => {
+    const { frontend, workers } = await cluster(1);
+    // Drained but still listed: the frontend has not seen discovery catch up, the worker refuses.
+    const w = workers[0]!;
+    await call('POST', `${w.systemUrl}/engine/drain`);
+    const res = await call('POST', `${frontend.url}/v1/completions`, { model: 'm1', prompt: 'x' });
+    assert.ok(res.status === 503 || res.status === 404, `got ${res.status}`);
+    assert.ok(['no_serving_worker', 'model_not_found'].includes(res.body.error.code));
+  });
+});
+
+describe('frontend: zero dropped requests', () => {
+  it('drains one of 3 workers mid-load: every request completes, none reach it after drain returns, resume brings it back', async () => {
+    const { frontend, workers } = await cluster(3, ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']);
+    const target = workers[1]!;
+    const MAX_TOKENS = 20;
+    const outcomes: StreamOutcome[] = [];
+    const progress = new EventEmitter();
+    let phase: 'before' | 'draining' | 'after' = 'before';
+    let sent = 0;
+    let stop = false;
+    const loops = Array.from({ length: 8 }, async (_, i) => {
+      while (!stop && sent < 2000) {
+        sent++;
+        outcomes.push(await streamCompletion(frontend.url, { model: 'm1', max_tokens: MAX_TOKENS, seed: i }));
+        progress.emit('completed');
+      }
+    });
+    const completedAtLeast = async (n: number) => {
+      while (outcomes.length < n) await once(progress, 'completed');
+    };
+    await completedAtLeast(40);
+    const drain = await call('POST', `${target.systemUrl}/engine/drain`);
+    assert.ok(drain.status === 202 || drain.status === 200);
+    phase = 'draining';
+    const admittedAtDrain = await metricValue(target.systemUrl, 'ebb_worker_admitted_total');
+    const afterDrain = outcomes.length;
+    await completedAtLeast(afterDrain + 60);
+    await target.waitForEvent('state_changed', (l) => l.to === 'drained');
+    assert.equal(await metricValue(target.systemUrl, 'ebb_worker_admitted_total'), admittedAtDrain, 'no request admitted after drain returned');
+
+    const resumed = await call('POST', `${target.systemUrl}/engine/resume`);
+    assert.equal(resumed.body.state, 'serving');
+    phase = 'after';
+    await frontend.waitForEvent('worker_added', (l) => l.worker_id === target.workerId);
+    const afterResume = outcomes.length;
+    await completedAtLeast(afterResume + 60);
+    stop = true;
+    await Promise.all(loops);
+
+    const failures = outcomes.filter((o) => o.status !== 200 || !o.done || o.tokens !== MAX_TOKENS || o.error);
+    assert.deepEqual(failures, [], 'every request completes with all its tokens');
+    assert.ok(await metricValue(target.systemUrl, 'ebb_worker_admitted_total') > admittedAtDrain, 'resumed worker is back in rotation');
+    assert.equal(phase, 'after');
+  });
+
+  it('retries requests queued on a worker killed with SIGKILL; none that had no token yet fails', async () => {
+    const { frontend, workers } = await cluster(2, ['--mocker-itl-ms', '30', '--mocker-batch-slots', '2']);
+    const [victim] = workers;
+    let killed = false;
+    const seenBeforeKill = new Set<number>();
+    let fourRunning!: () => void;
+    const running = new Promise<void>((resolve) => (fourRunning = resolve));
+    const requests = Array.from({ length: 8 }, (_, i) =>
+      streamCompletion(frontend.url, { model: 'm1', max_tokens: 40, seed: i }, () => {
+        if (killed) return;
+        seenBeforeKill.add(i);
+        if (seenBeforeKill.size === 4) fourRunning();
+      }),
+    );
+    // Each worker runs 2 and queues 2: wait until the 4 running ones have streamed a token.
+    await running;
+    killed = true;
+    victim!.signal('SIGKILL');
+    const results = await Promise.all(requests);
+    const notStartedBeforeKill = results.filter((_, i) => !seenBeforeKill.has(i));
+    assert.equal(notStartedBeforeKill.length, 4);
+    for (const r of notStartedBeforeKill) {
+      assert.equal(r.status, 200, r.error);
+      assert.equal(r.tokens, 40, r.error);
+      assert.equal(r.done, true);
+    }
+    for (const [i, r] of results.entries()) {
+      if (seenBeforeKill.has(i) && r.tokens < 40) assert.match(r.error ?? '', /failed mid-stream/, 'a cut stream says so');
+    }
+  });
+});

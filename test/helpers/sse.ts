@@ -1,0 +1,63 @@
+/** A client for the frontend's SSE streams that records what a user would have seen. */
+export interface StreamOutcome {
+  status: number;
+  tokens: number;
+  text: string;
+  done: boolean;
+  error?: string;
+  workerId: string | null;
+  /** Set by the caller's clock: was the first token seen before some event (e.g. a kill)? */
+  firstTokenSeen: boolean;
+}
+
+export async function streamCompletion(
+  frontendUrl: string,
+  body: Record<string, unknown>,
+  onFirstToken: () => void = () => undefined,
+): Promise<StreamOutcome> {
+  const res = await fetch(`${frontendUrl}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'tell me about tides' }], stream: true, ...body }),
+  });
+  const out: StreamOutcome = { status: res.status, tokens: 0, text: '', done: false, workerId: res.headers.get('x-ebb-worker-id'), firstTokenSeen: false };
+  if (res.status !== 200 || !res.body) {
+    out.error = await res.text();
+    return out;
+  }
+  const decoder = new TextDecoder();
+  let buffer = '';
+  try {
+    for await (const chunk of res.body) {
+      buffer += decoder.decode(chunk as Uint8Array, { stream: true });
+      let i: number;
+      while ((i = buffer.indexOf('\n\n')) >= 0) {
+        const event = buffer.slice(0, i);
+        buffer = buffer.slice(i + 2);
+        if (!event.startsWith('data: ')) continue;
+        const data = event.slice(6);
+        if (data === '[DONE]') {
+          out.done = true;
+          continue;
+        }
+        const parsed = JSON.parse(data);
+        if (parsed.error) {
+          out.error = parsed.error.message;
+          continue;
+        }
+        const content = parsed.choices?.[0]?.delta?.content;
+        if (typeof content === 'string' && content.length > 0) {
+          if (out.tokens === 0) {
+            out.firstTokenSeen = true;
+            onFirstToken();
+          }
+          out.tokens++;
+          out.text += content;
+        }
+      }
+    }
+  } catch (err) {
+    out.error = (err as Error).message;
+  }
+  return out;
+}
