@@ -7,7 +7,9 @@ import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { intOption } from './options.js';
 
 interface UpFlags {
-  workers: number;
+  workers?: number;
+  prefill: number;
+  decode: number;
   model: string;
   host: string;
   port: number;
@@ -47,7 +49,9 @@ function startChild(name: string, args: string[], readyEvent: string): Child {
 export function upCommand(): Command {
   return new Command('up')
     .description('run a frontend and N mocker workers on this machine with embedded (file) discovery')
-    .option('--workers <n>', 'number of mocker workers', intOption(1), 2)
+    .option('--workers <n>', 'aggregated mocker workers (default 2, or 0 with --prefill/--decode)', intOption(0))
+    .option('--prefill <n>', 'prefill workers (disaggregated serving)', intOption(0), 0)
+    .option('--decode <n>', 'decode workers (disaggregated serving)', intOption(0), 0)
     .option('--model <name>', 'model name served', 'ebb-mock')
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
     .option('--port <n>', 'frontend port', intOption(0), 8000)
@@ -59,8 +63,16 @@ export function upCommand(): Command {
       const mocker: string[] = [];
       if (flags.mockerTtftMs !== undefined) mocker.push('--mocker-ttft-ms', String(flags.mockerTtftMs));
       if (flags.mockerItlMs !== undefined) mocker.push('--mocker-itl-ms', String(flags.mockerItlMs));
-      const workers = Array.from({ length: flags.workers }, (_, i) =>
-        startChild(`worker-${i}`, ['worker', '--model', flags.model, '--discovery', discovery, ...mocker], 'worker_ready'),
+      const disaggregated = flags.prefill + flags.decode > 0;
+      if (disaggregated && (flags.prefill === 0 || flags.decode === 0)) throw new Error('disaggregated serving needs at least one --prefill and one --decode worker');
+      const modes = [
+        ...Array<string>(flags.workers ?? (disaggregated ? 0 : 2)).fill('aggregated'),
+        ...Array<string>(flags.prefill).fill('prefill'),
+        ...Array<string>(flags.decode).fill('decode'),
+      ];
+      if (modes.length === 0) throw new Error('nothing to run: --workers 0 and no --prefill/--decode');
+      const workers = modes.map((mode, i) =>
+        startChild(`${mode}-${i}`, ['worker', '--model', flags.model, '--mode', mode, '--discovery', discovery, ...mocker], 'worker_ready'),
       );
       const frontend = startChild('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery], 'frontend_ready');
       const all = [...workers, frontend];
@@ -94,7 +106,7 @@ export function upCommand(): Command {
           '',
           `ebb is up (discovery ${discovery})`,
           `  OpenAI API:   ${front.url}/v1   (model "${flags.model}")`,
-          ...readies.slice(0, -1).map((w) => `  worker ${String(w.worker_id)}: admin ${String(w.system_url)}   (curl -X POST ${String(w.system_url)}/engine/drain)`),
+          ...readies.slice(0, -1).map((w) => `  ${String(w.mode)} worker ${String(w.worker_id)}: admin ${String(w.system_url)}   (curl -X POST ${String(w.system_url)}/engine/drain)`),
           '  Ctrl-C drains the workers and stops everything.',
           '',
         ];

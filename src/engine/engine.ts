@@ -11,6 +11,8 @@ export interface GenerateRequest {
   temperature: number;
   seed?: number | undefined;
   stop?: string[] | undefined;
+  /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
+  prefilled?: boolean | undefined;
 }
 
 export type FinishReason = 'stop' | 'length';
@@ -20,6 +22,8 @@ export interface GenerateResult {
   prompt_tokens: number;
   completion_tokens: number;
 }
+
+import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 
 /**
  * What the engine can say about its own idleness. `unknown` is a first-class answer: the worker
@@ -48,6 +52,10 @@ export interface Engine {
   onQuiescenceChange(listener: () => void): () => void;
   /** True when new work would only queue past the engine's limit: an overload, never a drain. */
   isOverloaded(): boolean;
+  /** Prefill side of disaggregated serving: compute the prompt's KV and hold it for a decode peer. */
+  prefill?(req: GenerateRequest, signal: AbortSignal): Promise<KvTransfer>;
+  /** The KV transfers a prefill engine holds for decode peers; absent where there are none. */
+  readonly kvTransfers?: KvTransferStore | undefined;
   stats(): EngineStats;
   close(): Promise<void>;
 }

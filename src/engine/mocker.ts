@@ -2,6 +2,7 @@ import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
 import type { Engine, EngineStats, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
 import { Slots } from './slots.js';
+import { KvTransferStore, type KvTransfer } from './kv-transfers.js';
 
 export interface MockerOptions {
   /** Base time to first token; grows with prompt length (see ttftFor). 0 disables the delay. */
@@ -14,9 +15,24 @@ export interface MockerOptions {
   maxQueue: number;
   /** `exact` reports idleness from its own counters; `unknown` simulates an engine that cannot tell. */
   idleness: 'exact' | 'unknown';
+  /** Serving role; prefill engines hold KV transfers for decode peers. */
+  mode: 'aggregated' | 'prefill' | 'decode';
+  /** `unsupported` simulates an adapter that cannot report pending KV transfers (a prefill worker then never drains). */
+  kvReporting: 'exact' | 'unsupported';
+  /** How long a computed KV waits for its decode peer before it is released (and counted as expired). */
+  kvTransferTtlMs: number;
 }
 
-export const MOCKER_DEFAULTS: MockerOptions = { ttftMs: 20, itlMs: 10, batchSlots: 32, maxQueue: 512, idleness: 'exact' };
+export const MOCKER_DEFAULTS: MockerOptions = {
+  ttftMs: 20,
+  itlMs: 10,
+  batchSlots: 32,
+  maxQueue: 512,
+  idleness: 'exact',
+  mode: 'aggregated',
+  kvReporting: 'exact',
+  kvTransferTtlMs: 30_000,
+};
 
 const VOCABULARY = (
   'the of and to in is that it for on with as was at by an be this from or are which not have has one all ' +
@@ -63,22 +79,48 @@ export class MockerEngine implements Engine {
   private readonly slots: Slots;
   private readonly events = new EventEmitter();
   private generated = 0;
+  readonly kvTransfers: KvTransferStore | undefined;
 
   constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
     this.slots = new Slots(opts.batchSlots);
+    if (opts.mode === 'prefill') {
+      this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
+      // Every transfer ending changes what a drain waits for, not only the last one.
+      this.kvTransfers.on('completed', () => this.notifyChange());
+      this.kvTransfers.on('expired', () => this.notifyChange());
+    }
+  }
+
+  /** Prefill costs its time to first token, then the KV is held until a decode peer takes it. */
+  async prefill(req: GenerateRequest, signal: AbortSignal): Promise<KvTransfer> {
+    if (!this.kvTransfers) throw new Error(`a ${this.opts.mode} engine does not prefill for decode peers`);
+    const promptTokens = countTokens(req.prompt);
+    await this.acquire(signal);
+    try {
+      await pause(ttftFor(this.opts.ttftMs, promptTokens), signal);
+      return this.kvTransfers.create(promptTokens);
+    } finally {
+      this.slots.release();
+      this.notifyChange();
+    }
+  }
+
+  private async acquire(signal: AbortSignal): Promise<void> {
+    try {
+      await this.slots.acquire(signal);
+    } catch (err) {
+      this.notifyChange(); // a sequence dropped while queued may have been the last work
+      throw err;
+    }
   }
 
   async *generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<string, GenerateResult, void> {
     const promptTokens = countTokens(req.prompt);
-    try {
-      await this.slots.acquire(signal);
-    } catch (err) {
-      this.notifyIfIdle(); // a sequence dropped while queued may have been the last work
-      throw err;
-    }
+    await this.acquire(signal);
     try {
       const random = prng(hashString(req.prompt, req.seed ?? 0));
-      await pause(ttftFor(this.opts.ttftMs, promptTokens), signal);
+      // With its KV pulled from a prefill worker, decode starts at the first token.
+      await pause(req.prefilled ? this.opts.itlMs : ttftFor(this.opts.ttftMs, promptTokens), signal);
       let text = '';
       for (let i = 0; i < req.max_tokens; i++) {
         if (i > 0) await pause(this.opts.itlMs, signal);
@@ -93,19 +135,25 @@ export class MockerEngine implements Engine {
       return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: req.max_tokens };
     } finally {
       this.slots.release();
-      this.notifyIfIdle();
+      this.notifyChange();
     }
   }
 
-  private notifyIfIdle(): void {
-    if (this.slots.running === 0 && this.slots.queued === 0) this.events.emit('change');
+  private notifyChange(): void {
+    this.events.emit('change');
   }
 
   async probeQuiescence(): Promise<Quiescence> {
     if (this.opts.idleness === 'unknown') return { state: 'unknown', reason: 'engine cannot report idleness (--mocker-idleness unknown)' };
+    if (this.kvTransfers && this.opts.kvReporting === 'unsupported') {
+      return { state: 'unknown', reason: 'engine cannot report pending KV transfers (--mocker-kv-reporting unsupported)' };
+    }
     const { running, queued } = this.slots;
-    if (running === 0 && queued === 0) return { state: 'idle' };
-    return { state: 'busy', waiting_for: [`engine: ${running} running, ${queued} queued sequences`] };
+    const kv = this.kvTransfers?.size ?? 0;
+    const waiting: string[] = [];
+    if (running > 0 || queued > 0) waiting.push(`engine: ${running} running, ${queued} queued sequences`);
+    if (kv > 0) waiting.push(`${kv} pending KV transfer${kv === 1 ? '' : 's'}`);
+    return waiting.length === 0 ? { state: 'idle' } : { state: 'busy', waiting_for: waiting };
   }
 
   onQuiescenceChange(listener: () => void): () => void {
@@ -124,8 +172,11 @@ export class MockerEngine implements Engine {
       queued_sequences: this.slots.queued,
       batch_slots: this.slots.capacity,
       generated_tokens: this.generated,
+      ...(this.kvTransfers ? { kv_transfers_pending: this.kvTransfers.size } : {}),
     };
   }
 
-  async close(): Promise<void> {}
+  async close(): Promise<void> {
+    this.kvTransfers?.close();
+  }
 }

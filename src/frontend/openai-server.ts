@@ -62,7 +62,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
       const signal = clientGone(reply);
       const started = performance.now();
       if (body.stream) {
-        const up = await upstream.open(gen, 'aggregated', signal);
+        const up = await open(gen, signal);
         metrics.firstToken((performance.now() - started) / 1000);
         reply.hijack();
         await relay(reply.raw, new SseFormatter(endpoint, id, body.model), up, body.stream_options?.include_usage === true, signal);
@@ -74,6 +74,10 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
   };
   route('chat', '/v1/chat/completions', chatCompletionSchema);
   route('completion', '/v1/completions', completionSchema);
+
+  function open(gen: GenerateBody, signal: AbortSignal, tried?: Set<string>): Promise<UpstreamStream> {
+    return pool.servingPath(gen.model) === 'disaggregated' ? upstream.openDisaggregated(gen, signal, tried) : upstream.open(gen, 'aggregated', signal, tried);
+  }
 
   /** Streams a committed response. A worker failing now can only be reported: tokens already left. */
   async function relay(res: ServerResponse, fmt: SseFormatter, up: UpstreamStream, includeUsage: boolean, signal: AbortSignal): Promise<void> {
@@ -110,7 +114,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
   async function collect(gen: GenerateBody, signal: AbortSignal): Promise<{ text: string; finishReason: string; usage: Usage }> {
     const tried = new Set<string>();
     for (;;) {
-      const up = await upstream.open(gen, 'aggregated', signal, tried);
+      const up = await open(gen, signal, tried);
       try {
         let text = '';
         let line = up.first;

@@ -1,12 +1,12 @@
-import { Agent, request, errors as undiciErrors } from 'undici';
+import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
 import type { Readable } from 'node:stream';
 import { HttpError } from '../common/errors.js';
 import type { WorkerMode } from '../discovery/discovery.js';
-import type { GenerateBody, StreamLine } from '../worker/protocol.js';
+import type { GenerateBody, PrefillResponse, StreamLine } from '../worker/protocol.js';
 import type { FrontendMetrics } from './metrics.js';
-import type { PoolWorker, WorkerPool } from './worker-pool.js';
+import type { Hold, PoolWorker, WorkerPool } from './worker-pool.js';
 
-/** Refusals and pre-first-token failures are re-routed with their own budget. */
+/** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
 
 /** One admitted request on one worker, with its first line already read (so nothing is sent before it). */
@@ -19,8 +19,21 @@ export interface UpstreamStream {
 }
 
 export class MidStreamFailure extends Error {
-  constructor(readonly workerId: string, cause: unknown) {
+  constructor(
+    readonly workerId: string,
+    cause: unknown,
+  ) {
     super(`worker ${workerId} failed mid-stream: ${(cause as Error)?.message ?? String(cause)}`);
+  }
+}
+
+/** This attempt failed in a way another worker may not: try the next one. */
+class TryElsewhere extends Error {
+  constructor(
+    readonly outcome: string,
+    readonly hold?: Hold,
+  ) {
+    super(outcome);
   }
 }
 
@@ -42,21 +55,24 @@ async function* readLines(body: Readable): AsyncGenerator<StreamLine, void, void
 
 function isConnectFailure(err: unknown): boolean {
   const code = (err as NodeJS.ErrnoException).code;
-  return (
-    err instanceof undiciErrors.ConnectTimeoutError ||
-    err instanceof undiciErrors.SocketError ||
-    code === 'ECONNREFUSED' ||
-    code === 'ECONNRESET' ||
-    code === 'EPIPE' ||
-    code === 'UND_ERR_SOCKET' ||
-    code === 'UND_ERR_CLOSED'
-  );
+  return err instanceof undiciErrors.ConnectTimeoutError || code === 'ECONNREFUSED' || code === 'UND_ERR_SOCKET' || code === 'ECONNRESET';
+}
+
+/** A non-200 answer: a refusal or server error moves on; a client error is the client's answer. */
+async function rejectNon200(res: Dispatcher.ResponseData): Promise<never> {
+  const payload = (await res.body.json().catch(() => ({}))) as { error?: { code?: string; message?: string } };
+  const code = payload.error?.code ?? `http_${res.statusCode}`;
+  if (code === 'worker_draining') throw new TryElsewhere(code, 'draining');
+  if (code === 'worker_overloaded') throw new TryElsewhere(code, 'overloaded');
+  if (res.statusCode >= 400 && res.statusCode < 500) throw new HttpError(res.statusCode, code, payload.error?.message ?? 'worker rejected the request');
+  throw new TryElsewhere('worker_error');
 }
 
 /**
- * Talks to workers over a keep-alive pool. `open` keeps trying workers until one sends a first
- * line: a refusal (503 worker_draining / worker_overloaded), a refused connection, or a worker that
- * dies before its first token all move the request to another worker without the client noticing.
+ * Talks to workers over a keep-alive pool. Every call goes through `route`, which keeps trying
+ * workers of the right mode until one accepts: a refusal (worker_draining / worker_overloaded), a
+ * refused connection, or a worker that dies before its first token all move the request to another
+ * worker without the client noticing.
  */
 export class Upstream {
   readonly agent: Agent;
@@ -69,11 +85,17 @@ export class Upstream {
     this.agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 60_000, connections, pipelining: 1, headersTimeout: 0, bodyTimeout: 0 });
   }
 
-  async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
+  private async route<T>(
+    model: string,
+    mode: WorkerMode,
+    signal: AbortSignal,
+    tried: Set<string>,
+    send: (worker: PoolWorker) => Promise<T>,
+  ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       if (signal.aborted) throw signal.reason;
-      const worker = this.pool.pick(body.model, mode, tried);
+      const worker = this.pool.pick(model, mode, tried);
       if (!worker) break;
       const id = worker.record.worker_id;
       tried.add(id);
@@ -85,53 +107,64 @@ export class Upstream {
         worker.inflight--;
       };
       try {
-        const res = await request(`${worker.record.request_url}/generate`, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json' },
-          body: JSON.stringify(body),
-          dispatcher: this.agent,
-          signal,
-        });
-        if (res.statusCode !== 200) {
-          const payload = (await res.body.json().catch(() => ({}))) as { error?: { code?: string; message?: string } };
-          const code = payload.error?.code ?? `http_${res.statusCode}`;
-          release();
-          if (code === 'worker_draining' || code === 'worker_overloaded') {
-            this.pool.hold(id, code === 'worker_draining' ? 'draining' : 'overloaded');
-            this.metrics.attempt(id, code);
-            lastRefusal = code;
-            continue;
-          }
-          if (res.statusCode >= 400 && res.statusCode < 500) {
-            this.metrics.attempt(id, 'client_error');
-            throw new HttpError(res.statusCode, code, payload.error?.message ?? 'worker rejected the request');
-          }
-          this.metrics.attempt(id, 'worker_error');
-          continue;
-        }
-        const rest = readLines(res.body);
-        const first = await rest.next();
-        if (first.done || 'error' in first.value) {
-          // Nothing has reached the client yet: another worker can still serve it whole.
-          release();
-          this.metrics.attempt(id, 'failed_before_first_token');
-          continue;
-        }
+        const value = await send(worker);
         this.metrics.attempt(id, 'routed');
-        return { worker, first: first.value, rest, release };
+        return { worker, value, release };
       } catch (err) {
         release();
-        if (err instanceof HttpError || signal.aborted) throw err;
-        if (isConnectFailure(err)) this.pool.hold(id, 'unreachable');
-        this.metrics.attempt(id, isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token');
+        if (signal.aborted) throw err;
+        if (err instanceof HttpError) {
+          this.metrics.attempt(id, 'client_error');
+          throw err;
+        }
+        const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
+        if (failure.hold) this.pool.hold(id, failure.hold);
+        if (failure.hold === 'draining' || failure.hold === 'overloaded') lastRefusal = failure.outcome;
+        this.metrics.attempt(id, failure.outcome);
       }
     }
-    if (!this.pool.hasModel(body.model)) throw new HttpError(404, 'model_not_found', `the model "${body.model}" does not exist or has no serving worker`);
+    if (!this.pool.hasModel(model)) throw new HttpError(404, 'model_not_found', `the model "${model}" does not exist or has no serving worker`);
     throw new HttpError(
       503,
       'no_serving_worker',
-      lastRefusal ? `no worker could take the request (last refusal: ${lastRefusal}); retry shortly` : `no serving worker for "${body.model}" is reachable; retry shortly`,
+      lastRefusal ? `no ${mode} worker could take the request (last refusal: ${lastRefusal}); retry shortly` : `no serving ${mode} worker for "${model}" is reachable; retry shortly`,
     );
+  }
+
+  private post(url: string, body: unknown, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
+    return request(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), dispatcher: this.agent, signal });
+  }
+
+  /** Opens a token stream on a worker of `mode` (aggregated, or decode with a KV transfer). */
+  async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
+    const { worker, value, release } = await this.route(body.model, mode, signal, tried, async (w) => {
+      const res = await this.post(`${w.record.request_url}/generate`, body, signal);
+      if (res.statusCode !== 200) await rejectNon200(res);
+      const rest = readLines(res.body);
+      const first = await rest.next();
+      // Nothing has reached the client yet: another worker can still serve it whole.
+      if (first.done || 'error' in first.value) {
+        res.body.destroy();
+        throw new TryElsewhere('failed_before_first_token');
+      }
+      return { first: first.value, rest };
+    });
+    return { worker, first: value.first, rest: value.rest, release };
+  }
+
+  /**
+   * Disaggregated serving: a prefill worker computes the prompt's KV, then a decode worker pulls it
+   * and streams. If no decode worker takes it, the transfer expires on the prefill side (counted).
+   */
+  async openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
+    const prefill = await this.route(body.model, 'prefill', signal, tried, async (w) => {
+      const res = await this.post(`${w.record.request_url}/prefill`, body, signal);
+      if (res.statusCode !== 200) await rejectNon200(res);
+      return (await res.body.json()) as PrefillResponse;
+    });
+    prefill.release();
+    const kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url };
+    return this.open({ ...body, kv_transfer: kv }, 'decode', signal, tried);
   }
 
   async close(): Promise<void> {

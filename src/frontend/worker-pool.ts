@@ -63,9 +63,14 @@ export class WorkerPool {
     return this.workers.get(workerId);
   }
 
-  hasModel(model: string): boolean {
-    for (const w of this.workers.values()) if (w.record.model === model) return true;
+  hasModel(model: string, mode?: WorkerMode): boolean {
+    for (const w of this.workers.values()) if (w.record.model === model && (mode === undefined || w.record.mode === mode)) return true;
     return false;
+  }
+
+  /** Aggregated workers when there are any; prefill+decode pairs otherwise. */
+  servingPath(model: string): 'aggregated' | 'disaggregated' {
+    return !this.hasModel(model, 'aggregated') && this.hasModel(model, 'prefill') ? 'disaggregated' : 'aggregated';
   }
 
   /** Models with at least one worker in discovery that is not held as draining. */

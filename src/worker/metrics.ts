@@ -71,6 +71,25 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
     registers: [registry],
   });
 
+  const kv = engine.kvTransfers;
+  new Gauge({
+    name: 'ebb_kv_pending_transfers',
+    help: 'Prefill KV caches held for a decode peer that has not confirmed receipt',
+    registers: [registry],
+    collect() {
+      this.set(kv?.size ?? 0);
+    },
+  });
+  const kvDuration = new Histogram({
+    name: 'ebb_kv_transfer_duration_seconds',
+    help: 'From prefill done to receipt confirmed by the decode peer',
+    buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30],
+    registers: [registry],
+  });
+  const kvExpired = new Counter({ name: 'ebb_kv_transfers_expired_total', help: 'KV transfers released by TTL before a decode peer took them', registers: [registry] });
+  kv?.on('completed', (_t: unknown, seconds: number) => kvDuration.observe(seconds));
+  kv?.on('expired', () => kvExpired.inc());
+
   admission.on('admitted', () => admitted.inc());
   admission.on('released', (outcome: string) => released.inc({ outcome }));
   let drainStarted = 0;

@@ -23,6 +23,23 @@ export interface GenerateBody {
   stop?: string | string[];
   stream?: boolean;
   request_id?: string;
+  /** Decode workers: pull this prompt's KV from the prefill worker that computed it. */
+  kv_transfer?: KvTransferRef;
+}
+
+/**
+ * Disaggregated serving: POST /prefill on a prefill worker (same body as /generate) answers a
+ * KvTransferRef once the KV is computed. The decode worker pulls it with GET {source_url}/kv/{id}
+ * and confirms receipt with DELETE {source_url}/kv/{id}; until then the transfer is pending.
+ */
+export interface KvTransferRef {
+  transfer_id: string;
+  source_url: string;
+}
+
+export interface PrefillResponse extends KvTransferRef {
+  prompt_tokens: number;
+  kv_bytes: number;
 }
 
 export interface Usage {
@@ -54,6 +71,11 @@ export const generateBodySchema = {
     stop: { anyOf: [{ type: 'string' }, { type: 'array', items: { type: 'string' }, maxItems: 4 }] },
     stream: { type: 'boolean' },
     request_id: { type: 'string', maxLength: 200 },
+    kv_transfer: {
+      type: 'object',
+      required: ['transfer_id', 'source_url'],
+      properties: { transfer_id: { type: 'string', maxLength: 100 }, source_url: { type: 'string', maxLength: 500 } },
+    },
   },
 } as const;
 

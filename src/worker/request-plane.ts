@@ -8,7 +8,8 @@ import { errorBody, HttpError } from '../common/errors.js';
 import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.js';
 import type { Admission, Ticket } from '../lifecycle/admission.js';
 import type { WorkerMetrics } from './metrics.js';
-import { DEFAULT_MAX_TOKENS, generateBodySchema, promptOf, type GenerateBody, type StreamLine } from './protocol.js';
+import { DEFAULT_MAX_TOKENS, generateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from './protocol.js';
+import { KvPullError, pullKv } from './kv-pull.js';
 
 export interface RequestPlaneDeps {
   model: string;
@@ -16,6 +17,8 @@ export interface RequestPlaneDeps {
   admission: Admission;
   metrics: WorkerMetrics;
   log: Logger;
+  /** This request plane's own URL, the source decode peers pull KV from. */
+  selfUrl: () => string;
 }
 
 function usageOf(r: GenerateResult) {
@@ -27,27 +30,20 @@ async function write(res: ServerResponse, chunk: string): Promise<void> {
 }
 
 /** The worker's request plane: POST /generate, admission-checked before any work is done. */
-export function createRequestPlane({ model, engine, admission, metrics, log }: RequestPlaneDeps): FastifyInstance {
+export function createRequestPlane({ model, engine, admission, metrics, log, selfUrl }: RequestPlaneDeps): FastifyInstance {
   const app = createHttpServer();
-  allowOnly(app, '/generate', ['POST']);
 
-  app.post<{ Body: GenerateBody }>('/generate', { schema: { body: generateBodySchema } }, async (req, reply) => {
-    const body = req.body;
+  /** Validation shared by /generate and /prefill, then the one admission point. */
+  function admit(body: GenerateBody): { gen: GenerateRequest; ticket: Ticket } | { refused: string } {
     if (body.model !== model) throw new HttpError(404, 'model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
     if (prompt === undefined) throw new HttpError(400, 'invalid_request', 'either prompt or messages is required');
-
     const requestId = body.request_id ?? randomUUID();
     const admitted = admission.admit(requestId);
     if (!admitted.admitted) {
       metrics.refused(admitted.code);
-      const why = admitted.code === 'worker_draining' ? 'worker is draining; retry on another worker' : 'worker is overloaded; retry shortly or elsewhere';
-      return reply
-        .code(503)
-        .header('retry-after', '1')
-        .send(errorBody(admitted.code, why, 'service_unavailable', { retryable: true }));
+      return { refused: admitted.code };
     }
-
     const gen: GenerateRequest = {
       request_id: requestId,
       prompt,
@@ -55,21 +51,74 @@ export function createRequestPlane({ model, engine, admission, metrics, log }: R
       temperature: body.temperature ?? 1,
       seed: body.seed,
       stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
+      prefilled: body.kv_transfer !== undefined,
     };
-    reply.hijack();
-    await serve(reply.raw, gen, body.stream !== false, admitted.ticket);
-  });
+    return { gen, ticket: admitted.ticket };
+  }
 
-  /** Owns the ticket from here: exactly one release, whoever ends the request. */
-  async function serve(res: ServerResponse, gen: GenerateRequest, stream: boolean, ticket: Ticket): Promise<void> {
+  function refusal(code: string) {
+    const why = code === 'worker_draining' ? 'worker is draining; retry on another worker' : 'worker is overloaded; retry shortly or elsewhere';
+    return errorBody(code, why, 'service_unavailable', { retryable: true });
+  }
+
+  /** Aborts generation when the caller goes away, and releases its ticket as dropped (once). */
+  function watchCaller(res: ServerResponse, ticket: Ticket): AbortSignal {
     const abort = new AbortController();
     res.on('close', () => {
       if (res.writableFinished) return;
       abort.abort(new Error('client disconnected'));
-      if (ticket.release('dropped')) log.debug({ request_id: ticket.id }, 'client dropped the stream');
+      if (ticket.release('dropped')) log.debug({ request_id: ticket.id }, 'client dropped the request');
     });
-    const tokens = engine.generate(gen, abort.signal);
+    return abort.signal;
+  }
+
+  allowOnly(app, '/generate', ['POST']);
+  app.post<{ Body: GenerateBody }>('/generate', { schema: { body: generateBodySchema } }, async (req, reply) => {
+    const admitted = admit(req.body);
+    if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
+    reply.hijack();
+    await serve(reply.raw, admitted.gen, req.body.stream !== false, admitted.ticket, req.body.kv_transfer);
+  });
+
+  if (engine.prefill && engine.kvTransfers) {
+    const prefill = engine.prefill.bind(engine);
+    const transfers = engine.kvTransfers;
+    allowOnly(app, '/prefill', ['POST']);
+    app.post<{ Body: GenerateBody }>('/prefill', { schema: { body: generateBodySchema } }, async (req, reply) => {
+      const admitted = admit(req.body);
+      if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
+      const { gen, ticket } = admitted;
+      const signal = watchCaller(reply.raw, ticket);
+      try {
+        const t = await prefill(gen, signal);
+        const body: PrefillResponse = { transfer_id: t.transfer_id, source_url: selfUrl(), prompt_tokens: t.prompt_tokens, kv_bytes: t.kv_bytes };
+        reply.raw.once('finish', () => ticket.release('completed'));
+        return body;
+      } catch (err) {
+        if (!signal.aborted) ticket.release('errored');
+        throw err;
+      }
+    });
+
+    // Transfers are served while draining too: the KV was computed for requests already admitted.
+    allowOnly(app, '/kv/:id', ['GET', 'DELETE']);
+    app.get<{ Params: { id: string } }>('/kv/:id', async (req, reply) => {
+      const t = transfers.get(req.params.id);
+      if (!t) throw new HttpError(404, 'kv_transfer_not_found', `no pending KV transfer ${req.params.id} (completed or expired)`);
+      return reply.header('content-type', 'application/octet-stream').send(Buffer.alloc(t.kv_bytes, 0x6b));
+    });
+    app.delete<{ Params: { id: string } }>('/kv/:id', async (req, reply) => {
+      if (!transfers.complete(req.params.id)) throw new HttpError(404, 'kv_transfer_not_found', `no pending KV transfer ${req.params.id}`);
+      return reply.code(204).send();
+    });
+  }
+
+  /** Owns the ticket from here: exactly one release, whoever ends the request. */
+  async function serve(res: ServerResponse, gen: GenerateRequest, stream: boolean, ticket: Ticket, kv: KvTransferRef | undefined): Promise<void> {
+    const signal = watchCaller(res, ticket);
     try {
+      if (kv) await pullKv(kv, signal);
+      const tokens = engine.generate(gen, signal);
       if (stream) {
         res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': ticket.id });
         let step = await tokens.next();
@@ -91,11 +140,12 @@ export function createRequestPlane({ model, engine, admission, metrics, log }: R
         res.end(payload, () => ticket.release('completed'));
       }
     } catch (err) {
-      if (abort.signal.aborted) return; // the client left; released as dropped
+      if (signal.aborted) return; // the client left; released as dropped
       log.error({ err, request_id: ticket.id }, 'generation failed');
-      const error = { code: 'engine_error', message: (err as Error).message };
+      const kvFailed = err instanceof KvPullError;
+      const error = { code: kvFailed ? 'kv_transfer_failed' : 'engine_error', message: (err as Error).message };
       if (!res.headersSent) {
-        res.writeHead(500, { 'content-type': 'application/json' });
+        res.writeHead(kvFailed ? 502 : 500, { 'content-type': 'application/json' });
         res.end(JSON.stringify(errorBody(error.code, error.message, 'server_error')), () => ticket.release('errored'));
       } else {
         res.end(JSON.stringify({ error } satisfies StreamLine) + '\n', () => ticket.release('errored'));

@@ -4,6 +4,7 @@ import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
 import { listen } from '../common/http-server.js';
 import type { Engine } from '../engine/engine.js';
+import type { KvTransfer } from '../engine/kv-transfers.js';
 import { MockerEngine, type MockerOptions } from '../engine/mocker.js';
 import { Admission } from '../lifecycle/admission.js';
 import { Lifecycle } from '../lifecycle/lifecycle.js';
@@ -23,7 +24,7 @@ export interface WorkerOptions {
   discoveryUrl: string;
   leaseTtlMs?: number | undefined;
   shutdown: Omit<ShutdownOptions, 'watchdogMarginMs'> & { watchdogMarginMs?: number };
-  mocker: MockerOptions;
+  mocker: Omit<MockerOptions, 'mode'>;
   guardAdmin?: (authorization: string | undefined) => void;
 }
 
@@ -42,7 +43,7 @@ export function newWorkerId(): string {
 
 export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code: number) => void): Promise<RunningWorker> {
   const workerId = opts.workerId ?? newWorkerId();
-  const engine = new MockerEngine(opts.mocker);
+  const engine = new MockerEngine({ ...opts.mocker, mode: opts.mode });
   const admission = new Admission(() => engine.isOverloaded());
   const discovery = await connectDiscovery(opts.discoveryUrl, { leaseTtlMs: opts.leaseTtlMs });
 
@@ -58,10 +59,14 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     log,
   );
   const metrics = createWorkerMetrics(admission, lifecycle, engine);
-  const requestPlane = createRequestPlane({ model: opts.model, engine, admission, metrics, log });
+  engine.kvTransfers?.on('expired', (t: KvTransfer) =>
+    log.warn({ event: 'kv_transfer_expired', transfer_id: t.transfer_id, kv_bytes: t.kv_bytes }, `KV transfer ${t.transfer_id} expired before a decode peer took it`),
+  );
+  let requestUrl = '';
+  const requestPlane = createRequestPlane({ model: opts.model, engine, admission, metrics, log, selfUrl: () => requestUrl });
   const systemServer = createSystemServer({ lifecycle, engine, metrics, guardAdmin: opts.guardAdmin });
 
-  const requestUrl = await listen(requestPlane, opts.host, opts.port);
+  requestUrl = await listen(requestPlane, opts.host, opts.port);
   const systemUrl = await listen(systemServer, opts.systemHost, opts.systemPort);
   record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl };
   discovery.onRegistrationLost((id) => {

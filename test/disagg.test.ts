@@ -1,0 +1,125 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { call, openLineStream } from './helpers/http.js';
+import { metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { streamCompletion } from './helpers/sse.js';
+
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+async function worker(discovery: string, mode: 'prefill' | 'decode', args: string[] = []): Promise<WorkerHandle> {
+  const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--mode', mode, ...args]);
+  started.push(w);
+  return w;
+}
+
+/** Plays the frontend's part by hand: prefill on `p`, keeping the transfer pending. */
+async function prefill(p: WorkerHandle, prompt = 'a prompt of several words for the cache') {
+  const res = await call('POST', `${p.requestUrl}/prefill`, { model: 'm1', prompt, max_tokens: 5 });
+  assert.equal(res.status, 200, JSON.stringify(res.body));
+  assert.equal(res.body.source_url, p.requestUrl);
+  assert.ok(res.body.kv_bytes > 0);
+  return res.body as { transfer_id: string; source_url: string; prompt_tokens: number };
+}
+
+describe('disaggregated prefill/decode', () => {
+  it('streams end to end through the frontend with the openai SDK', async () => {
+    const discovery = tempDiscoveryUrl();
+    const p = await worker(discovery, 'prefill', ['--mocker-itl-ms', '1']);
+    await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
+    await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
+    const frontend = await startFrontend(discovery);
+    started.push(frontend);
+    const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused' });
+    const stream = await client.chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'split me' }], max_tokens: 9, stream: true });
+    let pieces = 0;
+    for await (const chunk of stream) if (chunk.choices[0]?.delta?.content) pieces++;
+    assert.equal(pieces, 9);
+    const whole = await client.completions.create({ model: 'm1', prompt: 'split me too', max_tokens: 4 });
+    assert.equal(whole.usage?.completion_tokens, 4);
+    assert.equal(await metricValue(p.systemUrl, 'ebb_kv_transfer_duration_seconds_count'), 2, 'both requests went through a KV transfer');
+    assert.equal(await metricValue(p.systemUrl, 'ebb_kv_pending_transfers'), 0);
+  });
+
+  it('keeps a draining prefill worker draining while transfers are pending, then drains when decode pulls them', async () => {
+    const discovery = tempDiscoveryUrl();
+    const p = await worker(discovery, 'prefill');
+    const d = await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
+    const transfers = [await prefill(p), await prefill(p)];
+    const drain = await call('POST', `${p.systemUrl}/engine/drain`);
+    assert.equal(drain.status, 202);
+    assert.equal(drain.body.state, 'draining');
+    assert.equal(drain.body.inflight_requests, 0);
+    assert.equal(drain.body.engine.kv_transfers_pending, 2);
+    assert.deepEqual(drain.body.waiting_for, ['2 pending KV transfers']);
+    const refused = await call('POST', `${p.requestUrl}/prefill`, { model: 'm1', prompt: 'late' });
+    assert.equal(refused.status, 503, 'no new prefill while draining');
+
+    const first = await openLineStream(`${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', max_tokens: 3, kv_transfer: transfers[0] });
+    assert.equal((await first.done).length, 4);
+    const mid = await call('GET', `${p.systemUrl}/engine/status`);
+    assert.equal(mid.body.state, 'draining');
+    assert.deepEqual(mid.body.waiting_for, ['1 pending KV transfer']);
+    const second = await openLineStream(`${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', max_tokens: 3, kv_transfer: transfers[1] });
+    assert.equal((await second.done).length, 4);
+    await p.waitForEvent('state_changed', (l) => l.to === 'drained');
+    assert.equal((await call('GET', `${p.systemUrl}/engine/status`)).body.state, 'drained');
+  });
+
+  it('releases and counts a transfer whose decode peer never came', async () => {
+    const discovery = tempDiscoveryUrl();
+    const p = await worker(discovery, 'prefill', ['--kv-transfer-ttl-ms', '300']);
+    const t = await prefill(p);
+    const drain = await call('POST', `${p.systemUrl}/engine/drain`);
+    assert.equal(drain.body.state, 'draining');
+    const expired = await p.waitForEvent('kv_transfer_expired');
+    assert.equal(expired.transfer_id, t.transfer_id);
+    await p.waitForEvent('state_changed', (l) => l.to === 'drained');
+    assert.equal(await metricValue(p.systemUrl, 'ebb_kv_transfers_expired_total'), 1);
+    assert.equal((await call('GET', `${p.requestUrl}/kv/${t.transfer_id}`)).status, 404, 'an expired transfer is gone');
+  });
+
+  it('never reports drained for a prefill engine that cannot report transfers, even with nothing in flight', async () => {
+    const discovery = tempDiscoveryUrl();
+    const p = await worker(discovery, 'prefill', ['--mocker-kv-reporting', 'unsupported']);
+    const drain = await call('POST', `${p.systemUrl}/engine/drain`);
+    assert.equal(drain.status, 202);
+    assert.equal(drain.body.state, 'draining');
+    assert.equal(drain.body.inflight_requests, 0);
+    assert.match(drain.body.waiting_for.join(), /cannot report pending KV transfers/);
+    // A later event (a transfer of another request ending would fire one) still cannot drain it.
+    const status = await call('GET', `${p.systemUrl}/engine/status`);
+    assert.equal(status.body.state, 'draining');
+    assert.ok(!p.logs.some((l) => l.to === 'drained'));
+  });
+
+  it('drains a decode worker mid-stream: every stream completes', async () => {
+    const discovery = tempDiscoveryUrl();
+    await worker(discovery, 'prefill');
+    const d1 = await worker(discovery, 'decode', ['--mocker-itl-ms', '20']);
+    await worker(discovery, 'decode', ['--mocker-itl-ms', '20']);
+    const frontend = await startFrontend(discovery);
+    started.push(frontend);
+    let firsts = 0;
+    let bothStarted!: () => void;
+    const ready = new Promise<void>((r) => (bothStarted = r));
+    const streams = Array.from({ length: 6 }, (_, i) =>
+      streamCompletion(frontend.url, { model: 'm1', max_tokens: 30, seed: i }, () => {
+        if (++firsts === 6) bothStarted();
+      }),
+    );
+    await ready;
+    const drain = await call('POST', `${d1.systemUrl}/engine/drain`);
+    assert.equal(drain.body.state, 'draining');
+    assert.ok(drain.body.inflight_requests > 0, 'the decode worker had streams in flight');
+    const results = await Promise.all(streams);
+    for (const r of results) {
+      assert.equal(r.tokens, 30, r.error);
+      assert.equal(r.done, true);
+    }
+    await d1.waitForEvent('state_changed', (l) => l.to === 'drained');
+  });
+});
