@@ -1,10 +1,10 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { EventEmitter, once } from 'node:events';
 import OpenAI from 'openai';
 import { call } from './helpers/http.js';
-import { metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
-import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
+import { drainOneUnderLoad } from './helpers/load.js';
+import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { streamCompletion } from './helpers/sse.js';
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -104,46 +104,7 @@ describe('frontend: OpenAI API through the official SDK', () => {
 describe('frontend: zero dropped requests', () => {
   it('drains one of 3 workers mid-load: every request completes, none reach it after drain returns, resume brings it back', async () => {
     const { frontend, workers } = await cluster(3, ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']);
-    const target = workers[1]!;
-    const MAX_TOKENS = 20;
-    const outcomes: StreamOutcome[] = [];
-    const progress = new EventEmitter();
-    let phase: 'before' | 'draining' | 'after' = 'before';
-    let sent = 0;
-    let stop = false;
-    const loops = Array.from({ length: 8 }, async (_, i) => {
-      while (!stop && sent < 2000) {
-        sent++;
-        outcomes.push(await streamCompletion(frontend.url, { model: 'm1', max_tokens: MAX_TOKENS, seed: i }));
-        progress.emit('completed');
-      }
-    });
-    const completedAtLeast = async (n: number) => {
-      while (outcomes.length < n) await once(progress, 'completed');
-    };
-    await completedAtLeast(40);
-    const drain = await call('POST', `${target.systemUrl}/engine/drain`);
-    assert.ok(drain.status === 202 || drain.status === 200);
-    phase = 'draining';
-    const admittedAtDrain = await metricValue(target.systemUrl, 'ebb_worker_admitted_total');
-    const afterDrain = outcomes.length;
-    await completedAtLeast(afterDrain + 60);
-    await target.waitForEvent('state_changed', (l) => l.to === 'drained');
-    assert.equal(await metricValue(target.systemUrl, 'ebb_worker_admitted_total'), admittedAtDrain, 'no request admitted after drain returned');
-
-    const resumed = await call('POST', `${target.systemUrl}/engine/resume`);
-    assert.equal(resumed.body.state, 'serving');
-    phase = 'after';
-    await frontend.waitForEvent('worker_added', (l) => l.worker_id === target.workerId);
-    const afterResume = outcomes.length;
-    await completedAtLeast(afterResume + 60);
-    stop = true;
-    await Promise.all(loops);
-
-    const failures = outcomes.filter((o) => o.status !== 200 || !o.done || o.tokens !== MAX_TOKENS || o.error);
-    assert.deepEqual(failures, [], 'every request completes with all its tokens');
-    assert.ok(await metricValue(target.systemUrl, 'ebb_worker_admitted_total') > admittedAtDrain, 'resumed worker is back in rotation');
-    assert.equal(phase, 'after');
+    await drainOneUnderLoad(frontend, workers[1]!);
   });
 
   it('retries requests queued on a worker killed with SIGKILL; none that had no token yet fails', async () => {

@@ -1,4 +1,4 @@
-import { Etcd3, type IKeyValue, type Lease, type Watcher } from 'etcd3';
+import { Etcd3, isRecoverableError, type IKeyValue, type Lease, type Watcher } from 'etcd3';
 import type { DiscoveryOptions } from './connect.js';
 import { isWorkerRecord, type Discovery, type DiscoveryEvent, type DiscoveryWatch, type WorkerRecord } from './discovery.js';
 
@@ -22,6 +22,11 @@ const WATCH_BACKOFF_MIN_MS = 100;
  * stray timers can hold the process open after close().
  */
 const WATCH_BACKOFF_MAX_MS = 2_000;
+
+/** Consecutive recoverable failures of one etcd host before calls to it are refused for a while. */
+const BREAKER_THRESHOLD = 3;
+/** Upper bound of that while; see HostBreaker. */
+const BREAKER_OPEN_MAX_MS = 5_000;
 
 export function etcdKey(record: Pick<WorkerRecord, 'model' | 'worker_id'>): string {
   return `${ETCD_PREFIX}${encodeURIComponent(record.model)}/${encodeURIComponent(record.worker_id)}`;
@@ -93,6 +98,45 @@ function watchBackoff(attempt = 0): WatchBackoff {
   };
 }
 
+type HostPolicy = ReturnType<NonNullable<NonNullable<NonNullable<ConstructorParameters<typeof Etcd3>[0]>['faultHandling']>['host']>>;
+
+/**
+ * Per-host circuit breaker for the etcd3 client, structurally the cockatiel policy it expects (etcd3
+ * only calls execute()). etcd3's default opens for 5 s after 3 consecutive failures, and while open
+ * every call fails without reaching etcd. After an outage longer than the leases, etcd comes back
+ * with the lost leases renewed for about one TTL (then they expire and take the old keys along);
+ * with a 5 s breaker, re-registrations kept failing past that, so with short TTLs frontends dropped
+ * every worker for seconds while etcd and all workers were healthy. Here the open period is a
+ * quarter of the lease TTL (at most 5 s); one failure after it re-opens, one success closes.
+ */
+class HostBreaker {
+  private failures = 0;
+  private openUntil = 0;
+
+  constructor(private readonly openMs: number) {}
+
+  async execute<T>(fn: (context: { signal: AbortSignal }) => PromiseLike<T> | T, signal?: AbortSignal): Promise<T> {
+    if (Date.now() < this.openUntil) {
+      // etcd3 recognises this flag: the call never went through, so it may try another host.
+      throw Object.assign(new Error('Execution prevented because the circuit breaker is open'), { isBrokenCircuitError: true });
+    }
+    try {
+      const result = await fn({ signal: signal ?? new AbortController().signal });
+      this.failures = 0;
+      return result;
+    } catch (err) {
+      if (typeof err === 'object' && err !== null && isRecoverableError(err as Error)) {
+        this.failures++;
+        if (this.failures >= BREAKER_THRESHOLD) {
+          this.openUntil = Date.now() + this.openMs;
+          this.failures = BREAKER_THRESHOLD - 1; // half-open afterwards: the next failure re-opens
+        }
+      }
+      throw err;
+    }
+  }
+}
+
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }
@@ -132,13 +176,17 @@ export class EtcdDiscovery implements Discovery {
   /** Builds the client without contacting etcd: an unreachable etcd surfaces on first use. */
   static async connect(url: string, opts: DiscoveryOptions = {}): Promise<EtcdDiscovery> {
     const hosts = parseEtcdUrl(url);
+    const ttlS = Math.max(MIN_LEASE_TTL_S, Math.ceil((opts.leaseTtlMs ?? DEFAULT_LEASE_TTL_MS) / 1000));
+    const breakerOpenMs = Math.min(BREAKER_OPEN_MAX_MS, (ttlS * 1000) / 4);
     const client = new Etcd3({
       hosts,
       // Streams (watch, keepalive) are long-lived and must not get a deadline.
       defaultCallOptions: (ctx) => (ctx.isStream ? {} : { deadline: Date.now() + UNARY_DEADLINE_MS }),
-      faultHandling: { watchBackoff: watchBackoff() },
+      faultHandling: {
+        watchBackoff: watchBackoff(),
+        host: () => new HostBreaker(breakerOpenMs) as unknown as HostPolicy,
+      },
     });
-    const ttlS = Math.max(MIN_LEASE_TTL_S, Math.ceil((opts.leaseTtlMs ?? DEFAULT_LEASE_TTL_MS) / 1000));
     return new EtcdDiscovery(url, client, ttlS);
   }
 

@@ -100,8 +100,9 @@ export class Lifecycle extends EventEmitter {
   async registrationLost(): Promise<void> {
     this.registered = false;
     // Each attempt takes its turn in the serialised chain; the back-off waits outside it, so a drain
-    // issued while discovery is down is never stuck behind the retries.
-    for (let backoff = 250; ; backoff = Math.min(backoff * 2, 5000)) {
+    // issued while discovery is down is never stuck behind the retries. The cap stays well under the
+    // shortest lease TTL (2 s on etcd): after an outage, frontends must not see the fleet vanish.
+    for (let backoff = 100; ; backoff = Math.min(backoff * 2, 1000)) {
       const settled = await this.serialize(async () => {
         if (this.current !== 'serving' || this.shuttingDown || this.registered) return true;
         try {
