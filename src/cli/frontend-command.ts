@@ -1,4 +1,5 @@
 import { Command } from 'commander';
+import { ADMIN_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminToken } from '../common/admin-auth.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend } from '../frontend/frontend.js';
 import { discoveryDefault, intOption } from './options.js';
@@ -7,6 +8,16 @@ interface FrontendFlags {
   host: string;
   port: number;
   discovery: string;
+  adminHost: string;
+  adminPort?: number;
+  adminTokenFile?: string;
+}
+
+/** The admin port unless --admin-port says otherwise: next to the public port, or any port when that one is 0. */
+export function defaultAdminPort(port: number): number {
+  if (port === 0) return 0;
+  if (port + 1 > 65535) throw new Error(`--port ${port} leaves no default admin port: pass --admin-port`);
+  return port + 1;
 }
 
 export function frontendCommand(): Command {
@@ -15,10 +26,29 @@ export function frontendCommand(): Command {
     .option('--host <addr>', 'bind address', '127.0.0.1')
     .option('--port <n>', 'port (0 = any free port)', intOption(0), 8000)
     .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
+    .option('--admin-host <addr>', 'admin listener bind address (fleet view, drain/resume); non-loopback needs an admin token', '127.0.0.1')
+    .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', intOption(0))
+    .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     .action(async (flags: FrontendFlags) => {
+      const token = await loadAdminToken(flags.adminTokenFile);
+      assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
+      const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
       const log = createLogger('frontend');
-      const frontend = await startFrontend({ host: flags.host, port: flags.port, discoveryUrl: flags.discovery }, log);
-      log.info({ event: 'frontend_ready', url: frontend.url, discovery: frontend.discovery.url }, `frontend ready: ${frontend.url}/v1`);
+      const frontend = await startFrontend(
+        {
+          host: flags.host,
+          port: flags.port,
+          discoveryUrl: flags.discovery,
+          admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token) },
+        },
+        log,
+      );
+      const adminAuth = token === undefined ? 'none' : 'bearer';
+      log.info({ event: 'admin_ready', url: frontend.adminUrl, admin_auth: adminAuth }, `admin API ready: ${frontend.adminUrl}/workers`);
+      log.info(
+        { event: 'frontend_ready', url: frontend.url, admin_url: frontend.adminUrl, discovery: frontend.discovery.url },
+        `frontend ready: ${frontend.url}/v1 (admin ${frontend.adminUrl})`,
+      );
       let stopping = false;
       const stop = (signal: NodeJS.Signals) => {
         if (stopping) process.exit(130);

@@ -1,4 +1,5 @@
 import { Command, Option } from 'commander';
+import { ADMIN_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminToken } from '../common/admin-auth.js';
 import { createLogger } from '../common/logger.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
 import { newWorkerId, startWorker } from '../worker/worker.js';
@@ -12,6 +13,7 @@ interface WorkerFlags {
   host: string;
   port: number;
   systemHost: string;
+  adminTokenFile?: string;
   systemPort: number;
   discovery: string;
   workerId?: string;
@@ -23,6 +25,8 @@ interface WorkerFlags {
   mockerBatchSlots: number;
   mockerMaxQueue: number;
   mockerIdleness: 'exact' | 'unknown';
+  mockerKvReporting: 'exact' | 'unsupported';
+  kvTransferTtlMs: number;
 }
 
 export function workerCommand(): Command {
@@ -35,6 +39,7 @@ export function workerCommand(): Command {
     .option('--port <n>', 'request-plane port (0 = any free port)', intOption(0), 0)
     .option('--system-host <addr>', 'system-status server bind address', '127.0.0.1')
     .option('--system-port <n>', 'system-status server port (0 = any free port)', intOption(0), 0)
+    .option('--admin-token-file <path>', `file holding the admin bearer token for drain/resume (env ${ADMIN_TOKEN_ENV}); required when --system-host is not loopback`)
     .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
     .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx)')
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', intOption(1))
@@ -49,7 +54,16 @@ export function workerCommand(): Command {
         .choices(['exact', 'unknown'])
         .default('exact'),
     )
+    .addOption(
+      new Option('--mocker-kv-reporting <mode>', 'prefill workers: exact, or unsupported to simulate an engine that cannot report KV transfers')
+        .choices(['exact', 'unsupported'])
+        .default('exact'),
+    )
+    .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', intOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
     .action(async (flags: WorkerFlags) => {
+      // Before anything binds: an Admin API on the network without a token is refused outright.
+      const adminToken = await loadAdminToken(flags.adminTokenFile);
+      assertAdminBindAllowed(flags.systemHost, adminToken, '--system-host');
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
       let exiting = false;
@@ -66,6 +80,7 @@ export function workerCommand(): Command {
           port: flags.port,
           systemHost: flags.systemHost,
           systemPort: flags.systemPort,
+          guardAdmin: createAdminGuard(adminToken),
           discoveryUrl: flags.discovery,
           leaseTtlMs: flags.leaseTtlMs,
           shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
@@ -75,6 +90,8 @@ export function workerCommand(): Command {
             batchSlots: flags.mockerBatchSlots,
             maxQueue: flags.mockerMaxQueue,
             idleness: flags.mockerIdleness,
+            kvReporting: flags.mockerKvReporting,
+            kvTransferTtlMs: flags.kvTransferTtlMs,
           },
         },
         log,

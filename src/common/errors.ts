@@ -9,6 +9,9 @@ export function errorBody(code: string, message: string, type = 'invalid_request
 
 /** An error that knows the HTTP status and code it should be answered with. */
 export class HttpError extends Error {
+  /** Extra response headers (e.g. WWW-Authenticate on a 401); applied by createHttpServer's error handler. */
+  headers?: Record<string, string>;
+
   constructor(
     readonly status: number,
     readonly code: string,

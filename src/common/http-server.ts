@@ -15,7 +15,10 @@ export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: 
     void reply.code(404).send(errorBody('not_found', `no route for ${req.method} ${req.url}`));
   });
   app.setErrorHandler((err: FastifyError | HttpError, _req, reply) => {
-    if (err instanceof HttpError) return reply.code(err.status).send(err.body());
+    if (err instanceof HttpError) {
+      if (err.headers) void reply.headers(err.headers);
+      return reply.code(err.status).send(err.body());
+    }
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
     const code = status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : 'internal_error';
     return reply.code(status).send(errorBody(code, err.message, status >= 500 ? 'server_error' : 'invalid_request_error'));

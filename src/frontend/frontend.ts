@@ -1,7 +1,10 @@
 import type { Logger } from 'pino';
+import type { AdminGuard } from '../common/admin-auth.js';
 import { listen } from '../common/http-server.js';
+import { createAdminAgent } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, DiscoveryEvent } from '../discovery/discovery.js';
+import { createAdminServer, FleetView } from './admin-server.js';
 import { createFrontendMetrics } from './metrics.js';
 import { createOpenAIServer } from './openai-server.js';
 import { Upstream } from './upstream.js';
@@ -11,10 +14,14 @@ export interface FrontendOptions {
   host: string;
   port: number;
   discoveryUrl: string;
+  /** The admin listener (fleet view, drain/resume forwarding); the caller checks the bind is allowed. */
+  admin?: { host: string; port: number; guardAdmin?: AdminGuard | undefined } | undefined;
 }
 
 export interface RunningFrontend {
   url: string;
+  /** The admin listener's base URL, when one was asked for. */
+  adminUrl?: string | undefined;
   pool: WorkerPool;
   discovery: Discovery;
   close(): Promise<void>;
@@ -23,8 +30,10 @@ export interface RunningFrontend {
 export async function startFrontend(opts: FrontendOptions, log: Logger): Promise<RunningFrontend> {
   const discovery = await connectDiscovery(opts.discoveryUrl);
   const pool = new WorkerPool();
+  const fleet = new FleetView();
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
+    fleet.apply(event);
     if (event.type === 'reset') log.info({ event: 'discovery_reset', workers: event.records.map((r) => r.worker_id) }, `routing view: ${event.records.length} worker(s)`);
     else if (event.type === 'put') log.info({ event: 'worker_added', worker_id: event.record.worker_id, model: event.record.model }, `worker ${event.record.worker_id} joined`);
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
@@ -33,11 +42,28 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const upstream = new Upstream(pool, metrics);
   const app = createOpenAIServer({ pool, upstream, metrics, log });
   const url = await listen(app, opts.host, opts.port);
+  const adminAgent = opts.admin ? createAdminAgent() : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, agent: adminAgent, guardAdmin: opts.admin.guardAdmin }) : undefined;
+  let adminUrl: string | undefined;
+  if (adminApp && opts.admin) {
+    try {
+      adminUrl = await listen(adminApp, opts.admin.host, opts.admin.port);
+    } catch (err) {
+      await app.close();
+      await watch.close();
+      await upstream.close();
+      await discovery.close();
+      throw new Error(`admin listener on ${opts.admin.host}:${opts.admin.port}: ${(err as Error).message}`);
+    }
+  }
   return {
     url,
+    adminUrl,
     pool,
     discovery,
     async close() {
+      await adminApp?.close();
+      await adminAgent?.close();
       await app.close();
       await watch.close();
       await upstream.close();

@@ -1,0 +1,41 @@
+import { Command, Option } from 'commander';
+import { addSourceOptions, describeWaiting, formatDuration, ProgressLine, waitForDrained, withClient, type SourceFlags } from './admin-client.js';
+import { durationOption } from './options.js';
+import { summarize } from './status-command.js';
+
+interface DrainFlags extends SourceFlags {
+  wait?: boolean;
+  timeout: number;
+  reason: string;
+  json?: boolean;
+}
+
+export function drainCommand(): Command {
+  return addSourceOptions(
+    new Command('drain')
+      .description('drain a worker: it stops admitting, leaves discovery, and finishes what it admitted')
+      .argument('<worker>', 'worker id (looked up through --frontend or discovery) or its system URL'),
+  )
+    .option('--wait', 'follow the drain until the worker is drained (progress on stderr)')
+    .addOption(new Option('--timeout <duration>', 'with --wait: give up after this long (exit 2); the drain itself goes on').argParser(durationOption).default(durationOption('10m'), '10m'))
+    .option('--reason <text>', 'recorded by the worker as drain_reason', 'ebb drain')
+    .option('--json', 'print the final status as JSON')
+    .action(async (target: string, flags: DrainFlags) => {
+      await withClient(flags, async (client) => {
+        const ref = await client.resolve(target);
+        const started = Date.now();
+        let status = await ref.drain(flags.reason);
+        if (flags.wait && status.state !== 'drained') {
+          const progress = new ProgressLine();
+          try {
+            status = await waitForDrained(ref, flags.timeout, (s, elapsed) => progress.update(`${s.worker_id}: ${describeWaiting(s)}`, elapsed));
+          } finally {
+            progress.done();
+          }
+        }
+        if (flags.json) process.stdout.write(JSON.stringify(status, null, 2) + '\n');
+        else if (status.state === 'drained') process.stdout.write(`worker ${status.worker_id} drained in ${formatDuration(Date.now() - started)}\n`);
+        else process.stdout.write(`${summarize(status)}\n(drain started: \`ebb status\` shows its progress, \`ebb drain --wait\` follows it to drained)\n`);
+      });
+    });
+}

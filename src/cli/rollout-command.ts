@@ -1,0 +1,149 @@
+import { spawn } from 'node:child_process';
+import { Command, Option } from 'commander';
+import {
+  addSourceOptions,
+  CliError,
+  describeWaiting,
+  EXIT_TIMEOUT,
+  formatDuration,
+  POLL_INTERVAL_MS,
+  servingOf,
+  waitForDrained,
+  withClient,
+  type AdminClient,
+  type FleetEntry,
+  type SourceFlags,
+} from './admin-client.js';
+import { durationOption, intOption } from './options.js';
+
+interface RolloutFlags extends SourceFlags {
+  model: string;
+  maxUnavailable: number;
+  thenExec?: string;
+  timeout: number;
+}
+
+const say = (line: string) => process.stderr.write(`${line}\n`);
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/** Runs the per-worker hook through a shell; its output goes to stderr so stdout stays the command's. */
+function runHook(cmd: string, worker: FleetEntry, timeoutMs: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(cmd, {
+      shell: true,
+      stdio: ['ignore', 2, 2],
+      env: { ...process.env, EBB_WORKER_ID: worker.worker_id, EBB_SYSTEM_URL: worker.system_url, EBB_REQUEST_URL: worker.request_url, EBB_MODEL: worker.model },
+    });
+    const timer = setTimeout(() => {
+      child.kill('SIGTERM');
+      reject(new CliError(`--then-exec for worker ${worker.worker_id} did not finish within ${formatDuration(timeoutMs)}; rollout stopped`, EXIT_TIMEOUT));
+    }, timeoutMs);
+    child.once('error', (err) => {
+      clearTimeout(timer);
+      reject(new CliError(`--then-exec for worker ${worker.worker_id} could not start: ${err.message}; rollout stopped`));
+    });
+    child.once('exit', (code, signal) => {
+      clearTimeout(timer);
+      if (code === 0) resolve();
+      else reject(new CliError(`--then-exec for worker ${worker.worker_id} exited with ${signal ? `signal ${signal}` : `code ${code}`}; rollout stopped`));
+    });
+  });
+}
+
+/** Polls the fleet until `model` has at least `want` workers in rotation (see waitForDrained on polling). */
+async function waitForServing(client: AdminClient, model: string, want: number, timeoutMs: number): Promise<number> {
+  const started = Date.now();
+  let have = -1;
+  for (;;) {
+    have = servingOf(await client.fleet(), model).length;
+    if (have >= want) return have;
+    const elapsed = Date.now() - started;
+    if (elapsed >= timeoutMs)
+      throw new CliError(`model ${model} has ${have} serving worker(s), not ${want}, after ${formatDuration(timeoutMs)}; rollout stopped`, EXIT_TIMEOUT);
+    await sleep(Math.min(POLL_INTERVAL_MS, timeoutMs - elapsed));
+  }
+}
+
+export function rolloutCommand(): Command {
+  return addSourceOptions(
+    new Command('rollout').summary('rolling drain of one model, at most --max-unavailable workers at a time').description(
+      'rolling drain of one model: drain at most --max-unavailable workers at a time, run a hook on each drained worker ' +
+        '(or resume it when there is none), and wait until the model is back to its serving count before the next batch',
+    ),
+  )
+    .requiredOption('--model <name>', 'the model whose workers are rolled')
+    .option('--max-unavailable <n>', 'workers out of rotation at once', intOption(1), 1)
+    .option('--then-exec <cmd>', 'shell command run for each drained worker (env EBB_WORKER_ID, EBB_SYSTEM_URL, EBB_REQUEST_URL); non-zero stops the rollout')
+    .addOption(new Option('--timeout <duration>', 'bound on each drain, hook and wait for the replacement (exit 2 past it)').argParser(durationOption).default(durationOption('10m'), '10m'))
+    .action(async (flags: RolloutFlags) => {
+      await withClient(flags, async (client) => {
+        const started = Date.now();
+        const initial = servingOf(await client.fleet(), flags.model).sort((a, b) => a.worker_id.localeCompare(b.worker_id));
+        if (initial.length === 0) throw new CliError(`no serving worker of model "${flags.model}" in ${client.sourceLabel}`);
+        const total = initial.length;
+        say(`rollout of ${flags.model}: ${total} worker(s), at most ${flags.maxUnavailable} out of rotation at a time (fleet from ${client.sourceLabel})`);
+        let done = 0;
+        for (let i = 0; i < initial.length; i += flags.maxUnavailable) {
+          // Re-read the fleet: a worker may have left meanwhile, and the batch's target count is
+          // what is serving right now (the previous batch waited for it to be whole again).
+          const fleet = await client.fleet();
+          const serving = servingOf(fleet, flags.model);
+          const servingIds = new Set(serving.map((e) => e.worker_id));
+          const batch: FleetEntry[] = [];
+          for (const w of initial.slice(i, i + flags.maxUnavailable)) {
+            if (servingIds.has(w.worker_id)) batch.push(w);
+            else say(`[${++done}/${total}] ${w.worker_id}: skipped, no longer serving`);
+          }
+          if (batch.length === 0) continue;
+          const want = serving.length;
+
+          const refs = batch.map((w) => ({ entry: w, ref: client.refFor(w) }));
+          const drained = await Promise.allSettled(
+            refs.map(async ({ entry, ref }) => {
+              say(`[${done + 1 + refs.findIndex((r) => r.entry === entry)}/${total}] ${entry.worker_id}: draining`);
+              const t0 = Date.now();
+              let s = await ref.drain(`ebb rollout ${flags.model}`);
+              let lastLine = '';
+              if (s.state !== 'drained')
+                s = await waitForDrained(ref, flags.timeout, (st) => {
+                  const line = describeWaiting(st);
+                  if (line !== lastLine) say(`  ${entry.worker_id}: ${line}`);
+                  lastLine = line;
+                });
+              say(`  ${entry.worker_id}: drained in ${formatDuration(Date.now() - t0)}`);
+              return s;
+            }),
+          );
+          const failed = drained.flatMap((r, k) => (r.status === 'rejected' && refs[k] ? [{ entry: (refs[k] as { entry: FleetEntry }).entry, err: r.reason as Error }] : []));
+          if (failed.length > 0) {
+            // Batch-mates that did drain go back to serving: only the stuck worker stays out.
+            for (const [k, r] of drained.entries()) {
+              const mate = refs[k];
+              if (r.status === 'fulfilled' && mate) await mate.ref.resume().then(() => say(`  ${mate.entry.worker_id}: resumed (batch stopped)`), () => undefined);
+            }
+            const first = failed[0] as { entry: FleetEntry; err: Error };
+            const code = first.err instanceof CliError ? first.err.exitCode : 1;
+            throw new CliError(
+              `rollout of ${flags.model} stopped at ${first.entry.worker_id}: ${first.err.message}; ` +
+                `${done} of ${total} worker(s) were rolled, the others are serving (\`${client.resumeHint(first.entry)}\` puts it back in rotation)`,
+              code,
+            );
+          }
+
+          for (const { entry, ref } of refs) {
+            if (flags.thenExec !== undefined) {
+              say(`  ${entry.worker_id}: running --then-exec`);
+              await runHook(flags.thenExec, entry, flags.timeout);
+            } else {
+              await ref.resume();
+              say(`  ${entry.worker_id}: resumed`);
+            }
+          }
+          const have = await waitForServing(client, flags.model, want, flags.timeout);
+          done += batch.length;
+          say(`[${done}/${total}] ${flags.model} is back to ${have} serving worker(s)`);
+        }
+        process.stdout.write(`rollout of ${flags.model} done: ${total} worker(s) in ${formatDuration(Date.now() - started)}\n`);
+      });
+    });
+}

@@ -1,0 +1,35 @@
+import { Command } from 'commander';
+import type { WorkerStatus } from '../common/worker-admin.js';
+import { addSourceOptions, formatDuration, withClient, type SourceFlags } from './admin-client.js';
+
+interface StatusFlags extends SourceFlags {
+  json?: boolean;
+}
+
+/** A few lines an operator can read at a glance; --json has everything. */
+export function summarize(s: WorkerStatus, now = Date.now()): string {
+  const since = Date.parse(s.state_since);
+  const lines = [
+    `worker ${s.worker_id}: ${s.state}${Number.isNaN(since) ? '' : ` for ${formatDuration(Math.max(0, now - since))}`}${s.shutting_down ? ' (shutting down)' : ''}`,
+    `  in-flight ${s.inflight_requests}, admission ${s.admission_open ? 'open' : 'closed'}, in discovery: ${s.discovery_registered ? 'yes' : 'no'}, generation ${s.generation}`,
+  ];
+  if (s.waiting_for.length > 0) lines.push(`  waiting for: ${s.waiting_for.join('; ')}`);
+  if (s.drain_reason) lines.push(`  drain reason: ${s.drain_reason}`);
+  if (s.last_error) lines.push(`  last error: ${s.last_error}`);
+  return lines.join('\n');
+}
+
+export function statusCommand(): Command {
+  return addSourceOptions(
+    new Command('status')
+      .description("show one worker's lifecycle status")
+      .argument('<worker>', 'worker id (looked up through --frontend or discovery) or its system URL'),
+  )
+    .option('--json', 'print the status as JSON')
+    .action(async (target: string, flags: StatusFlags) => {
+      await withClient(flags, async (client) => {
+        const status = await (await client.resolve(target)).status();
+        process.stdout.write((flags.json ? JSON.stringify(status, null, 2) : summarize(status)) + '\n');
+      });
+    });
+}

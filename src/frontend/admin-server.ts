@@ -1,0 +1,204 @@
+import type { FastifyInstance } from 'fastify';
+import type { Agent } from 'undici';
+import type { AdminGuard } from '../common/admin-auth.js';
+import { HttpError } from '../common/errors.js';
+import { allowOnly, createHttpServer } from '../common/http-server.js';
+import { adminCall, fetchLiveStatus, Unreachable, type LiveStatus } from '../common/worker-admin.js';
+import type { DiscoveryEvent, WorkerRecord } from '../discovery/discovery.js';
+import type { WorkerPool } from './worker-pool.js';
+
+/** How long the fleet view waits for one worker's /engine/status. */
+export const STATUS_TIMEOUT_MS = 1000;
+/** How long a forwarded drain or resume may take (both return once discovery has been updated). */
+export const FORWARD_TIMEOUT_MS = 10_000;
+/** Bound on remembered workers that left discovery (oldest forgotten first). */
+export const MAX_DEPARTED = 1000;
+
+interface Known {
+  record: WorkerRecord;
+  inDiscovery: boolean;
+  /** When it left discovery (ms since epoch); undefined while listed. */
+  leftAt?: number | undefined;
+  /** Status reads that failed in a row. */
+  failures: number;
+}
+
+/** Failed status reads in a row after which a worker gone from discovery is forgotten (a refused connection: at once). */
+export const FORGET_AFTER_FAILURES = 3;
+
+/**
+ * Every worker this frontend has seen in discovery, including those that left it. A drained worker
+ * unregisters on purpose, yet it is exactly the one an operator wants to see and resume, so the
+ * fleet view remembers a departed worker for as long as its system server still answers: once a
+ * listing or lookup finds a departed worker refusing connections, or failing FORGET_AFTER_FAILURES
+ * reads in a row, it is forgotten (it was deleted, crashed or shut down). Re-registration under the same id makes it a listed worker again. At most
+ * MAX_DEPARTED departed workers are kept. This is a view, not state: a restarted frontend only
+ * knows what discovery lists now.
+ */
+export class FleetView {
+  private readonly known = new Map<string, Known>();
+
+  apply(event: DiscoveryEvent, now = Date.now()): void {
+    if (event.type === 'reset') {
+      const listed = new Set(event.records.map((r) => r.worker_id));
+      for (const [id, k] of this.known) if (!listed.has(id) && k.inDiscovery) this.depart(id, now);
+      for (const r of event.records) this.listed(r);
+    } else if (event.type === 'put') this.listed(event.record);
+    else this.depart(event.worker_id, now);
+    this.bound();
+  }
+
+  private listed(record: WorkerRecord): void {
+    this.known.set(record.worker_id, { record, inDiscovery: true, failures: this.known.get(record.worker_id)?.failures ?? 0 });
+  }
+
+  private depart(id: string, now: number): void {
+    const k = this.known.get(id);
+    if (k && k.inDiscovery) this.known.set(id, { ...k, inDiscovery: false, leftAt: now });
+  }
+
+  private bound(): void {
+    const departed = [...this.known.values()].filter((k) => !k.inDiscovery).sort((a, b) => (a.leftAt ?? 0) - (b.leftAt ?? 0));
+    for (let i = 0; i < departed.length - MAX_DEPARTED; i++) this.known.delete((departed[i] as Known).record.worker_id);
+  }
+
+  all(): Known[] {
+    return [...this.known.values()].sort((a, b) => a.record.worker_id.localeCompare(b.record.worker_id));
+  }
+
+  get(id: string): Known | undefined {
+    return this.known.get(id);
+  }
+
+  /**
+   * Records a status read; drops a departed worker whose system server refuses connections or failed
+   * FORGET_AFTER_FAILURES reads in a row (one slow answer must not lose a drained worker). Workers
+   * in discovery always stay.
+   */
+  forgetIfGone(id: string, live: LiveStatus): boolean {
+    const k = this.known.get(id);
+    if (!k) return false;
+    if (live.reachable) {
+      k.failures = 0;
+      return false;
+    }
+    k.failures++;
+    if (k.inDiscovery || (k.failures < FORGET_AFTER_FAILURES && !/ECONNREFUSED/.test(live.error))) return false;
+    this.known.delete(id);
+    return true;
+  }
+}
+
+export interface AdminServerDeps {
+  fleet: FleetView;
+  pool: WorkerPool;
+  agent: Agent;
+  /** Checks mutating routes when an admin token is configured. */
+  guardAdmin?: AdminGuard | undefined;
+}
+
+interface DrainBody {
+  reason?: string;
+}
+
+/**
+ * The frontend's admin listener: a fleet view and drain/resume forwarded to each worker's own Admin
+ * API. It stores no lifecycle state: every state shown is read live from the worker, and every
+ * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
+ */
+export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServerDeps): FastifyInstance {
+  const app = createHttpServer({ bodyLimit: 64 * 1024 });
+  // `curl -X POST` sends no body; an empty JSON body is a plain drain too.
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
+    const text = (body as string).trim();
+    if (text === '') return done(null, {});
+    try {
+      done(null, JSON.parse(text));
+    } catch (err) {
+      (err as { statusCode?: number }).statusCode = 400;
+      done(err as Error);
+    }
+  });
+
+  const describe = async (k: Known) => {
+    const live = await fetchLiveStatus(k.record.system_url, agent, STATUS_TIMEOUT_MS);
+    const routed = pool.get(k.record.worker_id);
+    const now = Date.now();
+    const hold = routed?.hold && routed.hold.until > now ? routed.hold.kind : null;
+    return {
+      entry: {
+        ...k.record,
+        in_discovery: k.inDiscovery,
+        left_discovery_at: k.leftAt === undefined ? null : new Date(k.leftAt).toISOString(),
+        state: live.reachable ? live.status.state : null,
+        // What this frontend itself has on the worker, and why it is holding it back if it is.
+        routing: routed ? { inflight: routed.inflight, hold } : null,
+        ...live,
+      },
+      live,
+    };
+  };
+
+  const lookup = (id: string): Known => {
+    const k = fleet.get(id);
+    if (!k) throw new HttpError(404, 'worker_not_found', `no worker "${id}" is known to this frontend`);
+    return k;
+  };
+
+  allowOnly(app, '/workers', ['GET']);
+  app.get('/workers', async () => {
+    const described = await Promise.all(fleet.all().map(describe));
+    const workers = described.filter(({ entry, live }) => !fleet.forgetIfGone(entry.worker_id, live)).map(({ entry }) => entry);
+    return { workers };
+  });
+
+  allowOnly(app, '/workers/:id', ['GET']);
+  app.get<{ Params: { id: string } }>('/workers/:id', async (req) => {
+    const { entry, live } = await describe(lookup(req.params.id));
+    if (fleet.forgetIfGone(entry.worker_id, live))
+      throw new HttpError(404, 'worker_not_found', `worker "${entry.worker_id}" left discovery and no longer answers at ${entry.system_url}: ${live.reachable ? '' : live.error}`);
+    return entry;
+  });
+
+  const forward = (action: 'drain' | 'resume') => {
+    allowOnly(app, `/workers/:id/${action}`, ['POST']);
+    app.post<{ Params: { id: string }; Body: DrainBody | undefined }>(
+      `/workers/:id/${action}`,
+      {
+        schema: action === 'drain' ? { body: { type: 'object', properties: { reason: { type: 'string', maxLength: 500 } }, additionalProperties: false } } : {},
+        preValidation: async (req) => {
+          req.body ??= {};
+        },
+      },
+      async (req, reply) => {
+        guardAdmin?.(req.headers.authorization);
+        const k = lookup(req.params.id);
+        const url = `${k.record.system_url}/engine/${action}`;
+        const headers: Record<string, string> = {};
+        if (req.headers.authorization !== undefined) headers.authorization = req.headers.authorization;
+        try {
+          const res = await adminCall(url, {
+            method: 'POST',
+            headers,
+            body: action === 'drain' && req.body?.reason !== undefined ? { reason: req.body.reason } : undefined,
+            timeoutMs: FORWARD_TIMEOUT_MS,
+            agent,
+          });
+          // The worker's answer as it is: its status code, its body (a status, or its error).
+          const challenge = res.headers['www-authenticate'];
+          if (challenge !== undefined) void reply.header('www-authenticate', challenge);
+          return reply.code(res.statusCode).send(res.body);
+        } catch (err) {
+          if (err instanceof Unreachable)
+            throw new HttpError(502, 'worker_unreachable', `cannot reach worker ${k.record.worker_id} at ${k.record.system_url}: ${err.reason}`);
+          throw err;
+        }
+      },
+    );
+  };
+  forward('drain');
+  forward('resume');
+
+  return app;
+}

@@ -1,0 +1,335 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { EventEmitter, once } from 'node:events';
+import { mkdtempSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs';
+import { createServer, type Server, type Socket } from 'node:net';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { call, openLineStream } from './helpers/http.js';
+import { bounded, CLI, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type LogLine, type WorkerHandle } from './helpers/processes.js';
+import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
+
+const started: EbbProcess[] = [];
+const servers: Server[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+  for (const s of servers) s.close();
+});
+
+const NO_TOKEN = { EBB_ADMIN_TOKEN: undefined };
+
+interface CliResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs one `ebb` operator command to completion (bounded) and keeps its raw output. */
+async function ebb(args: string[], boundMs = WAIT_BOUND_MS): Promise<CliResult> {
+  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+  proc.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+  try {
+    const [code] = (await bounded(once(proc, 'close'), `ebb ${args.join(' ')}`, boundMs)) as [number | null];
+    return { code: code ?? -1, stdout, stderr };
+  } catch (err) {
+    proc.kill('SIGKILL');
+    throw new Error(`${(err as Error).message}\nstdout: ${stdout}\nstderr: ${stderr}`);
+  }
+}
+
+function sees(fe: EbbProcess, id: string) {
+  return fe.waitForLog(
+    (l) => (l.event === 'worker_added' && l.worker_id === id) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(id)),
+    `frontend sees ${id}`,
+  );
+}
+
+async function cluster(ids: string[], workerArgs: string[] = [], perWorker: Record<string, string[]> = {}) {
+  const discovery = tempDiscoveryUrl();
+  const workers: WorkerHandle[] = [];
+  for (const id of ids) {
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', id, ...workerArgs, ...(perWorker[id] ?? [])], NO_TOKEN);
+    started.push(w);
+    workers.push(w);
+  }
+  return { discovery, workers };
+}
+
+async function frontendFor(discovery: string, workers: WorkerHandle[]) {
+  const fe = await startFrontend(discovery, ['--admin-port', '0']);
+  started.push(fe);
+  const adminUrl = (await fe.waitForEvent('frontend_ready')).admin_url as string;
+  for (const w of workers) await sees(fe, w.workerId);
+  return Object.assign(fe, { adminUrl });
+}
+
+/** A file-discovery record nobody heartbeats: held by this (live) test process, fresh for an hour. */
+function fakeRecord(discovery: string, id: string, url: string): string {
+  const path = join(fileURLToPath(discovery), `${id}.json`);
+  const record = { worker_id: id, model: 'm1', mode: 'aggregated', request_url: url, system_url: url };
+  writeFileSync(path, JSON.stringify({ record, pid: process.pid, hostname: hostname(), heartbeat_at: Date.now(), ttl_ms: 3_600_000 }));
+  return path;
+}
+
+async function listening(server: Server): Promise<string> {
+  servers.push(server);
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const addr = server.address() as { port: number };
+  return `http://127.0.0.1:${addr.port}`;
+}
+
+/** A URL where nothing listens: a port that was just bound and released. */
+async function refusedUrl(): Promise<string> {
+  const s = createServer();
+  const url = await listening(s);
+  await new Promise((resolve) => s.close(resolve));
+  return url;
+}
+
+async function statusOf(w: WorkerHandle) {
+  return (await call('GET', `${w.systemUrl}/engine/status`)).body as { state: string; generation: number; inflight_requests: number };
+}
+
+describe('operator CLI: fleet view', () => {
+  it('lists every worker with its live state; unreachable ones are marked, never failing the call', async () => {
+    const { discovery, workers } = await cluster(['f-1', 'f-2']);
+    // Two fake registrations that stay in discovery: one refuses connections, one accepts and never answers.
+    const refused = await refusedUrl();
+    const hungSockets: Socket[] = [];
+    const hung = await listening(createServer((s) => void hungSockets.push(s)));
+    const refusedFile = fakeRecord(discovery, 'f-refused', refused);
+    const hungFile = fakeRecord(discovery, 'f-hung', hung);
+    const fe = await frontendFor(discovery, workers);
+    await sees(fe, 'f-refused');
+    await sees(fe, 'f-hung');
+
+    const view = await call('GET', `${fe.adminUrl}/workers`);
+    assert.equal(view.status, 200);
+    const byId = new Map<string, any>(view.body.workers.map((x: { worker_id: string }) => [x.worker_id, x]));
+    assert.deepEqual([...byId.keys()].sort(), ['f-1', 'f-2', 'f-hung', 'f-refused']);
+    for (const w of workers) {
+      const entry = byId.get(w.workerId);
+      assert.equal(entry.reachable, true);
+      assert.equal(entry.state, 'serving');
+      assert.equal(entry.status.inflight_requests, 0);
+      assert.equal(entry.system_url, w.systemUrl);
+      assert.equal(entry.request_url, w.requestUrl);
+      assert.equal(entry.in_discovery, true);
+    }
+    assert.equal(byId.get('f-refused').reachable, false);
+    assert.match(byId.get('f-refused').error, /ECONNREFUSED/);
+    assert.equal(byId.get('f-hung').reachable, false);
+    assert.match(byId.get('f-hung').error, /timed out after 1000 ms/);
+
+    const json = await ebb(['workers', '--frontend', fe.adminUrl, '--json']);
+    assert.equal(json.code, 0, json.stderr);
+    assert.deepEqual(JSON.parse(json.stdout).workers.map((x: { worker_id: string }) => x.worker_id), ['f-1', 'f-2', 'f-hung', 'f-refused']);
+    const table = await ebb(['workers', '--frontend', fe.adminUrl]);
+    assert.equal(table.code, 0, table.stderr);
+    const rows = table.stdout.trim().split('\n');
+    assert.match(rows[0] ?? '', /^ID\s+MODEL\s+MODE\s+STATE\s+IN-FLIGHT/);
+    assert.match(rows.find((r) => r.startsWith('f-1 ')) ?? '', /^f-1\s+m1\s+aggregated\s+serving\s+0\s/);
+    assert.match(rows.find((r) => r.startsWith('f-refused')) ?? '', /unreachable\s+-\s.*ECONNREFUSED/);
+    // From discovery, the CLI reads each status itself.
+    const fromDiscovery = await ebb(['workers', '--discovery', discovery]);
+    assert.equal(fromDiscovery.code, 0, fromDiscovery.stderr);
+    assert.match(fromDiscovery.stdout, /f-2\s+m1\s+aggregated\s+serving/);
+    assert.match(fromDiscovery.stdout, /f-hung\s+m1\s+aggregated\s+unreachable/);
+
+    // A drained worker leaves discovery but stays in the fleet view (it answers), so it can be resumed by id.
+    const drain = await ebb(['drain', 'f-1', '--frontend', fe.adminUrl]);
+    assert.equal(drain.code, 0, drain.stderr);
+    await fe.waitForEvent('worker_removed', (l) => l.worker_id === 'f-1');
+    const status = await ebb(['status', 'f-1', '--frontend', fe.adminUrl, '--json']);
+    assert.equal(status.code, 0, status.stderr);
+    assert.ok(['draining', 'drained'].includes(JSON.parse(status.stdout).state));
+    const left = (await call('GET', `${fe.adminUrl}/workers/f-1`)).body;
+    assert.equal(left.in_discovery, false);
+    assert.equal(left.reachable, true);
+    const resume = await ebb(['resume', 'f-1', '--frontend', fe.adminUrl]);
+    assert.equal(resume.code, 0, resume.stderr);
+    assert.match(resume.stdout, /^worker f-1: serving/);
+    await fe.waitForEvent('worker_added', (l) => l.worker_id === 'f-1');
+
+    // A worker that left discovery and no longer answers is forgotten.
+    unlinkSync(refusedFile);
+    await fe.waitForEvent('worker_removed', (l) => l.worker_id === 'f-refused');
+    const after = await call('GET', `${fe.adminUrl}/workers`);
+    assert.deepEqual(after.body.workers.map((x: { worker_id: string }) => x.worker_id), ['f-1', 'f-2', 'f-hung']);
+    assert.equal((await call('GET', `${fe.adminUrl}/workers/f-refused`)).status, 404);
+    const gone = await ebb(['status', 'f-refused', '--frontend', fe.adminUrl]);
+    assert.equal(gone.code, 1);
+    assert.match(gone.stderr, /^ebb: no worker "f-refused" is known to the frontend admin API at /);
+
+    unlinkSync(hungFile);
+    for (const s of hungSockets) s.destroy();
+  });
+
+  it('errors are one clear line', async () => {
+    const url = await refusedUrl();
+    const direct = await ebb(['status', url]);
+    assert.equal(direct.code, 1);
+    assert.equal(direct.stderr, `ebb: cannot reach worker at ${url}: ECONNREFUSED\n`);
+    const viaFrontend = await ebb(['workers', '--frontend', url]);
+    assert.equal(viaFrontend.code, 1);
+    assert.equal(viaFrontend.stderr, `ebb: cannot reach the frontend admin API at ${url}: ECONNREFUSED\n`);
+    const notInDiscovery = await ebb(['drain', 'w-nobody', '--discovery', tempDiscoveryUrl()]);
+    assert.equal(notInDiscovery.code, 1);
+    assert.match(notInDiscovery.stderr, /^ebb: worker "w-nobody" is not in discovery at .*: pass its system URL, or --frontend URL/);
+    assert.equal(notInDiscovery.stderr.split('\n').length, 2, 'one line');
+  });
+});
+
+describe('operator CLI: drain --wait', () => {
+  it('exits 0 once the worker is drained; the stream in flight finishes whole', async () => {
+    // 500 tokens at 12 ms: the stream outlives starting the CLI by seconds (asserted below, not assumed).
+    const { discovery, workers } = await cluster(['d-1'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']);
+    const w = workers[0]!;
+    const TOKENS = 500;
+    const stream = await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'a long answer', max_tokens: TOKENS, stream: true });
+    assert.equal(stream.status, 200);
+    await stream.first;
+
+    const drain = await ebb(['drain', 'd-1', '--wait', '--timeout', '1m', '--discovery', discovery], 60_000);
+    assert.equal(drain.code, 0, drain.stderr);
+    assert.match(drain.stdout, /^worker d-1 drained in /);
+    // Not a TTY: one progress line per change, counting the stream down.
+    assert.match(drain.stderr, /d-1: draining, in-flight 1, waiting for: 1 in-flight request/);
+    const drainedEvent = await w.waitForEvent('state_changed', (l) => l.to === 'drained');
+    const drainingEvent = await w.waitForEvent('state_changed', (l) => l.to === 'draining');
+    assert.equal(drainingEvent.inflight, 1, 'the stream was in flight when the drain began');
+    assert.equal(drainedEvent.inflight, 0);
+
+    const lines = (await stream.done).map((l) => JSON.parse(l));
+    assert.equal(lines.filter((l) => 'text' in l).length, TOKENS, 'every token arrived');
+    assert.equal(lines.at(-1)?.done, true);
+    assert.equal((await statusOf(w)).state, 'drained');
+  });
+
+  it('exits 2 with a clear message when the worker does not drain before --timeout', async () => {
+    const { workers } = await cluster(['d-stuck'], ['--mocker-idleness', 'unknown']);
+    const w = workers[0]!;
+    const drain = await ebb(['drain', w.systemUrl, '--wait', '--timeout', '1s']);
+    assert.equal(drain.code, 2);
+    const last = drain.stderr.trim().split('\n').at(-1) ?? '';
+    assert.match(last, /^ebb: worker at http:\/\/127\.0\.0\.1:\d+ did not drain within 1\.0s \(still draining, in-flight 0, waiting for: engine idleness unknown/);
+    assert.equal((await statusOf(w)).state, 'draining', 'the drain itself goes on');
+  });
+});
+
+/** state_changed events of every worker, in time order; on equal timestamps, leaving rotation first (the strict reading). */
+function transitions(workers: WorkerHandle[]) {
+  const events = workers.flatMap((w) =>
+    w.logs.filter((l: LogLine) => l.event === 'state_changed').map((l) => ({ worker: w.workerId, at: Date.parse(l.time as string), to: l.to as string })),
+  );
+  return events.sort((a, b) => a.at - b.at || (a.to === 'serving' ? 1 : 0) - (b.to === 'serving' ? 1 : 0));
+}
+
+describe('operator CLI: rollout', () => {
+  it('rolls 3 workers under load: no failed request, never more than one out of rotation', async () => {
+    const { discovery, workers } = await cluster(['r-1', 'r-2', 'r-3'], ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']);
+    const fe = await frontendFor(discovery, workers);
+    const MAX_TOKENS = 20;
+    const outcomes: StreamOutcome[] = [];
+    const progress = new EventEmitter();
+    let stop = false;
+    const loops = Array.from({ length: 8 }, async (_, i) => {
+      while (!stop && outcomes.length < 5000) {
+        outcomes.push(await streamCompletion(fe.url, { model: 'm1', max_tokens: MAX_TOKENS, seed: i }));
+        progress.emit('completed');
+      }
+    });
+    const completedAtLeast = (n: number) =>
+      bounded(
+        (async () => {
+          while (outcomes.length < n) await once(progress, 'completed');
+        })(),
+        `${n} completed requests`,
+      );
+    await completedAtLeast(40);
+
+    const rollout = await ebb(['rollout', '--model', 'm1', '--max-unavailable', '1', '--frontend', fe.adminUrl, '--timeout', '30s'], 90_000);
+    assert.equal(rollout.code, 0, rollout.stderr);
+    assert.match(rollout.stdout, /^rollout of m1 done: 3 worker\(s\)/);
+    assert.match(rollout.stderr, /\[3\/3\] m1 is back to 3 serving worker\(s\)/);
+    await completedAtLeast(outcomes.length + 40);
+    stop = true;
+    await bounded(Promise.all(loops), 'load loops to finish');
+
+    const failures = outcomes.filter((o) => o.status !== 200 || !o.done || o.tokens !== MAX_TOKENS || o.error);
+    assert.deepEqual(failures, [], 'every request completes with all its tokens');
+
+    // Each worker went serving -> draining -> drained -> serving exactly once ...
+    for (const w of workers) {
+      const path = w.logs.filter((l) => l.event === 'state_changed').map((l) => l.to);
+      assert.deepEqual(path, ['draining', 'drained', 'serving'], `${w.workerId}: ${path.join(' -> ')}`);
+    }
+    // ... one at a time, by the workers' own clocks (same host) ...
+    const out = new Set<string>();
+    for (const t of transitions(workers)) {
+      if (t.to === 'serving') out.delete(t.worker);
+      else out.add(t.worker);
+      assert.ok(out.size <= 1, `out of rotation at once: ${[...out].join(', ')}`);
+    }
+    // ... and in the frontend's routing view, whose log is one ordered stream.
+    const routed = new Set<string>();
+    for (const l of fe.logs) {
+      if (l.event === 'worker_removed') routed.add(l.worker_id as string);
+      if (l.event === 'worker_added') routed.delete(l.worker_id as string);
+      assert.ok(routed.size <= 1, `removed from routing at once: ${[...routed].join(', ')}`);
+    }
+    assert.equal(fe.logs.filter((l) => l.event === 'worker_removed').length, 3, 'each worker left routing once');
+  });
+
+  it('runs --then-exec per drained worker with its env; a failing hook stops the rollout', async () => {
+    const { discovery, workers } = await cluster(['h-1', 'h-2']);
+    const dir = mkdtempSync(join(tmpdir(), 'ebb-test-hook-'));
+    const out = join(dir, 'hook.out');
+    const hook = join(dir, 'hook.mjs');
+    // The "replacement" is the same worker resumed by the hook, after recording what it was given.
+    writeFileSync(
+      hook,
+      `import { appendFileSync } from 'node:fs';
+       const { EBB_WORKER_ID, EBB_SYSTEM_URL, EBB_REQUEST_URL } = process.env;
+       const status = await (await fetch(EBB_SYSTEM_URL + '/engine/status')).json();
+       appendFileSync(${JSON.stringify(out)}, [EBB_WORKER_ID, EBB_SYSTEM_URL, EBB_REQUEST_URL, status.state].join(' ') + '\\n');
+       const res = await fetch(EBB_SYSTEM_URL + '/engine/resume', { method: 'POST' });
+       process.exit(res.ok ? 0 : 1);`,
+    );
+    const ok = await ebb(['rollout', '--model', 'm1', '--discovery', discovery, '--then-exec', `"${process.execPath}" "${hook}"`, '--timeout', '30s'], 60_000);
+    assert.equal(ok.code, 0, ok.stderr);
+    assert.deepEqual(
+      readFileSync(out, 'utf8').trim().split('\n'),
+      workers.map((w) => `${w.workerId} ${w.systemUrl} ${w.requestUrl} drained`),
+      'the hook ran once per worker, in order, on a drained worker',
+    );
+
+    const failing = await ebb(['rollout', '--model', 'm1', '--discovery', discovery, '--then-exec', 'echo hook for $EBB_WORKER_ID; exit 3'], 60_000);
+    assert.equal(failing.code, 1);
+    assert.match(failing.stderr, /hook for h-1/);
+    const last = failing.stderr.trim().split('\n').at(-1) ?? '';
+    assert.match(last, /^ebb: --then-exec for worker h-1 exited with code 3; rollout stopped$/);
+    assert.equal((await statusOf(workers[0]!)).state, 'drained');
+    const h2 = await statusOf(workers[1]!);
+    assert.equal(h2.state, 'serving', 'the rest are left serving');
+    assert.equal(h2.generation, 2, 'h-2 was not touched by the failed rollout (one drain + one resume before)');
+  });
+
+  it('stops, exit 2, when a worker does not drain before --timeout; the rest stay serving', async () => {
+    const { discovery, workers } = await cluster(['s-1', 's-2'], [], { 's-1': ['--mocker-idleness', 'unknown'] });
+    const res = await ebb(['rollout', '--model', 'm1', '--discovery', discovery, '--timeout', '1s']);
+    assert.equal(res.code, 2, res.stderr);
+    const last = res.stderr.trim().split('\n').at(-1) ?? '';
+    assert.match(last, /^ebb: rollout of m1 stopped at s-1: worker s-1 \(.*\) did not drain within 1\.0s .*; 0 of 2 worker\(s\) were rolled, the others are serving/);
+    assert.equal((await statusOf(workers[0]!)).state, 'draining');
+    const s2 = await statusOf(workers[1]!);
+    assert.equal(s2.state, 'serving');
+    assert.equal(s2.generation, 0, 'never drained');
+  });
+});
