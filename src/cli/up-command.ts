@@ -101,11 +101,12 @@ export function upCommand(): Command {
 
       try {
         const readies = await Promise.all(all.map((c) => c.ready));
-        const front = readies.at(-1) as { url: string };
+        const front = readies.at(-1) as { url: string; admin_url?: string };
         const lines = [
           '',
           `ebb is up (discovery ${discovery})`,
           `  OpenAI API:   ${front.url}/v1   (model "${flags.model}")`,
+          `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers --frontend ${front.admin_url ?? ''})`,
           ...readies.slice(0, -1).map((w) => `  ${String(w.mode)} worker ${String(w.worker_id)}: admin ${String(w.system_url)}   (curl -X POST ${String(w.system_url)}/engine/drain)`),
           '  Ctrl-C drains the workers and stops everything.',
           '',
