@@ -9,8 +9,22 @@ const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS']
  * the HttpError's own status otherwise. Fastify's logger stays off: request logging on a hot path
  * costs more than it tells; ebb logs lifecycle events itself.
  */
-export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: number } = {}): FastifyInstance {
+export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: number; emptyJsonIsObject?: boolean } = {}): FastifyInstance {
   const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit ?? 4 * 1024 * 1024, keepAliveTimeout: opts.keepAliveTimeout ?? 65_000 });
+  if (opts.emptyJsonIsObject) {
+    // Admin APIs: `curl -X POST -H 'content-type: application/json'` with no body is a plain call.
+    app.removeContentTypeParser('application/json');
+    app.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
+      const text = (body as string).trim();
+      if (text === '') return done(null, {});
+      try {
+        done(null, JSON.parse(text));
+      } catch (err) {
+        (err as { statusCode?: number }).statusCode = 400;
+        done(err as Error);
+      }
+    });
+  }
   app.setNotFoundHandler((req, reply) => {
     void reply.code(404).send(errorBody('not_found', `no route for ${req.method} ${req.url}`));
   });

@@ -1,4 +1,5 @@
 import type { FastifyInstance } from 'fastify';
+import { drainBodySchema, type DrainBody } from '../worker/system-server.js';
 import type { Agent } from 'undici';
 import type { AdminGuard } from '../common/admin-auth.js';
 import { HttpError } from '../common/errors.js';
@@ -97,9 +98,6 @@ export interface AdminServerDeps {
   guardAdmin?: AdminGuard | undefined;
 }
 
-interface DrainBody {
-  reason?: string;
-}
 
 /**
  * The frontend's admin listener: a fleet view and drain/resume forwarded to each worker's own Admin
@@ -107,19 +105,7 @@ interface DrainBody {
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
 export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServerDeps): FastifyInstance {
-  const app = createHttpServer({ bodyLimit: 64 * 1024 });
-  // `curl -X POST` sends no body; an empty JSON body is a plain drain too.
-  app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
-    const text = (body as string).trim();
-    if (text === '') return done(null, {});
-    try {
-      done(null, JSON.parse(text));
-    } catch (err) {
-      (err as { statusCode?: number }).statusCode = 400;
-      done(err as Error);
-    }
-  });
+  const app = createHttpServer({ bodyLimit: 64 * 1024, emptyJsonIsObject: true });
 
   const describe = async (k: Known) => {
     const live = await fetchLiveStatus(k.record.system_url, agent, STATUS_TIMEOUT_MS);
@@ -166,7 +152,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
     app.post<{ Params: { id: string }; Body: DrainBody | undefined }>(
       `/workers/:id/${action}`,
       {
-        schema: action === 'drain' ? { body: { type: 'object', properties: { reason: { type: 'string', maxLength: 500 } }, additionalProperties: false } } : {},
+        schema: action === 'drain' ? { body: drainBodySchema } : {},
         preValidation: async (req) => {
           req.body ??= {};
         },

@@ -12,28 +12,19 @@ export interface SystemServerDeps {
   guardAdmin?: (authorization: string | undefined) => void;
 }
 
-interface DrainBody {
+export interface DrainBody {
   reason?: string;
 }
+
+/** A drain may say why (kept in status as drain_reason; the start of an audit trail). */
+export const drainBodySchema = { type: 'object', properties: { reason: { type: 'string', maxLength: 500 } }, additionalProperties: false } as const;
 
 /**
  * The system-status server: probes, metrics and the Admin API, on their own port so the request
  * plane never carries them. /live stays 200 while draining: drain must not get the pod killed.
  */
 export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: SystemServerDeps): FastifyInstance {
-  const app = createHttpServer({ bodyLimit: 64 * 1024 });
-  // curl -X POST sends no body; a JSON content type with an empty body is also a plain drain.
-  app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
-    const text = (body as string).trim();
-    if (text === '') return done(null, {});
-    try {
-      done(null, JSON.parse(text));
-    } catch (err) {
-      (err as { statusCode?: number }).statusCode = 400;
-      done(err as Error);
-    }
-  });
+  const app = createHttpServer({ bodyLimit: 64 * 1024, emptyJsonIsObject: true });
 
   const statusBody = (s: LifecycleStatus) => ({ ...s, engine: engine.stats() });
 
@@ -59,7 +50,7 @@ export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: S
   app.post<{ Body: DrainBody | undefined }>(
     '/engine/drain',
     {
-      schema: { body: { type: 'object', properties: { reason: { type: 'string', maxLength: 500 } }, additionalProperties: false } },
+      schema: { body: drainBodySchema },
       preValidation: async (req) => {
         req.body ??= {}; // a bare POST (no body) is a plain drain
       },
