@@ -22,6 +22,22 @@ export async function call<T = any>(method: string, url: string, body?: unknown,
   return { status: res.status, headers: res.headers, body: parsed as T };
 }
 
+/** Yields the non-empty pieces of a response body split on `separator` (NDJSON lines, SSE events). */
+export async function* splitBody(body: AsyncIterable<Uint8Array>, separator: string): AsyncGenerator<string, void, void> {
+  const decoder = new TextDecoder();
+  let buffer = '';
+  for await (const chunk of body) {
+    buffer += decoder.decode(chunk, { stream: true });
+    let i: number;
+    while ((i = buffer.indexOf(separator)) >= 0) {
+      const piece = buffer.slice(0, i).trim();
+      buffer = buffer.slice(i + separator.length);
+      if (piece !== '') yield piece;
+    }
+  }
+  if (buffer.trim() !== '') yield buffer.trim();
+}
+
 /** A running stream: `first` resolves on the first line; `done` with every line once it ends. */
 export interface OpenStream {
   status: number;
@@ -48,25 +64,15 @@ export async function openLineStream(url: string, body: unknown, separator = '\n
   const done = (async () => {
     const lines: string[] = [];
     if (!res.body) return lines;
-    const decoder = new TextDecoder();
-    let buffer = '';
     try {
-      for await (const chunk of res.body) {
-        buffer += decoder.decode(chunk as Uint8Array, { stream: true });
-        let i: number;
-        while ((i = buffer.indexOf(separator)) >= 0) {
-          const line = buffer.slice(0, i).trim();
-          buffer = buffer.slice(i + separator.length);
-          if (line === '') continue;
-          if (lines.length === 0) resolveFirst(line);
-          lines.push(line);
-        }
+      for await (const line of splitBody(res.body as AsyncIterable<Uint8Array>, separator)) {
+        if (lines.length === 0) resolveFirst(line);
+        lines.push(line);
       }
     } catch (err) {
       rejectFirst(err);
       throw err;
     }
-    if (buffer.trim() !== '') lines.push(buffer.trim());
     if (lines.length > 0) resolveFirst(lines[0] as string);
     else rejectFirst(new Error('stream ended without a line'));
     return lines;

@@ -1,3 +1,5 @@
+import { splitBody } from './http.js';
+
 /** A client for the frontend's SSE streams that records what a user would have seen. */
 export interface StreamOutcome {
   status: number;
@@ -25,35 +27,27 @@ export async function streamCompletion(
     out.error = await res.text();
     return out;
   }
-  const decoder = new TextDecoder();
-  let buffer = '';
   try {
-    for await (const chunk of res.body) {
-      buffer += decoder.decode(chunk as Uint8Array, { stream: true });
-      let i: number;
-      while ((i = buffer.indexOf('\n\n')) >= 0) {
-        const event = buffer.slice(0, i);
-        buffer = buffer.slice(i + 2);
-        if (!event.startsWith('data: ')) continue;
-        const data = event.slice(6);
-        if (data === '[DONE]') {
-          out.done = true;
-          continue;
+    for await (const event of splitBody(res.body as AsyncIterable<Uint8Array>, '\n\n')) {
+      if (!event.startsWith('data: ')) continue;
+      const data = event.slice(6);
+      if (data === '[DONE]') {
+        out.done = true;
+        continue;
+      }
+      const parsed = JSON.parse(data);
+      if (parsed.error) {
+        out.error = parsed.error.message;
+        continue;
+      }
+      const content = parsed.choices?.[0]?.delta?.content;
+      if (typeof content === 'string' && content.length > 0) {
+        if (out.tokens === 0) {
+          out.firstTokenSeen = true;
+          onFirstToken();
         }
-        const parsed = JSON.parse(data);
-        if (parsed.error) {
-          out.error = parsed.error.message;
-          continue;
-        }
-        const content = parsed.choices?.[0]?.delta?.content;
-        if (typeof content === 'string' && content.length > 0) {
-          if (out.tokens === 0) {
-            out.firstTokenSeen = true;
-            onFirstToken();
-          }
-          out.tokens++;
-          out.text += content;
-        }
+        out.tokens++;
+        out.text += content;
       }
     }
   } catch (err) {
