@@ -1,11 +1,11 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { ServerResponse } from 'node:http';
 import { once } from 'node:events';
-import { randomBytes } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import { HttpError } from '../common/errors.js';
-import type { GenerateBody, Usage } from '../worker/protocol.js';
+import type { GenerateBody, StreamLine, Usage } from '../worker/protocol.js';
 import type { FrontendMetrics } from './metrics.js';
 import { completionResponse, SseFormatter, toGenerateBody, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, type OpenAIRequest } from './openai-schema.js';
@@ -57,7 +57,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
     app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
       const body = req.body;
       if (!pool.hasModel(body.model)) throw new HttpError(404, 'model_not_found', `the model "${body.model}" does not exist or has no serving worker`);
-      const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`;
+      const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomUUID().replaceAll('-', '')}`; // randomUUID: pooled entropy, ~20x cheaper than randomBytes
       const gen = toGenerateBody(endpoint, body, id);
       const signal = clientGone(reply);
       const started = performance.now();
@@ -82,26 +82,26 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
   /** Streams a committed response. A worker failing now can only be reported: tokens already left. */
   async function relay(res: ServerResponse, fmt: SseFormatter, up: UpstreamStream, includeUsage: boolean, signal: AbortSignal): Promise<void> {
     res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': up.worker.record.worker_id });
+    let out = fmt.opening(); // tokens of the current batch, written together
     try {
-      let line = up.first;
-      await write(res, fmt.opening() + ('text' in line ? fmt.token(line.text) : ''));
-      for (;;) {
-        if ('done' in line) {
-          res.end(fmt.finish(line.finish_reason, includeUsage ? line.usage : undefined));
-          return;
+      for (let batch: StreamLine[] | undefined = up.first; batch; batch = (await up.rest.next()).value ?? undefined) {
+        for (const line of batch) {
+          if ('text' in line) out += fmt.token(line.text);
+          else if ('done' in line) {
+            res.end(out + fmt.finish(line.finish_reason, includeUsage ? line.usage : undefined));
+            return;
+          } else throw new Error(line.error.message);
         }
-        if ('error' in line) throw new Error(line.error.message);
-        const next = await up.rest.next();
-        if (next.done) throw new Error('stream ended without a final line');
-        line = next.value;
-        if ('text' in line) await write(res, fmt.token(line.text));
+        await write(res, out);
+        out = '';
       }
+      throw new Error('stream ended without a final line');
     } catch (err) {
       if (signal.aborted) return; // the client left; the aborted upstream request frees the worker's slot
       const failure = new MidStreamFailure(up.worker.record.worker_id, err);
       metrics.midStreamFailure();
       log.warn({ event: 'midstream_failure', worker_id: up.worker.record.worker_id, err: failure.message }, failure.message);
-      res.end(fmt.error('worker_failed_mid_stream', failure.message));
+      res.end(out + fmt.error('worker_failed_mid_stream', failure.message));
     } finally {
       up.release();
     }
@@ -117,15 +117,14 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
       const up = await open(gen, signal, tried);
       try {
         let text = '';
-        let line = up.first;
-        for (;;) {
-          if ('text' in line) text += line.text;
-          else if ('done' in line) return { text, finishReason: line.finish_reason, usage: line.usage };
-          else throw new Error(line.error.message);
-          const next = await up.rest.next();
-          if (next.done) throw new Error('stream ended without a final line');
-          line = next.value;
+        for (let batch: StreamLine[] | undefined = up.first; batch; batch = (await up.rest.next()).value ?? undefined) {
+          for (const line of batch) {
+            if ('text' in line) text += line.text;
+            else if ('done' in line) return { text, finishReason: line.finish_reason, usage: line.usage };
+            else throw new Error(line.error.message);
+          }
         }
+        throw new Error('stream ended without a final line');
       } catch (err) {
         if (signal.aborted) throw err;
         log.warn({ event: 'retry_after_failure', worker_id: up.worker.record.worker_id, err: (err as Error).message }, 'worker failed; retrying elsewhere');

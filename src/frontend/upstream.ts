@@ -9,11 +9,15 @@ import type { Hold, PoolWorker, WorkerPool } from './worker-pool.js';
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
 
-/** One admitted request on one worker, with its first line already read (so nothing is sent before it). */
+/**
+ * One admitted request on one worker, with its first batch already read (so nothing is sent to the
+ * client before a worker has produced a token). Lines come in batches, one per network read: the
+ * relay turns a batch into one write, which is what keeps the per-token cost low.
+ */
 export interface UpstreamStream {
   worker: PoolWorker;
-  first: StreamLine;
-  rest: AsyncGenerator<StreamLine, void, void>;
+  first: StreamLine[];
+  rest: AsyncGenerator<StreamLine[], void, void>;
   /** Ends the frontend's accounting of this worker's in-flight request; idempotent. */
   release(): void;
 }
@@ -37,20 +41,21 @@ class TryElsewhere extends Error {
   }
 }
 
-/** NDJSON lines of a worker's response body. */
-async function* readLines(body: Readable): AsyncGenerator<StreamLine, void, void> {
+/** NDJSON lines of a worker's response body, a batch per chunk received. */
+async function* readLineBatches(body: Readable): AsyncGenerator<StreamLine[], void, void> {
   let buffer = '';
   body.setEncoding('utf8');
   for await (const chunk of body as AsyncIterable<string>) {
     buffer += chunk;
-    let nl: number;
-    while ((nl = buffer.indexOf('\n')) >= 0) {
-      const line = buffer.slice(0, nl);
-      buffer = buffer.slice(nl + 1);
-      if (line.length > 0) yield JSON.parse(line) as StreamLine;
-    }
+    const last = buffer.lastIndexOf('\n');
+    if (last < 0) continue;
+    const complete = buffer.slice(0, last);
+    buffer = buffer.slice(last + 1);
+    const batch: StreamLine[] = [];
+    for (const line of complete.split('\n')) if (line.length > 0) batch.push(JSON.parse(line) as StreamLine);
+    if (batch.length > 0) yield batch;
   }
-  if (buffer.trim().length > 0) yield JSON.parse(buffer) as StreamLine;
+  if (buffer.trim().length > 0) yield [JSON.parse(buffer) as StreamLine];
 }
 
 function isConnectFailure(err: unknown): boolean {
@@ -140,10 +145,10 @@ export class Upstream {
     const { worker, value, release } = await this.route(body.model, mode, signal, tried, async (w) => {
       const res = await this.post(`${w.record.request_url}/generate`, body, signal);
       if (res.statusCode !== 200) await rejectNon200(res);
-      const rest = readLines(res.body);
+      const rest = readLineBatches(res.body);
       const first = await rest.next();
       // Nothing has reached the client yet: another worker can still serve it whole.
-      if (first.done || 'error' in first.value) {
+      if (first.done || 'error' in (first.value[0] as StreamLine)) {
         res.body.destroy();
         throw new TryElsewhere('failed_before_first_token');
       }
