@@ -56,6 +56,19 @@ describe('file discovery', () => {
     assert.deepEqual((await reader.list()).map((r) => r.worker_id), ['b']);
   });
 
+  it('reports a re-registration even when the watcher never saw the record leave', async () => {
+    const { dir, d } = fresh();
+    const reader = new FileDiscovery(dir);
+    dirs.push(reader);
+    await d.register(record('a'));
+    const c = collector();
+    await reader.watch(c.listener);
+    // Drain then resume, quicker than the watcher reads the directory: the content is identical.
+    await d.unregister('a');
+    await d.register(record('a'));
+    await c.next((e) => e.type === 'put' && e.record.worker_id === 'a');
+  });
+
   it('drops the record of a process that died without unregistering', async () => {
     const { dir } = fresh();
     const reader = new FileDiscovery(dir);

@@ -10,9 +10,14 @@ interface FileEntry {
   hostname: string;
   heartbeat_at: number;
   ttl_ms: number;
+  /** Set by each register(): a drain+resume quicker than a watcher's scan still reads as a new registration. */
+  registered_at: number;
 }
 
 const HOST = hostname();
+
+/** What makes a registration new to a watcher: its content or a fresh register() call, never a heartbeat. */
+const identity = (e: FileEntry): string => `${e.registered_at}|${JSON.stringify(e.record)}`;
 
 function processAlive(pid: number): boolean {
   try {
@@ -45,8 +50,8 @@ export class FileDiscovery implements Discovery {
     return join(this.dir, `${encodeURIComponent(workerId)}.json`);
   }
 
-  private async write(record: WorkerRecord): Promise<void> {
-    const entry: FileEntry = { record, pid: process.pid, hostname: HOST, heartbeat_at: Date.now(), ttl_ms: this.ttlMs };
+  private async write(record: WorkerRecord, registeredAt: number): Promise<void> {
+    const entry: FileEntry = { record, pid: process.pid, hostname: HOST, heartbeat_at: Date.now(), ttl_ms: this.ttlMs, registered_at: registeredAt };
     const path = this.pathOf(record.worker_id);
     const tmp = `${path}.${process.pid}.tmp`;
     await writeFile(tmp, JSON.stringify(entry));
@@ -55,10 +60,11 @@ export class FileDiscovery implements Discovery {
 
   async register(record: WorkerRecord): Promise<void> {
     await mkdir(this.dir, { recursive: true });
-    await this.write(record);
+    const registeredAt = Date.now();
+    await this.write(record, registeredAt);
     clearInterval(this.heartbeats.get(record.worker_id));
     const timer = setInterval(() => {
-      this.write(record).catch(() => undefined); // a missed beat is survivable; TTL covers 3 of them
+      this.write(record, registeredAt).catch(() => undefined); // a missed beat is survivable; TTL covers 3 of them
     }, Math.max(100, Math.floor(this.ttlMs / 3)));
     timer.unref();
     this.heartbeats.set(record.worker_id, timer);
@@ -73,6 +79,11 @@ export class FileDiscovery implements Discovery {
   }
 
   async list(): Promise<WorkerRecord[]> {
+    return (await this.entries()).map((e) => e.record);
+  }
+
+  /** Live entries: well-formed, heartbeat within TTL, owner process alive when on this host. */
+  private async entries(): Promise<FileEntry[]> {
     await mkdir(this.dir, { recursive: true });
     const names = (await readdir(this.dir)).filter((n) => n.endsWith('.json'));
     const now = Date.now();
@@ -87,8 +98,7 @@ export class FileDiscovery implements Discovery {
     );
     return entries
       .filter((e): e is FileEntry => e !== null && isWorkerRecord(e.record))
-      .filter((e) => now - e.heartbeat_at <= e.ttl_ms && !(e.hostname === HOST && !processAlive(e.pid)))
-      .map((e) => e.record);
+      .filter((e) => now - e.heartbeat_at <= e.ttl_ms && !(e.hostname === HOST && !processAlive(e.pid)));
   }
 
   async watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch> {
@@ -106,19 +116,19 @@ export class FileDiscovery implements Discovery {
       try {
         do {
           rescan = false;
-          const next = new Map((await this.list()).map((r) => [r.worker_id, JSON.stringify(r)]));
+          const next = new Map((await this.entries()).map((e) => [e.record.worker_id, e]));
           if (closed) return;
-          for (const [id, json] of next) if (known.get(id) !== json) listener({ type: 'put', record: JSON.parse(json) as WorkerRecord });
+          for (const [id, e] of next) if (known.get(id) !== identity(e)) listener({ type: 'put', record: e.record });
           for (const id of known.keys()) if (!next.has(id)) listener({ type: 'delete', worker_id: id });
-          known = next;
+          known = new Map([...next].map(([id, e]) => [id, identity(e)]));
         } while (rescan);
       } finally {
         scanning = false;
       }
     };
-    const initial = await this.list();
-    known = new Map(initial.map((r) => [r.worker_id, JSON.stringify(r)]));
-    listener({ type: 'reset', records: initial });
+    const initial = await this.entries();
+    known = new Map(initial.map((e) => [e.record.worker_id, identity(e)]));
+    listener({ type: 'reset', records: initial.map((e) => e.record) });
     const watcher: FSWatcher = fsWatch(this.dir, () => void scan());
     watcher.on('error', () => undefined);
     const sweep = setInterval(() => void scan(), 1000);
