@@ -13,6 +13,7 @@ interface WorkerFlags {
   host: string;
   port: number;
   systemHost: string;
+  advertiseHost?: string;
   adminTokenFile?: string;
   systemPort: number;
   discovery: string;
@@ -38,6 +39,7 @@ export function workerCommand(): Command {
     .option('--host <addr>', 'request-plane bind address', '127.0.0.1')
     .option('--port <n>', 'request-plane port (0 = any free port)', intOption(0), 0)
     .option('--system-host <addr>', 'system-status server bind address', '127.0.0.1')
+    .option('--advertise-host <host>', 'host name or address peers use to reach this worker (default: the bound address; the hostname when bound to 0.0.0.0 or ::)')
     .option('--system-port <n>', 'system-status server port (0 = any free port)', intOption(0), 0)
     .option('--admin-token-file <path>', `file holding the admin bearer token for drain/resume (env ${ADMIN_TOKEN_ENV}); required when --system-host is not loopback`)
     .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
@@ -79,6 +81,7 @@ export function workerCommand(): Command {
           host: flags.host,
           port: flags.port,
           systemHost: flags.systemHost,
+          advertiseHost: flags.advertiseHost,
           systemPort: flags.systemPort,
           guardAdmin: createAdminGuard(adminToken),
           discoveryUrl: flags.discovery,

@@ -1,5 +1,6 @@
 import Fastify, { type FastifyInstance, type FastifyError } from 'fastify';
 import type { AddressInfo } from 'node:net';
+import { hostname } from 'node:os';
 import { errorBody, HttpError } from './errors.js';
 
 const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'] as const;
@@ -50,6 +51,18 @@ export function allowOnly(app: FastifyInstance, url: string, methods: readonly (
     handler: (req, reply) =>
       reply.code(405).header('allow', allow).send(errorBody('method_not_allowed', `${req.method} is not allowed on ${url}; use ${allow}`)),
   });
+}
+
+/**
+ * The URL peers should use for a listener: `advertiseHost` when given; the bound address unless it
+ * is a wildcard (0.0.0.0, ::), which nobody can connect to, in which case this machine's hostname.
+ */
+export function advertisedUrl(boundUrl: string, advertiseHost?: string): string {
+  const url = new URL(boundUrl);
+  const wildcard = url.hostname === '0.0.0.0' || url.hostname === '[::]';
+  if (advertiseHost === undefined && !wildcard) return boundUrl;
+  url.hostname = advertiseHost ?? hostname();
+  return url.origin;
 }
 
 export async function listen(app: FastifyInstance, host: string, port: number): Promise<string> {

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
-import { listen } from '../common/http-server.js';
+import { advertisedUrl, listen } from '../common/http-server.js';
 import type { Engine } from '../engine/engine.js';
 import type { KvTransfer } from '../engine/kv-transfers.js';
 import { MockerEngine, type MockerOptions } from '../engine/mocker.js';
@@ -21,6 +21,8 @@ export interface WorkerOptions {
   port: number;
   systemHost: string;
   systemPort: number;
+  /** Host put in the registered URLs (default: the bound address, or the hostname when bound to a wildcard). */
+  advertiseHost?: string | undefined;
   discoveryUrl: string;
   leaseTtlMs?: number | undefined;
   shutdown: Omit<ShutdownOptions, 'watchdogMarginMs'> & { watchdogMarginMs?: number };
@@ -66,8 +68,8 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   const requestPlane = createRequestPlane({ model: opts.model, engine, admission, metrics, log, selfUrl: () => requestUrl });
   const systemServer = createSystemServer({ lifecycle, engine, metrics, guardAdmin: opts.guardAdmin });
 
-  requestUrl = await listen(requestPlane, opts.host, opts.port);
-  const systemUrl = await listen(systemServer, opts.systemHost, opts.systemPort);
+  requestUrl = advertisedUrl(await listen(requestPlane, opts.host, opts.port), opts.advertiseHost);
+  const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
   record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl };
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
