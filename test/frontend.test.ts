@@ -101,6 +101,40 @@ describe('frontend: OpenAI API through the official SDK', () => {
   });
 });
 
+describe('frontend: SIGTERM', () => {
+  it('lets open streams finish, then exits 0', async () => {
+    const { frontend } = await cluster(1, ['--mocker-itl-ms', '20']);
+    let started!: () => void;
+    const first = new Promise<void>((r) => (started = r));
+    const stream = streamCompletion(frontend.url, { model: 'm1', max_tokens: 40 }, () => started());
+    await first;
+    frontend.signal('SIGTERM');
+    await frontend.waitForEvent('frontend_stopping');
+    const done = await stream;
+    assert.equal(done.tokens, 40, done.error);
+    assert.equal(done.done, true);
+    assert.equal(await frontend.exitCode(), 0);
+  });
+
+  it('cuts streams still open at --shutdown-timeout-ms and exits 1, instead of hanging', async () => {
+    const discovery = tempDiscoveryUrl();
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '50']);
+    started.push(w);
+    const frontend = await startFrontend(discovery, ['--shutdown-timeout-ms', '300']);
+    started.push(frontend);
+    let began!: () => void;
+    const first = new Promise<void>((r) => (began = r));
+    const stream = streamCompletion(frontend.url, { model: 'm1', max_tokens: 100_000 }, () => began());
+    await first;
+    frontend.signal('SIGTERM');
+    assert.equal(await frontend.exitCode(), 1);
+    await frontend.waitForEvent('shutdown_deadline');
+    const cut = await stream;
+    assert.equal(cut.done, false);
+    assert.ok(cut.tokens > 0 && cut.tokens < 100_000);
+  });
+});
+
 describe('frontend: zero dropped requests', () => {
   it('drains one of 3 workers mid-load: every request completes, none reach it after drain returns, resume brings it back', async () => {
     const { frontend, workers } = await cluster(3, ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']);

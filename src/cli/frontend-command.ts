@@ -11,6 +11,7 @@ interface FrontendFlags {
   adminHost: string;
   adminPort?: number;
   adminTokenFile?: string;
+  shutdownTimeoutMs: number;
 }
 
 /** The admin port unless --admin-port says otherwise: next to the public port, or any port when that one is 0. */
@@ -29,6 +30,7 @@ export function frontendCommand(): Command {
     .option('--admin-host <addr>', 'admin listener bind address (fleet view, drain/resume); non-loopback needs an admin token', '127.0.0.1')
     .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', intOption(0))
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
+    .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams may finish before they are cut (exit 1 then)', intOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
       const token = await loadAdminToken(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
@@ -54,8 +56,8 @@ export function frontendCommand(): Command {
         if (stopping) process.exit(130);
         stopping = true;
         log.info({ event: 'frontend_stopping', signal }, 'stopping: finishing open streams');
-        frontend.close().then(
-          () => process.exit(0),
+        frontend.close(flags.shutdownTimeoutMs).then(
+          (clean) => process.exit(clean ? 0 : 1),
           (err: unknown) => {
             log.error({ err }, 'stop failed');
             process.exit(1);

@@ -24,7 +24,11 @@ export interface RunningFrontend {
   adminUrl?: string | undefined;
   pool: WorkerPool;
   discovery: Discovery;
-  close(): Promise<void>;
+  /**
+   * Stops accepting, lets open streams finish for up to `timeoutMs`, then cuts what is left.
+   * Resolves true when nothing had to be cut.
+   */
+  close(timeoutMs: number): Promise<boolean>;
 }
 
 export async function startFrontend(opts: FrontendOptions, log: Logger): Promise<RunningFrontend> {
@@ -42,6 +46,14 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const upstream = new Upstream(pool, metrics);
   const app = createOpenAIServer({ pool, upstream, metrics, log });
   const url = await listen(app, opts.host, opts.port);
+  // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
+  // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.
+  let closing = false;
+  app.server.on('request', (_req, res) => {
+    res.once('finish', () => {
+      if (closing) setImmediate(() => app.server.closeIdleConnections());
+    });
+  });
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
   const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, agent: adminAgent, guardAdmin: opts.admin.guardAdmin }) : undefined;
   let adminUrl: string | undefined;
@@ -61,13 +73,23 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     adminUrl,
     pool,
     discovery,
-    async close() {
+    async close(timeoutMs) {
       await adminApp?.close();
       await adminAgent?.close();
+      // The routing view stays live until the last stream is done: retries still need it.
+      closing = true;
+      let cut = false;
+      const deadline = setTimeout(() => {
+        cut = true;
+        log.warn({ event: 'shutdown_deadline', open_connections: 'cut' }, `streams still open after ${timeoutMs} ms; closing them`);
+        app.server.closeAllConnections();
+      }, timeoutMs);
       await app.close();
+      clearTimeout(deadline);
       await watch.close();
       await upstream.close();
       await discovery.close();
+      return !cut;
     },
   };
 }
