@@ -96,6 +96,25 @@ describe('disaggregated prefill/decode', () => {
     assert.ok(!p.logs.some((l) => l.to === 'drained'));
   });
 
+  it('redoes prefill when the decode worker that pulled the KV dies before its first token', async () => {
+    const discovery = tempDiscoveryUrl();
+    await worker(discovery, 'prefill');
+    const victim = await startWorker(['--discovery', discovery, '--model', 'm1', '--mode', 'decode', '--mocker-itl-ms', '600000'], { EBB_LOG_LEVEL: 'debug' });
+    started.push(victim);
+    const frontend = await startFrontend(discovery);
+    started.push(frontend);
+    const request = streamCompletion(frontend.url, { model: 'm1', max_tokens: 5 });
+    await victim.waitForEvent('kv_pulled');
+    const healthy = await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
+    await frontend.waitForEvent('worker_added', (l) => l.worker_id === healthy.workerId);
+    victim.signal('SIGKILL');
+    const result = await request;
+    assert.equal(result.status, 200, result.error);
+    assert.equal(result.tokens, 5, result.error);
+    assert.equal(result.done, true);
+    assert.equal(result.workerId, healthy.workerId);
+  });
+
   it('drains a decode worker mid-stream: every stream completes', async () => {
     const discovery = tempDiscoveryUrl();
     await worker(discovery, 'prefill');

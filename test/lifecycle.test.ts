@@ -102,12 +102,12 @@ describe('admission', () => {
 });
 
 describe('lifecycle controller', () => {
-  it('closes admission before unregistering and reopens it before registering', async () => {
+  it('closes admission before unregistering, and registers before reopening it', async () => {
     const { lifecycle, calls } = setup();
     await lifecycle.start();
     await lifecycle.drain('test');
     await lifecycle.resume();
-    assert.deepEqual(calls, ['register(open=true)', 'unregister(open=false)', 'register(open=true)']);
+    assert.deepEqual(calls, ['register(open=true)', 'unregister(open=false)', 'register(open=false)']);
   });
 
   it('reaches drained on the release event, not before', async () => {
@@ -171,6 +171,7 @@ describe('lifecycle controller', () => {
         throw new Error('etcd down');
       },
     });
+    await lifecycle.start();
     await assert.rejects(lifecycle.drain('test'), /drain rolled back/);
     assert.equal(lifecycle.state, 'serving');
     assert.equal(admission.open, true);
@@ -193,11 +194,54 @@ describe('lifecycle controller', () => {
     assert.equal(admission.open, false);
   });
 
+  it('does not report drained while a resume is registering, and admits nothing until it is done', async () => {
+    let finishRegister!: () => void;
+    let hold = false;
+    const { lifecycle, admission, transitions } = setup({
+      register: () => (hold ? new Promise<void>((resolve) => (finishRegister = resolve)) : Promise.resolve()),
+      unregister: async () => undefined,
+    });
+    await lifecycle.start();
+    const t = admit(admission);
+    await lifecycle.drain('test');
+    hold = true;
+    const resuming = lifecycle.resume();
+    await flush();
+    assert.deepEqual(admission.admit('during resume'), { admitted: false, code: 'worker_draining' });
+    t.release('completed'); // the last request ends while registration is pending
+    await flush();
+    assert.ok(!transitions.some((x) => x.to === 'drained'), 'no drained in the middle of a resume');
+    finishRegister();
+    assert.equal((await resuming).state, 'serving');
+    assert.equal(admission.open, true);
+  });
+
   it('refuses resume once shutdown began', async () => {
     const { lifecycle } = setup();
     await lifecycle.drain('test');
     lifecycle.beginShutdown();
     await assert.rejects(lifecycle.resume(), (err: Error & { status?: number }) => err.status === 409);
+  });
+
+  it('drains without touching discovery when the registration was already lost', async () => {
+    let unregisters = 0;
+    let down = false;
+    const { lifecycle } = setup({
+      register: async () => {
+        if (down) throw new Error('etcd down');
+      },
+      unregister: async () => {
+        unregisters++;
+        throw new Error('etcd down');
+      },
+    });
+    await lifecycle.start();
+    down = true;
+    const lost = lifecycle.registrationLost(); // retries in the background while etcd is down
+    const status = await lifecycle.drain('etcd outage');
+    assert.equal(status.state, 'drained');
+    assert.equal(unregisters, 0);
+    await lost; // the retry loop stops once the worker is no longer serving
   });
 
   it('re-registers a lost registration only while serving', async () => {

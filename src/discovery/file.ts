@@ -36,7 +36,9 @@ function processAlive(pid: number): boolean {
  */
 export class FileDiscovery implements Discovery {
   readonly url: string;
-  private readonly heartbeats = new Map<string, NodeJS.Timeout>();
+  /** Per registered worker: its heartbeat timer and the beat being written, if any. */
+  private readonly heartbeats = new Map<string, { timer: NodeJS.Timeout; beat: Promise<void> | undefined }>();
+  private tmpSeq = 0;
   private readonly closers = new Set<() => Promise<void>>();
 
   constructor(
@@ -53,7 +55,7 @@ export class FileDiscovery implements Discovery {
   private async write(record: WorkerRecord, registeredAt: number): Promise<void> {
     const entry: FileEntry = { record, pid: process.pid, hostname: HOST, heartbeat_at: Date.now(), ttl_ms: this.ttlMs, registered_at: registeredAt };
     const path = this.pathOf(record.worker_id);
-    const tmp = `${path}.${process.pid}.tmp`;
+    const tmp = `${path}.${process.pid}.${this.tmpSeq++}.tmp`; // concurrent writers never share a temp file
     await writeFile(tmp, JSON.stringify(entry));
     await rename(tmp, path); // atomic: readers never see half a record
   }
@@ -61,18 +63,33 @@ export class FileDiscovery implements Discovery {
   async register(record: WorkerRecord): Promise<void> {
     await mkdir(this.dir, { recursive: true });
     const registeredAt = Date.now();
+    await this.stopHeartbeat(record.worker_id);
     await this.write(record, registeredAt);
-    clearInterval(this.heartbeats.get(record.worker_id));
-    const timer = setInterval(() => {
-      this.write(record, registeredAt).catch(() => undefined); // a missed beat is survivable; TTL covers 3 of them
-    }, Math.max(100, Math.floor(this.ttlMs / 3)));
-    timer.unref();
-    this.heartbeats.set(record.worker_id, timer);
+    const hb: { timer: NodeJS.Timeout; beat: Promise<void> | undefined } = {
+      timer: setInterval(() => {
+        if (hb.beat) return;
+        // A missed beat is survivable: the TTL covers three of them.
+        hb.beat = this.write(record, registeredAt)
+          .catch(() => undefined)
+          .finally(() => (hb.beat = undefined));
+      }, Math.max(100, Math.floor(this.ttlMs / 3))),
+      beat: undefined,
+    };
+    hb.timer.unref();
+    this.heartbeats.set(record.worker_id, hb);
+  }
+
+  /** Stops the beats and waits for one in progress, so no late beat can re-create the file. */
+  private async stopHeartbeat(workerId: string): Promise<void> {
+    const hb = this.heartbeats.get(workerId);
+    if (!hb) return;
+    clearInterval(hb.timer);
+    this.heartbeats.delete(workerId);
+    await hb.beat;
   }
 
   async unregister(workerId: string): Promise<void> {
-    clearInterval(this.heartbeats.get(workerId));
-    this.heartbeats.delete(workerId);
+    await this.stopHeartbeat(workerId);
     await unlink(this.pathOf(workerId)).catch((err: NodeJS.ErrnoException) => {
       if (err.code !== 'ENOENT') throw err;
     });
@@ -148,8 +165,7 @@ export class FileDiscovery implements Discovery {
   }
 
   async close(): Promise<void> {
-    for (const t of this.heartbeats.values()) clearInterval(t);
-    this.heartbeats.clear();
+    await Promise.all([...this.heartbeats.keys()].map((id) => this.stopHeartbeat(id)));
     await Promise.all([...this.closers].map((c) => c()));
   }
 }

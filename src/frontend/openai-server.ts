@@ -1,9 +1,9 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { ServerResponse } from 'node:http';
-import { once } from 'node:events';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
+import { writeWithBackpressure } from '../common/backpressure.js';
 import { HttpError } from '../common/errors.js';
 import type { GenerateBody, StreamLine, Usage } from '../worker/protocol.js';
 import type { FrontendMetrics } from './metrics.js';
@@ -19,9 +19,6 @@ export interface OpenAIServerDeps {
   log: Logger;
 }
 
-async function write(res: ServerResponse, chunk: string): Promise<void> {
-  if (!res.write(chunk)) await once(res, 'drain');
-}
 
 /** Aborts when the client goes away before the response finished. */
 function clientGone(reply: FastifyReply): AbortSignal {
@@ -92,7 +89,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
             return;
           } else throw new Error(line.error.message);
         }
-        await write(res, out);
+        await writeWithBackpressure(res, out, signal);
         out = '';
       }
       throw new Error('stream ended without a final line');

@@ -41,6 +41,9 @@ class TryElsewhere extends Error {
   }
 }
 
+/** A decode worker could not get the prompt's KV (another decode took it, or it expired): prefill again. */
+class KvTransferLost extends Error {}
+
 /** NDJSON lines of a worker's response body, a batch per chunk received. */
 async function* readLineBatches(body: Readable): AsyncGenerator<StreamLine[], void, void> {
   let buffer = '';
@@ -69,6 +72,7 @@ async function rejectNon200(res: Dispatcher.ResponseData): Promise<never> {
   const code = payload.error?.code ?? `http_${res.statusCode}`;
   if (code === 'worker_draining') throw new TryElsewhere(code, 'draining');
   if (code === 'worker_overloaded') throw new TryElsewhere(code, 'overloaded');
+  if (code === 'kv_transfer_failed') throw new KvTransferLost(payload.error?.message ?? code);
   if (res.statusCode >= 400 && res.statusCode < 500) throw new HttpError(res.statusCode, code, payload.error?.message ?? 'worker rejected the request');
   throw new TryElsewhere('worker_error');
 }
@@ -118,8 +122,9 @@ export class Upstream {
       } catch (err) {
         release();
         if (signal.aborted) throw err;
-        if (err instanceof HttpError) {
-          this.metrics.attempt(id, 'client_error');
+        if (err instanceof KvTransferLost) tried.delete(id); // the worker is fine; the KV is what is gone
+        if (err instanceof HttpError || err instanceof KvTransferLost) {
+          this.metrics.attempt(id, err instanceof KvTransferLost ? 'kv_transfer_lost' : 'client_error');
           throw err;
         }
         const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
@@ -148,7 +153,7 @@ export class Upstream {
       const rest = readLineBatches(res.body);
       const first = await rest.next();
       // Nothing has reached the client yet: another worker can still serve it whole.
-      if (first.done || 'error' in (first.value[0] as StreamLine)) {
+      if (first.done || first.value.some((line) => 'error' in line)) {
         res.body.destroy();
         throw new TryElsewhere('failed_before_first_token');
       }
@@ -159,17 +164,26 @@ export class Upstream {
 
   /**
    * Disaggregated serving: a prefill worker computes the prompt's KV, then a decode worker pulls it
-   * and streams. If no decode worker takes it, the transfer expires on the prefill side (counted).
+   * and streams. A decode worker that dies after pulling the KV leaves nothing for the next one, so
+   * the pair is redone (a fresh prefill) rather than the decode alone. An unclaimed transfer expires
+   * on the prefill side (counted).
    */
   async openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const prefill = await this.route(body.model, 'prefill', signal, tried, async (w) => {
-      const res = await this.post(`${w.record.request_url}/prefill`, body, signal);
-      if (res.statusCode !== 200) await rejectNon200(res);
-      return (await res.body.json()) as PrefillResponse;
-    });
-    prefill.release();
-    const kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url };
-    return this.open({ ...body, kv_transfer: kv }, 'decode', signal, tried);
+    for (let pair = 1; ; pair++) {
+      const prefill = await this.route(body.model, 'prefill', signal, new Set(), async (w) => {
+        const res = await this.post(`${w.record.request_url}/prefill`, body, signal);
+        if (res.statusCode !== 200) await rejectNon200(res);
+        return (await res.body.json()) as PrefillResponse;
+      });
+      prefill.release();
+      const kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url };
+      try {
+        return await this.open({ ...body, kv_transfer: kv }, 'decode', signal, tried);
+      } catch (err) {
+        if (!(err instanceof KvTransferLost)) throw err;
+        if (pair >= MAX_ATTEMPTS) throw new HttpError(503, 'no_serving_worker', `decode workers could not take the KV of "${body.model}" requests; retry shortly`);
+      }
+    }
   }
 
   async close(): Promise<void> {

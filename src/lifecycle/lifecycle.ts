@@ -53,6 +53,7 @@ export class Lifecycle extends EventEmitter {
   private shuttingDown = false;
   private registered = false;
   private unregistering = false;
+  private resuming = false;
   private lastProbe: Quiescence | null = null;
   private lastError: string | null = null;
   private reason: string | null = null;
@@ -205,7 +206,9 @@ export class Lifecycle extends EventEmitter {
     this.move('drain');
     this.unregistering = true;
     try {
-      await this.registration.unregister();
+      // A lost registration (lease expired) is already out of discovery: nothing to undo, and a
+      // discovery outage must not stop an operator from draining.
+      if (this.registered) await this.registration.unregister();
       this.registered = false;
       this.log.info({ event: 'discovery_unregistered', generation: gen }, 'unregistered from discovery');
     } catch (err) {
@@ -229,20 +232,25 @@ export class Lifecycle extends EventEmitter {
     const previous = this.current;
     if (previous === 'serving' && this.registered) return this.status();
     this.generation++;
-    this.admission.reopen();
+    // Register before reopening: until both are done nothing is admitted, so a failed registration
+    // leaves the state exactly as it was, and no drain can complete under a half-done resume.
+    this.resuming = true;
     try {
       await this.registration.register();
       this.registered = true;
     } catch (err) {
-      if (previous !== 'serving') this.admission.close();
       this.lastError = `register failed: ${(err as Error).message}`;
       this.log.error({ event: 'discovery_register_failed', err }, this.lastError);
       throw new HttpError(502, 'discovery_unavailable', `resume failed, state stays ${previous}: ${this.lastError}`);
+    } finally {
+      this.resuming = false;
+      if (!this.registered) void this.evaluate(); // the last request may have ended meanwhile
     }
+    this.admission.reopen();
     this.lastError = null;
     this.lastProbe = null;
     this.move('resume');
-    this.log.info({ event: 'resumed', generation: this.generation }, 'admission reopened and registered');
+    this.log.info({ event: 'resumed', generation: this.generation }, 'registered and admission reopened');
     return this.status();
   }
 
@@ -251,7 +259,7 @@ export class Lifecycle extends EventEmitter {
    * fenced: it only counts if no drain or resume happened meanwhile and nothing was admitted.
    */
   private async evaluate(): Promise<void> {
-    if (this.current !== 'draining' || this.unregistering || this.admission.inflight > 0) return;
+    if (this.current !== 'draining' || this.unregistering || this.resuming || this.admission.inflight > 0) return;
     const gen = this.generation;
     let probe: Quiescence;
     try {

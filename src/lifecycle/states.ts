@@ -7,13 +7,13 @@
  *   serving   | drain             | draining  | close admission FIRST, then unregister from discovery
  *   draining  | unregister_failed | serving   | rollback: reopen admission, report the error
  *   draining  | idle_confirmed    | drained   | in-flight == 0 AND engine says idle, same generation
- *   draining  | resume            | serving   | reopen admission, then register again
- *   drained   | resume            | serving   | reopen admission, then register again
+ *   draining  | resume            | serving   | register again, then reopen admission
+ *   drained   | resume            | serving   | register again, then reopen admission
  *   draining  | drain             | draining  | idempotent
  *   drained   | drain             | drained   | idempotent
  *   serving   | resume            | serving   | idempotent (re-registers if discovery lost us)
  *
- * A resume whose registration fails does not move: admission is closed again and the state stays.
+ * A resume whose registration fails does not move: admission stays closed and the state stays.
  * `drained` is the only deletion-safety signal; `unknown` engine idleness never reaches it.
  */
 

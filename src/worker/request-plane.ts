@@ -1,9 +1,9 @@
 import type { FastifyInstance } from 'fastify';
 import type { ServerResponse } from 'node:http';
-import { once } from 'node:events';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
+import { writeWithBackpressure } from '../common/backpressure.js';
 import { errorBody, HttpError } from '../common/errors.js';
 import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.js';
 import type { Admission, Ticket } from '../lifecycle/admission.js';
@@ -25,9 +25,6 @@ function usageOf(r: GenerateResult) {
   return { prompt_tokens: r.prompt_tokens, completion_tokens: r.completion_tokens, total_tokens: r.prompt_tokens + r.completion_tokens };
 }
 
-async function write(res: ServerResponse, chunk: string): Promise<void> {
-  if (!res.write(chunk)) await once(res, 'drain');
-}
 
 /** The worker's request plane: POST /generate, admission-checked before any work is done. */
 export function createRequestPlane({ model, engine, admission, metrics, log, selfUrl }: RequestPlaneDeps): FastifyInstance {
@@ -116,14 +113,18 @@ export function createRequestPlane({ model, engine, admission, metrics, log, sel
   /** Owns the ticket from here: exactly one release, whoever ends the request. */
   async function serve(res: ServerResponse, gen: GenerateRequest, stream: boolean, ticket: Ticket, kv: KvTransferRef | undefined): Promise<void> {
     const signal = watchCaller(res, ticket);
+    let tokens: AsyncGenerator<string, GenerateResult, void> | undefined;
     try {
-      if (kv) await pullKv(kv, signal);
-      const tokens = engine.generate(gen, signal);
+      if (kv) {
+        const bytes = await pullKv(kv, signal);
+        log.debug({ event: 'kv_pulled', request_id: ticket.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');
+      }
+      tokens = engine.generate(gen, signal);
       if (stream) {
         res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': ticket.id });
         let step = await tokens.next();
         while (!step.done) {
-          await write(res, JSON.stringify({ text: step.value } satisfies StreamLine) + '\n');
+          await writeWithBackpressure(res, JSON.stringify({ text: step.value } satisfies StreamLine) + '\n', signal);
           step = await tokens.next();
         }
         const last: StreamLine = { done: true, finish_reason: step.value.finish_reason, usage: usageOf(step.value) };
@@ -150,6 +151,9 @@ export function createRequestPlane({ model, engine, admission, metrics, log, sel
       } else {
         res.end(JSON.stringify({ error } satisfies StreamLine) + '\n', () => ticket.release('errored'));
       }
+    } finally {
+      // A generator left suspended at a yield would keep its batch slot: close it on every way out.
+      void tokens?.return(undefined as never).catch(() => undefined);
     }
   }
 
