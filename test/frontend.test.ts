@@ -101,6 +101,29 @@ describe('frontend: OpenAI API through the official SDK', () => {
   });
 });
 
+describe('frontend: hung worker', () => {
+  it('moves requests off a worker that accepts connections but never answers (SIGSTOP)', async () => {
+    const discovery = tempDiscoveryUrl();
+    const hung = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(hung);
+    const healthy = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(healthy);
+    const frontend = await startFrontend(discovery, ['--upstream-headers-timeout-ms', '500']);
+    started.push(frontend);
+    hung.signal('SIGSTOP');
+    try {
+      const results = await Promise.all([0, 1, 2, 3].map((i) => streamCompletion(frontend.url, { model: 'm1', max_tokens: 3, seed: i })));
+      for (const r of results) {
+        assert.equal(r.status, 200, r.error);
+        assert.equal(r.tokens, 3);
+        assert.equal(r.workerId, healthy.workerId);
+      }
+    } finally {
+      hung.signal('SIGCONT');
+    }
+  });
+});
+
 describe('frontend: SIGTERM', () => {
   it('lets open streams finish, then exits 0', async () => {
     const { frontend } = await cluster(1, ['--mocker-itl-ms', '20']);

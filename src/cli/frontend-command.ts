@@ -12,6 +12,7 @@ interface FrontendFlags {
   adminPort?: number;
   adminTokenFile?: string;
   shutdownTimeoutMs: number;
+  upstreamHeadersTimeoutMs: number;
 }
 
 /** The admin port unless --admin-port says otherwise: next to the public port, or any port when that one is 0. */
@@ -30,6 +31,7 @@ export function frontendCommand(): Command {
     .option('--admin-host <addr>', 'admin listener bind address (fleet view, drain/resume); non-loopback needs an admin token', '127.0.0.1')
     .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', intOption(0))
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
+    .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', intOption(1), 10_000)
     .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams may finish before they are cut (exit 1 then)', intOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
       const token = await loadAdminToken(flags.adminTokenFile);
@@ -41,6 +43,7 @@ export function frontendCommand(): Command {
           host: flags.host,
           port: flags.port,
           discoveryUrl: flags.discovery,
+          upstreamHeadersTimeoutMs: flags.upstreamHeadersTimeoutMs,
           admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token) },
         },
         log,

@@ -14,6 +14,8 @@ export interface FrontendOptions {
   host: string;
   port: number;
   discoveryUrl: string;
+  /** How long a worker may take to start answering /generate before it counts as hung (default 10 s). */
+  upstreamHeadersTimeoutMs?: number | undefined;
   /** The admin listener (fleet view, drain/resume forwarding); the caller checks the bind is allowed. */
   admin?: { host: string; port: number; guardAdmin?: AdminGuard | undefined } | undefined;
 }
@@ -43,7 +45,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
   });
   const metrics = createFrontendMetrics(pool);
-  const upstream = new Upstream(pool, metrics);
+  const upstream = new Upstream(pool, metrics, opts.upstreamHeadersTimeoutMs);
   const app = createOpenAIServer({ pool, upstream, metrics, log });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream

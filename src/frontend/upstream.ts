@@ -63,7 +63,13 @@ async function* readLineBatches(body: Readable): AsyncGenerator<StreamLine[], vo
 
 function isConnectFailure(err: unknown): boolean {
   const code = (err as NodeJS.ErrnoException).code;
-  return err instanceof undiciErrors.ConnectTimeoutError || code === 'ECONNREFUSED' || code === 'UND_ERR_SOCKET' || code === 'ECONNRESET';
+  return (
+    err instanceof undiciErrors.ConnectTimeoutError ||
+    err instanceof undiciErrors.HeadersTimeoutError || // accepted the connection, then never answered: hung
+    code === 'ECONNREFUSED' ||
+    code === 'UND_ERR_SOCKET' ||
+    code === 'ECONNRESET'
+  );
 }
 
 /** A non-200 answer: a refusal or server error moves on; a client error is the client's answer. */
@@ -86,9 +92,15 @@ async function rejectNon200(res: Dispatcher.ResponseData): Promise<never> {
 export class Upstream {
   readonly agent: Agent;
 
+  /**
+   * `headersTimeoutMs` bounds how long a worker may take to answer /generate's headers, which it
+   * sends right after admission, before any token: a worker silent past it is hung (stopped, stuck)
+   * and the request moves on. Tokens themselves have no deadline: a long stream is not a hang.
+   */
   constructor(
     private readonly pool: WorkerPool,
     private readonly metrics: FrontendMetrics,
+    private readonly headersTimeoutMs = 10_000,
     connections = 512,
   ) {
     this.agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 60_000, connections, pipelining: 1, headersTimeout: 0, bodyTimeout: 0 });
@@ -141,14 +153,14 @@ export class Upstream {
     );
   }
 
-  private post(url: string, body: unknown, signal: AbortSignal): Promise<Dispatcher.ResponseData> {
-    return request(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), dispatcher: this.agent, signal });
+  private post(url: string, body: unknown, signal: AbortSignal, headersTimeout: number): Promise<Dispatcher.ResponseData> {
+    return request(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), dispatcher: this.agent, signal, headersTimeout });
   }
 
   /** Opens a token stream on a worker of `mode` (aggregated, or decode with a KV transfer). */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
     const { worker, value, release } = await this.route(body.model, mode, signal, tried, async (w) => {
-      const res = await this.post(`${w.record.request_url}/generate`, body, signal);
+      const res = await this.post(`${w.record.request_url}/generate`, body, signal, this.headersTimeoutMs);
       if (res.statusCode !== 200) await rejectNon200(res);
       const rest = readLineBatches(res.body);
       const first = await rest.next();
@@ -157,9 +169,14 @@ export class Upstream {
         res.body.destroy();
         throw new TryElsewhere('failed_before_first_token');
       }
-      return { first: first.value, rest };
+      return { first: first.value, rest, body: res.body };
     });
-    return { worker, first: value.first, rest: value.rest, release };
+    // Releasing also closes the body: an abandoned stream would otherwise hold the worker's slot.
+    const end = () => {
+      value.body.destroy();
+      release();
+    };
+    return { worker, first: value.first, rest: value.rest, release: end };
   }
 
   /**
@@ -171,7 +188,7 @@ export class Upstream {
   async openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
     for (let pair = 1; ; pair++) {
       const prefill = await this.route(body.model, 'prefill', signal, new Set(), async (w) => {
-        const res = await this.post(`${w.record.request_url}/prefill`, body, signal);
+        const res = await this.post(`${w.record.request_url}/prefill`, body, signal, 0); // answers after the KV is computed
         if (res.statusCode !== 200) await rejectNon200(res);
         return (await res.body.json()) as PrefillResponse;
       });

@@ -122,6 +122,7 @@ export function createRequestPlane({ model, engine, admission, metrics, log, sel
       tokens = engine.generate(gen, signal);
       if (stream) {
         res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': ticket.id });
+        res.flushHeaders(); // "admitted and alive" reaches the caller now, not with the first token
         let step = await tokens.next();
         while (!step.done) {
           await writeWithBackpressure(res, JSON.stringify({ text: step.value } satisfies StreamLine) + '\n', signal);
