@@ -11,7 +11,9 @@ const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS']
  * costs more than it tells; ebb logs lifecycle events itself.
  */
 export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: number; emptyJsonIsObject?: boolean } = {}): FastifyInstance {
-  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit ?? 4 * 1024 * 1024, keepAliveTimeout: opts.keepAliveTimeout ?? 65_000 });
+  // return503OnClosing off: while closing, requests on open keep-alive connections get our own answers
+  // (a worker's JSON worker_draining refusal), not fastify's non-JSON 503.
+  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit ?? 4 * 1024 * 1024, keepAliveTimeout: opts.keepAliveTimeout ?? 65_000, return503OnClosing: false });
   if (opts.emptyJsonIsObject) {
     // Admin APIs: `curl -X POST -H 'content-type: application/json'` with no body is a plain call.
     app.removeContentTypeParser('application/json');
