@@ -244,6 +244,28 @@ describe('lifecycle controller', () => {
     await lost; // the retry loop stops once the worker is no longer serving
   });
 
+  it('registers again when the lease is lost while a resume is registering', async () => {
+    let registers = 0;
+    let finishRegister: (() => void) | undefined;
+    const { lifecycle } = setup({
+      register: () => {
+        registers++;
+        return registers === 2 ? new Promise<void>((resolve) => (finishRegister = resolve)) : Promise.resolve();
+      },
+      unregister: async () => undefined,
+    });
+    await lifecycle.start();
+    await lifecycle.drain('test');
+    const resumed = lifecycle.resume(); // registers (call 2), held
+    await flush();
+    const lost = lifecycle.registrationLost(); // the lease goes while that call is in flight
+    finishRegister!();
+    await resumed;
+    await lost;
+    assert.equal(registers, 3, 'the registration made under the lost lease is redone');
+    assert.equal(lifecycle.status().discovery_registered, true);
+  });
+
   it('re-registers a lost registration only while serving', async () => {
     const { lifecycle, calls } = setup();
     await lifecycle.start();

@@ -51,7 +51,24 @@ export class Lifecycle extends EventEmitter {
   private since = new Date();
   private chain: Promise<unknown> = Promise.resolve();
   private shuttingDown = false;
-  private registered = false;
+  /**
+   * Registration bookkeeping as epochs, not a flag: a loss bumps `lossEpoch`, and a registration
+   * only counts for the epoch it started in. A lease lost while a register() call is in flight
+   * therefore still reads as "not registered", and the retry registers again.
+   */
+  private lossEpoch = 0;
+  private registeredEpoch: number | null = null;
+
+  private get registered(): boolean {
+    return this.registeredEpoch === this.lossEpoch;
+  }
+
+  /** register(), recorded against the epoch it started in. */
+  private async register(): Promise<void> {
+    const epoch = this.lossEpoch;
+    await this.registration.register();
+    this.registeredEpoch = epoch;
+  }
   private unregistering = false;
   private resuming = false;
   private lastProbe: Quiescence | null = null;
@@ -80,8 +97,7 @@ export class Lifecycle extends EventEmitter {
 
   /** First registration at start-up. A worker that cannot register does not start. */
   async start(): Promise<void> {
-    await this.registration.register();
-    this.registered = true;
+    await this.register();
     this.log.info({ event: 'discovery_registered' }, 'registered in discovery');
   }
 
@@ -99,7 +115,7 @@ export class Lifecycle extends EventEmitter {
    * drained worker being absent from discovery is the point.
    */
   async registrationLost(): Promise<void> {
-    this.registered = false;
+    this.lossEpoch++;
     // Each attempt takes its turn in the serialised chain; the back-off waits outside it, so a drain
     // issued while discovery is down is never stuck behind the retries. The cap stays well under the
     // shortest lease TTL (2 s on etcd): after an outage, frontends must not see the fleet vanish.
@@ -107,8 +123,8 @@ export class Lifecycle extends EventEmitter {
       const settled = await this.serialize(async () => {
         if (this.current !== 'serving' || this.shuttingDown || this.registered) return true;
         try {
-          await this.registration.register();
-          this.registered = true;
+          await this.register();
+          if (!this.registered) return false; // lost again while registering
           this.lastError = null;
           this.log.warn({ event: 'discovery_reregistered' }, 'registration was lost; registered again');
           return true;
@@ -209,7 +225,7 @@ export class Lifecycle extends EventEmitter {
       // A lost registration (lease expired) is already out of discovery: nothing to undo, and a
       // discovery outage must not stop an operator from draining.
       if (this.registered) await this.registration.unregister();
-      this.registered = false;
+      this.registeredEpoch = null;
       this.log.info({ event: 'discovery_unregistered', generation: gen }, 'unregistered from discovery');
     } catch (err) {
       this.lastError = `unregister failed: ${(err as Error).message}`;
@@ -236,8 +252,7 @@ export class Lifecycle extends EventEmitter {
     // leaves the state exactly as it was, and no drain can complete under a half-done resume.
     this.resuming = true;
     try {
-      await this.registration.register();
-      this.registered = true;
+      await this.register();
     } catch (err) {
       this.lastError = `register failed: ${(err as Error).message}`;
       this.log.error({ event: 'discovery_register_failed', err }, this.lastError);
