@@ -82,6 +82,8 @@ describe('frontend: OpenAI API through the official SDK', () => {
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.type, 'invalid_request_error');
     assert.equal(typeof bad.body.error.message, 'string');
+    const stringly = await call('POST', `${frontend.url}/v1/completions`, { model: 'm1', prompt: 'x', stream: 'true' });
+    assert.equal(stringly.status, 400, 'no type coercion: "true" is not a boolean');
     const badJson = await call('POST', `${frontend.url}/v1/completions`, '{"model":');
     assert.equal(badJson.status, 400);
     const wrong = await call('GET', `${frontend.url}/v1/chat/completions`);

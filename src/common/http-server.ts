@@ -13,7 +13,14 @@ const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS']
 export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: number; emptyJsonIsObject?: boolean } = {}): FastifyInstance {
   // return503OnClosing off: while closing, requests on open keep-alive connections get our own answers
   // (a worker's JSON worker_draining refusal), not fastify's non-JSON 503.
-  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit ?? 4 * 1024 * 1024, keepAliveTimeout: opts.keepAliveTimeout ?? 65_000, return503OnClosing: false });
+  const app = Fastify({
+    logger: false,
+    bodyLimit: opts.bodyLimit ?? 4 * 1024 * 1024,
+    keepAliveTimeout: opts.keepAliveTimeout ?? 65_000,
+    return503OnClosing: false,
+    // JSON bodies are typed: "stream": "true" is a client bug to report, not a value to guess.
+    ajv: { customOptions: { coerceTypes: false } },
+  });
   if (opts.emptyJsonIsObject) {
     // Admin APIs: `curl -X POST -H 'content-type: application/json'` with no body is a plain call.
     app.removeContentTypeParser('application/json');
