@@ -16,7 +16,7 @@ export interface KvTransfer {
  * moment prefill finishes until the decode side confirms receipt (`complete`) or its TTL expires.
  * Freeing the worker while one is pending would crash the peer still pulling it.
  *
- * Events: 'completed' (transfer, seconds), 'expired' (transfer), 'empty' (no transfer pending).
+ * Events: 'completed' (transfer, seconds), 'expired' (transfer).
  */
 export class KvTransferStore extends EventEmitter {
   private readonly pending = new Map<string, { transfer: KvTransfer; timer: NodeJS.Timeout }>();
@@ -58,7 +58,6 @@ export class KvTransferStore extends EventEmitter {
     clearTimeout(entry.timer);
     this.pending.delete(id);
     this.emit(how, entry.transfer, (performance.now() - entry.transfer.created_at) / 1000);
-    if (this.pending.size === 0) this.emit('empty');
     return true;
   }
 
