@@ -22,7 +22,11 @@ export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: 
     ajv: { customOptions: { coerceTypes: false } },
   });
   if (opts.emptyJsonIsObject) {
-    // Admin APIs: `curl -X POST -H 'content-type: application/json'` with no body is a plain call.
+    // Admin APIs: a POST with no body (plain `curl -X POST`), or a JSON content type with an empty
+    // body, is a plain call: its body validates as {}.
+    app.addHook('preValidation', async (req) => {
+      req.body ??= {};
+    });
     app.removeContentTypeParser('application/json');
     app.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
       const text = (body as string).trim();

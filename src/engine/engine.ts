@@ -1,3 +1,5 @@
+import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
+
 /**
  * The contract between a worker and the engine it hosts. The mocker implements it today; adapters
  * to real OpenAI-compatible engines (vLLM, SGLang, llama.cpp servers) implement the same shape,
@@ -22,8 +24,6 @@ export interface GenerateResult {
   prompt_tokens: number;
   completion_tokens: number;
 }
-
-import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 
 /**
  * What the engine can say about its own idleness. `unknown` is a first-class answer: the worker

@@ -151,12 +151,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
     allowOnly(app, `/workers/:id/${action}`, ['POST']);
     app.post<{ Params: { id: string }; Body: DrainBody | undefined }>(
       `/workers/:id/${action}`,
-      {
-        schema: action === 'drain' ? { body: drainBodySchema } : {},
-        preValidation: async (req) => {
-          req.body ??= {};
-        },
-      },
+      { schema: action === 'drain' ? { body: drainBodySchema } : {} },
       async (req, reply) => {
         guardAdmin?.(req.headers.authorization);
         const k = lookup(req.params.id);

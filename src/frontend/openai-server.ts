@@ -4,12 +4,11 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import { writeWithBackpressure } from '../common/backpressure.js';
-import { HttpError } from '../common/errors.js';
 import type { GenerateBody, StreamLine, Usage } from '../worker/protocol.js';
 import type { FrontendMetrics } from './metrics.js';
 import { completionResponse, SseFormatter, toGenerateBody, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, type OpenAIRequest } from './openai-schema.js';
-import { MidStreamFailure, type Upstream, type UpstreamStream } from './upstream.js';
+import { MidStreamFailure, modelNotFound, type Upstream, type UpstreamStream } from './upstream.js';
 import type { WorkerPool } from './worker-pool.js';
 
 export interface OpenAIServerDeps {
@@ -53,7 +52,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
     allowOnly(app, url, ['POST']);
     app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
       const body = req.body;
-      if (!pool.hasModel(body.model)) throw new HttpError(404, 'model_not_found', `the model "${body.model}" does not exist or has no serving worker`);
+      if (!pool.hasModel(body.model)) throw modelNotFound(body.model);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomUUID().replaceAll('-', '')}`; // randomUUID: pooled entropy, ~20x cheaper than randomBytes
       const gen = toGenerateBody(endpoint, body, id);
       const signal = clientGone(reply);

@@ -41,6 +41,10 @@ class TryElsewhere extends Error {
   }
 }
 
+export function modelNotFound(model: string): HttpError {
+  return new HttpError(404, 'model_not_found', `the model "${model}" does not exist or has no serving worker`);
+}
+
 /** A decode worker could not get the prompt's KV (another decode took it, or it expired): prefill again. */
 class KvTransferLost extends Error {}
 
@@ -145,7 +149,7 @@ export class Upstream {
         this.metrics.attempt(id, failure.outcome);
       }
     }
-    if (!this.pool.hasModel(model)) throw new HttpError(404, 'model_not_found', `the model "${model}" does not exist or has no serving worker`);
+    if (!this.pool.hasModel(model)) throw modelNotFound(model);
     throw new HttpError(
       503,
       'no_serving_worker',

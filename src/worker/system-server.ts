@@ -49,12 +49,7 @@ export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: S
   allowOnly(app, '/engine/drain', ['POST']);
   app.post<{ Body: DrainBody | undefined }>(
     '/engine/drain',
-    {
-      schema: { body: drainBodySchema },
-      preValidation: async (req) => {
-        req.body ??= {}; // a bare POST (no body) is a plain drain
-      },
-    },
+    { schema: { body: drainBodySchema } },
     async (req, reply) => {
       guardAdmin?.(req.headers.authorization);
       const status = await lifecycle.drain(req.body?.reason ?? 'admin');
