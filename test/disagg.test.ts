@@ -22,7 +22,10 @@ async function prefill(p: WorkerHandle, prompt = 'a prompt of several words for 
   assert.equal(res.status, 200, JSON.stringify(res.body));
   assert.equal(res.body.source_url, p.requestUrl);
   assert.ok(res.body.kv_bytes > 0);
-  return res.body as { transfer_id: string; source_url: string; prompt_tokens: number };
+  assert.equal(res.body.worker_id, p.workerId);
+  // What a decode worker is handed: the transfer reference, nothing else.
+  const { transfer_id, source_url, worker_id } = res.body as { transfer_id: string; source_url: string; worker_id: string };
+  return { transfer_id, source_url, worker_id };
 }
 
 describe('disaggregated prefill/decode', () => {

@@ -1,7 +1,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { readFile } from 'node:fs/promises';
 import { isIP } from 'node:net';
-import { HttpError } from './errors.js';
+import { EbbError } from '../protocol/errors.js';
 
 /**
  * The auth boundary of every admin route (the worker's system-status server, the frontend's admin
@@ -76,11 +76,11 @@ export function createAdminGuard(token: string | undefined): AdminGuard | undefi
   return (authorization) => {
     const presented = bearerToken(authorization);
     if (presented === undefined) {
-      const err = new HttpError(401, 'unauthorized', 'this admin route needs an Authorization: Bearer <admin token> header');
-      err.headers = { 'www-authenticate': 'Bearer realm="ebb-admin"' };
-      throw err;
+      throw new EbbError('unauthorized', 'this admin route needs an Authorization: Bearer <admin token> header', {
+        headers: { 'www-authenticate': 'Bearer realm="ebb-admin"' },
+      });
     }
-    if (!timingSafeEqual(digest(presented), expected)) throw new HttpError(403, 'forbidden', 'the admin token is not valid');
+    if (!timingSafeEqual(digest(presented), expected)) throw new EbbError('forbidden', 'the admin token is not valid');
   };
 }
 

@@ -1,13 +1,13 @@
 import Fastify, { type FastifyInstance, type FastifyError } from 'fastify';
 import type { AddressInfo } from 'node:net';
 import { hostname } from 'node:os';
-import { errorBody, HttpError } from './errors.js';
+import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 
 const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'] as const;
 
 /**
  * A fastify instance whose every failure answers JSON: 404 for unknown paths, 400 for bad bodies,
- * the HttpError's own status otherwise. Fastify's logger stays off: request logging on a hot path
+ * the EbbError's own status otherwise. Fastify's logger stays off: request logging on a hot path
  * costs more than it tells; ebb logs lifecycle events itself.
  */
 export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: number; emptyJsonIsObject?: boolean } = {}): FastifyInstance {
@@ -19,7 +19,7 @@ export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: 
     keepAliveTimeout: opts.keepAliveTimeout ?? 65_000,
     return503OnClosing: false,
     // JSON bodies are typed: "stream": "true" is a client bug to report, not a value to guess.
-    ajv: { customOptions: { coerceTypes: false } },
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
   });
   if (opts.emptyJsonIsObject) {
     // Admin APIs: a POST with no body (plain `curl -X POST`), or a JSON content type with an empty
@@ -42,14 +42,14 @@ export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: 
   app.setNotFoundHandler((req, reply) => {
     void reply.code(404).send(errorBody('not_found', `no route for ${req.method} ${req.url}`));
   });
-  app.setErrorHandler((err: FastifyError | HttpError, _req, reply) => {
-    if (err instanceof HttpError) {
+  app.setErrorHandler((err: FastifyError | EbbError, _req, reply) => {
+    if (err instanceof EbbError) {
       if (err.headers) void reply.headers(err.headers);
       return reply.code(err.status).send(err.body());
     }
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
-    const code = status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : 'internal_error';
-    return reply.code(status).send(errorBody(code, err.message, status >= 500 ? 'server_error' : 'invalid_request_error'));
+    const code: ErrorCode = status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : 'internal_error';
+    return reply.code(status).send(errorBody(code, err.message));
   });
   return app;
 }

@@ -1,5 +1,5 @@
 import { Agent, request } from 'undici';
-import type { LifecycleStatus } from '../lifecycle/lifecycle.js';
+import type { WorkerStatus } from '../protocol/admin.js';
 
 /**
  * Plain HTTP calls to an admin API (a worker's system-status server or the frontend's admin
@@ -7,8 +7,7 @@ import type { LifecycleStatus } from '../lifecycle/lifecycle.js';
  * status: callers decide what a 4xx/5xx means. Throws Unreachable when no answer came.
  */
 
-/** What GET /engine/status answers. */
-export type WorkerStatus = LifecycleStatus & { engine?: Record<string, unknown> };
+export type { WorkerStatus };
 
 /** The live status of one worker as the fleet view reports it: never an exception. */
 export type LiveStatus = { reachable: true; status: WorkerStatus } | { reachable: false; error: string };

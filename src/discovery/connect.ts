@@ -2,14 +2,9 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Discovery } from './discovery.js';
+import type { Discovery, DiscoveryOptions } from './discovery.js';
 import { FileDiscovery } from './file.js';
 import { MemoryDiscovery } from './memory.js';
-
-export interface DiscoveryOptions {
-  /** Lease TTL for registrations this process makes. */
-  leaseTtlMs?: number;
-}
 
 /** A fresh directory for `ebb up` and tests: the embedded default needs nothing installed. */
 export function temporaryDiscoveryUrl(): string {

@@ -3,6 +3,11 @@
  * watches. Backends: in-process (memory:), one machine (file:), a cluster (etcd:).
  */
 
+export interface DiscoveryOptions {
+  /** Lease TTL for registrations this process makes. */
+  leaseTtlMs?: number | undefined;
+}
+
 export type WorkerMode = 'aggregated' | 'prefill' | 'decode';
 
 export interface WorkerRecord {

@@ -1,6 +1,5 @@
 import { Etcd3, isRecoverableError, type IKeyValue, type Lease, type Watcher } from 'etcd3';
-import type { DiscoveryOptions } from './connect.js';
-import { isWorkerRecord, type Discovery, type DiscoveryEvent, type DiscoveryWatch, type WorkerRecord } from './discovery.js';
+import { isWorkerRecord, type Discovery, type DiscoveryOptions, type DiscoveryEvent, type DiscoveryWatch, type WorkerRecord } from './discovery.js';
 
 /** Every record lives at `<prefix><model>/<worker_id>` (both URI-encoded: model names contain `/`). */
 export const ETCD_PREFIX = '/ebb/v1/instances/';

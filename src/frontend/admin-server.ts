@@ -1,8 +1,8 @@
 import type { FastifyInstance } from 'fastify';
-import { drainBodySchema, type DrainBody } from '../worker/system-server.js';
 import type { Agent } from 'undici';
 import type { AdminGuard } from '../common/admin-auth.js';
-import { HttpError } from '../common/errors.js';
+import { DrainBodySchema, type DrainBody } from '../protocol/admin.js';
+import { EbbError } from '../protocol/errors.js';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import { adminCall, fetchLiveStatus, Unreachable, type LiveStatus } from '../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../discovery/discovery.js';
@@ -128,7 +128,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
 
   const lookup = (id: string): Known => {
     const k = fleet.get(id);
-    if (!k) throw new HttpError(404, 'worker_not_found', `no worker "${id}" is known to this frontend`);
+    if (!k) throw new EbbError('worker_not_found', `no worker "${id}" is known to this frontend`);
     return k;
   };
 
@@ -143,7 +143,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
   app.get<{ Params: { id: string } }>('/workers/:id', async (req) => {
     const { entry, live } = await describe(lookup(req.params.id));
     if (fleet.forgetIfGone(entry.worker_id, live))
-      throw new HttpError(404, 'worker_not_found', `worker "${entry.worker_id}" left discovery and no longer answers at ${entry.system_url}: ${live.reachable ? '' : live.error}`);
+      throw new EbbError('worker_not_found', `worker "${entry.worker_id}" left discovery and no longer answers at ${entry.system_url}: ${live.reachable ? '' : live.error}`);
     return entry;
   });
 
@@ -151,7 +151,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
     allowOnly(app, `/workers/:id/${action}`, ['POST']);
     app.post<{ Params: { id: string }; Body: DrainBody | undefined }>(
       `/workers/:id/${action}`,
-      { schema: action === 'drain' ? { body: drainBodySchema } : {} },
+      { schema: action === 'drain' ? { body: DrainBodySchema } : {} },
       async (req, reply) => {
         guardAdmin?.(req.headers.authorization);
         const k = lookup(req.params.id);
@@ -172,7 +172,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
           return reply.code(res.statusCode).send(res.body);
         } catch (err) {
           if (err instanceof Unreachable)
-            throw new HttpError(502, 'worker_unreachable', `cannot reach worker ${k.record.worker_id} at ${k.record.system_url}: ${err.reason}`);
+            throw new EbbError('worker_unreachable', `cannot reach worker ${k.record.worker_id} at ${k.record.system_url}: ${err.reason}`);
           throw err;
         }
       },

@@ -1,4 +1,4 @@
-import type { GenerateBody, Usage } from '../worker/protocol.js';
+import type { GenerateBody, Usage } from '../protocol/request-plane.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 
 export type Endpoint = 'chat' | 'completion';

@@ -4,7 +4,7 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import { writeWithBackpressure } from '../common/backpressure.js';
-import type { GenerateBody, StreamLine, Usage } from '../worker/protocol.js';
+import type { GenerateBody, StreamLine, Usage } from '../protocol/request-plane.js';
 import type { FrontendMetrics } from './metrics.js';
 import { completionResponse, SseFormatter, toGenerateBody, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, type OpenAIRequest } from './openai-schema.js';

@@ -1,8 +1,8 @@
 import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
 import type { Readable } from 'node:stream';
-import { HttpError } from '../common/errors.js';
+import { codeOf, EbbError } from '../protocol/errors.js';
 import type { WorkerMode } from '../discovery/discovery.js';
-import type { GenerateBody, PrefillResponse, StreamLine } from '../worker/protocol.js';
+import type { GenerateBody, PrefillResponse, StreamLine } from '../protocol/request-plane.js';
 import type { FrontendMetrics } from './metrics.js';
 import type { Hold, PoolWorker, WorkerPool } from './worker-pool.js';
 
@@ -41,8 +41,8 @@ class TryElsewhere extends Error {
   }
 }
 
-export function modelNotFound(model: string): HttpError {
-  return new HttpError(404, 'model_not_found', `the model "${model}" does not exist or has no serving worker`);
+export function modelNotFound(model: string): EbbError {
+  return new EbbError('model_not_found', `the model "${model}" does not exist or has no serving worker`);
 }
 
 /** A decode worker could not get the prompt's KV (another decode took it, or it expired): prefill again. */
@@ -79,11 +79,11 @@ function isConnectFailure(err: unknown): boolean {
 /** A non-200 answer: a refusal or server error moves on; a client error is the client's answer. */
 async function rejectNon200(res: Dispatcher.ResponseData): Promise<never> {
   const payload = (await res.body.json().catch(() => ({}))) as { error?: { code?: string; message?: string } };
-  const code = payload.error?.code ?? `http_${res.statusCode}`;
+  const code = codeOf(payload);
   if (code === 'worker_draining') throw new TryElsewhere(code, 'draining');
   if (code === 'worker_overloaded') throw new TryElsewhere(code, 'overloaded');
   if (code === 'kv_transfer_failed') throw new KvTransferLost(payload.error?.message ?? code);
-  if (res.statusCode >= 400 && res.statusCode < 500) throw new HttpError(res.statusCode, code, payload.error?.message ?? 'worker rejected the request');
+  if (res.statusCode >= 400 && res.statusCode < 500) throw new EbbError(code ?? 'invalid_request', payload.error?.message ?? `worker rejected the request (HTTP ${res.statusCode})`);
   throw new TryElsewhere('worker_error');
 }
 
@@ -139,7 +139,7 @@ export class Upstream {
         release();
         if (signal.aborted) throw err;
         if (err instanceof KvTransferLost) tried.delete(id); // the worker is fine; the KV is what is gone
-        if (err instanceof HttpError || err instanceof KvTransferLost) {
+        if (err instanceof EbbError || err instanceof KvTransferLost) {
           this.metrics.attempt(id, err instanceof KvTransferLost ? 'kv_transfer_lost' : 'client_error');
           throw err;
         }
@@ -150,8 +150,7 @@ export class Upstream {
       }
     }
     if (!this.pool.hasModel(model)) throw modelNotFound(model);
-    throw new HttpError(
-      503,
+    throw new EbbError(
       'no_serving_worker',
       lastRefusal ? `no ${mode} worker could take the request (last refusal: ${lastRefusal}); retry shortly` : `no serving ${mode} worker for "${model}" is reachable; retry shortly`,
     );
@@ -197,12 +196,12 @@ export class Upstream {
         return (await res.body.json()) as PrefillResponse;
       });
       prefill.release();
-      const kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url };
+      const kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
       try {
         return await this.open({ ...body, kv_transfer: kv }, 'decode', signal, tried);
       } catch (err) {
         if (!(err instanceof KvTransferLost)) throw err;
-        if (pair >= MAX_ATTEMPTS) throw new HttpError(503, 'no_serving_worker', `decode workers could not take the KV of "${body.model}" requests; retry shortly`);
+        if (pair >= MAX_ATTEMPTS) throw new EbbError('no_serving_worker', `decode workers could not take the KV of "${body.model}" requests; retry shortly`);
       }
     }
   }

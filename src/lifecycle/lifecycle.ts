@@ -2,7 +2,7 @@ import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Engine, Quiescence } from '../engine/engine.js';
-import { HttpError } from '../common/errors.js';
+import { EbbError } from '../protocol/errors.js';
 import type { Admission } from './admission.js';
 import { nextState, type LifecycleEvent, type WorkerState } from './states.js';
 
@@ -34,9 +34,9 @@ export interface Transition {
   generation: number;
 }
 
-export class ShutdownConflict extends HttpError {
+export class ShutdownConflict extends EbbError {
   constructor(action: string) {
-    super(409, 'shutdown_in_progress', `cannot ${action}: the worker is shutting down (SIGTERM)`);
+    super('shutdown_in_progress', `cannot ${action}: the worker is shutting down (SIGTERM)`);
   }
 }
 
@@ -234,7 +234,7 @@ export class Lifecycle extends EventEmitter {
         this.unregistering = false;
         this.admission.reopen();
         this.move('unregister_failed');
-        throw new HttpError(502, 'discovery_unavailable', `drain rolled back: ${this.lastError}`);
+        throw new EbbError('discovery_unavailable', `drain rolled back: ${this.lastError}`);
       }
     } finally {
       this.unregistering = false;
@@ -256,7 +256,7 @@ export class Lifecycle extends EventEmitter {
     } catch (err) {
       this.lastError = `register failed: ${(err as Error).message}`;
       this.log.error({ event: 'discovery_register_failed', err }, this.lastError);
-      throw new HttpError(502, 'discovery_unavailable', `resume failed, state stays ${previous}: ${this.lastError}`);
+      throw new EbbError('discovery_unavailable', `resume failed, state stays ${previous}: ${this.lastError}`);
     } finally {
       this.resuming = false;
       if (!this.registered) void this.evaluate(); // the last request may have ended meanwhile

@@ -1,5 +1,5 @@
 import { Agent, request } from 'undici';
-import type { KvTransferRef } from './protocol.js';
+import type { KvTransferRef } from '../protocol/request-plane.js';
 
 const agent = new Agent({ keepAliveTimeout: 30_000, connections: 64 });
 

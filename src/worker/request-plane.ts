@@ -4,15 +4,16 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import { writeWithBackpressure } from '../common/backpressure.js';
-import { errorBody, HttpError } from '../common/errors.js';
+import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.js';
-import type { Admission, Ticket } from '../lifecycle/admission.js';
+import type { Admission, RefusalCode, Ticket } from '../lifecycle/admission.js';
 import type { WorkerMetrics } from './metrics.js';
-import { DEFAULT_MAX_TOKENS, generateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from './protocol.js';
+import { DEFAULT_MAX_TOKENS, GenerateBodySchema as generateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from '../protocol/request-plane.js';
 import { KvPullError, pullKv } from './kv-pull.js';
 
 export interface RequestPlaneDeps {
   model: string;
+  workerId: string;
   engine: Engine;
   admission: Admission;
   metrics: WorkerMetrics;
@@ -27,14 +28,14 @@ function usageOf(r: GenerateResult) {
 
 
 /** The worker's request plane: POST /generate, admission-checked before any work is done. */
-export function createRequestPlane({ model, engine, admission, metrics, log, selfUrl }: RequestPlaneDeps): FastifyInstance {
+export function createRequestPlane({ model, workerId, engine, admission, metrics, log, selfUrl }: RequestPlaneDeps): FastifyInstance {
   const app = createHttpServer();
 
   /** Validation shared by /generate and /prefill, then the one admission point. */
-  function admit(body: GenerateBody): { gen: GenerateRequest; ticket: Ticket } | { refused: string } {
-    if (body.model !== model) throw new HttpError(404, 'model_not_found', `this worker serves "${model}", not "${body.model}"`);
+  function admit(body: GenerateBody): { gen: GenerateRequest; ticket: Ticket } | { refused: RefusalCode } {
+    if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
-    if (prompt === undefined) throw new HttpError(400, 'invalid_request', 'either prompt or messages is required');
+    if (prompt === undefined) throw new EbbError('invalid_request', 'either prompt or messages is required');
     const requestId = body.request_id ?? randomUUID();
     const admitted = admission.admit(requestId);
     if (!admitted.admitted) {
@@ -53,9 +54,9 @@ export function createRequestPlane({ model, engine, admission, metrics, log, sel
     return { gen, ticket: admitted.ticket };
   }
 
-  function refusal(code: string) {
+  function refusal(code: 'worker_draining' | 'worker_overloaded') {
     const why = code === 'worker_draining' ? 'worker is draining; retry on another worker' : 'worker is overloaded; retry shortly or elsewhere';
-    return errorBody(code, why, 'service_unavailable', { retryable: true });
+    return errorBody(code, why);
   }
 
   /** Aborts generation when the caller goes away, and releases its ticket as dropped (once). */
@@ -88,7 +89,7 @@ export function createRequestPlane({ model, engine, admission, metrics, log, sel
       const signal = watchCaller(reply.raw, ticket);
       try {
         const t = await prefill(gen, signal);
-        const body: PrefillResponse = { transfer_id: t.transfer_id, source_url: selfUrl(), prompt_tokens: t.prompt_tokens, kv_bytes: t.kv_bytes };
+        const body: PrefillResponse = { transfer_id: t.transfer_id, source_url: selfUrl(), worker_id: workerId, prompt_tokens: t.prompt_tokens, kv_bytes: t.kv_bytes };
         reply.raw.once('finish', () => ticket.release('completed'));
         return body;
       } catch (err) {
@@ -101,11 +102,11 @@ export function createRequestPlane({ model, engine, admission, metrics, log, sel
     allowOnly(app, '/kv/:id', ['GET', 'DELETE']);
     app.get<{ Params: { id: string } }>('/kv/:id', async (req, reply) => {
       const t = transfers.get(req.params.id);
-      if (!t) throw new HttpError(404, 'kv_transfer_not_found', `no pending KV transfer ${req.params.id} (completed or expired)`);
+      if (!t) throw new EbbError('kv_transfer_not_found', `no pending KV transfer ${req.params.id} (completed or expired)`);
       return reply.header('content-type', 'application/octet-stream').send(Buffer.alloc(t.kv_bytes, 0x6b));
     });
     app.delete<{ Params: { id: string } }>('/kv/:id', async (req, reply) => {
-      if (!transfers.complete(req.params.id)) throw new HttpError(404, 'kv_transfer_not_found', `no pending KV transfer ${req.params.id}`);
+      if (!transfers.complete(req.params.id)) throw new EbbError('kv_transfer_not_found', `no pending KV transfer ${req.params.id}`);
       return reply.code(204).send();
     });
   }
@@ -145,10 +146,10 @@ export function createRequestPlane({ model, engine, admission, metrics, log, sel
       if (signal.aborted) return; // the client left; released as dropped
       log.error({ err, request_id: ticket.id }, 'generation failed');
       const kvFailed = err instanceof KvPullError;
-      const error = { code: kvFailed ? 'kv_transfer_failed' : 'engine_error', message: (err as Error).message };
+      const error: { code: ErrorCode; message: string } = { code: kvFailed ? 'kv_transfer_failed' : 'engine_error', message: (err as Error).message };
       if (!res.headersSent) {
         res.writeHead(kvFailed ? 502 : 500, { 'content-type': 'application/json' });
-        res.end(JSON.stringify(errorBody(error.code, error.message, 'server_error')), () => ticket.release('errored'));
+        res.end(JSON.stringify(errorBody(error.code, error.message)), () => ticket.release('errored'));
       } else {
         res.end(JSON.stringify({ error } satisfies StreamLine) + '\n', () => ticket.release('errored'));
       }

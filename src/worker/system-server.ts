@@ -3,6 +3,7 @@ import type { Engine } from '../engine/engine.js';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import type { Lifecycle, LifecycleStatus } from '../lifecycle/lifecycle.js';
 import type { WorkerMetrics } from './metrics.js';
+import { DrainBodySchema, type DrainBody } from '../protocol/admin.js';
 
 export interface SystemServerDeps {
   lifecycle: Lifecycle;
@@ -12,12 +13,6 @@ export interface SystemServerDeps {
   guardAdmin?: (authorization: string | undefined) => void;
 }
 
-export interface DrainBody {
-  reason?: string;
-}
-
-/** A drain may say why (kept in status as drain_reason; the start of an audit trail). */
-export const drainBodySchema = { type: 'object', properties: { reason: { type: 'string', maxLength: 500 } }, additionalProperties: false } as const;
 
 /**
  * The system-status server: probes, metrics and the Admin API, on their own port so the request
@@ -49,7 +44,7 @@ export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: S
   allowOnly(app, '/engine/drain', ['POST']);
   app.post<{ Body: DrainBody | undefined }>(
     '/engine/drain',
-    { schema: { body: drainBodySchema } },
+    { schema: { body: DrainBodySchema } },
     async (req, reply) => {
       guardAdmin?.(req.headers.authorization);
       const status = await lifecycle.drain(req.body?.reason ?? 'admin');

@@ -65,7 +65,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     log.warn({ event: 'kv_transfer_expired', transfer_id: t.transfer_id, kv_bytes: t.kv_bytes }, `KV transfer ${t.transfer_id} expired before a decode peer took it`),
   );
   let requestUrl = '';
-  const requestPlane = createRequestPlane({ model: opts.model, engine, admission, metrics, log, selfUrl: () => requestUrl });
+  const requestPlane = createRequestPlane({ model: opts.model, workerId, engine, admission, metrics, log, selfUrl: () => requestUrl });
   const systemServer = createSystemServer({ lifecycle, engine, metrics, guardAdmin: opts.guardAdmin });
 
   requestUrl = advertisedUrl(await listen(requestPlane, opts.host, opts.port), opts.advertiseHost);

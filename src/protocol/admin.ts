@@ -1,0 +1,39 @@
+import Type, { type Static } from 'typebox';
+
+/**
+ * The Admin API's wire types, shared by the worker's system-status server, the frontend's admin
+ * listener and the CLI. The lifecycle's own table lives in lifecycle/states.ts; this is what it
+ * looks like from outside.
+ */
+
+export const WORKER_STATES = ['serving', 'draining', 'drained', 'stopping', 'stopped'] as const;
+export type WorkerState = (typeof WORKER_STATES)[number];
+
+/** A drain may say why (kept in status as drain_reason; the start of an audit trail). */
+export const DrainBodySchema = Type.Object({ reason: Type.Optional(Type.String({ maxLength: 500 })) }, { additionalProperties: false });
+export type DrainBody = Static<typeof DrainBodySchema>;
+
+export const EmptyBodySchema = Type.Object({}, { additionalProperties: false });
+
+/** Whether discovery lists this worker; `unknown` while a change could not be confirmed (discovery down). */
+export type DiscoveryPresence = 'registered' | 'unregistered' | 'unknown';
+
+/** GET /engine/status, and the answer of drain and resume. */
+export interface WorkerStatus {
+  worker_id: string;
+  state: WorkerState;
+  inflight_requests: number;
+  /** Bumped by every drain and resume: a waiter pins the one it started. */
+  generation: number;
+  admission_open: boolean;
+  /** True only when discovery confirmed the registration; `discovery` says more. */
+  discovery_registered: boolean;
+  discovery: DiscoveryPresence;
+  shutting_down: boolean;
+  /** What a drain still waits for; empty unless draining or stopping. */
+  waiting_for: string[];
+  drain_reason: string | null;
+  state_since: string;
+  last_error: string | null;
+  engine?: Record<string, unknown>;
+}

@@ -1,0 +1,81 @@
+/**
+ * The closed catalogue of error codes ebb puts on the wire (request plane, Admin APIs, the public
+ * OpenAI-compatible API), each with the one HTTP status and error type it is answered with. Worker
+ * and frontend both read codes from here: a code that is not in this table cannot be sent.
+ */
+
+export const ERROR_CODES = {
+  // Client errors
+  invalid_request: { status: 400, type: 'invalid_request_error' },
+  unauthorized: { status: 401, type: 'invalid_request_error' },
+  forbidden: { status: 403, type: 'invalid_request_error' },
+  not_found: { status: 404, type: 'invalid_request_error' },
+  model_not_found: { status: 404, type: 'invalid_request_error' },
+  worker_not_found: { status: 404, type: 'invalid_request_error' },
+  kv_transfer_not_found: { status: 404, type: 'invalid_request_error' },
+  method_not_allowed: { status: 405, type: 'invalid_request_error' },
+  request_timeout: { status: 408, type: 'invalid_request_error' },
+  shutdown_in_progress: { status: 409, type: 'invalid_request_error' },
+  payload_too_large: { status: 413, type: 'invalid_request_error' },
+  unsupported_media_type: { status: 415, type: 'invalid_request_error' },
+  header_fields_too_large: { status: 431, type: 'invalid_request_error' },
+  // Refusals: retryable on another worker (or shortly), the work was never started
+  worker_draining: { status: 503, type: 'service_unavailable', retryable: true },
+  worker_overloaded: { status: 503, type: 'service_unavailable', retryable: true },
+  no_serving_worker: { status: 503, type: 'service_unavailable', retryable: true },
+  server_closing: { status: 503, type: 'service_unavailable', retryable: true },
+  // Server-side failures
+  internal_error: { status: 500, type: 'server_error' },
+  engine_error: { status: 500, type: 'server_error' },
+  discovery_unavailable: { status: 502, type: 'server_error' },
+  worker_unreachable: { status: 502, type: 'server_error' },
+  worker_identity_mismatch: { status: 502, type: 'server_error' },
+  kv_transfer_failed: { status: 502, type: 'server_error' },
+  // Only ever inside an already-committed stream (SSE error event or NDJSON terminal line)
+  worker_failed_mid_stream: { status: 502, type: 'server_error' },
+  worker_shut_down: { status: 503, type: 'server_error' },
+} as const satisfies Record<string, { status: number; type: string; retryable?: boolean }>;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+/** Every error body ebb serves has this one shape (OpenAI's). */
+export interface ErrorBody {
+  error: { code: ErrorCode; message: string; type: string; retryable?: boolean; [extra: string]: unknown };
+}
+
+export function isErrorCode(code: unknown): code is ErrorCode {
+  return typeof code === 'string' && Object.hasOwn(ERROR_CODES, code);
+}
+
+export function errorBody(code: ErrorCode, message: string, extra: Record<string, unknown> = {}): ErrorBody {
+  const entry: { type: string; retryable?: boolean } = ERROR_CODES[code];
+  const body: ErrorBody = { error: { code, message, type: entry.type, ...extra } };
+  if (entry.retryable) body.error.retryable = true;
+  return body;
+}
+
+/** An error answered with its catalogue code's status; `headers` are set on the response too. */
+export class EbbError extends Error {
+  readonly status: number;
+  headers?: Record<string, string>;
+
+  constructor(
+    readonly code: ErrorCode,
+    message: string,
+    opts: { headers?: Record<string, string>; cause?: unknown } = {},
+  ) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.status = ERROR_CODES[code].status;
+    if (opts.headers) this.headers = opts.headers;
+  }
+
+  body(): ErrorBody {
+    return errorBody(this.code, this.message);
+  }
+}
+
+/** The code of an error body read off the wire; undefined for anything not in the catalogue. */
+export function codeOf(body: unknown): ErrorCode | undefined {
+  const code = (body as { error?: { code?: unknown } } | undefined)?.error?.code;
+  return isErrorCode(code) ? code : undefined;
+}
