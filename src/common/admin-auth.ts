@@ -20,21 +20,37 @@ export const ADMIN_TOKEN_ENV = 'EBB_ADMIN_TOKEN';
 
 export type AdminGuard = (authorization: string | undefined) => void;
 
-/** Reads the admin token: the file if given, else EBB_ADMIN_TOKEN; undefined when neither is set. */
-export async function loadAdminToken(tokenFile: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
+/** Reads a token: the file if given (first line, trimmed), else env `envName`; undefined when neither is set. */
+export async function loadToken(tokenFile: string | undefined, envName: string, what: string, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
   if (tokenFile !== undefined) {
     let text: string;
     try {
       text = await readFile(tokenFile, 'utf8');
     } catch (err) {
-      throw new Error(`cannot read admin token file ${tokenFile}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+      throw new Error(`cannot read ${what} token file ${tokenFile}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
     }
     const token = (text.split(/\r?\n/, 1)[0] ?? '').trim();
-    if (token === '') throw new Error(`admin token file ${tokenFile} is empty`);
+    if (token === '') throw new Error(`${what} token file ${tokenFile} is empty`);
     return token;
   }
-  const fromEnv = env[ADMIN_TOKEN_ENV]?.trim();
+  const fromEnv = env[envName]?.trim();
   return fromEnv ? fromEnv : undefined;
+}
+
+/** Reads the admin token: the file if given, else EBB_ADMIN_TOKEN; undefined when neither is set. */
+export function loadAdminToken(tokenFile: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
+  return loadToken(tokenFile, ADMIN_TOKEN_ENV, 'admin', env);
+}
+
+/**
+ * The request plane (worker /generate, /prefill, /kv) has a token of its own, shared by the
+ * frontends and workers of one fleet: a worker reachable off loopback without one would serve (and,
+ * for decode workers, pull KV for) anyone. From --request-token-file PATH or env EBB_REQUEST_TOKEN.
+ */
+export const REQUEST_TOKEN_ENV = 'EBB_REQUEST_TOKEN';
+
+export function loadRequestToken(tokenFile: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
+  return loadToken(tokenFile, REQUEST_TOKEN_ENV, 'request-plane', env);
 }
 
 /** 127.0.0.0/8, ::1 (and IPv4-mapped loopback), or the name localhost. Other names count as non-loopback. */
@@ -59,6 +75,15 @@ export function assertAdminBindAllowed(host: string, token: string | undefined, 
   );
 }
 
+/** Same rule for the request plane: off loopback only with a request-plane token. */
+export function assertRequestBindAllowed(host: string, token: string | undefined, flag: string): void {
+  if (token !== undefined || isLoopback(host)) return;
+  throw new Error(
+    `refusing to serve the request plane on non-loopback address ${host} (${flag}) without a request-plane token: ` +
+      `set --request-token-file PATH or ${REQUEST_TOKEN_ENV}, or bind 127.0.0.1`,
+  );
+}
+
 const digest = (s: string): Buffer => createHash('sha256').update(s, 'utf8').digest();
 
 /** The bearer token of an Authorization header, or undefined when absent or not Bearer. */
@@ -67,8 +92,8 @@ export function bearerToken(authorization: string | undefined): string | undefin
   return m ? m[1] : undefined;
 }
 
-/** A guard for mutating admin routes; undefined (no checks) when no token is configured. */
-export function createAdminGuard(token: string | undefined): AdminGuard | undefined {
+/** A guard for mutating admin routes (or, with what = 'request-plane', every request-plane route); undefined (no checks) when no token is configured. */
+export function createAdminGuard(token: string | undefined, what = 'admin'): AdminGuard | undefined {
   if (token === undefined) return undefined;
   // Constant-time: both sides are SHA-256 digests, so timingSafeEqual compares equal lengths and
   // neither the token's length nor its prefix leaks through timing.
@@ -76,11 +101,11 @@ export function createAdminGuard(token: string | undefined): AdminGuard | undefi
   return (authorization) => {
     const presented = bearerToken(authorization);
     if (presented === undefined) {
-      throw new EbbError('unauthorized', 'this admin route needs an Authorization: Bearer <admin token> header', {
+      throw new EbbError('unauthorized', `this ${what === 'admin' ? 'admin route' : what} needs an Authorization: Bearer <${what} token> header`, {
         headers: { 'www-authenticate': 'Bearer realm="ebb-admin"' },
       });
     }
-    if (!timingSafeEqual(digest(presented), expected)) throw new EbbError('forbidden', 'the admin token is not valid');
+    if (!timingSafeEqual(digest(presented), expected)) throw new EbbError('forbidden', `the ${what} token is not valid`);
   };
 }
 
