@@ -1,5 +1,8 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
 import { call, openLineStream } from './helpers/http.js';
 import { metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
@@ -10,8 +13,8 @@ after(async () => {
   await Promise.all(started.map((p) => p.stop()));
 });
 
-async function worker(discovery: string, mode: 'prefill' | 'decode', args: string[] = []): Promise<WorkerHandle> {
-  const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--mode', mode, ...args]);
+async function worker(discovery: string, mode: 'prefill' | 'decode' | 'aggregated', args: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<WorkerHandle> {
+  const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--mode', mode, ...args], env);
   started.push(w);
   return w;
 }
@@ -87,16 +90,77 @@ describe('disaggregated prefill/decode', () => {
 
   it('never reports drained for a prefill engine that cannot report transfers, even with nothing in flight', async () => {
     const discovery = tempDiscoveryUrl();
-    const p = await worker(discovery, 'prefill', ['--mocker-kv-reporting', 'unsupported']);
+    const p = await worker(discovery, 'prefill', ['--mocker-kv-reporting', 'unsupported', '--kv-transfer-ttl-ms', '300', '--drain-timeout-ms', '300']);
+    await prefill(p);
     const drain = await call('POST', `${p.systemUrl}/engine/drain`);
     assert.equal(drain.status, 202);
     assert.equal(drain.body.state, 'draining');
     assert.equal(drain.body.inflight_requests, 0);
     assert.match(drain.body.waiting_for.join(), /cannot report pending KV transfers/);
-    // A later event (a transfer of another request ending would fire one) still cannot drain it.
-    const status = await call('GET', `${p.systemUrl}/engine/status`);
-    assert.equal(status.body.state, 'draining');
-    assert.ok(!p.logs.some((l) => l.to === 'drained'));
+    // Later events that re-ask the engine (a transfer expiring) still cannot drain it, and neither
+    // can SIGTERM's deadline: the whole life of the process is checked, not one instant.
+    await p.waitForEvent('kv_transfer_expired');
+    assert.equal((await call('GET', `${p.systemUrl}/engine/status`)).body.state, 'draining');
+    p.signal('SIGTERM');
+    assert.equal(await p.exitCode(), 1, 'a shutdown that could not confirm idleness is not clean');
+    const waited = await p.waitForEvent('shutdown_stage', (l) => l.stage === 'wait_inflight');
+    assert.equal(waited.outcome, 'unsupported');
+    assert.ok(!p.logs.some((l) => l.to === 'drained'), 'never a false drained');
+  });
+
+  it('pulls KV only on decode workers and only from a registered prefill worker (no SSRF)', async () => {
+    const hits: string[] = [];
+    const fake = createServer((req, res) => {
+      hits.push(`${req.method} ${req.url}`);
+      res.end('x');
+    });
+    fake.listen(0, '127.0.0.1');
+    await once(fake, 'listening');
+    const fakeUrl = `http://127.0.0.1:${(fake.address() as AddressInfo).port}`;
+    try {
+      const discovery = tempDiscoveryUrl();
+      const p = await worker(discovery, 'prefill');
+      const d = await worker(discovery, 'decode');
+      const agg = await worker(discovery, 'aggregated');
+      const forged = { transfer_id: 'kv-1', source_url: fakeUrl, worker_id: p.workerId };
+      const onAggregated = await call('POST', `${agg.requestUrl}/generate`, { model: 'm1', prompt: 'x', kv_transfer: forged });
+      assert.equal(onAggregated.status, 400);
+      assert.equal(onAggregated.body.error.code, 'invalid_request');
+      const wrongUrl = await call('POST', `${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', kv_transfer: forged });
+      assert.equal(wrongUrl.status, 403);
+      assert.equal(wrongUrl.body.error.code, 'forbidden');
+      const unknownWorker = await call('POST', `${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', kv_transfer: { ...forged, worker_id: 'w-nobody' } });
+      assert.equal(unknownWorker.status, 403);
+      const onPrefill = await call('POST', `${p.requestUrl}/generate`, { model: 'm1', prompt: 'x', kv_transfer: forged });
+      assert.equal(onPrefill.status, 400);
+      assert.deepEqual(hits, [], 'no worker fetched the forged URL');
+      // The real reference still works, and a failed pull does not echo the remote answer.
+      const real = await prefill(p);
+      const ok = await openLineStream(`${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', max_tokens: 2, kv_transfer: real });
+      assert.equal((await ok.done).length, 3);
+      const again = await call('POST', `${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', max_tokens: 2, kv_transfer: real, stream: false });
+      assert.equal(again.status, 502);
+      assert.equal(again.body.error.code, 'kv_transfer_failed');
+      assert.doesNotMatch(again.body.error.message, /HTTP \d+/);
+    } finally {
+      fake.close();
+    }
+  });
+
+  it('with a request-plane token, decode pulls KV with it and nobody pulls without it', async () => {
+    const env = { EBB_REQUEST_TOKEN: 'fleet-secret' };
+    const auth = { authorization: 'Bearer fleet-secret' };
+    const discovery = tempDiscoveryUrl();
+    const p = await worker(discovery, 'prefill', [], env);
+    const d = await worker(discovery, 'decode', ['--mocker-itl-ms', '1'], env);
+    const res = await call('POST', `${p.requestUrl}/prefill`, { model: 'm1', prompt: 'a b c', max_tokens: 2 }, auth);
+    assert.equal(res.status, 200);
+    const { transfer_id, source_url, worker_id } = res.body;
+    assert.equal((await call('GET', `${p.requestUrl}/kv/${transfer_id}`)).status, 401, 'the KV is not for anyone who asks');
+    const out = await call('POST', `${d.requestUrl}/generate`, { model: 'm1', prompt: 'a b c', max_tokens: 2, stream: false, kv_transfer: { transfer_id, source_url, worker_id } }, auth);
+    assert.equal(out.status, 200, JSON.stringify(out.body));
+    assert.equal(out.body.usage.completion_tokens, 2);
+    assert.equal(await metricValue(p.systemUrl, 'ebb_kv_pending_transfers'), 0);
   });
 
   it('redoes prefill when the decode worker that pulled the KV dies before its first token', async () => {

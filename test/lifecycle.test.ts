@@ -4,7 +4,7 @@ import { EventEmitter } from 'node:events';
 import { pino } from 'pino';
 import { Admission, type Ticket } from '../src/lifecycle/admission.js';
 import { Lifecycle, type Transition } from '../src/lifecycle/lifecycle.js';
-import { nextState, InvalidTransition, TRANSITIONS, WORKER_STATES } from '../src/lifecycle/states.js';
+import { nextState, InvalidTransition, TRANSITIONS, WORKER_STATES, SHUTDOWN_STATES } from '../src/lifecycle/states.js';
 import type { Engine, EngineStats, Quiescence } from '../src/engine/engine.js';
 
 const silent = pino({ level: 'silent' });
@@ -67,14 +67,24 @@ describe('state table', () => {
   it('has exactly the documented moves', () => {
     assert.equal(nextState('serving', 'drain'), 'draining');
     assert.equal(nextState('draining', 'idle_confirmed'), 'drained');
-    assert.equal(nextState('draining', 'unregister_failed'), 'serving');
     assert.equal(nextState('draining', 'resume'), 'serving');
     assert.equal(nextState('drained', 'resume'), 'serving');
     assert.equal(nextState('drained', 'drain'), 'drained');
+    assert.equal(nextState('stopping', 'stopped'), 'stopped');
     assert.throws(() => nextState('serving', 'idle_confirmed'), InvalidTransition);
     assert.throws(() => nextState('drained', 'idle_confirmed'), InvalidTransition);
-    assert.throws(() => nextState('serving', 'unregister_failed'), InvalidTransition);
-    for (const s of WORKER_STATES) assert.equal(TRANSITIONS[s].resume, 'serving', `resume from ${s}`);
+    assert.throws(() => nextState('serving', 'stopped'), InvalidTransition, 'only a shutdown stops');
+    for (const s of WORKER_STATES) {
+      if (SHUTDOWN_STATES.has(s)) {
+        assert.equal(TRANSITIONS[s].resume, undefined, `no resume from ${s}`);
+        assert.equal(TRANSITIONS[s].drain, undefined, `no drain from ${s}`);
+        assert.equal(TRANSITIONS[s].shutdown, undefined, `no second shutdown from ${s}`);
+      } else {
+        assert.equal(TRANSITIONS[s].resume, 'serving', `resume from ${s}`);
+        assert.equal(TRANSITIONS[s].shutdown, 'stopping', `shutdown from ${s}`);
+      }
+    }
+    assert.deepEqual(Object.keys(TRANSITIONS.stopped), [], 'stopped is final');
   });
 });
 
@@ -164,18 +174,57 @@ describe('lifecycle controller', () => {
     assert.equal(transitions.at(-1)?.generation, second.generation);
   });
 
-  it('rolls back to serving when unregistering fails', async () => {
+  it('drains locally when discovery is down, says registration is unknown, and unregisters once it answers', async () => {
+    let down = true;
+    let unregisters = 0;
+    let confirmed!: () => void;
+    const unregistered = new Promise<void>((resolve) => (confirmed = resolve));
     const { lifecycle, admission } = setup({
       register: async () => undefined,
       unregister: async () => {
-        throw new Error('etcd down');
+        unregisters++;
+        if (down) throw new Error('etcd down');
+        confirmed();
       },
     });
     await lifecycle.start();
-    await assert.rejects(lifecycle.drain('test'), /drain rolled back/);
-    assert.equal(lifecycle.state, 'serving');
-    assert.equal(admission.open, true);
-    assert.match(lifecycle.status().last_error ?? '', /etcd down/);
+    const status = await lifecycle.drain('outage');
+    assert.equal(status.state, 'drained', 'closing admission needs no discovery');
+    assert.equal(admission.open, false);
+    assert.equal(status.discovery, 'unknown');
+    assert.equal(status.discovery_registered, false, 'never claims a registration it cannot confirm');
+    assert.match(status.last_error ?? '', /etcd down/);
+    down = false;
+    await unregistered; // the retry, once discovery answers
+    await flush();
+    assert.ok(unregisters >= 2);
+    assert.equal(lifecycle.status().discovery, 'unregistered');
+    assert.equal(lifecycle.state, 'drained');
+  });
+
+  it('stops retrying an unconfirmed unregister once a resume registered again', async () => {
+    let down = true;
+    let registered = 0;
+    const order: string[] = [];
+    const { lifecycle } = setup({
+      register: async () => {
+        registered++;
+        order.push('register');
+      },
+      unregister: async () => {
+        order.push('unregister');
+        if (down) throw new Error('etcd down');
+      },
+    });
+    await lifecycle.start();
+    await lifecycle.drain('outage');
+    down = false;
+    const resumed = await lifecycle.resume();
+    assert.equal(resumed.state, 'serving');
+    assert.equal(resumed.discovery, 'registered');
+    await new Promise((resolve) => setTimeout(resolve, 600)); // past the first retry back-off
+    assert.equal(order.at(-1), 'register', `a late retry must not remove the fresh registration: ${order.join(',')}`);
+    assert.equal(registered, 2);
   });
 
   it('keeps the state when registering on resume fails', async () => {
@@ -216,11 +265,78 @@ describe('lifecycle controller', () => {
     assert.equal(admission.open, true);
   });
 
-  it('refuses resume once shutdown began', async () => {
+  it('refuses drain and resume once shutdown began, and shutdown only once', async () => {
     const { lifecycle } = setup();
     await lifecycle.drain('test');
-    lifecycle.beginShutdown();
+    assert.equal(lifecycle.beginShutdown('test'), true);
+    assert.equal(lifecycle.state, 'stopping');
+    assert.equal(lifecycle.beginShutdown('again'), false);
     await assert.rejects(lifecycle.resume(), (err: Error & { status?: number }) => err.status === 409);
+    await assert.rejects(lifecycle.drain('x'), (err: Error & { status?: number }) => err.status === 409);
+  });
+
+  it('SIGTERM during a resume: the resume does not reopen admission, and the shutdown unregisters again', async () => {
+    let finishRegister!: () => void;
+    let hold = false;
+    const calls: string[] = [];
+    const { lifecycle, admission } = setup({
+      register: () => {
+        calls.push('register');
+        return hold ? new Promise<void>((resolve) => (finishRegister = resolve)) : Promise.resolve();
+      },
+      unregister: async () => void calls.push('unregister'),
+    });
+    await lifecycle.start();
+    await lifecycle.drain('test');
+    hold = true;
+    const resuming = lifecycle.resume();
+    await flush();
+    lifecycle.beginShutdown('SIGTERM');
+    const unregistering = lifecycle.unregisterForShutdown(new AbortController().signal);
+    finishRegister();
+    await assert.rejects(resuming, (err: Error & { status?: number }) => err.status === 409);
+    assert.equal(admission.open, false, 'admission stays closed after shutdown began');
+    assert.equal(lifecycle.state, 'stopping');
+    assert.equal(await unregistering, 'completed', 'the registration the resume made is removed; grace is owed');
+    assert.deepEqual(calls, ['register', 'unregister', 'register', 'unregister']);
+  });
+
+  it('SIGTERM during a failing drain: admission stays closed and the shutdown keeps unregistering until its budget ends', async () => {
+    let down = true;
+    const { lifecycle, admission } = setup({
+      register: async () => undefined,
+      unregister: async () => {
+        if (down) throw new Error('etcd down');
+      },
+    });
+    await lifecycle.start();
+    await lifecycle.drain('outage');
+    lifecycle.beginShutdown('SIGTERM');
+    assert.equal(admission.open, false);
+    assert.equal(await lifecycle.unregisterForShutdown(AbortSignal.timeout(300)), 'timed_out');
+    assert.equal(admission.open, false, 'no rollback reopens admission during shutdown');
+    down = false;
+    assert.equal(await lifecycle.unregisterForShutdown(AbortSignal.timeout(5000)), 'completed');
+    assert.equal(await lifecycle.unregisterForShutdown(AbortSignal.timeout(5000)), 'skipped', 'nothing left to unregister');
+  });
+
+  it('stopping: quiescent only after the last request and an idle engine', async () => {
+    const { lifecycle, admission, engine } = setup();
+    await lifecycle.start();
+    const t = admit(admission);
+    engine.answer = { state: 'busy', waiting_for: ['engine: 1 running'] };
+    lifecycle.beginShutdown('SIGTERM');
+    let quiescent = false;
+    const waiting = lifecycle.whenQuiescent().then(() => (quiescent = true));
+    t.release('completed');
+    await flush();
+    assert.equal(quiescent, false, 'the engine is still busy');
+    assert.deepEqual(lifecycle.status().waiting_for, ['engine: 1 running']);
+    engine.answer = { state: 'idle' };
+    engine.changed();
+    await waiting;
+    lifecycle.stopped();
+    assert.equal(lifecycle.state, 'stopped');
   });
 
   it('drains without touching discovery when the registration was already lost', async () => {

@@ -3,17 +3,19 @@ import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
+import { connect, type Socket } from 'node:net';
+import { once } from 'node:events';
 import { call, openLineStream } from './helpers/http.js';
-import { startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
+import { bounded, spawnEbb, startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
 
 const started: WorkerHandle[] = [];
 after(async () => {
   await Promise.all(started.map((w) => w.stop()));
 });
 
-async function worker(args: string[] = []): Promise<WorkerHandle & { discoveryDir: string }> {
+async function worker(args: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<WorkerHandle & { discoveryDir: string }> {
   const url = tempDiscoveryUrl();
-  const w = await startWorker(['--discovery', url, '--model', 'm1', ...args]);
+  const w = await startWorker(['--discovery', url, '--model', 'm1', ...args], env);
   started.push(w);
   return Object.assign(w, { discoveryDir: fileURLToPath(url) });
 }
@@ -134,7 +136,7 @@ describe('worker process: drain, resume, admission', () => {
   });
 
   it('stays draining when the engine cannot confirm idleness (fail-closed)', async () => {
-    const w = await worker(['--mocker-idleness', 'unknown']);
+    const w = await worker(['--mocker-idleness', 'unknown', '--drain-timeout-ms', '300']);
     const s = await gen(w, { max_tokens: 2 });
     await s.done;
     const drain = await call('POST', `${w.systemUrl}/engine/drain`);
@@ -144,6 +146,11 @@ describe('worker process: drain, resume, admission', () => {
     assert.match(drain.body.waiting_for.join(' '), /idleness unknown/);
     const status = await call('GET', `${w.systemUrl}/engine/status`);
     assert.equal(status.body.state, 'draining');
+    // Not one instant: to the end of the process, through SIGTERM's deadline, it never drains.
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 1);
+    const waited = await w.waitForEvent('shutdown_stage', (l) => l.stage === 'wait_inflight');
+    assert.equal(waited.outcome, 'unsupported');
     assert.ok(!w.logs.some((l) => l.to === 'drained'), 'never a false drained');
   });
 
@@ -217,12 +224,21 @@ describe('worker process: SIGTERM', () => {
     const resume = await call('POST', `${w.systemUrl}/engine/resume`);
     assert.equal(resume.status, 409);
     assert.equal(resume.body.error.code, 'shutdown_in_progress');
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(drain.status, 409);
+    assert.equal(drain.body.error.code, 'shutdown_in_progress');
     const status = await call('GET', `${w.systemUrl}/engine/status`);
     assert.equal(status.status, 200);
-    assert.equal(status.body.state, 'draining');
+    assert.equal(status.body.state, 'stopping');
     assert.equal(status.body.shutting_down, true);
+    assert.equal(status.body.admission_open, false);
     w.signal('SIGTERM');
     assert.equal(await w.exitCode(), 130);
+    // Even a cancelled shutdown ends the running stream explicitly, never with a silent cut.
+    const { last } = tokensOf(await s.done);
+    assert.equal(last.error?.code, 'worker_shut_down');
+    const cancelled = await w.waitForEvent('shutdown_stage', (l) => l.stage === 'grace');
+    assert.equal(cancelled.outcome, 'cancelled');
   });
 
   it('exits non-zero and names what was in flight when the deadline cuts work off', async () => {
@@ -233,6 +249,124 @@ describe('worker process: SIGTERM', () => {
     assert.equal(await w.exitCode(), 1);
     const line = await w.waitForEvent('shutdown_deadline');
     assert.deepEqual(line.inflight, ['long-one']);
-    await assert.rejects(s.done);
+    const { tokens, last } = tokensOf(await s.done);
+    assert.ok(tokens > 0);
+    assert.equal(last.error?.code, 'worker_shut_down', 'the cut stream says why it ended');
+    const stage = await w.waitForEvent('shutdown_stage', (l) => l.stage === 'wait_inflight');
+    assert.equal(stage.outcome, 'timed_out');
+  });
+
+  it('records the router grace only when it unregistered: completed after SIGTERM while serving', async () => {
+    const w = await worker(['--shutdown-grace-ms', '50']);
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 0);
+    const stages = Object.fromEntries(w.logs.filter((l) => l.event === 'shutdown_stage').map((l) => [l.stage, l.outcome]));
+    assert.deepEqual(stages, { unregister: 'completed', grace: 'completed', wait_inflight: 'completed', cut_inflight: 'skipped', cleanup: 'completed' });
+    const done = await w.waitForEvent('state_changed', (l) => l.to === 'stopped');
+    assert.equal(done.from, 'stopping');
+  });
+
+  it('skips the grace after an Admin drain', async () => {
+    const w = await worker(['--shutdown-grace-ms', '600000']);
+    await call('POST', `${w.systemUrl}/engine/drain`);
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 0);
+    const stages = Object.fromEntries(w.logs.filter((l) => l.event === 'shutdown_stage').map((l) => [l.stage, l.outcome]));
+    assert.equal(stages.unregister, 'skipped');
+    assert.equal(stages.grace, 'skipped');
+  });
+
+  it('a stalled admin request does not hold an idle worker past its shutdown bound (no watchdog exit)', async () => {
+    const w = await worker(['--shutdown-grace-ms', '0', '--drain-timeout-ms', '300']);
+    const { port, hostname } = new URL(w.systemUrl);
+    const stalled = connect(Number(port), hostname);
+    await once(stalled, 'connect');
+    stalled.on('error', () => undefined);
+    // Headers promise a body that never comes: the server holds the request open.
+    stalled.write('POST /engine/drain HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{');
+    await w.waitForLog(() => true); // the worker is up and logging
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 0, 'an idle worker exits 0, not 70 (the hang code)');
+    const cleanup = await w.waitForEvent('shutdown_stage', (l) => l.stage === 'cleanup');
+    assert.ok(cleanup.outcome === 'completed' || cleanup.outcome === 'timed_out');
+    stalled.destroy();
+  });
+});
+
+describe('worker process: request ownership', () => {
+  /** A client that sends a stream request and never reads it, so the worker blocks on backpressure. */
+  async function stalledReader(w: WorkerHandle, body: Record<string, unknown>): Promise<Socket> {
+    const { port, hostname } = new URL(w.requestUrl);
+    const sock = connect(Number(port), hostname);
+    await once(sock, 'connect');
+    sock.on('error', () => undefined);
+    const payload = JSON.stringify(body);
+    sock.write(`POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(payload)}\r\n\r\n${payload}`);
+    sock.pause();
+    return sock;
+  }
+
+  it('a slow reader that then disconnects frees its engine sequence, and the worker drains', async () => {
+    const w = await worker(['--mocker-itl-ms', '0', '--mocker-ttft-ms', '0']);
+    const sock = await stalledReader(w, { model: 'm1', prompt: 'x', max_tokens: 1_000_000 });
+    // Wait until generation stops advancing: the worker is blocked writing to the full socket.
+    let previous = -1;
+    await bounded(
+      (async () => {
+        for (;;) {
+          const st = await call('GET', `${w.systemUrl}/engine/status`);
+          const n = st.body.engine.generated_tokens as number;
+          if (n > 0 && n === previous) return;
+          previous = n; // each read is a round trip: tokens flowing would have advanced meanwhile
+        }
+      })(),
+      'generation blocked on backpressure',
+    );
+    const blocked = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(blocked.body.engine.running_sequences, 1);
+    assert.equal(blocked.body.inflight_requests, 1);
+    sock.destroy();
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    if (drain.body.state !== 'drained') await w.waitForEvent('state_changed', (l) => l.to === 'drained');
+    const status = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(status.body.inflight_requests, 0);
+    assert.equal(status.body.engine.running_sequences, 0, 'the generator was closed');
+    const metrics = await fetch(`${w.systemUrl}/metrics`).then((r) => r.text());
+    assert.match(metrics, /ebb_worker_requests_total\{outcome="dropped"\} 1/);
+  });
+
+  it('rejects a request_id that is not a legal header value before any work', async () => {
+    const w = await worker();
+    const bad = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x', request_id: 'id with spaces\u00e9' });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.code, 'invalid_request');
+    const st = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(st.body.engine.generated_tokens, 0);
+  });
+
+  it('refuses unknown fields in admin bodies instead of ignoring them', async () => {
+    const w = await worker();
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`, { reason: 'x', deadline: 5 });
+    assert.equal(drain.status, 400);
+    assert.equal(drain.body.error.code, 'invalid_request');
+    assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving');
+  });
+
+  it('needs the request-plane token when one is set', async () => {
+    const w = await worker([], { EBB_REQUEST_TOKEN: 'plane-secret' });
+    const none = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x', stream: false });
+    assert.equal(none.status, 401);
+    const wrong = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x', stream: false }, { authorization: 'Bearer nope' });
+    assert.equal(wrong.status, 403);
+    const ok = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x', stream: false, max_tokens: 2 }, { authorization: 'Bearer plane-secret' });
+    assert.equal(ok.status, 200);
+    assert.equal(ok.body.usage.completion_tokens, 2);
+  });
+
+  it('refuses to bind the request plane off loopback without a token', async () => {
+    const p = spawnEbb(['worker', '--host', '0.0.0.0', '--port', '0', '--system-port', '0', '--discovery', tempDiscoveryUrl()], 'worker');
+    assert.notEqual(await p.exitCode(), 0);
+    assert.match(p.stderr.join('\n'), /refusing to serve the request plane on non-loopback address 0\.0\.0\.0/);
+    assert.ok(!p.logs.some((l) => l.event === 'worker_ready'));
   });
 });

@@ -1,5 +1,13 @@
 import { Command, Option } from 'commander';
-import { ADMIN_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminToken } from '../common/admin-auth.js';
+import {
+  ADMIN_TOKEN_ENV,
+  assertAdminBindAllowed,
+  assertRequestBindAllowed,
+  createAdminGuard,
+  loadAdminToken,
+  loadRequestToken,
+  REQUEST_TOKEN_ENV,
+} from '../common/admin-auth.js';
 import { createLogger } from '../common/logger.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
 import { newWorkerId, startWorker } from '../worker/worker.js';
@@ -15,6 +23,7 @@ interface WorkerFlags {
   systemHost: string;
   advertiseHost?: string;
   adminTokenFile?: string;
+  requestTokenFile?: string;
   systemPort: number;
   discovery: string;
   workerId?: string;
@@ -42,6 +51,7 @@ export function workerCommand(): Command {
     .option('--advertise-host <host>', 'host name or address peers use to reach this worker (default: the bound address; the hostname when bound to 0.0.0.0 or ::)')
     .option('--system-port <n>', 'system-status server port (0 = any free port)', intOption(0), 0)
     .option('--admin-token-file <path>', `file holding the admin bearer token for drain/resume (env ${ADMIN_TOKEN_ENV}); required when --system-host is not loopback`)
+    .option('--request-token-file <path>', `file holding the request-plane bearer token, shared with the fleet's frontends and workers (env ${REQUEST_TOKEN_ENV}); required when --host is not loopback`)
     .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
     .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx)')
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', intOption(1))
@@ -66,6 +76,8 @@ export function workerCommand(): Command {
       // Before anything binds: an Admin API on the network without a token is refused outright.
       const adminToken = await loadAdminToken(flags.adminTokenFile);
       assertAdminBindAllowed(flags.systemHost, adminToken, '--system-host');
+      const requestToken = await loadRequestToken(flags.requestTokenFile);
+      assertRequestBindAllowed(flags.host, requestToken, '--host');
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
       let exiting = false;
@@ -84,6 +96,7 @@ export function workerCommand(): Command {
           advertiseHost: flags.advertiseHost,
           systemPort: flags.systemPort,
           guardAdmin: createAdminGuard(adminToken),
+          requestToken,
           discoveryUrl: flags.discovery,
           leaseTtlMs: flags.leaseTtlMs,
           shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
@@ -106,9 +119,15 @@ export function workerCommand(): Command {
       let signals = 0;
       const onSignal = (signal: NodeJS.Signals) => {
         signals++;
-        if (signals > 1 || exiting) {
-          log.warn({ event: 'shutdown_forced', signal }, 'second signal: exiting now');
+        if (signals > 2 || exiting) {
+          log.warn({ event: 'shutdown_forced', signal }, 'third signal: exiting now');
           exit(130);
+          return;
+        }
+        if (signals === 2) {
+          // Streams still running get an explicit worker_shut_down line instead of a silent cut.
+          log.warn({ event: 'shutdown_cancelled', signal }, 'second signal: cutting what is in flight and exiting');
+          worker.cancelShutdown();
           return;
         }
         void worker.shutdown(signal).then(exit, (err: unknown) => {

@@ -2,30 +2,19 @@ import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Engine, Quiescence } from '../engine/engine.js';
+import type { DiscoveryPresence, WorkerStatus } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
 import type { Admission } from './admission.js';
-import { nextState, type LifecycleEvent, type WorkerState } from './states.js';
+import { nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
 
 /** The worker's presence in discovery. Drain removes it, resume puts it back. */
 export interface Registration {
   register(): Promise<void>;
+  /** Idempotent: removing what is already gone succeeds. Throws when discovery did not confirm. */
   unregister(): Promise<void>;
 }
 
-export interface LifecycleStatus {
-  worker_id: string;
-  state: WorkerState;
-  inflight_requests: number;
-  generation: number;
-  admission_open: boolean;
-  discovery_registered: boolean;
-  shutting_down: boolean;
-  /** What a drain still waits for; empty unless draining. */
-  waiting_for: string[];
-  drain_reason: string | null;
-  state_since: string;
-  last_error: string | null;
-}
+export type LifecycleStatus = Omit<WorkerStatus, 'engine'>;
 
 export interface Transition {
   from: WorkerState;
@@ -40,37 +29,33 @@ export class ShutdownConflict extends EbbError {
   }
 }
 
+/** Back-off between attempts at an unconfirmed unregister: a discovery outage is waited out, not hammered. */
+const UNREGISTER_RETRY_MIN_MS = 250;
+const UNREGISTER_RETRY_MAX_MS = 5000;
+
 /**
  * Owns the drain: the HTTP caller only starts it, so a caller that disconnects never strands the
  * worker half-drained. Drain and resume are serialised; each bumps the generation, and anything
- * asynchronous (an idleness probe, a registration) only applies if its generation is still current.
+ * asynchronous (an idleness probe, a registration, an unregister retry) only applies if its
+ * generation is still current. Shutdown is a state (stopping): entered synchronously, it closes
+ * admission for good and makes every later drain or resume a 409 at its entry.
  */
 export class Lifecycle extends EventEmitter {
   private current: WorkerState = 'serving';
   private generation = 0;
   private since = new Date();
   private chain: Promise<unknown> = Promise.resolve();
-  private shuttingDown = false;
   /**
-   * Registration bookkeeping as epochs, not a flag: a loss bumps `lossEpoch`, and a registration
-   * only counts for the epoch it started in. A lease lost while a register() call is in flight
-   * therefore still reads as "not registered", and the retry registers again.
+   * What discovery confirmed, never what we hope: `unknown` after an unregister that discovery did
+   * not confirm (it is retried until it is). A loss bumps `lossEpoch`, and a registration only
+   * counts for the epoch it started in, so a lease lost while register() is in flight still reads
+   * as not registered and the retry registers again.
    */
+  private presence: DiscoveryPresence = 'unregistered';
   private lossEpoch = 0;
-  private registeredEpoch: number | null = null;
-
-  private get registered(): boolean {
-    return this.registeredEpoch === this.lossEpoch;
-  }
-
-  /** register(), recorded against the epoch it started in. */
-  private async register(): Promise<void> {
-    const epoch = this.lossEpoch;
-    await this.registration.register();
-    this.registeredEpoch = epoch;
-  }
-  private unregistering = false;
   private resuming = false;
+  /** In `stopping`: nothing in flight and the engine confirmed idle. */
+  private quiescent = false;
   private lastProbe: Quiescence | null = null;
   private lastError: string | null = null;
   private reason: string | null = null;
@@ -92,39 +77,44 @@ export class Lifecycle extends EventEmitter {
   }
 
   get isShuttingDown(): boolean {
-    return this.shuttingDown;
+    return SHUTDOWN_STATES.has(this.current);
+  }
+
+  get discoveryPresence(): DiscoveryPresence {
+    return this.presence;
   }
 
   /** First registration at start-up. A worker that cannot register does not start. */
   async start(): Promise<void> {
-    await this.register();
+    if (!(await this.register())) throw new Error('registration was lost while it was being made');
     this.log.info({ event: 'discovery_registered' }, 'registered in discovery');
   }
 
-  drain(reason: string, opts: { rollbackOnFailure?: boolean } = {}): Promise<LifecycleStatus> {
-    return this.serialize(() => this.doDrain(reason, opts.rollbackOnFailure ?? true));
+  drain(reason: string): Promise<LifecycleStatus> {
+    if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('drain'));
+    return this.serialize(() => this.doDrain(reason));
   }
 
   resume(): Promise<LifecycleStatus> {
-    if (this.shuttingDown) return Promise.reject(new ShutdownConflict('resume'));
+    if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('resume'));
     return this.serialize(() => this.doResume());
   }
 
   /**
-   * Discovery lost our registration (lease expired). Re-register only while serving: a draining or
-   * drained worker being absent from discovery is the point.
+   * Discovery lost our registration (lease expired, key deleted behind our back). Re-register only
+   * while serving: a draining or drained worker being absent from discovery is the point.
    */
   async registrationLost(): Promise<void> {
     this.lossEpoch++;
+    if (this.presence === 'registered') this.presence = 'unregistered';
     // Each attempt takes its turn in the serialised chain; the back-off waits outside it, so a drain
     // issued while discovery is down is never stuck behind the retries. The cap stays well under the
     // shortest lease TTL (2 s on etcd): after an outage, frontends must not see the fleet vanish.
     for (let backoff = 100; ; backoff = Math.min(backoff * 2, 1000)) {
       const settled = await this.serialize(async () => {
-        if (this.current !== 'serving' || this.shuttingDown || this.registered) return true;
+        if (this.current !== 'serving' || this.presence === 'registered') return true;
         try {
-          await this.register();
-          if (!this.registered) return false; // lost again while registering
+          if (!(await this.register())) return false; // lost again while registering
           this.lastError = null;
           this.log.warn({ event: 'discovery_reregistered' }, 'registration was lost; registered again');
           return true;
@@ -139,17 +129,54 @@ export class Lifecycle extends EventEmitter {
     }
   }
 
-  /** From now on resume is refused; the SIGTERM orchestrator drives the rest. */
-  beginShutdown(): void {
-    this.shuttingDown = true;
+  /**
+   * SIGTERM: from here the worker only goes down. Synchronous, so no drain, resume or admission can
+   * slip in after it; a resume already registering finds the state moved and does not reopen.
+   * Returns false when shutdown had already begun (shutdown refuses unless it is not running yet).
+   */
+  beginShutdown(reason: string): boolean {
+    if (this.isShuttingDown) return false;
+    this.admission.close();
+    this.generation++;
+    this.reason = reason;
+    this.lastProbe = null;
+    this.move('shutdown');
+    void this.evaluate();
+    return true;
+  }
+
+  /**
+   * The shutdown's unregister stage: keeps trying until discovery confirms or `signal` aborts.
+   * `skipped` when nothing was registered, so routers have nothing to converge on.
+   */
+  async unregisterForShutdown(signal: AbortSignal): Promise<'completed' | 'skipped' | 'timed_out'> {
+    await this.chain; // a resume that was registering finishes first, then is undone here
+    if (this.presence === 'unregistered') return 'skipped';
+    const confirmed = await this.unregisterUntilConfirmed(() => signal.aborted, signal);
+    return confirmed ? 'completed' : 'timed_out';
+  }
+
+  /** The last stage of a shutdown is done: servers closed, nothing runs. */
+  stopped(): void {
+    if (this.current === 'stopping') this.move('stopped');
   }
 
   /** Resolves when the worker reaches drained (in this or a later generation); rejects if `signal` aborts first. */
   whenDrained(signal?: AbortSignal): Promise<void> {
-    if (this.current === 'drained') return Promise.resolve();
+    return this.until(() => this.current === 'drained', signal);
+  }
+
+  /** Shutdown: resolves once nothing is in flight and the engine confirmed idle; rejects if `signal` aborts first. */
+  whenQuiescent(signal?: AbortSignal): Promise<void> {
+    return this.until(() => this.quiescent, signal);
+  }
+
+  private until(done: () => boolean, signal?: AbortSignal): Promise<void> {
+    if (done()) return Promise.resolve();
+    if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<void>((resolve, reject) => {
-      const onTransition = (t: Transition) => {
-        if (t.to !== 'drained') return;
+      const check = () => {
+        if (!done()) return;
         cleanup();
         resolve();
       };
@@ -158,10 +185,12 @@ export class Lifecycle extends EventEmitter {
         reject(signal?.reason);
       };
       const cleanup = () => {
-        this.off('transition', onTransition);
+        this.off('transition', check);
+        this.off('quiescent', check);
         signal?.removeEventListener('abort', onAbort);
       };
-      this.on('transition', onTransition);
+      this.on('transition', check);
+      this.on('quiescent', check);
       signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
@@ -173,8 +202,9 @@ export class Lifecycle extends EventEmitter {
       inflight_requests: this.admission.inflight,
       generation: this.generation,
       admission_open: this.admission.open,
-      discovery_registered: this.registered,
-      shutting_down: this.shuttingDown,
+      discovery_registered: this.presence === 'registered',
+      discovery: this.presence,
+      shutting_down: this.isShuttingDown,
       waiting_for: this.waitingFor(),
       drain_reason: this.current === 'serving' ? null : this.reason,
       state_since: this.since.toISOString(),
@@ -182,10 +212,14 @@ export class Lifecycle extends EventEmitter {
     };
   }
 
+  /** The last idleness answer of the engine, for the shutdown's report. */
+  get lastQuiescence(): Quiescence | null {
+    return this.lastProbe;
+  }
+
   private waitingFor(): string[] {
-    if (this.current !== 'draining') return [];
+    if (this.current !== 'draining' && !(this.current === 'stopping' && !this.quiescent)) return [];
     const waits: string[] = [];
-    if (this.unregistering) waits.push('discovery: unregistering');
     const n = this.admission.inflight;
     if (n > 0) waits.push(`${n} in-flight request${n === 1 ? '' : 's'}`);
     else if (this.lastProbe?.state === 'busy') waits.push(...this.lastProbe.waiting_for);
@@ -199,6 +233,7 @@ export class Lifecycle extends EventEmitter {
     return run;
   }
 
+  /** The one state setter: every move is checked against the table and logged. */
   private move(event: LifecycleEvent): void {
     const from = this.current;
     const to = nextState(from, event);
@@ -210,48 +245,78 @@ export class Lifecycle extends EventEmitter {
     this.emit('transition', t);
   }
 
-  private async doDrain(reason: string, rollbackOnFailure: boolean): Promise<LifecycleStatus> {
+  /** register(), counted only for the loss epoch it started in. False when a loss came meanwhile. */
+  private async register(): Promise<boolean> {
+    const epoch = this.lossEpoch;
+    await this.registration.register();
+    if (epoch !== this.lossEpoch) return false;
+    this.presence = 'registered';
+    return true;
+  }
+
+  /** One unregister attempt; bookkeeping changes only once discovery confirmed it. */
+  private async unregisterOnce(): Promise<boolean> {
+    try {
+      await this.registration.unregister();
+      this.presence = 'unregistered';
+      this.log.info({ event: 'discovery_unregistered', generation: this.generation }, 'unregistered from discovery');
+      return true;
+    } catch (err) {
+      this.presence = 'unknown';
+      this.lastError = `unregister failed: ${(err as Error).message}`;
+      this.log.error({ event: 'discovery_unregister_failed', err }, `${this.lastError}; admission stays closed, retrying`);
+      return false;
+    }
+  }
+
+  /**
+   * Attempts (each in the serialised chain) with back-off until discovery confirms, the
+   * registration is gone anyway (lease lost), or `stale()` says a later operation took over.
+   */
+  private async unregisterUntilConfirmed(stale: () => boolean, signal?: AbortSignal): Promise<boolean> {
+    for (let backoff = UNREGISTER_RETRY_MIN_MS; ; backoff = Math.min(backoff * 2, UNREGISTER_RETRY_MAX_MS)) {
+      const confirmed = await this.serialize(async () => (stale() ? false : this.presence === 'unregistered' || (await this.unregisterOnce())));
+      if (confirmed) return true;
+      if (stale()) return false;
+      try {
+        await sleep(backoff, undefined, { signal });
+      } catch {
+        return false;
+      }
+    }
+  }
+
+  private async doDrain(reason: string): Promise<LifecycleStatus> {
+    if (this.isShuttingDown) throw new ShutdownConflict('drain');
     if (this.current !== 'serving') return this.status();
     this.generation++;
     const gen = this.generation;
-    // Admission closes before anything else: from here a late arrival gets a retryable 503.
+    // Admission closes before anything else: from here a late arrival gets a retryable 503, and
+    // that holds with or without discovery, so an outage never stops an operator from draining.
     this.admission.close();
     this.reason = reason;
     this.lastProbe = null;
     this.log.info({ event: 'admission_closed', generation: gen, reason }, 'admission closed');
     this.move('drain');
-    this.unregistering = true;
-    try {
-      // A lost registration (lease expired) is already out of discovery: nothing to undo, and a
-      // discovery outage must not stop an operator from draining.
-      if (this.registered) await this.registration.unregister();
-      this.registeredEpoch = null;
-      this.log.info({ event: 'discovery_unregistered', generation: gen }, 'unregistered from discovery');
-    } catch (err) {
-      this.lastError = `unregister failed: ${(err as Error).message}`;
-      this.log.error({ event: 'discovery_unregister_failed', err }, this.lastError);
-      if (rollbackOnFailure) {
-        this.unregistering = false;
-        this.admission.reopen();
-        this.move('unregister_failed');
-        throw new EbbError('discovery_unavailable', `drain rolled back: ${this.lastError}`);
-      }
-    } finally {
-      this.unregistering = false;
+    // A lost registration (lease expired) is already out of discovery: nothing to remove.
+    if (this.presence !== 'unregistered' && !(await this.unregisterOnce())) {
+      void this.unregisterUntilConfirmed(() => this.generation !== gen);
     }
     await this.evaluate();
     return this.status();
   }
 
   private async doResume(): Promise<LifecycleStatus> {
-    if (this.shuttingDown) throw new ShutdownConflict('resume');
+    if (this.isShuttingDown) throw new ShutdownConflict('resume');
     const previous = this.current;
-    if (previous === 'serving' && this.registered) return this.status();
+    if (previous === 'serving' && this.presence === 'registered') return this.status();
     this.generation++;
     // Register before reopening: until both are done nothing is admitted, so a failed registration
     // leaves the state exactly as it was, and no drain can complete under a half-done resume.
     this.resuming = true;
     try {
+      // A loss during the call is not a failure here: registrationLost() is queued behind us and
+      // registers again once we are serving.
       await this.register();
     } catch (err) {
       this.lastError = `register failed: ${(err as Error).message}`;
@@ -259,8 +324,10 @@ export class Lifecycle extends EventEmitter {
       throw new EbbError('discovery_unavailable', `resume failed, state stays ${previous}: ${this.lastError}`);
     } finally {
       this.resuming = false;
-      if (!this.registered) void this.evaluate(); // the last request may have ended meanwhile
+      if (this.presence !== 'registered') void this.evaluate(); // the last request may have ended meanwhile
     }
+    // SIGTERM arrived while registering: the shutdown owns the worker now and unregisters it again.
+    if (this.isShuttingDown) throw new ShutdownConflict('resume');
     this.admission.reopen();
     this.lastError = null;
     this.lastProbe = null;
@@ -270,21 +337,32 @@ export class Lifecycle extends EventEmitter {
   }
 
   /**
-   * Called on every event that may end a drain. The engine probe is asynchronous, so its answer is
-   * fenced: it only counts if no drain or resume happened meanwhile and nothing was admitted.
+   * Called on every event that may end a drain or a shutdown's wait. The engine probe is
+   * asynchronous, so its answer is fenced: it only counts if no drain, resume or shutdown happened
+   * meanwhile and nothing was admitted.
    */
   private async evaluate(): Promise<void> {
-    if (this.current !== 'draining' || this.unregistering || this.resuming || this.admission.inflight > 0) return;
+    const waiting = this.current === 'draining' || (this.current === 'stopping' && !this.quiescent);
+    if (!waiting || this.resuming || this.admission.inflight > 0) return;
     const gen = this.generation;
+    const state = this.current;
     let probe: Quiescence;
     try {
       probe = await this.engine.probeQuiescence();
     } catch (err) {
       probe = { state: 'unknown', reason: `idleness probe failed: ${(err as Error).message}` };
     }
-    if (gen !== this.generation || this.current !== 'draining' || this.admission.inflight > 0) return;
+    if (gen !== this.generation || this.current !== state || this.admission.inflight > 0 || this.resuming) return;
     this.lastProbe = probe;
-    if (probe.state === 'idle') this.move('idle_confirmed');
-    else this.emit('waiting', this.waitingFor());
+    if (probe.state !== 'idle') {
+      this.emit('waiting', this.waitingFor());
+      return;
+    }
+    if (state === 'draining') this.move('idle_confirmed');
+    else {
+      this.quiescent = true;
+      this.log.info({ event: 'quiescent', generation: gen }, 'nothing in flight and the engine is idle');
+      this.emit('quiescent');
+    }
   }
 }

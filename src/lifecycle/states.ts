@@ -1,37 +1,55 @@
+import { WORKER_STATES, type WorkerState } from '../protocol/admin.js';
+
 /**
  * The worker lifecycle, as one table. Side effects belong to the controller (lifecycle.ts);
- * this file only says which moves exist.
+ * this file only says which moves exist. A move that is not in the table is refused at the entry
+ * of the operation that asked for it (drain and resume during shutdown answer 409).
  *
- *   from      | event             | to        | what the controller does around it
- *   ----------+-------------------+-----------+-----------------------------------------------------
- *   serving   | drain             | draining  | close admission FIRST, then unregister from discovery
- *   draining  | unregister_failed | serving   | rollback: reopen admission, report the error
- *   draining  | idle_confirmed    | drained   | in-flight == 0 AND engine says idle, same generation
- *   draining  | resume            | serving   | register again, then reopen admission
- *   drained   | resume            | serving   | register again, then reopen admission
- *   draining  | drain             | draining  | idempotent
- *   drained   | drain             | drained   | idempotent
- *   serving   | resume            | serving   | idempotent (re-registers if discovery lost us)
+ *   from      | event          | to        | what the controller does around it
+ *   ----------+----------------+-----------+---------------------------------------------------------
+ *   serving   | drain          | draining  | close admission FIRST, then unregister from discovery
+ *   draining  | idle_confirmed | drained   | in-flight == 0 AND engine says idle, same generation
+ *   draining  | resume         | serving   | register again, then reopen admission
+ *   drained   | resume         | serving   | register again, then reopen admission
+ *   draining  | drain          | draining  | idempotent
+ *   drained   | drain          | drained   | idempotent
+ *   serving   | resume         | serving   | idempotent (re-registers if discovery lost us)
+ *   serving   | shutdown       | stopping  | SIGTERM: close admission, then unregister, grace, wait
+ *   draining  | shutdown       | stopping  | SIGTERM after an Admin drain: the same wait, no grace
+ *   drained   | shutdown       | stopping  |   (idem)
+ *   stopping  | stopped        | stopped   | in-flight ended (or cut at the deadline), servers closed
  *
- * A resume whose registration fails does not move: admission stays closed and the state stays.
+ * A drain whose unregister fails does not roll back: admission is closed without discovery, so the
+ * worker refuses new work (retried elsewhere) and the controller keeps unregistering until
+ * discovery confirms. A resume whose registration fails does not move: admission stays closed.
  * `drained` is the only deletion-safety signal; `unknown` engine idleness never reaches it.
  */
 
-export type WorkerState = 'serving' | 'draining' | 'drained';
-export type LifecycleEvent = 'drain' | 'resume' | 'unregister_failed' | 'idle_confirmed';
+export { WORKER_STATES, type WorkerState };
+export type LifecycleEvent = 'drain' | 'resume' | 'idle_confirmed' | 'shutdown' | 'stopped';
 
 export const TRANSITIONS: Readonly<Record<WorkerState, Readonly<Partial<Record<LifecycleEvent, WorkerState>>>>> = {
-  serving: { drain: 'draining', resume: 'serving' },
-  draining: { drain: 'draining', resume: 'serving', unregister_failed: 'serving', idle_confirmed: 'drained' },
-  drained: { drain: 'drained', resume: 'serving' },
+  serving: { drain: 'draining', resume: 'serving', shutdown: 'stopping' },
+  draining: { drain: 'draining', resume: 'serving', idle_confirmed: 'drained', shutdown: 'stopping' },
+  drained: { drain: 'drained', resume: 'serving', shutdown: 'stopping' },
+  stopping: { stopped: 'stopped' },
+  stopped: {},
 };
 
-export const WORKER_STATES: readonly WorkerState[] = ['serving', 'draining', 'drained'];
+/** States in which the worker is on its way out for good: no operation but the shutdown's own. */
+export const SHUTDOWN_STATES: ReadonlySet<WorkerState> = new Set(['stopping', 'stopped']);
 
 export class InvalidTransition extends Error {
-  constructor(readonly from: WorkerState, readonly event: LifecycleEvent) {
+  constructor(
+    readonly from: WorkerState,
+    readonly event: LifecycleEvent,
+  ) {
     super(`no transition from ${from} on ${event}`);
   }
+}
+
+export function canMove(from: WorkerState, event: LifecycleEvent): boolean {
+  return TRANSITIONS[from][event] !== undefined;
 }
 
 export function nextState(from: WorkerState, event: LifecycleEvent): WorkerState {

@@ -1,47 +1,78 @@
 import type { FastifyInstance } from 'fastify';
-import type { ServerResponse } from 'node:http';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
+import type { AdminGuard } from '../common/admin-auth.js';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import { writeWithBackpressure } from '../common/backpressure.js';
-import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
+import type { WorkerMode } from '../discovery/discovery.js';
 import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.js';
-import type { Admission, RefusalCode, Ticket } from '../lifecycle/admission.js';
-import type { WorkerMetrics } from './metrics.js';
-import { DEFAULT_MAX_TOKENS, GenerateBodySchema as generateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from '../protocol/request-plane.js';
+import type { Admission, RefusalCode } from '../lifecycle/admission.js';
+import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
+import { DEFAULT_MAX_TOKENS, GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from '../protocol/request-plane.js';
 import { KvPullError, pullKv } from './kv-pull.js';
+import type { WorkerMetrics } from './metrics.js';
+import type { PrefillPeers } from './prefill-peers.js';
+import { RequestScope, ShutdownCut } from './request-scope.js';
 
 export interface RequestPlaneDeps {
   model: string;
   workerId: string;
+  mode: WorkerMode;
   engine: Engine;
   admission: Admission;
   metrics: WorkerMetrics;
   log: Logger;
   /** This request plane's own URL, the source decode peers pull KV from. */
   selfUrl: () => string;
+  /** Decode workers: the prefill workers whose KV they may pull. */
+  prefillPeers?: PrefillPeers | undefined;
+  /** Checks the request-plane token on every route, when one is configured. */
+  guard?: AdminGuard | undefined;
+  /** Sent to prefill peers when pulling KV. */
+  requestToken?: string | undefined;
+}
+
+export interface RequestPlane {
+  app: FastifyInstance;
+  /** Admitted requests whose scope is open. */
+  readonly open: number;
+  /** Shutdown deadline: ends every open request with a terminal `worker_shut_down` line; resolves once all are closed. */
+  cutAll(signal: AbortSignal): Promise<void>;
 }
 
 function usageOf(r: GenerateResult) {
   return { prompt_tokens: r.prompt_tokens, completion_tokens: r.completion_tokens, total_tokens: r.prompt_tokens + r.completion_tokens };
 }
 
+const line = (l: StreamLine) => JSON.stringify(l) + '\n';
 
 /** The worker's request plane: POST /generate, admission-checked before any work is done. */
-export function createRequestPlane({ model, workerId, engine, admission, metrics, log, selfUrl }: RequestPlaneDeps): FastifyInstance {
+export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
+  const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken } = deps;
   const app = createHttpServer();
+  const scopes = new Set<RequestScope>();
+  let allClosed: (() => void) | undefined;
+  const onClose = (s: RequestScope) => {
+    scopes.delete(s);
+    if (scopes.size === 0) allClosed?.();
+  };
+
+  if (guard) app.addHook('onRequest', async (req) => guard(req.headers.authorization));
 
   /** Validation shared by /generate and /prefill, then the one admission point. */
-  function admit(body: GenerateBody): { gen: GenerateRequest; ticket: Ticket } | { refused: RefusalCode } {
+  function admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode } {
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
     if (prompt === undefined) throw new EbbError('invalid_request', 'either prompt or messages is required');
+    if (body.kv_transfer !== undefined) checkKvSource(body.kv_transfer);
     const requestId = body.request_id ?? randomUUID();
     const admitted = admission.admit(requestId);
     if (!admitted.admitted) {
       metrics.refused(admitted.code);
       return { refused: admitted.code };
     }
+    const scope = new RequestScope(admitted.ticket, res, onClose);
+    scopes.add(scope);
     const gen: GenerateRequest = {
       request_id: requestId,
       prompt,
@@ -51,50 +82,49 @@ export function createRequestPlane({ model, workerId, engine, admission, metrics
       stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
       prefilled: body.kv_transfer !== undefined,
     };
-    return { gen, ticket: admitted.ticket };
+    return { gen, scope };
   }
 
-  function refusal(code: 'worker_draining' | 'worker_overloaded') {
+  /** Only decode workers pull KV, and only from a prefill worker registered in their discovery view. */
+  function checkKvSource(ref: KvTransferRef): void {
+    if (mode !== 'decode') throw new EbbError('invalid_request', `kv_transfer is only accepted by decode workers; this worker is ${mode}`);
+    if (!prefillPeers?.trusts(ref))
+      throw new EbbError('forbidden', `kv_transfer source is not a registered prefill worker (worker_id "${ref.worker_id}" at that URL)`);
+  }
+
+  function refusal(code: RefusalCode) {
     const why = code === 'worker_draining' ? 'worker is draining; retry on another worker' : 'worker is overloaded; retry shortly or elsewhere';
     return errorBody(code, why);
   }
 
-  /** Aborts generation when the caller goes away, and releases its ticket as dropped (once). */
-  function watchCaller(res: ServerResponse, ticket: Ticket): AbortSignal {
-    const abort = new AbortController();
-    res.on('close', () => {
-      if (res.writableFinished) return;
-      abort.abort(new Error('client disconnected'));
-      if (ticket.release('dropped')) log.debug({ request_id: ticket.id }, 'client dropped the request');
-    });
-    return abort.signal;
-  }
-
   allowOnly(app, '/generate', ['POST']);
-  app.post<{ Body: GenerateBody }>('/generate', { schema: { body: generateBodySchema } }, async (req, reply) => {
-    const admitted = admit(req.body);
+  app.post<{ Body: GenerateBody }>('/generate', { schema: { body: GenerateBodySchema } }, async (req, reply) => {
+    const admitted = admit(req.body, reply.raw);
     if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
     reply.hijack();
-    await serve(reply.raw, admitted.gen, req.body.stream !== false, admitted.ticket, req.body.kv_transfer);
+    await serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer);
   });
 
   if (engine.prefill && engine.kvTransfers) {
     const prefill = engine.prefill.bind(engine);
     const transfers = engine.kvTransfers;
     allowOnly(app, '/prefill', ['POST']);
-    app.post<{ Body: GenerateBody }>('/prefill', { schema: { body: generateBodySchema } }, async (req, reply) => {
-      const admitted = admit(req.body);
+    app.post<{ Body: GenerateBody }>('/prefill', { schema: { body: GenerateBodySchema } }, async (req, reply) => {
+      const admitted = admit(req.body, reply.raw);
       if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
-      const { gen, ticket } = admitted;
-      const signal = watchCaller(reply.raw, ticket);
+      const { gen, scope } = admitted;
+      reply.hijack();
       try {
-        const t = await prefill(gen, signal);
+        const t = await prefill(gen, scope.signal);
         const body: PrefillResponse = { transfer_id: t.transfer_id, source_url: selfUrl(), worker_id: workerId, prompt_tokens: t.prompt_tokens, kv_bytes: t.kv_bytes };
-        reply.raw.once('finish', () => ticket.release('completed'));
-        return body;
+        // The caller left while the KV was computed: nobody will pull it.
+        if (scope.dropped) transfers.complete(t.transfer_id);
+        else {
+          reply.raw.writeHead(200, { 'content-type': 'application/json' });
+          scope.end(JSON.stringify(body), 'completed');
+        }
       } catch (err) {
-        if (!signal.aborted) ticket.release('errored');
-        throw err;
+        failed(scope, err);
       }
     });
 
@@ -111,26 +141,24 @@ export function createRequestPlane({ model, workerId, engine, admission, metrics
     });
   }
 
-  /** Owns the ticket from here: exactly one release, whoever ends the request. */
-  async function serve(res: ServerResponse, gen: GenerateRequest, stream: boolean, ticket: Ticket, kv: KvTransferRef | undefined): Promise<void> {
-    const signal = watchCaller(res, ticket);
-    let tokens: AsyncGenerator<string, GenerateResult, void> | undefined;
+  /** The scope owns the request from admission: every way out below ends in scope.end or scope.close. */
+  async function serve(scope: RequestScope, gen: GenerateRequest, stream: boolean, kv: KvTransferRef | undefined): Promise<void> {
+    const res = scope.res;
     try {
       if (kv) {
-        const bytes = await pullKv(kv, signal);
-        log.debug({ event: 'kv_pulled', request_id: ticket.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');
+        const bytes = await pullKv(kv, scope.signal, requestToken);
+        log.debug({ event: 'kv_pulled', request_id: scope.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');
       }
-      tokens = engine.generate(gen, signal);
+      const tokens = scope.attach(engine.generate(gen, scope.signal));
       if (stream) {
-        res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': ticket.id });
+        res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': scope.id });
         res.flushHeaders(); // "admitted and alive" reaches the caller now, not with the first token
         let step = await tokens.next();
         while (!step.done) {
-          await writeWithBackpressure(res, JSON.stringify({ text: step.value } satisfies StreamLine) + '\n', signal);
+          await writeWithBackpressure(res, line({ text: step.value }), scope.signal);
           step = await tokens.next();
         }
-        const last: StreamLine = { done: true, finish_reason: step.value.finish_reason, usage: usageOf(step.value) };
-        res.end(JSON.stringify(last) + '\n', () => ticket.release('completed'));
+        scope.end(line({ done: true, finish_reason: step.value.finish_reason, usage: usageOf(step.value) }), 'completed');
       } else {
         let text = '';
         let step = await tokens.next();
@@ -139,25 +167,42 @@ export function createRequestPlane({ model, workerId, engine, admission, metrics
           step = await tokens.next();
         }
         const payload = JSON.stringify({ text, finish_reason: step.value.finish_reason, usage: usageOf(step.value) });
-        res.writeHead(200, { 'content-type': 'application/json', 'x-request-id': ticket.id });
-        res.end(payload, () => ticket.release('completed'));
+        res.writeHead(200, { 'content-type': 'application/json', 'x-request-id': scope.id });
+        scope.end(payload, 'completed');
       }
     } catch (err) {
-      if (signal.aborted) return; // the client left; released as dropped
-      log.error({ err, request_id: ticket.id }, 'generation failed');
-      const kvFailed = err instanceof KvPullError;
-      const error: { code: ErrorCode; message: string } = { code: kvFailed ? 'kv_transfer_failed' : 'engine_error', message: (err as Error).message };
-      if (!res.headersSent) {
-        res.writeHead(kvFailed ? 502 : 500, { 'content-type': 'application/json' });
-        res.end(JSON.stringify(errorBody(error.code, error.message)), () => ticket.release('errored'));
-      } else {
-        res.end(JSON.stringify({ error } satisfies StreamLine) + '\n', () => ticket.release('errored'));
-      }
-    } finally {
-      // A generator left suspended at a yield would keep its batch slot: close it on every way out.
-      void tokens?.return(undefined as never).catch(() => undefined);
+      failed(scope, err);
     }
   }
 
-  return app;
+  /** Ends a request that did not complete, with the most precise answer its state allows. */
+  function failed(scope: RequestScope, err: unknown): void {
+    if (scope.dropped) return scope.close('dropped'); // the client left: nobody to answer
+    const res = scope.res;
+    const cut = scope.signal.reason instanceof ShutdownCut;
+    const kvFailed = err instanceof KvPullError;
+    const code: ErrorCode = cut ? 'worker_shut_down' : kvFailed ? 'kv_transfer_failed' : 'engine_error';
+    const message = cut ? (scope.signal.reason as Error).message : (err as Error).message;
+    if (!cut) log.error({ err, request_id: scope.id }, 'generation failed');
+    if (!res.headersSent) {
+      res.writeHead(cut ? 503 : kvFailed ? 502 : 500, { 'content-type': 'application/json' });
+      scope.end(JSON.stringify(errorBody(code, message)), 'errored');
+    } else scope.end(line({ error: { code, message } }), 'errored');
+  }
+
+  return {
+    app,
+    get open() {
+      return scopes.size;
+    },
+    cutAll(signal) {
+      if (scopes.size === 0) return Promise.resolve();
+      const done = new Promise<void>((resolve) => {
+        allClosed = resolve;
+        signal.addEventListener('abort', () => resolve(), { once: true });
+      });
+      for (const s of [...scopes]) s.cut();
+      return done;
+    },
+  };
 }

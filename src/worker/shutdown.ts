@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Admission } from '../lifecycle/admission.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
@@ -15,72 +16,125 @@ export interface ShutdownOptions {
 /** Distinct from 0 and 1 so a hung shutdown is never mistaken for a clean or a cut-off one. */
 export const WATCHDOG_EXIT_CODE = 70;
 export const DEADLINE_EXIT_CODE = 1;
+export const CANCELLED_EXIT_CODE = 130;
+/** Closing servers and discovery; connections still open past it are dropped. Inside the watchdog margin. */
+export const CLEANUP_CAP_MS = 2000;
+
+export type StageOutcome = 'completed' | 'timed_out' | 'skipped' | 'cancelled' | 'unsupported';
+export type StageName = 'unregister' | 'grace' | 'wait_inflight' | 'cut_inflight' | 'cleanup';
+export interface StageResult {
+  stage: StageName;
+  outcome: StageOutcome;
+  seconds: number;
+}
 
 export interface ShutdownDeps {
   lifecycle: Lifecycle;
   admission: Admission;
   metrics: WorkerMetrics;
   log: Logger;
-  /** Closes servers and discovery; `force` drops connections still open after a missed deadline. */
-  cleanup: (force: boolean) => Promise<void>;
+  /** Ends every stream still running with a terminal `worker_shut_down` line; resolves once they are released. */
+  cutInflight: (signal: AbortSignal) => Promise<void>;
+  /** Closes servers, discovery and the engine; must drop what is still open when `signal` aborts. */
+  cleanup: (signal: AbortSignal) => Promise<void>;
   exit: (code: number) => void;
+  /** A second signal: the stage under way is cancelled, and so is every later one but cleanup. */
+  cancel: AbortSignal;
 }
 
-function wait(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
-}
+class StageTimeout extends Error {}
+
+/** Stages that run even after a cancel: what is in flight is always ended explicitly, and servers closed. */
+const FINAL_STAGES: ReadonlySet<StageName> = new Set(['cut_inflight', 'cleanup']);
 
 /**
- * SIGTERM runs the same drain as the Admin API, under one budget measured from the signal:
- * drain (admission closed, unregistered), router grace, wait for drained, cleanup.
+ * SIGTERM runs the same drain as the Admin API, as stages under one budget measured from the
+ * signal: unregister, router grace, wait for in-flight work, cut what is left at the deadline,
+ * cleanup. Each stage gets what is left of the budget, ends with a typed outcome, and is recorded.
  */
 export async function runShutdown(signal: string, opts: ShutdownOptions, deps: ShutdownDeps): Promise<number> {
   const { lifecycle, admission, metrics, log } = deps;
   const started = performance.now();
-  const elapsed = () => (performance.now() - started) / 1000;
   const watchdog = setTimeout(() => {
     log.fatal({ event: 'shutdown_watchdog', inflight: admission.inflightIds() }, 'shutdown exceeded its budget; exiting');
     deps.exit(WATCHDOG_EXIT_CODE);
   }, opts.graceMs + opts.drainTimeoutMs + opts.watchdogMarginMs);
   watchdog.unref();
 
-  // An Admin drain already took the worker out of discovery: nothing left for routers to converge on.
-  const alreadyOut = lifecycle.state !== 'serving';
-  lifecycle.beginShutdown();
-  log.info({ event: 'shutdown_started', signal, already_drained: lifecycle.state === 'drained', inflight: admission.inflight }, 'shutdown started');
+  const wasDrained = lifecycle.state === 'drained';
+  lifecycle.beginShutdown(`signal ${signal}`);
+  log.info({ event: 'shutdown_started', signal, already_drained: wasDrained, inflight: admission.inflight }, 'shutdown started');
+  const results: StageResult[] = [];
 
-  let t = performance.now();
-  await lifecycle.drain(`signal ${signal}`, { rollbackOnFailure: false });
-  metrics.shutdownStage('unregister', alreadyOut ? 'skipped' : 'completed', (performance.now() - t) / 1000);
+  /** Runs one stage with `ms` of budget (undefined: no bound but the cancel signal). */
+  const stage = async (name: StageName, ms: number | undefined, run: (signal: AbortSignal) => Promise<StageOutcome>): Promise<StageOutcome> => {
+    const t = performance.now();
+    let outcome: StageOutcome;
+    if (deps.cancel.aborted && !FINAL_STAGES.has(name)) outcome = 'cancelled';
+    else {
+      const bound = ms === undefined ? undefined : AbortSignal.timeout(Math.max(0, Math.floor(ms)));
+      const signals = [bound, FINAL_STAGES.has(name) ? undefined : deps.cancel].filter((s): s is AbortSignal => s !== undefined);
+      const stageSignal = signals.length > 0 ? AbortSignal.any(signals) : new AbortController().signal;
+      try {
+        outcome = await run(stageSignal);
+        if (outcome === 'timed_out' && deps.cancel.aborted && !FINAL_STAGES.has(name)) outcome = 'cancelled';
+      } catch (err) {
+        if (deps.cancel.aborted && !FINAL_STAGES.has(name)) outcome = 'cancelled';
+        else if (bound?.aborted || err instanceof StageTimeout) outcome = 'timed_out';
+        else throw err;
+      }
+    }
+    const seconds = (performance.now() - t) / 1000;
+    results.push({ stage: name, outcome, seconds });
+    metrics.shutdownStage(name, outcome, seconds);
+    log.info({ event: 'shutdown_stage', stage: name, outcome, seconds }, `shutdown stage ${name}: ${outcome}`);
+    return outcome;
+  };
 
-  t = performance.now();
-  if (alreadyOut) metrics.shutdownStage('grace', 'skipped', 0);
-  else {
-    // A fixed wait on purpose: other routers' caches converge on their own clock, not on one of our events.
-    await wait(opts.graceMs);
-    metrics.shutdownStage('grace', 'completed', (performance.now() - t) / 1000);
-  }
+  const unregistered = await stage('unregister', opts.graceMs + opts.drainTimeoutMs, (s) => lifecycle.unregisterForShutdown(s));
+  // Routers converge on their own clock: a fixed wait, and none when we were not listed anyway.
+  const graceSkipped = unregistered === 'skipped';
+  await stage('grace', graceSkipped ? 0 : opts.graceMs, async (s) => {
+    if (graceSkipped) return 'skipped';
+    await sleep(opts.graceMs, undefined, { signal: s }).catch(() => {
+      if (deps.cancel.aborted) throw new Error('cancelled');
+    });
+    return 'completed';
+  });
 
-  t = performance.now();
-  const budget = opts.graceMs + opts.drainTimeoutMs - (performance.now() - started);
+  const deadline = started + (graceSkipped ? 0 : opts.graceMs) + opts.drainTimeoutMs;
+  const waited = await stage('wait_inflight', deadline - performance.now(), async (s) => {
+    try {
+      await lifecycle.whenQuiescent(s);
+      return 'completed';
+    } catch (err) {
+      if (deps.cancel.aborted) throw err;
+      // Nothing in flight but the engine could not say it is idle: fail-closed, reported as such.
+      return admission.inflight === 0 && lifecycle.lastQuiescence?.state === 'unknown' ? 'unsupported' : 'timed_out';
+    }
+  });
+
   let code = 0;
-  try {
-    await lifecycle.whenDrained(AbortSignal.timeout(Math.max(0, Math.floor(alreadyOut ? opts.drainTimeoutMs : budget))));
-    metrics.shutdownStage('wait_inflight', 'completed', (performance.now() - t) / 1000);
-  } catch {
-    code = DEADLINE_EXIT_CODE;
-    metrics.shutdownStage('wait_inflight', 'timed_out', (performance.now() - t) / 1000);
+  if (waited !== 'completed') {
+    code = deps.cancel.aborted ? CANCELLED_EXIT_CODE : DEADLINE_EXIT_CODE;
     const status = lifecycle.status();
     log.error(
-      { event: 'shutdown_deadline', inflight: admission.inflightIds(), waiting_for: status.waiting_for },
-      `drain deadline reached with ${admission.inflight} request(s) in flight (${status.waiting_for.join('; ') || 'engine not idle'}); cutting off`,
+      { event: 'shutdown_deadline', inflight: admission.inflightIds(), waiting_for: status.waiting_for, outcome: waited },
+      `drain ${waited === 'cancelled' ? 'cancelled' : 'deadline reached'} with ${admission.inflight} request(s) in flight (${status.waiting_for.join('; ') || 'engine not idle'}); cutting off`,
     );
-  }
+    await stage('cut_inflight', CLEANUP_CAP_MS, async (s) => {
+      await deps.cutInflight(s);
+      return 'completed';
+    });
+  } else await stage('cut_inflight', 0, async () => 'skipped');
 
-  t = performance.now();
-  await deps.cleanup(code !== 0);
-  metrics.shutdownStage('cleanup', 'completed', (performance.now() - t) / 1000);
+  await stage('cleanup', CLEANUP_CAP_MS, async (s) => {
+    await deps.cleanup(s);
+    if (s.aborted) throw new StageTimeout();
+    return 'completed';
+  });
+  lifecycle.stopped();
   clearTimeout(watchdog);
-  log.info({ event: 'shutdown_complete', exit_code: code, seconds: elapsed() }, 'shutdown complete');
+  log.info({ event: 'shutdown_complete', exit_code: code, seconds: (performance.now() - started) / 1000, stages: results }, 'shutdown complete');
   return code;
 }

@@ -3,7 +3,7 @@ import type { Engine } from '../engine/engine.js';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import type { Lifecycle, LifecycleStatus } from '../lifecycle/lifecycle.js';
 import type { WorkerMetrics } from './metrics.js';
-import { DrainBodySchema, type DrainBody } from '../protocol/admin.js';
+import { DrainBodySchema, EmptyBodySchema, type DrainBody } from '../protocol/admin.js';
 
 export interface SystemServerDeps {
   lifecycle: Lifecycle;
@@ -29,8 +29,8 @@ export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: S
   allowOnly(app, '/health', ['GET']);
   app.get('/health', async (_req, reply) => {
     const state = lifecycle.state;
-    const ready = state === 'serving' && !lifecycle.isShuttingDown;
-    return reply.code(ready ? 200 : 503).send({ status: ready ? 'ready' : 'not_ready', state });
+    const ready = state === 'serving';
+    return reply.code(ready ? 200 : 503).send({ status: ready ? 'ready' : 'not_ready', state, discovery: lifecycle.discoveryPresence });
   });
 
   allowOnly(app, '/metrics', ['GET']);
@@ -53,7 +53,7 @@ export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: S
   );
 
   allowOnly(app, '/engine/resume', ['POST']);
-  app.post('/engine/resume', async (req) => {
+  app.post('/engine/resume', { schema: { body: EmptyBodySchema } }, async (req) => {
     guardAdmin?.(req.headers.authorization);
     return statusBody(await lifecycle.resume());
   });

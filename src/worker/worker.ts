@@ -2,6 +2,8 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
+import { createAdminGuard } from '../common/admin-auth.js';
+import { closeBounded } from '../common/close-bounded.js';
 import { advertisedUrl, listen } from '../common/http-server.js';
 import type { Engine } from '../engine/engine.js';
 import type { KvTransfer } from '../engine/kv-transfers.js';
@@ -9,6 +11,7 @@ import { MockerEngine, type MockerOptions } from '../engine/mocker.js';
 import { Admission } from '../lifecycle/admission.js';
 import { Lifecycle } from '../lifecycle/lifecycle.js';
 import { createWorkerMetrics } from './metrics.js';
+import { PrefillPeers } from './prefill-peers.js';
 import { createRequestPlane } from './request-plane.js';
 import { runShutdown, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
@@ -28,6 +31,8 @@ export interface WorkerOptions {
   shutdown: Omit<ShutdownOptions, 'watchdogMarginMs'> & { watchdogMarginMs?: number };
   mocker: Omit<MockerOptions, 'mode'>;
   guardAdmin?: (authorization: string | undefined) => void;
+  /** The request-plane token: required of callers when set, and sent to prefill peers. */
+  requestToken?: string | undefined;
 }
 
 export interface RunningWorker {
@@ -37,6 +42,8 @@ export interface RunningWorker {
   discovery: Discovery;
   /** Runs the SIGTERM sequence once; later calls get the same promise. Resolves with the exit code. */
   shutdown(signal: string): Promise<number>;
+  /** A second signal: the stage under way and the rest are cancelled; cleanup still runs, briefly. */
+  cancelShutdown(): void;
 }
 
 export function newWorkerId(): string {
@@ -64,11 +71,25 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   engine.kvTransfers?.on('expired', (t: KvTransfer) =>
     log.warn({ event: 'kv_transfer_expired', transfer_id: t.transfer_id, kv_bytes: t.kv_bytes }, `KV transfer ${t.transfer_id} expired before a decode peer took it`),
   );
+  const prefillPeers = opts.mode === 'decode' ? new PrefillPeers() : undefined;
+  await prefillPeers?.start(discovery);
   let requestUrl = '';
-  const requestPlane = createRequestPlane({ model: opts.model, workerId, engine, admission, metrics, log, selfUrl: () => requestUrl });
+  const requestPlane = createRequestPlane({
+    model: opts.model,
+    workerId,
+    mode: opts.mode,
+    engine,
+    admission,
+    metrics,
+    log,
+    selfUrl: () => requestUrl,
+    prefillPeers,
+    guard: createAdminGuard(opts.requestToken, 'request-plane'),
+    requestToken: opts.requestToken,
+  });
   const systemServer = createSystemServer({ lifecycle, engine, metrics, guardAdmin: opts.guardAdmin });
 
-  requestUrl = advertisedUrl(await listen(requestPlane, opts.host, opts.port), opts.advertiseHost);
+  requestUrl = advertisedUrl(await listen(requestPlane.app, opts.host, opts.port), opts.advertiseHost);
   const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
   record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl };
   discovery.onRegistrationLost((id) => {
@@ -76,14 +97,14 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   });
   await lifecycle.start();
 
-  const cleanup = async (force: boolean) => {
-    if (force) requestPlane.server.closeAllConnections();
-    await requestPlane.close();
+  const cleanup = async (signal: AbortSignal) => {
+    await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal)]);
+    await prefillPeers?.close();
     await discovery.close();
-    await systemServer.close();
     await engine.close();
   };
   let shuttingDown: Promise<number> | undefined;
+  const cancel = new AbortController();
   const shutdownOpts: ShutdownOptions = { watchdogMarginMs: 5000, ...opts.shutdown };
   return {
     record,
@@ -91,8 +112,20 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     engine,
     discovery,
     shutdown(signal) {
-      shuttingDown ??= runShutdown(signal, shutdownOpts, { lifecycle, admission, metrics, log, cleanup, exit });
+      shuttingDown ??= runShutdown(signal, shutdownOpts, {
+        lifecycle,
+        admission,
+        metrics,
+        log,
+        cutInflight: (s) => requestPlane.cutAll(s),
+        cleanup,
+        exit,
+        cancel: cancel.signal,
+      });
       return shuttingDown;
+    },
+    cancelShutdown() {
+      cancel.abort(new Error('second signal'));
     },
   };
 }

@@ -1,0 +1,79 @@
+import type { ServerResponse } from 'node:http';
+import type { GenerateResult } from '../engine/engine.js';
+import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
+
+/** Why a scope was aborted: the caller left, or the worker's shutdown deadline cut it. */
+export class ShutdownCut extends Error {
+  constructor() {
+    super('the worker shut down before this request finished (drain deadline reached)');
+  }
+}
+
+/**
+ * The one owner of an admitted request on the worker: its admission slot (ticket), its abort
+ * signal and its engine generator. `close` releases all three, once, whichever way the request
+ * ends: finished, failed, the client left (its response closed early), or cut by shutdown.
+ * Nothing else releases a ticket or returns a generator.
+ */
+export class RequestScope {
+  private readonly abort = new AbortController();
+  private tokens: AsyncGenerator<string, GenerateResult, void> | undefined;
+  private closed = false;
+
+  constructor(
+    readonly ticket: Ticket,
+    readonly res: ServerResponse,
+    private readonly onClose: (scope: RequestScope) => void,
+  ) {
+    res.once('close', () => {
+      if (res.writableFinished) return;
+      this.abort.abort(new Error('client disconnected'));
+      this.close('dropped');
+    });
+  }
+
+  get id(): string {
+    return this.ticket.id;
+  }
+
+  get signal(): AbortSignal {
+    return this.abort.signal;
+  }
+
+  /** True when the client went away: there is nobody left to answer. */
+  get dropped(): boolean {
+    return this.abort.signal.aborted && !(this.abort.signal.reason instanceof ShutdownCut);
+  }
+
+  /** The engine's generator for this request, closed with the scope. */
+  attach(tokens: AsyncGenerator<string, GenerateResult, void>): AsyncGenerator<string, GenerateResult, void> {
+    this.tokens = tokens;
+    if (this.closed) void this.returnTokens();
+    return tokens;
+  }
+
+  /** Shutdown deadline: stop generating; the serving code ends the response with a terminal error line. */
+  cut(): void {
+    if (!this.abort.signal.aborted) this.abort.abort(new ShutdownCut());
+  }
+
+  /** Ends the response with `chunk`, then closes the scope as `outcome` once it is flushed. */
+  end(chunk: string, outcome: ReleaseOutcome): void {
+    if (this.res.writableEnded) return this.close(outcome);
+    this.res.end(chunk, () => this.close(outcome));
+  }
+
+  close(outcome: ReleaseOutcome): void {
+    if (this.closed) return;
+    this.closed = true;
+    if (!this.abort.signal.aborted) this.abort.abort(new Error(`request ${outcome}`));
+    // A generator left suspended at a yield would keep its batch slot.
+    void this.returnTokens();
+    this.ticket.release(outcome);
+    this.onClose(this);
+  }
+
+  private async returnTokens(): Promise<void> {
+    await this.tokens?.return(undefined as never).catch(() => undefined);
+  }
+}
