@@ -335,6 +335,32 @@ describe('worker process: request ownership', () => {
     assert.match(metrics, /ebb_worker_requests_total\{outcome="dropped"\} 1/);
   });
 
+  it('every way a request ends releases it exactly once: in-flight back to 0, admitted == ended', async () => {
+    const w = await worker(['--mocker-itl-ms', '5']);
+    const done = await gen(w, { max_tokens: 3 });
+    await done.done;
+    const whole = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x', max_tokens: 3, stream: false });
+    assert.equal(whole.status, 200);
+    const dropped = await gen(w, { max_tokens: 100_000 });
+    await dropped.first;
+    dropped.abort();
+    const stopped = await gen(w, { max_tokens: 3, stop: 'the' }); // may end early on a stop string
+    await stopped.done;
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    if (drain.body.state !== 'drained') await w.waitForEvent('state_changed', (l) => l.to === 'drained');
+    const refused = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x' });
+    assert.equal(refused.status, 503);
+    const status = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(status.body.inflight_requests, 0);
+    const text = await fetch(`${w.systemUrl}/metrics`).then((r) => r.text());
+    const sample = (re: RegExp) => Number(re.exec(text)?.[1] ?? 0);
+    const admitted = sample(/^ebb_worker_admitted_total (\d+)/m);
+    const ended = ['completed', 'errored', 'dropped'].reduce((n, o) => n + sample(new RegExp(`^ebb_worker_requests_total\\{outcome="${o}"\\} (\\d+)`, 'm')), 0);
+    assert.equal(admitted, 4, 'refusals are not admitted');
+    assert.equal(ended, admitted, 'each admitted request ended exactly once');
+    assert.equal(sample(/^ebb_worker_requests_total\{outcome="dropped"\} (\d+)/m), 1);
+  });
+
   it('rejects a request_id that is not a legal header value before any work', async () => {
     const w = await worker();
     const bad = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x', request_id: 'id with spaces\u00e9' });

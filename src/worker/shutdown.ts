@@ -19,6 +19,11 @@ export const DEADLINE_EXIT_CODE = 1;
 export const CANCELLED_EXIT_CODE = 130;
 /** Closing servers and discovery; connections still open past it are dropped. Inside the watchdog margin. */
 export const CLEANUP_CAP_MS = 2000;
+/**
+ * The unregister stage's share of the budget while discovery does not answer: the lease dies with
+ * the process anyway, and the admitted work must keep its time to finish.
+ */
+export const UNREGISTER_CAP_MS = 5000;
 
 export type StageOutcome = 'completed' | 'timed_out' | 'skipped' | 'cancelled' | 'unsupported';
 export type StageName = 'unregister' | 'grace' | 'wait_inflight' | 'cut_inflight' | 'cleanup';
@@ -91,7 +96,7 @@ export async function runShutdown(signal: string, opts: ShutdownOptions, deps: S
     return outcome;
   };
 
-  const unregistered = await stage('unregister', opts.graceMs + opts.drainTimeoutMs, (s) => lifecycle.unregisterForShutdown(s));
+  const unregistered = await stage('unregister', Math.min(UNREGISTER_CAP_MS, opts.graceMs + opts.drainTimeoutMs), (s) => lifecycle.unregisterForShutdown(s));
   // Routers converge on their own clock: a fixed wait, and none when we were not listed anyway.
   const graceSkipped = unregistered === 'skipped';
   await stage('grace', graceSkipped ? 0 : opts.graceMs, async (s) => {

@@ -1,0 +1,81 @@
+/**
+ * Drain during an etcd outage, with real processes on a real etcd: closing admission needs no
+ * discovery, the worker unregisters once etcd is back, and a drained worker's key does not return.
+ */
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Etcd3 } from 'etcd3';
+import { ETCD_PREFIX } from '../src/discovery/etcd.js';
+import { etcdSkipReason, startEtcd, type EtcdServer } from './helpers/etcd.js';
+import { call } from './helpers/http.js';
+import { startWorker, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+
+describe('etcd: drain while etcd is down', { skip: etcdSkipReason() }, () => {
+  let etcd: EtcdServer;
+  let raw: Etcd3;
+  const started: EbbProcess[] = [];
+  const worker = async (args: string[] = []): Promise<WorkerHandle> => {
+    const w = await startWorker(['--discovery', etcd.url, '--model', 'm1', '--lease-ttl-ms', '2000', ...args]);
+    started.push(w);
+    return w;
+  };
+  const keyedIds = async () => Object.keys(await raw.getAll().prefix(ETCD_PREFIX).strings()).map((k) => decodeURIComponent(k.slice(k.lastIndexOf('/') + 1)));
+  before(async () => {
+    etcd = await startEtcd();
+    raw = new Etcd3({ hosts: [etcd.endpoint] });
+  });
+  after(async () => {
+    await Promise.all(started.map((p) => p.stop()));
+    raw?.close();
+    await etcd?.stop();
+  });
+
+  it('drains locally, refuses new work, unregisters when etcd returns, and stays out of etcd', async () => {
+    const w = await worker();
+    assert.deepEqual(await keyedIds(), [w.workerId]);
+    await etcd.kill();
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`, { reason: 'etcd outage' });
+    assert.equal(drain.status, 200, JSON.stringify(drain.body));
+    assert.equal(drain.body.state, 'drained');
+    assert.equal(drain.body.admission_open, false);
+    assert.equal(drain.body.discovery, 'unknown');
+    assert.equal(drain.body.discovery_registered, false);
+    const refused = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x' });
+    assert.equal(refused.status, 503);
+    assert.equal(refused.body.error.code, 'worker_draining');
+
+    const mark = w.logs.length;
+    await etcd.restart();
+    await w.waitForLog((l) => l.event === 'discovery_unregistered' && w.logs.indexOf(l) >= mark, 'unregister confirmed after etcd returned');
+    assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.discovery, 'unregistered');
+    // A later registration (a newer revision) is visible, and the drained worker's key is not.
+    const other = await worker();
+    const ids = await keyedIds();
+    assert.ok(ids.includes(other.workerId));
+    assert.ok(!ids.includes(w.workerId), `a drained worker's key must not come back: ${ids.join(',')}`);
+
+    const resumed = await call('POST', `${w.systemUrl}/engine/resume`);
+    assert.equal(resumed.status, 200);
+    assert.equal(resumed.body.discovery, 'registered');
+    assert.ok((await keyedIds()).includes(w.workerId));
+  });
+
+  it('SIGTERM during a drain that cannot unregister: admission never reopens and the worker exits 0', async () => {
+    const w = await worker(['--shutdown-grace-ms', '0', '--drain-timeout-ms', '10000']);
+    await etcd.kill();
+    try {
+      const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+      assert.equal(drain.body.state, 'drained');
+      w.signal('SIGTERM');
+      await w.waitForEvent('shutdown_started');
+      const refused = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x' });
+      assert.equal(refused.body.error.code, 'worker_draining');
+      assert.equal(await w.exitCode(), 0);
+      const unregister = await w.waitForEvent('shutdown_stage', (l) => l.stage === 'unregister');
+      assert.equal(unregister.outcome, 'timed_out');
+      assert.ok(!w.logs.some((l) => l.event === 'state_changed' && l.to === 'serving'), 'never back to serving');
+    } finally {
+      await etcd.restart();
+    }
+  });
+});
