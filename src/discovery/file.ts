@@ -142,6 +142,8 @@ export class FileDiscovery implements Discovery {
     let scanning = false;
     let rescan = false;
     let closed = false;
+    /** One warning per episode of failing scans, not one per inotify event. */
+    let failing = false;
     const byWorker = (v: Map<string, FileEntry>) => new Map([...v.values()].map((e) => [e.record.worker_id, e]));
     const scanOnce = async (): Promise<void> => {
       const reads = await this.read();
@@ -175,8 +177,10 @@ export class FileDiscovery implements Discovery {
           rescan = false;
           try {
             await scanOnce();
+            failing = false;
           } catch (err) {
-            if (!closed) warn(`scan of ${this.dir} failed, keeping the last view`, err);
+            if (!closed && !failing) warn(`scan of ${this.dir} failed, keeping the last view until one succeeds`, err);
+            failing = true;
             return;
           }
         } while (rescan && !closed);
