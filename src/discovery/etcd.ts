@@ -126,7 +126,7 @@ export class EtcdDiscovery implements Discovery {
         // A registration newer than the list is not in it yet; one older must be.
         if (reg.revision <= ctx.revision && !ctx.keys.has(reg.key) && !this.deleting.has(reg.key)) this.registrationLost(workerId, reg);
       }
-      // A reset follows every reconnect: etcd answers again, so old leases can go now.
+      // A reset follows every reconnect: etcd answers again, so old leases can go now (never rejects).
       void this.revokeLostLeases();
     }
   }
@@ -158,7 +158,7 @@ export class EtcdDiscovery implements Discovery {
     const previous = this.registrations.get(record.worker_id);
     this.registrations.set(record.worker_id, { key, record: { ...record }, lease, revision });
     this.watchOwnKeys();
-    void this.revokeLostLeases();
+    void this.revokeLostLeases(); // never rejects; the caller need not wait for old leases
     if (previous && previous.key !== key) {
       // Re-registered under another model: the old key would otherwise live as long as the lease.
       await this.deleteKey(previous.key, `remove old key of ${record.worker_id}`);
