@@ -448,3 +448,30 @@ describe('etcd discovery: what this process believes it holds matches etcd', { s
     assert.equal(await raw.get(etcdKey(r)).string(), null);
   });
 });
+
+describe('etcd discovery: etcd restored from a backup', { skip: etcdSkipReason() }, () => {
+  let etcd: EtcdServer;
+  before(async () => {
+    etcd = await startEtcd();
+  });
+  after(async () => {
+    await etcd?.stop();
+  });
+
+  test('a key missing when the watch reconnects (lease alive) fires onRegistrationLost for that worker only', async (t) => {
+    const d = await EtcdDiscovery.connect(etcd.url, {}); // 10 s lease: it outlives both restarts
+    t.after(() => d.close());
+    const old = record('restore-old', 'org/restore');
+    const recent = record('restore-recent', 'org/restore');
+    await d.register(old);
+    const backup = await etcd.backup(); // holds the lease and the old key
+    await eventually('register after the backup', () => d.register(recent));
+    const seen: string[] = [];
+    t.after(d.onRegistrationLost((id) => seen.push(id)));
+    const lost = lostAll(d, ['restore-recent']);
+    // The operator restores the backup: the lease is still there (so keepalives go on), the recent key is not.
+    await etcd.restore(backup);
+    assert.deepEqual(await lost, ['restore-recent']);
+    assert.deepEqual(seen, ['restore-recent'], 'the key still in etcd is not reported lost');
+  });
+});

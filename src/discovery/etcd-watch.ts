@@ -13,6 +13,8 @@ export interface Snapshot {
   records: WorkerRecord[];
   /** Every key under the prefix, junk included: what a registrar checks its own keys against. */
   keys: Set<string>;
+  /** Opaque to the watch: the caller's own marker of what it had written when it asked for this list. */
+  asked?: number;
 }
 
 /** Where an event sits in etcd's history, so a registrar can order it against its own writes. */
@@ -21,8 +23,8 @@ export interface EventContext {
   revision: bigint;
   /** The changed key (put, delete). */
   key?: string;
-  /** All keys listed (reset). */
-  keys?: ReadonlySet<string>;
+  /** The list a reset carries. */
+  snapshot?: Snapshot;
 }
 
 export type PrefixListener = (event: DiscoveryEvent, ctx: EventContext) => void;
@@ -54,7 +56,7 @@ export class PrefixWatch implements DiscoveryWatch {
   }
 
   private deliverReset(snap: Snapshot): void {
-    this.deliver({ type: 'reset', records: snap.records }, { revision: BigInt(snap.revision), keys: snap.keys });
+    this.deliver({ type: 'reset', records: snap.records }, { revision: BigInt(snap.revision), snapshot: snap });
   }
 
   /** Lists (failing if etcd does not answer), delivers the reset, then follows from there. */

@@ -23,6 +23,8 @@ interface Registration {
   lease: Lease;
   /** The revision of our put: a delete older than it is history, not a loss. */
   revision: bigint;
+  /** Local order of confirmed writes; a list asked for after this one must contain the key. */
+  seq: number;
 }
 
 /**
@@ -45,6 +47,8 @@ export class EtcdDiscovery implements Discovery {
   private readonly deleting = new Map<string, { calls: number; seen: boolean }>();
   private readonly lostListeners = new Set<(workerId: string) => void>();
   private readonly watches = new Set<PrefixWatch>();
+  /** Counts confirmed puts (see Registration.seq). */
+  private writeSeq = 0;
   /** Watches our own keys; started by the first register, kept until close. */
   private ownWatch: PrefixWatch | undefined;
   private closed = false;
@@ -121,10 +125,12 @@ export class EtcdDiscovery implements Discovery {
       }
       const reg = this.registrations.get(event.worker_id);
       if (reg && reg.key === ctx.key && ctx.revision > reg.revision) this.registrationLost(event.worker_id, reg);
-    } else if (event.type === 'reset' && ctx.keys) {
+    } else if (event.type === 'reset' && ctx.snapshot) {
+      const { keys, asked = -1 } = ctx.snapshot;
       for (const [workerId, reg] of this.registrations) {
-        // A registration newer than the list is not in it yet; one older must be.
-        if (reg.revision <= ctx.revision && !ctx.keys.has(reg.key) && !this.deleting.has(reg.key)) this.registrationLost(workerId, reg);
+        // Put confirmed before the list was asked for: it must be in it. Ordered locally, not by
+        // revision, since an etcd restored from a backup answers with older revisions than ours.
+        if (reg.seq <= asked && !keys.has(reg.key) && !this.deleting.has(reg.key)) this.registrationLost(workerId, reg);
       }
       // A reset follows every reconnect: etcd answers again, so old leases can go now (never rejects).
       void this.revokeLostLeases();
@@ -133,7 +139,11 @@ export class EtcdDiscovery implements Discovery {
 
   private watchOwnKeys(): void {
     if (this.ownWatch || this.closed) return;
-    this.ownWatch = new PrefixWatch(this.client, () => this.snapshot(), (e, ctx) => this.ownKeysEvent(e, ctx), () => undefined);
+    const snapshot = async (): Promise<Snapshot> => {
+      const asked = this.writeSeq;
+      return { ...(await this.snapshot()), asked };
+    };
+    this.ownWatch = new PrefixWatch(this.client, snapshot, (e, ctx) => this.ownKeysEvent(e, ctx), () => undefined);
     this.ownWatch.begin();
   }
 
@@ -156,7 +166,7 @@ export class EtcdDiscovery implements Discovery {
       if (attempt > 1) throw this.fail(`register ${record.worker_id}`, new Error('lease lost during registration, retry'));
     }
     const previous = this.registrations.get(record.worker_id);
-    this.registrations.set(record.worker_id, { key, record: { ...record }, lease, revision });
+    this.registrations.set(record.worker_id, { key, record: { ...record }, lease, revision, seq: ++this.writeSeq });
     this.watchOwnKeys();
     void this.revokeLostLeases(); // never rejects; the caller need not wait for old leases
     if (previous && previous.key !== key) {
