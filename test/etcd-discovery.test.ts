@@ -359,3 +359,119 @@ describe('etcd discovery across etcd restarts', { skip: etcdSkipReason() }, () =
     assert.ok(listed.includes('down-serving') && !listed.includes('down-draining'), JSON.stringify(listed));
   });
 });
+
+describe('etcd discovery: what this process believes it holds matches etcd', { skip: etcdSkipReason() }, () => {
+  let etcd: EtcdServer;
+  let raw: Etcd3;
+  before(async () => {
+    etcd = await startEtcd();
+    raw = new Etcd3({ hosts: [etcd.endpoint] });
+  });
+  after(async () => {
+    raw?.close();
+    await etcd?.stop();
+  });
+
+  test('a key deleted behind the worker’s back fires onRegistrationLost; its own unregister does not', async (t) => {
+    const d = await EtcdDiscovery.connect(etcd.url, {});
+    t.after(() => d.close());
+    const mine = record('behind-mine', 'org/behind');
+    const victim = record('behind-victim', 'org/behind');
+    await d.register(mine);
+    await d.register(victim);
+    const seen: string[] = [];
+    const off = d.onRegistrationLost((id) => seen.push(id));
+    t.after(off);
+
+    const lost = lostAll(d, ['behind-victim']);
+    await d.unregister('behind-mine');
+    await raw.delete().key(etcdKey(victim)).exec(); // an operator's etcdctl del
+    assert.deepEqual(await lost, ['behind-victim']);
+    // Watch events arrive in revision order, so a false alarm for our own delete would have come first.
+    assert.deepEqual(seen, ['behind-victim']);
+    // The lease is alive (only the key went): re-registering puts the key back.
+    await d.register(victim);
+    assert.deepEqual(JSON.parse((await raw.get(etcdKey(victim)).string()) ?? 'null'), victim);
+  });
+
+  test('a throwing watch listener does not kill the process or the watch, not even on the reset after a reconnect', async (t) => {
+    const registrar = await EtcdDiscovery.connect(etcd.url, {});
+    const watcher = await EtcdDiscovery.connect(etcd.url, {});
+    t.after(() => Promise.all([registrar.close(), watcher.close()]));
+    const rec = new Recorder();
+    let resets = 0;
+    const w = await watcher.watch((e) => {
+      rec.listener(e);
+      if (e.type === 'reset' && ++resets > 1) throw new Error('listener bug on reset');
+      if (e.type === 'put' && e.record.worker_id === 'throw-first') throw new Error('listener bug on put');
+    });
+    t.after(() => w.close());
+    await registrar.register(record('throw-first', 'org/throw'));
+    const since = rec.events.length;
+    await etcd.restart();
+    await rec.event('the reset after the restart', (e) => e.type === 'reset', since);
+    await eventually('register after the restart', () => registrar.register(record('throw-second', 'org/throw')));
+    await rec.until('the put after the throwing reset', () => rec.view.has('throw-second'));
+  });
+
+  test('a drain rolled back during an outage: the failed unregister keeps the registration, so its loss is reported', async (t) => {
+    const d = await EtcdDiscovery.connect(etcd.url, { leaseTtlMs: 2000 });
+    t.after(() => d.close());
+    const r = record('rollback-victim', 'org/rollback');
+    await d.register(r);
+    const lost = lostAll(d, ['rollback-victim']);
+    await etcd.kill();
+    t.after(() => etcd.restart());
+    // The drain's unregister fails; the lifecycle rolls back to serving and keeps its registration.
+    await assert.rejects(within(d.unregister('rollback-victim'), 'unregister to fail'), /unregister rollback-victim failed/);
+    // The lease runs out while etcd is still down: the worker must hear of it to register again.
+    assert.deepEqual(await lost, ['rollback-victim']);
+  });
+
+  test('a drained worker’s key does not come back after an etcd restart: its lost lease is revoked', async (t) => {
+    const d = await EtcdDiscovery.connect(etcd.url, { leaseTtlMs: 3000 });
+    t.after(() => d.close());
+    const r = record('drained-victim', 'org/drained');
+    await eventually('register (etcd may just have restarted)', () => d.register(r));
+    const oldLease = await eventually('read the lease', () => leaseOf(raw, r));
+    assert.ok(oldLease);
+    const lost = lostAll(d, ['drained-victim']);
+    await etcd.kill();
+    await lost;
+    // Drain during the outage: the unregister fails, the lifecycle drains locally and retries it.
+    await assert.rejects(within(d.unregister('drained-victim'), 'unregister to fail'), /failed/);
+    await etcd.restart();
+    // etcd renews leases on startup: the old key is back for one TTL unless the lost lease is revoked.
+    await eventually('the retried unregister', () => d.unregister('drained-victim'));
+    const ttl = await eventually('lease TTL', () => raw.leaseClient.leaseTimeToLive({ ID: oldLease }));
+    assert.equal(ttl.TTL, '-1', `the lost lease ${oldLease} must be revoked by now, it has TTL ${ttl.TTL}`);
+    assert.equal(await raw.get(etcdKey(r)).string(), null);
+  });
+});
+
+describe('etcd discovery: etcd restored from a backup', { skip: etcdSkipReason() }, () => {
+  let etcd: EtcdServer;
+  before(async () => {
+    etcd = await startEtcd();
+  });
+  after(async () => {
+    await etcd?.stop();
+  });
+
+  test('a key missing when the watch reconnects (lease alive) fires onRegistrationLost for that worker only', async (t) => {
+    const d = await EtcdDiscovery.connect(etcd.url, {}); // 10 s lease: it outlives both restarts
+    t.after(() => d.close());
+    const old = record('restore-old', 'org/restore');
+    const recent = record('restore-recent', 'org/restore');
+    await d.register(old);
+    const backup = await etcd.backup(); // holds the lease and the old key
+    await eventually('register after the backup', () => d.register(recent));
+    const seen: string[] = [];
+    t.after(d.onRegistrationLost((id) => seen.push(id)));
+    const lost = lostAll(d, ['restore-recent']);
+    // The operator restores the backup: the lease is still there (so keepalives go on), the recent key is not.
+    await etcd.restore(backup);
+    assert.deepEqual(await lost, ['restore-recent']);
+    assert.deepEqual(seen, ['restore-recent'], 'the key still in etcd is not reported lost');
+  });
+});

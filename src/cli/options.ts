@@ -1,6 +1,5 @@
 import { InvalidArgumentError } from 'commander';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { defaultDiscoveryDir } from '../discovery/private-dir.js';
 
 export function intOption(min: number) {
   return (value: string): number => {
@@ -18,9 +17,11 @@ export function durationOption(value: string): number {
   return Math.round(Number(m[1]) * scale);
 }
 
-/** Components started separately on one machine meet here unless --discovery or EBB_DISCOVERY says otherwise. */
-export const DEFAULT_DISCOVERY_URL = `file://${join(tmpdir(), 'ebb', 'discovery')}`;
-
+/**
+ * Components started separately on one machine meet here unless --discovery or EBB_DISCOVERY says
+ * otherwise: a per-user directory ($XDG_RUNTIME_DIR/ebb/discovery, else <tmpdir>/ebb-<uid>/discovery),
+ * never a shared one under /tmp that any user could write records into.
+ */
 export function discoveryDefault(): string {
-  return process.env.EBB_DISCOVERY ?? DEFAULT_DISCOVERY_URL;
+  return process.env.EBB_DISCOVERY ?? `file://${defaultDiscoveryDir()}`;
 }

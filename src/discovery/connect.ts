@@ -1,14 +1,14 @@
 import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Discovery, DiscoveryOptions } from './discovery.js';
 import { FileDiscovery } from './file.js';
 import { MemoryDiscovery } from './memory.js';
+import { discoveryBaseDir, ensurePrivateDirSync } from './private-dir.js';
 
-/** A fresh directory for `ebb up` and tests: the embedded default needs nothing installed. */
+/** A fresh directory for `ebb up` and tests, in this user's private base (mkdtemp makes it 0700). */
 export function temporaryDiscoveryUrl(): string {
-  return `file://${mkdtempSync(join(tmpdir(), 'ebb-discovery-'))}`;
+  return `file://${mkdtempSync(join(ensurePrivateDirSync(discoveryBaseDir()), 'discovery-'))}`;
 }
 
 /** memory: | file:///dir | etcd://host:2379[,host:2379] */

@@ -44,14 +44,27 @@ export interface Discovery {
   close(): Promise<void>;
 }
 
+function isHttpUrl(v: unknown): boolean {
+  if (typeof v !== 'string') return false;
+  try {
+    const u = new URL(v);
+    return u.protocol === 'http:' || u.protocol === 'https:';
+  } catch {
+    return false;
+  }
+}
+
+/** Records come from other processes (or from whoever can write the registry): check every field. */
 export function isWorkerRecord(v: unknown): v is WorkerRecord {
   if (typeof v !== 'object' || v === null) return false;
   const r = v as Record<string, unknown>;
   return (
     typeof r.worker_id === 'string' &&
+    r.worker_id !== '' &&
     typeof r.model === 'string' &&
+    r.model !== '' &&
     (r.mode === 'aggregated' || r.mode === 'prefill' || r.mode === 'decode') &&
-    typeof r.request_url === 'string' &&
-    typeof r.system_url === 'string'
+    isHttpUrl(r.request_url) &&
+    isHttpUrl(r.system_url)
   );
 }

@@ -1,38 +1,23 @@
-import { watch as fsWatch, type FSWatcher } from 'node:fs';
-import { mkdir, readdir, readFile, rename, unlink, writeFile } from 'node:fs/promises';
-import { hostname } from 'node:os';
+import { statSync, watch as fsWatch, type FSWatcher } from 'node:fs';
+import { readdir, readFile, rename, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { isWorkerRecord, type Discovery, type DiscoveryEvent, type DiscoveryWatch, type WorkerRecord } from './discovery.js';
+import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
+import { entryLive, HOST, identity, MAX_TTL_MS, MIN_TTL_MS, parseEntry, type FileEntry } from './file-record.js';
+import { callListener, warn } from './guards.js';
+import { assertPrivate, ensurePrivateDir, UnsafeDirectoryError } from './private-dir.js';
 
-interface FileEntry {
-  record: WorkerRecord;
-  pid: number;
-  hostname: string;
-  heartbeat_at: number;
-  ttl_ms: number;
-  /** Set by each register(): a drain+resume quicker than a watcher's scan still reads as a new registration. */
-  registered_at: number;
-}
+/** One file as read by a scan: live, gone (absent, expired, dead owner, junk), or not readable this time. */
+type Read = { name: string; state: 'live'; entry: FileEntry } | { name: string; state: 'gone' | 'unreadable' };
 
-const HOST = hostname();
-
-/** What makes a registration new to a watcher: its content or a fresh register() call, never a heartbeat. */
-const identity = (e: FileEntry): string => `${e.registered_at}|${JSON.stringify(e.record)}`;
-
-function processAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
+const SWEEP_MS = 1000;
 
 /**
  * Discovery for several processes on one machine: one JSON file per worker in a directory.
  * A record is a lease: its owner rewrites the heartbeat every ttl/3; readers drop a record whose
  * heartbeat is older than its TTL, or at once when its owner process on this host is gone.
  * Watchers react to inotify events on the directory and sweep for expiries once per second.
+ * The directory must be this user's and writable by nobody else; a watcher that cannot read
+ * (fd exhaustion, say) keeps what it last knew rather than dropping live workers.
  */
 export class FileDiscovery implements Discovery {
   readonly url: string;
@@ -40,12 +25,30 @@ export class FileDiscovery implements Discovery {
   private readonly heartbeats = new Map<string, { timer: NodeJS.Timeout; beat: Promise<void> | undefined }>();
   private tmpSeq = 0;
   private readonly closers = new Set<() => Promise<void>>();
+  /** Set once the directory exists and passed the ownership check; cleared if it disappears. */
+  private dirChecked = false;
 
   constructor(
     private readonly dir: string,
     private readonly ttlMs = 3000,
   ) {
     this.url = `file://${dir}`;
+    if (!(ttlMs >= MIN_TTL_MS && ttlMs <= MAX_TTL_MS)) {
+      throw new Error(`file discovery lease TTL must be between ${MIN_TTL_MS} ms and ${MAX_TTL_MS} ms, got ${ttlMs}`);
+    }
+    // Refuse an unsafe directory at once when it exists; one that does not is checked once created.
+    try {
+      assertPrivate(dir, statSync(dir));
+      this.dirChecked = true;
+    } catch (err) {
+      if (err instanceof UnsafeDirectoryError) throw err;
+    }
+  }
+
+  private async ensureDir(): Promise<void> {
+    if (this.dirChecked) return;
+    await ensurePrivateDir(this.dir);
+    this.dirChecked = true;
   }
 
   private pathOf(workerId: string): string {
@@ -53,15 +56,20 @@ export class FileDiscovery implements Discovery {
   }
 
   private async write(record: WorkerRecord, registeredAt: number): Promise<void> {
+    await this.ensureDir();
     const entry: FileEntry = { record, pid: process.pid, hostname: HOST, heartbeat_at: Date.now(), ttl_ms: this.ttlMs, registered_at: registeredAt };
     const path = this.pathOf(record.worker_id);
     const tmp = `${path}.${process.pid}.${this.tmpSeq++}.tmp`; // concurrent writers never share a temp file
-    await writeFile(tmp, JSON.stringify(entry));
-    await rename(tmp, path); // atomic: readers never see half a record
+    try {
+      await writeFile(tmp, JSON.stringify(entry), { mode: 0o600 });
+      await rename(tmp, path); // atomic: readers never see half a record
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') this.dirChecked = false; // removed under us: recreate next time
+      throw err;
+    }
   }
 
   async register(record: WorkerRecord): Promise<void> {
-    await mkdir(this.dir, { recursive: true });
     const registeredAt = Date.now();
     await this.stopHeartbeat(record.worker_id);
     await this.write(record, registeredAt);
@@ -95,35 +103,69 @@ export class FileDiscovery implements Discovery {
     });
   }
 
+  /** Live records; one that cannot be read right now is left out (there is no earlier view to keep). */
   async list(): Promise<WorkerRecord[]> {
-    return (await this.entries()).map((e) => e.record);
+    return (await this.read()).flatMap((r) => (r.state === 'live' ? [r.entry.record] : []));
   }
 
-  /** Live entries: well-formed, heartbeat within TTL, owner process alive when on this host. */
-  private async entries(): Promise<FileEntry[]> {
-    await mkdir(this.dir, { recursive: true });
-    const names = (await readdir(this.dir)).filter((n) => n.endsWith('.json'));
+  /** Every record file, classified. Throws when the directory itself cannot be read. */
+  private async read(): Promise<Read[]> {
+    await this.ensureDir();
+    let names: string[];
+    try {
+      names = (await readdir(this.dir)).filter((n) => n.endsWith('.json'));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      this.dirChecked = false; // removed under us: no records, and recreate (and check) next time
+      return [];
+    }
     const now = Date.now();
-    const entries = await Promise.all(
-      names.map(async (n) => {
+    return Promise.all(
+      names.map(async (name): Promise<Read> => {
+        let text: string;
         try {
-          return JSON.parse(await readFile(join(this.dir, n), 'utf8')) as FileEntry;
-        } catch {
-          return null; // removed between readdir and read
+          text = await readFile(join(this.dir, name), 'utf8');
+        } catch (err) {
+          // Only an absent file is gone; EMFILE, EACCES, EIO... say nothing about the worker.
+          return { name, state: (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'gone' : 'unreadable' };
         }
+        const entry = parseEntry(text, now);
+        return entry && entryLive(entry, now) ? { name, state: 'live', entry } : { name, state: 'gone' };
       }),
     );
-    return entries
-      .filter((e): e is FileEntry => e !== null && isWorkerRecord(e.record))
-      .filter((e) => now - e.heartbeat_at <= e.ttl_ms && !(e.hostname === HOST && !processAlive(e.pid)));
   }
 
   async watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch> {
-    await mkdir(this.dir, { recursive: true });
-    let known = new Map<string, string>();
+    const initial = await this.read();
+    /** The view by file name: what the listener was last told. */
+    let view = new Map(initial.flatMap((r) => (r.state === 'live' ? [[r.name, r.entry] as const] : [])));
     let scanning = false;
     let rescan = false;
     let closed = false;
+    /** One warning per episode of failing scans, not one per inotify event. */
+    let failing = false;
+    const byWorker = (v: Map<string, FileEntry>) => new Map([...v.values()].map((e) => [e.record.worker_id, e]));
+    const scanOnce = async (): Promise<void> => {
+      const reads = await this.read();
+      if (closed) return;
+      const next = new Map<string, FileEntry>();
+      for (const r of reads) {
+        if (r.state === 'live') next.set(r.name, r.entry);
+        else if (r.state === 'unreadable') {
+          const previous = view.get(r.name);
+          if (previous) next.set(r.name, previous); // not read this time: as it was
+        }
+      }
+      const before = byWorker(view);
+      const after = byWorker(next);
+      view = next;
+      for (const [id, e] of after) {
+        const old = before.get(id);
+        if (!old || identity(old) !== identity(e)) callListener('watch', listener, { type: 'put', record: e.record });
+      }
+      for (const id of before.keys()) if (!after.has(id)) callListener('watch', listener, { type: 'delete', worker_id: id });
+    };
+    // Never rejects: a scan that fails changes nothing; the next event or sweep tries again.
     const scan = async (): Promise<void> => {
       if (scanning) {
         rescan = true;
@@ -133,22 +175,23 @@ export class FileDiscovery implements Discovery {
       try {
         do {
           rescan = false;
-          const next = new Map((await this.entries()).map((e) => [e.record.worker_id, e]));
-          if (closed) return;
-          for (const [id, e] of next) if (known.get(id) !== identity(e)) listener({ type: 'put', record: e.record });
-          for (const id of known.keys()) if (!next.has(id)) listener({ type: 'delete', worker_id: id });
-          known = new Map([...next].map(([id, e]) => [id, identity(e)]));
-        } while (rescan);
+          try {
+            await scanOnce();
+            failing = false;
+          } catch (err) {
+            if (!closed && !failing) warn(`scan of ${this.dir} failed, keeping the last view until one succeeds`, err);
+            failing = true;
+            return;
+          }
+        } while (rescan && !closed);
       } finally {
         scanning = false;
       }
     };
-    const initial = await this.entries();
-    known = new Map(initial.map((e) => [e.record.worker_id, identity(e)]));
-    listener({ type: 'reset', records: initial.map((e) => e.record) });
+    callListener('watch', listener, { type: 'reset', records: [...byWorker(view).values()].map((e) => e.record) });
     const watcher: FSWatcher = fsWatch(this.dir, () => void scan());
-    watcher.on('error', () => undefined);
-    const sweep = setInterval(() => void scan(), 1000);
+    watcher.on('error', () => undefined); // the sweep goes on without it
+    const sweep = setInterval(() => void scan(), SWEEP_MS);
     sweep.unref();
     const close = async () => {
       closed = true;

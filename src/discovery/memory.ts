@@ -1,5 +1,6 @@
 import { EventEmitter } from 'node:events';
 import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
+import { callListener } from './guards.js';
 
 /** In-process discovery: for tests and for components sharing one process. Nothing expires. */
 export class MemoryDiscovery implements Discovery {
@@ -21,9 +22,11 @@ export class MemoryDiscovery implements Discovery {
   }
 
   async watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch> {
-    listener({ type: 'reset', records: await this.list() });
-    this.events.on('event', listener);
-    return { close: async () => void this.events.off('event', listener) };
+    // A throwing listener must neither fail the register() that emitted nor starve the other watchers.
+    const guarded = (event: DiscoveryEvent) => callListener('watch', listener, event);
+    guarded({ type: 'reset', records: await this.list() });
+    this.events.on('event', guarded);
+    return { close: async () => void this.events.off('event', guarded) };
   }
 
   onRegistrationLost(): () => void {

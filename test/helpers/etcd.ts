@@ -4,7 +4,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { cp, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
@@ -20,6 +20,10 @@ export interface EtcdServer {
   restart(): Promise<void>;
   /** SIGKILL, keeping the data directory: a crash. `restart()` brings it back. */
   kill(): Promise<void>;
+  /** Graceful stop, a copy of the data directory (a backup, as of now), start again; returns the copy. */
+  backup(): Promise<string>;
+  /** SIGKILL, then starts on a copy of `backup`: etcd restored from a backup, everything since lost. */
+  restore(backup: string): Promise<void>;
 }
 
 const READY_LINE = 'ready to serve client requests';
@@ -213,6 +217,7 @@ export async function startEtcd(): Promise<EtcdServer> {
   }
 
   let stopped = false;
+  const backups: string[] = [];
   const endpoint = `http://127.0.0.1:${clientPort}`;
   return {
     url: `etcd://127.0.0.1:${clientPort}`,
@@ -223,6 +228,7 @@ export async function startEtcd(): Promise<EtcdServer> {
       await terminate(child, 'SIGKILL');
       child = undefined;
       await rm(dataDir, { recursive: true, force: true });
+      await Promise.all(backups.map((b) => rm(b, { recursive: true, force: true })));
     },
     async restart() {
       if (stopped) throw new Error('etcd already stopped');
@@ -233,6 +239,24 @@ export async function startEtcd(): Promise<EtcdServer> {
     async kill() {
       await terminate(child, 'SIGKILL');
       child = undefined;
+    },
+    async backup() {
+      if (stopped) throw new Error('etcd already stopped');
+      await terminate(child, 'SIGTERM');
+      child = undefined;
+      const copy = await mkdtemp(join(tmpdir(), 'ebb-etcd-backup-'));
+      backups.push(copy);
+      await cp(dataDir, copy, { recursive: true });
+      child = await launch(binary, argsFor());
+      return copy;
+    },
+    async restore(backup: string) {
+      if (stopped) throw new Error('etcd already stopped');
+      await terminate(child, 'SIGKILL');
+      child = undefined;
+      await rm(dataDir, { recursive: true, force: true });
+      await cp(backup, dataDir, { recursive: true });
+      child = await launch(binary, argsFor());
     },
   };
 }
