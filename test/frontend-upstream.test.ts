@@ -50,6 +50,7 @@ describe('upstream: releasing a stream', () => {
     assert.equal(pool.get('w-1')!.inflight, 0);
     const res = await response;
     letEnd();
+    assert.equal(await up.closed, true, 'the body ended normally: not destroyed on release');
     await once(res, 'close');
     assert.equal(res.writableFinished, true, 'the worker finished its response: the frontend did not abort it');
   });
@@ -60,6 +61,7 @@ describe('upstream: releasing a stream', () => {
     const up = await upstream.open({ model: 'm' }, 'aggregated', new AbortController().signal);
     const res = await response;
     up.release();
+    assert.equal(await up.closed, false, 'destroyed');
     await once(res, 'close');
     assert.equal(res.writableFinished, false, 'cut before the worker finished');
   });

@@ -1,5 +1,6 @@
 import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
 import type { Readable } from 'node:stream';
+import { finished } from 'node:stream/promises';
 import { codeOf, EbbError, type ErrorCode } from '../protocol/errors.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../protocol/request-plane.js';
@@ -20,6 +21,8 @@ export interface UpstreamStream {
   rest: AsyncGenerator<StreamLine[], void, void>;
   /** Ends the frontend's accounting of this worker's in-flight request; idempotent. */
   release(): void;
+  /** Settles once the worker's response body is done with: true when it ended normally, false when it was cut. */
+  closed: Promise<boolean>;
 }
 
 /** A terminal error line a worker sent inside a stream it had started. */
@@ -286,7 +289,11 @@ export class Upstream {
       else value.body.destroy();
       release();
     };
-    return { worker, first: value.first, rest: value.rest, release: end };
+    const closed = finished(value.body).then(
+      () => true,
+      () => false,
+    );
+    return { worker, first: value.first, rest: value.rest, release: end, closed };
   }
 
   /** Opens a token stream on an aggregated worker. */
