@@ -1,7 +1,7 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { call } from './helpers/http.js';
+import { call, fakeWorker, injectRecord, json } from './helpers/http.js';
 import { drainOneUnderLoad } from './helpers/load.js';
 import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
@@ -92,14 +92,20 @@ describe('frontend: OpenAI API through the official SDK', () => {
     assert.equal((await call('POST', `${frontend.url}/engine/drain`)).status, 404, 'no admin route on the public port');
   });
 
-  it('answers 503 when every worker of the model is out of rotation', async () => {
-    const { frontend, workers } = await cluster(1);
-    // Drained but still listed: the frontend has not seen discovery catch up, the worker refuses.
-    const w = workers[0]!;
-    await call('POST', `${w.systemUrl}/engine/drain`);
+  it('answers 503 no_serving_worker when every worker of the model refuses (still listed, draining)', async () => {
+    const discovery = tempDiscoveryUrl();
+    // Listed in discovery but refusing: what the frontend sees of a drained worker before discovery catches up.
+    const refusing = await fakeWorker((_req, res) => json(res, 503, { error: { code: 'worker_draining', message: 'draining', type: 'service_unavailable', retryable: true } }));
+    after(() => refusing.close());
+    injectRecord(discovery, { worker_id: 'w-refusing', model: 'm1', request_url: refusing.url, system_url: refusing.url });
+    const frontend = await startFrontend(discovery);
+    started.push(frontend);
+    await frontend.waitForEvent('discovery_reset', (l) => (l.workers as string[]).includes('w-refusing'));
     const res = await call('POST', `${frontend.url}/v1/completions`, { model: 'm1', prompt: 'x' });
-    assert.ok(res.status === 503 || res.status === 404, `got ${res.status}`);
-    assert.ok(['no_serving_worker', 'model_not_found'].includes(res.body.error.code));
+    assert.equal(res.status, 503);
+    assert.equal(res.body.error.code, 'no_serving_worker');
+    assert.equal(res.body.error.retryable, true);
+    assert.equal(refusing.seen.length, 1, 'the refusal came from the worker');
   });
 });
 
@@ -193,7 +199,10 @@ describe('frontend: zero dropped requests', () => {
       assert.equal(r.done, true);
     }
     for (const [i, r] of results.entries()) {
-      if (seenBeforeKill.has(i) && r.tokens < 40) assert.match(r.error ?? '', /failed mid-stream/, 'a cut stream says so');
+      if (seenBeforeKill.has(i) && r.tokens < 40) {
+        assert.equal(r.errorCode, 'worker_failed_mid_stream', 'a cut stream says so');
+        assert.equal(r.error, `worker ${victim!.workerId} closed the stream before it finished`);
+      }
     }
   });
 });

@@ -50,4 +50,27 @@ describe('worker pool routing', () => {
     pool.apply({ type: 'put', record: rec('e') });
     assert.equal(pool.servingPath('m'), 'aggregated', 'aggregated workers win when present');
   });
+
+  it('keeps in-flight counts across a delete and re-put, and across a reset that drops and re-adds a worker', () => {
+    const pool = new WorkerPool();
+    pool.apply({ type: 'reset', records: [rec('a'), rec('b')] });
+    const releases = [pool.acquire(pool.get('a')!), pool.acquire(pool.get('a')!)];
+    pool.apply({ type: 'delete', worker_id: 'a' });
+    assert.equal(pool.get('a'), undefined, 'not routable while gone');
+    assert.equal(pool.inflight().get('a'), 2, 'its open requests still count');
+    pool.apply({ type: 'put', record: rec('a') });
+    assert.equal(pool.get('a')!.inflight, 2, 'back with its open requests');
+    assert.equal(pool.pick('m', 'aggregated', new Set())!.record.worker_id, 'b', 'new requests do not pile onto it');
+    pool.apply({ type: 'reset', records: [rec('b')] });
+    pool.apply({ type: 'reset', records: [rec('a'), rec('b')] });
+    assert.equal(pool.get('a')!.inflight, 2, 'a reset that drops and re-adds it keeps the count');
+    releases[0]!();
+    releases[0]!();
+    assert.equal(pool.get('a')!.inflight, 1, 'release is idempotent');
+    pool.apply({ type: 'delete', worker_id: 'a' });
+    releases[1]!();
+    assert.equal(pool.inflight().has('a'), false, 'a departed worker with nothing open is forgotten');
+    pool.apply({ type: 'put', record: rec('a') });
+    assert.equal(pool.get('a')!.inflight, 0);
+  });
 });

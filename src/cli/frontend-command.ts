@@ -1,5 +1,6 @@
 import { Command } from 'commander';
-import { ADMIN_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminToken } from '../common/admin-auth.js';
+import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminToken, loadRequestToken } from '../common/admin-auth.js';
+import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend } from '../frontend/frontend.js';
 import { discoveryDefault, intOption } from './options.js';
@@ -13,6 +14,12 @@ interface FrontendFlags {
   adminTokenFile?: string;
   shutdownTimeoutMs: number;
   upstreamHeadersTimeoutMs: number;
+  requestTokenFile?: string;
+  requestTimeoutMs: number;
+  headersTimeoutMs: number;
+  keepAliveTimeoutMs: number;
+  maxConnections: number;
+  adminMaxConnections: number;
 }
 
 /** The admin port unless --admin-port says otherwise: next to the public port, or any port when that one is 0. */
@@ -21,6 +28,9 @@ export function defaultAdminPort(port: number): number {
   if (port + 1 > 65535) throw new Error(`--port ${port} leaves no default admin port: pass --admin-port`);
   return port + 1;
 }
+
+const PUBLIC = defaultLimits('public');
+const ADMIN = defaultLimits('admin');
 
 export function frontendCommand(): Command {
   return new Command('frontend')
@@ -31,12 +41,20 @@ export function frontendCommand(): Command {
     .option('--admin-host <addr>', 'admin listener bind address (fleet view, drain/resume); non-loopback needs an admin token', '127.0.0.1')
     .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', intOption(0))
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
+    .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
+    .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', intOption(1), PUBLIC.requestTimeoutMs)
+    .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', intOption(1), PUBLIC.headersTimeoutMs)
+    .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', intOption(1), PUBLIC.keepAliveTimeoutMs)
+    .option('--max-connections <n>', 'open connections on the public port past which new ones are closed (default: from the fd limit)', intOption(1), PUBLIC.maxConnections)
+    .option('--admin-max-connections <n>', 'open connections on the admin listener past which new ones are closed', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', intOption(1), 10_000)
-    .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams may finish before they are cut (exit 1 then)', intOption(0), 30_000)
+    .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', intOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
       const token = await loadAdminToken(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
+      const requestToken = await loadRequestToken(flags.requestTokenFile);
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
+      const timeouts = { requestTimeoutMs: flags.requestTimeoutMs, headersTimeoutMs: flags.headersTimeoutMs, keepAliveTimeoutMs: flags.keepAliveTimeoutMs };
       const log = createLogger('frontend');
       const frontend = await startFrontend(
         {
@@ -44,7 +62,9 @@ export function frontendCommand(): Command {
           port: flags.port,
           discoveryUrl: flags.discovery,
           upstreamHeadersTimeoutMs: flags.upstreamHeadersTimeoutMs,
-          admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token) },
+          requestToken,
+          limits: { ...timeouts, maxConnections: flags.maxConnections },
+          admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },
         },
         log,
       );

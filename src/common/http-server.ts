@@ -1,26 +1,142 @@
 import Fastify, { type FastifyInstance, type FastifyError } from 'fastify';
-import type { AddressInfo } from 'node:net';
+import { readFileSync } from 'node:fs';
+import type { AddressInfo, Socket } from 'node:net';
 import { hostname } from 'node:os';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 
 const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'] as const;
 
 /**
- * A fastify instance whose every failure answers JSON: 404 for unknown paths, 400 for bad bodies,
- * the EbbError's own status otherwise. Fastify's logger stays off: request logging on a hot path
- * costs more than it tells; ebb logs lifecycle events itself.
+ * What a listener is for, which sets its connection budget: `public` (the OpenAI port) and
+ * `internal` (a worker's request plane) share most of the process's file descriptors; `admin`
+ * listeners (frontend admin, worker system server) get a small budget of their own, so a flood on
+ * the public port can never starve the operator's drain button.
  */
-export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: number; emptyJsonIsObject?: boolean } = {}): FastifyInstance {
+export type ListenerRole = 'public' | 'internal' | 'admin';
+
+export interface HttpServerLimits {
+  /** Whole request, headers and body, must arrive within this (ms); 408 request_timeout otherwise. */
+  requestTimeoutMs?: number | undefined;
+  /** Headers must arrive within this (ms) of the connection (or of the previous response); capped at requestTimeoutMs. */
+  headersTimeoutMs?: number | undefined;
+  /** An idle keep-alive connection is closed after this (ms). */
+  keepAliveTimeoutMs?: number | undefined;
+  /**
+   * A socket with no traffic either way for this long (ms) is destroyed; 0 = off. Off by default on
+   * public and internal listeners: a stream can be legitimately silent while a worker queues it, and
+   * headersTimeoutMs already bounds a connection that never sends its first bytes.
+   */
+  connectionTimeoutMs?: number | undefined;
+  /** Open connections past which new ones are closed at once. */
+  maxConnections?: number | undefined;
+}
+
+export interface HttpServerOptions extends HttpServerLimits {
+  role?: ListenerRole | undefined;
+  bodyLimit?: number | undefined;
+  emptyJsonIsObject?: boolean | undefined;
+  /**
+   * A client that sends its request and then shuts its write side (nc -N, some proxies) still gets
+   * its answer; node's default aborts the request on the half-close. The cost: a client that closed
+   * for good is only noticed at the next write. Default: on for `public` listeners only, so an
+   * internal caller that gives up (the frontend aborting a /generate) is seen at once.
+   */
+  allowHalfOpen?: boolean | undefined;
+}
+
+/** The process's open-file limit (Linux /proc), or undefined where it cannot be read. */
+export function fdLimit(): number | undefined {
+  try {
+    const line = readFileSync('/proc/self/limits', 'utf8')
+      .split('\n')
+      .find((l) => l.startsWith('Max open files'));
+    const soft = Number(line?.split(/\s{2,}/)[1]);
+    return Number.isFinite(soft) && soft > 0 ? soft : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Admin listeners: operators and fleet tools, a few at a time. */
+export const ADMIN_MAX_CONNECTIONS = 64;
+
+/**
+ * Connections a public or internal listener may hold: under half of what the fd limit leaves after
+ * a reserve (admin listener, discovery, logs), because every proxied request also holds a socket to
+ * its worker.
+ */
+export function defaultMaxConnections(role: ListenerRole, limit = fdLimit() ?? 1024): number {
+  if (role === 'admin') return ADMIN_MAX_CONNECTIONS;
+  return Math.max(16, Math.floor((limit - ADMIN_MAX_CONNECTIONS - 128) / 2));
+}
+
+export function defaultLimits(role: ListenerRole): Required<HttpServerLimits> {
+  return {
+    requestTimeoutMs: 30_000,
+    headersTimeoutMs: 10_000,
+    // Internal callers (the frontend's pool) keep sockets warm between requests; public clients get 5 s.
+    keepAliveTimeoutMs: role === 'internal' ? 65_000 : 5_000,
+    connectionTimeoutMs: role === 'admin' ? 60_000 : 0,
+    maxConnections: defaultMaxConnections(role),
+  };
+}
+
+const CLIENT_ERRORS: Record<string, { status: number; code: ErrorCode; message: string }> = {
+  ERR_HTTP_REQUEST_TIMEOUT: { status: 408, code: 'request_timeout', message: 'the request did not arrive in time' },
+  HPE_HEADER_OVERFLOW: { status: 431, code: 'header_fields_too_large', message: 'the request headers are too large' },
+};
+
+/**
+ * Parser-level failures (garbage, smuggling attempts, oversized headers, timeouts) answered in ebb's
+ * JSON error shape, then the connection is closed: after a parse error nothing else on it can be
+ * trusted. A response already under way cannot be replaced: that socket is just closed.
+ */
+export function answerClientError(err: NodeJS.ErrnoException, socket: Socket): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const inProgress = (socket as Socket & { _httpMessage?: { headersSent?: boolean } })._httpMessage;
+  if (!socket.writable || inProgress?.headersSent) {
+    socket.destroy();
+    return;
+  }
+  const known = (err.code && CLIENT_ERRORS[err.code]) || { status: 400, code: 'invalid_request' as const, message: 'the request could not be parsed as HTTP/1.1' };
+  const body = JSON.stringify(errorBody(known.code, known.message));
+  socket.end(
+    `HTTP/1.1 ${known.status} ${known.status === 408 ? 'Request Timeout' : known.status === 431 ? 'Request Header Fields Too Large' : 'Bad Request'}\r\n` +
+      `content-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+  );
+  // A peer that never reads must not keep the half-written socket alive.
+  socket.setTimeout(5_000, () => socket.destroy());
+}
+
+/**
+ * A fastify instance whose every failure answers JSON: 404 for unknown paths, 400 for bad bodies,
+ * the EbbError's own status otherwise, and parser-level errors too. Every connection is bounded
+ * (see HttpServerLimits; defaults by `role`). Fastify's logger stays off: request logging on a hot
+ * path costs more than it tells; ebb logs lifecycle events itself.
+ */
+export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance {
+  const role = opts.role ?? 'public';
+  const d = defaultLimits(role);
+  const requestTimeout = opts.requestTimeoutMs ?? d.requestTimeoutMs;
+  const headersTimeout = Math.min(opts.headersTimeoutMs ?? d.headersTimeoutMs, requestTimeout > 0 ? requestTimeout : Infinity);
+  // Node checks the two timeouts on this interval (30 s by default): short timeouts need a short one.
+  const checkEvery = Math.max(50, Math.min(30_000, Math.floor(Math.min(headersTimeout, requestTimeout || Infinity) / 4)));
   // return503OnClosing off: while closing, requests on open keep-alive connections get our own answers
   // (a worker's JSON worker_draining refusal), not fastify's non-JSON 503.
   const app = Fastify({
     logger: false,
     bodyLimit: opts.bodyLimit ?? 4 * 1024 * 1024,
-    keepAliveTimeout: opts.keepAliveTimeout ?? 65_000,
+    keepAliveTimeout: opts.keepAliveTimeoutMs ?? d.keepAliveTimeoutMs,
+    requestTimeout,
+    connectionTimeout: opts.connectionTimeoutMs ?? d.connectionTimeoutMs,
+    http: { headersTimeout, requestTimeout, connectionsCheckingInterval: checkEvery },
+    clientErrorHandler: answerClientError,
     return503OnClosing: false,
     // JSON bodies are typed: "stream": "true" is a client bug to report, not a value to guess.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
   });
+  app.server.maxConnections = opts.maxConnections ?? d.maxConnections;
+  (app.server as { httpAllowHalfOpen?: boolean }).httpAllowHalfOpen = opts.allowHalfOpen ?? role === 'public';
   if (opts.emptyJsonIsObject) {
     // Admin APIs: a POST with no body (plain `curl -X POST`), or a JSON content type with an empty
     // body, is a plain call: its body validates as {}.
@@ -48,12 +164,12 @@ export function createHttpServer(opts: { bodyLimit?: number; keepAliveTimeout?: 
       return reply.code(err.status).send(err.body());
     }
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
-    const code: ErrorCode = status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : 'internal_error';
+    const code: ErrorCode =
+      status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'internal_error';
     return reply.code(status).send(errorBody(code, err.message));
   });
   return app;
 }
-
 /** Registers `methods` on `url` and a JSON 405 with an Allow header for every other method. */
 export function allowOnly(app: FastifyInstance, url: string, methods: readonly (typeof ALL_METHODS)[number][]): void {
   const others = ALL_METHODS.filter((m) => !methods.includes(m) && !(m === 'HEAD' && methods.includes('GET')));

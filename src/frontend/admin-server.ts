@@ -3,7 +3,7 @@ import type { Agent } from 'undici';
 import type { AdminGuard } from '../common/admin-auth.js';
 import { DrainBodySchema, type DrainBody } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
-import { allowOnly, createHttpServer } from '../common/http-server.js';
+import { allowOnly, createHttpServer, type HttpServerLimits } from '../common/http-server.js';
 import { adminCall, fetchLiveStatus, Unreachable, type LiveStatus } from '../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../discovery/discovery.js';
 import type { WorkerPool } from './worker-pool.js';
@@ -96,6 +96,7 @@ export interface AdminServerDeps {
   agent: Agent;
   /** Checks mutating routes when an admin token is configured. */
   guardAdmin?: AdminGuard | undefined;
+  limits?: HttpServerLimits | undefined;
 }
 
 
@@ -104,8 +105,8 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServerDeps): FastifyInstance {
-  const app = createHttpServer({ bodyLimit: 64 * 1024, emptyJsonIsObject: true });
+export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: AdminServerDeps): FastifyInstance {
+  const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits });
 
   const describe = async (k: Known) => {
     const live = await fetchLiveStatus(k.record.system_url, agent, STATUS_TIMEOUT_MS);
@@ -147,6 +148,14 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
     return entry;
   });
 
+  const assertIdentity = async (k: Known, id: string): Promise<void> => {
+    const live = await fetchLiveStatus(k.record.system_url, agent, STATUS_TIMEOUT_MS);
+    if (!live.reachable) throw new EbbError('worker_unreachable', `cannot reach worker ${id} at ${k.record.system_url}: ${live.error}`);
+    const answered = live.status.worker_id;
+    if (answered !== id)
+      throw new EbbError('worker_identity_mismatch', `${k.record.system_url} is now worker ${JSON.stringify(answered ?? null)}, not ${id}; nothing was forwarded`);
+  };
+
   const forward = (action: 'drain' | 'resume') => {
     allowOnly(app, `/workers/:id/${action}`, ['POST']);
     app.post<{ Params: { id: string }; Body: DrainBody | undefined }>(
@@ -156,6 +165,9 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
         guardAdmin?.(req.headers.authorization);
         const k = lookup(req.params.id);
         const url = `${k.record.system_url}/engine/${action}`;
+        // A system port can be reused by another worker after this one left: whoever answers there
+        // must prove it is the worker asked for before it gets the action, or the operator's token.
+        await assertIdentity(k, req.params.id);
         const headers: Record<string, string> = {};
         if (req.headers.authorization !== undefined) headers.authorization = req.headers.authorization;
         try {
@@ -167,6 +179,9 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin }: AdminServe
             agent,
           });
           // The worker's answer as it is: its status code, its body (a status, or its error).
+          const answered = (res.body as { worker_id?: unknown } | undefined)?.worker_id;
+          if (res.statusCode < 300 && answered !== req.params.id)
+            throw new EbbError('worker_identity_mismatch', `${k.record.system_url} answered the ${action} as worker ${JSON.stringify(answered ?? null)}, not ${req.params.id}`);
           const challenge = res.headers['www-authenticate'];
           if (challenge !== undefined) void reply.header('www-authenticate', challenge);
           return reply.code(res.statusCode).send(res.body);

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import type { AdminGuard } from '../common/admin-auth.js';
-import { listen } from '../common/http-server.js';
+import { listen, type HttpServerLimits } from '../common/http-server.js';
 import { createAdminAgent } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, DiscoveryEvent } from '../discovery/discovery.js';
@@ -16,8 +16,12 @@ export interface FrontendOptions {
   discoveryUrl: string;
   /** How long a worker may take to start answering /generate before it counts as hung (default 10 s). */
   upstreamHeadersTimeoutMs?: number | undefined;
+  /** Request-plane bearer token, sent on every call to a worker's /generate, /prefill and /kv. */
+  requestToken?: string | undefined;
+  /** Connection bounds of the public listener (defaults: createHttpServer's for role 'public'). */
+  limits?: HttpServerLimits | undefined;
   /** The admin listener (fleet view, drain/resume forwarding); the caller checks the bind is allowed. */
-  admin?: { host: string; port: number; guardAdmin?: AdminGuard | undefined } | undefined;
+  admin?: { host: string; port: number; guardAdmin?: AdminGuard | undefined; limits?: HttpServerLimits | undefined } | undefined;
 }
 
 export interface RunningFrontend {
@@ -27,8 +31,8 @@ export interface RunningFrontend {
   pool: WorkerPool;
   discovery: Discovery;
   /**
-   * Stops accepting, lets open streams finish for up to `timeoutMs`, then cuts what is left.
-   * Resolves true when nothing had to be cut.
+   * Stops accepting on both listeners, lets open streams and admin calls finish for up to
+   * `timeoutMs`, then cuts what is left of either. Resolves true when nothing had to be cut.
    */
   close(timeoutMs: number): Promise<boolean>;
 }
@@ -45,23 +49,26 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
   });
   const metrics = createFrontendMetrics(pool);
-  const upstream = new Upstream(pool, metrics, opts.upstreamHeadersTimeoutMs);
-  const app = createOpenAIServer({ pool, upstream, metrics, log });
+  const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.
   let closing = false;
-  app.server.on('request', (_req, res) => {
-    res.once('finish', () => {
-      if (closing) setImmediate(() => app.server.closeIdleConnections());
+  const dropWhenIdle = (server: typeof app.server) =>
+    server.on('request', (_req, res) => {
+      res.once('finish', () => {
+        if (closing) setImmediate(() => server.closeIdleConnections());
+      });
     });
-  });
+  dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, agent: adminAgent, guardAdmin: opts.admin.guardAdmin }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
       adminUrl = await listen(adminApp, opts.admin.host, opts.admin.port);
+      dropWhenIdle(adminApp.server);
     } catch (err) {
       await app.close();
       await watch.close();
@@ -76,17 +83,19 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     pool,
     discovery,
     async close(timeoutMs) {
-      await adminApp?.close();
-      await adminAgent?.close();
       // The routing view stays live until the last stream is done: retries still need it.
       closing = true;
       let cut = false;
+      // One deadline for both listeners: a stalled admin call (half a request, a client that never
+      // reads) is cut with the streams, never waited on past it.
       const deadline = setTimeout(() => {
         cut = true;
-        log.warn({ event: 'shutdown_deadline', open_connections: 'cut' }, `streams still open after ${timeoutMs} ms; closing them`);
+        log.warn({ event: 'shutdown_deadline', open_connections: 'cut' }, `connections still open after ${timeoutMs} ms; closing them`);
         app.server.closeAllConnections();
+        adminApp?.server.closeAllConnections();
+        adminAgent?.destroy().catch(() => undefined); // a forward still waiting on a worker ends too
       }, timeoutMs);
-      await app.close();
+      await Promise.all([adminApp?.close().then(() => adminAgent?.close()), app.close()]);
       clearTimeout(deadline);
       await watch.close();
       await upstream.close();

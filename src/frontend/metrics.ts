@@ -38,7 +38,7 @@ export function createFrontendMetrics(pool: WorkerPool) {
     registers: [registry],
     collect() {
       this.reset();
-      for (const w of pool.all()) this.set({ worker_id: w.record.worker_id }, w.inflight);
+      for (const [id, n] of pool.inflight()) this.set({ worker_id: id }, n);
     },
   });
   return {

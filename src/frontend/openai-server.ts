@@ -8,7 +8,9 @@ import type { GenerateBody, StreamLine, Usage } from '../protocol/request-plane.
 import type { FrontendMetrics } from './metrics.js';
 import { completionResponse, SseFormatter, toGenerateBody, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, type OpenAIRequest } from './openai-schema.js';
-import { MidStreamFailure, modelNotFound, type Upstream, type UpstreamStream } from './upstream.js';
+import { MidStreamFailure, modelNotFound, StreamCut, WorkerStreamError, type Upstream, type UpstreamStream } from './upstream.js';
+import { errorBody } from '../protocol/errors.js';
+import type { HttpServerLimits } from '../common/http-server.js';
 import type { WorkerPool } from './worker-pool.js';
 
 export interface OpenAIServerDeps {
@@ -16,8 +18,17 @@ export interface OpenAIServerDeps {
   upstream: Upstream;
   metrics: FrontendMetrics;
   log: Logger;
+  limits?: HttpServerLimits | undefined;
 }
 
+
+/**
+ * A header value for a worker id: ids are operator-chosen and not checked against RFC 9110, so one
+ * with characters a header cannot carry is sent percent-encoded rather than break the response.
+ */
+export function headerValue(value: string): string {
+  return /^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$/.test(value) ? value : encodeURIComponent(value);
+}
 
 /** Aborts when the client goes away before the response finished. */
 function clientGone(reply: FastifyReply): AbortSignal {
@@ -29,8 +40,8 @@ function clientGone(reply: FastifyReply): AbortSignal {
 }
 
 /** The public OpenAI-compatible API. No admin route lives here. */
-export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServerDeps): FastifyInstance {
-  const app = createHttpServer();
+export function createOpenAIServer({ pool, upstream, metrics, log, limits }: OpenAIServerDeps): FastifyInstance {
+  const app = createHttpServer({ role: 'public', ...limits });
   app.addHook('onResponse', async (req, reply) => {
     const url = req.routeOptions.url;
     if (url === '/v1/chat/completions' || url === '/v1/completions') metrics.request(url, reply.statusCode);
@@ -59,9 +70,8 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
       const started = performance.now();
       if (body.stream) {
         const up = await open(gen, signal);
-        metrics.firstToken((performance.now() - started) / 1000);
-        reply.hijack();
-        await relay(reply.raw, new SseFormatter(endpoint, id, body.model), up, body.stream_options?.include_usage === true, signal);
+        // From here the relay owns the upstream stream: every way out releases it.
+        await relay(reply, new SseFormatter(endpoint, id, body.model), up, body.stream_options?.include_usage === true, signal, started);
         return;
       }
       const { text, finishReason, usage } = await collect(gen, signal);
@@ -75,31 +85,56 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
     return pool.servingPath(gen.model) === 'disaggregated' ? upstream.openDisaggregated(gen, signal, tried) : upstream.open(gen, 'aggregated', signal, tried);
   }
 
-  /** Streams a committed response. A worker failing now can only be reported: tokens already left. */
-  async function relay(res: ServerResponse, fmt: SseFormatter, up: UpstreamStream, includeUsage: boolean, signal: AbortSignal): Promise<void> {
-    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': up.worker.record.worker_id });
-    let out = fmt.opening(); // tokens of the current batch, written together
+  /**
+   * Streams a committed response, and owns `up` from its first line: the one finally releases it
+   * whichever way this ends (header write failing, client gone, worker failing, success). A worker
+   * failing after the headers can only be reported: tokens already left.
+   */
+  async function relay(reply: FastifyReply, fmt: SseFormatter, up: UpstreamStream, includeUsage: boolean, signal: AbortSignal, started: number): Promise<void> {
+    const res = reply.raw;
+    const workerId = up.worker.record.worker_id;
+    let out = '';
     try {
+      metrics.firstToken((performance.now() - started) / 1000);
+      reply.hijack();
+      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': headerValue(workerId) });
+      out = fmt.opening(); // tokens of the current batch, written together
       for (let batch: StreamLine[] | undefined = up.first; batch; batch = (await up.rest.next()).value ?? undefined) {
         for (const line of batch) {
           if ('text' in line) out += fmt.token(line.text);
           else if ('done' in line) {
             res.end(out + fmt.finish(line.finish_reason, includeUsage ? line.usage : undefined));
             return;
-          } else throw new Error(line.error.message);
+          } else throw new WorkerStreamError(line.error);
         }
         await writeWithBackpressure(res, out, signal);
         out = '';
       }
-      throw new Error('stream ended without a final line');
+      throw new StreamCut();
     } catch (err) {
-      if (signal.aborted) return; // the client left; the aborted upstream request frees the worker's slot
-      const failure = new MidStreamFailure(up.worker.record.worker_id, err);
-      metrics.midStreamFailure();
-      log.warn({ event: 'midstream_failure', worker_id: up.worker.record.worker_id, err: failure.message }, failure.message);
-      res.end(out + fmt.error('worker_failed_mid_stream', failure.message));
+      if (!signal.aborted) fail(res, workerId, err, out, fmt);
     } finally {
       up.release();
+      // The client left; releasing the upstream request freed the worker's slot.
+      if (signal.aborted) log.info({ event: 'client_gone', worker_id: workerId }, `client left a stream on ${workerId}`);
+    }
+  }
+
+  /** Ends a stream that broke: an SSE error event when it had started, a JSON 500 when it never could. */
+  function fail(res: ServerResponse, workerId: string, err: unknown, out: string, fmt: SseFormatter): void {
+    try {
+      if (!res.headersSent) {
+        log.error({ event: 'response_failed', worker_id: workerId, err: (err as Error).message }, `could not start the response: ${(err as Error).message}`);
+        res.writeHead(500, { 'content-type': 'application/json; charset=utf-8' });
+        res.end(JSON.stringify(errorBody('internal_error', `could not start the response: ${(err as Error).message}`)));
+        return;
+      }
+      const failure = new MidStreamFailure(workerId, err);
+      metrics.midStreamFailure();
+      log.warn({ event: 'midstream_failure', worker_id: workerId, code: failure.code, err: failure.message }, failure.message);
+      res.end(out + fmt.error(failure.code, failure.message));
+    } catch {
+      res.destroy();
     }
   }
 
@@ -117,10 +152,10 @@ export function createOpenAIServer({ pool, upstream, metrics, log }: OpenAIServe
           for (const line of batch) {
             if ('text' in line) text += line.text;
             else if ('done' in line) return { text, finishReason: line.finish_reason, usage: line.usage };
-            else throw new Error(line.error.message);
+            else throw new WorkerStreamError(line.error);
           }
         }
-        throw new Error('stream ended without a final line');
+        throw new StreamCut();
       } catch (err) {
         if (signal.aborted) throw err;
         log.warn({ event: 'retry_after_failure', worker_id: up.worker.record.worker_id, err: (err as Error).message }, 'worker failed; retrying elsewhere');

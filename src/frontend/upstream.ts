@@ -1,8 +1,9 @@
 import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
 import type { Readable } from 'node:stream';
-import { codeOf, EbbError } from '../protocol/errors.js';
+import { finished } from 'node:stream/promises';
+import { codeOf, EbbError, type ErrorCode } from '../protocol/errors.js';
 import type { WorkerMode } from '../discovery/discovery.js';
-import type { GenerateBody, PrefillResponse, StreamLine } from '../protocol/request-plane.js';
+import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../protocol/request-plane.js';
 import type { FrontendMetrics } from './metrics.js';
 import type { Hold, PoolWorker, WorkerPool } from './worker-pool.js';
 
@@ -20,15 +21,52 @@ export interface UpstreamStream {
   rest: AsyncGenerator<StreamLine[], void, void>;
   /** Ends the frontend's accounting of this worker's in-flight request; idempotent. */
   release(): void;
+  /** Settles once the worker's response body is done with: true when it ended normally, false when it was cut. */
+  closed: Promise<boolean>;
 }
 
+/** A terminal error line a worker sent inside a stream it had started. */
+export class WorkerStreamError extends Error {
+  constructor(readonly line: { code: ErrorCode; message: string }) {
+    super(line.message);
+  }
+}
+
+/**
+ * A stream that broke after tokens reached the client: what the client is told. A worker that said
+ * why (worker_shut_down at its shutdown deadline) is relayed as it said it; a connection that just
+ * closed is named as such, not as the transport's "other side closed".
+ */
 export class MidStreamFailure extends Error {
+  readonly code: ErrorCode;
   constructor(
     readonly workerId: string,
     cause: unknown,
   ) {
-    super(`worker ${workerId} failed mid-stream: ${(cause as Error)?.message ?? String(cause)}`);
+    const said = cause instanceof WorkerStreamError ? cause.line : undefined;
+    super(
+      said?.code === 'worker_shut_down'
+        ? said.message
+        : said
+          ? `worker ${workerId} failed mid-stream: ${said.message}`
+          : cause instanceof StreamCut || isTransportError(cause)
+            ? `worker ${workerId} closed the stream before it finished`
+            : `worker ${workerId} failed mid-stream: ${(cause as Error)?.message ?? String(cause)}`,
+    );
+    this.code = said?.code === 'worker_shut_down' ? 'worker_shut_down' : 'worker_failed_mid_stream';
   }
+}
+
+/** The worker's body ended without a terminal line. */
+export class StreamCut extends Error {
+  constructor() {
+    super('stream ended without a final line');
+  }
+}
+
+function isTransportError(err: unknown): boolean {
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  return err instanceof undiciErrors.SocketError || code === 'UND_ERR_SOCKET' || code === 'ECONNRESET' || code === 'EPIPE' || code === 'ERR_STREAM_PREMATURE_CLOSE';
 }
 
 /** This attempt failed in a way another worker may not: try the next one. */
@@ -48,8 +86,8 @@ export function modelNotFound(model: string): EbbError {
 /** A decode worker could not get the prompt's KV (another decode took it, or it expired): prefill again. */
 class KvTransferLost extends Error {}
 
-/** NDJSON lines of a worker's response body, a batch per chunk received. */
-async function* readLineBatches(body: Readable): AsyncGenerator<StreamLine[], void, void> {
+/** NDJSON lines of a worker's response body, a batch per chunk received; `seen.final` once the terminal line was read. */
+async function* readLineBatches(body: Readable, seen: { final: boolean }): AsyncGenerator<StreamLine[], void, void> {
   let buffer = '';
   body.setEncoding('utf8');
   for await (const chunk of body as AsyncIterable<string>) {
@@ -60,9 +98,26 @@ async function* readLineBatches(body: Readable): AsyncGenerator<StreamLine[], vo
     buffer = buffer.slice(last + 1);
     const batch: StreamLine[] = [];
     for (const line of complete.split('\n')) if (line.length > 0) batch.push(JSON.parse(line) as StreamLine);
-    if (batch.length > 0) yield batch;
+    if (batch.length > 0) {
+      const last = batch[batch.length - 1] as StreamLine;
+      if ('done' in last || 'error' in last) seen.final = true;
+      yield batch;
+    }
   }
-  if (buffer.trim().length > 0) yield [JSON.parse(buffer) as StreamLine];
+  if (buffer.trim().length > 0) {
+    const last = JSON.parse(buffer) as StreamLine;
+    if ('done' in last || 'error' in last) seen.final = true;
+    yield [last];
+  }
+}
+
+/** Reads a finished body to its end, so it ends normally (and its socket goes back to the pool). */
+async function finish(rest: AsyncGenerator<StreamLine[], void, void>): Promise<void> {
+  try {
+    while (!(await rest.next()).done);
+  } catch {
+    /* a worker that misbehaves after its final line: the body is gone either way */
+  }
 }
 
 function isConnectFailure(err: unknown): boolean {
@@ -93,8 +148,27 @@ async function rejectNon200(res: Dispatcher.ResponseData): Promise<never> {
  * refused connection, or a worker that dies before its first token all move the request to another
  * worker without the client noticing.
  */
+export interface UpstreamOptions {
+  /** How long a worker may take to answer /generate's headers (default 10 s). */
+  headersTimeoutMs?: number | undefined;
+  /** Request-plane bearer token, sent on every call to a worker's request plane. */
+  requestToken?: string | undefined;
+  connections?: number | undefined;
+}
+
+/** How long releasing an unclaimed KV transfer may take; it expires on the prefill side anyway. */
+const KV_RELEASE_TIMEOUT_MS = 2000;
+
+/**
+ * Talks to workers over a keep-alive pool. Every call goes through `route`, which keeps trying
+ * workers of the right mode until one accepts: a refusal (worker_draining / worker_overloaded), a
+ * refused connection, or a worker that dies before its first token all move the request to another
+ * worker without the client noticing.
+ */
 export class Upstream {
   readonly agent: Agent;
+  private readonly headersTimeoutMs: number;
+  private readonly headers: Record<string, string>;
 
   /**
    * `headersTimeoutMs` bounds how long a worker may take to answer /generate's headers, which it
@@ -104,10 +178,45 @@ export class Upstream {
   constructor(
     private readonly pool: WorkerPool,
     private readonly metrics: FrontendMetrics,
-    private readonly headersTimeoutMs = 10_000,
-    connections = 512,
+    opts: UpstreamOptions = {},
   ) {
-    this.agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 60_000, connections, pipelining: 1, headersTimeout: 0, bodyTimeout: 0 });
+    this.headersTimeoutMs = opts.headersTimeoutMs ?? 10_000;
+    this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
+    this.agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 60_000, connections: opts.connections ?? 512, pipelining: 1, headersTimeout: 0, bodyTimeout: 0 });
+  }
+
+  /**
+   * One try on one worker, counted in its in-flight until the returned release. Failures come out
+   * classified: EbbError (the client's answer), KvTransferLost, the abort itself, or TryElsewhere
+   * (with the worker held out when the failure says it should be).
+   */
+  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
+    const id = worker.record.worker_id;
+    const release = this.pool.acquire(worker);
+    try {
+      const value = await send(worker);
+      this.metrics.attempt(id, 'routed');
+      return { worker, value, release };
+    } catch (err) {
+      release();
+      if (signal.aborted) throw err;
+      if (err instanceof EbbError || err instanceof KvTransferLost) {
+        this.metrics.attempt(id, err instanceof KvTransferLost ? 'kv_transfer_lost' : 'client_error');
+        throw err;
+      }
+      const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
+      if (failure.hold) this.pool.hold(id, failure.hold);
+      this.metrics.attempt(id, failure.outcome);
+      throw failure;
+    }
+  }
+
+  private noWorker(model: string, mode: WorkerMode, lastRefusal: string | undefined): EbbError {
+    if (!this.pool.hasModel(model)) return modelNotFound(model);
+    return new EbbError(
+      'no_serving_worker',
+      lastRefusal ? `no ${mode} worker could take the request (last refusal: ${lastRefusal}); retry shortly` : `no serving ${mode} worker for "${model}" is reachable; retry shortly`,
+    );
   }
 
   private async route<T>(
@@ -122,86 +231,137 @@ export class Upstream {
       if (signal.aborted) throw signal.reason;
       const worker = this.pool.pick(model, mode, tried);
       if (!worker) break;
-      const id = worker.record.worker_id;
-      tried.add(id);
-      worker.inflight++;
-      let released = false;
-      const release = () => {
-        if (released) return;
-        released = true;
-        worker.inflight--;
-      };
+      tried.add(worker.record.worker_id);
       try {
-        const value = await send(worker);
-        this.metrics.attempt(id, 'routed');
-        return { worker, value, release };
+        return await this.tryOn(worker, signal, send);
       } catch (err) {
-        release();
-        if (signal.aborted) throw err;
-        if (err instanceof KvTransferLost) tried.delete(id); // the worker is fine; the KV is what is gone
-        if (err instanceof EbbError || err instanceof KvTransferLost) {
-          this.metrics.attempt(id, err instanceof KvTransferLost ? 'kv_transfer_lost' : 'client_error');
-          throw err;
-        }
-        const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
-        if (failure.hold) this.pool.hold(id, failure.hold);
-        if (failure.hold === 'draining' || failure.hold === 'overloaded') lastRefusal = failure.outcome;
-        this.metrics.attempt(id, failure.outcome);
+        if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
+        if (!(err instanceof TryElsewhere)) throw err;
+        if (err.hold === 'draining' || err.hold === 'overloaded') lastRefusal = err.outcome;
       }
     }
-    if (!this.pool.hasModel(model)) throw modelNotFound(model);
-    throw new EbbError(
-      'no_serving_worker',
-      lastRefusal ? `no ${mode} worker could take the request (last refusal: ${lastRefusal}); retry shortly` : `no serving ${mode} worker for "${model}" is reachable; retry shortly`,
-    );
+    throw this.noWorker(model, mode, lastRefusal);
   }
 
   private post(url: string, body: unknown, signal: AbortSignal, headersTimeout: number): Promise<Dispatcher.ResponseData> {
-    return request(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), dispatcher: this.agent, signal, headersTimeout });
+    return request(url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...this.headers },
+      body: JSON.stringify(body),
+      dispatcher: this.agent,
+      signal,
+      headersTimeout,
+    });
   }
 
-  /** Opens a token stream on a worker of `mode` (aggregated, or decode with a KV transfer). */
-  async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const { worker, value, release } = await this.route(body.model, mode, signal, tried, async (w) => {
-      const res = await this.post(`${w.record.request_url}/generate`, body, signal, this.headersTimeoutMs);
-      if (res.statusCode !== 200) await rejectNon200(res);
-      const rest = readLineBatches(res.body);
-      const first = await rest.next();
-      // Nothing has reached the client yet: another worker can still serve it whole.
-      if (first.done || first.value.some((line) => 'error' in line)) {
-        res.body.destroy();
-        throw new TryElsewhere('failed_before_first_token');
-      }
-      return { first: first.value, rest, body: res.body };
-    });
-    // Releasing also closes the body: an abandoned stream would otherwise hold the worker's slot.
+  /** POST /generate on `w`, up to its first batch of lines. */
+  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal) {
+    const res = await this.post(`${w.record.request_url}/generate`, body, signal, this.headersTimeoutMs);
+    if (res.statusCode !== 200) await rejectNon200(res);
+    const seen = { final: false };
+    const rest = readLineBatches(res.body, seen);
+    let first: IteratorResult<StreamLine[], void>;
+    try {
+      first = await rest.next();
+    } catch (err) {
+      res.body.destroy();
+      throw err;
+    }
+    // Nothing has reached the client yet: another worker can still serve it whole.
+    if (first.done || first.value.some((line) => 'error' in line)) {
+      res.body.destroy();
+      throw new TryElsewhere('failed_before_first_token');
+    }
+    return { first: first.value, rest, body: res.body, seen };
+  }
+
+  /**
+   * The stream as handed to the relay. Releasing a stream that got its final line lets the body end
+   * on its own (no abort, the socket stays pooled); one that did not is destroyed, which is what
+   * frees the worker's slot.
+   */
+  private stream(worker: PoolWorker, value: Awaited<ReturnType<Upstream['generate']>>, release: () => void): UpstreamStream {
+    let done = false;
     const end = () => {
-      value.body.destroy();
+      if (done) return;
+      done = true;
+      if (value.seen.final) void finish(value.rest);
+      else value.body.destroy();
       release();
     };
-    return { worker, first: value.first, rest: value.rest, release: end };
+    const closed = finished(value.body).then(
+      () => true,
+      () => false,
+    );
+    return { worker, first: value.first, rest: value.rest, release: end, closed };
+  }
+
+  /** Opens a token stream on an aggregated worker. */
+  async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
+    const { worker, value, release } = await this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal));
+    return this.stream(worker, value, release);
+  }
+
+  /** Frees a transfer nobody will pull (204, or 404 when it was pulled or expired); never throws. */
+  private async releaseKv(kv: KvTransferRef): Promise<void> {
+    try {
+      const res = await request(`${kv.source_url}/kv/${encodeURIComponent(kv.transfer_id)}`, {
+        method: 'DELETE',
+        headers: this.headers,
+        dispatcher: this.agent,
+        signal: AbortSignal.timeout(KV_RELEASE_TIMEOUT_MS),
+      });
+      await res.body.dump();
+    } catch {
+      /* unreachable prefill worker: the transfer expires there on its own */
+    }
   }
 
   /**
    * Disaggregated serving: a prefill worker computes the prompt's KV, then a decode worker pulls it
-   * and streams. A decode worker that dies after pulling the KV leaves nothing for the next one, so
-   * the pair is redone (a fresh prefill) rather than the decode alone. An unclaimed transfer expires
-   * on the prefill side (counted).
+   * and streams. The decode worker is picked (and counted) before any prefill: with none, no KV is
+   * computed for nobody. Every way out after a prefill succeeded without a decode stream (refused,
+   * unreachable, KV lost, client gone) releases the transfer on the prefill worker at once, so it
+   * never holds the prefill worker's drain until its TTL. A decode worker that dies after pulling
+   * the KV leaves nothing for the next one, so the pair is redone (a fresh prefill).
    */
   async openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
+    let lastRefusal: string | undefined;
     for (let pair = 1; ; pair++) {
-      const prefill = await this.route(body.model, 'prefill', signal, new Set(), async (w) => {
-        const res = await this.post(`${w.record.request_url}/prefill`, body, signal, 0); // answers after the KV is computed
-        if (res.statusCode !== 200) await rejectNon200(res);
-        return (await res.body.json()) as PrefillResponse;
-      });
-      prefill.release();
-      const kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
+      if (signal.aborted) throw signal.reason;
+      const decode = this.pool.pick(body.model, 'decode', tried);
+      if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
+      const decodeId = decode.record.worker_id;
+      tried.add(decodeId);
+      const reserved = this.pool.acquire(decode); // concurrent requests see it as taken while prefill runs
+      let kv: KvTransferRef;
       try {
-        return await this.open({ ...body, kv_transfer: kv }, 'decode', signal, tried);
+        const prefill = await this.route(body.model, 'prefill', signal, new Set(), async (w) => {
+          const res = await this.post(`${w.record.request_url}/prefill`, body, signal, 0); // answers after the KV is computed
+          if (res.statusCode !== 200) await rejectNon200(res);
+          return (await res.body.json()) as PrefillResponse;
+        });
+        prefill.release();
+        kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
       } catch (err) {
-        if (!(err instanceof KvTransferLost)) throw err;
-        if (pair >= MAX_ATTEMPTS) throw new EbbError('no_serving_worker', `decode workers could not take the KV of "${body.model}" requests; retry shortly`);
+        reserved();
+        throw err;
+      }
+      try {
+        const { worker, value, release } = await this.tryOn(decode, signal, (w) => this.generate(w, { ...body, kv_transfer: kv }, signal));
+        return this.stream(worker, value, release);
+      } catch (err) {
+        await this.releaseKv(kv);
+        if (err instanceof KvTransferLost) {
+          tried.delete(decodeId); // the worker is fine; the KV is what is gone
+          if (pair >= MAX_ATTEMPTS) throw new EbbError('no_serving_worker', `decode workers could not take the KV of "${body.model}" requests; retry shortly`);
+          continue;
+        }
+        if (!(err instanceof TryElsewhere)) throw err;
+        if (err.hold === 'draining' || err.hold === 'overloaded') lastRefusal = err.outcome;
+        if (pair >= MAX_ATTEMPTS) throw this.noWorker(body.model, 'decode', lastRefusal);
+      } finally {
+        reserved();
       }
     }
   }

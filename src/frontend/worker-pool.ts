@@ -13,7 +13,10 @@ export const HOLD_MS: Record<Hold, number> = {
 
 export interface PoolWorker {
   record: WorkerRecord;
-  /** Requests this frontend currently has on the worker. */
+  /**
+   * Requests this frontend currently has on the worker. Belongs to the requests, not to the
+   * registration: it survives the worker leaving discovery and coming back (drain then resume).
+   */
   inflight: number;
   hold?: { kind: Hold; until: number } | undefined;
 }
@@ -26,24 +29,56 @@ export interface PoolWorker {
  */
 export class WorkerPool {
   private readonly workers = new Map<string, PoolWorker>();
+  /** Workers gone from discovery that still have requests from this frontend open; never routed to. */
+  private readonly departed = new Map<string, PoolWorker>();
   private cursor = 0;
 
   apply(event: DiscoveryEvent): void {
     if (event.type === 'reset') {
       const next = new Map(event.records.map((r) => [r.worker_id, r]));
-      for (const id of this.workers.keys()) if (!next.has(id)) this.workers.delete(id);
+      for (const id of [...this.workers.keys()]) if (!next.has(id)) this.remove(id);
       for (const r of next.values()) this.put(r);
     } else if (event.type === 'put') this.put(event.record);
-    else this.workers.delete(event.worker_id);
+    else this.remove(event.worker_id);
+  }
+
+  private remove(workerId: string): void {
+    const w = this.workers.get(workerId);
+    if (!w) return;
+    this.workers.delete(workerId);
+    if (w.inflight > 0) this.departed.set(workerId, w);
   }
 
   private put(record: WorkerRecord): void {
-    const existing = this.workers.get(record.worker_id);
+    // The same object comes back, so its open requests still count, and still decrement it.
+    const existing = this.workers.get(record.worker_id) ?? this.departed.get(record.worker_id);
+    this.departed.delete(record.worker_id);
     // A (re-)registration is the worker saying it serves: any local hold ends.
     if (existing) {
       existing.record = record;
       existing.hold = undefined;
+      this.workers.set(record.worker_id, existing);
     } else this.workers.set(record.worker_id, { record, inflight: 0 });
+  }
+
+  /** Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it. */
+  acquire(worker: PoolWorker): () => void {
+    worker.inflight++;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      worker.inflight--;
+      if (worker.inflight === 0 && this.departed.get(worker.record.worker_id) === worker) this.departed.delete(worker.record.worker_id);
+    };
+  }
+
+  /** In-flight counts by worker id, including departed workers that still have requests open. */
+  inflight(): Map<string, number> {
+    const out = new Map<string, number>();
+    for (const w of this.departed.values()) out.set(w.record.worker_id, w.inflight);
+    for (const w of this.workers.values()) out.set(w.record.worker_id, w.inflight);
+    return out;
   }
 
   hold(workerId: string, kind: Hold, now = Date.now()): void {

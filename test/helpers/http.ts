@@ -1,4 +1,10 @@
-/** Small HTTP helpers for tests: JSON calls and NDJSON/SSE stream readers over real sockets. */
+/** Small HTTP helpers for tests: JSON calls, NDJSON/SSE stream readers, fake workers and raw sockets. */
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import { renameSync, writeFileSync } from 'node:fs';
+import { connect, type Socket } from 'node:net';
+import { hostname } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 export interface JsonResponse<T = any> {
   status: number;
@@ -79,4 +85,101 @@ export async function openLineStream(url: string, body: unknown, separator = '\n
   })();
   done.catch(() => undefined);
   return { status: res.status, first, done, abort: () => controller.abort() };
+}
+
+export interface SeenRequest {
+  method: string;
+  url: string;
+  authorization: string | undefined;
+  body: string;
+}
+
+/** An HTTP server in the test process standing in for a worker (request plane and system server in one). */
+export interface FakeWorker {
+  url: string;
+  seen: SeenRequest[];
+  /** Connections accepted so far. */
+  connections: number;
+  close(): Promise<void>;
+}
+
+export async function fakeWorker(handle: (req: SeenRequest, res: ServerResponse, raw: IncomingMessage) => void): Promise<FakeWorker> {
+  const seen: SeenRequest[] = [];
+  const fake = { url: '', seen, connections: 0, close: async () => undefined } as FakeWorker;
+  const server = createServer((req, res) => {
+    let body = '';
+    req.setEncoding('utf8');
+    req.on('data', (c: string) => (body += c));
+    req.on('end', () => {
+      const r = { method: req.method ?? '', url: req.url ?? '', authorization: req.headers.authorization, body };
+      seen.push(r);
+      handle(r, res, req);
+    });
+  });
+  server.on('connection', () => fake.connections++);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const port = (server.address() as { port: number }).port;
+  fake.url = `http://127.0.0.1:${port}`;
+  fake.close = () =>
+    new Promise<void>((resolve) => {
+      server.closeAllConnections();
+      server.close(() => resolve());
+    });
+  return fake;
+}
+
+export function json(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { 'content-type': 'application/json' });
+  res.end(JSON.stringify(body));
+}
+
+/**
+ * Puts a worker record straight into a file: discovery directory, owned by this (live) test process
+ * with a long lease, as if a worker had registered it.
+ */
+export function injectRecord(discoveryUrl: string, record: { worker_id: string; model: string; mode?: string; request_url: string; system_url: string }): void {
+  const dir = fileURLToPath(discoveryUrl);
+  const path = join(dir, `${encodeURIComponent(record.worker_id)}.json`);
+  const entry = { record: { mode: 'aggregated', ...record }, pid: process.pid, hostname: hostname(), heartbeat_at: Date.now(), ttl_ms: 600_000, registered_at: Date.now() };
+  writeFileSync(`${path}.tmp`, JSON.stringify(entry));
+  renameSync(`${path}.tmp`, path);
+}
+
+/** A raw TCP connection to an HTTP listener, collecting everything it receives until the server closes it. */
+export interface RawConnection {
+  socket: Socket;
+  /** Resolves with all bytes received once the connection closed. */
+  closed: Promise<string>;
+}
+
+export async function rawConnect(url: string): Promise<RawConnection> {
+  const { hostname: host, port } = new URL(url);
+  const socket = connect(Number(port), host.replace(/^\[|\]$/g, ''));
+  await new Promise<void>((resolve, reject) => {
+    socket.once('connect', resolve);
+    socket.once('error', reject);
+  });
+  let received = '';
+  socket.setEncoding('utf8');
+  socket.on('data', (c: string) => (received += c));
+  const closed = new Promise<string>((resolve) => {
+    socket.on('error', () => undefined);
+    socket.on('close', () => resolve(received));
+  });
+  return { socket, closed };
+}
+
+/** Status code and parsed JSON body of a raw HTTP/1.1 response text. */
+export function parseRawResponse(text: string): { status: number; headers: string; body: any } {
+  const split = text.indexOf('\r\n\r\n');
+  const head = split < 0 ? text : text.slice(0, split);
+  const rest = split < 0 ? '' : text.slice(split + 4);
+  const status = Number(/^HTTP\/1\.1 (\d{3})/.exec(head)?.[1] ?? 0);
+  let body: unknown = rest;
+  try {
+    body = JSON.parse(rest);
+  } catch {
+    /* chunked or not JSON: keep the text */
+  }
+  return { status, headers: head, body };
 }

@@ -7,6 +7,8 @@ export interface StreamOutcome {
   text: string;
   done: boolean;
   error?: string;
+  /** The code of an SSE error event, when the stream ended with one. */
+  errorCode?: string;
   workerId: string | null;
   /** Set by the caller's clock: was the first token seen before some event (e.g. a kill)? */
   firstTokenSeen: boolean;
@@ -38,6 +40,7 @@ export async function streamCompletion(
       const parsed = JSON.parse(data);
       if (parsed.error) {
         out.error = parsed.error.message;
+        out.errorCode = parsed.error.code;
         continue;
       }
       const content = parsed.choices?.[0]?.delta?.content;

@@ -1,0 +1,69 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { call, parseRawResponse, rawConnect } from './helpers/http.js';
+import { bounded, startFrontend, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+async function frontend(args: string[]) {
+  const fe = await startFrontend(tempDiscoveryUrl(), ['--admin-port', '0', ...args]);
+  started.push(fe);
+  const ready = await fe.waitForEvent('frontend_ready');
+  return Object.assign(fe, { adminUrl: ready.admin_url as string });
+}
+
+describe('http limits: every listener bounds its connections', () => {
+  it('closes a request whose body never finishes with a JSON 408, on the public and the admin listener', async () => {
+    const fe = await frontend(['--request-timeout-ms', '500']);
+    for (const [url, path] of [
+      [fe.url, '/v1/completions'],
+      [fe.adminUrl, '/workers/w-x/drain'],
+    ] as const) {
+      const conn = await rawConnect(url);
+      // Promises 100 bytes of body, sends 10, then goes quiet.
+      conn.socket.write(`POST ${path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"model":"`);
+      const res = parseRawResponse(await bounded(conn.closed, `${url}: the server closing a partial-body request`));
+      assert.equal(res.status, 408, res.headers);
+      assert.equal(res.body.error.code, 'request_timeout');
+      assert.equal(typeof res.body.error.message, 'string');
+    }
+  });
+
+  it('refuses connections past --max-connections while the admin listener still answers', async () => {
+    const fe = await frontend(['--max-connections', '4']);
+    const held = await Promise.all([0, 1, 2, 3].map(() => rawConnect(fe.url)));
+    // Each holds a half-sent request: the server has them all.
+    for (const c of held) c.socket.write('GET /health HTTP/1.1\r\n');
+    const extra = await rawConnect(fe.url);
+    extra.socket.write('GET /health HTTP/1.1\r\nhost: x\r\n\r\n');
+    assert.equal(await bounded(extra.closed, 'the server closing the connection past its cap'), '', 'closed without an answer');
+    const admin = await call('GET', `${fe.adminUrl}/workers`);
+    assert.equal(admin.status, 200, 'the admin listener has a budget of its own');
+    for (const c of held) assert.equal(c.socket.destroyed, false, 'connections under the cap stay open');
+    for (const c of held) c.socket.destroy();
+  });
+});
+
+describe('http limits: parser-level errors answer ebb JSON', () => {
+  it('answers garbage with 400 invalid_request and an oversized header with 431 header_fields_too_large, then closes', async () => {
+    const fe = await frontend([]);
+    for (const url of [fe.url, fe.adminUrl]) {
+      const garbage = await rawConnect(url);
+      garbage.socket.write('THIS IS NOT HTTP\r\n\r\n');
+      const bad = parseRawResponse(await bounded(garbage.closed, 'answer to garbage'));
+      assert.equal(bad.status, 400, bad.headers);
+      assert.match(bad.headers, /content-type: application\/json/i);
+      assert.equal(bad.body.error.code, 'invalid_request');
+      assert.equal(bad.body.error.type, 'invalid_request_error');
+
+      const big = await rawConnect(url);
+      big.socket.write(`GET /health HTTP/1.1\r\nhost: x\r\nx-big: ${'a'.repeat(20_000)}\r\n\r\n`);
+      const tooLarge = parseRawResponse(await bounded(big.closed, 'answer to an oversized header'));
+      assert.equal(tooLarge.status, 431, tooLarge.headers);
+      assert.equal(tooLarge.body.error.code, 'header_fields_too_large');
+    }
+  });
+});
