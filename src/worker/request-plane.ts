@@ -49,7 +49,7 @@ const line = (l: StreamLine) => JSON.stringify(l) + '\n';
 /** The worker's request plane: POST /generate, admission-checked before any work is done. */
 export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken } = deps;
-  const app = createHttpServer();
+  const app = createHttpServer({ role: 'internal' });
   const scopes = new Set<RequestScope>();
   let allClosed: (() => void) | undefined;
   const onClose = (s: RequestScope) => {

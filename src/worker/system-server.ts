@@ -19,7 +19,7 @@ export interface SystemServerDeps {
  * plane never carries them. /live stays 200 while draining: drain must not get the pod killed.
  */
 export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: SystemServerDeps): FastifyInstance {
-  const app = createHttpServer({ bodyLimit: 64 * 1024, emptyJsonIsObject: true });
+  const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true });
 
   const statusBody = (s: LifecycleStatus) => ({ ...s, engine: engine.stats() });
 
