@@ -20,15 +20,19 @@ import { startFrontend, startWorker, type EbbProcess, type LogLine } from '../te
 const ROUNDS = Number(process.argv[2] ?? 50);
 if (!Number.isInteger(ROUNDS) || ROUNDS < 1) throw new Error(`rounds must be a positive integer, got ${process.argv[2]}`);
 
-/** Resolves with the first line after index `since` matching `pred`, and when (monotonic ms) it was read. */
-function readAfter(p: EbbProcess, since: number, what: string, pred: (l: LogLine) => boolean): Promise<{ line: LogLine; readAt: number }> {
+/** Resolves with the first line at index >= `after` matching `pred`, and when (monotonic ms) it was read. */
+function readAfter(p: EbbProcess, after: number, what: string, pred: (l: LogLine) => boolean): Promise<{ line: LogLine; readAt: number }> {
   let readAt = 0;
   return p
-    .waitForLog((l) => {
-      if (!pred(l) || p.logs.lastIndexOf(l) < since) return false;
-      readAt = performance.now(); // called synchronously from the stdout line handler
-      return true;
-    }, what)
+    .waitForLog(
+      (l) => {
+        if (!pred(l)) return false;
+        readAt = performance.now(); // called synchronously from the stdout line handler
+        return true;
+      },
+      what,
+      { after },
+    )
     .then((line) => ({ line, readAt }));
 }
 
@@ -71,7 +75,7 @@ async function main(): Promise<void> {
     const fromReturnLogTime: number[] = [];
     const drainCall: number[] = [];
     for (let round = 0; round < ROUNDS; round++) {
-      const removed = readAfter(frontend, frontend.logs.length, `worker_removed ${id}`, (l) => l.event === 'worker_removed' && l.worker_id === id);
+      const removed = readAfter(frontend, frontend.mark(), `worker_removed ${id}`, (l) => l.event === 'worker_removed' && l.worker_id === id);
       const sent = performance.now();
       const drain = await call('POST', `${worker.systemUrl}/engine/drain`);
       const returned = performance.now();
@@ -83,7 +87,7 @@ async function main(): Promise<void> {
       fromReturnLogTime.push(Date.parse(line.time as string) - returnedWall);
       drainCall.push(returned - sent);
 
-      const added = readAfter(frontend, frontend.logs.length, `worker_added ${id}`, (l) => l.event === 'worker_added' && l.worker_id === id);
+      const added = readAfter(frontend, frontend.mark(), `worker_added ${id}`, (l) => l.event === 'worker_added' && l.worker_id === id);
       const resumed = await call('POST', `${worker.systemUrl}/engine/resume`);
       if (resumed.status !== 200) throw new Error(`resume answered ${resumed.status}: ${JSON.stringify(resumed.body)}`);
       await added;

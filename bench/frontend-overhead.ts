@@ -10,19 +10,19 @@
  *     [--warmup-ms 1000] [--rounds 1] [--concurrency 1,16,64] [--paths direct,frontend] [--json-parse]
  *     [--frontend-node-args "--cpu-prof --cpu-prof-dir=/tmp/prof"]
  *
+ * Children run under the test helpers' process runner, and streams are split by their splitBody.
  * This is a benchmark, not a test: it prints a table and, last, one JSON line with the ratios.
  * It always stops by itself (a watchdog bounds the whole run) and kills its children on any exit.
  */
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Agent, request } from 'undici';
+import { splitBody } from '../test/helpers/http.js';
+import { bounded, killAllNow, startFrontend, startWorker, type EbbProcess, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
 
-const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', 'src', 'cli', 'main.js');
 const MODEL = 'm1';
 const CONTENT = 'tell me about tides';
 
@@ -124,18 +124,8 @@ function parseOptions(argv: string[]): Options {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Child processes: tracked so that every way out of this process kills them.
-
-const children = new Set<ChildProcess>();
-
-function alive(p: ChildProcess): boolean {
-  return p.exitCode === null && p.signalCode === null;
-}
-
-/** Synchronous, so it also works from process 'exit'. */
-function killAllNow(): void {
-  for (const p of children) if (alive(p)) p.kill('SIGKILL');
-}
+// Child processes: the test helpers' runner (it always reads both pipes: a child blocked on a full
+// stdout pipe would look like a slow server); killAllNow on every way out of this process.
 
 /** Discovery directories this run created; removed on any exit. */
 const tempDirs = new Set<string>();
@@ -152,92 +142,19 @@ for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP'] as const) {
   });
 }
 
-class Child {
-  readonly proc: ChildProcess;
-  readonly tail: string[] = [];
-  private readonly exited: Promise<void>;
-  private waiters: Array<{ event: string; resolve: (l: Record<string, unknown>) => void }> = [];
-  private seen = new Map<string, Record<string, unknown>>();
-  /** Set when the process exits before we asked it to. */
-  unexpectedExit: Promise<never>;
-  private stopping = false;
-
-  constructor(
-    readonly label: string,
-    nodeArgs: string[],
-    args: string[],
-  ) {
-    this.proc = spawn(process.execPath, [...nodeArgs, CLI, ...args], {
-      env: { ...process.env, EBB_LOG_LEVEL: 'info' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    children.add(this.proc);
-    // Always drain both pipes: a child blocked on a full stdout pipe would look like a slow server.
-    createInterface({ input: this.proc.stdout! }).on('line', (line) => {
-      this.remember(line);
-      let parsed: Record<string, unknown>;
-      try {
-        parsed = JSON.parse(line) as Record<string, unknown>;
-      } catch {
-        return;
-      }
-      const event = parsed.event;
-      if (typeof event !== 'string') return;
-      if (!this.seen.has(event)) this.seen.set(event, parsed);
-      this.waiters = this.waiters.filter((w) => {
-        if (w.event !== event) return true;
-        w.resolve(parsed);
-        return false;
-      });
-    });
-    createInterface({ input: this.proc.stderr! }).on('line', (line) => this.remember(`[stderr] ${line}`));
-    this.exited = new Promise((resolve) => this.proc.once('exit', () => resolve()));
-    this.unexpectedExit = this.exited.then(() => {
-      if (this.stopping) return new Promise<never>(() => undefined);
-      throw new Error(`${this.label} exited unexpectedly (code ${this.proc.exitCode}, signal ${this.proc.signalCode})\n${this.tail.join('\n')}`);
-    });
-    this.unexpectedExit.catch(() => undefined); // observed where it matters; never an unhandled rejection
-  }
-
-  private remember(line: string): void {
-    this.tail.push(line);
-    if (this.tail.length > 40) this.tail.shift();
-  }
-
-  get pid(): number {
-    return this.proc.pid ?? -1;
-  }
-
-  async waitForEvent(event: string, ms = 20_000): Promise<Record<string, unknown>> {
-    const seen = this.seen.get(event);
-    if (seen) return seen;
-    const ready = new Promise<Record<string, unknown>>((resolve) => this.waiters.push({ event, resolve }));
-    return withTimeout(Promise.race([ready, this.unexpectedExit]), ms, `${this.label}: waiting for "${event}"\n${this.tail.join('\n')}`);
-  }
-
-  /** SIGTERM (lets --cpu-prof write its profile), then SIGKILL after `graceMs`. */
-  async stop(graceMs = 5000): Promise<void> {
-    this.stopping = true;
-    if (!alive(this.proc)) return;
-    this.proc.kill('SIGTERM');
-    const timer = setTimeout(() => {
-      if (alive(this.proc)) this.proc.kill('SIGKILL');
-    }, graceMs);
-    await this.exited;
-    clearTimeout(timer);
-  }
+/** The last lines a child wrote, for an error message. */
+function tail(p: EbbProcess, n = 40): string {
+  return [...p.logs.map((l) => JSON.stringify(l)), ...p.stderr.map((l) => `[stderr] ${l}`)].slice(-n).join('\n');
 }
 
-async function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const limit = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms);
+/** Rejects when `p` exits before `stopping()` says we asked it to; otherwise never settles. */
+function unexpectedExit(p: EbbProcess, stopping: () => boolean): Promise<never> {
+  const died = p.exited.then((code) => {
+    if (stopping()) return new Promise<never>(() => undefined);
+    throw new Error(`${p.label} exited unexpectedly (code ${code})\n${tail(p)}`);
   });
-  try {
-    return await Promise.race([p, limit]);
-  } finally {
-    clearTimeout(timer);
-  }
+  died.catch(() => undefined); // observed where it matters; never an unhandled rejection
+  return died;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,17 +209,16 @@ interface Target {
   url: string;
   body: string;
   /** Reads a whole response body, counting token lines/events; throws on a malformed or short stream. */
-  consume(body: AsyncIterable<string>, onFirstToken: () => void): Promise<number>;
+  consume(body: AsyncIterable<Uint8Array>, onFirstToken: () => void): Promise<number>;
 }
 
 /** NDJSON from the worker: one `{"text":...}` line per token, then `{"done":true,...}`. */
 function ndjsonConsumer(jsonParse: boolean): Target['consume'] {
   return async (body, onFirstToken) => {
-    let buffer = '';
     let tokens = 0;
     let done = false;
     const onLine = (line: string) => {
-      if (line.length === 0) return;
+      if (done) throw new Error(`line after the done line: ${line}`);
       if (line.startsWith('{"text":')) {
         if (jsonParse && typeof (JSON.parse(line) as { text?: unknown }).text !== 'string') throw new Error(`bad token line: ${line}`);
         if (tokens++ === 0) onFirstToken();
@@ -314,17 +230,7 @@ function ndjsonConsumer(jsonParse: boolean): Target['consume'] {
       if (parsed.usage?.completion_tokens !== tokens) throw new Error(`counted ${tokens} tokens, worker reported ${parsed.usage?.completion_tokens}`);
       done = true;
     };
-    for await (const chunk of body) {
-      buffer += chunk;
-      let nl: number;
-      let start = 0;
-      while ((nl = buffer.indexOf('\n', start)) >= 0) {
-        onLine(buffer.slice(start, nl));
-        start = nl + 1;
-      }
-      buffer = buffer.slice(start);
-    }
-    onLine(buffer);
+    for await (const line of splitBody(body, '\n')) onLine(line);
     if (!done) throw new Error('stream ended without a done line');
     return tokens;
   };
@@ -333,11 +239,11 @@ function ndjsonConsumer(jsonParse: boolean): Target['consume'] {
 /** SSE from the frontend: a role-only opening event, one event per token, a finish event, `[DONE]`. */
 function sseConsumer(jsonParse: boolean): Target['consume'] {
   return async (body, onFirstToken) => {
-    let buffer = '';
     let tokens = 0;
     let done = false;
     const onEvent = (event: string) => {
-      if (event.length === 0) return;
+      // A partial trailing event (splitBody yields the rest of the body too) lands here or breaks [DONE].
+      if (done) throw new Error(`SSE event after [DONE]: ${event}`);
       if (!event.startsWith('data: ')) throw new Error(`unexpected SSE event: ${event}`);
       if (event === 'data: [DONE]') {
         done = true;
@@ -356,17 +262,7 @@ function sseConsumer(jsonParse: boolean): Target['consume'] {
       }
       if (isToken && tokens++ === 0) onFirstToken();
     };
-    for await (const chunk of body) {
-      buffer += chunk;
-      let end: number;
-      let start = 0;
-      while ((end = buffer.indexOf('\n\n', start)) >= 0) {
-        onEvent(buffer.slice(start, end));
-        start = end + 2;
-      }
-      buffer = buffer.slice(start);
-    }
-    if (buffer.trim().length > 0) throw new Error(`trailing partial SSE event: ${buffer}`);
+    for await (const event of splitBody(body, '\n\n')) onEvent(event);
     if (!done) throw new Error('stream ended without [DONE]');
     return tokens;
   };
@@ -380,8 +276,7 @@ async function oneRequest(agent: Agent, t: Target, expectTokens: number): Promis
     const text = await res.body.text();
     throw new Error(`${t.path}: HTTP ${res.statusCode}: ${text.slice(0, 300)}`);
   }
-  res.body.setEncoding('utf8');
-  const tokens = await t.consume(res.body as AsyncIterable<string>, () => {
+  const tokens = await t.consume(res.body as AsyncIterable<Uint8Array>, () => {
     first = performance.now();
   });
   const end = performance.now();
@@ -547,8 +442,9 @@ async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), 'ebb-bench-discovery-'));
   tempDirs.add(dir);
   const discovery = `file://${dir}`;
-  let worker: Child | undefined;
-  let frontend: Child | undefined;
+  let worker: WorkerHandle | undefined;
+  let frontend: FrontendHandle | undefined;
+  let stopping = false;
   const agent = new Agent({
     connections: Math.max(...opts.concurrency) * 2,
     pipelining: 1,
@@ -559,30 +455,22 @@ async function main(): Promise<void> {
   });
 
   try {
-    worker = new Child('worker', opts.workerNodeArgs, [
-      'worker', '--port', '0', '--system-port', '0', '--discovery', discovery, '--model', MODEL,
-      '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-batch-slots', '256', '--shutdown-grace-ms', '0', '--drain-timeout-ms', '1000',
-    ]);
-    const wReady = await worker.waitForEvent('worker_ready');
-    const requestUrl = String(wReady.request_url);
-    frontend = new Child('frontend', opts.frontendNodeArgs, ['frontend', '--port', '0', '--discovery', discovery]);
-    const fReady = await frontend.waitForEvent('frontend_ready');
-    const frontendUrl = String(fReady.url);
-    const childDied = Promise.race([worker.unexpectedExit, frontend.unexpectedExit]);
+    worker = await startWorker(
+      ['--discovery', discovery, '--model', MODEL, '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-batch-slots', '256', '--shutdown-grace-ms', '0', '--drain-timeout-ms', '1000'],
+      {},
+      { nodeArgs: opts.workerNodeArgs },
+    );
+    const requestUrl = worker.requestUrl;
+    frontend = await startFrontend(discovery, [], {}, { nodeArgs: opts.frontendNodeArgs });
+    const frontendUrl = frontend.url;
+    const childDied = Promise.race([unexpectedExit(worker, () => stopping), unexpectedExit(frontend, () => stopping)]);
     childDied.catch(() => undefined);
 
-    // The frontend learns about the worker through discovery; wait until it routes to it.
-    await withTimeout(
-      (async () => {
-        for (;;) {
-          const res = await request(`${frontendUrl}/health`, { dispatcher: agent });
-          const health = (await res.body.json()) as { workers?: number };
-          if ((health.workers ?? 0) >= 1) return;
-          await sleep(50);
-        }
-      })(),
-      15_000,
-      'frontend to see the worker in discovery',
+    // The frontend learns about the worker through discovery: its routing view says when it has.
+    const id = worker.workerId;
+    await frontend.waitForLog(
+      (l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(id)) || (l.event === 'worker_added' && l.worker_id === id),
+      'the frontend to see the worker in discovery',
     );
 
     const targets: Record<Path, Target> = {
@@ -603,7 +491,7 @@ async function main(): Promise<void> {
     const pids = { frontend: frontend.pid, worker: worker.pid };
 
     // Smoke check both paths once, so a broken setup fails fast with a clear message.
-    for (const p of opts.paths) await withTimeout(oneRequest(agent, targets[p], opts.maxTokens), 10_000, `smoke request on ${p}`);
+    for (const p of opts.paths) await bounded(oneRequest(agent, targets[p], opts.maxTokens), `smoke request on ${p}`, 10_000);
 
     console.log(
       `ebb frontend overhead: 1 mocker worker (itl 0 ms, ttft 0 ms, 256 slots) + 1 frontend on loopback; ` +
@@ -746,8 +634,9 @@ async function main(): Promise<void> {
   } finally {
     await agent.destroy().catch(() => undefined);
     // Frontend first (graceful, so a --cpu-prof profile is written), then the worker.
-    await frontend?.stop().catch(() => undefined);
-    await worker?.stop().catch(() => undefined);
+    stopping = true;
+    await frontend?.terminate().catch(() => undefined);
+    await worker?.terminate().catch(() => undefined);
     killAllNow();
     rmSync(dir, { recursive: true, force: true });
     clearTimeout(watchdog);

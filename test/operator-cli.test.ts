@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { EventEmitter, once } from 'node:events';
 import { mkdtempSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs';
+import { createServer as createHttpServer } from 'node:http';
 import { createServer, type Server, type Socket } from 'node:net';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -92,6 +93,43 @@ async function refusedUrl(): Promise<string> {
   return url;
 }
 
+/**
+ * A pass-through to a worker's system server that holds every GET /engine/status until release():
+ * what happens to the worker meanwhile is what the held reads see.
+ */
+async function statusGate(target: string) {
+  const held = new EventEmitter();
+  const firstHeld = once(held, 'held');
+  const queue: Array<() => void> = [];
+  let holding = true;
+  const server = createHttpServer((req, res) => {
+    const forward = async () => {
+      const chunks: Buffer[] = [];
+      for await (const chunk of req) chunks.push(chunk as Buffer);
+      const headers: Record<string, string> = {};
+      if (req.headers['content-type']) headers['content-type'] = req.headers['content-type'];
+      const body = chunks.length > 0 ? Buffer.concat(chunks) : undefined;
+      const answer = await fetch(`${target}${req.url}`, { method: req.method, headers, body });
+      res.writeHead(answer.status, { 'content-type': answer.headers.get('content-type') ?? 'text/plain' });
+      res.end(await answer.text());
+    };
+    const go = () => void forward().catch((err: Error) => res.destroy(err));
+    if (holding && req.method === 'GET' && req.url === '/engine/status') {
+      queue.push(go);
+      held.emit('held');
+    } else go();
+  });
+  const url = await listening(server);
+  return {
+    url,
+    firstHeld,
+    release() {
+      holding = false;
+      for (const go of queue.splice(0)) go();
+    },
+  };
+}
+
 async function statusOf(w: WorkerHandle) {
   return (await call('GET', `${w.systemUrl}/engine/status`)).body as { state: string; generation: number; inflight_requests: number };
 }
@@ -143,29 +181,37 @@ describe('operator CLI: fleet view', () => {
     assert.match(fromDiscovery.stdout, /f-hung\s+m1\s+aggregated\s+unreachable/);
 
     // A drained worker leaves discovery but stays in the fleet view (it answers), so it can be resumed by id.
+    const beforeDrain = fe.mark();
     const drain = await ebb(['drain', 'f-1', '--frontend', fe.adminUrl]);
     assert.equal(drain.code, 0, drain.stderr);
-    await fe.waitForEvent('worker_removed', (l) => l.worker_id === 'f-1');
+    await fe.waitForEvent('worker_removed', (l) => l.worker_id === 'f-1', { after: beforeDrain });
     const status = await ebb(['status', 'f-1', '--frontend', fe.adminUrl, '--json']);
     assert.equal(status.code, 0, status.stderr);
     assert.ok(['draining', 'drained'].includes(JSON.parse(status.stdout).state));
     const left = (await call('GET', `${fe.adminUrl}/workers/f-1`)).body;
     assert.equal(left.in_discovery, false);
     assert.equal(left.reachable, true);
+    // Only a worker_added after the resume counts: f-1's from start-up is still in the log.
+    const beforeResume = fe.mark();
     const resume = await ebb(['resume', 'f-1', '--frontend', fe.adminUrl]);
     assert.equal(resume.code, 0, resume.stderr);
     assert.match(resume.stdout, /^worker f-1: serving/);
-    await fe.waitForEvent('worker_added', (l) => l.worker_id === 'f-1');
+    await fe.waitForEvent('worker_added', (l) => l.worker_id === 'f-1', { after: beforeResume });
 
     // A worker that left discovery and no longer answers is forgotten.
+    const beforeUnlink = fe.mark();
     unlinkSync(refusedFile);
-    await fe.waitForEvent('worker_removed', (l) => l.worker_id === 'f-refused');
+    await fe.waitForEvent('worker_removed', (l) => l.worker_id === 'f-refused', { after: beforeUnlink });
     const after = await call('GET', `${fe.adminUrl}/workers`);
     assert.deepEqual(after.body.workers.map((x: { worker_id: string }) => x.worker_id), ['f-1', 'f-2', 'f-hung']);
     assert.equal((await call('GET', `${fe.adminUrl}/workers/f-refused`)).status, 404);
     const gone = await ebb(['status', 'f-refused', '--frontend', fe.adminUrl]);
     assert.equal(gone.code, 1);
     assert.match(gone.stderr, /^ebb: no worker "f-refused" is known to the frontend admin API at /);
+    // Only the admin API's worker_not_found means "unknown worker": a 404 from the wrong port is not that.
+    const wrongPort = await ebb(['status', 'f-1', '--frontend', fe.url]);
+    assert.equal(wrongPort.code, 1);
+    assert.equal(wrongPort.stderr, `ebb: the frontend admin API at ${fe.url} answered HTTP 404 for worker "f-1": no route for GET /workers/f-1\n`);
 
     unlinkSync(hungFile);
     for (const s of hungSockets) s.destroy();
@@ -196,13 +242,14 @@ describe('operator CLI: drain --wait', () => {
     assert.equal(stream.status, 200);
     await stream.first;
 
+    const beforeDrain = w.mark();
     const drain = await ebb(['drain', 'd-1', '--wait', '--timeout', '1m', '--discovery', discovery], 60_000);
     assert.equal(drain.code, 0, drain.stderr);
     assert.match(drain.stdout, /^worker d-1 drained in /);
     // Not a TTY: one progress line per change, counting the stream down.
     assert.match(drain.stderr, /d-1: draining, in-flight 1, waiting for: 1 in-flight request/);
-    const drainedEvent = await w.waitForEvent('state_changed', (l) => l.to === 'drained');
-    const drainingEvent = await w.waitForEvent('state_changed', (l) => l.to === 'draining');
+    const drainedEvent = await w.waitForEvent('state_changed', (l) => l.to === 'drained', { after: beforeDrain });
+    const drainingEvent = await w.waitForEvent('state_changed', (l) => l.to === 'draining', { after: beforeDrain });
     assert.equal(drainingEvent.inflight, 1, 'the stream was in flight when the drain began');
     assert.equal(drainedEvent.inflight, 0);
 
@@ -210,6 +257,35 @@ describe('operator CLI: drain --wait', () => {
     assert.equal(lines.filter((l) => 'text' in l).length, TOKENS, 'every token arrived');
     assert.equal(lines.at(-1)?.done, true);
     assert.equal((await statusOf(w)).state, 'drained');
+  });
+
+  it('exits 1, naming the generation change, when someone else resumes and drains the worker meanwhile', async () => {
+    const { workers } = await cluster(['g-1'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']);
+    const w = workers[0]!;
+    const TOKENS = 500;
+    const stream = await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'a long answer', max_tokens: TOKENS, stream: true });
+    assert.equal(stream.status, 200);
+    await stream.first;
+
+    // The CLI reaches the worker through a gate that holds its status reads, so the resume and the
+    // second drain below land, deterministically, between its drain call and its first status read.
+    const gate = await statusGate(w.systemUrl);
+    const cli = ebb(['drain', gate.url, '--wait', '--timeout', '1m'], 60_000);
+    await bounded(gate.firstHeld, 'the CLI to read status after its drain');
+    assert.equal((await statusOf(w)).generation, 1, "the CLI's drain");
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+    const other = await call('POST', `${w.systemUrl}/engine/drain`, { reason: 'someone else' });
+    assert.equal(other.status, 202, 'the stream is still in flight');
+    assert.equal(other.body.generation, 3);
+    gate.release();
+
+    const res = await cli;
+    assert.equal(res.code, 1, res.stderr);
+    assert.equal(res.stdout, '', 'no "drained" report for a drain that is not ours');
+    const last = res.stderr.trim().split('\n').at(-1) ?? '';
+    assert.match(last, /^ebb: worker at http:\/\/127\.0\.0\.1:\d+ went from generation 1 to 3 \(now draining\) while waiting for it to drain: someone else resumed or drained it/);
+    const lines = (await stream.done).map((l) => JSON.parse(l));
+    assert.equal(lines.filter((l) => 'text' in l).length, TOKENS, 'the other drain goes on; the stream finishes whole');
   });
 
   it('exits 2 with a clear message when the worker does not drain before --timeout', async () => {

@@ -3,29 +3,16 @@ import { ADMIN_TOKEN_ENV, bearerHeader, loadAdminToken } from '../common/admin-a
 import { adminCall, createAdminAgent, errorMessageOf, fetchLiveStatus, Unreachable, type AdminResponse, type WorkerStatus } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, WorkerRecord } from '../discovery/discovery.js';
+import { codeOf } from '../protocol/errors.js';
+import { CliError } from './cli-error.js';
 import { discoveryDefault } from './options.js';
 
 /**
- * What the operator commands (workers, drain, resume, status, rollout) share: where the fleet is
- * read from (the frontend's admin API or discovery), how a worker is addressed, the token, and
- * waiting for a drain. Every failure is a CliError: one line for the operator, and an exit code.
+ * The HTTP admin client the operator commands (workers, drain, resume, status, rollout) share: where
+ * the fleet is read from (the frontend's admin API or discovery), how a worker is addressed, and the
+ * token. Every failure is a CliError.
  */
 
-/** Exit codes: 1 for failures, 2 for "did not happen within --timeout". */
-export const EXIT_FAILURE = 1;
-export const EXIT_TIMEOUT = 2;
-
-export class CliError extends Error {
-  constructor(
-    message: string,
-    readonly exitCode = EXIT_FAILURE,
-  ) {
-    super(message);
-  }
-}
-
-/** How often a waiting command re-reads /engine/status. */
-export const POLL_INTERVAL_MS = 250;
 /** Per-call bound on admin calls made by the CLI (a drain answers once discovery is updated). */
 const CALL_TIMEOUT_MS = 10_000;
 /** Per-worker bound on a status read when listing the fleet from discovery (as the frontend does). */
@@ -149,7 +136,7 @@ export class AdminClient {
     if (this.source.kind === 'frontend') {
       const url = `${this.source.url}/workers/${encodeURIComponent(target)}`;
       const res = await this.call<FleetEntry>(url, 'GET', this.sourceLabel);
-      if (res.statusCode === 404) throw new CliError(`no worker "${target}" is known to ${this.sourceLabel}`);
+      if (codeOf(res.body) === 'worker_not_found') throw new CliError(`no worker "${target}" is known to ${this.sourceLabel}`);
       if (res.statusCode !== 200) throw new CliError(`${this.sourceLabel} answered HTTP ${res.statusCode} for worker "${target}": ${errorMessageOf(res.body)}`);
       return this.viaFrontend(res.body);
     }
@@ -168,10 +155,7 @@ export class AdminClient {
 
   private direct(systemUrl: string, record?: WorkerRecord): WorkerRef {
     const label = record ? `worker ${record.worker_id} (${systemUrl})` : `worker at ${systemUrl}`;
-    const expectStatus = (res: AdminResponse<WorkerStatus>, action: string, ok: number[]): WorkerStatus => {
-      if (ok.includes(res.statusCode) && typeof res.body?.state === 'string') return res.body;
-      throw new CliError(`${label} refused ${action}: HTTP ${res.statusCode}: ${errorMessageOf(res.body)}`);
-    };
+    const expectStatus = (res: AdminResponse<WorkerStatus>, action: string, ok: number[]) => statusIn(res, label, action, ok);
     return {
       label,
       record,
@@ -185,23 +169,32 @@ export class AdminClient {
     if (this.source.kind !== 'frontend') throw new Error('not a frontend source');
     const base = `${this.source.url}/workers/${encodeURIComponent(entry.worker_id)}`;
     const label = `worker ${entry.worker_id} (${entry.system_url}, via ${this.source.url})`;
-    const expectStatus = (res: AdminResponse<WorkerStatus>, action: string, ok: number[]): WorkerStatus => {
-      if (ok.includes(res.statusCode) && typeof res.body?.state === 'string') return res.body;
-      throw new CliError(`${label} refused ${action}: HTTP ${res.statusCode}: ${errorMessageOf(res.body)}`);
-    };
+    const expectStatus = (res: AdminResponse<WorkerStatus>, action: string, ok: number[]) => statusIn(res, label, action, ok);
     return {
       label,
       record: entry,
       status: async () => {
         const res = await this.call<FleetEntry>(base, 'GET', this.sourceLabel);
         if (res.statusCode !== 200) throw new CliError(`${label}: frontend answered HTTP ${res.statusCode}: ${errorMessageOf(res.body)}`);
-        if (!res.body.reachable || !res.body.status) throw new CliError(`cannot reach ${label}: ${res.body.error ?? 'no status'}`);
+        if (!res.body.reachable || !isStatus(res.body.status)) throw new CliError(`cannot reach ${label}: ${res.body.error ?? 'no status'}`);
         return res.body.status;
       },
       drain: async (reason) => expectStatus(await this.call<WorkerStatus>(`${base}/drain`, 'POST', this.sourceLabel, { reason }), 'drain', [200, 202]),
       resume: async () => expectStatus(await this.call<WorkerStatus>(`${base}/resume`, 'POST', this.sourceLabel), 'resume', [200]),
     };
   }
+}
+
+/** A status a waiter can use: a state, and the generation it pins (see waitForDrained). */
+function isStatus(body: unknown): body is WorkerStatus {
+  const s = body as Partial<WorkerStatus> | undefined;
+  return typeof s?.state === 'string' && typeof s.generation === 'number';
+}
+
+/** The worker's status out of an answer with one of the `ok` HTTP statuses; anything else is a refusal. */
+function statusIn(res: AdminResponse<WorkerStatus>, label: string, action: string, ok: number[]): WorkerStatus {
+  if (ok.includes(res.statusCode) && isStatus(res.body)) return res.body;
+  throw new CliError(`${label} refused ${action}: HTTP ${res.statusCode}: ${errorMessageOf(res.body)}`);
 }
 
 /** Runs `fn` with a client and always closes it. */
@@ -213,90 +206,3 @@ export async function withClient<T>(flags: SourceFlags, fn: (client: AdminClient
     await client.close();
   }
 }
-
-export function formatDuration(ms: number): string {
-  if (ms < 60_000) return `${(ms / 1000).toFixed(1)}s`;
-  const s = Math.round(ms / 1000);
-  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
-  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
-}
-
-/**
- * A progress line on stderr: rewritten in place (\r) on a terminal; elsewhere (CI logs, pipes) one
- * line each time what it says changes, ignoring the elapsed time so a log is not one line per poll.
- */
-export class ProgressLine {
-  private last = '';
-  private readonly tty: boolean;
-  private drawn = false;
-
-  constructor(private readonly out: NodeJS.WriteStream = process.stderr) {
-    this.tty = out.isTTY === true;
-  }
-
-  update(text: string, elapsedMs: number): void {
-    if (this.tty) {
-      this.out.write(`\r${text}  ${formatDuration(elapsedMs)}\x1b[K`);
-      this.drawn = true;
-    } else if (text !== this.last) this.out.write(`${text}  (${formatDuration(elapsedMs)})\n`);
-    this.last = text;
-  }
-
-  /** Ends the line on a terminal so the next output starts clean. */
-  done(): void {
-    if (this.tty && this.drawn) this.out.write('\n');
-    this.drawn = false;
-  }
-}
-
-export function describeWaiting(s: WorkerStatus): string {
-  const waits = s.waiting_for.length > 0 ? `, waiting for: ${s.waiting_for.join('; ')}` : '';
-  return `${s.state}, in-flight ${s.inflight_requests}${waits}`;
-}
-
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
-
-/**
- * Polls the worker's status until it reports `drained`. The worker has no push channel for its
- * state (the Admin API is request/response), so polling GET /engine/status every POLL_INTERVAL_MS
- * is the only signal there is; the worker serves it from memory, so it costs next to nothing.
- * Throws CliError(EXIT_TIMEOUT) past the deadline, CliError(EXIT_FAILURE) if the worker goes back to
- * serving (someone resumed it) or stops answering.
- */
-export async function waitForDrained(
-  ref: WorkerRef,
-  timeoutMs: number,
-  onProgress: (status: WorkerStatus, elapsedMs: number) => void = () => undefined,
-): Promise<WorkerStatus> {
-  const started = Date.now();
-  let failures = 0;
-  let last: WorkerStatus | undefined;
-  for (;;) {
-    let status: WorkerStatus | undefined;
-    try {
-      status = await ref.status();
-      failures = 0;
-    } catch (err) {
-      // One failed read can be a blip (a busy event loop, a timeout); three in a row means it is gone.
-      if (!(err instanceof CliError) || ++failures >= 3) throw err;
-    }
-    if (status) {
-      last = status;
-      onProgress(status, Date.now() - started);
-      if (status.state === 'drained') return status;
-      if (status.state === 'serving') throw new CliError(`${ref.label} is serving again (resumed by someone else?) while waiting for it to drain`);
-    }
-    const elapsed = Date.now() - started;
-    if (elapsed >= timeoutMs) {
-      const where = last ? ` (still ${describeWaiting(last)})` : '';
-      throw new CliError(`${ref.label} did not drain within ${formatDuration(timeoutMs)}${where}; it stays out of rotation until resumed`, EXIT_TIMEOUT);
-    }
-    await sleep(Math.min(POLL_INTERVAL_MS, timeoutMs - elapsed));
-  }
-}
-
-/** The workers of a model that are in rotation: listed in discovery, reachable, and serving. */
-export function servingOf(fleet: FleetEntry[], model: string): FleetEntry[] {
-  return fleet.filter((e) => e.model === model && e.in_discovery && e.reachable && e.state === 'serving');
-}
-

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 import { Command } from 'commander';
-import { CliError } from './admin-client.js';
+import { CliError } from './cli-error.js';
 import { drainCommand } from './drain-command.js';
 import { frontendCommand } from './frontend-command.js';
 import { resumeCommand } from './resume-command.js';

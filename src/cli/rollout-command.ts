@@ -1,19 +1,9 @@
 import { spawn } from 'node:child_process';
 import { Command, Option } from 'commander';
-import {
-  addSourceOptions,
-  CliError,
-  describeWaiting,
-  EXIT_TIMEOUT,
-  formatDuration,
-  POLL_INTERVAL_MS,
-  servingOf,
-  waitForDrained,
-  withClient,
-  type AdminClient,
-  type FleetEntry,
-  type SourceFlags,
-} from './admin-client.js';
+import { addSourceOptions, withClient, type AdminClient, type FleetEntry, type SourceFlags } from './admin-client.js';
+import { CliError, EXIT_TIMEOUT } from './cli-error.js';
+import { POLL_INTERVAL_MS, servingOf, waitForDrained } from './drain-wait.js';
+import { describeWaiting, formatDuration } from './progress-line.js';
 import { durationOption, intOption } from './options.js';
 
 interface RolloutFlags extends SourceFlags {
@@ -105,7 +95,7 @@ export function rolloutCommand(): Command {
               let s = await ref.drain(`ebb rollout ${flags.model}`);
               let lastLine = '';
               if (s.state !== 'drained')
-                s = await waitForDrained(ref, flags.timeout, (st) => {
+                s = await waitForDrained(ref, s.generation, flags.timeout, (st) => {
                   const line = describeWaiting(st);
                   if (line !== lastLine) say(`  ${entry.worker_id}: ${line}`);
                   lastLine = line;

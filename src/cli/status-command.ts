@@ -1,6 +1,7 @@
 import { Command } from 'commander';
 import type { WorkerStatus } from '../common/worker-admin.js';
-import { addSourceOptions, formatDuration, withClient, type SourceFlags } from './admin-client.js';
+import { addSourceOptions, withClient, type SourceFlags } from './admin-client.js';
+import { formatDuration } from './progress-line.js';
 
 interface StatusFlags extends SourceFlags {
   json?: boolean;

@@ -31,19 +31,22 @@ export async function drainOneUnderLoad(frontend: FrontendHandle, target: Worker
     while (outcomes.length < n) await once(progress, 'completed');
   };
   await completedAtLeast(40);
+  const beforeDrain = target.mark();
   const drain = await call('POST', `${target.systemUrl}/engine/drain`);
   assert.ok(drain.status === 202 || drain.status === 200);
   phase = 'draining';
   const admittedAtDrain = await metricValue(target.systemUrl, 'ebb_worker_admitted_total');
   const afterDrain = outcomes.length;
   await completedAtLeast(afterDrain + 60);
-  await target.waitForEvent('state_changed', (l) => l.to === 'drained');
+  await target.waitForEvent('state_changed', (l) => l.to === 'drained', { after: beforeDrain });
   assert.equal(await metricValue(target.systemUrl, 'ebb_worker_admitted_total'), admittedAtDrain, 'no request admitted after drain returned');
 
+  // The frontend's worker_added from start-up must not count: only one after this resume does.
+  const beforeResume = frontend.mark();
   const resumed = await call('POST', `${target.systemUrl}/engine/resume`);
   assert.equal(resumed.body.state, 'serving');
   phase = 'after';
-  await frontend.waitForEvent('worker_added', (l) => l.worker_id === target.workerId);
+  await frontend.waitForEvent('worker_added', (l) => l.worker_id === target.workerId, { after: beforeResume });
   const afterResume = outcomes.length;
   await completedAtLeast(afterResume + 60);
   stop = true;

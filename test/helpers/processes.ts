@@ -13,11 +13,27 @@ export type LogLine = Record<string, unknown> & { event?: string };
 /** Bound on any single wait in tests, so a broken behaviour fails instead of hanging. */
 export const WAIT_BOUND_MS = 20_000;
 
+/** Where a wait starts matching: log lines at index >= after (see EbbProcess.mark). */
+export interface LogCursor {
+  after?: number;
+}
+
+/** Every EbbProcess not yet exited, for killAllNow. */
+const live = new Set<EbbProcess>();
+
+/** SIGKILLs every child still running; synchronous, so it also works from process 'exit'. */
+export function killAllNow(): void {
+  for (const p of live) p.proc.kill('SIGKILL');
+}
+
 export class EbbProcess {
   readonly logs: LogLine[] = [];
   readonly stderr: string[] = [];
-  private readonly exited: Promise<number>;
-  private waiters: Array<{ pred: (l: LogLine) => boolean; resolve: (l: LogLine) => void }> = [];
+  /** Resolves with the exit code (128 for a signal). */
+  readonly exited: Promise<number>;
+  private waiters: Array<{ pred: (l: LogLine) => boolean; what: string; after: number; resolve: (l: LogLine) => void; reject: (err: Error) => void }> = [];
+  /** Set once both pipes are closed: "worker exited (code 1)". */
+  private closed: string | undefined;
 
   constructor(readonly proc: ChildProcess, readonly label: string) {
     createInterface({ input: proc.stdout! }).on('line', (line) => {
@@ -27,29 +43,61 @@ export class EbbProcess {
       } catch {
         parsed = { msg: line };
       }
-      this.logs.push(parsed);
+      const index = this.logs.push(parsed) - 1;
       this.waiters = this.waiters.filter((w) => {
-        if (!w.pred(parsed)) return true;
+        if (index < w.after || !w.pred(parsed)) return true;
         w.resolve(parsed);
         return false;
       });
     });
     createInterface({ input: proc.stderr! }).on('line', (line) => this.stderr.push(line));
-    this.exited = once(proc, 'exit').then(([code, signal]) => (code ?? (signal ? 128 : -1)) as number);
+    live.add(this);
+    this.exited = once(proc, 'exit').then(([code, signal]) => {
+      live.delete(this);
+      return (code ?? (signal ? 128 : -1)) as number;
+    });
+    // On 'close' every line of both pipes has been handled: a wait still pending can never be
+    // satisfied, so it fails now instead of at the bound.
+    proc.once('close', (code, signal) => {
+      this.closed = `${this.label} exited (${signal ?? `code ${code}`})`;
+      for (const w of this.waiters) w.reject(this.closedError(w.what));
+      this.waiters = [];
+    });
   }
 
-  /** Resolves with the first log line (past or future) matching `pred`. */
-  waitForLog(pred: (l: LogLine) => boolean, what = 'log line'): Promise<LogLine> {
-    const seen = this.logs.find(pred);
-    if (seen) return Promise.resolve(seen);
+  private closedError(what: string): Error {
+    return new Error(`${this.closed} before ${what}; stderr: ${this.stderr.join('\n')}`);
+  }
+
+  get pid(): number {
+    return this.proc.pid ?? -1;
+  }
+
+  /** The cursor for "from now on": pass it as `after` to match only lines logged after this call. */
+  mark(): number {
+    return this.logs.length;
+  }
+
+  /** Resolves with the first log line at index >= `after` (default 0: past or future) matching `pred`. */
+  waitForLog(pred: (l: LogLine) => boolean, what = 'log line', { after = 0 }: LogCursor = {}): Promise<LogLine> {
+    for (let i = after; i < this.logs.length; i++) {
+      const seen = this.logs[i] as LogLine;
+      if (pred(seen)) return Promise.resolve(seen);
+    }
+    if (this.closed !== undefined) return Promise.reject(this.closedError(what));
     return bounded(
-      new Promise<LogLine>((resolve) => this.waiters.push({ pred, resolve })),
-      `${this.label}: waiting for ${what}; stderr: ${this.stderr.join('\n')}`,
+      new Promise<LogLine>((resolve, reject) => this.waiters.push({ pred, what, after, resolve, reject })),
+      `${this.label}: waiting for ${what}${after > 0 ? ` after log line ${after}` : ''}; stderr: ${this.stderr.join('\n')}`,
     );
   }
 
-  waitForEvent(event: string, extra: (l: LogLine) => boolean = () => true): Promise<LogLine> {
-    return this.waitForLog((l) => l.event === event && extra(l), `event ${event}`);
+  waitForEvent(event: string, extra: (l: LogLine) => boolean = () => true, cursor: LogCursor = {}): Promise<LogLine> {
+    return this.waitForLog((l) => l.event === event && extra(l), `event ${event}`, cursor);
+  }
+
+  /** Like waitForEvent, but only a line logged after this call counts (never one from before). */
+  waitForNextEvent(event: string, extra: (l: LogLine) => boolean = () => true): Promise<LogLine> {
+    return this.waitForEvent(event, extra, { after: this.mark() });
   }
 
   exitCode(boundMs = WAIT_BOUND_MS): Promise<number> {
@@ -60,10 +108,25 @@ export class EbbProcess {
     this.proc.kill(sig);
   }
 
+  get alive(): boolean {
+    return this.proc.exitCode === null && this.proc.signalCode === null;
+  }
+
   async stop(): Promise<void> {
-    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
+    if (!this.alive) return;
     this.proc.kill('SIGKILL');
     await this.exited;
+  }
+
+  /** SIGTERM (a graceful exit: a --cpu-prof profile gets written), then SIGKILL after `graceMs`. */
+  async terminate(graceMs = 5000): Promise<void> {
+    if (!this.alive) return;
+    this.proc.kill('SIGTERM');
+    const timer = setTimeout(() => {
+      if (this.alive) this.proc.kill('SIGKILL');
+    }, graceMs);
+    await this.exited;
+    clearTimeout(timer);
   }
 
   indexOfEvent(event: string): number {
@@ -79,8 +142,13 @@ export function bounded<T>(p: Promise<T>, what: string, ms = WAIT_BOUND_MS): Pro
   return Promise.race([p, limit]).finally(() => clearTimeout(timer));
 }
 
-export function spawnEbb(args: string[], label: string, env: NodeJS.ProcessEnv = {}): EbbProcess {
-  const proc = spawn(process.execPath, [CLI, ...args], {
+/** Extra `node` flags for the child, e.g. ['--cpu-prof', '--cpu-prof-dir=/tmp/prof'] (the bench uses them). */
+export interface SpawnOptions {
+  nodeArgs?: string[];
+}
+
+export function spawnEbb(args: string[], label: string, env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): EbbProcess {
+  const proc = spawn(process.execPath, [...(opts.nodeArgs ?? []), CLI, ...args], {
     env: { ...process.env, EBB_LOG_LEVEL: 'info', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -97,8 +165,8 @@ export function tempDiscoveryUrl(): string {
   return `file://${mkdtempSync(join(tmpdir(), 'ebb-test-discovery-'))}`;
 }
 
-export async function startWorker(args: string[], env: NodeJS.ProcessEnv = {}): Promise<WorkerHandle> {
-  const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args], 'worker', env);
+export async function startWorker(args: string[], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): Promise<WorkerHandle> {
+  const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args], 'worker', env, opts);
   const ready = await p.waitForEvent('worker_ready');
   return Object.assign(p, {
     workerId: ready.worker_id as string,
@@ -111,8 +179,8 @@ export interface FrontendHandle extends EbbProcess {
   url: string;
 }
 
-export async function startFrontend(discoveryUrl: string, args: string[] = []): Promise<FrontendHandle> {
-  const p = spawnEbb(['frontend', '--port', '0', '--discovery', discoveryUrl, ...args], 'frontend');
+export async function startFrontend(discoveryUrl: string, args: string[] = [], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): Promise<FrontendHandle> {
+  const p = spawnEbb(['frontend', '--port', '0', '--discovery', discoveryUrl, ...args], 'frontend', env, opts);
   const ready = await p.waitForEvent('frontend_ready');
   return Object.assign(p, { url: ready.url as string }) as FrontendHandle;
 }

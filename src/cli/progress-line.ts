@@ -1,0 +1,43 @@
+import type { WorkerStatus } from '../common/worker-admin.js';
+
+/** How waiting commands show progress on stderr. */
+
+export function formatDuration(ms: number): string {
+  if (ms < 60_000) return `${(ms / 1000).toFixed(1)}s`;
+  const s = Math.round(ms / 1000);
+  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
+  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+}
+
+/**
+ * A progress line on stderr: rewritten in place (\r) on a terminal; elsewhere (CI logs, pipes) one
+ * line each time what it says changes, ignoring the elapsed time so a log is not one line per poll.
+ */
+export class ProgressLine {
+  private last = '';
+  private readonly tty: boolean;
+  private drawn = false;
+
+  constructor(private readonly out: NodeJS.WriteStream = process.stderr) {
+    this.tty = out.isTTY === true;
+  }
+
+  update(text: string, elapsedMs: number): void {
+    if (this.tty) {
+      this.out.write(`\r${text}  ${formatDuration(elapsedMs)}\x1b[K`);
+      this.drawn = true;
+    } else if (text !== this.last) this.out.write(`${text}  (${formatDuration(elapsedMs)})\n`);
+    this.last = text;
+  }
+
+  /** Ends the line on a terminal so the next output starts clean. */
+  done(): void {
+    if (this.tty && this.drawn) this.out.write('\n');
+    this.drawn = false;
+  }
+}
+
+export function describeWaiting(s: WorkerStatus): string {
+  const waits = s.waiting_for.length > 0 ? `, waiting for: ${s.waiting_for.join('; ')}` : '';
+  return `${s.state}, in-flight ${s.inflight_requests}${waits}`;
+}
