@@ -19,10 +19,11 @@ describe('advertised URLs', () => {
   });
 
   it('registers the --advertise-host URL of a worker bound to all interfaces, and it serves there', async () => {
-    const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'm1', '--host', '0.0.0.0', '--advertise-host', '127.0.0.1']);
+    // Off loopback the request plane needs its token.
+    const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'm1', '--host', '0.0.0.0', '--advertise-host', '127.0.0.1'], { EBB_REQUEST_TOKEN: 'fleet' });
     started.push(w);
     assert.match(w.requestUrl, /^http:\/\/127\.0\.0\.1:\d+$/);
-    const res = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'hi', max_tokens: 2, stream: false });
+    const res = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'hi', max_tokens: 2, stream: false }, { authorization: 'Bearer fleet' });
     assert.equal(res.status, 200);
     assert.equal(res.body.usage.completion_tokens, 2);
   });

@@ -32,7 +32,10 @@ describe('file discovery under fd exhaustion', { skip: process.platform === 'win
     cleanups.push(() => registrar.close());
     await registrar.register({ worker_id: 'w-emfile', model: MODEL, mode: 'aggregated', request_url: 'http://127.0.0.1:9', system_url: 'http://127.0.0.1:9' });
 
-    const proc = spawn('bash', ['-c', `ulimit -n ${FD_LIMIT}; exec "$0" "$@"`, process.execPath, CLI, 'frontend', '--port', '0', '--discovery', url], {
+    // The default connection cap (derived from the fd limit) would close the flood before it
+    // exhausts anything; lift it so the scan itself meets EMFILE.
+    const args = [CLI, 'frontend', '--port', '0', '--discovery', url, '--max-connections', '100000'];
+    const proc = spawn('bash', ['-c', `ulimit -n ${FD_LIMIT}; exec "$0" "$@"`, process.execPath, ...args], {
       env: { ...process.env, EBB_LOG_LEVEL: 'info' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });

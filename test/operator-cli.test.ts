@@ -69,11 +69,11 @@ async function frontendFor(discovery: string, workers: WorkerHandle[]) {
   return Object.assign(fe, { adminUrl });
 }
 
-/** A file-discovery record nobody heartbeats: held by this (live) test process, fresh for an hour. */
+/** A file-discovery record nobody heartbeats: held by this (live) test process, fresh for five minutes (the longest TTL file discovery accepts). */
 function fakeRecord(discovery: string, id: string, url: string): string {
   const path = join(fileURLToPath(discovery), `${id}.json`);
   const record = { worker_id: id, model: 'm1', mode: 'aggregated', request_url: url, system_url: url };
-  writeFileSync(path, JSON.stringify({ record, pid: process.pid, hostname: hostname(), heartbeat_at: Date.now(), ttl_ms: 3_600_000 }));
+  writeFileSync(path, JSON.stringify({ record, pid: process.pid, hostname: hostname(), heartbeat_at: Date.now(), ttl_ms: 300_000 }));
   return path;
 }
 

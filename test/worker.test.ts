@@ -123,6 +123,7 @@ describe('worker process: drain, resume, admission', () => {
     await call('POST', `${w.systemUrl}/engine/resume`);
     const b = await gen(w, { max_tokens: 60 });
     await b.first;
+    const beforeSecond = w.mark();
     const second = await call('POST', `${w.systemUrl}/engine/drain`);
     assert.equal(second.body.state, 'draining');
     assert.ok(second.body.generation > first.body.generation);
@@ -131,7 +132,7 @@ describe('worker process: drain, resume, admission', () => {
     assert.equal(mid.body.state, 'draining', 'stream A ending must not drain the cycle that B still holds');
     assert.equal(mid.body.inflight_requests, 1);
     assert.equal(tokensOf(await b.done).tokens, 60);
-    const drained = await w.waitForEvent('state_changed', (l) => l.to === 'drained');
+    const drained = await w.waitForEvent('state_changed', (l) => l.to === 'drained', { after: beforeSecond });
     assert.equal(drained.generation, second.body.generation);
   });
 

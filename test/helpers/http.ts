@@ -140,7 +140,7 @@ export function json(res: ServerResponse, status: number, body: unknown): void {
 export function injectRecord(discoveryUrl: string, record: { worker_id: string; model: string; mode?: string; request_url: string; system_url: string }): void {
   const dir = fileURLToPath(discoveryUrl);
   const path = join(dir, `${encodeURIComponent(record.worker_id)}.json`);
-  const entry = { record: { mode: 'aggregated', ...record }, pid: process.pid, hostname: hostname(), heartbeat_at: Date.now(), ttl_ms: 600_000, registered_at: Date.now() };
+  const entry = { record: { mode: 'aggregated', ...record }, pid: process.pid, hostname: hostname(), heartbeat_at: Date.now(), ttl_ms: 300_000, registered_at: Date.now() };
   writeFileSync(`${path}.tmp`, JSON.stringify(entry));
   renameSync(`${path}.tmp`, path);
 }
