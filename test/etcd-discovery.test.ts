@@ -347,9 +347,10 @@ describe('etcd discovery across etcd restarts', { skip: etcdSkipReason() }, () =
     const newLease = await leaseOf(raw, serving);
     assert.ok(newLease && newLease !== oldLease, `fresh lease expected, got ${newLease} (old ${oldLease})`);
 
-    // The old lease came back with etcd (it renews leases on startup). The successful register
-    // revokes it (it would otherwise expire a TTL later), which takes only the draining worker's
-    // key: the re-registered key moved to the new lease.
+    // The old lease came back with etcd (it renews leases on startup). The registrar revokes it
+    // once etcd answers again (its watch reconnects, or this register succeeds); it would otherwise
+    // expire a TTL later. That takes the draining worker's key; the serving worker's key is on the
+    // new lease (if the revoke came first, the serving key reappears with the re-registration).
     await eventually('the old lease to expire', async () => {
       const ttl = await raw.leaseClient.leaseTimeToLive({ ID: oldLease ?? '0' });
       if (ttl.TTL !== '-1') throw new Error(`old lease still has TTL ${ttl.TTL}`);

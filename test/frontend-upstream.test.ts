@@ -49,9 +49,10 @@ describe('upstream: releasing a stream', () => {
     up.release();
     assert.equal(pool.get('w-1')!.inflight, 0);
     const res = await response;
+    const resClosed = once(res, 'close');
     letEnd();
     assert.equal(await up.closed, true, 'the body ended normally: not destroyed on release');
-    await once(res, 'close');
+    await resClosed;
     assert.equal(res.writableFinished, true, 'the worker finished its response: the frontend did not abort it');
   });
 
@@ -60,9 +61,10 @@ describe('upstream: releasing a stream', () => {
     const { upstream } = upstreamTo(fake.url);
     const up = await upstream.open({ model: 'm' }, 'aggregated', new AbortController().signal);
     const res = await response;
+    const resClosed = once(res, 'close');
     up.release();
     assert.equal(await up.closed, false, 'destroyed');
-    await once(res, 'close');
+    await resClosed;
     assert.equal(res.writableFinished, false, 'cut before the worker finished');
   });
 });

@@ -32,6 +32,7 @@ export interface HttpServerLimits {
 }
 
 export interface HttpServerOptions extends HttpServerLimits {
+  /** Sets the default limits; 'internal' when not given. */
   role?: ListenerRole | undefined;
   bodyLimit?: number | undefined;
   emptyJsonIsObject?: boolean | undefined;
@@ -115,7 +116,7 @@ export function answerClientError(err: NodeJS.ErrnoException, socket: Socket): v
  * path costs more than it tells; ebb logs lifecycle events itself.
  */
 export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance {
-  const role = opts.role ?? 'public';
+  const role = opts.role ?? 'internal';
   const d = defaultLimits(role);
   const requestTimeout = opts.requestTimeoutMs ?? d.requestTimeoutMs;
   const headersTimeout = Math.min(opts.headersTimeoutMs ?? d.headersTimeoutMs, requestTimeout > 0 ? requestTimeout : Infinity);

@@ -95,7 +95,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
         adminApp?.server.closeAllConnections();
         adminAgent?.destroy().catch(() => undefined); // a forward still waiting on a worker ends too
       }, timeoutMs);
-      await Promise.all([adminApp?.close().then(() => adminAgent?.close()), app.close()]);
+      await Promise.all([adminApp?.close().then(() => adminAgent?.close().catch(() => undefined)), app.close()]);
       clearTimeout(deadline);
       await watch.close();
       await upstream.close();

@@ -317,23 +317,29 @@ export class Upstream {
     }
   }
 
+  /** The next decode worker for this request, counted as taken (while its prefill runs, too), or undefined. */
+  private reserveDecode(model: string, tried: Set<string>): { worker: PoolWorker; release: () => void } | undefined {
+    const worker = this.pool.pick(model, 'decode', tried);
+    if (!worker) return undefined;
+    tried.add(worker.record.worker_id);
+    return { worker, release: this.pool.acquire(worker) };
+  }
+
   /**
    * Disaggregated serving: a prefill worker computes the prompt's KV, then a decode worker pulls it
-   * and streams. The decode worker is picked (and counted) before any prefill: with none, no KV is
-   * computed for nobody. Every way out after a prefill succeeded without a decode stream (refused,
-   * unreachable, KV lost, client gone) releases the transfer on the prefill worker at once, so it
-   * never holds the prefill worker's drain until its TTL. A decode worker that dies after pulling
-   * the KV leaves nothing for the next one, so the pair is redone (a fresh prefill).
+   * and streams. A decode worker is picked (and counted) before any prefill: with none, no KV is
+   * computed for nobody. A decode worker that refuses leaves the KV unclaimed, so the next decode
+   * worker gets the same transfer; when no decode worker takes it (or the client left), the transfer
+   * is released on the prefill worker at once, so it never holds that worker's drain until its TTL.
+   * A decode worker that lost the KV (died after pulling it, or it expired) leaves nothing for the
+   * next one, so the pair is redone (a fresh prefill).
    */
   async openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
     for (let pair = 1; ; pair++) {
       if (signal.aborted) throw signal.reason;
-      const decode = this.pool.pick(body.model, 'decode', tried);
+      let decode = this.reserveDecode(body.model, tried);
       if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
-      const decodeId = decode.record.worker_id;
-      tried.add(decodeId);
-      const reserved = this.pool.acquire(decode); // concurrent requests see it as taken while prefill runs
       let kv: KvTransferRef;
       try {
         const prefill = await this.route(body.model, 'prefill', signal, new Set(), async (w) => {
@@ -344,25 +350,32 @@ export class Upstream {
         prefill.release();
         kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
       } catch (err) {
-        reserved();
+        decode.release();
         throw err;
       }
-      try {
-        const { worker, value, release } = await this.tryOn(decode, signal, (w) => this.generate(w, { ...body, kv_transfer: kv }, signal));
-        return this.stream(worker, value, release);
-      } catch (err) {
-        await this.releaseKv(kv);
-        if (err instanceof KvTransferLost) {
-          tried.delete(decodeId); // the worker is fine; the KV is what is gone
-          if (pair >= MAX_ATTEMPTS) throw new EbbError('no_serving_worker', `decode workers could not take the KV of "${body.model}" requests; retry shortly`);
-          continue;
+      let lost = false;
+      for (let attempt = 1; decode; attempt++) {
+        const { worker, release: reserved } = decode;
+        decode = undefined;
+        try {
+          const { value, release } = await this.tryOn(worker, signal, (w) => this.generate(w, { ...body, kv_transfer: kv }, signal));
+          return this.stream(worker, value, release);
+        } catch (err) {
+          if (err instanceof KvTransferLost) {
+            tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
+            lost = true;
+          } else if (err instanceof TryElsewhere) {
+            if (err.hold === 'draining' || err.hold === 'overloaded') lastRefusal = err.outcome;
+            if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried);
+          }
+          if (!decode) await this.releaseKv(kv);
+          if (!(err instanceof TryElsewhere) && !lost) throw err;
+        } finally {
+          reserved();
         }
-        if (!(err instanceof TryElsewhere)) throw err;
-        if (err.hold === 'draining' || err.hold === 'overloaded') lastRefusal = err.outcome;
-        if (pair >= MAX_ATTEMPTS) throw this.noWorker(body.model, 'decode', lastRefusal);
-      } finally {
-        reserved();
       }
+      if (!lost) throw this.noWorker(body.model, 'decode', lastRefusal);
+      if (pair >= MAX_ATTEMPTS) throw new EbbError('no_serving_worker', `decode workers could not take the KV of "${body.model}" requests; retry shortly`);
     }
   }
 
