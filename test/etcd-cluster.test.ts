@@ -94,6 +94,7 @@ describe('etcd cluster: drain and crash', { skip: etcdSkipReason() }, () => {
     assert.equal(drain.body.discovery_registered, false);
     assert.deepEqual(await fx.keyedIds('drain-order'), {}, 'the key is gone once the drain call returned');
 
+    await w.waitForEvent('discovery_unregistered'); // log lines travel a pipe: they may trail the HTTP answer
     const closed = w.indexOfEvent('admission_closed');
     const unregistered = w.indexOfEvent('discovery_unregistered');
     assert.ok(closed >= 0 && unregistered > closed, `admission_closed (${closed}) must precede discovery_unregistered (${unregistered})`);
