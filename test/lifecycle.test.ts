@@ -5,19 +5,20 @@ import { pino } from 'pino';
 import { Admission, type Ticket } from '../src/lifecycle/admission.js';
 import { Lifecycle, type Transition } from '../src/lifecycle/lifecycle.js';
 import { nextState, InvalidTransition, TRANSITIONS, WORKER_STATES, SHUTDOWN_STATES } from '../src/lifecycle/states.js';
-import type { Engine, EngineStats, Quiescence } from '../src/engine/engine.js';
+import type { Engine, EngineStats, GeneratedPiece, Quiescence } from '../src/engine/engine.js';
 
 const silent = pino({ level: 'silent' });
 
 /** An engine whose idleness answers the test controls, including answers that arrive late. */
 class ScriptedEngine implements Engine {
   readonly kind = 'scripted';
+  readonly capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: false };
   readonly events = new EventEmitter();
   answer: Quiescence = { state: 'idle' };
   held: Array<(q: Quiescence) => void> = [];
   holdProbes = false;
   probes = 0;
-  async *generate(): AsyncGenerator<string, never, void> {
+  async *generate(): AsyncGenerator<GeneratedPiece, never, void> {
     throw new Error('not used');
   }
   probeQuiescence(): Promise<Quiescence> {

@@ -100,7 +100,9 @@ export function workerCommand(): Command {
           discoveryUrl: flags.discovery,
           leaseTtlMs: flags.leaseTtlMs,
           shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
-          mocker: {
+          engine: {
+            kind: 'mocker',
+            options: {
             ttftMs: flags.mockerTtftMs,
             itlMs: flags.mockerItlMs,
             batchSlots: flags.mockerBatchSlots,
@@ -108,6 +110,7 @@ export function workerCommand(): Command {
             idleness: flags.mockerIdleness,
             kvReporting: flags.mockerKvReporting,
             kvTransferTtlMs: flags.kvTransferTtlMs,
+            },
           },
         },
         log,

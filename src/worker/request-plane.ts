@@ -155,7 +155,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         res.flushHeaders(); // "admitted and alive" reaches the caller now, not with the first token
         let step = await tokens.next();
         while (!step.done) {
-          await writeWithBackpressure(res, line({ text: step.value }), scope.signal);
+          await writeWithBackpressure(res, line({ text: step.value.text }), scope.signal);
           step = await tokens.next();
         }
         scope.end(line({ done: true, finish_reason: step.value.finish_reason, usage: usageOf(step.value) }), 'completed');
@@ -163,7 +163,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         let text = '';
         let step = await tokens.next();
         while (!step.done) {
-          text += step.value;
+          text += step.value.text;
           step = await tokens.next();
         }
         const payload = JSON.stringify({ text, finish_reason: step.value.finish_reason, usage: usageOf(step.value) });

@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http';
-import type { GenerateResult } from '../engine/engine.js';
+import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
 
 /** Why a scope was aborted: the caller left, or the worker's shutdown deadline cut it. */
@@ -17,7 +17,7 @@ export class ShutdownCut extends Error {
  */
 export class RequestScope {
   private readonly abort = new AbortController();
-  private tokens: AsyncGenerator<string, GenerateResult, void> | undefined;
+  private tokens: AsyncGenerator<GeneratedPiece, GenerateResult, void> | undefined;
   private closed = false;
 
   constructor(
@@ -46,7 +46,7 @@ export class RequestScope {
   }
 
   /** The engine's generator for this request, closed with the scope. */
-  attach(tokens: AsyncGenerator<string, GenerateResult, void>): AsyncGenerator<string, GenerateResult, void> {
+  attach(tokens: AsyncGenerator<GeneratedPiece, GenerateResult, void>): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
     this.tokens = tokens;
     if (this.closed) void this.returnTokens();
     return tokens;

@@ -7,7 +7,7 @@ import { closeBounded } from '../common/close-bounded.js';
 import { advertisedUrl, listen } from '../common/http-server.js';
 import type { Engine } from '../engine/engine.js';
 import type { KvTransfer } from '../engine/kv-transfers.js';
-import { MockerEngine, type MockerOptions } from '../engine/mocker.js';
+import { createEngine, type EngineSpec } from '../engine/create-engine.js';
 import { Admission } from '../lifecycle/admission.js';
 import { Lifecycle } from '../lifecycle/lifecycle.js';
 import { createWorkerMetrics } from './metrics.js';
@@ -29,7 +29,7 @@ export interface WorkerOptions {
   discoveryUrl: string;
   leaseTtlMs?: number | undefined;
   shutdown: Omit<ShutdownOptions, 'watchdogMarginMs'> & { watchdogMarginMs?: number };
-  mocker: Omit<MockerOptions, 'mode'>;
+  engine: EngineSpec;
   guardAdmin?: (authorization: string | undefined) => void;
   /** The request-plane token: required of callers when set, and sent to prefill peers. */
   requestToken?: string | undefined;
@@ -52,7 +52,7 @@ export function newWorkerId(): string {
 
 export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code: number) => void): Promise<RunningWorker> {
   const workerId = opts.workerId ?? newWorkerId();
-  const engine = new MockerEngine({ ...opts.mocker, mode: opts.mode });
+  const engine = await createEngine(opts.engine, opts.mode, log, new AbortController().signal);
   const admission = new Admission(() => engine.isOverloaded());
   const discovery = await connectDiscovery(opts.discoveryUrl, { leaseTtlMs: opts.leaseTtlMs });
 
