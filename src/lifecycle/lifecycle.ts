@@ -33,6 +33,11 @@ export class ShutdownConflict extends EbbError {
 const UNREGISTER_RETRY_MIN_MS = 250;
 const UNREGISTER_RETRY_MAX_MS = 5000;
 
+export interface DrainOptions {
+  /** After this many ms, streams still running are handed off to other workers (stream migration). */
+  deadlineMs?: number | undefined;
+}
+
 /**
  * Owns the drain: the HTTP caller only starts it, so a caller that disconnects never strands the
  * worker half-drained. Drain and resume are serialised; each bumps the generation, and anything
@@ -40,10 +45,6 @@ const UNREGISTER_RETRY_MAX_MS = 5000;
  * generation is still current. Shutdown is a state (stopping): entered synchronously, it closes
  * admission for good and makes every later drain or resume a 409 at its entry.
  */
-export interface DrainOptions {
-  deadlineMs?: number | undefined;
-}
-
 export class Lifecycle extends EventEmitter {
   private current: WorkerState = 'serving';
   private generation = 0;
