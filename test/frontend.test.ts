@@ -198,11 +198,10 @@ describe('frontend: zero dropped requests', () => {
       assert.equal(r.tokens, 40, r.error);
       assert.equal(r.done, true);
     }
+    // The streams the killed worker was serving moved to the other worker mid-stream.
     for (const [i, r] of results.entries()) {
-      if (seenBeforeKill.has(i) && r.tokens < 40) {
-        assert.equal(r.errorCode, 'worker_failed_mid_stream', 'a cut stream says so');
-        assert.equal(r.error, `worker ${victim!.workerId} closed the stream before it finished`);
-      }
+      assert.equal(r.done, true, `stream ${i}: ${r.error}`);
+      assert.equal(r.tokens, 40, `stream ${i}`);
     }
   });
 });

@@ -242,19 +242,22 @@ describe('worker process: SIGTERM', () => {
     assert.equal(cancelled.outcome, 'cancelled');
   });
 
-  it('exits non-zero and names what was in flight when the deadline cuts work off', async () => {
+  it('hands off what still runs at the deadline, says so in the stream, and exits 0', async () => {
     const w = await worker(['--mocker-itl-ms', '50', '--shutdown-grace-ms', '0', '--drain-timeout-ms', '300']);
     const s = await gen(w, { max_tokens: 10_000, request_id: 'long-one' });
     await s.first;
     w.signal('SIGTERM');
-    assert.equal(await w.exitCode(), 1);
-    const line = await w.waitForEvent('shutdown_deadline');
-    assert.deepEqual(line.inflight, ['long-one']);
+    assert.equal(await w.exitCode(), 0, 'a handed-off stream is not lost: the caller continues it elsewhere');
+    const handed = await w.waitForEvent('handed_off');
+    assert.equal(handed.request_id, 'long-one');
     const { tokens, last } = tokensOf(await s.done);
     assert.ok(tokens > 0);
-    assert.equal(last.error?.code, 'worker_shut_down', 'the cut stream says why it ended');
-    const stage = await w.waitForEvent('shutdown_stage', (l) => l.stage === 'wait_inflight');
-    assert.equal(stage.outcome, 'timed_out');
+    assert.equal(last.handoff?.reason, 'drain_deadline', 'the stream ends with a hand-off line');
+    assert.equal(last.handoff?.completion_tokens, tokens, 'naming exactly what it generated');
+    const stages = Object.fromEntries(w.logs.filter((l) => l.event === 'shutdown_stage').map((l) => [l.stage, l.outcome]));
+    assert.equal(stages.wait_inflight, 'timed_out');
+    assert.equal(stages.handoff, 'completed');
+    assert.equal(stages.cut_inflight, 'skipped');
   });
 
   it('records the router grace only when it unregistered: completed after SIGTERM while serving', async () => {
@@ -262,7 +265,7 @@ describe('worker process: SIGTERM', () => {
     w.signal('SIGTERM');
     assert.equal(await w.exitCode(), 0);
     const stages = Object.fromEntries(w.logs.filter((l) => l.event === 'shutdown_stage').map((l) => [l.stage, l.outcome]));
-    assert.deepEqual(stages, { unregister: 'completed', grace: 'completed', wait_inflight: 'completed', cut_inflight: 'skipped', cleanup: 'completed' });
+    assert.deepEqual(stages, { unregister: 'completed', grace: 'completed', wait_inflight: 'completed', handoff: 'skipped', cut_inflight: 'skipped', cleanup: 'completed' });
     const done = await w.waitForEvent('state_changed', (l) => l.to === 'stopped');
     assert.equal(done.from, 'stopping');
   });

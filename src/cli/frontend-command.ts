@@ -14,6 +14,8 @@ interface FrontendFlags {
   adminTokenFile?: string;
   shutdownTimeoutMs: number;
   upstreamHeadersTimeoutMs: number;
+  streamIdleTimeoutMs: number;
+  migrationLimit: number;
   requestTokenFile?: string;
   requestTimeoutMs: number;
   headersTimeoutMs: number;
@@ -48,6 +50,8 @@ export function frontendCommand(): Command {
     .option('--max-connections <n>', 'open connections on the public port past which new ones are closed (default: from the fd limit)', intOption(1), PUBLIC.maxConnections)
     .option('--admin-max-connections <n>', 'open connections on the admin listener past which new ones are closed', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', intOption(1), 10_000)
+    .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", intOption(0), 10_000)
+    .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
     .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', intOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
       const token = await loadAdminToken(flags.adminTokenFile);
@@ -62,6 +66,8 @@ export function frontendCommand(): Command {
           port: flags.port,
           discoveryUrl: flags.discovery,
           upstreamHeadersTimeoutMs: flags.upstreamHeadersTimeoutMs,
+          streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
+          migrationLimit: flags.migrationLimit,
           requestToken,
           limits: { ...timeouts, maxConnections: flags.maxConnections },
           admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },

@@ -16,6 +16,10 @@ export interface FrontendOptions {
   discoveryUrl: string;
   /** How long a worker may take to start answering /generate before it counts as hung (default 10 s). */
   upstreamHeadersTimeoutMs?: number | undefined;
+  /** A committed stream silent this long gets its worker's /live probed; no answer moves the stream on (default 10 s). */
+  streamIdleTimeoutMs?: number | undefined;
+  /** How many times one request may move to another worker mid-stream (default 3). */
+  migrationLimit?: number | undefined;
   /** Request-plane bearer token, sent on every call to a worker's /generate, /prefill and /kv. */
   requestToken?: string | undefined;
   /** Connection bounds of the public listener (defaults: createHttpServer's for role 'public'). */
@@ -49,8 +53,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
   });
   const metrics = createFrontendMetrics(pool);
-  const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken });
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits });
+  const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.

@@ -11,6 +11,18 @@ export function createFrontendMetrics(pool: WorkerPool) {
   const requests = new Counter({ name: 'ebb_frontend_requests_total', help: 'Client requests by endpoint and status', labelNames: ['endpoint', 'status'], registers: [registry] });
   const attempts = new Counter({ name: 'ebb_frontend_upstream_attempts_total', help: 'Upstream attempts by worker and outcome', labelNames: ['worker_id', 'outcome'], registers: [registry] });
   const midStream = new Counter({ name: 'ebb_frontend_midstream_failures_total', help: 'Streams cut by a worker failure after tokens reached the client', registers: [registry] });
+  const migrations = new Counter({
+    name: 'ebb_frontend_migrations_total',
+    help: 'Streams continued on another worker, by why the previous one stopped (worker_failed, worker_unresponsive, handoff)',
+    labelNames: ['reason'],
+    registers: [registry],
+  });
+  const migrationFailures = new Counter({
+    name: 'ebb_frontend_migration_failures_total',
+    help: 'Streams that needed another worker and got none, by why (no_worker, limit, not_continuable)',
+    labelNames: ['reason'],
+    registers: [registry],
+  });
   const ttft = new Histogram({
     name: 'ebb_frontend_time_to_first_token_seconds',
     help: 'From request to first token sent, including retries',
@@ -46,6 +58,8 @@ export function createFrontendMetrics(pool: WorkerPool) {
     request: (endpoint: string, status: number) => requests.inc({ endpoint, status: String(status) }),
     attempt: (workerId: string, outcome: string) => attempts.inc({ worker_id: workerId, outcome }),
     midStreamFailure: () => midStream.inc(),
+    migrated: (reason: string) => migrations.inc({ reason }),
+    migrationFailed: (reason: string) => migrationFailures.inc({ reason }),
     firstToken: (seconds: number) => ttft.observe(seconds),
   };
 }

@@ -42,18 +42,22 @@ export class MidStreamFailure extends Error {
   constructor(
     readonly workerId: string,
     cause: unknown,
+    /** Why no other worker continued it, when that was tried. */
+    notContinued?: string,
   ) {
     const said = cause instanceof WorkerStreamError ? cause.line : undefined;
-    super(
+    const what =
       said?.code === 'worker_shut_down'
         ? said.message
         : said
           ? `worker ${workerId} failed mid-stream: ${said.message}`
-          : cause instanceof StreamCut || isTransportError(cause)
-            ? `worker ${workerId} closed the stream before it finished`
-            : `worker ${workerId} failed mid-stream: ${(cause as Error)?.message ?? String(cause)}`,
-    );
-    this.code = said?.code === 'worker_shut_down' ? 'worker_shut_down' : 'worker_failed_mid_stream';
+          : cause instanceof WorkerUnresponsive || cause instanceof HandedOff
+            ? cause.message
+            : cause instanceof StreamCut || isTransportError(cause)
+              ? `worker ${workerId} closed the stream before it finished`
+              : `worker ${workerId} failed mid-stream: ${(cause as Error)?.message ?? String(cause)}`;
+    super(notContinued === undefined ? what : `${what}; no other worker continued it: ${notContinued}`);
+    this.code = cause instanceof HandedOff ? 'migration_failed' : said?.code === 'worker_shut_down' ? 'worker_shut_down' : 'worker_failed_mid_stream';
   }
 }
 
@@ -61,6 +65,20 @@ export class MidStreamFailure extends Error {
 export class StreamCut extends Error {
   constructor() {
     super('stream ended without a final line');
+  }
+}
+
+/** No bytes for the idle timeout, and the worker's /live did not answer either: hung (stopped, wedged). */
+export class WorkerUnresponsive extends Error {
+  constructor(workerId: string, idleMs: number) {
+    super(`worker ${workerId} stopped answering (no bytes for ${idleMs} ms and /live did not answer)`);
+  }
+}
+
+/** The worker stopped at its drain deadline and said so: the request continues elsewhere. */
+export class HandedOff extends Error {
+  constructor(readonly workerId: string) {
+    super(`worker ${workerId} handed the stream off at its drain deadline`);
   }
 }
 
@@ -86,11 +104,17 @@ export function modelNotFound(model: string): EbbError {
 /** A decode worker could not get the prompt's KV (another decode took it, or it expired): prefill again. */
 class KvTransferLost extends Error {}
 
-/** NDJSON lines of a worker's response body, a batch per chunk received; `seen.final` once the terminal line was read. */
-async function* readLineBatches(body: Readable, seen: { final: boolean }): AsyncGenerator<StreamLine[], void, void> {
+const isFinal = (l: StreamLine) => 'done' in l || 'error' in l || 'handoff' in l;
+
+/**
+ * NDJSON lines of a worker's response body, a batch per chunk received; `seen.final` once the
+ * terminal line was read. `seen.activity` is called per chunk (it re-arms the idle watch).
+ */
+async function* readLineBatches(body: Readable, seen: { final: boolean; activity?: (() => void) | undefined }): AsyncGenerator<StreamLine[], void, void> {
   let buffer = '';
   body.setEncoding('utf8');
   for await (const chunk of body as AsyncIterable<string>) {
+    seen.activity?.();
     buffer += chunk;
     const last = buffer.lastIndexOf('\n');
     if (last < 0) continue;
@@ -99,14 +123,13 @@ async function* readLineBatches(body: Readable, seen: { final: boolean }): Async
     const batch: StreamLine[] = [];
     for (const line of complete.split('\n')) if (line.length > 0) batch.push(JSON.parse(line) as StreamLine);
     if (batch.length > 0) {
-      const last = batch[batch.length - 1] as StreamLine;
-      if ('done' in last || 'error' in last) seen.final = true;
+      if (isFinal(batch[batch.length - 1] as StreamLine)) seen.final = true;
       yield batch;
     }
   }
   if (buffer.trim().length > 0) {
     const last = JSON.parse(buffer) as StreamLine;
-    if ('done' in last || 'error' in last) seen.final = true;
+    if (isFinal(last)) seen.final = true;
     yield [last];
   }
 }
@@ -138,6 +161,8 @@ async function rejectNon200(res: Dispatcher.ResponseData): Promise<never> {
   if (code === 'worker_draining') throw new TryElsewhere(code, 'draining');
   if (code === 'worker_overloaded') throw new TryElsewhere(code, 'overloaded');
   if (code === 'kv_transfer_failed') throw new KvTransferLost(payload.error?.message ?? code);
+  // The worker is fine: it cannot continue a sequence, or it reached its drain deadline first.
+  if (code === 'continuation_unsupported' || code === 'request_handed_off') throw new TryElsewhere(code);
   if (res.statusCode >= 400 && res.statusCode < 500) throw new EbbError(code ?? 'invalid_request', payload.error?.message ?? `worker rejected the request (HTTP ${res.statusCode})`);
   throw new TryElsewhere('worker_error');
 }
@@ -154,6 +179,11 @@ export interface UpstreamOptions {
   /** Request-plane bearer token, sent on every call to a worker's request plane. */
   requestToken?: string | undefined;
   connections?: number | undefined;
+  /**
+   * A committed stream with no bytes for this long gets its worker's /live probed; when that does
+   * not answer either, the worker is hung and the stream moves on (default 10 s; 0 disables).
+   */
+  streamIdleTimeoutMs?: number | undefined;
 }
 
 /** How long releasing an unclaimed KV transfer may take; it expires on the prefill side anyway. */
@@ -168,6 +198,7 @@ const KV_RELEASE_TIMEOUT_MS = 2000;
 export class Upstream {
   readonly agent: Agent;
   private readonly headersTimeoutMs: number;
+  private readonly streamIdleTimeoutMs: number;
   private readonly headers: Record<string, string>;
 
   /**
@@ -181,6 +212,7 @@ export class Upstream {
     opts: UpstreamOptions = {},
   ) {
     this.headersTimeoutMs = opts.headersTimeoutMs ?? 10_000;
+    this.streamIdleTimeoutMs = opts.streamIdleTimeoutMs ?? 10_000;
     this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
     this.agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 60_000, connections: opts.connections ?? 512, pipelining: 1, headersTimeout: 0, bodyTimeout: 0 });
   }
@@ -258,21 +290,64 @@ export class Upstream {
   private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal) {
     const res = await this.post(`${w.record.request_url}/generate`, body, signal, this.headersTimeoutMs);
     if (res.statusCode !== 200) await rejectNon200(res);
-    const seen = { final: false };
+    const seen: { final: boolean; activity?: (() => void) | undefined } = { final: false };
     const rest = readLineBatches(res.body, seen);
+    // Watched from here: a worker that hangs before its first token is as hung as one after.
+    const stopWatch = this.watchIdle(w, res.body, seen);
     let first: IteratorResult<StreamLine[], void>;
     try {
       first = await rest.next();
     } catch (err) {
+      stopWatch();
       res.body.destroy();
-      throw err;
+      throw err instanceof WorkerUnresponsive ? new TryElsewhere('unresponsive', 'unreachable') : err;
     }
     // Nothing has reached the client yet: another worker can still serve it whole.
-    if (first.done || first.value.some((line) => 'error' in line)) {
+    if (first.done || first.value.some((line) => 'error' in line || 'handoff' in line)) {
+      stopWatch();
       res.body.destroy();
-      throw new TryElsewhere('failed_before_first_token');
+      throw new TryElsewhere(first.value?.some((line) => 'handoff' in line) ? 'handed_off' : 'failed_before_first_token');
     }
-    return { first: first.value, rest, body: res.body, seen };
+    return { first: first.value, rest, body: res.body, seen, stopWatch };
+  }
+
+  /** Whether a worker that went quiet still answers its liveness probe (a SIGSTOPped process does not). */
+  private async answersLive(w: PoolWorker): Promise<boolean> {
+    const bound = Math.min(this.streamIdleTimeoutMs, 2000);
+    try {
+      const res = await request(`${w.record.system_url}/live`, { dispatcher: this.agent, signal: AbortSignal.timeout(bound), headersTimeout: bound, bodyTimeout: bound });
+      await res.body.dump();
+      return res.statusCode === 200;
+    } catch {
+      return false;
+    }
+  }
+
+  /**
+   * Silence is not failure: a stream may wait long between tokens. Only silence from a worker that
+   * no longer answers /live is, and then the stream is destroyed so the relay moves it on.
+   */
+  private watchIdle(worker: PoolWorker, body: Readable, seen: { activity?: (() => void) | undefined }): () => void {
+    const ms = this.streamIdleTimeoutMs;
+    if (ms <= 0) return () => undefined;
+    let stopped = false;
+    const timer = setTimeout(() => {
+      void this.answersLive(worker).then((live) => {
+        if (stopped) return;
+        if (live) {
+          timer.refresh();
+          return;
+        }
+        stopped = true;
+        this.pool.hold(worker.record.worker_id, 'unreachable');
+        body.destroy(new WorkerUnresponsive(worker.record.worker_id, ms));
+      });
+    }, ms);
+    seen.activity = () => timer.refresh();
+    return () => {
+      stopped = true;
+      clearTimeout(timer);
+    };
   }
 
   /**
@@ -285,6 +360,7 @@ export class Upstream {
     const end = () => {
       if (done) return;
       done = true;
+      value.stopWatch();
       if (value.seen.final) void finish(value.rest);
       else value.body.destroy();
       release();

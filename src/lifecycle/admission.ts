@@ -4,7 +4,8 @@ import { EventEmitter } from 'node:events';
 export type RefusalCode = 'worker_draining' | 'worker_overloaded';
 
 /** How an admitted request ended. Exactly one of these is recorded per request. */
-export type ReleaseOutcome = 'completed' | 'errored' | 'dropped';
+/** `handed_off`: stopped at a drain deadline, for the caller to continue on another worker. */
+export type ReleaseOutcome = 'completed' | 'errored' | 'dropped' | 'handed_off';
 
 export interface Ticket {
   readonly id: string;

@@ -64,6 +64,13 @@ export class Lifecycle extends EventEmitter {
   private lastProbe: Quiescence | null = null;
   private lastError: string | null = null;
   private reason: string | null = null;
+  /**
+   * The hand-off deadline of the drain under way (Admin API `deadline_ms`, or SIGTERM's drain
+   * timeout): past it, streams still running are handed off to other workers. Only a resume
+   * cancels it; a SIGTERM after a drain keeps it.
+   */
+  private deadline: { at: number; timer: NodeJS.Timeout | undefined } | null = null;
+  private handedOff = 0;
 
   constructor(
     private readonly workerId: string,
@@ -96,9 +103,9 @@ export class Lifecycle extends EventEmitter {
   }
 
   /** `deadlineMs`: after it, streams still running are handed off to other workers (stream migration). */
-  drain(reason: string, _opts: DrainOptions = {}): Promise<LifecycleStatus> {
+  drain(reason: string, opts: DrainOptions = {}): Promise<LifecycleStatus> {
     if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('drain'));
-    return this.serialize(() => this.doDrain(reason));
+    return this.serialize(() => this.doDrain(reason, opts));
   }
 
   resume(): Promise<LifecycleStatus> {
@@ -140,11 +147,17 @@ export class Lifecycle extends EventEmitter {
    * slip in after it; a resume already registering finds the state moved and does not reopen.
    * Returns false when shutdown had already begun (shutdown refuses unless it is not running yet).
    */
-  beginShutdown(reason: string): boolean {
+  /** `deadlineAt` (ms epoch): when the shutdown hands off what still runs; shown in status. */
+  beginShutdown(reason: string, deadlineAt?: number): boolean {
     if (this.isShuttingDown) return false;
     this.admission.close();
     this.generation++;
     this.reason = reason;
+    // The shutdown runs its own hand-off stage; an earlier Admin deadline still fires first.
+    if (deadlineAt !== undefined && (this.deadline === null || deadlineAt < this.deadline.at)) {
+      if (this.deadline?.timer) clearTimeout(this.deadline.timer);
+      this.deadline = { at: deadlineAt, timer: undefined };
+    }
     this.lastProbe = null;
     this.move('shutdown');
     void this.evaluate();
@@ -164,7 +177,37 @@ export class Lifecycle extends EventEmitter {
 
   /** The last stage of a shutdown is done: servers closed, nothing runs. */
   stopped(): void {
+    this.clearDeadline();
     if (this.current === 'stopping') this.move('stopped');
+  }
+
+  /** Streams the worker handed off at the deadline: counted in status as `handed_off`. */
+  recordHandoffs(n: number): void {
+    this.handedOff += n;
+  }
+
+  /**
+   * A timer is right here: the deadline is a point in time the operator chose, not a stand-in for
+   * an event. When it passes with work still running, `handoff_due` asks the worker to hand off.
+   */
+  private armDeadline(ms: number): void {
+    const at = Date.now() + ms;
+    if (this.deadline !== null && this.deadline.at <= at) return;
+    this.clearDeadline();
+    const timer = setTimeout(() => {
+      if (this.deadline?.timer !== timer) return;
+      this.deadline.timer = undefined;
+      if ((this.current === 'draining' || this.current === 'stopping') && this.admission.inflight > 0) {
+        this.log.info({ event: 'drain_deadline', inflight: this.admission.inflight }, `drain deadline passed with ${this.admission.inflight} request(s) in flight: handing off`);
+        this.emit('handoff_due');
+      }
+    }, ms);
+    this.deadline = { at, timer };
+  }
+
+  private clearDeadline(): void {
+    if (this.deadline?.timer) clearTimeout(this.deadline.timer);
+    this.deadline = null;
   }
 
   /** Resolves when the worker reaches drained (in this or a later generation); rejects if `signal` aborts first. */
@@ -213,6 +256,8 @@ export class Lifecycle extends EventEmitter {
       shutting_down: this.isShuttingDown,
       waiting_for: this.waitingFor(),
       drain_reason: this.current === 'serving' ? null : this.reason,
+      drain_deadline: this.deadline === null ? null : new Date(this.deadline.at).toISOString(),
+      handed_off: this.handedOff,
       state_since: this.since.toISOString(),
       last_error: this.lastError,
     };
@@ -227,7 +272,10 @@ export class Lifecycle extends EventEmitter {
     if (this.current !== 'draining' && !(this.current === 'stopping' && !this.quiescent)) return [];
     const waits: string[] = [];
     const n = this.admission.inflight;
-    if (n > 0) waits.push(`${n} in-flight request${n === 1 ? '' : 's'}`);
+    if (n > 0) {
+      const handoff = this.deadline === null ? '' : ` (handed off to other workers at ${new Date(this.deadline.at).toISOString()})`;
+      waits.push(`${n} in-flight request${n === 1 ? '' : 's'}${handoff}`);
+    }
     else if (this.lastProbe?.state === 'busy') waits.push(...this.lastProbe.waiting_for);
     else if (this.lastProbe?.state === 'unknown') waits.push(`engine idleness unknown (fail-closed): ${this.lastProbe.reason}`);
     return waits;
@@ -292,7 +340,9 @@ export class Lifecycle extends EventEmitter {
     }
   }
 
-  private async doDrain(reason: string): Promise<LifecycleStatus> {
+  private async doDrain(reason: string, opts: DrainOptions): Promise<LifecycleStatus> {
+    // A drain already under way may still be given a deadline, or an earlier one.
+    if (opts.deadlineMs !== undefined && this.current !== 'serving') this.armDeadline(opts.deadlineMs);
     if (this.isShuttingDown) throw new ShutdownConflict('drain');
     if (this.current !== 'serving') return this.status();
     this.generation++;
@@ -302,7 +352,9 @@ export class Lifecycle extends EventEmitter {
     this.admission.close();
     this.reason = reason;
     this.lastProbe = null;
-    this.log.info({ event: 'admission_closed', generation: gen, reason }, 'admission closed');
+    this.handedOff = 0;
+    this.log.info({ event: 'admission_closed', generation: gen, reason, deadline_ms: opts.deadlineMs ?? null }, 'admission closed');
+    if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
     this.move('drain');
     // A lost registration (lease expired) is already out of discovery: nothing to remove.
     if (this.presence !== 'unregistered' && !(await this.unregisterOnce())) {
@@ -337,6 +389,7 @@ export class Lifecycle extends EventEmitter {
     this.admission.reopen();
     this.lastError = null;
     this.lastProbe = null;
+    this.clearDeadline();
     this.move('resume');
     this.log.info({ event: 'resumed', generation: this.generation }, 'registered and admission reopened');
     return this.status();

@@ -9,8 +9,18 @@ import Type, { type Static } from 'typebox';
 export const WORKER_STATES = ['serving', 'draining', 'drained', 'stopping', 'stopped'] as const;
 export type WorkerState = (typeof WORKER_STATES)[number];
 
-/** A drain may say why (kept in status as drain_reason; the start of an audit trail). */
-export const DrainBodySchema = Type.Object({ reason: Type.Optional(Type.String({ maxLength: 500 })) }, { additionalProperties: false });
+/**
+ * A drain may say why (kept in status as drain_reason; the start of an audit trail) and give a
+ * deadline: past it, streams still running are handed off to other workers, so the drain takes
+ * about that long whatever the stream lengths. Without one it waits for completion.
+ */
+export const DrainBodySchema = Type.Object(
+  {
+    reason: Type.Optional(Type.String({ maxLength: 500 })),
+    deadline_ms: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 * 1000 })),
+  },
+  { additionalProperties: false },
+);
 export type DrainBody = Static<typeof DrainBodySchema>;
 
 export const EmptyBodySchema = Type.Object({}, { additionalProperties: false });
@@ -33,6 +43,10 @@ export interface WorkerStatus {
   /** What a drain still waits for; empty unless draining or stopping. */
   waiting_for: string[];
   drain_reason: string | null;
+  /** When streams still running are handed off to other workers (drain deadline or SIGTERM's); null without one. */
+  drain_deadline: string | null;
+  /** Streams this drain handed off at its deadline. */
+  handed_off: number;
   state_since: string;
   last_error: string | null;
   engine?: Record<string, unknown>;

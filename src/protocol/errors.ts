@@ -24,6 +24,10 @@ export const ERROR_CODES = {
   worker_overloaded: { status: 503, type: 'service_unavailable', retryable: true },
   no_serving_worker: { status: 503, type: 'service_unavailable', retryable: true },
   server_closing: { status: 503, type: 'service_unavailable', retryable: true },
+  /** A continuation (stream migration) sent to a worker whose engine cannot continue a sequence. */
+  continuation_unsupported: { status: 503, type: 'service_unavailable', retryable: true },
+  /** A non-streaming request handed off at a drain deadline: nothing was returned, retry elsewhere. */
+  request_handed_off: { status: 503, type: 'service_unavailable', retryable: true },
   // Server-side failures
   internal_error: { status: 500, type: 'server_error' },
   engine_error: { status: 500, type: 'server_error' },
@@ -34,6 +38,8 @@ export const ERROR_CODES = {
   // Only ever inside an already-committed stream (SSE error event or NDJSON terminal line)
   worker_failed_mid_stream: { status: 502, type: 'server_error' },
   worker_shut_down: { status: 503, type: 'server_error' },
+  /** A stream that broke (or was handed off) and that no other worker could continue. */
+  migration_failed: { status: 502, type: 'server_error' },
 } as const satisfies Record<string, { status: number; type: string; retryable?: boolean }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -7,7 +7,8 @@ import type { ErrorCode } from './errors.js';
  *
  * POST /generate with a JSON GenerateBody. With `stream` (the default) the answer is NDJSON, one
  * object per line: `{"text":"..."}` per token, then exactly one terminal line, either
- * `{"done":true,"finish_reason":...,"usage":{...}}` or `{"error":{"code":...,"message":...}}`.
+ * `{"done":true,"finish_reason":...,"usage":{...}}`, `{"error":{"code":...,"message":...}}`, or, at a
+ * drain deadline, `{"handoff":{...}}`: the worker stopped and the caller continues elsewhere.
  * A worker that is not admitting answers 503 `worker_draining` (or `worker_overloaded`) before
  * doing any work, so the caller can retry elsewhere.
  */
@@ -32,12 +33,27 @@ export const KvTransferRefSchema = Type.Object(
 );
 export type KvTransferRef = Static<typeof KvTransferRefSchema>;
 
+/**
+ * Stream migration: what another worker already generated for this request. The receiving worker
+ * continues from it, so the caller relays one unbroken answer; `max_tokens` is what is left.
+ */
+export const ContinuationSchema = Type.Object(
+  {
+    text: Type.String({ maxLength: 10_000_000 }),
+    completion_tokens: Type.Integer({ minimum: 0, maximum: 1_000_000 }),
+    token_ids: Type.Optional(Type.Array(Type.Integer({ minimum: 0 }), { maxItems: 1_000_000 })),
+  },
+  { additionalProperties: false },
+);
+export type ContinuationBody = Static<typeof ContinuationSchema>;
+
 export const GenerateBodySchema = Type.Object(
   {
     model: Type.String({ minLength: 1 }),
     prompt: Type.Optional(Type.String()),
     messages: Type.Optional(Type.Array(ChatMessageSchema)),
-    max_tokens: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000 })),
+    /** 0 is allowed for a continuation whose budget is spent: the worker only finishes the answer. */
+    max_tokens: Type.Optional(Type.Integer({ minimum: 0, maximum: 1_000_000 })),
     temperature: Type.Optional(Type.Number({ minimum: 0, maximum: 2 })),
     seed: Type.Optional(Type.Integer()),
     stop: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: 4 })])),
@@ -46,6 +62,7 @@ export const GenerateBodySchema = Type.Object(
     request_id: Type.Optional(Type.String({ minLength: 1, maxLength: 200, pattern: '^[\\x21-\\x7e]+$' })),
     /** Decode workers only: pull this prompt's KV from the prefill worker that computed it. */
     kv_transfer: Type.Optional(KvTransferRefSchema),
+    continuation: Type.Optional(ContinuationSchema),
   },
   { additionalProperties: false },
 );
@@ -66,10 +83,18 @@ export interface Usage {
   total_tokens: number;
 }
 
+/** Why a worker stopped a stream it had started, for the caller to continue elsewhere. */
+export interface Handoff {
+  reason: 'drain_deadline';
+  /** Tokens this worker generated for the request (a continuation's earlier tokens not included). */
+  completion_tokens: number;
+}
+
 export type StreamLine =
-  | { text: string }
+  | { text: string; token_ids?: number[] }
   | { done: true; finish_reason: string; usage: Usage }
-  | { error: { code: ErrorCode; message: string } };
+  | { error: { code: ErrorCode; message: string } }
+  | { handoff: Handoff };
 
 export const DEFAULT_MAX_TOKENS = 16;
 

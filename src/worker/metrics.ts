@@ -56,6 +56,7 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
   const admitted = new Counter({ name: 'ebb_worker_admitted_total', help: 'Requests admitted', registers: [registry] });
   const released = new Counter({ name: 'ebb_worker_requests_total', help: 'Admitted requests by how they ended', labelNames: ['outcome'], registers: [registry] });
   const refused = new Counter({ name: 'ebb_worker_admission_refusals_total', help: 'Requests refused before any work, by code', labelNames: ['code'], registers: [registry] });
+  const handoffs = new Counter({ name: 'ebb_worker_handoffs_total', help: 'Streams handed off to other workers at a drain deadline', registers: [registry] });
   const transitions = new Counter({ name: 'ebb_worker_transitions_total', help: 'Lifecycle transitions', labelNames: ['from', 'to'], registers: [registry] });
   const drainSeconds = new Histogram({
     name: 'ebb_worker_drain_duration_seconds',
@@ -102,6 +103,7 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
   return {
     registry,
     refused: (code: string) => refused.inc({ code }),
+    handedOff: () => handoffs.inc(),
     shutdownStage: (stage: string, result: string, seconds: number) => shutdownStage.observe({ stage, result }, seconds),
   };
 }

@@ -12,7 +12,7 @@ import { DEFAULT_MAX_TOKENS, GenerateBodySchema, promptOf, type GenerateBody, ty
 import { KvPullError, pullKv } from './kv-pull.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
-import { RequestScope, ShutdownCut } from './request-scope.js';
+import { HandOff, RequestScope, ShutdownCut } from './request-scope.js';
 
 export interface RequestPlaneDeps {
   model: string;
@@ -38,6 +38,11 @@ export interface RequestPlane {
   readonly open: number;
   /** Shutdown deadline: ends every open request with a terminal `worker_shut_down` line; resolves once all are closed. */
   cutAll(signal: AbortSignal): Promise<void>;
+  /**
+   * Drain deadline: ends every open generation with a terminal hand-off line, for the caller to
+   * continue elsewhere. Returns how many were handed off; `closed` settles once they are released.
+   */
+  handOffAll(): { count: number; closed: Promise<void> };
 }
 
 function usageOf(r: GenerateResult) {
@@ -51,11 +56,31 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken } = deps;
   const app = createHttpServer({ role: 'internal' });
   const scopes = new Set<RequestScope>();
-  let allClosed: (() => void) | undefined;
+  /** Scopes of /generate: what a hand-off can move (a prefill is short and finishes where it runs). */
+  const generating = new Set<RequestScope>();
+  const closeWaiters = new Set<() => void>();
   const onClose = (s: RequestScope) => {
     scopes.delete(s);
-    if (scopes.size === 0) allClosed?.();
+    generating.delete(s);
+    for (const w of closeWaiters) w();
   };
+  /** Resolves once none of `these` is open any more, or `signal` aborts. */
+  function whenClosed(these: RequestScope[], signal?: AbortSignal): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const check = () => {
+        if (these.every((s) => !scopes.has(s))) {
+          closeWaiters.delete(check);
+          resolve();
+        }
+      };
+      closeWaiters.add(check);
+      signal?.addEventListener('abort', () => {
+        closeWaiters.delete(check);
+        resolve();
+      }, { once: true });
+      check();
+    });
+  }
 
   if (guard) app.addHook('onRequest', async (req) => guard(req.headers.authorization));
 
@@ -65,6 +90,8 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const prompt = promptOf(body);
     if (prompt === undefined) throw new EbbError('invalid_request', 'either prompt or messages is required');
     if (body.kv_transfer !== undefined) checkKvSource(body.kv_transfer);
+    if (body.continuation !== undefined && !engine.capabilities.continuation)
+      throw new EbbError('continuation_unsupported', `this worker's engine (${engine.kind}) cannot continue a sequence another worker started`);
     const requestId = body.request_id ?? randomUUID();
     const admitted = admission.admit(requestId);
     if (!admitted.admitted) {
@@ -76,11 +103,13 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const gen: GenerateRequest = {
       request_id: requestId,
       prompt,
-      max_tokens: body.max_tokens ?? DEFAULT_MAX_TOKENS,
+      // A continuation without an explicit budget gets what the default leaves.
+      max_tokens: body.max_tokens ?? Math.max(0, DEFAULT_MAX_TOKENS - (body.continuation?.completion_tokens ?? 0)),
       temperature: body.temperature ?? 1,
       seed: body.seed,
       stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
       prefilled: body.kv_transfer !== undefined,
+      continuation: body.continuation,
     };
     return { gen, scope };
   }
@@ -102,6 +131,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const admitted = admit(req.body, reply.raw);
     if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
     reply.hijack();
+    generating.add(admitted.scope);
     await serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer);
   });
 
@@ -155,7 +185,9 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         res.flushHeaders(); // "admitted and alive" reaches the caller now, not with the first token
         let step = await tokens.next();
         while (!step.done) {
-          await writeWithBackpressure(res, line({ text: step.value.text }), scope.signal);
+          const piece = step.value;
+          scope.generated += piece.token_ids?.length ?? 1;
+          await writeWithBackpressure(res, line(piece.token_ids ? { text: piece.text, token_ids: piece.token_ids } : { text: piece.text }), scope.signal);
           step = await tokens.next();
         }
         scope.end(line({ done: true, finish_reason: step.value.finish_reason, usage: usageOf(step.value) }), 'completed');
@@ -179,6 +211,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   function failed(scope: RequestScope, err: unknown): void {
     if (scope.dropped) return scope.close('dropped'); // the client left: nobody to answer
     const res = scope.res;
+    if (scope.signal.reason instanceof HandOff) return handedOff(scope);
     const cut = scope.signal.reason instanceof ShutdownCut;
     const kvFailed = err instanceof KvPullError;
     const code: ErrorCode = cut ? 'worker_shut_down' : kvFailed ? 'kv_transfer_failed' : 'engine_error';
@@ -190,19 +223,31 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     } else scope.end(line({ error: { code, message } }), 'errored');
   }
 
+  /** The stream ends with what this worker generated; the caller continues it on another worker. */
+  function handedOff(scope: RequestScope): void {
+    metrics.handedOff();
+    log.info({ event: 'handed_off', request_id: scope.id, completion_tokens: scope.generated }, `request ${scope.id} handed off after ${scope.generated} tokens`);
+    const res = scope.res;
+    if (!res.headersSent) {
+      res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '0' });
+      scope.end(JSON.stringify(errorBody('request_handed_off', 'the worker reached its drain deadline before answering; retry on another worker')), 'handed_off');
+    } else scope.end(line({ handoff: { reason: 'drain_deadline', completion_tokens: scope.generated } }), 'handed_off');
+  }
+
   return {
     app,
     get open() {
       return scopes.size;
     },
     cutAll(signal) {
-      if (scopes.size === 0) return Promise.resolve();
-      const done = new Promise<void>((resolve) => {
-        allClosed = resolve;
-        signal.addEventListener('abort', () => resolve(), { once: true });
-      });
-      for (const s of [...scopes]) s.cut();
-      return done;
+      const these = [...scopes];
+      for (const s of these) s.cut();
+      return whenClosed(these, signal);
+    },
+    handOffAll() {
+      const these = [...generating];
+      for (const s of these) s.handOff();
+      return { count: these.length, closed: whenClosed(these) };
     },
   };
 }

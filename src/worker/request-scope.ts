@@ -9,6 +9,13 @@ export class ShutdownCut extends Error {
   }
 }
 
+/** Why a scope was aborted at a drain deadline: the caller continues the request elsewhere. */
+export class HandOff extends Error {
+  constructor() {
+    super('the worker handed this request off at its drain deadline');
+  }
+}
+
 /**
  * The one owner of an admitted request on the worker: its admission slot (ticket), its abort
  * signal and its engine generator. `close` releases all three, once, whichever way the request
@@ -40,9 +47,13 @@ export class RequestScope {
     return this.abort.signal;
   }
 
+  /** Tokens generated so far: what a hand-off line reports. */
+  generated = 0;
+
   /** True when the client went away: there is nobody left to answer. */
   get dropped(): boolean {
-    return this.abort.signal.aborted && !(this.abort.signal.reason instanceof ShutdownCut);
+    const reason: unknown = this.abort.signal.reason;
+    return this.abort.signal.aborted && !(reason instanceof ShutdownCut) && !(reason instanceof HandOff);
   }
 
   /** The engine's generator for this request, closed with the scope. */
@@ -55,6 +66,11 @@ export class RequestScope {
   /** Shutdown deadline: stop generating; the serving code ends the response with a terminal error line. */
   cut(): void {
     if (!this.abort.signal.aborted) this.abort.abort(new ShutdownCut());
+  }
+
+  /** Drain deadline: stop generating; the serving code ends the response with a terminal hand-off line. */
+  handOff(): void {
+    if (!this.abort.signal.aborted) this.abort.abort(new HandOff());
   }
 
   /** Ends the response with `chunk`, then closes the scope as `outcome` once it is flushed. */

@@ -26,7 +26,7 @@ export const CLEANUP_CAP_MS = 2000;
 export const UNREGISTER_CAP_MS = 5000;
 
 export type StageOutcome = 'completed' | 'timed_out' | 'skipped' | 'cancelled' | 'unsupported';
-export type StageName = 'unregister' | 'grace' | 'wait_inflight' | 'cut_inflight' | 'cleanup';
+export type StageName = 'unregister' | 'grace' | 'wait_inflight' | 'handoff' | 'cut_inflight' | 'cleanup';
 export interface StageResult {
   stage: StageName;
   outcome: StageOutcome;
@@ -40,6 +40,8 @@ export interface ShutdownDeps {
   log: Logger;
   /** Ends every stream still running with a terminal `worker_shut_down` line; resolves once they are released. */
   cutInflight: (signal: AbortSignal) => Promise<void>;
+  /** Hands every running generation off to other workers (a terminal hand-off line); `closed` once released. */
+  handOffInflight: () => { count: number; closed: Promise<void> };
   /** Closes servers, discovery and the engine; must drop what is still open when `signal` aborts. */
   cleanup: (signal: AbortSignal) => Promise<void>;
   exit: (code: number) => void;
@@ -54,8 +56,9 @@ const FINAL_STAGES: ReadonlySet<StageName> = new Set(['cut_inflight', 'cleanup']
 
 /**
  * SIGTERM runs the same drain as the Admin API, as stages under one budget measured from the
- * signal: unregister, router grace, wait for in-flight work, cut what is left at the deadline,
- * cleanup. Each stage gets what is left of the budget, ends with a typed outcome, and is recorded.
+ * signal: unregister, router grace, wait for in-flight work, hand off what still runs at the
+ * deadline (the frontend continues it elsewhere: nothing is lost, so the exit is still 0), cut only
+ * what could not be handed off, cleanup. Each stage gets what is left of the budget, ends with a typed outcome, and is recorded.
  */
 export async function runShutdown(signal: string, opts: ShutdownOptions, deps: ShutdownDeps): Promise<number> {
   const { lifecycle, admission, metrics, log } = deps;
@@ -67,7 +70,8 @@ export async function runShutdown(signal: string, opts: ShutdownOptions, deps: S
   watchdog.unref();
 
   const wasDrained = lifecycle.state === 'drained';
-  lifecycle.beginShutdown(`signal ${signal}`);
+  // The deadline as planned; the grace is skipped (and the deadline earlier) when nothing is registered.
+  lifecycle.beginShutdown(`signal ${signal}`, Date.now() + opts.graceMs + opts.drainTimeoutMs);
   log.info({ event: 'shutdown_started', signal, already_drained: wasDrained, inflight: admission.inflight }, 'shutdown started');
   const results: StageResult[] = [];
 
@@ -120,7 +124,19 @@ export async function runShutdown(signal: string, opts: ShutdownOptions, deps: S
   });
 
   let code = 0;
-  if (waited !== 'completed') {
+  let handedOff: StageOutcome = 'skipped';
+  if (waited !== 'completed' && !deps.cancel.aborted) {
+    handedOff = await stage('handoff', CLEANUP_CAP_MS, async (s) => {
+      const { count, closed } = deps.handOffInflight();
+      if (count === 0) return 'skipped'; // nothing to hand off: the wait was for the engine, not streams
+      log.info({ event: 'shutdown_handoff', count }, `drain deadline reached: handing off ${count} stream(s) to other workers`);
+      await closed;
+      await lifecycle.whenQuiescent(s);
+      return 'completed';
+    });
+  } else await stage('handoff', 0, async () => 'skipped');
+
+  if (waited !== 'completed' && handedOff !== 'completed') {
     code = deps.cancel.aborted ? CANCELLED_EXIT_CODE : DEADLINE_EXIT_CODE;
     const status = lifecycle.status();
     log.error(

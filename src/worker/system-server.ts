@@ -47,7 +47,7 @@ export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: S
     { schema: { body: DrainBodySchema } },
     async (req, reply) => {
       guardAdmin?.(req.headers.authorization);
-      const status = await lifecycle.drain(req.body?.reason ?? 'admin');
+      const status = await lifecycle.drain(req.body?.reason ?? 'admin', { deadlineMs: req.body?.deadline_ms });
       return reply.code(status.state === 'drained' ? 200 : 202).send(statusBody(status));
     },
   );

@@ -87,6 +87,8 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     guard: createAdminGuard(opts.requestToken, 'request-plane'),
     requestToken: opts.requestToken,
   });
+  // An Admin drain's deadline passed with streams still running: hand them off to other workers.
+  lifecycle.on('handoff_due', () => lifecycle.recordHandoffs(requestPlane.handOffAll().count));
   const systemServer = createSystemServer({ lifecycle, engine, metrics, guardAdmin: opts.guardAdmin });
 
   requestUrl = advertisedUrl(await listen(requestPlane.app, opts.host, opts.port), opts.advertiseHost);
@@ -118,6 +120,11 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
         metrics,
         log,
         cutInflight: (s) => requestPlane.cutAll(s),
+        handOffInflight: () => {
+          const { count, closed } = requestPlane.handOffAll();
+          lifecycle.recordHandoffs(count);
+          return { count, closed };
+        },
         cleanup,
         exit,
         cancel: cancel.signal,

@@ -1,0 +1,47 @@
+import type { ContinuationBody, GenerateBody, Usage } from '../protocol/request-plane.js';
+
+/** Why a stream moved to another worker: the label of ebb_frontend_migrations_total. */
+export type MigrationReason = 'worker_failed' | 'worker_unresponsive' | 'handoff';
+
+/**
+ * What one request has delivered so far, across every worker that served part of it. A stream
+ * that breaks is continued from exactly this on another worker, so the client sees one answer:
+ * no token twice, none missing, one usage for the whole completion.
+ */
+export class Delivered {
+  text = '';
+  tokens = 0;
+  /** Token ids, as long as every piece carried them (an engine without ids makes this text-only). */
+  private ids: number[] | undefined = [];
+  /** Tokens generated before the worker now serving: added to its usage at the end. */
+  private before = 0;
+  migrations = 0;
+
+  add(text: string, tokenIds: number[] | undefined): void {
+    this.text += text;
+    if (tokenIds === undefined) {
+      this.tokens++;
+      this.ids = undefined;
+    } else {
+      this.tokens += tokenIds.length;
+      this.ids?.push(...tokenIds);
+    }
+  }
+
+  /** The request to send the next worker: the original, what it already has, and what is left of its budget. */
+  continuation(original: GenerateBody): GenerateBody {
+    this.before = this.tokens;
+    this.migrations++;
+    const continuation: ContinuationBody = { text: this.text, completion_tokens: this.tokens };
+    if (this.ids !== undefined && this.ids.length === this.tokens) continuation.token_ids = this.ids;
+    const body: GenerateBody = { ...original, continuation };
+    if (original.max_tokens !== undefined) body.max_tokens = Math.max(0, original.max_tokens - this.tokens);
+    return body;
+  }
+
+  /** The final worker counted only its own tokens; the client is told about the whole completion. */
+  usage(last: Usage): Usage {
+    const completion = last.completion_tokens + this.before;
+    return { prompt_tokens: last.prompt_tokens, completion_tokens: completion, total_tokens: last.prompt_tokens + completion };
+  }
+}
