@@ -259,6 +259,25 @@ describe('operator CLI: drain --wait', () => {
     assert.equal((await statusOf(w)).state, 'drained');
   });
 
+  it('--deadline hands the stream still running off at the deadline: drained, and the stream ends with a hand-off line', async () => {
+    const { discovery, workers } = await cluster(['d-2'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']);
+    const w = workers[0]!;
+    const TOKENS = 5000; // a minute of tokens: only a hand-off ends it within the test
+    const stream = await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'a long answer', max_tokens: TOKENS, stream: true });
+    assert.equal(stream.status, 200);
+    await stream.first;
+    const drain = await ebb(['drain', 'd-2', '--wait', '--deadline', '300ms', '--json', '--discovery', discovery], 60_000);
+    assert.equal(drain.code, 0, drain.stderr);
+    const status = JSON.parse(drain.stdout);
+    assert.equal(status.state, 'drained');
+    assert.equal(status.handed_off, 1);
+    const lines = (await stream.done).map((l) => JSON.parse(l));
+    const handoff = lines.at(-1)?.handoff;
+    assert.equal(handoff?.reason, 'drain_deadline');
+    assert.equal(handoff?.completion_tokens, lines.filter((l) => 'text' in l).length, 'the hand-off counts what was streamed');
+    assert.ok(handoff.completion_tokens < TOKENS);
+  });
+
   it('exits 1, naming the generation change, when someone else resumes and drains the worker meanwhile', async () => {
     const { workers } = await cluster(['g-1'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']);
     const w = workers[0]!;

@@ -1,5 +1,6 @@
 import { Command, Option } from 'commander';
 import { ADMIN_TOKEN_ENV, bearerHeader, loadAdminToken } from '../common/admin-auth.js';
+import type { DrainBody } from '../protocol/admin.js';
 import { adminCall, createAdminAgent, errorMessageOf, fetchLiveStatus, Unreachable, type AdminResponse, type WorkerStatus } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, WorkerRecord } from '../discovery/discovery.js';
@@ -51,7 +52,7 @@ export interface WorkerRef {
   readonly record?: WorkerRecord | undefined;
   status(): Promise<WorkerStatus>;
   /** Starts a drain; resolves with the status the worker answered (draining, or drained already). */
-  drain(reason: string): Promise<WorkerStatus>;
+  drain(body: DrainBody): Promise<WorkerStatus>;
   resume(): Promise<WorkerStatus>;
 }
 
@@ -160,7 +161,7 @@ export class AdminClient {
       label,
       record,
       status: async () => expectStatus(await this.call<WorkerStatus>(`${systemUrl}/engine/status`, 'GET', label), 'status', [200]),
-      drain: async (reason) => expectStatus(await this.call<WorkerStatus>(`${systemUrl}/engine/drain`, 'POST', label, { reason }), 'drain', [200, 202]),
+      drain: async (body) => expectStatus(await this.call<WorkerStatus>(`${systemUrl}/engine/drain`, 'POST', label, body), 'drain', [200, 202]),
       resume: async () => expectStatus(await this.call<WorkerStatus>(`${systemUrl}/engine/resume`, 'POST', label), 'resume', [200]),
     };
   }
@@ -179,7 +180,7 @@ export class AdminClient {
         if (!res.body.reachable || !isStatus(res.body.status)) throw new CliError(`cannot reach ${label}: ${res.body.error ?? 'no status'}`);
         return res.body.status;
       },
-      drain: async (reason) => expectStatus(await this.call<WorkerStatus>(`${base}/drain`, 'POST', this.sourceLabel, { reason }), 'drain', [200, 202]),
+      drain: async (body) => expectStatus(await this.call<WorkerStatus>(`${base}/drain`, 'POST', this.sourceLabel, body), 'drain', [200, 202]),
       resume: async () => expectStatus(await this.call<WorkerStatus>(`${base}/resume`, 'POST', this.sourceLabel), 'resume', [200]),
     };
   }

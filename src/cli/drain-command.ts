@@ -9,6 +9,7 @@ interface DrainFlags extends SourceFlags {
   wait?: boolean;
   timeout: number;
   reason: string;
+  deadline?: number;
   json?: boolean;
 }
 
@@ -21,12 +22,13 @@ export function drainCommand(): Command {
     .option('--wait', 'follow the drain until the worker is drained (progress on stderr)')
     .addOption(new Option('--timeout <duration>', 'with --wait: give up after this long (exit 2); the drain itself goes on').argParser(durationOption).default(durationOption('10m'), '10m'))
     .option('--reason <text>', 'recorded by the worker as drain_reason', 'ebb drain')
+    .addOption(new Option('--deadline <duration>', 'hand streams still running after this long off to other workers of the model (default: wait for them to finish)').argParser(durationOption))
     .option('--json', 'print the final status as JSON')
     .action(async (target: string, flags: DrainFlags) => {
       await withClient(flags, async (client) => {
         const ref = await client.resolve(target);
         const started = Date.now();
-        let status = await ref.drain(flags.reason);
+        let status = await ref.drain({ reason: flags.reason, ...(flags.deadline !== undefined ? { deadline_ms: flags.deadline } : {}) });
         if (flags.wait && status.state !== 'drained') {
           const progress = new ProgressLine();
           try {

@@ -11,6 +11,7 @@ interface RolloutFlags extends SourceFlags {
   maxUnavailable: number;
   thenExec?: string;
   timeout: number;
+  drainDeadline?: number;
 }
 
 const say = (line: string) => process.stderr.write(`${line}\n`);
@@ -65,6 +66,7 @@ export function rolloutCommand(): Command {
     .option('--max-unavailable <n>', 'workers out of rotation at once', intOption(1), 1)
     .option('--then-exec <cmd>', 'shell command run for each drained worker (env EBB_WORKER_ID, EBB_SYSTEM_URL, EBB_REQUEST_URL); non-zero stops the rollout')
     .addOption(new Option('--timeout <duration>', 'bound on each drain, hook and wait for the replacement (exit 2 past it)').argParser(durationOption).default(durationOption('10m'), '10m'))
+    .addOption(new Option('--drain-deadline <duration>', 'hand streams still running after this long off to the rest of the fleet (default: wait for them to finish)').argParser(durationOption))
     .action(async (flags: RolloutFlags) => {
       await withClient(flags, async (client) => {
         const started = Date.now();
@@ -92,7 +94,7 @@ export function rolloutCommand(): Command {
             refs.map(async ({ entry, ref }) => {
               say(`[${done + 1 + refs.findIndex((r) => r.entry === entry)}/${total}] ${entry.worker_id}: draining`);
               const t0 = Date.now();
-              let s = await ref.drain(`ebb rollout ${flags.model}`);
+              let s = await ref.drain({ reason: `ebb rollout ${flags.model}`, ...(flags.drainDeadline !== undefined ? { deadline_ms: flags.drainDeadline } : {}) });
               let lastLine = '';
               if (s.state !== 'drained')
                 s = await waitForDrained(ref, s.generation, flags.timeout, (st) => {

@@ -56,7 +56,7 @@ export function workerCommand(): Command {
     .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx)')
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', intOption(1))
     .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', intOption(0), 1000)
-    .option('--drain-timeout-ms <n>', 'after the grace, how long in-flight work may run before being cut off', intOption(0), 30_000)
+    .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', intOption(0), 30_000)
     .option('--mocker-ttft-ms <n>', 'mocker base time to first token (grows with prompt length)', intOption(0), MOCKER_DEFAULTS.ttftMs)
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', intOption(0), MOCKER_DEFAULTS.itlMs)
     .option('--mocker-batch-slots <n>', 'mocker concurrent sequences; more queue', intOption(1), MOCKER_DEFAULTS.batchSlots)

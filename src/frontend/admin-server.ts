@@ -174,7 +174,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
           const res = await adminCall(url, {
             method: 'POST',
             headers,
-            body: action === 'drain' && req.body?.reason !== undefined ? { reason: req.body.reason } : undefined,
+            body: action === 'drain' ? req.body : undefined,
             timeoutMs: FORWARD_TIMEOUT_MS,
             agent,
           });

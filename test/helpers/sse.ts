@@ -12,19 +12,26 @@ export interface StreamOutcome {
   workerId: string | null;
   /** Set by the caller's clock: was the first token seen before some event (e.g. a kill)? */
   firstTokenSeen: boolean;
+  /** How many `[DONE]` events came: exactly 1 for a stream that completed. */
+  doneEvents: number;
+  /** The distinct chunk ids seen: one for a stream, however many workers served it. */
+  chunkIds: string[];
+  /** The usage chunk, when asked for with stream_options.include_usage. */
+  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
 }
 
 export async function streamCompletion(
   frontendUrl: string,
   body: Record<string, unknown>,
   onFirstToken: () => void = () => undefined,
+  onToken: (tokens: number) => void = () => undefined,
 ): Promise<StreamOutcome> {
   const res = await fetch(`${frontendUrl}/v1/chat/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ messages: [{ role: 'user', content: 'tell me about tides' }], stream: true, ...body }),
   });
-  const out: StreamOutcome = { status: res.status, tokens: 0, text: '', done: false, workerId: res.headers.get('x-ebb-worker-id'), firstTokenSeen: false };
+  const out: StreamOutcome = { status: res.status, tokens: 0, text: '', done: false, workerId: res.headers.get('x-ebb-worker-id'), firstTokenSeen: false, doneEvents: 0, chunkIds: [] };
   if (res.status !== 200 || !res.body) {
     out.error = await res.text();
     return out;
@@ -35,6 +42,7 @@ export async function streamCompletion(
       const data = event.slice(6);
       if (data === '[DONE]') {
         out.done = true;
+        out.doneEvents++;
         continue;
       }
       const parsed = JSON.parse(data);
@@ -43,6 +51,8 @@ export async function streamCompletion(
         out.errorCode = parsed.error.code;
         continue;
       }
+      if (typeof parsed.id === 'string' && !out.chunkIds.includes(parsed.id)) out.chunkIds.push(parsed.id);
+      if (parsed.usage) out.usage = parsed.usage;
       const content = parsed.choices?.[0]?.delta?.content;
       if (typeof content === 'string' && content.length > 0) {
         if (out.tokens === 0) {
@@ -51,6 +61,7 @@ export async function streamCompletion(
         }
         out.tokens++;
         out.text += content;
+        onToken(out.tokens);
       }
     }
   } catch (err) {
