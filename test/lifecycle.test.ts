@@ -1,6 +1,6 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { EventEmitter } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 import { pino } from 'pino';
 import { Admission, type Ticket } from '../src/lifecycle/admission.js';
 import { Lifecycle, type Transition } from '../src/lifecycle/lifecycle.js';
@@ -391,5 +391,46 @@ describe('lifecycle controller', () => {
     await lifecycle.drain('test');
     await lifecycle.registrationLost();
     assert.equal(calls.filter((c) => c.startsWith('register')).length, 2, 'no re-register while drained');
+  });
+});
+
+describe('drain deadline', () => {
+  it('asks for a hand-off when the deadline passes with work in flight, and reaches drained only once it is released', async () => {
+    const { lifecycle, admission } = setup();
+    const t = admit(admission);
+    const due = once(lifecycle, 'handoff_due');
+    const status = await lifecycle.drain('test', { deadlineMs: 0 });
+    assert.equal(status.state, 'draining');
+    assert.equal(typeof status.drain_deadline, 'string');
+    assert.match(status.waiting_for.join('; '), /hand/);
+    await due;
+    assert.equal(lifecycle.state, 'draining', 'a due hand-off is not drained: the stream still runs until it is released');
+    lifecycle.recordHandoffs(1);
+    t.release('handed_off');
+    await lifecycle.whenDrained();
+    assert.equal(lifecycle.status().handed_off, 1);
+  });
+
+  it('is cleared by a resume: no hand-off after it', async () => {
+    const { lifecycle, admission } = setup();
+    admit(admission);
+    let handoffs = 0;
+    lifecycle.on('handoff_due', () => handoffs++);
+    await lifecycle.drain('test', { deadlineMs: 1 });
+    await lifecycle.resume();
+    assert.equal(lifecycle.status().drain_deadline, null);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    assert.equal(handoffs, 0);
+  });
+
+  it('an earlier deadline from a second drain call replaces a later one; a later one does not', async () => {
+    const { lifecycle, admission } = setup();
+    admit(admission);
+    const first = await lifecycle.drain('test', { deadlineMs: 60_000 });
+    const earlier = await lifecycle.drain('test', { deadlineMs: 30_000 });
+    assert.ok(Date.parse(earlier.drain_deadline!) < Date.parse(first.drain_deadline!));
+    const later = await lifecycle.drain('test', { deadlineMs: 120_000 });
+    assert.equal(later.drain_deadline, earlier.drain_deadline);
+    await lifecycle.resume();
   });
 });
