@@ -31,12 +31,12 @@ describe('worker pool routing', () => {
     pool.apply({ type: 'reset', records: [rec('a')] });
     const now = Date.now();
     pool.hold('a', 'draining', now);
-    assert.equal(pool.pick('m', 'aggregated', new Set(), now), undefined);
+    assert.equal(pool.pick('m', 'aggregated', new Set(), [], now), undefined);
     assert.deepEqual(pool.models(), [], 'a held-draining worker does not advertise its model');
-    assert.ok(pool.pick('m', 'aggregated', new Set(), now + HOLD_MS.draining + 1), 'the hold expires');
+    assert.ok(pool.pick('m', 'aggregated', new Set(), [], now + HOLD_MS.draining + 1), 'the hold expires');
     pool.hold('a', 'draining', now);
     pool.apply({ type: 'put', record: rec('a') });
-    assert.ok(pool.pick('m', 'aggregated', new Set(), now), 'a re-registration ends the hold');
+    assert.ok(pool.pick('m', 'aggregated', new Set(), [], now), 'a re-registration ends the hold');
   });
 
   it('replaces its view on reset and follows deletes', () => {

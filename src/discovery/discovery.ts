@@ -1,3 +1,5 @@
+import { isCapabilities, type EngineCapabilities } from '../protocol/capabilities.js';
+
 /**
  * The registry the frontend routes from. Workers register one record each; the frontend lists then
  * watches. Backends: in-process (memory:), one machine (file:), a cluster (etcd:).
@@ -16,6 +18,10 @@ export interface WorkerRecord {
   mode: WorkerMode;
   request_url: string;
   system_url: string;
+  /** What the worker's engine can honour; absent in records of workers older than capabilities (they declare none). */
+  capabilities?: EngineCapabilities | undefined;
+  /** The engine kind (mocker, llama-cpp, openai/vllm...), for operators and error messages. */
+  engine?: string | undefined;
 }
 
 /**
@@ -65,6 +71,8 @@ export function isWorkerRecord(v: unknown): v is WorkerRecord {
     r.model !== '' &&
     (r.mode === 'aggregated' || r.mode === 'prefill' || r.mode === 'decode') &&
     isHttpUrl(r.request_url) &&
-    isHttpUrl(r.system_url)
+    isHttpUrl(r.system_url) &&
+    (r.capabilities === undefined || isCapabilities(r.capabilities)) &&
+    (r.engine === undefined || typeof r.engine === 'string')
   );
 }

@@ -1,4 +1,7 @@
-import type { ChatMessage } from '../protocol/request-plane.js';
+import type { EngineCapabilities } from '../protocol/capabilities.js';
+import type { ChatMessage, ResponseFormat } from '../protocol/request-plane.js';
+
+export type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 
 /**
@@ -15,8 +18,11 @@ export interface GenerateRequest {
   messages?: ChatMessage[] | undefined;
   max_tokens: number;
   temperature: number;
+  top_p?: number | undefined;
   seed?: number | undefined;
   stop?: string[] | undefined;
+  /** Structured output; only sent to engines whose capabilities declare the format (json_object, json_schema). */
+  response_format?: ResponseFormat | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
   /**
@@ -38,23 +44,6 @@ export interface Continuation {
 export interface GeneratedPiece {
   text: string;
   token_ids?: number[] | undefined;
-}
-
-/**
- * What an engine can honour beyond plain text generation. Carried in the discovery record, so the
- * frontend passes a field only to workers that can honour it and answers 400 when none can.
- */
-export interface EngineCapabilities {
-  /** response_format {"type":"json_object"} */
-  json_object: boolean;
-  /** response_format {"type":"json_schema", ...} */
-  json_schema: boolean;
-  logprobs: boolean;
-  tools: boolean;
-  /** Context length in tokens (prompt + completion); null when the engine does not say. */
-  max_context: number | null;
-  /** Can take `continuation` (stream migration): the frontend only migrates to such workers. */
-  continuation: boolean;
 }
 
 export type FinishReason = 'stop' | 'length';

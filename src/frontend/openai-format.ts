@@ -17,6 +17,15 @@ export function toGenerateBody(endpoint: Endpoint, req: OpenAIRequest, requestId
   const max = req.max_completion_tokens ?? req.max_tokens;
   if (max != null) body.max_tokens = max;
   if (req.temperature != null) body.temperature = req.temperature;
+  if (req.top_p != null) body.top_p = req.top_p;
+  if (req.response_format != null && req.response_format.type !== 'text') {
+    const { type, json_schema: js } = req.response_format;
+    // Only the fields the request plane knows: an extra one would be a 400 from the worker.
+    body.response_format =
+      type === 'json_schema' && js
+        ? { type, json_schema: { name: js.name, ...(js.description !== undefined && { description: js.description }), ...(js.schema !== undefined && { schema: js.schema }), ...(js.strict != null && { strict: js.strict }) } }
+        : { type: 'json_object' };
+  }
   if (req.seed != null) body.seed = req.seed;
   if (req.stop != null) body.stop = req.stop;
   return body;

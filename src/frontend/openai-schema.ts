@@ -2,6 +2,32 @@
 
 const stop = { anyOf: [{ type: 'string' }, { type: 'array', items: { type: 'string' }, maxItems: 4 }, { type: 'null' }] };
 
+const responseFormat = {
+  anyOf: [
+    { type: 'null' },
+    {
+      type: 'object',
+      required: ['type'],
+      properties: {
+        type: { type: 'string', enum: ['text', 'json_object', 'json_schema'] },
+        json_schema: {
+          type: 'object',
+          required: ['name'],
+          properties: {
+            name: { type: 'string', minLength: 1, maxLength: 64, pattern: '^[A-Za-z0-9_-]+$' },
+            description: { type: 'string' },
+            schema: { type: 'object' },
+            strict: { type: ['boolean', 'null'] },
+          },
+        },
+      },
+      // json_schema needs its schema object; the other types take none.
+      if: { properties: { type: { const: 'json_schema' } } },
+      then: { required: ['type', 'json_schema'] },
+    },
+  ],
+} as const;
+
 const common = {
   model: { type: 'string', minLength: 1 },
   max_tokens: { type: ['integer', 'null'], minimum: 1, maximum: 1_000_000 },
@@ -13,6 +39,7 @@ const common = {
   stream: { type: ['boolean', 'null'] },
   stream_options: { type: ['object', 'null'], properties: { include_usage: { type: 'boolean' } } },
   user: { type: 'string' },
+  response_format: responseFormat,
 } as const;
 
 const contentPart = { type: 'object', required: ['type'], properties: { type: { type: 'string' }, text: { type: 'string' } } };
@@ -60,7 +87,9 @@ export interface OpenAIRequest {
   max_tokens?: number | null;
   max_completion_tokens?: number | null;
   temperature?: number | null;
+  top_p?: number | null;
   seed?: number | null;
+  response_format?: { type: 'text' | 'json_object' | 'json_schema'; json_schema?: { name: string; description?: string; schema?: Record<string, unknown>; strict?: boolean | null } } | null;
   stop?: string | string[] | null;
   stream?: boolean | null;
   stream_options?: { include_usage?: boolean } | null;

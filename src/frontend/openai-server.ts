@@ -10,6 +10,7 @@ import { completionResponse, SseFormatter, toGenerateBody, type Endpoint } from 
 import { chatCompletionSchema, completionSchema, type OpenAIRequest } from './openai-schema.js';
 import { HandedOff, MidStreamFailure, modelNotFound, StreamCut, WorkerStreamError, WorkerUnresponsive, type Upstream, type UpstreamStream } from './upstream.js';
 import { Delivered, type MigrationReason } from './migration.js';
+import { checkFields } from './field-policy.js';
 import { EbbError, errorBody } from '../protocol/errors.js';
 import type { HttpServerLimits } from '../common/http-server.js';
 import type { WorkerPool } from './worker-pool.js';
@@ -69,6 +70,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
     app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
       const body = req.body;
       if (!pool.hasModel(body.model)) throw modelNotFound(body.model);
+      checkFields(body as unknown as Record<string, unknown>, pool);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomUUID().replaceAll('-', '')}`; // randomUUID: pooled entropy, ~20x cheaper than randomBytes
       const gen = toGenerateBody(endpoint, body, id);
       const signal = clientGone(reply);

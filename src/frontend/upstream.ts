@@ -1,6 +1,7 @@
 import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
 import type { Readable } from 'node:stream';
 import { finished } from 'node:stream/promises';
+import { capabilitiesNeeded, type Capability } from '../protocol/capabilities.js';
 import { codeOf, EbbError, type ErrorCode } from '../protocol/errors.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../protocol/request-plane.js';
@@ -257,11 +258,12 @@ export class Upstream {
     signal: AbortSignal,
     tried: Set<string>,
     send: (worker: PoolWorker) => Promise<T>,
+    needs: readonly Capability[] = [],
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       if (signal.aborted) throw signal.reason;
-      const worker = this.pool.pick(model, mode, tried);
+      const worker = this.pool.pick(model, mode, tried, needs);
       if (!worker) break;
       tried.add(worker.record.worker_id);
       try {
@@ -374,7 +376,7 @@ export class Upstream {
 
   /** Opens a token stream on an aggregated worker. */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const { worker, value, release } = await this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal));
+    const { worker, value, release } = await this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal), capabilitiesNeeded(body));
     return this.stream(worker, value, release);
   }
 
@@ -394,8 +396,8 @@ export class Upstream {
   }
 
   /** The next decode worker for this request, counted as taken (while its prefill runs, too), or undefined. */
-  private reserveDecode(model: string, tried: Set<string>): { worker: PoolWorker; release: () => void } | undefined {
-    const worker = this.pool.pick(model, 'decode', tried);
+  private reserveDecode(model: string, tried: Set<string>, needs: readonly Capability[]): { worker: PoolWorker; release: () => void } | undefined {
+    const worker = this.pool.pick(model, 'decode', tried, needs);
     if (!worker) return undefined;
     tried.add(worker.record.worker_id);
     return { worker, release: this.pool.acquire(worker) };
@@ -412,9 +414,11 @@ export class Upstream {
    */
   async openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
+    // The decode worker generates: it is the one that must honour what the request needs.
+    const needs = capabilitiesNeeded(body);
     for (let pair = 1; ; pair++) {
       if (signal.aborted) throw signal.reason;
-      let decode = this.reserveDecode(body.model, tried);
+      let decode = this.reserveDecode(body.model, tried, needs);
       if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
       let kv: KvTransferRef;
       try {
@@ -442,7 +446,7 @@ export class Upstream {
             lost = true;
           } else if (err instanceof TryElsewhere) {
             if (err.hold === 'draining' || err.hold === 'overloaded') lastRefusal = err.outcome;
-            if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried);
+            if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs);
           }
           if (!decode) await this.releaseKv(kv);
           if (!(err instanceof TryElsewhere) && !lost) throw err;

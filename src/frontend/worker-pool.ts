@@ -1,3 +1,4 @@
+import { missingCapability, type Capability } from '../protocol/capabilities.js';
 import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
 
 /** Why the frontend is not sending a worker new requests for now, though discovery still lists it. */
@@ -103,6 +104,19 @@ export class WorkerPool {
     return false;
   }
 
+  /** Does some worker of `model` in discovery declare `capability`? (Its state does not matter: that is routing's business.) */
+  declares(model: string, capability: Capability): boolean {
+    for (const w of this.workers.values()) if (w.record.model === model && w.record.mode !== 'prefill' && w.record.capabilities?.[capability] === true) return true;
+    return false;
+  }
+
+  /** The engine kinds serving `model`, for error messages. */
+  engineKinds(model: string): string[] {
+    const kinds = new Set<string>();
+    for (const w of this.workers.values()) if (w.record.model === model) kinds.add(w.record.engine ?? 'unknown');
+    return [...kinds].sort();
+  }
+
   /** Aggregated workers when there are any; prefill+decode pairs otherwise. */
   servingPath(model: string): 'aggregated' | 'disaggregated' {
     return !this.hasModel(model, 'aggregated') && this.hasModel(model, 'prefill') ? 'disaggregated' : 'aggregated';
@@ -116,8 +130,11 @@ export class WorkerPool {
     return [...names].sort();
   }
 
-  /** The least-loaded eligible worker of `model` in `mode`, skipping those already tried for this request. */
-  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, now = Date.now()): PoolWorker | undefined {
+  /**
+   * The least-loaded eligible worker of `model` in `mode` that declares every capability in `needs`,
+   * skipping those already tried for this request.
+   */
+  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[] = [], now = Date.now()): PoolWorker | undefined {
     const all = [...this.workers.values()];
     const n = all.length;
     if (n === 0) return undefined;
@@ -127,6 +144,7 @@ export class WorkerPool {
       const w = all[(start + i) % n] as PoolWorker;
       if (w.record.model !== model || w.record.mode !== mode || tried.has(w.record.worker_id)) continue;
       if (w.hold && w.hold.until > now) continue;
+      if (needs.length > 0 && missingCapability(w.record.capabilities, needs) !== undefined) continue;
       if (!best || w.inflight < best.inflight) best = w;
     }
     return best;

@@ -19,6 +19,8 @@ export const ERROR_CODES = {
   payload_too_large: { status: 413, type: 'invalid_request_error' },
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   header_fields_too_large: { status: 431, type: 'invalid_request_error' },
+  /** A request field no worker of the model can honour (its engines do not declare the capability). */
+  unsupported_parameter: { status: 400, type: 'invalid_request_error' },
   // Refusals: retryable on another worker (or shortly), the work was never started
   worker_draining: { status: 503, type: 'service_unavailable', retryable: true },
   worker_overloaded: { status: 503, type: 'service_unavailable', retryable: true },
@@ -64,19 +66,22 @@ export function errorBody(code: ErrorCode, message: string, extra: Record<string
 export class EbbError extends Error {
   readonly status: number;
   headers?: Record<string, string>;
+  /** The request field at fault (OpenAI's `param`), for a client error about one field. */
+  readonly param: string | undefined;
 
   constructor(
     readonly code: ErrorCode,
     message: string,
-    opts: { headers?: Record<string, string>; cause?: unknown } = {},
+    opts: { headers?: Record<string, string>; cause?: unknown; param?: string } = {},
   ) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.status = ERROR_CODES[code].status;
     if (opts.headers) this.headers = opts.headers;
+    this.param = opts.param;
   }
 
   body(): ErrorBody {
-    return errorBody(this.code, this.message);
+    return errorBody(this.code, this.message, this.param === undefined ? {} : { param: this.param });
   }
 }
 

@@ -47,6 +47,28 @@ export const ContinuationSchema = Type.Object(
 );
 export type ContinuationBody = Static<typeof ContinuationSchema>;
 
+/** OpenAI's response_format; `json_object` and `json_schema` go only to engines that declare them. */
+export const ResponseFormatSchema = Type.Union([
+  Type.Object({ type: Type.Literal('text') }, { additionalProperties: false }),
+  Type.Object({ type: Type.Literal('json_object') }, { additionalProperties: false }),
+  Type.Object(
+    {
+      type: Type.Literal('json_schema'),
+      json_schema: Type.Object(
+        {
+          name: Type.String({ minLength: 1, maxLength: 64 }),
+          description: Type.Optional(Type.String()),
+          schema: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+          strict: Type.Optional(Type.Union([Type.Boolean(), Type.Null()])),
+        },
+        { additionalProperties: false },
+      ),
+    },
+    { additionalProperties: false },
+  ),
+]);
+export type ResponseFormat = Static<typeof ResponseFormatSchema>;
+
 export const GenerateBodySchema = Type.Object(
   {
     model: Type.String({ minLength: 1 }),
@@ -55,6 +77,7 @@ export const GenerateBodySchema = Type.Object(
     /** 0 is allowed for a continuation whose budget is spent: the worker only finishes the answer. */
     max_tokens: Type.Optional(Type.Integer({ minimum: 0, maximum: 1_000_000 })),
     temperature: Type.Optional(Type.Number({ minimum: 0, maximum: 2 })),
+    top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
     seed: Type.Optional(Type.Integer()),
     stop: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: 4 })])),
     stream: Type.Optional(Type.Boolean()),
@@ -63,6 +86,7 @@ export const GenerateBodySchema = Type.Object(
     /** Decode workers only: pull this prompt's KV from the prefill worker that computed it. */
     kv_transfer: Type.Optional(KvTransferRefSchema),
     continuation: Type.Optional(ContinuationSchema),
+    response_format: Type.Optional(ResponseFormatSchema),
   },
   { additionalProperties: false },
 );

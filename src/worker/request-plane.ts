@@ -7,6 +7,7 @@ import { writeWithBackpressure } from '../common/backpressure.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.js';
 import type { Admission, RefusalCode } from '../lifecycle/admission.js';
+import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import { DEFAULT_MAX_TOKENS, GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from '../protocol/request-plane.js';
 import { KvPullError, pullKv } from './kv-pull.js';
@@ -90,8 +91,11 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const prompt = promptOf(body);
     if (prompt === undefined) throw new EbbError('invalid_request', 'either prompt or messages is required');
     if (body.kv_transfer !== undefined) checkKvSource(body.kv_transfer);
-    if (body.continuation !== undefined && !engine.capabilities.continuation)
+    const lacking = missingCapability(engine.capabilities, capabilitiesNeeded(body));
+    if (lacking === 'continuation')
       throw new EbbError('continuation_unsupported', `this worker's engine (${engine.kind}) cannot continue a sequence another worker started`);
+    // The frontend routes only to workers that declare it; a direct caller gets the same answer.
+    if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour response_format ${lacking}`, { param: 'response_format' });
     const requestId = body.request_id ?? randomUUID();
     const admitted = admission.admit(requestId);
     if (!admitted.admitted) {
@@ -106,10 +110,12 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       // A continuation without an explicit budget gets what the default leaves.
       max_tokens: body.max_tokens ?? Math.max(0, DEFAULT_MAX_TOKENS - (body.continuation?.completion_tokens ?? 0)),
       temperature: body.temperature ?? 1,
+      top_p: body.top_p,
       seed: body.seed,
       stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
       prefilled: body.kv_transfer !== undefined,
       continuation: body.continuation,
+      response_format: body.response_format?.type === 'text' ? undefined : body.response_format,
     };
     return { gen, scope };
   }

@@ -93,7 +93,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
 
   requestUrl = advertisedUrl(await listen(requestPlane.app, opts.host, opts.port), opts.advertiseHost);
   const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
-  record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl };
+  record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities };
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
   });

@@ -137,7 +137,10 @@ export function json(res: ServerResponse, status: number, body: unknown): void {
  * Puts a worker record straight into a file: discovery directory, owned by this (live) test process
  * with a long lease, as if a worker had registered it.
  */
-export function injectRecord(discoveryUrl: string, record: { worker_id: string; model: string; mode?: string; request_url: string; system_url: string }): void {
+export function injectRecord(
+  discoveryUrl: string,
+  record: { worker_id: string; model: string; mode?: string; request_url: string; system_url: string; engine?: string; capabilities?: Record<string, unknown> },
+): void {
   const dir = fileURLToPath(discoveryUrl);
   const path = join(dir, `${encodeURIComponent(record.worker_id)}.json`);
   const entry = { record: { mode: 'aggregated', ...record }, pid: process.pid, hostname: hostname(), heartbeat_at: Date.now(), ttl_ms: 300_000, registered_at: Date.now() };

@@ -1,0 +1,51 @@
+import type { GenerateBody } from './request-plane.js';
+
+/**
+ * What an engine can honour beyond plain text generation. Each worker publishes its engine's in its
+ * discovery record, so the frontend sends a request that needs one only to workers that declare it,
+ * and answers 400 naming the field when no worker of the model does (never a silent ignore).
+ */
+export interface EngineCapabilities {
+  /** response_format {"type":"json_object"} */
+  json_object: boolean;
+  /** response_format {"type":"json_schema", ...} */
+  json_schema: boolean;
+  logprobs: boolean;
+  tools: boolean;
+  /** Context length in tokens (prompt + completion); null when the engine does not say. */
+  max_context: number | null;
+  /** Can take `continuation` (stream migration): the frontend only migrates to such workers. */
+  continuation: boolean;
+}
+
+/** The yes/no capabilities a request can need. */
+export type Capability = 'json_object' | 'json_schema' | 'logprobs' | 'tools' | 'continuation';
+
+const NONE: readonly Capability[] = [];
+
+/** What a request-plane body needs of the engine that serves it; the same empty array for plain requests (the hot path). */
+export function capabilitiesNeeded(body: GenerateBody): readonly Capability[] {
+  const format = body.response_format?.type;
+  const structured = format === 'json_object' || format === 'json_schema';
+  if (!structured && body.continuation === undefined) return NONE;
+  const out: Capability[] = [];
+  if (structured) out.push(format);
+  if (body.continuation !== undefined) out.push('continuation');
+  return out;
+}
+
+/** The first of `needs` that `declared` lacks; a record without capabilities (an older worker) declares none. */
+export function missingCapability(declared: EngineCapabilities | undefined, needs: readonly Capability[]): Capability | undefined {
+  for (const c of needs) if (declared?.[c] !== true) return c;
+  return undefined;
+}
+
+/** Discovery records come from other processes: check the shape before routing on it. */
+export function isCapabilities(v: unknown): v is EngineCapabilities {
+  if (typeof v !== 'object' || v === null) return false;
+  const c = v as Record<string, unknown>;
+  return (
+    (['json_object', 'json_schema', 'logprobs', 'tools', 'continuation'] as const).every((k) => typeof c[k] === 'boolean') &&
+    (c.max_context === null || (typeof c.max_context === 'number' && Number.isInteger(c.max_context) && c.max_context > 0))
+  );
+}

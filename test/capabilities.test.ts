@@ -1,0 +1,85 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { call, fakeWorker, injectRecord } from './helpers/http.js';
+import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+const chat = (extra: Record<string, unknown>) => ({ model: 'm1', max_tokens: 3, messages: [{ role: 'user', content: 'hi' }], ...extra });
+
+describe('engine capabilities: what the fleet can honour', () => {
+  it('publishes the engine and its capabilities in the discovery record', async () => {
+    const discovery = tempDiscoveryUrl();
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(w);
+    const frontend = await startFrontend(discovery);
+    started.push(frontend);
+    const adminUrl = (await frontend.waitForEvent('frontend_ready')).admin_url as string;
+    const entry = (await call('GET', `${adminUrl}/workers/${w.workerId}`)).body;
+    assert.equal(entry.engine, 'mocker');
+    assert.deepEqual(entry.capabilities, { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: true });
+  });
+
+  it('answers 400 unsupported_parameter naming the field when no worker of the model can honour it; never drops it silently', async () => {
+    const discovery = tempDiscoveryUrl();
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(w);
+    const frontend = await startFrontend(discovery);
+    started.push(frontend);
+    const url = `${frontend.url}/v1/chat/completions`;
+    const json = await call('POST', url, chat({ response_format: { type: 'json_object' } }));
+    assert.equal(json.status, 400);
+    assert.equal(json.body.error.code, 'unsupported_parameter');
+    assert.equal(json.body.error.param, 'response_format');
+    assert.match(json.body.error.message, /json_object is not supported by any worker of model "m1" \(engines: mocker\)/);
+    for (const [field, value] of [['logprobs', true], ['tools', [{ type: 'function', function: { name: 'f' } }]], ['presence_penalty', 0.5], ['logit_bias', { '1': 5 }]] as const) {
+      const res = await call('POST', url, chat({ [field]: value }));
+      assert.equal(res.status, 400, field);
+      assert.equal(res.body.error.param, field);
+    }
+    // Defaults change nothing and bookkeeping fields have no effect on the text: both are served.
+    for (const extra of [{ response_format: { type: 'text' } }, { logprobs: false, presence_penalty: 0, tool_choice: 'none' }, { user: 'u-1', metadata: { a: 'b' } }]) {
+      const res = await call('POST', url, chat(extra));
+      assert.equal(res.status, 200, JSON.stringify(extra));
+    }
+    const schema = await call('POST', url, chat({ response_format: { type: 'json_schema' } }));
+    assert.equal(schema.status, 400, 'json_schema needs its json_schema object');
+    assert.equal(schema.body.error.code, 'invalid_request');
+  });
+
+  it('routes a request that needs a capability only to workers that declare it, with the field carried', async () => {
+    const discovery = tempDiscoveryUrl();
+    const plain = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(plain);
+    const capable = await fakeWorker((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      res.end('{"text":"{}"}\n{"done":true,"finish_reason":"stop","usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n');
+    });
+    after(() => capable.close());
+    injectRecord(discovery, {
+      worker_id: 'w-json',
+      model: 'm1',
+      request_url: capable.url,
+      system_url: capable.url,
+      engine: 'fake',
+      capabilities: { json_object: true, json_schema: false, logprobs: false, tools: false, max_context: 4096, continuation: false },
+    });
+    const frontend = await startFrontend(discovery);
+    started.push(frontend);
+    await frontend.waitForEvent('discovery_reset', (l) => (l.workers as string[]).includes('w-json') && (l.workers as string[]).includes(plain.workerId));
+    const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused' });
+    for (let i = 0; i < 4; i++) {
+      const res = await client.chat.completions.create({ ...chat({}), messages: [{ role: 'user', content: 'hi' }], response_format: { type: 'json_object' } });
+      assert.deepEqual(JSON.parse(res.choices[0]?.message.content ?? ''), {});
+    }
+    assert.equal(capable.seen.length, 4, 'every json_object request went to the worker that declares it');
+    for (const seen of capable.seen) assert.deepEqual(JSON.parse(seen.body).response_format, { type: 'json_object' });
+    const schemaReq = await call('POST', `${frontend.url}/v1/chat/completions`, chat({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }));
+    assert.equal(schemaReq.status, 400, 'json_schema: declared by nobody');
+    assert.match(schemaReq.body.error.message, /engines: fake, mocker/);
+  });
+});
