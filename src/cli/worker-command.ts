@@ -9,8 +9,10 @@ import {
   REQUEST_TOKEN_ENV,
 } from '../common/admin-auth.js';
 import { createLogger } from '../common/logger.js';
+import type { EngineSpec } from '../engine/create-engine.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
-import { newWorkerId, startWorker } from '../worker/worker.js';
+import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
+import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import { discoveryDefault, intOption } from './options.js';
 
@@ -36,6 +38,8 @@ interface WorkerFlags {
   mockerMaxQueue: number;
   mockerIdleness: 'exact' | 'unknown';
   mockerKvReporting: 'exact' | 'unsupported';
+  mockerLoadMs: number;
+  mockerFailOnPrompt: string;
   kvTransferTtlMs: number;
 }
 
@@ -71,6 +75,8 @@ export function workerCommand(): Command {
         .choices(['exact', 'unsupported'])
         .default('exact'),
     )
+    .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', intOption(0), MOCKER_DEFAULTS.loadMs)
+    .option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)', MOCKER_DEFAULTS.failOnPrompt)
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', intOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
@@ -85,40 +91,9 @@ export function workerCommand(): Command {
         exiting = true;
         process.exit(code);
       };
-      const worker = await startWorker(
-        {
-          workerId,
-          model: flags.model,
-          mode: flags.mode,
-          host: flags.host,
-          port: flags.port,
-          systemHost: flags.systemHost,
-          advertiseHost: flags.advertiseHost,
-          systemPort: flags.systemPort,
-          guardAdmin: createAdminGuard(adminToken),
-          requestToken,
-          discoveryUrl: flags.discovery,
-          leaseTtlMs: flags.leaseTtlMs,
-          shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
-          engine: {
-            kind: 'mocker',
-            options: {
-            ttftMs: flags.mockerTtftMs,
-            itlMs: flags.mockerItlMs,
-            batchSlots: flags.mockerBatchSlots,
-            maxQueue: flags.mockerMaxQueue,
-            idleness: flags.mockerIdleness,
-            kvReporting: flags.mockerKvReporting,
-            kvTransferTtlMs: flags.kvTransferTtlMs,
-            },
-          },
-        },
-        log,
-        exit,
-      );
-      const { record } = worker;
-      log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
-
+      // Signals count from the start: one that arrives while the engine loads stops the load.
+      const loading = new AbortController();
+      let worker: RunningWorker | undefined;
       let signals = 0;
       const onSignal = (signal: NodeJS.Signals) => {
         signals++;
@@ -127,20 +102,80 @@ export function workerCommand(): Command {
           exit(130);
           return;
         }
+        if (worker === undefined) {
+          log.info({ event: 'shutdown_during_loading', signal }, `${signal} while the engine loads: stopping the load`);
+          loading.abort(new Error(`${signal} during loading`));
+          return;
+        }
         if (signals === 2) {
           // Streams still running get an explicit worker_shut_down line instead of a silent cut.
           log.warn({ event: 'shutdown_cancelled', signal }, 'second signal: cutting what is in flight and exiting');
           worker.cancelShutdown();
           return;
         }
-        void worker.shutdown(signal).then(exit, (err: unknown) => {
+        shutdown(worker, signal);
+      };
+      const shutdown = (w: RunningWorker, signal: NodeJS.Signals) =>
+        void w.shutdown(signal).then(exit, (err: unknown) => {
           log.fatal({ err }, 'shutdown failed');
           exit(1);
         });
-      };
       process.on('SIGTERM', onSignal);
       process.on('SIGINT', onSignal);
       // Started by `ebb up`: if it goes away, drain as on SIGTERM rather than linger or die abruptly.
       process.once('disconnect', () => onSignal('SIGTERM'));
+      try {
+        worker = await startWorker(
+          {
+            workerId,
+            model: flags.model,
+            mode: flags.mode,
+            host: flags.host,
+            port: flags.port,
+            systemHost: flags.systemHost,
+            advertiseHost: flags.advertiseHost,
+            systemPort: flags.systemPort,
+            guardAdmin: createAdminGuard(adminToken),
+            requestToken,
+            discoveryUrl: flags.discovery,
+            leaseTtlMs: flags.leaseTtlMs,
+            shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
+            engine: engineSpec(flags),
+          },
+          log,
+          exit,
+          loading.signal,
+        );
+      } catch (err) {
+        // Nothing was registered or admitted: a stop during loading is a clean exit.
+        if (loading.signal.aborted) {
+          log.info({ event: 'shutdown_complete', exit_code: 0, during: 'loading' }, 'stopped while loading');
+          exit(0);
+        }
+        log.fatal({ event: 'worker_start_failed', err: (err as Error).message }, `worker could not start: ${(err as Error).message}`);
+        throw new CliError(`worker could not start: ${(err as Error).message}`);
+      }
+      const { record } = worker;
+      log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
+      // A signal that came while startWorker was finishing (after the load) is honoured now.
+      if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
     });
+}
+
+/** The engine the worker hosts, from its flags. */
+function engineSpec(flags: WorkerFlags): EngineSpec {
+  return {
+    kind: 'mocker',
+    options: {
+      ttftMs: flags.mockerTtftMs,
+      itlMs: flags.mockerItlMs,
+      batchSlots: flags.mockerBatchSlots,
+      maxQueue: flags.mockerMaxQueue,
+      idleness: flags.mockerIdleness,
+      kvReporting: flags.mockerKvReporting,
+      kvTransferTtlMs: flags.kvTransferTtlMs,
+      loadMs: flags.mockerLoadMs,
+      failOnPrompt: flags.mockerFailOnPrompt,
+    },
+  };
 }

@@ -13,9 +13,12 @@ export type EngineSpec = { kind: 'mocker'; options: Omit<MockerOptions, 'mode'> 
  * Builds the engine and resolves once it can serve (a real engine loads its model first). The
  * worker does not register before this resolves; `signal` aborts a load cut short by SIGTERM.
  */
-export async function createEngine(spec: EngineSpec, mode: WorkerMode, _log: Logger, _signal: AbortSignal): Promise<Engine> {
+export async function createEngine(spec: EngineSpec, mode: WorkerMode, _log: Logger, signal: AbortSignal): Promise<Engine> {
   switch (spec.kind) {
-    case 'mocker':
-      return new MockerEngine({ ...spec.options, mode });
+    case 'mocker': {
+      const engine = new MockerEngine({ ...spec.options, mode });
+      await engine.load(signal);
+      return engine;
+    }
   }
 }

@@ -15,6 +15,13 @@ export interface MockerOptions {
   maxQueue: number;
   /** `exact` reports idleness from its own counters; `unknown` simulates an engine that cannot tell. */
   idleness: 'exact' | 'unknown';
+  /** Simulated model loading before the engine can serve (a real model takes seconds to minutes). */
+  loadMs: number;
+  /**
+   * Simulates an engine that dies under the worker: a request whose prompt contains this text makes
+   * the engine fail (every sequence aborts, onFailure fires). Empty: never.
+   */
+  failOnPrompt: string;
   /** Serving role; prefill engines hold KV transfers for decode peers. */
   mode: 'aggregated' | 'prefill' | 'decode';
   /** `unsupported` simulates an adapter that cannot report pending KV transfers (a prefill worker then never drains). */
@@ -32,6 +39,8 @@ export const MOCKER_DEFAULTS: MockerOptions = {
   mode: 'aggregated',
   kvReporting: 'exact',
   kvTransferTtlMs: 30_000,
+  loadMs: 0,
+  failOnPrompt: '',
 };
 
 const VOCABULARY = (
@@ -93,6 +102,8 @@ export class MockerEngine implements Engine {
   private readonly slots: Slots;
   private readonly events = new EventEmitter();
   private generated = 0;
+  /** Aborted when the simulated engine dies: every sequence ends with it. */
+  private readonly dead = new AbortController();
   readonly kvTransfers: KvTransferStore | undefined;
 
   constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
@@ -103,6 +114,11 @@ export class MockerEngine implements Engine {
       this.kvTransfers.on('completed', () => this.notifyChange());
       this.kvTransfers.on('expired', () => this.notifyChange());
     }
+  }
+
+  /** The simulated load: resolves after `loadMs`, rejects when `signal` aborts first. */
+  async load(signal: AbortSignal): Promise<void> {
+    if (this.opts.loadMs > 0) await sleep(this.opts.loadMs, undefined, { signal });
   }
 
   /** Prefill costs its time to first token, then the KV is held until a decode peer takes it. */
@@ -128,7 +144,13 @@ export class MockerEngine implements Engine {
     }
   }
 
-  async *generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
+  async *generate(req: GenerateRequest, callerSignal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
+    if (this.opts.failOnPrompt !== '' && req.prompt.includes(this.opts.failOnPrompt) && !this.dead.signal.aborted) {
+      this.dead.abort(new Error('simulated engine failure (--mocker-fail-on-prompt)'));
+      this.events.emit('failure', this.dead.signal.reason);
+    }
+    if (this.dead.signal.aborted) throw this.dead.signal.reason;
+    const signal = AbortSignal.any([callerSignal, this.dead.signal]);
     const promptTokens = countTokens(req.prompt);
     await this.acquire(signal);
     try {
@@ -173,6 +195,11 @@ export class MockerEngine implements Engine {
     if (running > 0 || queued > 0) waiting.push(`engine: ${running} running, ${queued} queued sequences`);
     if (kv > 0) waiting.push(`${kv} pending KV transfer${kv === 1 ? '' : 's'}`);
     return waiting.length === 0 ? { state: 'idle' } : { state: 'busy', waiting_for: waiting };
+  }
+
+  onFailure(listener: (err: Error) => void): () => void {
+    this.events.on('failure', listener);
+    return () => this.events.off('failure', listener);
   }
 
   onQuiescenceChange(listener: () => void): () => void {

@@ -1,61 +1,78 @@
 import type { FastifyInstance } from 'fastify';
-import type { Engine } from '../engine/engine.js';
+import { Gauge, Registry } from 'prom-client';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
-import type { Lifecycle, LifecycleStatus } from '../lifecycle/lifecycle.js';
-import type { WorkerMetrics } from './metrics.js';
+import type { LifecycleStatus } from '../lifecycle/lifecycle.js';
 import { DrainBodySchema, EmptyBodySchema, type DrainBody } from '../protocol/admin.js';
+import { EbbError } from '../protocol/errors.js';
+import type { WorkerPhase, WorkerRuntime } from './phase.js';
 
 export interface SystemServerDeps {
-  lifecycle: Lifecycle;
-  engine: Engine;
-  metrics: WorkerMetrics;
+  phase: WorkerPhase;
   /** Guards mutating admin routes (drain, resume); see admin-auth. */
   guardAdmin?: (authorization: string | undefined) => void;
 }
 
-
 /**
  * The system-status server: probes, metrics and the Admin API, on their own port so the request
- * plane never carries them. /live stays 200 while draining: drain must not get the pod killed.
+ * plane never carries them. /live stays 200 while draining (drain must not get the pod killed) and
+ * while the engine loads (a model can take minutes); it fails only once the engine died under the
+ * worker. Until the engine can serve, /health says `loading` and the Admin API answers 503
+ * `worker_loading`: there is nothing to drain, and the worker is not in discovery.
  */
-export function createSystemServer({ lifecycle, engine, metrics, guardAdmin }: SystemServerDeps): FastifyInstance {
+export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true });
 
-  const statusBody = (s: LifecycleStatus) => ({ ...s, engine: engine.stats() });
+  const loadingRegistry = new Registry();
+  new Gauge({ name: 'ebb_worker_loading', help: '1 while the worker loads its engine (not yet in discovery)', registers: [loadingRegistry] }).set(1);
+
+  const runtime = (): WorkerRuntime => {
+    const r = phase.runtime;
+    if (r === undefined) throw new EbbError('worker_loading', `worker is loading its engine (${phase.loadingDetail}, since ${phase.loadingSince.toISOString()}); retry when /health is ready`, { headers: { 'retry-after': '5' } });
+    return r;
+  };
+  const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => ({ ...s, engine: r.engine.stats() });
 
   allowOnly(app, '/live', ['GET']);
-  app.get('/live', async () => ({ status: 'alive', state: lifecycle.state }));
+  app.get('/live', async (_req, reply) => {
+    const state = phase.runtime?.lifecycle.state ?? 'loading';
+    if (phase.engineFailure !== undefined) return reply.code(503).send({ status: 'engine_failed', state, reason: phase.engineFailure });
+    return { status: 'alive', state };
+  });
 
   allowOnly(app, '/health', ['GET']);
   app.get('/health', async (_req, reply) => {
-    const state = lifecycle.state;
-    const ready = state === 'serving';
-    return reply.code(ready ? 200 : 503).send({ status: ready ? 'ready' : 'not_ready', state, discovery: lifecycle.discoveryPresence });
+    const r = phase.runtime;
+    if (r === undefined) return reply.code(503).send({ status: 'not_ready', state: 'loading', loading: phase.loadingDetail, since: phase.loadingSince.toISOString() });
+    const state = r.lifecycle.state;
+    const ready = state === 'serving' && phase.engineFailure === undefined;
+    return reply.code(ready ? 200 : 503).send({ status: ready ? 'ready' : 'not_ready', state, discovery: r.lifecycle.discoveryPresence });
   });
 
   allowOnly(app, '/metrics', ['GET']);
   app.get('/metrics', async (_req, reply) => {
-    return reply.header('content-type', metrics.registry.contentType).send(await metrics.registry.metrics());
+    const registry = phase.runtime?.metrics.registry ?? loadingRegistry;
+    return reply.header('content-type', registry.contentType).send(await registry.metrics());
   });
 
   allowOnly(app, '/engine/status', ['GET']);
-  app.get('/engine/status', async () => statusBody(lifecycle.status()));
+  app.get('/engine/status', async () => {
+    const r = runtime();
+    return statusBody(r, r.lifecycle.status());
+  });
 
   allowOnly(app, '/engine/drain', ['POST']);
-  app.post<{ Body: DrainBody | undefined }>(
-    '/engine/drain',
-    { schema: { body: DrainBodySchema } },
-    async (req, reply) => {
-      guardAdmin?.(req.headers.authorization);
-      const status = await lifecycle.drain(req.body?.reason ?? 'admin', { deadlineMs: req.body?.deadline_ms });
-      return reply.code(status.state === 'drained' ? 200 : 202).send(statusBody(status));
-    },
-  );
+  app.post<{ Body: DrainBody | undefined }>('/engine/drain', { schema: { body: DrainBodySchema } }, async (req, reply) => {
+    guardAdmin?.(req.headers.authorization);
+    const r = runtime();
+    const status = await r.lifecycle.drain(req.body?.reason ?? 'admin', { deadlineMs: req.body?.deadline_ms });
+    return reply.code(status.state === 'drained' ? 200 : 202).send(statusBody(r, status));
+  });
 
   allowOnly(app, '/engine/resume', ['POST']);
   app.post('/engine/resume', { schema: { body: EmptyBodySchema } }, async (req) => {
     guardAdmin?.(req.headers.authorization);
-    return statusBody(await lifecycle.resume());
+    const r = runtime();
+    return statusBody(r, await r.lifecycle.resume());
   });
 
   return app;

@@ -15,6 +15,10 @@ import { PrefillPeers } from './prefill-peers.js';
 import { createRequestPlane } from './request-plane.js';
 import { runShutdown, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
+import { WorkerPhase } from './phase.js';
+
+/** How long a worker whose engine died tries to leave discovery (its lease expires anyway). */
+const UNREGISTER_ON_FAILURE_MS = 5000;
 
 export interface WorkerOptions {
   workerId?: string | undefined;
@@ -50,9 +54,27 @@ export function newWorkerId(): string {
   return `w-${randomBytes(4).toString('hex')}`;
 }
 
-export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code: number) => void): Promise<RunningWorker> {
+/** Exit code of a worker whose engine died under it: its supervisor should restart it. */
+export const ENGINE_FAILED_EXIT_CODE = 1;
+
+/**
+ * Starts a worker: the system server first (it answers while the engine loads: /live 200, /health
+ * 503 loading), then the engine, then the request plane; it registers in discovery last, once it
+ * can serve. Aborting `loading` (SIGTERM while a model loads) stops the load; startWorker then rejects.
+ */
+export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code: number) => void, loading: AbortSignal = new AbortController().signal): Promise<RunningWorker> {
   const workerId = opts.workerId ?? newWorkerId();
-  const engine = await createEngine(opts.engine, opts.mode, log, new AbortController().signal);
+  const phase = new WorkerPhase(opts.engine.kind);
+  const systemServer = createSystemServer({ phase, guardAdmin: opts.guardAdmin });
+  const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
+  log.info({ event: 'worker_loading', worker_id: workerId, engine: opts.engine.kind, system_url: systemUrl }, `worker ${workerId} loading engine ${opts.engine.kind}; system server ${systemUrl}`);
+  let engine: Engine;
+  try {
+    engine = await createEngine(opts.engine, opts.mode, log, loading);
+  } catch (err) {
+    await closeBounded(systemServer, AbortSignal.timeout(2000));
+    throw err;
+  }
   const admission = new Admission(() => engine.isOverloaded());
   const discovery = await connectDiscovery(opts.discoveryUrl, { leaseTtlMs: opts.leaseTtlMs });
 
@@ -89,14 +111,13 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   });
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.
   lifecycle.on('handoff_due', () => lifecycle.recordHandoffs(requestPlane.handOffAll().count));
-  const systemServer = createSystemServer({ lifecycle, engine, metrics, guardAdmin: opts.guardAdmin });
 
   requestUrl = advertisedUrl(await listen(requestPlane.app, opts.host, opts.port), opts.advertiseHost);
-  const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
   record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities };
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
   });
+  phase.running({ lifecycle, engine, metrics });
   await lifecycle.start();
 
   const cleanup = async (signal: AbortSignal) => {
@@ -108,6 +129,31 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   let shuttingDown: Promise<number> | undefined;
   const cancel = new AbortController();
   const shutdownOpts: ShutdownOptions = { watchdogMarginMs: 5000, ...opts.shutdown };
+
+  // An engine that died cannot finish what was admitted: leave discovery at once, end every stream
+  // with an explicit error, fail /live, and exit non-zero so the supervisor restarts the worker.
+  engine.onFailure?.((err) => {
+    if (phase.engineFailure !== undefined) return;
+    phase.engineFailure = err.message;
+    log.fatal({ event: 'engine_failed', err: err.message, inflight: admission.inflightIds() }, `engine failed: ${err.message}; leaving discovery and exiting`);
+    if (shuttingDown !== undefined) {
+      cancel.abort(new Error('engine failed')); // the shutdown under way cuts what is left and exits
+      return;
+    }
+    lifecycle.beginShutdown('engine failed');
+    void (async () => {
+      try {
+        await lifecycle.unregisterForShutdown(AbortSignal.timeout(UNREGISTER_ON_FAILURE_MS));
+        await requestPlane.cutAll(AbortSignal.timeout(2000));
+        await cleanup(AbortSignal.timeout(5000));
+      } catch (e) {
+        log.error({ event: 'engine_failed_cleanup', err: (e as Error).message }, `cleanup after the engine failure failed: ${(e as Error).message}`);
+      } finally {
+        exit(ENGINE_FAILED_EXIT_CODE);
+      }
+    })();
+  });
+
   return {
     record,
     lifecycle,

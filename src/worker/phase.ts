@@ -1,0 +1,36 @@
+import type { Engine } from '../engine/engine.js';
+import type { Lifecycle } from '../lifecycle/lifecycle.js';
+import type { WorkerMetrics } from './metrics.js';
+
+/** What the system server answers from once the engine can serve. */
+export interface WorkerRuntime {
+  lifecycle: Lifecycle;
+  engine: Engine;
+  metrics: WorkerMetrics;
+}
+
+/**
+ * Where the worker process is before and beside its lifecycle: loading its engine (a real model
+ * takes seconds to minutes, and the system server must answer meanwhile, /live 200 and /health 503,
+ * without the worker being in discovery), running, and whether its engine failed under it.
+ */
+export class WorkerPhase {
+  private current: WorkerRuntime | undefined;
+  readonly loadingSince = new Date();
+  /** What loading is doing now ("loading model /models/x.gguf"), shown in /health while it lasts. */
+  loadingDetail: string;
+  /** Set once when the engine died under the worker: /live fails from then on. */
+  engineFailure: string | undefined;
+
+  constructor(readonly engineKind: string) {
+    this.loadingDetail = `starting engine ${engineKind}`;
+  }
+
+  get runtime(): WorkerRuntime | undefined {
+    return this.current;
+  }
+
+  running(runtime: WorkerRuntime): void {
+    this.current = runtime;
+  }
+}
