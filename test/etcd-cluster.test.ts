@@ -84,7 +84,15 @@ describe('etcd cluster: drain and crash', { skip: etcdSkipReason() }, () => {
     const key = etcdKey({ model: 'drain-order', worker_id: w.workerId });
     const registered = await fx.keyedIds('drain-order');
     assert.deepEqual(Object.keys(registered), [key]);
-    assert.deepEqual(JSON.parse(registered[key]!), { worker_id: w.workerId, model: 'drain-order', mode: 'aggregated', request_url: w.requestUrl, system_url: w.systemUrl });
+    assert.deepEqual(JSON.parse(registered[key]!), {
+      worker_id: w.workerId,
+      model: 'drain-order',
+      mode: 'aggregated',
+      request_url: w.requestUrl,
+      system_url: w.systemUrl,
+      engine: 'mocker',
+      capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: true },
+    });
     const leaseBefore = (await fx.raw.get(key).exec()).kvs[0]?.lease;
     assert.ok(leaseBefore && leaseBefore !== '0', 'the key is bound to a lease');
 

@@ -106,6 +106,30 @@ describe('frontend: OpenAI API through the official SDK', () => {
     assert.equal(res.body.error.code, 'no_serving_worker');
     assert.equal(res.body.error.retryable, true);
     assert.equal(refusing.seen.length, 1, 'the refusal came from the worker');
+    assert.equal(res.headers.get('retry-after'), '1');
+    const models = await call('GET', `${frontend.url}/v1/models`);
+    assert.deepEqual(models.body.data.map((m: { id: string }) => m.id), ['m1'], 'a draining model is still a model');
+  });
+});
+
+describe('frontend: a model whose workers are all out of rotation is still a model', () => {
+  it('answers 503 no_serving_worker with Retry-After while every worker is drained, and 200 once one resumes; 404 only for a model nobody serves', async () => {
+    const { frontend, workers } = await cluster(1);
+    const [w] = workers;
+    const body = { model: 'm1', prompt: 'x', max_tokens: 2 };
+    assert.equal((await call('POST', `${frontend.url}/v1/completions`, body)).status, 200);
+    const beforeDrain = frontend.mark();
+    assert.equal((await call('POST', `${w!.systemUrl}/engine/drain`)).body.state, 'drained');
+    await frontend.waitForEvent('worker_removed', (l) => l.worker_id === w!.workerId, { after: beforeDrain });
+    const refused = await call('POST', `${frontend.url}/v1/completions`, body);
+    assert.equal(refused.status, 503);
+    assert.equal(refused.body.error.code, 'no_serving_worker');
+    assert.equal(refused.headers.get('retry-after'), '1');
+    assert.equal((await call('POST', `${frontend.url}/v1/completions`, { ...body, model: 'nobody' })).status, 404);
+    const beforeResume = frontend.mark();
+    assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
+    await frontend.waitForEvent('worker_added', (l) => l.worker_id === w!.workerId, { after: beforeResume });
+    assert.equal((await call('POST', `${frontend.url}/v1/completions`, body)).status, 200);
   });
 });
 

@@ -1,6 +1,6 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { WorkerPool, HOLD_MS } from '../src/frontend/worker-pool.js';
+import { WorkerPool, HOLD_MS, MODEL_MEMORY_MS } from '../src/frontend/worker-pool.js';
 import type { WorkerRecord } from '../src/discovery/discovery.js';
 
 const rec = (id: string, model = 'm', mode: WorkerRecord['mode'] = 'aggregated'): WorkerRecord => ({
@@ -32,11 +32,21 @@ describe('worker pool routing', () => {
     const now = Date.now();
     pool.hold('a', 'draining', now);
     assert.equal(pool.pick('m', 'aggregated', new Set(), [], now), undefined);
-    assert.deepEqual(pool.models(), [], 'a held-draining worker does not advertise its model');
+    assert.deepEqual(pool.models(), ['m'], 'a model whose only worker is draining is still a model');
     assert.ok(pool.pick('m', 'aggregated', new Set(), [], now + HOLD_MS.draining + 1), 'the hold expires');
     pool.hold('a', 'draining', now);
     pool.apply({ type: 'put', record: rec('a') });
     assert.ok(pool.pick('m', 'aggregated', new Set(), [], now), 'a re-registration ends the hold');
+  });
+
+  it('remembers a model for a while after its last worker left discovery: 503, not 404', () => {
+    const pool = new WorkerPool();
+    pool.apply({ type: 'reset', records: [rec('a')] });
+    pool.apply({ type: 'delete', worker_id: 'a' });
+    assert.equal(pool.hasModel('m'), false);
+    assert.equal(pool.knows('m'), true);
+    assert.equal(pool.knows('m', Date.now() + MODEL_MEMORY_MS + 1), false, 'forgotten after MODEL_MEMORY_MS');
+    assert.equal(pool.knows('never'), false);
   });
 
   it('replaces its view on reset and follows deletes', () => {

@@ -8,7 +8,7 @@ import type { GenerateBody, StreamLine, Usage } from '../protocol/request-plane.
 import type { FrontendMetrics } from './metrics.js';
 import { completionResponse, SseFormatter, toGenerateBody, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, type OpenAIRequest } from './openai-schema.js';
-import { HandedOff, MidStreamFailure, modelNotFound, StreamCut, WorkerStreamError, WorkerUnresponsive, type Upstream, type UpstreamStream } from './upstream.js';
+import { HandedOff, MidStreamFailure, unavailableModel, StreamCut, WorkerStreamError, WorkerUnresponsive, type Upstream, type UpstreamStream } from './upstream.js';
 import { Delivered, type MigrationReason } from './migration.js';
 import { checkFields } from './field-policy.js';
 import { EbbError, errorBody } from '../protocol/errors.js';
@@ -69,7 +69,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
     allowOnly(app, url, ['POST']);
     app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
       const body = req.body;
-      if (!pool.hasModel(body.model)) throw modelNotFound(body.model);
+      if (!pool.hasModel(body.model)) throw unavailableModel(pool, body.model);
       checkFields(body as unknown as Record<string, unknown>, pool);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${randomUUID().replaceAll('-', '')}`; // randomUUID: pooled entropy, ~20x cheaper than randomBytes
       const gen = toGenerateBody(endpoint, body, id);

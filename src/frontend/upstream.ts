@@ -99,7 +99,17 @@ class TryElsewhere extends Error {
 }
 
 export function modelNotFound(model: string): EbbError {
-  return new EbbError('model_not_found', `the model "${model}" does not exist or has no serving worker`);
+  return new EbbError('model_not_found', `the model "${model}" does not exist (no worker serves it)`);
+}
+
+/** A known model that no worker can take right now (draining, drained, overloaded): SDKs retry a 503. */
+export function noServingWorker(message: string): EbbError {
+  return new EbbError('no_serving_worker', message, { headers: { 'retry-after': '1' } });
+}
+
+/** 404 for a model nobody serves; 503 for one whose workers are all out of rotation for now. */
+export function unavailableModel(pool: WorkerPool, model: string): EbbError {
+  return pool.knows(model) ? noServingWorker(`no worker of "${model}" is serving right now (draining, drained or restarting); retry shortly`) : modelNotFound(model);
 }
 
 /** A decode worker could not get the prompt's KV (another decode took it, or it expired): prefill again. */
@@ -245,9 +255,8 @@ export class Upstream {
   }
 
   private noWorker(model: string, mode: WorkerMode, lastRefusal: string | undefined): EbbError {
-    if (!this.pool.hasModel(model)) return modelNotFound(model);
-    return new EbbError(
-      'no_serving_worker',
+    if (!this.pool.hasModel(model)) return unavailableModel(this.pool, model);
+    return noServingWorker(
       lastRefusal ? `no ${mode} worker could take the request (last refusal: ${lastRefusal}); retry shortly` : `no serving ${mode} worker for "${model}" is reachable; retry shortly`,
     );
   }
@@ -455,7 +464,7 @@ export class Upstream {
         }
       }
       if (!lost) throw this.noWorker(body.model, 'decode', lastRefusal);
-      if (pair >= MAX_ATTEMPTS) throw new EbbError('no_serving_worker', `decode workers could not take the KV of "${body.model}" requests; retry shortly`);
+      if (pair >= MAX_ATTEMPTS) throw noServingWorker(`decode workers could not take the KV of "${body.model}" requests; retry shortly`);
     }
   }
 

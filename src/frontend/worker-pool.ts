@@ -12,6 +12,13 @@ export const HOLD_MS: Record<Hold, number> = {
   unreachable: 5_000,
 };
 
+/**
+ * How long a model stays known after its last worker left discovery: requests for it get a
+ * retryable 503 no_serving_worker (its workers are drained or restarting), not a 404 that SDKs
+ * never retry. A model nobody has served for this long is gone.
+ */
+export const MODEL_MEMORY_MS = 10 * 60_000;
+
 export interface PoolWorker {
   record: WorkerRecord;
   /**
@@ -33,6 +40,8 @@ export class WorkerPool {
   /** Workers gone from discovery that still have requests from this frontend open; never routed to. */
   private readonly departed = new Map<string, PoolWorker>();
   private cursor = 0;
+  /** When the last worker of each model left discovery (see MODEL_MEMORY_MS). */
+  private readonly lastServed = new Map<string, number>();
 
   apply(event: DiscoveryEvent): void {
     if (event.type === 'reset') {
@@ -48,6 +57,7 @@ export class WorkerPool {
     if (!w) return;
     this.workers.delete(workerId);
     if (w.inflight > 0) this.departed.set(workerId, w);
+    if (!this.hasModel(w.record.model)) this.lastServed.set(w.record.model, Date.now());
   }
 
   private put(record: WorkerRecord): void {
@@ -60,6 +70,7 @@ export class WorkerPool {
       existing.hold = undefined;
       this.workers.set(record.worker_id, existing);
     } else this.workers.set(record.worker_id, { record, inflight: 0 });
+    this.lastServed.delete(record.model);
   }
 
   /** Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it. */
@@ -122,12 +133,18 @@ export class WorkerPool {
     return !this.hasModel(model, 'aggregated') && this.hasModel(model, 'prefill') ? 'disaggregated' : 'aggregated';
   }
 
-  /** Models with at least one worker in discovery that is not held as draining. */
+  /** Models with at least one worker in discovery, whatever its state: a draining model is still a model. */
   models(): string[] {
-    const now = Date.now();
     const names = new Set<string>();
-    for (const w of this.workers.values()) if (!(w.hold?.kind === 'draining' && w.hold.until > now)) names.add(w.record.model);
+    for (const w of this.workers.values()) names.add(w.record.model);
     return [...names].sort();
+  }
+
+  /** A model in discovery, or one whose last worker left it less than MODEL_MEMORY_MS ago. */
+  knows(model: string, now = Date.now()): boolean {
+    if (this.hasModel(model)) return true;
+    const left = this.lastServed.get(model);
+    return left !== undefined && now - left < MODEL_MEMORY_MS;
   }
 
   /**
