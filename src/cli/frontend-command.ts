@@ -16,6 +16,7 @@ interface FrontendFlags {
   upstreamHeadersTimeoutMs: number;
   streamIdleTimeoutMs: number;
   migrationLimit: number;
+  corsOrigin: string[];
   requestTokenFile?: string;
   requestTimeoutMs: number;
   headersTimeoutMs: number;
@@ -51,6 +52,7 @@ export function frontendCommand(): Command {
     .option('--admin-max-connections <n>', 'open connections on the admin listener past which new ones are closed', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', intOption(1), 10_000)
     .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", intOption(0), 10_000)
+    .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any); off by default', (v: string, all: string[]) => [...all, v], [] as string[])
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
     .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', intOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
@@ -68,6 +70,7 @@ export function frontendCommand(): Command {
           upstreamHeadersTimeoutMs: flags.upstreamHeadersTimeoutMs,
           streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
           migrationLimit: flags.migrationLimit,
+          corsOrigins: flags.corsOrigin,
           requestToken,
           limits: { ...timeouts, maxConnections: flags.maxConnections },
           admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },

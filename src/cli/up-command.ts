@@ -16,6 +16,8 @@ interface UpFlags {
   discovery?: string;
   mockerTtftMs?: number;
   mockerItlMs?: number;
+  mockerMaxContext?: number;
+  corsOrigin: string[];
 }
 
 const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
@@ -58,11 +60,14 @@ export function upCommand(): Command {
     .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)')
     .option('--mocker-ttft-ms <n>', 'mocker base time to first token', intOption(0))
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', intOption(0))
+    .option('--mocker-max-context <n>', 'mocker model length: what a request without max_tokens may fill', intOption(1))
+    .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)', (v: string, all: string[]) => [...all, v], [] as string[])
     .action(async (flags: UpFlags) => {
       const discovery = flags.discovery ?? temporaryDiscoveryUrl();
       const mocker: string[] = [];
       if (flags.mockerTtftMs !== undefined) mocker.push('--mocker-ttft-ms', String(flags.mockerTtftMs));
       if (flags.mockerItlMs !== undefined) mocker.push('--mocker-itl-ms', String(flags.mockerItlMs));
+      if (flags.mockerMaxContext !== undefined) mocker.push('--mocker-max-context', String(flags.mockerMaxContext));
       const disaggregated = flags.prefill + flags.decode > 0;
       if (disaggregated && (flags.prefill === 0 || flags.decode === 0)) throw new Error('disaggregated serving needs at least one --prefill and one --decode worker');
       const modes = [
@@ -74,7 +79,7 @@ export function upCommand(): Command {
       const workers = modes.map((mode, i) =>
         startChild(`${mode}-${i}`, ['worker', '--model', flags.model, '--mode', mode, '--discovery', discovery, ...mocker], 'worker_ready'),
       );
-      const frontend = startChild('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery], 'frontend_ready');
+      const frontend = startChild('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery, ...flags.corsOrigin.flatMap((o) => ['--cors-origin', o])], 'frontend_ready');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;

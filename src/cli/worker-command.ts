@@ -40,6 +40,7 @@ interface WorkerFlags {
   mockerKvReporting: 'exact' | 'unsupported';
   mockerLoadMs: number;
   mockerFailOnPrompt: string;
+  mockerMaxContext: number;
   kvTransferTtlMs: number;
 }
 
@@ -75,6 +76,7 @@ export function workerCommand(): Command {
         .choices(['exact', 'unsupported'])
         .default('exact'),
     )
+    .option('--mocker-max-context <n>', 'mocker model length in tokens: a request without max_tokens generates until prompt + completion fill it', intOption(1), MOCKER_DEFAULTS.maxContext)
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', intOption(0), MOCKER_DEFAULTS.loadMs)
     .option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)', MOCKER_DEFAULTS.failOnPrompt)
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', intOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
@@ -176,6 +178,7 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
       kvTransferTtlMs: flags.kvTransferTtlMs,
       loadMs: flags.mockerLoadMs,
       failOnPrompt: flags.mockerFailOnPrompt,
+      maxContext: flags.mockerMaxContext,
     },
   };
 }

@@ -16,7 +16,8 @@ export interface GenerateRequest {
   prompt: string;
   /** Chat requests: the messages, for engines that render them with the model's own template. */
   messages?: ChatMessage[] | undefined;
-  max_tokens: number;
+  /** Tokens to generate now; undefined: until the model stops or its context is full (OpenAI's default). */
+  max_tokens?: number | undefined;
   temperature: number;
   top_p?: number | undefined;
   seed?: number | undefined;

@@ -22,6 +22,8 @@ export interface MockerOptions {
    * the engine fail (every sequence aborts, onFailure fires). Empty: never.
    */
   failOnPrompt: string;
+  /** The simulated model's context length (prompt + completion): what a request without max_tokens may fill. */
+  maxContext: number;
   /** Serving role; prefill engines hold KV transfers for decode peers. */
   mode: 'aggregated' | 'prefill' | 'decode';
   /** `unsupported` simulates an adapter that cannot report pending KV transfers (a prefill worker then never drains). */
@@ -41,6 +43,7 @@ export const MOCKER_DEFAULTS: MockerOptions = {
   kvTransferTtlMs: 30_000,
   loadMs: 0,
   failOnPrompt: '',
+  maxContext: 1024,
 };
 
 const VOCABULARY = (
@@ -91,14 +94,7 @@ function pause(ms: number, signal: AbortSignal): Promise<unknown> {
 /** The embedded simulated engine: deterministic text for a seed, a timing model, batch slots with a queue. */
 export class MockerEngine implements Engine {
   readonly kind = 'mocker';
-  readonly capabilities: EngineCapabilities = {
-    json_object: false,
-    json_schema: false,
-    logprobs: false,
-    tools: false,
-    max_context: null,
-    continuation: true,
-  };
+  readonly capabilities: EngineCapabilities;
   private readonly slots: Slots;
   private readonly events = new EventEmitter();
   private generated = 0;
@@ -107,6 +103,7 @@ export class MockerEngine implements Engine {
   readonly kvTransfers: KvTransferStore | undefined;
 
   constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
+    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
@@ -164,7 +161,9 @@ export class MockerEngine implements Engine {
         throw new Error('continuation text does not match this request\'s generation (different prompt or seed?)');
       // With its KV pulled from a prefill worker, decode starts at the first token.
       await pause(req.prefilled ? this.opts.itlMs : ttftFor(this.opts.ttftMs, promptTokens), signal);
-      for (let n = 0; n < req.max_tokens; n++) {
+      // No budget: the context is the limit, as with a real model that never emits its end token.
+      const budget = req.max_tokens ?? Math.max(0, this.opts.maxContext - promptTokens - done);
+      for (let n = 0; n < budget; n++) {
         if (n > 0) await pause(this.opts.itlMs, signal);
         const piece = wordAt(done + n, random);
         text += piece;
@@ -173,7 +172,7 @@ export class MockerEngine implements Engine {
         this.generated++;
         yield { text: piece };
       }
-      return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: req.max_tokens };
+      return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: budget };
     } finally {
       this.slots.release();
       this.notifyChange();

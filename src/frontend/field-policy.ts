@@ -1,5 +1,6 @@
 import type { Capability } from '../protocol/capabilities.js';
 import { EbbError } from '../protocol/errors.js';
+import { responsesFormatNeed } from './responses-format.js';
 import type { WorkerPool } from './worker-pool.js';
 
 /**
@@ -7,7 +8,8 @@ import type { WorkerPool } from './worker-pool.js';
  * never dropped silently: it is carried to the engine, carried only to engines that declare the
  * capability it needs, or refused with 400 `unsupported_parameter` naming it.
  *
- * - `carried`: translated into the request plane (the schema bounds its values);
+ * - `carried`: translated into the request plane (the schema bounds its values; `check`, where
+ *   set, refuses the values ebb cannot carry, e.g. token-id prompts or image parts);
  * - `capability`: carried to workers whose engine declares what the value needs; 400 when no
  *   worker of the model does;
  * - `ignored`: no effect on the generated text (bookkeeping fields);
@@ -15,21 +17,47 @@ import type { WorkerPool } from './worker-pool.js';
  * Fields not in the table are ignored, as OpenAI adds fields faster than servers follow.
  */
 type Policy =
-  | { kind: 'carried' }
+  | { kind: 'carried'; check?: (value: unknown, body: Record<string, unknown>) => void }
   | { kind: 'capability'; needs: (value: unknown) => Capability | undefined }
   | { kind: 'ignored' }
   | { kind: 'refused'; isDefault: (value: unknown) => boolean; why: string };
 
 const carried: Policy = { kind: 'carried' };
+const checked = (check: (value: unknown, body: Record<string, unknown>) => void): Policy => ({ kind: 'carried', check });
+const unsupported = (param: string, message: string) => new EbbError('unsupported_parameter', message, { param });
+
+/** Chat content: text, or text parts; an image or audio part would be dropped, so it is refused. */
+function textOnlyMessages(messages: unknown): void {
+  (messages as Array<{ content?: unknown }>).forEach((m, i) => {
+    if (!Array.isArray(m.content)) return;
+    (m.content as Array<{ type?: unknown }>).forEach((p, j) => {
+      if (p.type !== 'text') throw unsupported('messages', `messages[${i}].content[${j}] of type "${String(p.type)}" is not supported: ebb's engines take text`);
+    });
+  });
+}
+
+/** Completions: a string or a batch of strings; token-id prompts would need the engine's own tokenizer ids. */
+function textPrompts(prompt: unknown): void {
+  if (Array.isArray(prompt) && prompt.some((p) => typeof p !== 'string'))
+    throw unsupported('prompt', 'token-id prompts are not supported: send the prompt as text (a string, or an array of strings for a batch)');
+}
+
+/** OpenAI and vLLM answer 400 to stream_options on a request that does not stream. */
+function onlyWhenStreaming(value: unknown, body: Record<string, unknown>): void {
+  if (value != null && body.stream !== true) throw new EbbError('invalid_request', 'stream_options is only allowed when stream is true', { param: 'stream_options' });
+}
 const ignored: Policy = { kind: 'ignored' };
 const unset = (v: unknown) => v === null || v === undefined;
 const refused = (isDefault: (v: unknown) => boolean, why: string): Policy => ({ kind: 'refused', isDefault: (v) => unset(v) || isDefault(v), why });
 const NOT_CARRIED = 'ebb does not carry it to engines yet';
 
-export const FIELD_POLICY: Readonly<Record<string, Policy>> = {
+export type FieldPolicy = Readonly<Record<string, Policy>>;
+
+/** /v1/chat/completions and /v1/completions. */
+export const FIELD_POLICY: FieldPolicy = {
   model: carried,
-  messages: carried,
-  prompt: carried,
+  messages: checked(textOnlyMessages),
+  prompt: checked(textPrompts),
   max_tokens: carried,
   max_completion_tokens: carried,
   temperature: carried,
@@ -37,8 +65,8 @@ export const FIELD_POLICY: Readonly<Record<string, Policy>> = {
   seed: carried,
   stop: carried,
   stream: carried,
-  stream_options: carried,
-  n: carried, // the schema allows 1 only
+  stream_options: checked(onlyWhenStreaming),
+  n: carried, // each choice is its own sequence
   response_format: {
     kind: 'capability',
     needs: (v) => {
@@ -65,18 +93,50 @@ export const FIELD_POLICY: Readonly<Record<string, Policy>> = {
   suffix: refused(() => false, NOT_CARRIED),
 };
 
+/** /v1/responses. */
+export const RESPONSES_FIELD_POLICY: FieldPolicy = {
+  model: carried,
+  input: carried, // item and content types are checked where the input is translated (responses-format.ts)
+  instructions: carried,
+  max_output_tokens: carried,
+  temperature: carried,
+  top_p: carried,
+  stream: carried,
+  text: { kind: 'capability', needs: responsesFormatNeed },
+  user: ignored,
+  metadata: ignored,
+  service_tier: ignored,
+  parallel_tool_calls: ignored,
+  truncation: ignored,
+  max_tool_calls: ignored, // meaningless without tools
+  store: refused((v) => v === false, 'ebb keeps no responses (stateless): send store: false'),
+  previous_response_id: refused(() => false, 'ebb keeps no responses (stateless): send the conversation as input'),
+  conversation: refused(() => false, 'ebb keeps no conversations (stateless): send the conversation as input'),
+  background: refused((v) => v === false, 'ebb answers in the foreground only'),
+  tools: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
+  tool_choice: refused((v) => v === 'none' || v === 'auto', NOT_CARRIED),
+  include: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
+  reasoning: refused((v) => typeof v === 'object' && v !== null && Object.values(v).every(unset), 'ebb serves no reasoning models'),
+  top_logprobs: refused((v) => v === 0, NOT_CARRIED),
+  prompt: refused(() => false, 'prompt templates are not supported: send input'),
+};
+
 /**
  * Checks a request's fields against the table and the fleet: resolves when every field can be
  * honoured by some worker of the model, throws 400 `unsupported_parameter` naming the first that
  * cannot. Routing then sends the request only to workers that declare what it needs.
  */
-export function checkFields(body: Record<string, unknown>, pool: WorkerPool): void {
+export function checkFields(body: Record<string, unknown>, table: FieldPolicy, pool: WorkerPool): void {
   for (const field in body) {
-    const policy = FIELD_POLICY[field];
-    if (policy === undefined || policy.kind === 'carried' || policy.kind === 'ignored') continue;
+    const policy = table[field];
+    if (policy === undefined || policy.kind === 'ignored') continue;
     const value = body[field];
+    if (policy.kind === 'carried') {
+      policy.check?.(value, body);
+      continue;
+    }
     if (policy.kind === 'refused') {
-      if (!policy.isDefault(value)) throw new EbbError('unsupported_parameter', `${field} is not supported: ${policy.why}`, { param: field });
+      if (!policy.isDefault(value)) throw unsupported(field, `${field} is not supported: ${policy.why}`);
       continue;
     }
     const need = policy.needs(value);
@@ -84,7 +144,7 @@ export function checkFields(body: Record<string, unknown>, pool: WorkerPool): vo
     const model = body.model as string;
     if (!pool.declares(model, need)) {
       const engines = pool.engineKinds(model).join(', ') || 'unknown';
-      throw new EbbError('unsupported_parameter', `${field} ${need} is not supported by any worker of model "${model}" (engines: ${engines})`, { param: field });
+      throw unsupported(field, `${field} ${need} is not supported by any worker of model "${model}" (engines: ${engines})`);
     }
   }
 }

@@ -1,4 +1,4 @@
-import type { GenerateBody, Usage } from '../protocol/request-plane.js';
+import type { GenerateBody, ResponseFormat, Usage } from '../protocol/request-plane.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 
 export type Endpoint = 'chat' | 'completion';
@@ -9,34 +9,71 @@ function messageText(content: ChatMessageIn['content']): string {
   return '';
 }
 
-/** The worker request for an OpenAI request; the frontend always streams from the worker, so it can retry. */
-export function toGenerateBody(endpoint: Endpoint, req: OpenAIRequest, requestId: string): GenerateBody {
-  const body: GenerateBody = { model: req.model, stream: true, request_id: requestId };
-  if (endpoint === 'chat') body.messages = (req.messages ?? []).map((m) => ({ role: m.role, content: messageText(m.content) }));
-  else body.prompt = Array.isArray(req.prompt) ? (req.prompt[0] ?? '') : (req.prompt ?? '');
-  const max = req.max_completion_tokens ?? req.max_tokens;
-  if (max != null) body.max_tokens = max;
-  if (req.temperature != null) body.temperature = req.temperature;
-  if (req.top_p != null) body.top_p = req.top_p;
-  if (req.response_format != null && req.response_format.type !== 'text') {
-    const { type, json_schema: js } = req.response_format;
-    // Only the fields the request plane knows: an extra one would be a 400 from the worker.
-    body.response_format =
-      type === 'json_schema' && js
-        ? { type, json_schema: { name: js.name, ...(js.description !== undefined && { description: js.description }), ...(js.schema !== undefined && { schema: js.schema }), ...(js.strict != null && { strict: js.strict }) } }
-        : { type: 'json_object' };
-  }
-  if (req.seed != null) body.seed = req.seed;
-  if (req.stop != null) body.stop = req.stop;
-  return body;
+/** OpenAI's response_format as the request plane carries it: only the fields it knows (an extra one is a 400 from the worker). */
+export function responseFormatOf(format: OpenAIRequest['response_format']): ResponseFormat | undefined {
+  if (format == null || format.type === 'text') return undefined;
+  const js = format.json_schema;
+  if (format.type !== 'json_schema' || js === undefined) return { type: 'json_object' };
+  return {
+    type: 'json_schema',
+    json_schema: {
+      name: js.name,
+      ...(js.description !== undefined && { description: js.description }),
+      ...(js.schema !== undefined && { schema: js.schema }),
+      ...(js.strict != null && { strict: js.strict }),
+    },
+  };
 }
 
 /**
- * Builds SSE events for one streamed response. The per-token event is the hot path: everything but
- * the token text is serialised once, up front.
+ * The worker requests for an OpenAI request: one per choice (`n`) of each prompt (completions take
+ * a batch), in OpenAI's choice order (prompt-major). Each is its own sequence on its own worker;
+ * with a seed, choice i gets seed + i so the choices differ as samples do. The frontend always
+ * streams from the worker, so it can retry and migrate.
  */
-export class SseFormatter {
-  private readonly head: string;
+export function toGenerateBodies(endpoint: Endpoint, req: OpenAIRequest, requestId: string): GenerateBody[] {
+  const base: GenerateBody = { model: req.model, stream: true, request_id: requestId };
+  const max = req.max_completion_tokens ?? req.max_tokens;
+  if (max != null) base.max_tokens = max;
+  if (req.temperature != null) base.temperature = req.temperature;
+  if (req.top_p != null) base.top_p = req.top_p;
+  if (req.stop != null) base.stop = req.stop;
+  const format = responseFormatOf(req.response_format);
+  if (format !== undefined) base.response_format = format;
+  const n = req.n ?? 1;
+  const prompts: Array<Pick<GenerateBody, 'prompt' | 'messages'>> =
+    endpoint === 'chat'
+      ? [{ messages: (req.messages ?? []).map((m) => ({ role: m.role, content: messageText(m.content) })) }]
+      : (Array.isArray(req.prompt) ? (req.prompt as string[]) : [req.prompt ?? '']).map((prompt) => ({ prompt })); // field policy: strings only
+  if (prompts.length === 1 && n === 1) return [{ ...base, ...prompts[0], ...(req.seed != null && { seed: req.seed }) }];
+  const out: GenerateBody[] = [];
+  for (const prompt of prompts)
+    for (let i = 0; i < n; i++)
+      out.push({ ...base, ...prompt, request_id: `${requestId}-${out.length}`, ...(req.seed != null && { seed: req.seed + i }) });
+  return out;
+}
+
+/**
+ * One streamed response's wire format, as the relay drives it: chat and completion chunks here,
+ * Responses API events in responses-format.ts. `lane` is the choice index.
+ */
+export interface StreamFormat {
+  /** Written with the headers, once every lane has a worker. */
+  opening(): string;
+  token(lane: number, text: string): string;
+  /** One choice ended (its finish chunk); the response goes on until every choice has. */
+  finished(lane: number, reason: string): string;
+  /** Every choice ended: the usage of the whole response and the end marker. */
+  end(usage: Usage): string;
+  error(code: string, message: string): string;
+}
+
+/**
+ * Chat and completion SSE chunks. The per-token event is the hot path: everything but the token
+ * text is serialised once per choice, up front.
+ */
+export class SseFormatter implements StreamFormat {
+  private readonly heads: string[];
   private readonly object: string;
   readonly created = Math.floor(Date.now() / 1000);
 
@@ -44,29 +81,34 @@ export class SseFormatter {
     readonly endpoint: Endpoint,
     readonly id: string,
     readonly model: string,
+    lanes: number,
+    private readonly includeUsage: boolean,
   ) {
     this.object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
-    this.head = `data: {"id":${JSON.stringify(id)},"object":"${this.object}","created":${this.created},"model":${JSON.stringify(model)},"choices":[{"index":0,`;
+    const prefix = `data: {"id":${JSON.stringify(id)},"object":"${this.object}","created":${this.created},"model":${JSON.stringify(model)},"choices":[{"index":`;
+    this.heads = Array.from({ length: lanes }, (_, i) => `${prefix}${i},`);
   }
 
-  /** Chat streams open with the assistant role, as OpenAI's do. */
+  /** Chat streams open with the assistant role for each choice, as OpenAI's do. */
   opening(): string {
-    return this.endpoint === 'chat' ? `${this.head}"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n` : '';
+    if (this.endpoint !== 'chat') return '';
+    return this.heads.map((h) => `${h}"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`).join('');
   }
 
-  token(text: string): string {
+  token(lane: number, text: string): string {
     return this.endpoint === 'chat'
-      ? `${this.head}"delta":{"content":${JSON.stringify(text)}},"logprobs":null,"finish_reason":null}]}\n\n`
-      : `${this.head}"text":${JSON.stringify(text)},"logprobs":null,"finish_reason":null}]}\n\n`;
+      ? `${this.heads[lane]}"delta":{"content":${JSON.stringify(text)}},"logprobs":null,"finish_reason":null}]}\n\n`
+      : `${this.heads[lane]}"text":${JSON.stringify(text)},"logprobs":null,"finish_reason":null}]}\n\n`;
   }
 
-  finish(reason: string, usage: Usage | undefined): string {
+  finished(lane: number, reason: string): string {
     const choice = this.endpoint === 'chat' ? `"delta":{},"logprobs":null,"finish_reason":"${reason}"` : `"text":"","logprobs":null,"finish_reason":"${reason}"`;
-    let out = `${this.head}${choice}}]}\n\n`;
-    if (usage) {
-      out += `data: ${JSON.stringify({ id: this.id, object: this.object, created: this.created, model: this.model, choices: [], usage })}\n\n`;
-    }
-    return out + 'data: [DONE]\n\n';
+    return `${this.heads[lane]}${choice}}]}\n\n`;
+  }
+
+  end(usage: Usage): string {
+    const tail = this.includeUsage ? `data: ${JSON.stringify({ id: this.id, object: this.object, created: this.created, model: this.model, choices: [], usage })}\n\n` : '';
+    return tail + 'data: [DONE]\n\n';
   }
 
   error(code: string, message: string): string {
@@ -74,7 +116,13 @@ export class SseFormatter {
   }
 }
 
-export function completionResponse(endpoint: Endpoint, id: string, model: string, text: string, finishReason: string, usage: Usage) {
+/** One collected choice of a non-streaming response. */
+export interface CollectedChoice {
+  text: string;
+  finishReason: string;
+}
+
+export function completionResponse(endpoint: Endpoint, id: string, model: string, choices: CollectedChoice[], usage: Usage) {
   const created = Math.floor(Date.now() / 1000);
   if (endpoint === 'chat') {
     return {
@@ -82,9 +130,23 @@ export function completionResponse(endpoint: Endpoint, id: string, model: string
       object: 'chat.completion',
       created,
       model,
-      choices: [{ index: 0, message: { role: 'assistant', content: text, refusal: null }, logprobs: null, finish_reason: finishReason }],
+      choices: choices.map((c, index) => ({ index, message: { role: 'assistant', content: c.text, refusal: null }, logprobs: null, finish_reason: c.finishReason })),
       usage,
     };
   }
-  return { id, object: 'text_completion', created, model, choices: [{ index: 0, text, logprobs: null, finish_reason: finishReason }], usage };
+  return { id, object: 'text_completion', created, model, choices: choices.map((c, index) => ({ index, text: c.text, logprobs: null, finish_reason: c.finishReason })), usage };
+}
+
+/**
+ * The usage of a response made of several sequences: each distinct prompt counted once (choices of
+ * one prompt share it), every completion counted.
+ */
+export function sumUsage(usages: Usage[], choicesPerPrompt: number): Usage {
+  let prompt = 0;
+  let completion = 0;
+  usages.forEach((u, i) => {
+    if (i % choicesPerPrompt === 0) prompt += u.prompt_tokens;
+    completion += u.completion_tokens;
+  });
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
 }

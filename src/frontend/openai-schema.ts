@@ -1,5 +1,9 @@
 /** Request schemas for the OpenAI-compatible routes, validated by fastify's ajv before any routing. */
 
+/** Choices per request (n) and prompts per completions batch: each is a sequence on a worker. */
+export const MAX_CHOICES = 16;
+export const MAX_BATCH = 64;
+
 const stop = { anyOf: [{ type: 'string' }, { type: 'array', items: { type: 'string' }, maxItems: 4 }, { type: 'null' }] };
 
 const responseFormat = {
@@ -33,7 +37,7 @@ const common = {
   max_tokens: { type: ['integer', 'null'], minimum: 1, maximum: 1_000_000 },
   temperature: { type: ['number', 'null'], minimum: 0, maximum: 2 },
   top_p: { type: ['number', 'null'], minimum: 0, maximum: 1 },
-  n: { type: ['integer', 'null'], minimum: 1, maximum: 1 },
+  n: { type: ['integer', 'null'], minimum: 1, maximum: MAX_CHOICES },
   seed: { type: ['integer', 'null'] },
   stop,
   stream: { type: ['boolean', 'null'] },
@@ -71,7 +75,58 @@ export const completionSchema = {
   required: ['model', 'prompt'],
   properties: {
     ...common,
-    prompt: { anyOf: [{ type: 'string' }, { type: 'array', items: { type: 'string' }, minItems: 1, maxItems: 1 }] },
+    // Token-id prompts (arrays of integers) are refused by the field policy with a clear 400.
+    prompt: { anyOf: [{ type: 'string' }, { type: 'array', minItems: 1, maxItems: MAX_BATCH }] },
+  },
+} as const;
+
+const responsesContentPart = { type: 'object', required: ['type'], properties: { type: { type: 'string' }, text: { type: 'string' } } };
+
+export const responsesSchema = {
+  type: 'object',
+  required: ['model', 'input'],
+  properties: {
+    model: { type: 'string', minLength: 1 },
+    input: {
+      anyOf: [
+        { type: 'string' },
+        {
+          type: 'array',
+          minItems: 1,
+          items: {
+            type: 'object',
+            properties: {
+              type: { type: 'string' },
+              role: { type: 'string', enum: ['system', 'developer', 'user', 'assistant'] },
+              content: { anyOf: [{ type: 'string' }, { type: 'array', items: responsesContentPart }] },
+            },
+          },
+        },
+      ],
+    },
+    instructions: { type: ['string', 'null'] },
+    max_output_tokens: { type: ['integer', 'null'], minimum: 1, maximum: 1_000_000 },
+    temperature: { type: ['number', 'null'], minimum: 0, maximum: 2 },
+    top_p: { type: ['number', 'null'], minimum: 0, maximum: 1 },
+    stream: { type: ['boolean', 'null'] },
+    text: {
+      type: ['object', 'null'],
+      properties: {
+        format: {
+          type: 'object',
+          required: ['type'],
+          properties: {
+            type: { type: 'string', enum: ['text', 'json_object', 'json_schema'] },
+            name: { type: 'string', minLength: 1, maxLength: 64, pattern: '^[A-Za-z0-9_-]+$' },
+            schema: { type: 'object' },
+            strict: { type: ['boolean', 'null'] },
+            description: { type: 'string' },
+          },
+          if: { properties: { type: { const: 'json_schema' } } },
+          then: { required: ['type', 'name', 'schema'] },
+        },
+      },
+    },
   },
 } as const;
 
@@ -83,7 +138,8 @@ export interface ChatMessageIn {
 export interface OpenAIRequest {
   model: string;
   messages?: ChatMessageIn[];
-  prompt?: string | string[];
+  prompt?: string | unknown[];
+  n?: number | null;
   max_tokens?: number | null;
   max_completion_tokens?: number | null;
   temperature?: number | null;

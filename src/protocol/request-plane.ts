@@ -120,7 +120,6 @@ export type StreamLine =
   | { error: { code: ErrorCode; message: string } }
   | { handoff: Handoff };
 
-export const DEFAULT_MAX_TOKENS = 16;
 
 /** Chat messages become one prompt; the mocker only needs its length and content for the seed. */
 export function promptOf(body: GenerateBody): string | undefined {

@@ -9,7 +9,7 @@ import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.j
 import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
-import { DEFAULT_MAX_TOKENS, GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from '../protocol/request-plane.js';
+import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from '../protocol/request-plane.js';
 import { KvPullError, pullKv } from './kv-pull.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
@@ -108,7 +108,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       request_id: requestId,
       prompt,
       // A continuation without an explicit budget gets what the default leaves.
-      max_tokens: body.max_tokens ?? Math.max(0, DEFAULT_MAX_TOKENS - (body.continuation?.completion_tokens ?? 0)),
+      max_tokens: body.max_tokens,
       temperature: body.temperature ?? 1,
       top_p: body.top_p,
       seed: body.seed,

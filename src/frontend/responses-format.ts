@@ -1,0 +1,197 @@
+import { randomUUID } from 'node:crypto';
+import { EbbError } from '../protocol/errors.js';
+import type { ChatMessage, GenerateBody, ResponseFormat, Usage } from '../protocol/request-plane.js';
+import type { CollectedChoice, StreamFormat } from './openai-format.js';
+
+/** The subset of OpenAI's Responses API request that ebb serves (see openai-schema.ts and field-policy.ts). */
+export interface ResponsesRequest {
+  model: string;
+  input: string | ResponsesInputItem[];
+  instructions?: string | null;
+  max_output_tokens?: number | null;
+  temperature?: number | null;
+  top_p?: number | null;
+  stream?: boolean | null;
+  text?: { format?: { type: 'text' | 'json_object' | 'json_schema'; name?: string; schema?: Record<string, unknown>; strict?: boolean | null; description?: string } } | null;
+  [field: string]: unknown;
+}
+
+export interface ResponsesInputItem {
+  type?: string;
+  role?: string;
+  content?: string | Array<{ type: string; text?: string }>;
+}
+
+/** Message content the engines can read: text parts only, named in the 400 otherwise. */
+function itemText(item: ResponsesInputItem, i: number): string {
+  if (typeof item.content === 'string') return item.content;
+  if (!Array.isArray(item.content)) throw new EbbError('invalid_request', `input[${i}].content is required`, { param: `input[${i}].content` });
+  return item.content
+    .map((part, j) => {
+      if ((part.type === 'input_text' || part.type === 'output_text') && typeof part.text === 'string') return part.text;
+      throw new EbbError('unsupported_parameter', `input[${i}].content[${j}] of type "${part.type}" is not supported: ebb's engines take text`, { param: `input[${i}].content` });
+    })
+    .join('');
+}
+
+function formatOf(format: NonNullable<ResponsesRequest['text']>['format']): ResponseFormat | undefined {
+  if (format === undefined || format.type === 'text') return undefined;
+  if (format.type === 'json_object') return { type: 'json_object' };
+  return {
+    type: 'json_schema',
+    json_schema: {
+      name: format.name ?? 'response',
+      ...(format.description !== undefined && { description: format.description }),
+      ...(format.schema !== undefined && { schema: format.schema }),
+      ...(format.strict != null && { strict: format.strict }),
+    },
+  };
+}
+
+/** The worker request for a Responses request: instructions first, then the input as chat messages. */
+export function responsesToGenerate(req: ResponsesRequest, requestId: string): GenerateBody {
+  const messages: ChatMessage[] = [];
+  if (req.instructions != null && req.instructions !== '') messages.push({ role: 'system', content: req.instructions });
+  if (typeof req.input === 'string') messages.push({ role: 'user', content: req.input });
+  else
+    req.input.forEach((item, i) => {
+      if (item.type !== undefined && item.type !== 'message')
+        throw new EbbError('unsupported_parameter', `input[${i}] of type "${item.type}" is not supported: ebb serves message input`, { param: `input[${i}]` });
+      messages.push({ role: item.role ?? 'user', content: itemText(item, i) });
+    });
+  if (messages.length === 0) throw new EbbError('invalid_request', 'input is empty', { param: 'input' });
+  const body: GenerateBody = { model: req.model, messages, stream: true, request_id: requestId };
+  if (req.max_output_tokens != null) body.max_tokens = req.max_output_tokens;
+  if (req.temperature != null) body.temperature = req.temperature;
+  if (req.top_p != null) body.top_p = req.top_p;
+  const format = formatOf(req.text?.format);
+  if (format !== undefined) body.response_format = format;
+  return body;
+}
+
+/** The capability a Responses request's text.format needs, for the field policy. */
+export function responsesFormatNeed(text: unknown): 'json_object' | 'json_schema' | undefined {
+  const type = (text as { format?: { type?: unknown } } | null)?.format?.type;
+  return type === 'json_object' || type === 'json_schema' ? type : undefined;
+}
+
+const usageOf = (u: Usage) => ({
+  input_tokens: u.prompt_tokens,
+  input_tokens_details: { cached_tokens: 0 },
+  output_tokens: u.completion_tokens,
+  output_tokens_details: { reasoning_tokens: 0 },
+  total_tokens: u.total_tokens,
+});
+
+/** One response's identity and echo of its request, shared by the streamed events and the final object. */
+export class ResponseShell {
+  readonly id: string;
+  readonly messageId: string;
+  readonly createdAt = Math.floor(Date.now() / 1000);
+
+  constructor(
+    uuid: string,
+    private readonly req: ResponsesRequest,
+  ) {
+    this.id = `resp_${uuid}`;
+    this.messageId = `msg_${randomUUID().replaceAll('-', '')}`;
+  }
+
+  message(text: string, status: 'in_progress' | 'completed' | 'incomplete') {
+    return { id: this.messageId, type: 'message', status, role: 'assistant', content: status === 'in_progress' && text === '' ? [] : [part(text)] };
+  }
+
+  /** The response object: `in_progress` while streaming, `completed` or `incomplete` (max_output_tokens reached) at the end. */
+  object(status: 'in_progress' | 'completed' | 'incomplete', text: string | undefined, usage: Usage | undefined) {
+    return {
+      id: this.id,
+      object: 'response',
+      created_at: this.createdAt,
+      status,
+      error: null,
+      incomplete_details: status === 'incomplete' ? { reason: 'max_output_tokens' } : null,
+      instructions: this.req.instructions ?? null,
+      max_output_tokens: this.req.max_output_tokens ?? null,
+      model: this.req.model,
+      output: text === undefined ? [] : [this.message(text, status === 'incomplete' ? 'incomplete' : 'completed')],
+      parallel_tool_calls: false,
+      previous_response_id: null,
+      reasoning: { effort: null, summary: null },
+      store: false,
+      temperature: this.req.temperature ?? 1,
+      text: { format: this.req.text?.format ?? { type: 'text' } },
+      tool_choice: 'auto',
+      tools: [],
+      top_p: this.req.top_p ?? 1,
+      truncation: 'disabled',
+      usage: usage === undefined ? null : usageOf(usage),
+      user: null,
+      metadata: {},
+    };
+  }
+}
+
+const part = (text: string) => ({ type: 'output_text', text, annotations: [], logprobs: [] });
+
+/** A finish reason of the request plane as a Responses status. */
+export const statusOf = (finishReason: string): 'completed' | 'incomplete' => (finishReason === 'length' ? 'incomplete' : 'completed');
+
+/** The non-streaming Responses object. */
+export function responseObject(shell: ResponseShell, choice: CollectedChoice, usage: Usage) {
+  return shell.object(statusOf(choice.finishReason), choice.text, usage);
+}
+
+/**
+ * The Responses API's streamed events for one message output: created, in_progress, the item and
+ * its text part opened, one `response.output_text.delta` per token, the text, part and item done,
+ * then `response.completed` (or `response.incomplete` when max_output_tokens cut it) with usage.
+ */
+export class ResponsesStream implements StreamFormat {
+  private seq = 0;
+  private text = '';
+  private finish = 'stop';
+  private readonly deltaHead: string;
+
+  constructor(private readonly shell: ResponseShell) {
+    this.deltaHead = `"item_id":${JSON.stringify(shell.messageId)},"output_index":0,"content_index":0,"logprobs":[],"delta":`;
+  }
+
+  private event(type: string, body: Record<string, unknown>): string {
+    return `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: this.seq++, ...body })}\n\n`;
+  }
+
+  opening(): string {
+    const shell = this.shell;
+    return (
+      this.event('response.created', { response: shell.object('in_progress', undefined, undefined) }) +
+      this.event('response.in_progress', { response: shell.object('in_progress', undefined, undefined) }) +
+      this.event('response.output_item.added', { output_index: 0, item: shell.message('', 'in_progress') }) +
+      this.event('response.content_part.added', { item_id: shell.messageId, output_index: 0, content_index: 0, part: part('') })
+    );
+  }
+
+  /** The hot path: one event, its head serialised once. */
+  token(_lane: number, text: string): string {
+    this.text += text;
+    return `event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":${this.seq++},${this.deltaHead}${JSON.stringify(text)}}\n\n`;
+  }
+
+  finished(_lane: number, reason: string): string {
+    this.finish = reason;
+    const ids = { item_id: this.shell.messageId, output_index: 0, content_index: 0 };
+    return (
+      this.event('response.output_text.done', { ...ids, text: this.text, logprobs: [] }) +
+      this.event('response.content_part.done', { ...ids, part: part(this.text) }) +
+      this.event('response.output_item.done', { output_index: 0, item: this.shell.message(this.text, statusOf(reason)) })
+    );
+  }
+
+  end(usage: Usage): string {
+    const status = statusOf(this.finish);
+    return this.event(`response.${status}`, { response: this.shell.object(status, this.text, usage) });
+  }
+
+  error(code: string, message: string): string {
+    return this.event('error', { code, message, param: null });
+  }
+}

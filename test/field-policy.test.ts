@@ -1,0 +1,133 @@
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { FIELD_POLICY, RESPONSES_FIELD_POLICY } from '../src/frontend/field-policy.js';
+import { call } from './helpers/http.js';
+import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
+
+const started: EbbProcess[] = [];
+let frontend: FrontendHandle;
+before(async () => {
+  const discovery = tempDiscoveryUrl();
+  started.push(await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0']));
+  frontend = await startFrontend(discovery);
+  started.push(frontend);
+});
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+/** Per field: values a request may carry (200), and values refused with a 400 naming the field. */
+type Examples = Record<string, { ok: unknown[]; refused: unknown[] }>;
+
+const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
+
+const CHAT: Examples = {
+  model: { ok: ['m1'], refused: [] },
+  messages: { ok: [[{ role: 'user', content: [{ type: 'text', text: 'hi' }] }]], refused: [[{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'http://x/y.png' } }] }]] },
+  prompt: { ok: [], refused: [] }, // completions only: see COMPLETIONS
+  max_tokens: { ok: [2], refused: [] },
+  max_completion_tokens: { ok: [2], refused: [] },
+  temperature: { ok: [0, 1.5], refused: [] },
+  top_p: { ok: [0.5], refused: [] },
+  seed: { ok: [7], refused: [] },
+  stop: { ok: ['x', ['a', 'b']], refused: [] },
+  stream: { ok: [false, true], refused: [] },
+  stream_options: { ok: [], refused: [{ include_usage: true }] }, // without stream: true (with it: the SDK tests)
+  n: { ok: [2], refused: [] },
+  response_format: { ok: [{ type: 'text' }], refused: [{ type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } }] },
+  user: { ok: ['u-1'], refused: [] },
+  metadata: { ok: [{ k: 'v' }], refused: [] },
+  store: { ok: [false, true], refused: [] },
+  service_tier: { ok: ['auto'], refused: [] },
+  parallel_tool_calls: { ok: [false], refused: [] },
+  logprobs: { ok: [false], refused: [true] },
+  top_logprobs: { ok: [0], refused: [2] },
+  tools: { ok: [[]], refused: [tools] },
+  tool_choice: { ok: ['none', 'auto'], refused: ['required'] },
+  functions: { ok: [[]], refused: [[{ name: 'f' }]] },
+  function_call: { ok: ['none'], refused: ['auto'] },
+  presence_penalty: { ok: [0], refused: [0.5] },
+  frequency_penalty: { ok: [0], refused: [0.5] },
+  logit_bias: { ok: [{}], refused: [{ '1': 5 }] },
+  best_of: { ok: [1], refused: [2] },
+  echo: { ok: [false], refused: [true] },
+  suffix: { ok: [null], refused: ['tail'] },
+};
+
+const COMPLETIONS: Examples = {
+  prompt: { ok: ['x', ['a', 'b']], refused: [[1, 2, 3], [[1, 2]]] },
+};
+
+const RESPONSES: Examples = {
+  model: { ok: ['m1'], refused: [] },
+  input: { ok: ['hi', [{ role: 'user', content: 'hi' }]], refused: [[{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }], [{ type: 'function_call_output', call_id: 'c', output: 'x' }]] },
+  instructions: { ok: ['be brief'], refused: [] },
+  max_output_tokens: { ok: [2], refused: [] },
+  temperature: { ok: [0.2], refused: [] },
+  top_p: { ok: [0.9], refused: [] },
+  stream: { ok: [false], refused: [] },
+  text: { ok: [{ format: { type: 'text' } }], refused: [{ format: { type: 'json_object' } }] },
+  user: { ok: ['u'], refused: [] },
+  metadata: { ok: [{ k: 'v' }], refused: [] },
+  service_tier: { ok: ['auto'], refused: [] },
+  parallel_tool_calls: { ok: [true], refused: [] },
+  truncation: { ok: ['disabled'], refused: [] },
+  max_tool_calls: { ok: [3], refused: [] },
+  store: { ok: [false], refused: [true] },
+  previous_response_id: { ok: [null], refused: ['resp_1'] },
+  conversation: { ok: [null], refused: ['conv_1'] },
+  background: { ok: [false], refused: [true] },
+  tools: { ok: [[]], refused: [[{ type: 'function', name: 'f', parameters: {} }]] },
+  tool_choice: { ok: ['auto'], refused: ['required'] },
+  include: { ok: [[]], refused: [['message.output_text.logprobs']] },
+  reasoning: { ok: [{}], refused: [{ effort: 'high' }] },
+  top_logprobs: { ok: [0], refused: [3] },
+  prompt: { ok: [null], refused: [{ id: 'pmpt_1' }] },
+};
+
+async function expectRow(url: string, base: Record<string, unknown>, field: string, { ok, refused }: { ok: unknown[]; refused: unknown[] }) {
+  for (const value of ok) {
+    const res = await call('POST', url, { ...base, [field]: value });
+    assert.equal(res.status, 200, `${field}=${JSON.stringify(value)} is served: ${JSON.stringify(res.body)}`);
+  }
+  for (const value of refused) {
+    const res = await call('POST', url, { ...base, [field]: value });
+    assert.equal(res.status, 400, `${field}=${JSON.stringify(value)} is refused`);
+    assert.ok(['unsupported_parameter', 'invalid_request'].includes(res.body.error.code), res.body.error.code);
+    assert.ok(String(res.body.error.param ?? res.body.error.message).includes(field), `the error names ${field}: ${JSON.stringify(res.body.error)}`);
+  }
+}
+
+describe('field policy: every row of the table, against a running frontend', () => {
+  it('the examples cover exactly the rows of both tables', () => {
+    assert.deepEqual(Object.keys(CHAT).sort(), Object.keys(FIELD_POLICY).sort());
+    assert.deepEqual(Object.keys(RESPONSES).sort(), Object.keys(RESPONSES_FIELD_POLICY).sort());
+  });
+
+  it('chat completions', async () => {
+    const base = { model: 'm1', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
+    for (const [field, row] of Object.entries(CHAT)) await expectRow(`${frontend.url}/v1/chat/completions`, base, field, row);
+  });
+
+  it('completions', async () => {
+    const base = { model: 'm1', prompt: 'hi', max_tokens: 2 };
+    for (const [field, row] of Object.entries(COMPLETIONS)) await expectRow(`${frontend.url}/v1/completions`, base, field, row);
+  });
+
+  it('responses', async () => {
+    const base = { model: 'm1', input: 'hi', max_output_tokens: 2 };
+    for (const [field, row] of Object.entries(RESPONSES)) await expectRow(`${frontend.url}/v1/responses`, base, field, row);
+  });
+
+  it('carried fields take effect: stop ends early, seed picks the text, max_tokens bounds it', async () => {
+    const url = `${frontend.url}/v1/completions`;
+    const base = { model: 'm1', prompt: 'once upon a time', max_tokens: 8 };
+    const full = (await call('POST', url, base)).body.choices[0].text as string;
+    const word = full.trim().split(' ')[2]!;
+    const stopped = (await call('POST', url, { ...base, stop: word })).body.choices[0];
+    assert.equal(stopped.finish_reason, 'stop');
+    assert.ok(!stopped.text.includes(word) && full.startsWith(stopped.text));
+    assert.notEqual((await call('POST', url, { ...base, seed: 99 })).body.choices[0].text, full);
+    assert.equal((await call('POST', url, { ...base, max_tokens: 3 })).body.usage.completion_tokens, 3);
+  });
+});

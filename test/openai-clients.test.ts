@@ -1,0 +1,128 @@
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { createOpenAI } from '@ai-sdk/openai';
+import { generateText, streamText } from 'ai';
+import { ChatOpenAI } from '@langchain/openai';
+import { call } from './helpers/http.js';
+import { metricValue, spawnEbb, type EbbProcess } from './helpers/processes.js';
+
+/** `ebb up` as a new user runs it: a frontend and two mocker workers, found through its own discovery. */
+let up: EbbProcess;
+let base: string;
+before(async () => {
+  up = spawnEbb(['up', '--port', '0', '--workers', '2', '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-max-context', '64', '--cors-origin', 'http://app.example'], 'ebb up');
+  base = (await up.waitForEvent('frontend_ready')).url as string;
+  await up.waitForLog((l) => l.event === 'worker_ready' && up.logs.filter((x) => x.event === 'worker_ready').length === 2, 'both workers ready');
+});
+after(async () => {
+  await up.terminate();
+});
+
+const client = () => new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused' });
+
+describe('clients: the official openai SDK', () => {
+  it('Responses API: plain and streamed, the same text, usage, and the event sequence', async () => {
+    const c = client();
+    const plain = await c.responses.create({ model: 'm1', input: 'tell me about tides', instructions: 'be brief', max_output_tokens: 6 });
+    assert.equal(plain.object, 'response');
+    assert.equal(plain.status, 'incomplete', 'max_output_tokens reached');
+    assert.equal(plain.incomplete_details?.reason, 'max_output_tokens');
+    assert.ok(plain.output_text.length > 0);
+    assert.equal(plain.usage?.output_tokens, 6);
+    const types: string[] = [];
+    let text = '';
+    for await (const event of await c.responses.create({ model: 'm1', input: 'tell me about tides', instructions: 'be brief', max_output_tokens: 6, stream: true })) {
+      types.push(event.type);
+      if (event.type === 'response.output_text.delta') text += event.delta;
+      if (event.type === 'response.incomplete') assert.equal(event.response.usage?.output_tokens, 6);
+    }
+    assert.equal(text, plain.output_text, 'same request, same text, streamed or not');
+    assert.deepEqual(types.slice(0, 4), ['response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added']);
+    assert.equal(types.filter((t) => t === 'response.output_text.delta').length, 6);
+    assert.deepEqual(types.slice(-4), ['response.output_text.done', 'response.content_part.done', 'response.output_item.done', 'response.incomplete']);
+    await assert.rejects(c.responses.create({ model: 'm1', input: 'x', store: true }), (err: unknown) => err instanceof OpenAI.BadRequestError && /store/.test(err.message));
+    const messages = await c.responses.create({ model: 'm1', input: [{ role: 'user', content: [{ type: 'input_text', text: 'hi' }] }], max_output_tokens: 2, store: false });
+    assert.equal(messages.usage?.output_tokens, 2);
+  });
+
+  it('models.retrieve', async () => {
+    const c = client();
+    assert.equal((await c.models.retrieve('m1')).id, 'm1');
+    await assert.rejects(c.models.retrieve('nope'), (err: unknown) => err instanceof OpenAI.NotFoundError);
+  });
+
+  it('n: 2 gives two choices, streamed interleaved by index; batched prompts give a choice per prompt and n', async () => {
+    const c = client();
+    const chat = await c.chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'hi' }], n: 2, max_tokens: 4, seed: 1 });
+    assert.deepEqual(chat.choices.map((x) => x.index), [0, 1]);
+    assert.notEqual(chat.choices[0]?.message.content, chat.choices[1]?.message.content, 'each choice its own sample');
+    assert.equal(chat.usage?.completion_tokens, 8);
+    const texts = ['', ''];
+    const finished = new Set<number>();
+    for await (const chunk of await c.chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'hi' }], n: 2, max_tokens: 4, seed: 1, stream: true })) {
+      for (const choice of chunk.choices) {
+        texts[choice.index] += choice.delta.content ?? '';
+        if (choice.finish_reason) finished.add(choice.index);
+      }
+    }
+    assert.deepEqual(texts, chat.choices.map((x) => x.message.content));
+    assert.deepEqual([...finished].sort(), [0, 1]);
+    const batch = await c.completions.create({ model: 'm1', prompt: ['once upon', 'a time'], n: 2, max_tokens: 3 });
+    assert.deepEqual(batch.choices.map((x) => x.index), [0, 1, 2, 3]);
+    assert.equal(batch.usage?.completion_tokens, 12);
+    const single = await c.completions.create({ model: 'm1', prompt: 'a time', max_tokens: 3 });
+    assert.equal(batch.choices[2]?.text, single.choices[0]?.text, 'prompt-major order: choice 2 is the second prompt');
+    assert.equal(batch.usage?.prompt_tokens, 4, 'each prompt counted once');
+  });
+
+  it('without max_tokens, generates until the context is full (the mocker has --mocker-max-context 64)', async () => {
+    const res = await client().chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(res.choices[0]?.finish_reason, 'length');
+    assert.equal((res.usage?.prompt_tokens ?? 0) + (res.usage?.completion_tokens ?? 0), 64);
+  });
+});
+
+describe('clients: Vercel AI SDK and LangChain', () => {
+  it('the AI SDK default provider (Responses API): generateText and streamText', async () => {
+    const openai = createOpenAI({ baseURL: `${base}/v1`, apiKey: 'unused' });
+    const generated = await generateText({ model: openai('m1'), prompt: 'tell me about tides', maxOutputTokens: 5 });
+    assert.ok(generated.text.length > 0);
+    assert.equal(generated.usage.outputTokens, 5);
+    const streamed = streamText({ model: openai('m1'), prompt: 'tell me about tides', maxOutputTokens: 5 });
+    let text = '';
+    for await (const piece of streamed.textStream) text += piece;
+    assert.equal(text, generated.text);
+    assert.equal((await streamed.usage).outputTokens, 5);
+    assert.equal(await metricValue(base, 'ebb_frontend_requests_total', 'endpoint="/v1/responses",status="200"') >= 2, true, 'it called the Responses API');
+  });
+
+  it('LangChain ChatOpenAI: invoke and stream, chat completions and the Responses API', async () => {
+    for (const useResponsesApi of [false, true]) {
+      const model = new ChatOpenAI({ model: 'm1', apiKey: 'unused', configuration: { baseURL: `${base}/v1` }, maxTokens: 5, useResponsesApi });
+      const answer = await model.invoke('tell me about tides');
+      assert.equal(typeof answer.content === 'string' ? answer.content.length > 0 : answer.text.length > 0, true, `invoke (responses: ${useResponsesApi})`);
+      let streamed = '';
+      for await (const chunk of await model.stream('tell me about tides')) streamed += chunk.text;
+      assert.equal(streamed, answer.text, `stream (responses: ${useResponsesApi})`);
+    }
+  });
+});
+
+describe('clients: browsers (CORS)', () => {
+  it('answers the preflight for an allowed origin and marks responses; other origins get no grant', async () => {
+    const preflight = await fetch(`${base}/v1/chat/completions`, {
+      method: 'OPTIONS',
+      headers: { origin: 'http://app.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type,authorization' },
+    });
+    assert.equal(preflight.status, 204);
+    assert.equal(preflight.headers.get('access-control-allow-origin'), 'http://app.example');
+    assert.match(preflight.headers.get('access-control-allow-methods') ?? '', /POST/);
+    const res = await fetch(`${base}/v1/models`, { headers: { origin: 'http://app.example' } });
+    assert.equal(res.headers.get('access-control-allow-origin'), 'http://app.example');
+    const other = await fetch(`${base}/v1/models`, { headers: { origin: 'http://evil.example' } });
+    assert.equal(other.headers.get('access-control-allow-origin'), null);
+    const wrong = await call('DELETE', `${base}/v1/models`);
+    assert.equal(wrong.status, 405);
+  });
+});
