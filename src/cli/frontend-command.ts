@@ -3,7 +3,7 @@ import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdmin
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend } from '../frontend/frontend.js';
-import { discoveryDefault, intOption } from './options.js';
+import { discoveryDefault, intOption, msOption } from './options.js';
 
 interface FrontendFlags {
   host: string;
@@ -17,6 +17,7 @@ interface FrontendFlags {
   streamIdleTimeoutMs: number;
   migrationLimit: number;
   corsOrigin: string[];
+  healthReadyWithoutWorkers?: boolean;
   requestTokenFile?: string;
   requestTimeoutMs: number;
   headersTimeoutMs: number;
@@ -45,16 +46,17 @@ export function frontendCommand(): Command {
     .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', intOption(0))
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
-    .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', intOption(1), PUBLIC.requestTimeoutMs)
-    .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', intOption(1), PUBLIC.headersTimeoutMs)
-    .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', intOption(1), PUBLIC.keepAliveTimeoutMs)
+    .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
+    .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
+    .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', msOption(1), PUBLIC.keepAliveTimeoutMs)
     .option('--max-connections <n>', 'open connections on the public port past which new ones are closed (default: from the fd limit)', intOption(1), PUBLIC.maxConnections)
     .option('--admin-max-connections <n>', 'open connections on the admin listener past which new ones are closed', intOption(1), ADMIN.maxConnections)
-    .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', intOption(1), 10_000)
-    .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", intOption(0), 10_000)
+    .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', msOption(1), 10_000)
+    .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", msOption(0), 10_000)
+    .option('--health-ready-without-workers', '/health answers 200 even when no worker can take a request (default: 503 until one can)')
     .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any); off by default', (v: string, all: string[]) => [...all, v], [] as string[])
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
-    .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', intOption(0), 30_000)
+    .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', msOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
       const token = await loadAdminToken(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
@@ -71,6 +73,7 @@ export function frontendCommand(): Command {
           streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
           migrationLimit: flags.migrationLimit,
           corsOrigins: flags.corsOrigin,
+          healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
           requestToken,
           limits: { ...timeouts, maxConnections: flags.maxConnections },
           admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },

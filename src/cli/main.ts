@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
+import { LOG_FORMATS, LOG_LEVELS } from '../common/logger.js';
 import { CliError } from './cli-error.js';
 import { drainCommand } from './drain-command.js';
 import { frontendCommand } from './frontend-command.js';
@@ -13,7 +14,15 @@ import { workersCommand } from './workers-command.js';
 const program = new Command('ebb')
   .description('LLM-inference serving whose workers own their lifecycle')
   .version('0.1.0')
-  .showHelpAfterError();
+  .showHelpAfterError()
+  .addOption(new Option('--log-format <format>', 'auto: readable lines on a terminal, JSON otherwise (env EBB_LOG_FORMAT)').choices(LOG_FORMATS))
+  .addOption(new Option('--log-level <level>', 'log level (env EBB_LOG_LEVEL; default info)').choices(LOG_LEVELS))
+  // Through the environment, so the components `ebb up` starts log the same way.
+  .hook('preAction', (root) => {
+    const { logFormat, logLevel } = root.opts<{ logFormat?: string; logLevel?: string }>();
+    if (logFormat !== undefined) process.env.EBB_LOG_FORMAT = logFormat;
+    if (logLevel !== undefined) process.env.EBB_LOG_LEVEL = logLevel;
+  });
 
 program.addCommand(workerCommand());
 program.addCommand(frontendCommand());

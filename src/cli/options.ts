@@ -9,12 +9,32 @@ export function intOption(min: number) {
   };
 }
 
-/** "90s", "10m", "1h", "500ms" or plain milliseconds. */
-export function durationOption(value: string): number {
+const UNIT_MS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 } as const;
+
+function parseDuration(value: string, bareUnit: keyof typeof UNIT_MS | undefined): number | undefined {
   const m = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(value.trim());
-  if (!m) throw new InvalidArgumentError(`expected a duration like 500ms, 30s, 10m, got "${value}"`);
-  const scale = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[(m[2] ?? 'ms') as 'ms' | 's' | 'm' | 'h'];
-  return Math.round(Number(m[1]) * scale);
+  const unit = (m?.[2] as keyof typeof UNIT_MS | undefined) ?? bareUnit;
+  if (!m || unit === undefined) return undefined;
+  return Math.round(Number(m[1]) * UNIT_MS[unit]);
+}
+
+/**
+ * A duration with its unit: "500ms", "30s", "10m", "1h". A bare number is refused: `--timeout 30`
+ * meaning 30 ms made a busy drain "time out" at once.
+ */
+export function durationOption(value: string): number {
+  const ms = parseDuration(value, undefined);
+  if (ms === undefined) throw new InvalidArgumentError(`expected a duration with a unit, like 500ms, 30s or 10m, got "${value}"`);
+  return ms;
+}
+
+/** For flags named *-ms: milliseconds as a bare number (the name says so), or any duration with a unit ("30s"). */
+export function msOption(min: number) {
+  return (value: string): number => {
+    const ms = parseDuration(value, 'ms');
+    if (ms === undefined || ms < min) throw new InvalidArgumentError(`expected milliseconds (an integer >= ${min}) or a duration like 500ms, 30s, got "${value}"`);
+    return ms;
+  };
 }
 
 /**

@@ -1,10 +1,11 @@
 import { Command } from 'commander';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { createInterface } from 'node:readline';
+import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { prettyFactory } from 'pino-pretty';
+import { logFormat, prettyOptions } from '../common/logger.js';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
-import { intOption } from './options.js';
+import { intOption, msOption } from './options.js';
+import { Supervised, type ReadyLine } from './supervisor.js';
 
 interface UpFlags {
   workers?: number;
@@ -18,34 +19,17 @@ interface UpFlags {
   mockerItlMs?: number;
   mockerMaxContext?: number;
   corsOrigin: string[];
+  restart: boolean;
+  metricsSdFile?: string;
 }
 
-const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
+const say = (line: string) => process.stderr.write(`${line}\n`);
 
-interface Child {
-  name: string;
-  proc: ChildProcess;
-  ready: Promise<Record<string, unknown>>;
-}
-
-/** Starts one ebb component as a child process; resolves `ready` on its ready log line. */
-function startChild(name: string, args: string[], readyEvent: string): Child {
-  // Own process group: a terminal's Ctrl-C reaches only `ebb up`, which stops children in order.
-  // The IPC channel tells a child when `ebb up` died without stopping it (the child then drains).
-  const proc = spawn(process.execPath, [CLI, ...args], { stdio: ['ignore', 'pipe', 'inherit', 'ipc'], detached: true });
-  const ready = new Promise<Record<string, unknown>>((resolve, reject) => {
-    createInterface({ input: proc.stdout! }).on('line', (line) => {
-      process.stdout.write(line + '\n');
-      try {
-        const parsed = JSON.parse(line) as Record<string, unknown>;
-        if (parsed.event === readyEvent) resolve(parsed);
-      } catch {
-        /* not a log line */
-      }
-    });
-    proc.once('exit', (code) => reject(new Error(`${name} exited with code ${code} before it was ready`)));
-  });
-  return { name, proc, ready };
+/** A Prometheus file-SD target list of every component, rewritten (atomically) whenever one (re)starts or exits. */
+function writeTargets(file: string, targets: Map<string, { url: string; labels: Record<string, string> }>): void {
+  const groups = [...targets.values()].map((t) => ({ targets: [new URL(t.url).host], labels: t.labels }));
+  writeFileSync(`${file}.tmp`, JSON.stringify(groups, null, 2) + '\n');
+  renameSync(`${file}.tmp`, file);
 }
 
 export function upCommand(): Command {
@@ -58,11 +42,14 @@ export function upCommand(): Command {
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
     .option('--port <n>', 'frontend port', intOption(0), 8000)
     .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)')
-    .option('--mocker-ttft-ms <n>', 'mocker base time to first token', intOption(0))
-    .option('--mocker-itl-ms <n>', 'mocker inter-token latency', intOption(0))
+    .option('--mocker-ttft-ms <n>', 'mocker base time to first token', msOption(0))
+    .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0))
     .option('--mocker-max-context <n>', 'mocker model length: what a request without max_tokens may fill', intOption(1))
     .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)', (v: string, all: string[]) => [...all, v], [] as string[])
+    .option('--no-restart', 'do not restart a component that exits on its own (default: restart with back-off)')
+    .option('--metrics-sd-file <file>', 'write a Prometheus file-SD target list of the frontend and every worker here, kept current')
     .action(async (flags: UpFlags) => {
+      const ownDiscovery = flags.discovery === undefined;
       const discovery = flags.discovery ?? temporaryDiscoveryUrl();
       const mocker: string[] = [];
       if (flags.mockerTtftMs !== undefined) mocker.push('--mocker-ttft-ms', String(flags.mockerTtftMs));
@@ -76,36 +63,57 @@ export function upCommand(): Command {
         ...Array<string>(flags.decode).fill('decode'),
       ];
       if (modes.length === 0) throw new Error('nothing to run: --workers 0 and no --prefill/--decode');
+
+      const show = logFormat() === 'pretty' ? prettyFactory(prettyOptions()) : (line: string) => `${line}\n`;
+      const targets = new Map<string, { url: string; labels: Record<string, string> }>();
+      const supervise = (name: string, args: string[], readyEvent: string, metricsUrl: (ready: ReadyLine) => string, job: string) => {
+        const child = new Supervised(name, args, readyEvent, flags.restart);
+        child.on('line', (line: string) => process.stdout.write(show(line)));
+        child.on('ready', (ready: ReadyLine) => {
+          if (flags.metricsSdFile === undefined) return;
+          targets.set(name, { url: metricsUrl(ready), labels: { job, component: name, ...(typeof ready.worker_id === 'string' ? { worker_id: ready.worker_id } : {}) } });
+          writeTargets(flags.metricsSdFile, targets);
+        });
+        child.on('exit', (code: number | null, signal: NodeJS.Signals | null, restartInMs: number | undefined) => {
+          if (flags.metricsSdFile !== undefined && targets.delete(name)) writeTargets(flags.metricsSdFile, targets);
+          if (restartInMs !== undefined) say(`ebb up: ${name} exited unexpectedly (${signal ?? `code ${code}`}); restarting it in ${restartInMs / 1000}s`);
+          else if (stopping === undefined) say(`ebb up: ${name} exited (${signal ?? `code ${code}`})${flags.restart ? '' : ' and is not restarted (--no-restart)'}`);
+        });
+        child.start();
+        return child;
+      };
       const workers = modes.map((mode, i) =>
-        startChild(`${mode}-${i}`, ['worker', '--model', flags.model, '--mode', mode, '--discovery', discovery, ...mocker], 'worker_ready'),
+        supervise(`${mode}-${i}`, ['worker', '--model', flags.model, '--mode', mode, '--discovery', discovery, ...mocker], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
       );
-      const frontend = startChild('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery, ...flags.corsOrigin.flatMap((o) => ['--cors-origin', o])], 'frontend_ready');
+      const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
+      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery, ...cors], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;
-      const stop = async (code: number) => {
+      const stop = async (code: number, why: string) => {
         // Workers drain first, while the frontend still relays their last tokens; then the frontend.
-        const exits = (children: Child[]) =>
-          Promise.all(children.map((c) => (c.proc.exitCode === null && c.proc.signalCode === null ? once(c.proc, 'exit') : Promise.resolve())));
-        for (const w of workers) w.proc.kill('SIGTERM');
-        await exits(workers);
-        frontend.proc.kill('SIGTERM');
-        await exits([frontend]);
+        await Promise.all(workers.map((w) => w.stop()));
+        await frontend.stop();
+        if (ownDiscovery) rmSync(fileURLToPath(discovery), { recursive: true, force: true });
+        if (flags.metricsSdFile !== undefined) rmSync(flags.metricsSdFile, { force: true });
+        say(`ebb up: stopped (${why})`);
         process.exit(code);
       };
       let signals = 0;
-      const onSignal = () => {
+      const onSignal = (signal: NodeJS.Signals) => {
         if (++signals > 1) {
-          for (const c of all) c.proc.kill('SIGKILL');
+          for (const c of all) c.kill();
+          say('ebb up: second signal, killed everything');
           process.exit(130);
         }
-        stopping ??= stop(0);
+        say(`ebb up: ${signal}: draining the workers, then stopping the frontend`);
+        stopping ??= stop(0, 'workers drained, frontend closed');
       };
       process.on('SIGINT', onSignal);
       process.on('SIGTERM', onSignal);
 
       try {
-        const readies = await Promise.all(all.map((c) => c.ready));
+        const readies = await Promise.all(all.map((c) => c.firstReady));
         const front = readies.at(-1) as { url: string; admin_url?: string };
         const lines = [
           '',
@@ -113,13 +121,14 @@ export function upCommand(): Command {
           `  OpenAI API:   ${front.url}/v1   (model "${flags.model}")`,
           `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers --frontend ${front.admin_url ?? ''})`,
           ...readies.slice(0, -1).map((w) => `  ${String(w.mode)} worker ${String(w.worker_id)}: admin ${String(w.system_url)}   (curl -X POST ${String(w.system_url)}/engine/drain)`),
-          '  Ctrl-C drains the workers and stops everything.',
+          ...(flags.metricsSdFile !== undefined ? [`  Prometheus targets: ${flags.metricsSdFile} (file_sd_configs)`] : []),
+          `  Ctrl-C drains the workers and stops everything.${flags.restart ? ' A component that exits on its own is restarted.' : ''}`,
           '',
         ];
-        process.stderr.write(lines.join('\n') + '\n');
+        say(lines.join('\n'));
       } catch (err) {
-        process.stderr.write(`ebb up: ${(err as Error).message}\n`);
-        stopping ??= stop(1);
+        say(`ebb up: ${(err as Error).message}`);
+        stopping ??= stop(1, 'a component could not start');
       }
     });
 }

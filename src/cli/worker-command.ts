@@ -14,7 +14,7 @@ import { MOCKER_DEFAULTS } from '../engine/mocker.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
-import { discoveryDefault, intOption } from './options.js';
+import { discoveryDefault, intOption, msOption } from './options.js';
 
 interface WorkerFlags {
   engine: string;
@@ -40,6 +40,7 @@ interface WorkerFlags {
   mockerKvReporting: 'exact' | 'unsupported';
   mockerLoadMs: number;
   mockerFailOnPrompt: string;
+  registerTimeoutMs: number;
   mockerMaxContext: number;
   kvTransferTtlMs: number;
 }
@@ -59,11 +60,12 @@ export function workerCommand(): Command {
     .option('--request-token-file <path>', `file holding the request-plane bearer token, shared with the fleet's frontends and workers (env ${REQUEST_TOKEN_ENV}); required when --host is not loopback`)
     .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
     .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx)')
-    .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', intOption(1))
-    .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', intOption(0), 1000)
-    .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', intOption(0), 30_000)
-    .option('--mocker-ttft-ms <n>', 'mocker base time to first token (grows with prompt length)', intOption(0), MOCKER_DEFAULTS.ttftMs)
-    .option('--mocker-itl-ms <n>', 'mocker inter-token latency', intOption(0), MOCKER_DEFAULTS.itlMs)
+    .option('--register-timeout-ms <n>', 'at start, how long to keep retrying discovery registration before giving up', msOption(0), 30_000)
+    .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))
+    .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', msOption(0), 1000)
+    .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', msOption(0), 30_000)
+    .option('--mocker-ttft-ms <n>', 'mocker base time to first token (grows with prompt length)', msOption(0), MOCKER_DEFAULTS.ttftMs)
+    .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0), MOCKER_DEFAULTS.itlMs)
     .option('--mocker-batch-slots <n>', 'mocker concurrent sequences; more queue', intOption(1), MOCKER_DEFAULTS.batchSlots)
     .option('--mocker-max-queue <n>', 'queued sequences past which the worker answers worker_overloaded', intOption(0), MOCKER_DEFAULTS.maxQueue)
     .addOption(
@@ -77,9 +79,9 @@ export function workerCommand(): Command {
         .default('exact'),
     )
     .option('--mocker-max-context <n>', 'mocker model length in tokens: a request without max_tokens generates until prompt + completion fill it', intOption(1), MOCKER_DEFAULTS.maxContext)
-    .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', intOption(0), MOCKER_DEFAULTS.loadMs)
+    .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
     .option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)', MOCKER_DEFAULTS.failOnPrompt)
-    .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', intOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
+    .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
       const adminToken = await loadAdminToken(flags.adminTokenFile);
@@ -141,6 +143,7 @@ export function workerCommand(): Command {
             requestToken,
             discoveryUrl: flags.discovery,
             leaseTtlMs: flags.leaseTtlMs,
+            registerTimeoutMs: flags.registerTimeoutMs,
             shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
             engine: engineSpec(flags),
           },

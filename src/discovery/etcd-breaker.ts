@@ -42,6 +42,8 @@ export type HostPolicy = ReturnType<NonNullable<NonNullable<NonNullable<Construc
 export class HostBreaker {
   private failures = 0;
   private openUntil = 0;
+  /** What opened the breaker: named in the refusal, which would otherwise hide the real cause (etcd unreachable). */
+  private lastFailure = '';
 
   constructor(private readonly openMs: number) {}
 
@@ -52,7 +54,7 @@ export class HostBreaker {
   async execute<T>(fn: (context: { signal: AbortSignal }) => PromiseLike<T> | T, signal?: AbortSignal): Promise<T> {
     if (Date.now() < this.openUntil) {
       // etcd3 recognises this flag: the call never went through, so it may try another host.
-      throw Object.assign(new Error('Execution prevented because the circuit breaker is open'), { isBrokenCircuitError: true });
+      throw Object.assign(new Error(`etcd unreachable (${this.lastFailure}); not retried for ${Math.ceil((this.openUntil - Date.now()) / 1000)} s`), { isBrokenCircuitError: true });
     }
     try {
       const result = await fn({ signal: signal ?? new AbortController().signal });
@@ -61,6 +63,7 @@ export class HostBreaker {
     } catch (err) {
       if (typeof err === 'object' && err !== null && isRecoverableError(err as Error)) {
         this.failures++;
+        this.lastFailure = (err as Error).message;
         if (this.failures >= BREAKER_THRESHOLD) {
           this.openUntil = Date.now() + this.openMs;
           this.failures = BREAKER_THRESHOLD - 1; // half-open afterwards: the next failure re-opens

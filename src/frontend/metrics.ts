@@ -1,4 +1,5 @@
-import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { collectProcessMetrics } from '../common/process-metrics.js';
 import type { WorkerPool } from './worker-pool.js';
 
 /**
@@ -7,7 +8,7 @@ import type { WorkerPool } from './worker-pool.js';
  */
 export function createFrontendMetrics(pool: WorkerPool) {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: 'ebb_frontend_process_' });
+  collectProcessMetrics(registry);
   const requests = new Counter({ name: 'ebb_frontend_requests_total', help: 'Client requests by endpoint and status', labelNames: ['endpoint', 'status'], registers: [registry] });
   const attempts = new Counter({ name: 'ebb_frontend_upstream_attempts_total', help: 'Upstream attempts by worker and outcome', labelNames: ['worker_id', 'outcome'], registers: [registry] });
   const midStream = new Counter({ name: 'ebb_frontend_midstream_failures_total', help: 'Streams cut by a worker failure after tokens reached the client', registers: [registry] });

@@ -22,6 +22,8 @@ export interface OpenAIServerDeps {
   migrationLimit?: number | undefined;
   /** Origins browsers may call from (CORS); none by default. `*` allows any. */
   corsOrigins?: string[] | undefined;
+  /** /health answers 200 even when no worker can take a request (default: 503 until one can). */
+  healthReadyWithoutWorkers?: boolean | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -38,7 +40,7 @@ function clientGone(reply: FastifyReply): AbortSignal {
 const uuid = () => randomUUID().replaceAll('-', ''); // randomUUID: pooled entropy, ~20x cheaper than randomBytes
 
 /** The public OpenAI-compatible API. No admin route lives here. */
-export function createOpenAIServer({ pool, upstream, metrics, log, limits, migrationLimit = DEFAULT_MIGRATION_LIMIT, corsOrigins = [] }: OpenAIServerDeps): FastifyInstance {
+export function createOpenAIServer({ pool, upstream, metrics, log, limits, migrationLimit = DEFAULT_MIGRATION_LIMIT, corsOrigins = [], healthReadyWithoutWorkers = false }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
   const relay = createRelay({ pool, upstream, metrics, log, migrationLimit });
   if (corsOrigins.length > 0) {
@@ -63,7 +65,19 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
   });
 
   methods('/health', ['GET']);
-  app.get('/health', async () => ({ status: 'ok', workers: pool.size, models: pool.models() }));
+  app.get('/health', async (_req, reply) => {
+    // Per model: workers in discovery, and those this frontend would route to now (not held out).
+    const models: Record<string, { workers: number; serving: number }> = {};
+    const now = Date.now();
+    for (const w of pool.all()) {
+      const m = (models[w.record.model] ??= { workers: 0, serving: 0 });
+      m.workers++;
+      if (!(w.hold && w.hold.until > now)) m.serving++;
+    }
+    const canRoute = Object.values(models).some((m) => m.serving > 0);
+    const ready = canRoute || healthReadyWithoutWorkers;
+    return reply.code(ready ? 200 : 503).send({ status: ready ? 'ok' : 'not_ready', can_route: canRoute, workers: pool.size, models });
+  });
 
   methods('/metrics', ['GET']);
   app.get('/metrics', async (_req, reply) => reply.header('content-type', metrics.registry.contentType).send(await metrics.registry.metrics()));

@@ -1,4 +1,5 @@
-import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { collectProcessMetrics } from '../common/process-metrics.js';
 import type { Admission } from '../lifecycle/admission.js';
 import type { Lifecycle, Transition } from '../lifecycle/lifecycle.js';
 import { WORKER_STATES } from '../lifecycle/states.js';
@@ -10,7 +11,7 @@ import type { Engine } from '../engine/engine.js';
  */
 export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, engine: Engine) {
   const registry = new Registry();
-  collectDefaultMetrics({ register: registry, prefix: 'ebb_worker_process_' });
+  collectProcessMetrics(registry);
 
   new Gauge({
     name: 'ebb_worker_state',

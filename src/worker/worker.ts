@@ -16,6 +16,7 @@ import { createRequestPlane } from './request-plane.js';
 import { runShutdown, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
 import { WorkerPhase } from './phase.js';
+import { DEFAULT_REGISTER_TIMEOUT_MS, registerFirst } from './first-registration.js';
 
 /** How long a worker whose engine died tries to leave discovery (its lease expires anyway). */
 const UNREGISTER_ON_FAILURE_MS = 5000;
@@ -32,6 +33,8 @@ export interface WorkerOptions {
   advertiseHost?: string | undefined;
   discoveryUrl: string;
   leaseTtlMs?: number | undefined;
+  /** How long the first registration is retried before the worker gives up (default 30 s). */
+  registerTimeoutMs?: number | undefined;
   shutdown: Omit<ShutdownOptions, 'watchdogMarginMs'> & { watchdogMarginMs?: number };
   engine: EngineSpec;
   guardAdmin?: (authorization: string | undefined) => void;
@@ -118,7 +121,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     if (id === workerId) void lifecycle.registrationLost();
   });
   phase.running({ lifecycle, engine, metrics });
-  await lifecycle.start();
+  await registerFirst(lifecycle, opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading);
 
   const cleanup = async (signal: AbortSignal) => {
     await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal)]);

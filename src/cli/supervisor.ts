@@ -1,0 +1,99 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { EventEmitter, once } from 'node:events';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
+
+/** Restart back-off: doubles from the first, capped; reset once the component is ready again. */
+export const RESTART_BACKOFF_MS = { first: 1000, max: 30_000 };
+
+export type ReadyLine = Record<string, unknown>;
+
+/**
+ * One ebb component `ebb up` runs as a child process (own process group, JSON logs on a pipe),
+ * restarted with back-off when it exits on its own. Emits 'line' (each stdout line), 'ready' (its
+ * ready log line, on every start), 'exit' (code, signal, whether a restart follows).
+ */
+export class Supervised extends EventEmitter {
+  proc: ChildProcess | undefined;
+  /** The first start's ready line; rejects if the first start exits before it. */
+  readonly firstReady: Promise<ReadyLine>;
+  private resolveFirst!: (l: ReadyLine) => void;
+  private rejectFirst!: (err: Error) => void;
+  private everReady = false;
+  private stopping = false;
+  private backoff = RESTART_BACKOFF_MS.first;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    readonly name: string,
+    private readonly args: string[],
+    private readonly readyEvent: string,
+    private readonly restart: boolean,
+  ) {
+    super();
+    this.firstReady = new Promise((resolve, reject) => {
+      this.resolveFirst = resolve;
+      this.rejectFirst = reject;
+    });
+    this.firstReady.catch(() => undefined); // observed by the caller; never an unhandled rejection here
+  }
+
+  start(): void {
+    // Own process group: a terminal's Ctrl-C reaches only `ebb up`, which stops children in order.
+    // The IPC channel tells a child when `ebb up` died without stopping it (the child then drains).
+    const proc = spawn(process.execPath, [CLI, ...this.args], {
+      stdio: ['ignore', 'pipe', 'inherit', 'ipc'],
+      detached: true,
+      env: { ...process.env, EBB_LOG_FORMAT: 'json' }, // `ebb up` reads their lines; it formats them for the terminal itself
+    });
+    this.proc = proc;
+    createInterface({ input: proc.stdout! }).on('line', (line) => {
+      this.emit('line', line);
+      if (!line.includes(this.readyEvent)) return;
+      try {
+        const parsed = JSON.parse(line) as ReadyLine;
+        if (parsed.event !== this.readyEvent) return;
+        this.backoff = RESTART_BACKOFF_MS.first;
+        if (!this.everReady) this.resolveFirst(parsed);
+        this.everReady = true;
+        this.emit('ready', parsed);
+      } catch {
+        /* not a log line */
+      }
+    });
+    proc.once('exit', (code, signal) => {
+      const again = this.restart && this.everReady && !this.stopping;
+      if (!this.everReady) this.rejectFirst(new Error(`${this.name} exited (${signal ?? `code ${code}`}) before it was ready`));
+      this.emit('exit', code, signal, again ? this.backoff : undefined);
+      if (!again) return;
+      this.timer = setTimeout(() => {
+        this.timer = undefined;
+        if (!this.stopping) this.start();
+      }, this.backoff);
+      this.backoff = Math.min(this.backoff * 2, RESTART_BACKOFF_MS.max);
+    });
+  }
+
+  get running(): boolean {
+    return this.proc !== undefined && this.proc.exitCode === null && this.proc.signalCode === null;
+  }
+
+  /** Stops it for good: no restart; resolves once the process has exited. */
+  async stop(signal: NodeJS.Signals = 'SIGTERM'): Promise<void> {
+    this.stopping = true;
+    clearTimeout(this.timer);
+    const proc = this.proc;
+    if (!proc || !this.running) return;
+    const exited = once(proc, 'exit');
+    proc.kill(signal);
+    await exited;
+  }
+
+  kill(): void {
+    this.stopping = true;
+    clearTimeout(this.timer);
+    if (this.running) this.proc?.kill('SIGKILL');
+  }
+}

@@ -1,0 +1,165 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { call } from './helpers/http.js';
+import { CLI, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+const ebbSync = (args: string[]) => spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 30_000 });
+
+function up(args: string[]): EbbProcess {
+  const p = spawnEbb(['up', '--port', '0', '--mocker-itl-ms', '0', ...args], 'ebb up');
+  started.push(p);
+  return p;
+}
+
+/** `ebb up` prints its banner and its own lines on stderr; resolves once `pattern` has appeared there. */
+async function stderrMatch(p: EbbProcess, pattern: RegExp): Promise<RegExpMatchArray> {
+  for (;;) {
+    const m = p.stderr.join('\n').match(pattern);
+    if (m) return m;
+    await p.waitForLog(() => true, `stderr ${pattern}`, { after: p.mark() }).catch(() => undefined);
+    if (!p.alive) {
+      const last = p.stderr.join('\n').match(pattern);
+      if (last) return last;
+      throw new Error(`exited without ${pattern}; stderr: ${p.stderr.join('\n')}`);
+    }
+  }
+}
+
+describe('first run: durations', () => {
+  it('refuses a bare number where a duration is expected, saying the form; *-ms flags take units too', () => {
+    const bare = ebbSync(['drain', 'http://127.0.0.1:9', '--wait', '--timeout', '30']);
+    assert.notEqual(bare.status, 0);
+    assert.match(bare.stderr, /expected a duration with a unit, like 500ms, 30s or 10m, got "30"/);
+    const unit = ebbSync(['worker', '--drain-timeout-ms', 'soon']);
+    assert.match(unit.stderr, /expected milliseconds .* or a duration like 500ms, 30s, got "soon"/);
+  });
+
+  it('a *-ms flag given with a unit means what it says', async () => {
+    const discovery = tempDiscoveryUrl();
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--drain-timeout-ms', '2s', '--shutdown-grace-ms', '0s']);
+    started.push(w);
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 0);
+    const stages = (await w.waitForEvent('shutdown_complete')).stages as Array<{ stage: string }>;
+    assert.ok(stages.length > 0);
+  });
+});
+
+describe('first run: metrics', () => {
+  const promtool = spawnSync('promtool', ['--version']).status === 0;
+  it('worker and frontend metrics pass promtool check metrics, with standard process metric names', { skip: !promtool && !process.env.CI ? 'promtool not installed (CI installs prometheus)' : false }, async () => {
+    const discovery = tempDiscoveryUrl();
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(w);
+    const fe = await startFrontend(discovery);
+    started.push(fe);
+    await call('POST', `${fe.url}/v1/completions`, { model: 'm1', prompt: 'x', max_tokens: 2 });
+    for (const url of [w.systemUrl, fe.url]) {
+      const text = await fetch(`${url}/metrics`).then((r) => r.text());
+      assert.match(text, /^process_cpu_seconds_total /m, 'standard name, no ebb_*_process_ prefix');
+      const res = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+      assert.equal(res.status, 0, `promtool on ${url}/metrics: ${res.stdout}${res.stderr}`);
+    }
+  });
+});
+
+describe('first run: logs', () => {
+  it('--log-format pretty prints lines a person reads; JSON stays the default on a pipe', async () => {
+    const discovery = tempDiscoveryUrl();
+    const pretty = spawnEbb(['--log-format', 'pretty', 'worker', '--port', '0', '--system-port', '0', '--discovery', discovery, '--model', 'm1'], 'worker');
+    started.push(pretty);
+    const line = await pretty.waitForLog((l) => typeof l.msg === 'string' && /worker: worker w-\w+ ready/.test(l.msg), 'a readable ready line');
+    assert.doesNotMatch(String(line.msg), /^\{/, 'not JSON');
+    assert.match(String(line.msg), /^\[?\d\d:\d\d:\d\d\.\d{3}\]? INFO/);
+    const json = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(json);
+    assert.equal(json.logs[0]?.component, 'worker', 'JSON lines when stdout is a pipe');
+  });
+});
+
+describe('first run: ebb up', () => {
+  it('Ctrl-C: drains, says it stopped, exits 0, and removes its temporary discovery directory', async () => {
+    const p = up(['--workers', '1']);
+    await p.waitForEvent('frontend_ready');
+    const [, dir] = await stderrMatch(p, /ebb is up \(discovery (file:\/\/\S+)\)/);
+    assert.ok(existsSync(fileURLToPath(dir!)));
+    p.signal('SIGINT');
+    assert.equal(await p.exitCode(), 0);
+    assert.match(p.stderr.join('\n'), /ebb up: stopped \(workers drained, frontend closed\)/);
+    assert.equal(existsSync(fileURLToPath(dir!)), false, 'temporary discovery directory removed');
+  });
+
+  it('restarts a worker that exits on its own, and its replacement registers; --metrics-sd-file follows it', async () => {
+    const sd = join(mkdtempSync(join(tmpdir(), 'ebb-sd-')), 'targets.json');
+    const p = up(['--workers', '1', '--metrics-sd-file', sd]);
+    const first = await p.waitForEvent('worker_ready');
+    const fe = await p.waitForEvent('frontend_ready');
+    await stderrMatch(p, /ebb is up/);
+    const targets = () => JSON.parse(readFileSync(sd, 'utf8')) as Array<{ targets: string[]; labels: Record<string, string> }>;
+    assert.deepEqual(targets().map((t) => t.labels.job).sort(), ['ebb-frontend', 'ebb-worker']);
+    const mark = p.mark();
+    process.kill(first.pid as number, 'SIGKILL');
+    const second = await p.waitForEvent('worker_ready', () => true, { after: mark });
+    assert.notEqual(second.worker_id, first.worker_id);
+    assert.match(p.stderr.join('\n'), /ebb up: aggregated-0 exited unexpectedly \(SIGKILL\); restarting it in 1s/);
+    // The frontend routes to the replacement.
+    await p.waitForLog((l) => l.event === 'worker_added' && l.worker_id === second.worker_id, 'frontend sees the replacement');
+    assert.equal((await call('POST', `${fe.url as string}/v1/completions`, { model: 'ebb-mock', prompt: 'x', max_tokens: 2 })).status, 200);
+    const worker = targets().find((t) => t.labels.job === 'ebb-worker');
+    assert.equal(worker?.labels.worker_id, second.worker_id);
+    assert.equal(`http://${worker?.targets[0]}`, second.system_url);
+  });
+
+  it('--no-restart reports the exit and leaves the worker down', async () => {
+    const p = up(['--workers', '1', '--no-restart']);
+    const w = await p.waitForEvent('worker_ready');
+    await stderrMatch(p, /ebb is up/);
+    process.kill(w.pid as number, 'SIGKILL');
+    await stderrMatch(p, /ebb up: aggregated-0 exited \(SIGKILL\) and is not restarted \(--no-restart\)/);
+    assert.equal(p.alive, true, 'ebb up itself goes on');
+  });
+});
+
+describe('first run: the frontend says whether it can route', () => {
+  it('/health is 503 with no worker, 200 with per-model counts once one serves; --health-ready-without-workers opts out', async () => {
+    const discovery = tempDiscoveryUrl();
+    const fe = await startFrontend(discovery);
+    started.push(fe);
+    const empty = await call('GET', `${fe.url}/health`);
+    assert.equal(empty.status, 503);
+    assert.equal(empty.body.can_route, false);
+    const lenient = await startFrontend(discovery, ['--health-ready-without-workers']);
+    started.push(lenient);
+    assert.equal((await call('GET', `${lenient.url}/health`)).status, 200);
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(w);
+    await fe.waitForEvent('worker_added', (l) => l.worker_id === w.workerId);
+    const ready = await call('GET', `${fe.url}/health`);
+    assert.equal(ready.status, 200);
+    assert.deepEqual(ready.body.models, { m1: { workers: 1, serving: 1 } });
+  });
+});
+
+describe('first run: discovery that cannot be reached', () => {
+  it('a worker retries its first registration, then exits naming the real cause', { skip: spawnSync('etcd', ['--version']).status !== 0 && !process.env.CI ? 'etcd not installed' : false }, async () => {
+    // Nothing listens on this port: the cause is a refused connection, not a circuit breaker.
+    const port = Number(execFileSync(process.execPath, ['-e', "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})"], { encoding: 'utf8' }).trim());
+    const w = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', `etcd://127.0.0.1:${port}`, '--model', 'm1', '--register-timeout-ms', '1500'], 'worker');
+    started.push(w);
+    await w.waitForEvent('discovery_register_retry');
+    assert.equal(await w.exitCode(), 1);
+    const stderr = w.stderr.join('\n');
+    assert.match(stderr, /could not register in discovery etcd:\/\/127\.0\.0\.1:\d+ within 2 s/);
+    assert.doesNotMatch(stderr, /Execution prevented/);
+  });
+});
