@@ -345,6 +345,19 @@ describe('OpenAIEngine in this process', { skip: simOnly }, () => {
     assert.deepEqual(step.value, { finish_reason: 'length', prompt_tokens: 0, completion_tokens: 5 });
   });
 
+  it('a remote engine that went away: idleness unknown (fail-closed), generate fails with the cause', async () => {
+    const s = await sim('sglang');
+    const engine = await createEngine(spec({ url: s.url, kind: 'sglang' }), 'aggregated', captureLog().log, new AbortController().signal);
+    engines.push(engine);
+    assert.deepEqual(await engine.probeQuiescence(), { state: 'idle' });
+    s.die();
+    const q = await engine.probeQuiescence();
+    assert.equal(q.state, 'unknown');
+    assert.match((q as { reason: string }).reason, /sglang metrics: .*(ECONNREFUSED|UND_ERR_SOCKET)/);
+    const it = engine.generate({ request_id: 'r', prompt: 'hello', max_tokens: 5, temperature: 0 }, new AbortController().signal);
+    await assert.rejects(it.next(), /ECONNREFUSED|other side closed/);
+  });
+
   it('takes max_context from /v1/models max_model_len, else null; declares json_object and continuation per kind', async () => {
     const withLen = await sim('vllm', { maxModelLen: 8192 });
     const e1 = await createEngine(spec({ url: withLen.url }), 'aggregated', captureLog().log, new AbortController().signal);
