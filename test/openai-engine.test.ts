@@ -56,8 +56,13 @@ async function fronted(kind: SimKind, args: string[] = [], opts: Partial<EngineS
   return { w: await worker(['--engine-url', s.url, '--engine-kind', kind, ...args]), s };
 }
 
+/** A real engine is fast: its streams get a prompt asking for a long answer, and room for it. */
 const gen = (w: WorkerHandle, body: Record<string, unknown> = {}) =>
-  openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'tell me about tides', max_tokens: 20, ...body });
+  openLineStream(`${w.requestUrl}/generate`, {
+    model: 'm1',
+    ...(real ? { prompt: 'Write a very long story about the tides, the river and the harbor.', max_tokens: 400 } : { prompt: 'tell me about tides', max_tokens: 20 }),
+    ...body,
+  });
 
 function tokensOf(lines: string[]): { tokens: number; text: string; last: any } {
   const parsed = lines.map((l) => JSON.parse(l));
@@ -194,7 +199,7 @@ describe('--engine openai: drained from the engine\'s own pending-work signal', 
     assert.equal(drain.body.state, 'draining');
     assert.match(drain.body.waiting_for.join(' '), /generic engine cannot report.*--engine-quiescence trust-inflight/);
     const { w: trusting } = await fronted('generic', ['--engine-quiescence', 'trust-inflight']);
-    const st = await gen(trusting, { max_tokens: 6 });
+    const st = await gen(trusting, real ? {} : { max_tokens: 6 });
     await st.first;
     const d = await call('POST', `${trusting.systemUrl}/engine/drain`);
     assert.equal(d.body.state, 'draining');
@@ -206,7 +211,7 @@ describe('--engine openai: drained from the engine\'s own pending-work signal', 
 
   it('a client that leaves closes the engine request at once', async () => {
     const { w, s } = await fronted('vllm', [], { itlMs: 50 });
-    const st = await gen(w, { max_tokens: 10_000 });
+    const st = await gen(w, { max_tokens: real ? 1000 : 10_000 });
     const closed = s?.nextClosedEarly();
     await st.first;
     st.abort();
