@@ -136,7 +136,12 @@ export function workerCommand(): Command {
           requestToken,
           discoveryUrl: flags.discovery,
           leaseTtlMs: flags.leaseTtlMs,
-          shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
+          shutdown: {
+            graceMs: flags.shutdownGraceMs,
+            drainTimeoutMs: flags.drainTimeoutMs,
+            // The engine child is stopped in the cleanup stage: its stop bound is part of the watchdog's margin.
+            ...(flags.engine === 'openai' && flags.engineCmd !== undefined ? { watchdogMarginMs: 5000 + flags.engineStopTimeoutMs } : {}),
+          },
           engine: flags.engine === 'openai' ? openaiEngineSpec(flags) : {
             kind: 'mocker',
             options: {

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Dispatcher } from 'undici';
 import { describeError, getBounded } from './engine-http.js';
-import type { EngineExit } from './engine-process.js';
+import { describeExit, type EngineExit } from './engine-process.js';
 
 export interface HealthWait {
   url: string;
@@ -35,7 +35,8 @@ export async function waitUntilHealthy(w: HealthWait): Promise<void> {
   const stop = AbortSignal.any([w.signal, gone.signal]);
   for (let delay = 100; ; delay = Math.min(delay * 2, 1000)) {
     if (w.signal.aborted) throw new Error(`engine start-up cancelled while waiting for ${w.url}`);
-    if (exit !== undefined) throw new Error(`the engine exited (${exit.signal ?? `code ${exit.code}`}) before ${w.url} answered 200 (last: ${lastAnswer})`);
+    if (exit !== undefined)
+      throw new Error(exit.error !== undefined ? `the engine ${exit.error}` : `the engine exited (${describeExit(exit)}) before ${w.url} answered 200 (last: ${lastAnswer})`);
     try {
       const res = await getBounded(w.url, w.dispatcher, 5000, 64 << 10, stop);
       if (res.status === 200) {

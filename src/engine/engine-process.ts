@@ -8,6 +8,13 @@ import type { Logger } from 'pino';
 export interface EngineExit {
   code: number | null;
   signal: NodeJS.Signals | null;
+  /** Set when the command could not be started at all (no such file, not executable). */
+  error?: string;
+}
+
+/** "code 1", "SIGKILL", or why it never ran. */
+export function describeExit(e: EngineExit): string {
+  return e.error ?? e.signal ?? `code ${e.code}`;
 }
 
 /**
@@ -95,12 +102,12 @@ export class EngineProcess {
         this.exit = { code, signal };
         process.off('exit', this.killOnExit);
         resolve(this.exit);
-        if (!this.stopping) this.failed(new Error(`the engine exited on its own (${signal ?? `code ${code}`}): ${command}`));
+        if (!this.stopping) this.failed(new Error(`the engine exited on its own (${describeExit(this.exit)}): ${command}`));
       });
       // Spawning itself failed (no such file): reported like an exit, with the reason.
       this.child.once('error', (err) => {
         if (this.exit !== undefined) return;
-        this.exit = { code: null, signal: null };
+        this.exit = { code: null, signal: null, error: `could not be started: ${err.message}` };
         resolve(this.exit);
         if (!this.stopping) this.failed(new Error(`the engine command could not be started (${err.message}): ${command}`));
       });

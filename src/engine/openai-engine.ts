@@ -5,7 +5,7 @@ import type { WorkerMode } from '../discovery/discovery.js';
 import type { Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
 import { waitUntilHealthy } from './engine-health.js';
 import { describeError, getBounded } from './engine-http.js';
-import { EngineProcess, freePort } from './engine-process.js';
+import { describeExit, EngineProcess, freePort } from './engine-process.js';
 import { createIdlenessProbe, type EngineIdlenessProbe, type EngineKind, type QuiescenceMode } from './engine-quiescence.js';
 import { ReprobeBackoff } from './reprobe-backoff.js';
 import { sseData } from './sse-events.js';
@@ -285,7 +285,7 @@ export async function createOpenAIEngine(opts: OpenAIEngineOptions, mode: Worker
   try {
     await waitUntilHealthy({ url: `${base}${healthPath(opts.kind)}`, dispatcher, log, signal, timeoutMs: opts.loadTimeoutMs, exited: proc?.exited });
     const { model, maxContext } = await readModels(base, dispatcher, opts.engineModel);
-    if (proc?.exitStatus) throw new Error(`the engine exited (${proc.exitStatus.signal ?? `code ${proc.exitStatus.code}`}) right after it became healthy`);
+    if (proc?.exitStatus) throw new Error(`the engine exited (${describeExit(proc.exitStatus)}) right after it became healthy`);
     log.info({ event: 'engine_connected', url: base, engine_kind: opts.kind, engine_model: model, max_context: maxContext, quiescence: opts.quiescence }, `engine ${opts.kind} at ${base} serves ${model}`);
     return new OpenAIEngine(opts, base, model, maxContext, dispatcher, proc, log);
   } catch (err) {
