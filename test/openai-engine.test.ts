@@ -247,8 +247,10 @@ describe('--engine-cmd: the engine as the worker\'s child', { skip: simOnly }, (
       at((l) => l.event === 'shutdown_stage' && l.stage === 'wait_inflight' && l.outcome === 'completed'),
       at((l) => l.event === 'engine_stopping'),
       at((l) => l.event === 'engine_stopped'),
-      at((l) => l.event === 'shutdown_complete'),
     ];
+    // shutdown_complete is not ordered against engine_stopped here: both are written in the last
+    // millisecond before exit, and pino's asynchronous write can land after its exit flush.
+    assert.ok(w.logs.some((l) => l.event === 'shutdown_complete' && l.exit_code === 0));
     assert.ok(order.every((i, n) => i >= 0 && (n === 0 || i > (order[n - 1] as number))), `log order: ${order.join(' < ')}`);
     assert.ok(!alive(enginePid), 'the engine process is gone');
     assert.ok(w.stderr.some((l) => l.startsWith(`[engine ${enginePid}] engine-sim: SIGTERM received`)), 'engine output reaches the worker\'s stderr, prefixed');
