@@ -138,6 +138,23 @@ describe('--engine openai: drained from the engine\'s own pending-work signal', 
     });
   }
 
+  it('llamacpp without --metrics: drained from /slots once no slot is processing', { skip: simOnly }, async () => {
+    const { w, s } = await fronted('llamacpp', [], { slotsOnly: true });
+    const st = await gen(w, { max_tokens: 10 });
+    await st.first;
+    s!.holdBusy(1, 0);
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`);
+    assert.equal(drain.body.state, 'draining');
+    assert.equal(tokensOf(await st.done).tokens, 10);
+    await bounded(s!.nextScrape(), 'a probe of /metrics (501), then /slots');
+    await bounded(s!.nextScrape(), 'a re-probe');
+    const mid = await status(w);
+    assert.equal(mid.state, 'draining');
+    assert.match(mid.waiting_for.join(' '), /engine \(llamacpp\): 1 slot processing/);
+    s!.release();
+    await drained(w);
+  });
+
   it('forwards sampling fields and continuations to the engine', { skip: simOnly }, async () => {
     const { w, s } = await fronted('vllm');
     const plain = await gen(w, { temperature: 0.3, seed: 7, stop: ['zzz'], max_tokens: 4 });

@@ -23,6 +23,8 @@ export interface EngineSimOptions {
   loadMs?: number;
   /** Send the usage chunk when asked (stream_options.include_usage). */
   usage?: boolean;
+  /** llamacpp: a llama-server started without --metrics (/metrics 501); /slots says which slots process. */
+  slotsOnly?: boolean;
 }
 
 export interface SeenEngineRequest {
@@ -167,10 +169,15 @@ export class EngineSim extends EventEmitter {
     if (req.method === 'GET' && path === '/metrics') {
       this.scrapes++;
       if (this.kind === 'generic') this.json(res, 404, { error: 'not found' });
+      else if (this.opts.slotsOnly) this.json(res, 501, { error: { code: 501, message: 'This server does not support metrics endpoint.', type: 'not_supported_error' } });
       else if (this.metricsMode === 'slow') this.pendingMetrics.add(res);
       else this.answerMetrics(res);
       this.emit('scrape');
       return;
+    }
+    if (req.method === 'GET' && path === '/slots' && this.opts.slotsOnly) {
+      const busy = this.running + this.held.running;
+      return this.json(res, 200, [0, 1].map((id) => ({ id, n_ctx: 4096, is_processing: id < busy })));
     }
     if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) {
       let raw = '';
