@@ -346,7 +346,8 @@ describe('OpenAIEngine in this process', { skip: simOnly }, () => {
         text += step.value.text;
       }
     };
-    const chat = await run({});
+    const passThrough: Record<string, unknown> = { top_p: 0.9, response_format: { type: 'json_object' } };
+    const chat = await run(passThrough as Partial<GenerateRequest>);
     assert.equal(chat.result.completion_tokens, 3);
     assert.equal(chat.result.prompt_tokens, 2, 'usage comes from the engine');
     assert.equal(chat.text.split(' ').length, 3);
@@ -354,6 +355,9 @@ describe('OpenAIEngine in this process', { skip: simOnly }, () => {
     const [c, kc] = s.seen;
     assert.equal(c?.path, '/v1/chat/completions');
     assert.deepEqual(c?.body.messages, [{ role: 'user', content: 'hi there' }]);
+    assert.equal(c?.body.top_p, 0.9);
+    assert.deepEqual(c?.body.response_format, { type: 'json_object' });
+    assert.equal(c?.body.max_tokens, 3);
     assert.deepEqual(kc?.body.messages.at(-1), { role: 'assistant', content: 'tide' });
     assert.equal(kc?.body.continue_final_message, true);
     assert.equal(kc?.body.add_generation_prompt, false);

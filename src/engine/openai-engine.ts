@@ -123,7 +123,8 @@ export class OpenAIEngine implements Engine {
     this.reprobe.reset();
     try {
       // Engines refuse max_tokens 0; a continuation whose budget is spent has nothing left to generate.
-      if (req.max_tokens <= 0) return { finish_reason: 'length', prompt_tokens: 0, completion_tokens: 0 };
+      const maxTokens: number | undefined = req.max_tokens;
+      if (maxTokens !== undefined && maxTokens <= 0) return { finish_reason: 'length', prompt_tokens: 0, completion_tokens: 0 };
       const chat = req.messages !== undefined;
       const path = chat ? '/v1/chat/completions' : '/v1/completions';
       const res = await request(`${this.baseUrl}${path}`, {
@@ -182,14 +183,20 @@ export class OpenAIEngine implements Engine {
       model: this.model,
       stream: true,
       stream_options: { include_usage: true },
-      max_tokens: req.max_tokens,
       temperature: req.temperature,
     };
+    const maxTokens: number | undefined = req.max_tokens;
+    // No budget: until the model stops or its context is full. vLLM reads an explicit null that way;
+    // the others get their own default (llama-server: unbounded; SGLang's /v1/completions: 16, as OpenAI's).
+    if (maxTokens !== undefined) body.max_tokens = maxTokens;
+    else if (this.opts.kind === 'vllm') body.max_tokens = null;
+    // Read structurally: fields the request plane carries (top_p, response_format), passed through as they are.
+    const extra = req as GenerateRequest & { top_p?: number; response_format?: unknown };
+    if (extra.top_p !== undefined) body.top_p = extra.top_p;
     if (req.seed !== undefined) body.seed = req.seed;
     if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
-    // Passed through when the request plane carries it (issue 10 §3); only declared for kinds that honour it.
-    const format = (req as GenerateRequest & { response_format?: unknown }).response_format;
-    if (format !== undefined) body.response_format = format;
+    // Only requested of engines that declare json_object (the request plane checks it).
+    if (extra.response_format !== undefined) body.response_format = extra.response_format;
     const cont = req.continuation;
     if (req.messages !== undefined) {
       body.messages = cont ? [...req.messages, { role: 'assistant', content: cont.text }] : req.messages;
