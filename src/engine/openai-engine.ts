@@ -298,8 +298,8 @@ export async function createOpenAIEngine(opts: OpenAIEngineOptions, mode: Worker
   } catch (err) {
     await proc?.stop(opts.stopTimeoutMs);
     await dispatcher.destroy();
-    const what = command === undefined ? `engine at ${base}` : `engine command "${command}"`;
-    throw new Error(`${what}: ${describeError(err)}`);
+    const msg = describeError(err);
+    throw new Error(command !== undefined ? `engine command "${command}": ${msg}` : msg.includes(base) ? msg : `engine at ${base}: ${msg}`);
   }
 }
 
