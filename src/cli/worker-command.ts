@@ -10,7 +10,9 @@ import {
 } from '../common/admin-auth.js';
 import { createLogger } from '../common/logger.js';
 import type { EngineSpec } from '../engine/create-engine.js';
+import { ENGINE_KINDS, QUIESCENCE_MODES, type EngineKind, type QuiescenceMode } from '../engine/engine-quiescence.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
+import { OPENAI_ENGINE_DEFAULTS } from '../engine/openai-engine.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
@@ -43,12 +45,19 @@ interface WorkerFlags {
   registerTimeoutMs: number;
   mockerMaxContext: number;
   kvTransferTtlMs: number;
+  engineUrl?: string;
+  engineKind: EngineKind;
+  engineCmd?: string;
+  engineQuiescence: QuiescenceMode;
+  engineStopTimeoutMs: number;
+  engineLoadTimeoutMs: number;
+  engineModel?: string;
 }
 
 export function workerCommand(): Command {
   return new Command('worker')
     .description('run one worker: an engine, its request plane and its system-status server (Admin API)')
-    .addOption(new Option('--engine <name>', 'inference engine').choices(['mocker']).default('mocker'))
+    .addOption(new Option('--engine <name>', 'inference engine').choices(['mocker', 'openai']).default('mocker'))
     .option('--model <name>', 'model name served', 'ebb-mock')
     .addOption(new Option('--mode <mode>', 'serving mode').choices(['aggregated', 'prefill', 'decode']).default('aggregated'))
     .option('--host <addr>', 'request-plane bind address', '127.0.0.1')
@@ -82,6 +91,17 @@ export function workerCommand(): Command {
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
     .option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)', MOCKER_DEFAULTS.failOnPrompt)
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
+    .option('--engine-url <url>', '--engine openai: the OpenAI-compatible engine server (default with --engine-cmd: http://127.0.0.1:{port})')
+    .addOption(new Option('--engine-kind <kind>', '--engine openai: which server it is, for its idleness signal').choices([...ENGINE_KINDS]).default('generic'))
+    .option('--engine-cmd <command>', '--engine openai: start the engine as this worker\'s child, {port} replaced by a free port; stopped after the worker drained')
+    .addOption(
+      new Option('--engine-quiescence <mode>', '--engine openai: probe (the engine\'s own pending-work signal, fail-closed) or trust-inflight (ebb\'s own count only: weaker)')
+        .choices([...QUIESCENCE_MODES])
+        .default('probe'),
+    )
+    .option('--engine-stop-timeout-ms <n>', '--engine-cmd: after SIGTERM, how long the engine may take before SIGKILL', msOption(0), OPENAI_ENGINE_DEFAULTS.stopTimeoutMs)
+    .option('--engine-load-timeout-ms <n>', '--engine openai: how long the engine may take to become healthy at start-up (0 = no bound)', msOption(0), OPENAI_ENGINE_DEFAULTS.loadTimeoutMs)
+    .option('--engine-model <name>', '--engine openai: the model name the engine serves (default: the first its /v1/models lists)')
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
       const adminToken = await loadAdminToken(flags.adminTokenFile);
@@ -144,8 +164,13 @@ export function workerCommand(): Command {
             discoveryUrl: flags.discovery,
             leaseTtlMs: flags.leaseTtlMs,
             registerTimeoutMs: flags.registerTimeoutMs,
-            shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
-            engine: engineSpec(flags),
+            shutdown: {
+              graceMs: flags.shutdownGraceMs,
+              drainTimeoutMs: flags.drainTimeoutMs,
+              // The engine child is stopped in the cleanup stage: its stop bound is part of the watchdog's margin.
+              ...(flags.engine === 'openai' && flags.engineCmd !== undefined ? { watchdogMarginMs: 5000 + flags.engineStopTimeoutMs } : {}),
+            },
+            engine: flags.engine === 'openai' ? openaiEngineSpec(flags) : engineSpec(flags),
           },
           log,
           exit,
@@ -167,7 +192,23 @@ export function workerCommand(): Command {
     });
 }
 
-/** The engine the worker hosts, from its flags. */
+/** --engine openai: a worker in front of an OpenAI-compatible engine server. */
+function openaiEngineSpec(flags: WorkerFlags): EngineSpec {
+  return {
+    kind: 'openai',
+    options: {
+      url: flags.engineUrl,
+      kind: flags.engineKind,
+      command: flags.engineCmd,
+      quiescence: flags.engineQuiescence,
+      stopTimeoutMs: flags.engineStopTimeoutMs,
+      loadTimeoutMs: flags.engineLoadTimeoutMs,
+      engineModel: flags.engineModel,
+    },
+  };
+}
+
+/** --engine mocker: the embedded simulated engine. */
 function engineSpec(flags: WorkerFlags): EngineSpec {
   return {
     kind: 'mocker',

@@ -107,7 +107,8 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const gen: GenerateRequest = {
       request_id: requestId,
       prompt,
-      // A continuation without an explicit budget gets what the default leaves.
+      messages: body.messages,
+      // Absent: until the model stops or its context is full (the engine knows its context).
       max_tokens: body.max_tokens,
       temperature: body.temperature ?? 1,
       top_p: body.top_p,
@@ -220,11 +221,13 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     if (scope.signal.reason instanceof HandOff) return handedOff(scope);
     const cut = scope.signal.reason instanceof ShutdownCut;
     const kvFailed = err instanceof KvPullError;
-    const code: ErrorCode = cut ? 'worker_shut_down' : kvFailed ? 'kv_transfer_failed' : 'engine_error';
+    // An engine that said what was wrong with the request (e.g. a prompt longer than its context) keeps its code: a 400 stays a 400.
+    const said = !cut && !kvFailed && err instanceof EbbError ? err : undefined;
+    const code: ErrorCode = cut ? 'worker_shut_down' : kvFailed ? 'kv_transfer_failed' : (said?.code ?? 'engine_error');
     const message = cut ? (scope.signal.reason as Error).message : (err as Error).message;
     if (!cut) log.error({ err, request_id: scope.id }, 'generation failed');
     if (!res.headersSent) {
-      res.writeHead(cut ? 503 : kvFailed ? 502 : 500, { 'content-type': 'application/json' });
+      res.writeHead(cut ? 503 : kvFailed ? 502 : (said?.status ?? 500), { 'content-type': 'application/json' });
       scope.end(JSON.stringify(errorBody(code, message)), 'errored');
     } else scope.end(line({ error: { code, message } }), 'errored');
   }

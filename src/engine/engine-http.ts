@@ -1,0 +1,45 @@
+import { request, type Dispatcher } from 'undici';
+
+/** What a bounded GET read: the status and the body text (cut at the limit). */
+export interface BoundedAnswer {
+  status: number;
+  text: string;
+}
+
+/** Thrown when the engine did not answer within the bound (as opposed to answering with an error). */
+export class EngineTimeout extends Error {}
+
+/**
+ * GET with a hard bound on the whole exchange (headers and body) and on the body size: an engine
+ * page that is slow or huge must never stall a probe or the worker's memory.
+ */
+export async function getBounded(url: string, dispatcher: Dispatcher, timeoutMs: number, maxBytes = 4 << 20, signal?: AbortSignal): Promise<BoundedAnswer> {
+  const bound = AbortSignal.timeout(timeoutMs);
+  const all = signal ? AbortSignal.any([bound, signal]) : bound;
+  try {
+    const res = await request(url, { method: 'GET', dispatcher, signal: all, headersTimeout: timeoutMs, bodyTimeout: timeoutMs });
+    let text = '';
+    let bytes = 0;
+    const decoder = new TextDecoder();
+    for await (const chunk of res.body as AsyncIterable<Buffer>) {
+      bytes += chunk.length;
+      if (bytes > maxBytes) {
+        res.body.destroy();
+        break;
+      }
+      text += decoder.decode(chunk, { stream: true });
+    }
+    return { status: res.statusCode, text: text + decoder.decode() };
+  } catch (err) {
+    if (bound.aborted) throw new EngineTimeout(`GET ${url} did not answer within ${timeoutMs} ms`);
+    throw err;
+  }
+}
+
+/** One line naming what failed: undici's errors carry the useful part in `code` or `cause`. */
+export function describeError(err: unknown): string {
+  const e = err as (Error & { code?: string; cause?: { code?: string; message?: string } }) | undefined;
+  const code = e?.code ?? e?.cause?.code;
+  const msg = e?.message ?? String(err);
+  return code && !msg.includes(code) ? `${msg} (${code})` : msg;
+}

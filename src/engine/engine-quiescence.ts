@@ -1,0 +1,111 @@
+import type { Dispatcher } from 'undici';
+import type { Quiescence } from './engine.js';
+import { describeError, getBounded } from './engine-http.js';
+import { MetricsFormatError, readSamples, sumGauge } from './prometheus-text.js';
+
+/** The engine servers ebb knows the idleness signal of; `generic` is any other OpenAI-compatible server. */
+export const ENGINE_KINDS = ['vllm', 'sglang', 'llamacpp', 'generic'] as const;
+export type EngineKind = (typeof ENGINE_KINDS)[number];
+
+/** `probe`: the engine's own signal (fail-closed); `trust-inflight`: ebb's own count only (weaker). */
+export const QUIESCENCE_MODES = ['probe', 'trust-inflight'] as const;
+export type QuiescenceMode = (typeof QUIESCENCE_MODES)[number];
+
+/** Bound on one metrics read: a slower answer is `unknown`, never a wait that holds the drain. */
+export const PROBE_TIMEOUT_MS = 1000;
+
+export interface EngineIdlenessProbe {
+  probe(): Promise<Quiescence>;
+  /** False when the answer can never change by asking again (generic): no re-probing. */
+  readonly canChange: boolean;
+}
+
+/**
+ * The documented pending-work gauges of each engine, summed over their label sets. `optional`
+ * gauges count when the page has them (older or newer releases add queues).
+ */
+const GAUGES: Record<Exclude<EngineKind, 'generic'>, { running: string; queued: string; optional: string[] }> = {
+  // vLLM: scheduler state, labelled by model_name (and engine index with data parallelism).
+  vllm: { running: 'vllm:num_requests_running', queued: 'vllm:num_requests_waiting', optional: ['vllm:num_requests_swapped'] },
+  // SGLang (server started with --enable-metrics): labelled by model_name (and rank).
+  sglang: { running: 'sglang:num_running_reqs', queued: 'sglang:num_queue_reqs', optional: ['sglang:num_grammar_queue_reqs'] },
+  // llama.cpp's llama-server (started with --metrics): unlabelled.
+  llamacpp: { running: 'llamacpp:requests_processing', queued: 'llamacpp:requests_deferred', optional: [] },
+};
+
+const unknown = (reason: string): Quiescence => ({ state: 'unknown', reason });
+
+/** Reads the engine's /metrics page and turns its pending-work gauges into an answer; every doubt is `unknown`. */
+async function probeMetrics(kind: Exclude<EngineKind, 'generic'>, baseUrl: string, dispatcher: Dispatcher, timeoutMs: number): Promise<Quiescence | { status: number }> {
+  const url = `${baseUrl}/metrics`;
+  let page;
+  try {
+    page = await getBounded(url, dispatcher, timeoutMs);
+  } catch (err) {
+    return unknown(`${kind} metrics: ${describeError(err)}`);
+  }
+  if (page.status !== 200) return { status: page.status };
+  const g = GAUGES[kind];
+  try {
+    const samples = readSamples(page.text, [g.running, g.queued, ...g.optional]);
+    const running = sumGauge(samples, g.running);
+    const queued = sumGauge(samples, g.queued) + g.optional.reduce((n, name) => n + (samples.has(name) ? sumGauge(samples, name) : 0), 0);
+    if (running === 0 && queued === 0) return { state: 'idle' };
+    return { state: 'busy', waiting_for: [`engine (${kind}): ${running} running, ${queued} queued request${running + queued === 1 ? '' : 's'} (${url})`] };
+  } catch (err) {
+    if (err instanceof MetricsFormatError) return unknown(`${kind} metrics at ${url} unreadable: ${err.message}`);
+    throw err;
+  }
+}
+
+/**
+ * llama-server without --metrics: /slots lists each slot and whether it is processing. It cannot
+ * see requests deferred for want of a free slot, so it is the weaker of llama.cpp's two signals.
+ */
+async function probeSlots(baseUrl: string, dispatcher: Dispatcher, timeoutMs: number, metricsStatus: number): Promise<Quiescence> {
+  const url = `${baseUrl}/slots`;
+  let page;
+  try {
+    page = await getBounded(url, dispatcher, timeoutMs);
+  } catch (err) {
+    return unknown(`llamacpp: /metrics answered ${metricsStatus} and /slots failed: ${describeError(err)}`);
+  }
+  if (page.status !== 200) return unknown(`llamacpp: /metrics answered ${metricsStatus} and /slots ${page.status}; start llama-server with --metrics`);
+  let slots: unknown;
+  try {
+    slots = JSON.parse(page.text);
+  } catch {
+    return unknown(`llamacpp: /slots at ${url} is not JSON`);
+  }
+  if (!Array.isArray(slots) || slots.length === 0) return unknown(`llamacpp: /slots at ${url} is not a list of slots`);
+  let processing = 0;
+  for (const s of slots as Array<Record<string, unknown>>) {
+    // Newer builds say is_processing; older ones a state number (0 = idle).
+    if (typeof s?.is_processing === 'boolean') processing += s.is_processing ? 1 : 0;
+    else if (typeof s?.state === 'number') processing += s.state === 0 ? 0 : 1;
+    else return unknown(`llamacpp: /slots at ${url} has a slot without is_processing or state`);
+  }
+  return processing === 0 ? { state: 'idle' } : { state: 'busy', waiting_for: [`engine (llamacpp): ${processing} slot${processing === 1 ? '' : 's'} processing (${url})`] };
+}
+
+export function createIdlenessProbe(kind: EngineKind, mode: QuiescenceMode, baseUrl: string, dispatcher: Dispatcher, timeoutMs = PROBE_TIMEOUT_MS): EngineIdlenessProbe {
+  // ebb's own count is checked by the adapter and the lifecycle before any probe: nothing more to ask.
+  if (mode === 'trust-inflight') return { canChange: false, probe: async () => ({ state: 'idle' }) };
+  if (kind === 'generic') {
+    const answer = unknown(
+      'a generic engine cannot report its own pending work; the drain stays draining. ' +
+        'Set --engine-kind if the server is vLLM, SGLang or llama.cpp, or --engine-quiescence trust-inflight to trust ebb\'s own in-flight count (weaker: work the engine still holds is not seen)',
+    );
+    return { canChange: false, probe: async () => answer };
+  }
+  return {
+    canChange: true,
+    async probe() {
+      const q = await probeMetrics(kind, baseUrl, dispatcher, timeoutMs);
+      if ('state' in q) return q;
+      if (kind === 'llamacpp' && (q.status === 501 || q.status === 404)) return probeSlots(baseUrl, dispatcher, timeoutMs, q.status);
+      const hint = kind === 'sglang' ? ' (start SGLang with --enable-metrics)' : kind === 'llamacpp' ? ' (start llama-server with --metrics)' : '';
+      return unknown(`${kind} metrics: GET ${baseUrl}/metrics answered ${q.status}${hint}`);
+    },
+  };
+}

@@ -1,0 +1,322 @@
+import { EventEmitter } from 'node:events';
+import type { Logger } from 'pino';
+import { Agent, request } from 'undici';
+import type { WorkerMode } from '../discovery/discovery.js';
+import type { Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import { waitUntilHealthy } from './engine-health.js';
+import { describeError, getBounded } from './engine-http.js';
+import { describeExit, EngineProcess, freePort } from './engine-process.js';
+import { createIdlenessProbe, type EngineIdlenessProbe, type EngineKind, type QuiescenceMode } from './engine-quiescence.js';
+import { ReprobeBackoff } from './reprobe-backoff.js';
+import { sseData } from './sse-events.js';
+
+export interface OpenAIEngineOptions {
+  /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
+  url?: string | undefined;
+  kind: EngineKind;
+  /** Started as the worker's child, `{port}` replaced by a free port (--engine-cmd). */
+  command?: string | undefined;
+  quiescence: QuiescenceMode;
+  /** After SIGTERM, how long the engine child may take before SIGKILL. */
+  stopTimeoutMs: number;
+  /** How long the engine may take to become healthy at start-up (0: no bound). */
+  loadTimeoutMs: number;
+  /** The model name the engine serves; default: the first one its /v1/models lists. */
+  engineModel?: string | undefined;
+}
+
+export const OPENAI_ENGINE_DEFAULTS = { stopTimeoutMs: 10_000, loadTimeoutMs: 900_000 } as const;
+
+/** Where each kind says it can serve: vLLM, SGLang and llama-server have /health; any OpenAI server has /v1/models. */
+function healthPath(kind: EngineKind): string {
+  return kind === 'generic' ? '/v1/models' : '/health';
+}
+
+interface ModelsList {
+  data?: Array<{ id?: unknown; max_model_len?: unknown }>;
+}
+
+interface StreamChunk {
+  error?: { message?: string } | string;
+  choices?: Array<{ text?: string | null; delta?: { content?: string | null }; finish_reason?: string | null }>;
+  usage?: { prompt_tokens?: number; completion_tokens?: number } | null;
+}
+
+/** A fixed-size read of an error answer: enough for its message, never the whole of a runaway body. */
+async function errorText(body: AsyncIterable<Buffer> & { destroy(): void }): Promise<string> {
+  let text = '';
+  for await (const chunk of body) {
+    text += chunk.toString('utf8');
+    if (text.length > 2000) {
+      body.destroy();
+      break;
+    }
+  }
+  try {
+    const parsed = JSON.parse(text) as { error?: { message?: string } | string; message?: string; detail?: unknown };
+    const e = parsed.error;
+    return (typeof e === 'string' ? e : e?.message) ?? parsed.message ?? JSON.stringify(parsed.detail ?? parsed);
+  } catch {
+    return text.trim().slice(0, 300);
+  }
+}
+
+/**
+ * A worker in front of an OpenAI-compatible engine server (vLLM, SGLang, llama-server, or any
+ * other): each generate is one streaming /v1/completions (or /v1/chat/completions) request; the
+ * worker keeps its own admission, drain and shutdown. Idleness comes from the engine's own
+ * pending-work gauges (engine-quiescence.ts); the engine child, when ebb started it, is stopped
+ * only after the worker drained (close()).
+ */
+export class OpenAIEngine implements Engine {
+  readonly kind = 'openai';
+  readonly capabilities: EngineCapabilities;
+  private readonly events = new EventEmitter();
+  private readonly idleness: EngineIdlenessProbe;
+  private readonly reprobe: ReprobeBackoff;
+  private inflight = 0;
+  private generated = 0;
+  private usageMissingLogged = false;
+  private failure: Error | undefined;
+  private lastProbe: Quiescence | null = null;
+
+  constructor(
+    private readonly opts: OpenAIEngineOptions,
+    private readonly baseUrl: string,
+    private readonly model: string,
+    maxContext: number | null,
+    private readonly dispatcher: Agent,
+    private readonly proc: EngineProcess | undefined,
+    private readonly log: Logger,
+  ) {
+    const known = opts.kind !== 'generic';
+    this.capabilities = {
+      // The three named servers honour response_format json_object; a generic one may not.
+      json_object: known,
+      json_schema: false,
+      logprobs: false,
+      tools: false,
+      max_context: maxContext,
+      // A continuation is re-sent as text: the engine re-tokenizes it, so the tokens may differ
+      // from the original ones at the seam. Chat continues an assistant-prefix message, which a
+      // generic server may not support.
+      continuation: known,
+    };
+    this.idleness = createIdlenessProbe(opts.kind, opts.quiescence, baseUrl, dispatcher);
+    this.reprobe = new ReprobeBackoff(() => this.events.emit('change'));
+    proc?.onFailure((err) => {
+      this.failure = err;
+      this.events.emit('failure', err);
+    });
+  }
+
+  get url(): string {
+    return this.baseUrl;
+  }
+
+  get enginePid(): number | undefined {
+    return this.proc?.pid;
+  }
+
+  async *generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
+    this.inflight++;
+    this.reprobe.reset();
+    try {
+      // Engines refuse max_tokens 0; a continuation whose budget is spent has nothing left to generate.
+      const maxTokens: number | undefined = req.max_tokens;
+      if (maxTokens !== undefined && maxTokens <= 0) return { finish_reason: 'length', prompt_tokens: 0, completion_tokens: 0 };
+      const chat = req.messages !== undefined;
+      const path = chat ? '/v1/chat/completions' : '/v1/completions';
+      const res = await request(`${this.baseUrl}${path}`, {
+        method: 'POST',
+        dispatcher: this.dispatcher,
+        signal,
+        headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+        body: JSON.stringify(this.bodyFor(req)),
+      });
+      if (res.statusCode !== 200) throw new Error(`the engine answered ${res.statusCode} to POST ${path}: ${await errorText(res.body)}`);
+      let finish: FinishReason = 'stop';
+      let usage: StreamChunk['usage'];
+      let pieces = 0;
+      try {
+        for await (const data of sseData(res.body as AsyncIterable<Buffer>)) {
+          if (data === '[DONE]') break;
+          let chunk: StreamChunk;
+          try {
+            chunk = JSON.parse(data) as StreamChunk;
+          } catch {
+            throw new Error(`the engine sent an event that is not JSON on ${path}: ${data.slice(0, 100)}`);
+          }
+          if (chunk.error !== undefined) throw new Error(`the engine failed mid-stream: ${typeof chunk.error === 'string' ? chunk.error : (chunk.error.message ?? 'unknown error')}`);
+          const choice = chunk.choices?.[0];
+          const text = chat ? choice?.delta?.content : choice?.text;
+          if (typeof text === 'string' && text !== '') {
+            pieces++;
+            this.generated++;
+            yield { text };
+          }
+          if (choice?.finish_reason) finish = choice.finish_reason === 'length' ? 'length' : 'stop';
+          if (chunk.usage) usage = chunk.usage;
+        }
+      } finally {
+        // The client left, the stream was cut, or the engine's answer is done with: close it now.
+        if (!res.body.destroyed) res.body.destroy();
+      }
+      if (typeof usage?.completion_tokens !== 'number' && !this.usageMissingLogged) {
+        this.usageMissingLogged = true;
+        this.log.warn({ event: 'engine_usage_missing' }, 'the engine does not report usage (stream_options.include_usage): completion tokens are counted as stream pieces, prompt tokens as 0');
+      }
+      return {
+        finish_reason: finish,
+        prompt_tokens: typeof usage?.prompt_tokens === 'number' ? usage.prompt_tokens : 0,
+        completion_tokens: typeof usage?.completion_tokens === 'number' ? usage.completion_tokens : pieces,
+      };
+    } finally {
+      this.inflight--;
+      // No event comes from the engine itself: ebb's own last call ending is when the lifecycle probes.
+      if (this.inflight === 0) this.events.emit('change');
+    }
+  }
+
+  private bodyFor(req: GenerateRequest): Record<string, unknown> {
+    const body: Record<string, unknown> = {
+      model: this.model,
+      stream: true,
+      stream_options: { include_usage: true },
+      temperature: req.temperature,
+    };
+    const maxTokens: number | undefined = req.max_tokens;
+    // No budget: until the model stops or its context is full. vLLM reads an explicit null that way;
+    // the others get their own default (llama-server: unbounded; SGLang's /v1/completions: 16, as OpenAI's).
+    if (maxTokens !== undefined) body.max_tokens = maxTokens;
+    else if (this.opts.kind === 'vllm') body.max_tokens = null;
+    // Read structurally: fields the request plane carries (top_p, response_format), passed through as they are.
+    const extra = req as GenerateRequest & { top_p?: number; response_format?: unknown };
+    if (extra.top_p !== undefined) body.top_p = extra.top_p;
+    if (req.seed !== undefined) body.seed = req.seed;
+    if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
+    // Only requested of engines that declare json_object (the request plane checks it).
+    if (extra.response_format !== undefined) body.response_format = extra.response_format;
+    const cont = req.continuation;
+    if (req.messages !== undefined) {
+      body.messages = cont ? [...req.messages, { role: 'assistant', content: cont.text }] : req.messages;
+      // vLLM and SGLang continue a final assistant message only when told; llama-server does it by itself.
+      if (cont && (this.opts.kind === 'vllm' || this.opts.kind === 'sglang')) {
+        body.continue_final_message = true;
+        body.add_generation_prompt = false;
+      }
+    } else body.prompt = cont ? req.prompt + cont.text : req.prompt;
+    return body;
+  }
+
+  async probeQuiescence(): Promise<Quiescence> {
+    // A generate still unwinding (its engine request closing) emits a change when it is done.
+    if (this.inflight > 0) return { state: 'busy', waiting_for: [`${this.inflight} engine request${this.inflight === 1 ? '' : 's'} still closing`] };
+    if (this.failure) return (this.lastProbe = { state: 'unknown', reason: this.failure.message });
+    const q = await this.idleness.probe();
+    this.lastProbe = q;
+    if (q.state === 'idle' || !this.idleness.canChange || this.inflight > 0) this.reprobe.reset();
+    else this.reprobe.schedule();
+    return q;
+  }
+
+  onQuiescenceChange(listener: () => void): () => void {
+    this.events.on('change', listener);
+    return () => this.events.off('change', listener);
+  }
+
+  /** The engine server queues what it cannot run yet; its own limits answer for overload. */
+  isOverloaded(): boolean {
+    return false;
+  }
+
+  onFailure(listener: (err: Error) => void): () => void {
+    this.events.on('failure', listener);
+    // A failure before anyone listened (between start-up and the worker wiring this) is not lost.
+    if (this.failure) queueMicrotask(() => listener(this.failure as Error));
+    return () => this.events.off('failure', listener);
+  }
+
+  stats(): EngineStats {
+    return {
+      kind: this.kind,
+      engine_kind: this.opts.kind,
+      engine_url: this.baseUrl,
+      engine_model: this.model,
+      quiescence: this.opts.quiescence,
+      ...(this.proc ? { engine_pid: this.proc.pid ?? null } : {}),
+      running_sequences: this.inflight,
+      queued_sequences: 0,
+      batch_slots: 0,
+      generated_tokens: this.generated,
+      last_probe: this.lastProbe,
+    };
+  }
+
+  async close(): Promise<void> {
+    this.reprobe.reset();
+    await this.proc?.stop(this.opts.stopTimeoutMs);
+    await this.dispatcher.destroy();
+  }
+}
+
+function trimSlash(url: string): string {
+  return url.replace(/\/+$/, '');
+}
+
+/**
+ * Starts the engine child (with --engine-cmd), waits until the engine serves and learns its model;
+ * resolves only then. Aborting `signal` (SIGTERM while loading) stops the child and rejects. Every
+ * failure is one line naming the URL or command and the cause.
+ */
+export async function createOpenAIEngine(opts: OpenAIEngineOptions, mode: WorkerMode, log: Logger, signal: AbortSignal): Promise<OpenAIEngine> {
+  if (mode !== 'aggregated') throw new Error(`--engine openai serves aggregated workers only (got --mode ${mode}): the engine server does its own prefill and decode`);
+  let url = opts.url;
+  let command = opts.command;
+  if (command !== undefined) {
+    if (command.includes('{port}')) {
+      const port = await freePort();
+      command = command.replaceAll('{port}', String(port));
+      url ??= `http://127.0.0.1:${port}`;
+    } else if (url === undefined) throw new Error('--engine-cmd has no {port} and no --engine-url is given: ebb cannot know where the engine listens');
+  }
+  if (url === undefined) throw new Error('--engine openai needs --engine-url (or --engine-cmd with {port})');
+  const base = trimSlash(url);
+  try {
+    new URL(base);
+  } catch {
+    throw new Error(`--engine-url is not a URL: ${url}`);
+  }
+  const dispatcher = new Agent({ keepAliveTimeout: 10_000 });
+  const proc = command === undefined ? undefined : new EngineProcess(command, log);
+  try {
+    await waitUntilHealthy({ url: `${base}${healthPath(opts.kind)}`, dispatcher, log, signal, timeoutMs: opts.loadTimeoutMs, exited: proc?.exited });
+    const { model, maxContext } = await readModels(base, dispatcher, opts.engineModel);
+    if (proc?.exitStatus) throw new Error(`the engine exited (${describeExit(proc.exitStatus)}) right after it became healthy`);
+    log.info({ event: 'engine_connected', url: base, engine_kind: opts.kind, engine_model: model, max_context: maxContext, quiescence: opts.quiescence }, `engine ${opts.kind} at ${base} serves ${model}`);
+    return new OpenAIEngine(opts, base, model, maxContext, dispatcher, proc, log);
+  } catch (err) {
+    await proc?.stop(opts.stopTimeoutMs);
+    await dispatcher.destroy();
+    const msg = describeError(err);
+    throw new Error(command !== undefined ? `engine command "${command}": ${msg}` : msg.includes(base) ? msg : `engine at ${base}: ${msg}`);
+  }
+}
+
+/** The model the engine serves, and its context length where the engine says (vLLM's max_model_len). */
+async function readModels(base: string, dispatcher: Agent, wanted: string | undefined): Promise<{ model: string; maxContext: number | null }> {
+  const res = await getBounded(`${base}/v1/models`, dispatcher, 5000, 1 << 20);
+  if (res.status !== 200) throw new Error(`GET ${base}/v1/models answered ${res.status}`);
+  let list: ModelsList;
+  try {
+    list = JSON.parse(res.text) as ModelsList;
+  } catch {
+    throw new Error(`GET ${base}/v1/models is not JSON`);
+  }
+  const models = (list.data ?? []).filter((m): m is { id: string; max_model_len?: unknown } => typeof m?.id === 'string');
+  const chosen = wanted === undefined ? models[0] : models.find((m) => m.id === wanted);
+  if (chosen === undefined)
+    throw new Error(wanted === undefined ? `GET ${base}/v1/models lists no model` : `the engine serves ${models.map((m) => `"${m.id}"`).join(', ') || 'no model'}, not "${wanted}" (--engine-model)`);
+  const len = chosen.max_model_len;
+  return { model: chosen.id, maxContext: typeof len === 'number' && Number.isInteger(len) && len > 0 ? len : null };
+}

@@ -1,0 +1,268 @@
+/**
+ * Engine simulators: small OpenAI-compatible servers standing in for vLLM, SGLang, llama-server or
+ * a generic engine. Each serves /health, /v1/models, streaming /v1/completions and
+ * /v1/chat/completions (one word per inter-token interval), and its kind's /metrics page, whose
+ * running/waiting gauges reflect the requests it really has open. Knobs make it misbehave the way
+ * real engines can: busy after ebb's requests ended, metrics slow, garbled or missing, or dead.
+ */
+import { EventEmitter, once } from 'node:events';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+
+export type SimKind = 'vllm' | 'sglang' | 'llamacpp' | 'generic';
+export type MetricsMode = 'ok' | 'slow' | 'garbage' | 'missing';
+
+export interface EngineSimOptions {
+  kind: SimKind;
+  /** Inter-token latency (ms). */
+  itlMs?: number;
+  model?: string;
+  /** Reported in /v1/models as max_model_len (vLLM's field); null leaves it out. */
+  maxModelLen?: number | null;
+  port?: number;
+  /** /health answers 503 for this long after start: a model loading. */
+  loadMs?: number;
+  /** Send the usage chunk when asked (stream_options.include_usage). */
+  usage?: boolean;
+  /** llamacpp: a llama-server started without --metrics (/metrics 501); /slots says which slots process. */
+  slotsOnly?: boolean;
+}
+
+export interface SeenEngineRequest {
+  path: string;
+  body: Record<string, any>;
+}
+
+const WORDS = 'tide river shore harbor light quiet steady flow ebb drift wave sand gull salt moon'.split(' ');
+
+function metricsPage(kind: Exclude<SimKind, 'generic'>, model: string, running: number, waiting: number, held: { running: number; waiting: number }): string {
+  const f = (n: number) => n.toFixed(1); // Python's prometheus_client prints floats
+  switch (kind) {
+    case 'vllm':
+      // Two engines (data parallel): what ebb holds runs on engine 0, the held work on engine 1, so
+      // a probe that read only the first sample would miss it.
+      return [
+        '# HELP vllm:num_requests_running Number of requests in model execution batches.',
+        '# TYPE vllm:num_requests_running gauge',
+        `vllm:num_requests_running{engine="0",model_name="${model}"} ${f(running)}`,
+        `vllm:num_requests_running{engine="1",model_name="${model}"} ${f(held.running)}`,
+        '# HELP vllm:num_requests_waiting Number of requests waiting to be processed.',
+        '# TYPE vllm:num_requests_waiting gauge',
+        `vllm:num_requests_waiting{engine="0",model_name="${model}"} ${f(waiting)}`,
+        `vllm:num_requests_waiting{engine="1",model_name="${model}"} ${f(held.waiting)}`,
+        '# HELP vllm:num_requests_running_total_fake A longer name sharing the prefix, to be ignored.',
+        `vllm:num_requests_running_total_fake{model_name="${model}"} 7.0`,
+        '# TYPE vllm:e2e_request_latency_seconds histogram',
+        `vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="${model}"} 3.0`,
+        '',
+      ].join('\n');
+    case 'sglang':
+      return [
+        '# HELP sglang:num_running_reqs The number of running requests.',
+        '# TYPE sglang:num_running_reqs gauge',
+        `sglang:num_running_reqs{model_name="${model}",tp_rank="0"} ${f(running + held.running)}`,
+        '# HELP sglang:num_queue_reqs The number of requests in the waiting queue.',
+        '# TYPE sglang:num_queue_reqs gauge',
+        `sglang:num_queue_reqs{model_name="${model}",tp_rank="0"} ${f(waiting + held.waiting)}`,
+        `sglang:token_usage{model_name="${model}"} 0.28`,
+        '',
+      ].join('\n');
+    case 'llamacpp':
+      return [
+        '# HELP llamacpp:requests_processing Number of requests processing.',
+        '# TYPE llamacpp:requests_processing gauge',
+        `llamacpp:requests_processing ${running + held.running}`,
+        '# HELP llamacpp:requests_deferred Number of requests deferred.',
+        '# TYPE llamacpp:requests_deferred gauge',
+        `llamacpp:requests_deferred ${waiting + held.waiting}`,
+        '',
+      ].join('\n');
+  }
+}
+
+export class EngineSim extends EventEmitter {
+  readonly kind: SimKind;
+  readonly model: string;
+  url = '';
+  port = 0;
+  /** Streams open right now. */
+  running = 0;
+  /** Work the engine holds beyond ebb's requests (holdBusy). */
+  held = { running: 0, waiting: 0 };
+  metricsMode: MetricsMode = 'ok';
+  readonly seen: SeenEngineRequest[] = [];
+  /** /metrics reads so far. */
+  scrapes = 0;
+  /** Streams the client closed before they finished. */
+  closedEarly = 0;
+  private readonly server: Server;
+  private readonly startedAt = Date.now();
+  private readonly pendingMetrics = new Set<ServerResponse>();
+
+  constructor(private readonly opts: EngineSimOptions) {
+    super();
+    this.kind = opts.kind;
+    this.model = opts.model ?? 'sim-model';
+    this.server = createServer((req, res) => this.handle(req, res));
+  }
+
+  async listen(): Promise<this> {
+    this.server.listen(this.opts.port ?? 0, '127.0.0.1');
+    await once(this.server, 'listening');
+    this.port = (this.server.address() as { port: number }).port;
+    this.url = `http://127.0.0.1:${this.port}`;
+    return this;
+  }
+
+  /** The engine stays busy after ebb's requests end (a request of another client, a KV transfer...). */
+  holdBusy(running = 1, waiting = 0): void {
+    this.held = { running, waiting };
+  }
+
+  /** Ends held work, and answers metrics reads left hanging by the `slow` mode. */
+  release(): void {
+    this.held = { running: 0, waiting: 0 };
+    this.metricsMode = 'ok';
+    for (const res of this.pendingMetrics) this.answerMetrics(res);
+    this.pendingMetrics.clear();
+  }
+
+  /** Resolves on the next /metrics read (after it was answered, or left hanging). */
+  nextScrape(): Promise<void> {
+    return once(this, 'scrape').then(() => undefined);
+  }
+
+  /** Resolves when a stream the client closed early has been torn down. */
+  nextClosedEarly(): Promise<void> {
+    return once(this, 'closed-early').then(() => undefined);
+  }
+
+  /** Crash: the listener and every connection go away at once. */
+  die(): void {
+    this.server.close();
+    this.server.closeAllConnections();
+  }
+
+  async close(): Promise<void> {
+    for (const res of this.pendingMetrics) res.destroy();
+    this.pendingMetrics.clear();
+    this.server.closeAllConnections();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+
+  private json(res: ServerResponse, status: number, body: unknown): void {
+    res.writeHead(status, { 'content-type': 'application/json' });
+    res.end(JSON.stringify(body));
+  }
+
+  private handle(req: IncomingMessage, res: ServerResponse): void {
+    const path = (req.url ?? '/').split('?')[0];
+    if (req.method === 'GET' && path === '/health') {
+      const loading = Date.now() - this.startedAt < (this.opts.loadMs ?? 0);
+      if (this.kind === 'generic') return this.json(res, 404, { error: 'not found' });
+      return loading ? this.json(res, 503, { error: 'loading model' }) : this.json(res, 200, {});
+    }
+    if (req.method === 'GET' && path === '/v1/models') {
+      if (Date.now() - this.startedAt < (this.opts.loadMs ?? 0)) return this.json(res, 503, { error: 'loading model' });
+      const len = this.opts.maxModelLen === undefined ? 4096 : this.opts.maxModelLen;
+      return this.json(res, 200, { object: 'list', data: [{ id: this.model, object: 'model', owned_by: 'sim', ...(len === null ? {} : { max_model_len: len }) }] });
+    }
+    if (req.method === 'GET' && path === '/metrics') {
+      this.scrapes++;
+      if (this.kind === 'generic') this.json(res, 404, { error: 'not found' });
+      else if (this.opts.slotsOnly) this.json(res, 501, { error: { code: 501, message: 'This server does not support metrics endpoint.', type: 'not_supported_error' } });
+      else if (this.metricsMode === 'slow') this.pendingMetrics.add(res);
+      else this.answerMetrics(res);
+      this.emit('scrape');
+      return;
+    }
+    if (req.method === 'GET' && path === '/slots' && this.opts.slotsOnly) {
+      const busy = this.running + this.held.running;
+      return this.json(res, 200, [0, 1].map((id) => ({ id, n_ctx: 4096, is_processing: id < busy })));
+    }
+    if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) {
+      let raw = '';
+      req.setEncoding('utf8');
+      req.on('data', (c: string) => (raw += c));
+      req.on('end', () => {
+        let body: Record<string, any>;
+        try {
+          body = JSON.parse(raw) as Record<string, any>;
+        } catch {
+          return this.json(res, 400, { error: { message: 'body is not JSON' } });
+        }
+        this.seen.push({ path, body });
+        this.emit('request', { path, body });
+        this.stream(path === '/v1/chat/completions', body, res);
+      });
+      return;
+    }
+    this.json(res, 404, { error: { message: `no route ${req.method} ${path}` } });
+  }
+
+  private answerMetrics(res: ServerResponse): void {
+    if (this.kind === 'generic') return;
+    const ok = metricsPage(this.kind, this.model, this.running, 0, this.held);
+    const text =
+      this.metricsMode === 'garbage'
+        ? `<html><body>502 Bad Gateway</body></html>\n${ok.replace(/ (\d+(\.\d+)?)$/gm, ' lots')}`
+        : this.metricsMode === 'missing'
+          ? '# HELP process_cpu_seconds_total CPU time\nprocess_cpu_seconds_total 1.5\n'
+          : ok;
+    res.writeHead(200, { 'content-type': 'text/plain; version=0.0.4' });
+    res.end(text);
+  }
+
+  private stream(chat: boolean, body: Record<string, any>, res: ServerResponse): void {
+    if (typeof body.max_tokens !== 'number' || body.max_tokens < 1) return this.json(res, 400, { error: { message: 'max_tokens must be at least 1' } });
+    const maxTokens = body.max_tokens as number;
+    const stops: string[] = Array.isArray(body.stop) ? body.stop : typeof body.stop === 'string' ? [body.stop] : [];
+    const prompt = chat ? (body.messages as Array<{ content: string }>).map((m) => m.content).join('\n') : String(body.prompt ?? '');
+    const promptTokens = Math.max(1, prompt.split(/\s+/).filter(Boolean).length);
+    const withUsage = this.opts.usage !== false && body.stream_options?.include_usage === true;
+    const id = `cmpl-${Math.random().toString(36).slice(2, 10)}`;
+    let seed = (Number(body.seed ?? 0) >>> 0) + 1;
+    this.running++;
+    let finished = false;
+    const end = () => {
+      if (finished) return;
+      finished = true;
+      this.running--;
+    };
+    res.on('close', () => {
+      if (finished) return;
+      end();
+      this.closedEarly++;
+      this.emit('closed-early');
+    });
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const send = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
+    const chunk = (text: string | null, finish: string | null) =>
+      chat
+        ? { id, object: 'chat.completion.chunk', model: this.model, choices: [{ index: 0, delta: text === null ? {} : { content: text }, finish_reason: finish }] }
+        : { id, object: 'text_completion', model: this.model, choices: [{ index: 0, text: text ?? '', finish_reason: finish }] };
+    let n = 0;
+    let text = '';
+    const step = () => {
+      if (finished || res.destroyed) return;
+      seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+      const word = `${n === 0 ? '' : ' '}${WORDS[seed % WORDS.length]}`;
+      text += word;
+      n++;
+      const stopped = stops.some((s) => s !== '' && text.includes(s));
+      const last = stopped || n >= maxTokens;
+      if (!stopped) send(chunk(word, null));
+      if (!last) return void setTimeout(step, this.opts.itlMs ?? 20);
+      send(chunk(null, stopped ? 'stop' : 'length'));
+      const completion = stopped ? n - 1 : n;
+      if (withUsage) send({ id, object: 'text_completion', model: this.model, choices: [], usage: { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion } });
+      res.write('data: [DONE]\n\n');
+      end();
+      res.end();
+    };
+    setTimeout(step, this.opts.itlMs ?? 20);
+  }
+}
+
+export async function startEngineSim(opts: EngineSimOptions): Promise<EngineSim> {
+  return new EngineSim(opts).listen();
+}
