@@ -13,10 +13,11 @@ import { MOCKER_DEFAULTS } from '../engine/mocker.js';
 import { newWorkerId, startWorker } from '../worker/worker.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import { discoveryDefault, intOption } from './options.js';
+import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-options.js';
 
-interface WorkerFlags {
+interface WorkerFlags extends LlamaCppFlags {
   engine: string;
-  model: string;
+  model?: string;
   mode: WorkerMode;
   host: string;
   port: number;
@@ -40,10 +41,10 @@ interface WorkerFlags {
 }
 
 export function workerCommand(): Command {
-  return new Command('worker')
+  const command = new Command('worker')
     .description('run one worker: an engine, its request plane and its system-status server (Admin API)')
-    .addOption(new Option('--engine <name>', 'inference engine').choices(['mocker']).default('mocker'))
-    .option('--model <name>', 'model name served', 'ebb-mock')
+    .addOption(new Option('--engine <name>', 'inference engine: the simulated mocker, or llama-cpp (a GGUF model in this process)').choices(['mocker', 'llama-cpp']).default('mocker'))
+    .option('--model <name>', 'model name served (default: ebb-mock; with llama-cpp the GGUF file name)')
     .addOption(new Option('--mode <mode>', 'serving mode').choices(['aggregated', 'prefill', 'decode']).default('aggregated'))
     .option('--host <addr>', 'request-plane bind address', '127.0.0.1')
     .option('--port <n>', 'request-plane port (0 = any free port)', intOption(0), 0)
@@ -88,7 +89,7 @@ export function workerCommand(): Command {
       const worker = await startWorker(
         {
           workerId,
-          model: flags.model,
+          model: servedModelName(flags, 'ebb-mock'),
           mode: flags.mode,
           host: flags.host,
           port: flags.port,
@@ -100,7 +101,7 @@ export function workerCommand(): Command {
           discoveryUrl: flags.discovery,
           leaseTtlMs: flags.leaseTtlMs,
           shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
-          engine: {
+          engine: flags.engine === 'llama-cpp' ? llamaCppSpec(flags) : {
             kind: 'mocker',
             options: {
             ttftMs: flags.mockerTtftMs,
@@ -143,4 +144,6 @@ export function workerCommand(): Command {
       // Started by `ebb up`: if it goes away, drain as on SIGTERM rather than linger or die abruptly.
       process.once('disconnect', () => onSignal('SIGTERM'));
     });
+  for (const option of llamaCppOptions()) command.addOption(option);
+  return command;
 }

@@ -1,21 +1,30 @@
 import type { Logger } from 'pino';
 import type { WorkerMode } from '../discovery/discovery.js';
 import type { Engine } from './engine.js';
+import type { LlamaCppOptions } from './llama-cpp.js';
 import { MockerEngine, type MockerOptions } from './mocker.js';
 
 /**
  * Which engine a worker hosts, and its settings. Each engine kind adds its own variant; the
  * worker only ever sees the Engine contract.
  */
-export type EngineSpec = { kind: 'mocker'; options: Omit<MockerOptions, 'mode'> };
+export type EngineSpec =
+  | { kind: 'mocker'; options: Omit<MockerOptions, 'mode'> }
+  | { kind: 'llama-cpp'; options: LlamaCppOptions };
 
 /**
  * Builds the engine and resolves once it can serve (a real engine loads its model first). The
  * worker does not register before this resolves; `signal` aborts a load cut short by SIGTERM.
  */
-export async function createEngine(spec: EngineSpec, mode: WorkerMode, _log: Logger, _signal: AbortSignal): Promise<Engine> {
+export async function createEngine(spec: EngineSpec, mode: WorkerMode, log: Logger, signal: AbortSignal): Promise<Engine> {
   switch (spec.kind) {
     case 'mocker':
       return new MockerEngine({ ...spec.options, mode });
+    case 'llama-cpp': {
+      if (mode !== 'aggregated') throw new Error(`--engine llama-cpp serves aggregated workers only (not --mode ${mode}): it cannot hand KV to or take it from peers`);
+      // Loaded on demand: a mocker worker never pays for the native bindings.
+      const { loadLlamaCppEngine } = await import('./llama-cpp.js');
+      return loadLlamaCppEngine(spec.options, log, signal);
+    }
   }
 }

@@ -1,0 +1,280 @@
+import { EventEmitter } from 'node:events';
+import { access, constants } from 'node:fs/promises';
+import type { Logger } from 'pino';
+import {
+  getLlama,
+  LlamaLogLevel,
+  type Llama,
+  type LlamaContext,
+  type LlamaContextSequence,
+  type LlamaGrammarEvaluationState,
+  type LlamaModel,
+  type Token,
+} from 'node-llama-cpp';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
+import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
+import { PieceAssembler } from './llama-cpp-text.js';
+import { Slots } from './slots.js';
+
+export type LlamaGpu = 'auto' | 'cuda' | 'vulkan' | 'off';
+
+export interface LlamaCppOptions {
+  modelPath: string;
+  /** Sequences evaluated together in one context (continuous batching); more requests queue. */
+  parallel: number;
+  /** Queued requests beyond which the engine reports overload (the worker answers worker_overloaded). */
+  maxQueue: number;
+  /** Tokens per sequence (prompt + answer); undefined: the model's training context, up to what fits. */
+  contextSize?: number | undefined;
+  threads: number;
+  gpu: LlamaGpu;
+}
+
+export const LLAMA_CPP_DEFAULTS = {
+  parallel: 4,
+  maxQueue: 64,
+  // node-llama-cpp's default uses every core; on a shared 2-core machine a 64-token generation of a
+  // tiny model took 21 s that way and 48 ms with one thread (spinning threads fight each other and
+  // everything else). One thread is the safe default on CPU; --threads raises it on a dedicated box.
+  threads: 1,
+  gpu: 'auto' as LlamaGpu,
+};
+
+/** Fields the worker passes when the request carries them (top_p, response_format). */
+type LlamaRequest = GenerateRequest & { top_p?: number | undefined; response_format?: ResponseFormatLike | undefined };
+
+/** node-llama-cpp's sampling defaults are not OpenAI's: no top-k, top-p 1 unless asked. */
+const NO_TOP_K = 0;
+
+/**
+ * Loads the model and its context; resolves once the engine can serve. Never downloads or builds
+ * llama.cpp: the prebuilt binaries come with node-llama-cpp's optional packages, and a machine
+ * without one for its platform fails here with one clear line.
+ */
+export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, signal: AbortSignal): Promise<LlamaCppEngine> {
+  const fail = (cause: unknown): Error => new Error(`cannot load model ${opts.modelPath}: ${oneLine(cause)}`);
+  try {
+    await access(opts.modelPath, constants.R_OK);
+  } catch (err) {
+    throw fail((err as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file' : err);
+  }
+  signal.throwIfAborted();
+  let llama: Llama | undefined;
+  let model: LlamaModel | undefined;
+  try {
+    llama = await getLlama({
+      gpu: opts.gpu === 'off' ? false : opts.gpu,
+      build: 'never',
+      skipDownload: true,
+      usePrebuiltBinaries: true,
+      progressLogs: false,
+      maxThreads: opts.threads,
+      logLevel: LlamaLogLevel.warn,
+      logger: (level, message) => {
+        const text = message.trim();
+        if (text !== '') log.debug({ event: 'llama_cpp_log', level }, text);
+      },
+    });
+    signal.throwIfAborted();
+    model = await llama.loadModel({ modelPath: opts.modelPath, loadSignal: signal, ...(opts.gpu === 'off' ? { gpuLayers: 0 } : {}) });
+    const context = await model.createContext({
+      sequences: opts.parallel,
+      threads: opts.threads,
+      createSignal: signal,
+      // A fixed size when asked; otherwise as much of the training context as memory allows.
+      contextSize: opts.contextSize ?? { max: model.trainContextSize },
+    });
+    const engine = new LlamaCppEngine(llama, model, context, opts);
+    log.info({ event: 'engine_loaded', engine: engine.kind, ...engine.describe() }, `model ${opts.modelPath} loaded`);
+    return engine;
+  } catch (err) {
+    await model?.dispose().catch(() => undefined);
+    await llama?.dispose().catch(() => undefined);
+    if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new Error(`loading ${opts.modelPath} was aborted`);
+    throw fail(err);
+  }
+}
+
+/** Rejects with the abort reason once `signal` aborts; never settles otherwise. */
+function aborted(signal: AbortSignal): { promise: Promise<never>; dispose: () => void } {
+  let onAbort = () => {};
+  const promise = new Promise<never>((_, reject) => {
+    onAbort = () => reject(signal.reason);
+    if (signal.aborted) onAbort();
+    else signal.addEventListener('abort', onAbort, { once: true });
+  });
+  promise.catch(() => undefined);
+  return { promise, dispose: () => signal.removeEventListener('abort', onAbort) };
+}
+
+/**
+ * A GGUF model in this process through node-llama-cpp: one context of `parallel` sequences,
+ * each running request holding one sequence (llama.cpp batches their tokens together), the rest
+ * queued FIFO. Idleness is exact: the engine itself counts its sequences.
+ */
+export class LlamaCppEngine implements Engine {
+  readonly kind = 'llama-cpp';
+  readonly capabilities: EngineCapabilities;
+  private readonly slots: Slots;
+  private readonly events = new EventEmitter();
+  private readonly prompts: PromptRenderer;
+  private readonly grammars: GrammarCache;
+  private generated = 0;
+  private closed = false;
+
+  constructor(
+    private readonly llama: Llama,
+    private readonly model: LlamaModel,
+    private readonly context: LlamaContext,
+    private readonly opts: LlamaCppOptions,
+  ) {
+    this.slots = new Slots(opts.parallel);
+    this.prompts = new PromptRenderer(model);
+    this.grammars = new GrammarCache(llama);
+    this.capabilities = {
+      json_object: true,
+      json_schema: true,
+      logprobs: false,
+      tools: false,
+      max_context: context.contextSize,
+      continuation: true,
+    };
+  }
+
+  /** What the worker's start-up line shows about the model. */
+  describe(): Record<string, unknown> {
+    return {
+      model_path: this.opts.modelPath,
+      context_size: this.context.contextSize,
+      parallel: this.opts.parallel,
+      threads: this.opts.threads,
+      gpu: this.llama.gpu === false ? 'off' : this.llama.gpu,
+      gpu_layers: this.model.gpuLayers,
+      chat_template: this.prompts.templateName,
+    };
+  }
+
+  /** Tokens of a prompt as this engine would evaluate it (for tests and benchmarks). */
+  render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop'>): RenderedPrompt {
+    const stops = (req.stop ?? []).filter((s) => s.length > 0);
+    return req.messages !== undefined && req.messages.length > 0 ? this.prompts.chat(req.messages, stops) : this.prompts.plain(req.prompt, stops);
+  }
+
+  async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
+    const req = request as LlamaRequest;
+    if (this.closed) throw new Error('the engine is closed');
+    const prompt = this.render(req);
+    const promptTokens = prompt.tokens.length;
+    // A continuation resumes from the exact tokens where the other worker has them, else from its text.
+    const already: Token[] = (req.continuation?.token_ids as Token[] | undefined) ?? (req.continuation ? this.model.tokenize(req.continuation.text, false) : []);
+    const input = [...prompt.tokens, ...already];
+    const room = this.context.contextSize - input.length;
+    if (room <= 0) throw new Error(`the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
+    const limit = Math.min(req.max_tokens, room);
+    const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({
+      // max_tokens cut short by the context is still "length", as OpenAI reports it.
+      finish_reason,
+      prompt_tokens: promptTokens,
+      completion_tokens,
+    });
+    if (req.max_tokens === 0) return result('length', 0);
+    const grammar = await this.grammars.grammarFor(req.response_format);
+
+    await this.acquire(signal);
+    let sequence: LlamaContextSequence | undefined;
+    let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    const abort = aborted(signal);
+    try {
+      sequence = this.context.getSequence();
+      const grammarEvaluationState: LlamaGrammarEvaluationState | undefined = grammar ? grammarState(this.llama, this.model, grammar, already) : undefined;
+      tokens = sequence.evaluate(input, {
+        temperature: req.temperature,
+        topK: NO_TOP_K,
+        topP: req.top_p ?? 1,
+        // Seeds are unsigned in llama.cpp; none given: a fresh one per request.
+        ...(req.seed !== undefined ? { seed: req.seed >>> 0 } : {}),
+        ...(grammarEvaluationState ? { grammarEvaluationState } : {}),
+        yieldEogToken: true,
+      });
+      const text = new PieceAssembler((ids, before) => this.model.detokenize(ids as Token[], false, before as Token[]), prompt.stopTexts, input);
+      let n = 0;
+      while (true) {
+        const step = await Promise.race([tokens.next(), abort.promise]);
+        if (step.done) return result('stop', n);
+        const token = step.value;
+        if (this.model.isEogToken(token) || prompt.stopTokens.has(token)) {
+          const rest = text.flush();
+          if (rest) yield rest;
+          return result('stop', n);
+        }
+        n++;
+        this.generated++;
+        const piece = text.push(token);
+        if (piece) yield piece;
+        if (text.stopped) return result('stop', n);
+        if (n >= limit) {
+          const rest = text.flush();
+          if (rest) yield rest;
+          return result('length', n);
+        }
+      }
+    } finally {
+      abort.dispose();
+      // The sequence goes back to the context before the slot does: the next request gets it.
+      await tokens?.return().catch(() => undefined);
+      await sequence?.dispose().catch(() => undefined);
+      this.slots.release();
+      this.notifyChange();
+    }
+  }
+
+  private async acquire(signal: AbortSignal): Promise<void> {
+    try {
+      await this.slots.acquire(signal);
+    } catch (err) {
+      this.notifyChange(); // a request dropped while queued may have been the last work
+      throw err;
+    }
+  }
+
+  private notifyChange(): void {
+    this.events.emit('change');
+  }
+
+  async probeQuiescence(): Promise<Quiescence> {
+    const { running, queued } = this.slots;
+    if (running === 0 && queued === 0) return { state: 'idle' };
+    return { state: 'busy', waiting_for: [`engine: ${running} running, ${queued} queued sequences`] };
+  }
+
+  onQuiescenceChange(listener: () => void): () => void {
+    this.events.on('change', listener);
+    return () => this.events.off('change', listener);
+  }
+
+  isOverloaded(): boolean {
+    return this.slots.queued >= this.opts.maxQueue;
+  }
+
+  stats(): EngineStats {
+    return {
+      kind: this.kind,
+      running_sequences: this.slots.running,
+      queued_sequences: this.slots.queued,
+      batch_slots: this.slots.capacity,
+      generated_tokens: this.generated,
+      context_size: this.context.contextSize,
+      sequences_free: this.context.sequencesLeft,
+      threads: this.opts.threads,
+    };
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.context.dispose();
+    await this.model.dispose();
+    await this.llama.dispose();
+  }
+}
