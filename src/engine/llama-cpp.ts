@@ -1,5 +1,5 @@
 import { EventEmitter } from 'node:events';
-import { access, constants } from 'node:fs/promises';
+import { checkGgufHeader } from './gguf-header.js';
 import type { Logger } from 'pino';
 import {
   getLlama,
@@ -53,9 +53,12 @@ const NO_TOP_K = 0;
  * without one for its platform fails here with one clear line.
  */
 export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, signal: AbortSignal): Promise<LlamaCppEngine> {
-  const fail = (cause: unknown): Error => new Error(`cannot load model ${opts.modelPath}: ${oneLine(cause)}`);
+  // node-llama-cpp's own error is often just "Failed to load model"; llama.cpp logs the reason.
+  let llamaError: string | undefined;
+  const fail = (cause: unknown): Error =>
+    new Error(`cannot load model ${opts.modelPath}: ${oneLine(cause)}${llamaError !== undefined ? ` (llama.cpp: ${llamaError})` : ''}`);
   try {
-    await access(opts.modelPath, constants.R_OK);
+    await checkGgufHeader(opts.modelPath);
   } catch (err) {
     throw fail((err as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file' : err);
   }
@@ -73,7 +76,12 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
       logLevel: LlamaLogLevel.warn,
       logger: (level, message) => {
         const text = message.trim();
-        if (text !== '') log.debug({ event: 'llama_cpp_log', level }, text);
+        if (text === '') return;
+        // The "error loading model" line names the cause; later lines only repeat that it failed.
+        const cause = /error loading model: (?:llama_model_loader: )?(.*)$/.exec(text)?.[1];
+        if (cause !== undefined) llamaError = cause;
+        else if ((level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) && llamaError === undefined) llamaError = text;
+        log.debug({ event: 'llama_cpp_log', level }, text);
       },
     });
     signal.throwIfAborted();
