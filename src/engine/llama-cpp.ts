@@ -207,8 +207,9 @@ export class LlamaCppEngine implements Engine {
       });
       const text = new PieceAssembler((ids, before) => this.model.detokenize(ids as Token[], false, before as Token[]), prompt.stopTexts, input);
       let n = 0;
+      let next = tokens.next();
       while (true) {
-        const step = await Promise.race([tokens.next(), abort.promise]);
+        const step = await Promise.race([next, abort.promise]);
         if (step.done) return result('stop', n);
         const token = step.value;
         if (this.model.isEogToken(token) || prompt.stopTokens.has(token)) {
@@ -219,13 +220,21 @@ export class LlamaCppEngine implements Engine {
         n++;
         this.generated++;
         const piece = text.push(token);
-        if (piece) yield piece;
-        if (text.stopped) return result('stop', n);
+        if (text.stopped) {
+          if (piece) yield piece;
+          return result('stop', n);
+        }
         if (n >= limit) {
           const rest = text.flush();
-          if (rest) yield rest;
+          const out = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
+          if (out) yield out;
           return result('length', n);
         }
+        // The next token is decoded while the caller sends this one: llama.cpp works while the
+        // worker writes (the sequence is ours until we return, so nothing else is delayed).
+        next = tokens.next();
+        next.catch(() => undefined);
+        if (piece) yield piece;
       }
     } finally {
       abort.dispose();
