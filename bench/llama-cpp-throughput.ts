@@ -14,6 +14,8 @@
  * Prints a table and, last, one JSON line. Stops by itself (a watchdog bounds the run) and kills its
  * children on any exit.
  */
+import { execFileSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { pino } from 'pino';
@@ -104,8 +106,38 @@ function viaFrontend(f: FrontendHandle, maxTokens: number): Send {
   };
 }
 
-/** `c` closed loops of `requests` each; tokens and seconds for the point. */
-async function point(send: Send, c: number, o: Options): Promise<{ tokens: number; seconds: number }> {
+let clockTicks = 100;
+try {
+  clockTicks = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
+} catch {
+  /* keep 100 */
+}
+
+/** User + system CPU ms of this process and the given children (Linux /proc; 0 for a child elsewhere). */
+function cpuMs(pids: number[]): number {
+  let ms = (process.cpuUsage().user + process.cpuUsage().system) / 1000;
+  for (const pid of pids) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      ms += ((Number(fields[11]) + Number(fields[12])) * 1000) / clockTicks; // utime, stime
+    } catch {
+      /* not Linux: wall time only */
+    }
+  }
+  return ms;
+}
+
+interface Totals {
+  tokens: number;
+  seconds: number;
+  /** CPU of every process on the path (this one, the worker, the frontend): robust to a busy machine. */
+  cpuMs: number;
+}
+
+/** `c` closed loops of `requests` each; tokens, seconds and CPU for the point. */
+async function point(send: Send, c: number, o: Options, pids: number[]): Promise<Totals> {
+  const cpu0 = cpuMs(pids);
   const t0 = performance.now();
   const counts = await Promise.all(
     Array.from({ length: c }, async () => {
@@ -118,7 +150,7 @@ async function point(send: Send, c: number, o: Options): Promise<{ tokens: numbe
       return tokens;
     }),
   );
-  return { tokens: counts.reduce((a, b) => a + b, 0), seconds: (performance.now() - t0) / 1000 };
+  return { tokens: counts.reduce((a, b) => a + b, 0), seconds: (performance.now() - t0) / 1000, cpuMs: cpuMs(pids) - cpu0 };
 }
 
 async function main(): Promise<void> {
@@ -148,16 +180,17 @@ async function main(): Promise<void> {
   const sends: Record<Path, Send> = { direct: direct(engine, o.maxTokens), worker: viaWorker(worker, o.maxTokens), frontend: viaFrontend(frontend, o.maxTokens) };
   for (const p of PATHS) await sends[p](); // warm-up: first-request costs (connections, grammar-free sampler setup)
 
-  const totals = new Map<string, { tokens: number; seconds: number }>();
+  const totals = new Map<string, Totals>();
+  const pids = [worker.pid, frontend.pid];
   for (let round = 0; round < o.rounds; round++) {
     for (const c of o.concurrency) {
       // Rotate which path goes first each round, so none always runs on the coolest machine.
       const order = PATHS.map((_, i) => PATHS[(i + round) % PATHS.length] as Path);
       for (const p of order) {
-        const r = await point(sends[p], c, o);
+        const r = await point(sends[p], c, o, pids);
         const key = `${p}@${c}`;
-        const t = totals.get(key) ?? { tokens: 0, seconds: 0 };
-        totals.set(key, { tokens: t.tokens + r.tokens, seconds: t.seconds + r.seconds });
+        const t = totals.get(key) ?? { tokens: 0, seconds: 0, cpuMs: 0 };
+        totals.set(key, { tokens: t.tokens + r.tokens, seconds: t.seconds + r.seconds, cpuMs: t.cpuMs + r.cpuMs });
       }
     }
   }
@@ -166,15 +199,31 @@ async function main(): Promise<void> {
     const t = totals.get(`${p}@${c}`)!;
     return t.tokens / t.seconds;
   };
+  const cpuPerToken = (p: Path, c: number) => {
+    const t = totals.get(`${p}@${c}`)!;
+    return (t.cpuMs * 1000) / t.tokens;
+  };
   process.stdout.write(
     `tiny llama (${cpus().length} cores), threads ${o.threads}, parallel ${o.parallel}, max_tokens ${o.maxTokens}, ${o.requests} requests per loop, ${o.rounds} rounds\n`,
   );
-  process.stdout.write('concurrency  direct tok/s  worker tok/s  frontend tok/s  worker/direct  frontend/direct  frontend/worker\n');
+  process.stdout.write(
+    'concurrency  direct tok/s  worker tok/s  frontend tok/s  worker/direct  frontend/direct  frontend/worker  cpu µs/tok direct  worker  frontend\n',
+  );
   const rows = o.concurrency.map((c) => {
     const [d, w, f] = [rate('direct', c), rate('worker', c), rate('frontend', c)];
-    const row = { concurrency: c, direct_tok_s: Math.round(d), worker_tok_s: Math.round(w), frontend_tok_s: Math.round(f), worker_vs_direct: w / d, frontend_vs_direct: f / d, frontend_vs_worker: f / w };
+    const row = {
+      concurrency: c,
+      direct_tok_s: Math.round(d),
+      worker_tok_s: Math.round(w),
+      frontend_tok_s: Math.round(f),
+      worker_vs_direct: w / d,
+      frontend_vs_direct: f / d,
+      frontend_vs_worker: f / w,
+      cpu_us_per_token: { direct: Math.round(cpuPerToken('direct', c)), worker: Math.round(cpuPerToken('worker', c)), frontend: Math.round(cpuPerToken('frontend', c)) },
+    };
+    const cpu = row.cpu_us_per_token;
     process.stdout.write(
-      `${String(c).padStart(11)}  ${String(row.direct_tok_s).padStart(12)}  ${String(row.worker_tok_s).padStart(12)}  ${String(row.frontend_tok_s).padStart(14)}  ${row.worker_vs_direct.toFixed(3).padStart(13)}  ${row.frontend_vs_direct.toFixed(3).padStart(15)}  ${row.frontend_vs_worker.toFixed(3).padStart(15)}\n`,
+      `${String(c).padStart(11)}  ${String(row.direct_tok_s).padStart(12)}  ${String(row.worker_tok_s).padStart(12)}  ${String(row.frontend_tok_s).padStart(14)}  ${row.worker_vs_direct.toFixed(3).padStart(13)}  ${row.frontend_vs_direct.toFixed(3).padStart(15)}  ${row.frontend_vs_worker.toFixed(3).padStart(15)}  ${String(cpu.direct).padStart(17)}  ${String(cpu.worker).padStart(6)}  ${String(cpu.frontend).padStart(8)}\n`,
     );
     return row;
   });
