@@ -222,6 +222,21 @@ describe('llama-cpp worker: tokenizer, sampling, continuation', () => {
     assert.equal(rest.last.usage.completion_tokens, 24 - n, 'only this worker\'s tokens are counted');
   });
 
+  it('refuses continuation token ids outside the vocabulary (llama.cpp would abort the process) and keeps serving', async () => {
+    const bad = await call('POST', `${w.requestUrl}/generate`, {
+      model: MODEL,
+      prompt: PROMPT,
+      max_tokens: 4,
+      stream: false,
+      continuation: { text: 'x', completion_tokens: 1, token_ids: [999_999] },
+    });
+    assert.equal(bad.status, 500);
+    assert.equal(bad.body.error.code, 'engine_error');
+    assert.match(bad.body.error.message, /token id 999999 is not in this model's vocabulary/);
+    const ok = await call('POST', `${w.requestUrl}/generate`, { model: MODEL, prompt: PROMPT, max_tokens: 2, stream: false });
+    assert.equal(ok.status, 200);
+  });
+
   it('honours response_format json_object on the request plane', { skip: !requestPlaneCarriesFormat && 'the request plane does not carry response_format yet' }, async () => {
     const res = await call('POST', `${w.requestUrl}/generate`, {
       model: MODEL,

@@ -104,6 +104,16 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
   }
 }
 
+/** The vocabulary size the GGUF declares: its token list, else `<arch>.vocab_size`. */
+function vocabularySizeOf(model: LlamaModel): number | undefined {
+  const meta = model.fileInfo.metadata as unknown as Record<string, Record<string, unknown> | undefined>;
+  const tokens = (meta.tokenizer?.ggml as { tokens?: readonly string[] } | undefined)?.tokens;
+  if (tokens !== undefined) return tokens.length;
+  const arch = meta.general?.architecture;
+  const size = typeof arch === 'string' ? meta[arch]?.vocab_size : undefined;
+  return typeof size === 'number' ? size : undefined;
+}
+
 /** Rejects with the abort reason once `signal` aborts; never settles otherwise. */
 function aborted(signal: AbortSignal): { promise: Promise<never>; dispose: () => void } {
   let onAbort = () => {};
@@ -130,6 +140,8 @@ export class LlamaCppEngine implements Engine {
   private readonly grammars: GrammarCache;
   private generated = 0;
   private closed = false;
+  /** From the GGUF's vocabulary; undefined when the file does not say (continuations then use text). */
+  private readonly vocabularySize: number | undefined;
 
   constructor(
     private readonly llama: Llama,
@@ -140,6 +152,7 @@ export class LlamaCppEngine implements Engine {
     this.slots = new Slots(opts.parallel);
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
+    this.vocabularySize = vocabularySizeOf(model);
     this.capabilities = {
       json_object: true,
       json_schema: true,
@@ -174,8 +187,7 @@ export class LlamaCppEngine implements Engine {
     if (this.closed) throw new Error('the engine is closed');
     const prompt = this.render(req);
     const promptTokens = prompt.tokens.length;
-    // A continuation resumes from the exact tokens where the other worker has them, else from its text.
-    const already: Token[] = (req.continuation?.token_ids as Token[] | undefined) ?? (req.continuation ? this.model.tokenize(req.continuation.text, false) : []);
+    const already = this.continuationTokens(req);
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
     if (room <= 0) throw new Error(`the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
@@ -244,6 +256,21 @@ export class LlamaCppEngine implements Engine {
       this.slots.release();
       this.notifyChange();
     }
+  }
+
+  /**
+   * A continuation resumes from the exact tokens where the other worker has them, else from its
+   * text. Ids come over the network: one outside the vocabulary would abort the process inside
+   * llama.cpp (detokenizing it throws a C++ exception), so they are checked first.
+   */
+  private continuationTokens(req: GenerateRequest): Token[] {
+    const c = req.continuation;
+    if (c === undefined) return [];
+    const ids = c.token_ids;
+    if (ids === undefined || this.vocabularySize === undefined) return this.model.tokenize(c.text, false);
+    const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= (this.vocabularySize as number));
+    if (bad !== undefined) throw new Error(`continuation token id ${bad} is not in this model's vocabulary (${this.vocabularySize} tokens): another model generated it`);
+    return ids as Token[];
   }
 
   private async acquire(signal: AbortSignal): Promise<void> {
