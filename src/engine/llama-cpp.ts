@@ -83,6 +83,11 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
         else if ((level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) && llamaError === undefined) llamaError = text;
         log.debug({ event: 'llama_cpp_log', level }, text);
       },
+    }).catch((err: unknown) => {
+      // node-llama-cpp only says "NoBinaryFoundError": name the backend asked for.
+      throw (err as Error).name === 'NoBinaryFoundError' || /NoBinaryFound/.test(String(err))
+        ? new Error(`no llama.cpp binary for --gpu ${opts.gpu} loads on this machine (none is built or downloaded at run time); --gpu auto falls back to the CPU`)
+        : err;
     });
     signal.throwIfAborted();
     model = await llama.loadModel({ modelPath: opts.modelPath, loadSignal: signal, ...(opts.gpu === 'off' ? { gpuLayers: 0 } : {}) });
