@@ -5,7 +5,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { intOption } from './options.js';
-import { servedModelName } from './llama-cpp-options.js';
+import { servedModelName } from './llama-cpp-flags.js';
 
 interface UpFlags {
   workers?: number;

@@ -13,7 +13,7 @@ import { MOCKER_DEFAULTS } from '../engine/mocker.js';
 import { newWorkerId, startWorker } from '../worker/worker.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import { discoveryDefault, intOption } from './options.js';
-import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-options.js';
+import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
 
 interface WorkerFlags extends LlamaCppFlags {
   engine: string;

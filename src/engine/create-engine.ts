@@ -1,7 +1,7 @@
 import type { Logger } from 'pino';
 import type { WorkerMode } from '../discovery/discovery.js';
 import type { Engine } from './engine.js';
-import type { LlamaCppOptions } from './llama-cpp.js';
+import type { LlamaCppOptions } from './llama-cpp-options.js';
 import { MockerEngine, type MockerOptions } from './mocker.js';
 
 /**

@@ -1,7 +1,7 @@
 import { basename } from 'node:path';
 import { InvalidArgumentError, Option } from 'commander';
 import type { EngineSpec } from '../engine/create-engine.js';
-import { LLAMA_CPP_DEFAULTS, type LlamaGpu } from '../engine/llama-cpp.js';
+import { LLAMA_CPP_DEFAULTS, type LlamaGpu } from '../engine/llama-cpp-options.js';
 import { intOption } from './options.js';
 
 /** The worker flags of `--engine llama-cpp`. */
