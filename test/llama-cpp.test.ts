@@ -12,7 +12,6 @@ import { getLlama, resolveChatWrapper, type Llama, type LlamaModel, type Token }
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
 import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/engine/engine.js';
 import { createLogger } from '../src/common/logger.js';
-import { toGenerateBody } from '../src/frontend/openai-format.js';
 import { GenerateBodySchema } from '../src/protocol/request-plane.js';
 import { call, openLineStream } from './helpers/http.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
@@ -24,11 +23,9 @@ const MODEL = 'tiny';
 const LLAMA = ['--engine', 'llama-cpp', '--model-path', modelPath, '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '2048'];
 const PROMPT = 'hello world, tell me about the tides';
 
-// Structured output needs the request plane and the frontend to carry response_format (the
-// capability-gated field pass-through); until they do, those tests say so instead of failing.
+// Structured output needs the request plane (and the frontend, which came with it) to carry
+// response_format, the capability-gated field pass-through; until then those tests say so.
 const requestPlaneCarriesFormat = 'response_format' in (GenerateBodySchema.properties as Record<string, unknown>);
-const frontendCarriesFormat =
-  (toGenerateBody('chat', { model: 'm', messages: [], response_format: { type: 'json_object' } } as never, 'probe') as Record<string, unknown>).response_format !== undefined;
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -392,7 +389,7 @@ describe('ebb up --engine llama-cpp: the whole system through the openai SDK', (
     assert.equal(completion.usage?.completion_tokens, 5);
     assert.ok(completion.usage !== undefined && completion.usage.prompt_tokens > 1);
 
-    if (frontendCarriesFormat) {
+    if (requestPlaneCarriesFormat) {
       const json = await client.chat.completions.create({
         model: 'tiny-llama',
         messages: [{ role: 'user', content: 'Reply in JSON' }],

@@ -175,7 +175,8 @@ export class LlamaCppEngine implements Engine {
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
     if (room <= 0) throw new Error(`the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
-    const limit = Math.min(req.max_tokens, room);
+    // No max_tokens (where the request plane allows that): whatever the context leaves.
+    const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
     const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({
       // max_tokens cut short by the context is still "length", as OpenAI reports it.
       finish_reason,
