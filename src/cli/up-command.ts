@@ -1,17 +1,24 @@
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
 import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { prettyFactory } from 'pino-pretty';
 import { logFormat, prettyOptions } from '../common/logger.js';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { intOption, msOption } from './options.js';
+import { servedModelName } from './llama-cpp-flags.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
 
 interface UpFlags {
   workers?: number;
   prefill: number;
   decode: number;
-  model: string;
+  model?: string;
+  engine: string;
+  modelPath?: string;
+  parallel?: number;
+  contextSize?: number;
+  threads?: number;
+  gpu?: string;
   host: string;
   port: number;
   discovery?: string;
@@ -32,13 +39,31 @@ function writeTargets(file: string, targets: Map<string, { url: string; labels: 
   renameSync(`${file}.tmp`, file);
 }
 
+/** The llama-cpp flags `ebb up` passes on to every worker it starts. */
+function llamaCppArgs(flags: UpFlags): string[] {
+  if (flags.engine !== 'llama-cpp') return [];
+  if (flags.modelPath === undefined) throw new Error('--engine llama-cpp needs --model-path FILE.gguf');
+  const args = ['--model-path', flags.modelPath];
+  if (flags.parallel !== undefined) args.push('--parallel', String(flags.parallel));
+  if (flags.contextSize !== undefined) args.push('--context-size', String(flags.contextSize));
+  if (flags.threads !== undefined) args.push('--threads', String(flags.threads));
+  if (flags.gpu !== undefined) args.push('--gpu', flags.gpu);
+  return args;
+}
+
 export function upCommand(): Command {
   return new Command('up')
-    .description('run a frontend and N mocker workers on this machine with embedded (file) discovery')
+    .description('run a frontend and N workers (mocker, or llama-cpp on a GGUF model) on this machine with embedded (file) discovery')
     .option('--workers <n>', 'aggregated mocker workers (default 2, or 0 with --prefill/--decode)', intOption(0))
     .option('--prefill <n>', 'prefill workers (disaggregated serving)', intOption(0), 0)
     .option('--decode <n>', 'decode workers (disaggregated serving)', intOption(0), 0)
-    .option('--model <name>', 'model name served', 'ebb-mock')
+    .option('--model <name>', 'model name served (default: ebb-mock; with llama-cpp the GGUF file name)')
+    .addOption(new Option('--engine <name>', "the workers' engine: mocker, or llama-cpp with --model-path").choices(['mocker', 'llama-cpp']).default('mocker'))
+    .option('--model-path <file>', 'llama-cpp: the GGUF model file every worker loads')
+    .option('--parallel <n>', 'llama-cpp: sequences per worker evaluated together', intOption(1))
+    .option('--context-size <n>', 'llama-cpp: tokens per sequence', intOption(16))
+    .option('--threads <n>', 'llama-cpp: CPU threads per worker (default 1)', intOption(1))
+    .addOption(new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off').choices(['auto', 'cuda', 'vulkan', 'off']))
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
     .option('--port <n>', 'frontend port', intOption(0), 8000)
     .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)')
@@ -55,6 +80,8 @@ export function upCommand(): Command {
       if (flags.mockerTtftMs !== undefined) mocker.push('--mocker-ttft-ms', String(flags.mockerTtftMs));
       if (flags.mockerItlMs !== undefined) mocker.push('--mocker-itl-ms', String(flags.mockerItlMs));
       if (flags.mockerMaxContext !== undefined) mocker.push('--mocker-max-context', String(flags.mockerMaxContext));
+      const model = servedModelName(flags, 'ebb-mock');
+      const engine = ['--engine', flags.engine, ...llamaCppArgs(flags)];
       const disaggregated = flags.prefill + flags.decode > 0;
       if (disaggregated && (flags.prefill === 0 || flags.decode === 0)) throw new Error('disaggregated serving needs at least one --prefill and one --decode worker');
       const modes = [
@@ -83,7 +110,7 @@ export function upCommand(): Command {
         return child;
       };
       const workers = modes.map((mode, i) =>
-        supervise(`${mode}-${i}`, ['worker', '--model', flags.model, '--mode', mode, '--discovery', discovery, ...mocker], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
+        supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
       );
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
       const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery, ...cors], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
@@ -118,7 +145,7 @@ export function upCommand(): Command {
         const lines = [
           '',
           `ebb is up (discovery ${discovery})`,
-          `  OpenAI API:   ${front.url}/v1   (model "${flags.model}")`,
+          `  OpenAI API:   ${front.url}/v1   (model "${model}")`,
           `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers --frontend ${front.admin_url ?? ''})`,
           ...readies.slice(0, -1).map((w) => `  ${String(w.mode)} worker ${String(w.worker_id)}: admin ${String(w.system_url)}   (curl -X POST ${String(w.system_url)}/engine/drain)`),
           ...(flags.metricsSdFile !== undefined ? [`  Prometheus targets: ${flags.metricsSdFile} (file_sd_configs)`] : []),

@@ -17,10 +17,11 @@ import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.j
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import { discoveryDefault, intOption, msOption } from './options.js';
+import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
 
-interface WorkerFlags {
+interface WorkerFlags extends LlamaCppFlags {
   engine: string;
-  model: string;
+  model?: string;
   mode: WorkerMode;
   host: string;
   port: number;
@@ -55,10 +56,10 @@ interface WorkerFlags {
 }
 
 export function workerCommand(): Command {
-  return new Command('worker')
+  const command = new Command('worker')
     .description('run one worker: an engine, its request plane and its system-status server (Admin API)')
-    .addOption(new Option('--engine <name>', 'inference engine').choices(['mocker', 'openai']).default('mocker'))
-    .option('--model <name>', 'model name served', 'ebb-mock')
+    .addOption(new Option('--engine <name>', 'inference engine: the simulated mocker, llama-cpp (a GGUF model in this process), or openai (an OpenAI-compatible engine server)').choices(['mocker', 'llama-cpp', 'openai']).default('mocker'))
+    .option('--model <name>', 'model name served (default: ebb-mock; with llama-cpp the GGUF file name)')
     .addOption(new Option('--mode <mode>', 'serving mode').choices(['aggregated', 'prefill', 'decode']).default('aggregated'))
     .option('--host <addr>', 'request-plane bind address', '127.0.0.1')
     .option('--port <n>', 'request-plane port (0 = any free port)', intOption(0), 0)
@@ -152,7 +153,7 @@ export function workerCommand(): Command {
         worker = await startWorker(
           {
             workerId,
-            model: flags.model,
+            model: servedModelName(flags, 'ebb-mock'),
             mode: flags.mode,
             host: flags.host,
             port: flags.port,
@@ -190,6 +191,8 @@ export function workerCommand(): Command {
       // A signal that came while startWorker was finishing (after the load) is honoured now.
       if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
     });
+  for (const option of llamaCppOptions()) command.addOption(option);
+  return command;
 }
 
 /** --engine openai: a worker in front of an OpenAI-compatible engine server. */
@@ -208,8 +211,9 @@ function openaiEngineSpec(flags: WorkerFlags): EngineSpec {
   };
 }
 
-/** --engine mocker: the embedded simulated engine. */
+/** --engine mocker (the embedded simulated engine) or llama-cpp. */
 function engineSpec(flags: WorkerFlags): EngineSpec {
+  if (flags.engine === 'llama-cpp') return llamaCppSpec(flags);
   return {
     kind: 'mocker',
     options: {

@@ -1,6 +1,7 @@
 import type { Logger } from 'pino';
 import type { WorkerMode } from '../discovery/discovery.js';
 import type { Engine } from './engine.js';
+import type { LlamaCppOptions } from './llama-cpp-options.js';
 import { MockerEngine, type MockerOptions } from './mocker.js';
 import { createOpenAIEngine, type OpenAIEngineOptions } from './openai-engine.js';
 
@@ -10,7 +11,8 @@ import { createOpenAIEngine, type OpenAIEngineOptions } from './openai-engine.js
  */
 export type EngineSpec =
   | { kind: 'mocker'; options: Omit<MockerOptions, 'mode'> }
-  | { kind: 'openai'; options: OpenAIEngineOptions };
+  | { kind: 'openai'; options: OpenAIEngineOptions }
+  | { kind: 'llama-cpp'; options: LlamaCppOptions };
 
 /**
  * Builds the engine and resolves once it can serve (a real engine loads its model first). The
@@ -25,5 +27,11 @@ export async function createEngine(spec: EngineSpec, mode: WorkerMode, log: Logg
     }
     case 'openai':
       return createOpenAIEngine(spec.options, mode, log, signal);
+    case 'llama-cpp': {
+      if (mode !== 'aggregated') throw new Error(`--engine llama-cpp serves aggregated workers only (not --mode ${mode}): it cannot hand KV to or take it from peers`);
+      // Loaded on demand: a mocker worker never pays for the native bindings.
+      const { loadLlamaCppEngine } = await import('./llama-cpp.js');
+      return loadLlamaCppEngine(spec.options, log, signal);
+    }
   }
 }

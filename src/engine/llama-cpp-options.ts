@@ -1,0 +1,28 @@
+/**
+ * Settings of the llama-cpp engine, apart from the engine itself: the CLI reads these without
+ * loading node-llama-cpp (its native bindings load only in a worker that runs the engine).
+ */
+
+export type LlamaGpu = 'auto' | 'cuda' | 'vulkan' | 'off';
+
+export interface LlamaCppOptions {
+  modelPath: string;
+  /** Sequences evaluated together in one context (continuous batching); more requests queue. */
+  parallel: number;
+  /** Queued requests beyond which the engine reports overload (the worker answers worker_overloaded). */
+  maxQueue: number;
+  /** Tokens per sequence (prompt + answer); undefined: the model's training context, up to what fits. */
+  contextSize?: number | undefined;
+  threads: number;
+  gpu: LlamaGpu;
+}
+
+export const LLAMA_CPP_DEFAULTS = {
+  parallel: 4,
+  maxQueue: 64,
+  // node-llama-cpp's default uses every core; on a shared 2-core machine a 64-token generation of a
+  // tiny model took 21 s that way and 48 ms with one thread (spinning threads fight each other and
+  // everything else). One thread is the safe default on CPU; --threads raises it on a dedicated box.
+  threads: 1,
+  gpu: 'auto' as LlamaGpu,
+};

@@ -1,0 +1,56 @@
+import { resolveChatWrapper, GeneralChatWrapper, type ChatHistoryItem, type ChatWrapper, type LlamaModel, type Token } from 'node-llama-cpp';
+import type { ChatMessage } from '../protocol/request-plane.js';
+
+/** A request made ready for the model: its tokens, and what ends its answer besides max_tokens. */
+export interface RenderedPrompt {
+  tokens: Token[];
+  /** Tokens that end the answer (the template's end-of-turn markers), beyond the model's own EOG tokens. */
+  stopTokens: ReadonlySet<number>;
+  /** Text that ends the answer: the caller's stop strings and the template's textual triggers. */
+  stopTexts: string[];
+}
+
+/**
+ * Renders prompts for one model: chat messages through the chat template the GGUF carries (as
+ * node-llama-cpp resolves it to a chat wrapper), plain prompts tokenized as they are.
+ */
+export class PromptRenderer {
+  private readonly wrapper: ChatWrapper;
+
+  constructor(private readonly model: LlamaModel) {
+    // No template in the file: a generic "role: text" layout, as node-llama-cpp itself falls back to.
+    this.wrapper = resolveChatWrapper(model, { warningLogs: false }) ?? new GeneralChatWrapper();
+  }
+
+  get templateName(): string {
+    return this.wrapper.wrapperName;
+  }
+
+  plain(prompt: string, stops: readonly string[]): RenderedPrompt {
+    const text = this.model.tokenize(prompt, false);
+    const bos = this.model.tokens.bos;
+    const tokens = bos !== null && this.model.tokens.shouldPrependBosToken ? [bos, ...text] : text;
+    return { tokens, stopTokens: new Set(), stopTexts: [...stops] };
+  }
+
+  chat(messages: readonly ChatMessage[], stops: readonly string[]): RenderedPrompt {
+    const history: ChatHistoryItem[] = [];
+    for (const m of messages) {
+      if (m.role === 'system' || m.role === 'developer') history.push({ type: 'system', text: m.content });
+      else if (m.role === 'assistant') history.push({ type: 'model', response: [m.content] });
+      else history.push({ type: 'user', text: m.content });
+    }
+    // An empty model turn at the end: the template renders the opening of the answer.
+    history.push({ type: 'model', response: [] });
+    const state = this.wrapper.generateContextState({ chatHistory: history });
+    const stopTokens = new Set<number>();
+    const stopTexts = [...stops];
+    for (const trigger of state.stopGenerationTriggers) {
+      const plainText = trigger.values.every((v) => typeof v === 'string');
+      const tokens = trigger.tokenize(this.model.tokenizer);
+      if (!plainText && tokens.length === 1) stopTokens.add(tokens[0] as number);
+      else stopTexts.push(trigger.toString());
+    }
+    return { tokens: state.contextText.tokenize(this.model.tokenizer), stopTokens, stopTexts: stopTexts.filter((s) => s.length > 0) };
+  }
+}

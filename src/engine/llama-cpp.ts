@@ -1,0 +1,309 @@
+import { EventEmitter } from 'node:events';
+import { checkGgufHeader } from './gguf-header.js';
+import type { Logger } from 'pino';
+import {
+  getLlama,
+  LlamaLogLevel,
+  type Llama,
+  type LlamaContext,
+  type LlamaContextSequence,
+  type LlamaGrammarEvaluationState,
+  type LlamaModel,
+  type Token,
+} from 'node-llama-cpp';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
+import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
+import { PieceAssembler } from './llama-cpp-text.js';
+import { Slots } from './slots.js';
+import type { LlamaCppOptions } from './llama-cpp-options.js';
+
+export { LLAMA_CPP_DEFAULTS, type LlamaCppOptions, type LlamaGpu } from './llama-cpp-options.js';
+
+/** Fields the worker passes when the request carries them (top_p, response_format). */
+type LlamaRequest = GenerateRequest & { top_p?: number | undefined; response_format?: ResponseFormatLike | undefined };
+
+/** node-llama-cpp's sampling defaults are not OpenAI's: no top-k, top-p 1 unless asked. */
+const NO_TOP_K = 0;
+
+/**
+ * Loads the model and its context; resolves once the engine can serve. Never downloads or builds
+ * llama.cpp: the prebuilt binaries come with node-llama-cpp's optional packages, and a machine
+ * without one for its platform fails here with one clear line.
+ */
+export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, signal: AbortSignal): Promise<LlamaCppEngine> {
+  // node-llama-cpp's own error is often just "Failed to load model"; llama.cpp logs the reason.
+  let llamaError: string | undefined;
+  const fail = (cause: unknown): Error =>
+    new Error(`cannot load model ${opts.modelPath}: ${oneLine(cause)}${llamaError !== undefined ? ` (llama.cpp: ${llamaError})` : ''}`);
+  try {
+    await checkGgufHeader(opts.modelPath);
+  } catch (err) {
+    throw fail((err as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file' : err);
+  }
+  signal.throwIfAborted();
+  let llama: Llama | undefined;
+  let model: LlamaModel | undefined;
+  try {
+    llama = await getLlama({
+      gpu: opts.gpu === 'off' ? false : opts.gpu,
+      build: 'never',
+      skipDownload: true,
+      usePrebuiltBinaries: true,
+      progressLogs: false,
+      maxThreads: opts.threads,
+      logLevel: LlamaLogLevel.warn,
+      logger: (level, message) => {
+        const text = message.trim();
+        if (text === '') return;
+        // The "error loading model" line names the cause; later lines only repeat that it failed.
+        const cause = /error loading model: (?:llama_model_loader: )?(.*)$/.exec(text)?.[1];
+        if (cause !== undefined) llamaError = cause;
+        else if ((level === LlamaLogLevel.error || level === LlamaLogLevel.fatal) && llamaError === undefined) llamaError = text;
+        log.debug({ event: 'llama_cpp_log', level }, text);
+      },
+    }).catch((err: unknown) => {
+      // node-llama-cpp only says "NoBinaryFoundError": name the backend asked for.
+      throw (err as Error).name === 'NoBinaryFoundError' || /NoBinaryFound/.test(String(err))
+        ? new Error(`no llama.cpp binary for --gpu ${opts.gpu} loads on this machine (none is built or downloaded at run time); --gpu auto falls back to the CPU`)
+        : err;
+    });
+    signal.throwIfAborted();
+    model = await llama.loadModel({ modelPath: opts.modelPath, loadSignal: signal, ...(opts.gpu === 'off' ? { gpuLayers: 0 } : {}) });
+    const context = await model.createContext({
+      sequences: opts.parallel,
+      threads: opts.threads,
+      createSignal: signal,
+      // A fixed size when asked; otherwise as much of the training context as memory allows.
+      contextSize: opts.contextSize ?? { max: model.trainContextSize },
+    });
+    const engine = new LlamaCppEngine(llama, model, context, opts);
+    log.info({ event: 'engine_loaded', engine: engine.kind, ...engine.describe() }, `model ${opts.modelPath} loaded`);
+    return engine;
+  } catch (err) {
+    await model?.dispose().catch(() => undefined);
+    await llama?.dispose().catch(() => undefined);
+    if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new Error(`loading ${opts.modelPath} was aborted`);
+    throw fail(err);
+  }
+}
+
+/** The vocabulary size the GGUF declares: its token list, else `<arch>.vocab_size`. */
+function vocabularySizeOf(model: LlamaModel): number | undefined {
+  const meta = model.fileInfo.metadata as unknown as Record<string, Record<string, unknown> | undefined>;
+  const tokens = (meta.tokenizer?.ggml as { tokens?: readonly string[] } | undefined)?.tokens;
+  if (tokens !== undefined) return tokens.length;
+  const arch = meta.general?.architecture;
+  const size = typeof arch === 'string' ? meta[arch]?.vocab_size : undefined;
+  return typeof size === 'number' ? size : undefined;
+}
+
+/** Rejects with the abort reason once `signal` aborts; never settles otherwise. */
+function aborted(signal: AbortSignal): { promise: Promise<never>; dispose: () => void } {
+  let onAbort = () => {};
+  const promise = new Promise<never>((_, reject) => {
+    onAbort = () => reject(signal.reason);
+    if (signal.aborted) onAbort();
+    else signal.addEventListener('abort', onAbort, { once: true });
+  });
+  promise.catch(() => undefined);
+  return { promise, dispose: () => signal.removeEventListener('abort', onAbort) };
+}
+
+/**
+ * A GGUF model in this process through node-llama-cpp: one context of `parallel` sequences,
+ * each running request holding one sequence (llama.cpp batches their tokens together), the rest
+ * queued FIFO. Idleness is exact: the engine itself counts its sequences.
+ */
+export class LlamaCppEngine implements Engine {
+  readonly kind = 'llama-cpp';
+  readonly capabilities: EngineCapabilities;
+  private readonly slots: Slots;
+  private readonly events = new EventEmitter();
+  private readonly prompts: PromptRenderer;
+  private readonly grammars: GrammarCache;
+  private generated = 0;
+  private closed = false;
+  /** From the GGUF's vocabulary; undefined when the file does not say (continuations then use text). */
+  private readonly vocabularySize: number | undefined;
+
+  constructor(
+    private readonly llama: Llama,
+    private readonly model: LlamaModel,
+    private readonly context: LlamaContext,
+    private readonly opts: LlamaCppOptions,
+  ) {
+    this.slots = new Slots(opts.parallel);
+    this.prompts = new PromptRenderer(model);
+    this.grammars = new GrammarCache(llama);
+    this.vocabularySize = vocabularySizeOf(model);
+    this.capabilities = {
+      json_object: true,
+      json_schema: true,
+      logprobs: false,
+      tools: false,
+      max_context: context.contextSize,
+      continuation: true,
+    };
+  }
+
+  /** What the worker's start-up line shows about the model. */
+  describe(): Record<string, unknown> {
+    return {
+      model_path: this.opts.modelPath,
+      context_size: this.context.contextSize,
+      parallel: this.opts.parallel,
+      threads: this.opts.threads,
+      gpu: this.llama.gpu === false ? 'off' : this.llama.gpu,
+      gpu_layers: this.model.gpuLayers,
+      chat_template: this.prompts.templateName,
+    };
+  }
+
+  /** Tokens of a prompt as this engine would evaluate it (for tests and benchmarks). */
+  render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop'>): RenderedPrompt {
+    const stops = (req.stop ?? []).filter((s) => s.length > 0);
+    return req.messages !== undefined && req.messages.length > 0 ? this.prompts.chat(req.messages, stops) : this.prompts.plain(req.prompt, stops);
+  }
+
+  async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
+    const req = request as LlamaRequest;
+    if (this.closed) throw new Error('the engine is closed');
+    const prompt = this.render(req);
+    const promptTokens = prompt.tokens.length;
+    const already = this.continuationTokens(req);
+    const input = [...prompt.tokens, ...already];
+    const room = this.context.contextSize - input.length;
+    if (room <= 0) throw new Error(`the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
+    // No max_tokens (where the request plane allows that): whatever the context leaves.
+    const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
+    const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({
+      // max_tokens cut short by the context is still "length", as OpenAI reports it.
+      finish_reason,
+      prompt_tokens: promptTokens,
+      completion_tokens,
+    });
+    if (req.max_tokens === 0) return result('length', 0);
+    const grammar = await this.grammars.grammarFor(req.response_format);
+
+    await this.acquire(signal);
+    let sequence: LlamaContextSequence | undefined;
+    let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    const abort = aborted(signal);
+    try {
+      sequence = this.context.getSequence();
+      const grammarEvaluationState: LlamaGrammarEvaluationState | undefined = grammar ? grammarState(this.llama, this.model, grammar, already) : undefined;
+      tokens = sequence.evaluate(input, {
+        temperature: req.temperature,
+        topK: NO_TOP_K,
+        topP: req.top_p ?? 1,
+        // Seeds are unsigned in llama.cpp; none given: a fresh one per request.
+        ...(req.seed !== undefined ? { seed: req.seed >>> 0 } : {}),
+        ...(grammarEvaluationState ? { grammarEvaluationState } : {}),
+        yieldEogToken: true,
+      });
+      const text = new PieceAssembler((ids, before) => this.model.detokenize(ids as Token[], false, before as Token[]), prompt.stopTexts, input);
+      let n = 0;
+      let next = tokens.next();
+      while (true) {
+        const step = await Promise.race([next, abort.promise]);
+        if (step.done) return result('stop', n);
+        const token = step.value;
+        if (this.model.isEogToken(token) || prompt.stopTokens.has(token)) {
+          const rest = text.flush();
+          if (rest) yield rest;
+          return result('stop', n);
+        }
+        n++;
+        this.generated++;
+        const piece = text.push(token);
+        if (text.stopped) {
+          if (piece) yield piece;
+          return result('stop', n);
+        }
+        if (n >= limit) {
+          const rest = text.flush();
+          const out = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
+          if (out) yield out;
+          return result('length', n);
+        }
+        // The next token is decoded while the caller sends this one: llama.cpp works while the
+        // worker writes (the sequence is ours until we return, so nothing else is delayed).
+        next = tokens.next();
+        next.catch(() => undefined);
+        if (piece) yield piece;
+      }
+    } finally {
+      abort.dispose();
+      // The sequence goes back to the context before the slot does: the next request gets it.
+      await tokens?.return().catch(() => undefined);
+      await sequence?.dispose().catch(() => undefined);
+      this.slots.release();
+      this.notifyChange();
+    }
+  }
+
+  /**
+   * A continuation resumes from the exact tokens where the other worker has them, else from its
+   * text. Ids come over the network: one outside the vocabulary would abort the process inside
+   * llama.cpp (detokenizing it throws a C++ exception), so they are checked first.
+   */
+  private continuationTokens(req: GenerateRequest): Token[] {
+    const c = req.continuation;
+    if (c === undefined) return [];
+    const ids = c.token_ids;
+    if (ids === undefined || this.vocabularySize === undefined) return this.model.tokenize(c.text, false);
+    const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= (this.vocabularySize as number));
+    if (bad !== undefined) throw new Error(`continuation token id ${bad} is not in this model's vocabulary (${this.vocabularySize} tokens): another model generated it`);
+    return ids as Token[];
+  }
+
+  private async acquire(signal: AbortSignal): Promise<void> {
+    try {
+      await this.slots.acquire(signal);
+    } catch (err) {
+      this.notifyChange(); // a request dropped while queued may have been the last work
+      throw err;
+    }
+  }
+
+  private notifyChange(): void {
+    this.events.emit('change');
+  }
+
+  async probeQuiescence(): Promise<Quiescence> {
+    const { running, queued } = this.slots;
+    if (running === 0 && queued === 0) return { state: 'idle' };
+    return { state: 'busy', waiting_for: [`engine: ${running} running, ${queued} queued sequences`] };
+  }
+
+  onQuiescenceChange(listener: () => void): () => void {
+    this.events.on('change', listener);
+    return () => this.events.off('change', listener);
+  }
+
+  isOverloaded(): boolean {
+    return this.slots.queued >= this.opts.maxQueue;
+  }
+
+  stats(): EngineStats {
+    return {
+      kind: this.kind,
+      running_sequences: this.slots.running,
+      queued_sequences: this.slots.queued,
+      batch_slots: this.slots.capacity,
+      generated_tokens: this.generated,
+      context_size: this.context.contextSize,
+      sequences_free: this.context.sequencesLeft,
+      threads: this.opts.threads,
+    };
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.context.dispose();
+    await this.model.dispose();
+    await this.llama.dispose();
+  }
+}
