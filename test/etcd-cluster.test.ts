@@ -91,7 +91,7 @@ describe('etcd cluster: drain and crash', { skip: etcdSkipReason() }, () => {
       request_url: w.requestUrl,
       system_url: w.systemUrl,
       engine: 'mocker',
-      capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 1024, continuation: true },
+      capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true },
     });
     const leaseBefore = (await fx.raw.get(key).exec()).kvs[0]?.lease;
     assert.ok(leaseBefore && leaseBefore !== '0', 'the key is bound to a lease');

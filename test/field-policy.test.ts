@@ -55,7 +55,7 @@ const CHAT: Examples = {
 };
 
 const COMPLETIONS: Examples = {
-  prompt: { ok: ['x', ['a', 'b']], refused: [[1, 2, 3], [[1, 2]]] },
+  prompt: { ok: ['x', ['a', 'b'], [1, 2, 3], [[1, 2], [3]]], refused: [[1, 'a'], [-1]] }, // token ids: the mocker declares prompt_token_ids
 };
 
 const RESPONSES: Examples = {

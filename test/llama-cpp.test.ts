@@ -272,7 +272,16 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
   }
 
   it('declares what it honours, with the context size as max_context', () => {
-    assert.deepEqual(engine.capabilities, { json_object: true, json_schema: true, logprobs: false, tools: false, max_context: 1024, continuation: true });
+    assert.deepEqual(engine.capabilities, { json_object: true, json_schema: true, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true });
+  });
+
+  it('a token-id prompt is evaluated as those ids; an id outside the vocabulary is refused, not a crash', async () => {
+    const ids = engine.render({ prompt: 'hello world' }).tokens.map(Number);
+    const byIds = await drain(engine.generate(request({ prompt: ids.join(' '), messages: undefined, prompt_token_ids: ids, max_tokens: 8 }), new AbortController().signal));
+    const byText = await drain(engine.generate(request({ prompt: 'hello world', messages: undefined, max_tokens: 8 }), new AbortController().signal));
+    assert.equal(byIds.text, byText.text, 'the same tokens, the same answer');
+    assert.equal(byIds.result.prompt_tokens, ids.length);
+    await assert.rejects(drain(engine.generate(request({ prompt: 'x', messages: undefined, prompt_token_ids: [1_000_000] }), new AbortController().signal)), /outside this model's vocabulary/);
   });
 
   it('json_object and json_schema answers parse (and match the schema)', async () => {

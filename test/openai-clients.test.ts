@@ -74,6 +74,9 @@ describe('clients: the official openai SDK', () => {
     const single = await c.completions.create({ model: 'm1', prompt: 'a time', max_tokens: 3 });
     assert.equal(batch.choices[2]?.text, single.choices[0]?.text, 'prompt-major order: choice 2 is the second prompt');
     assert.equal(batch.usage?.prompt_tokens, 4, 'each prompt counted once');
+    const ids = await c.completions.create({ model: 'm1', prompt: [[11, 12, 13], [14]], max_tokens: 2 });
+    assert.equal(ids.choices.length, 2, 'a batch of token-id prompts');
+    assert.equal(ids.usage?.prompt_tokens, 4, 'the mocker counts one token per id');
   });
 
   it('without max_tokens, generates until the context is full (the mocker has --mocker-max-context 64)', async () => {

@@ -14,6 +14,8 @@ export interface GenerateRequest {
   request_id: string;
   /** The prompt as text; for chat requests, the messages joined (engines with a chat template use `messages`). */
   prompt: string;
+  /** A prompt given as token ids (engines that declare prompt_token_ids evaluate these, not `prompt`). */
+  prompt_token_ids?: number[] | undefined;
   /** Chat requests: the messages, for engines that render them with the model's own template. */
   messages?: ChatMessage[] | undefined;
   /** Tokens to generate now; undefined: until the model stops or its context is full (OpenAI's default). */

@@ -144,6 +144,7 @@ export class LlamaCppEngine implements Engine {
       tools: false,
       max_context: context.contextSize,
       continuation: true,
+      prompt_token_ids: this.vocabularySize !== undefined, // ids are checked against it (see render)
     };
   }
 
@@ -161,8 +162,16 @@ export class LlamaCppEngine implements Engine {
   }
 
   /** Tokens of a prompt as this engine would evaluate it (for tests and benchmarks). */
-  render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop'>): RenderedPrompt {
+  render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop' | 'prompt_token_ids'>): RenderedPrompt {
     const stops = (req.stop ?? []).filter((s) => s.length > 0);
+    if (req.prompt_token_ids !== undefined) {
+      // Ids outside the vocabulary crash llama.cpp (the whole process): refuse them here.
+      const size = this.vocabularySize;
+      if (size === undefined) throw new Error('this model does not say its vocabulary size: token-id prompts cannot be checked');
+      const bad = req.prompt_token_ids.find((id) => id >= size);
+      if (bad !== undefined) throw new Error(`prompt token id ${bad} is outside this model's vocabulary (${this.vocabularySize} tokens)`);
+      return { tokens: req.prompt_token_ids as Token[], stopTokens: new Set(), stopTexts: [...stops] };
+    }
     return req.messages !== undefined && req.messages.length > 0 ? this.prompts.chat(req.messages, stops) : this.prompts.plain(req.prompt, stops);
   }
 

@@ -103,7 +103,7 @@ export class MockerEngine implements Engine {
   readonly kvTransfers: KvTransferStore | undefined;
 
   constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
-    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true };
+    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);

@@ -101,6 +101,8 @@ export class OpenAIEngine implements Engine {
       // from the original ones at the seam. Chat continues an assistant-prefix message, which a
       // generic server may not support.
       continuation: known,
+      // vLLM, SGLang and llama-server take /v1/completions prompts as token-id arrays.
+      prompt_token_ids: known,
     };
     this.idleness = createIdlenessProbe(opts.kind, opts.quiescence, baseUrl, dispatcher);
     this.reprobe = new ReprobeBackoff(() => this.events.emit('change'));
@@ -205,6 +207,10 @@ export class OpenAIEngine implements Engine {
         body.continue_final_message = true;
         body.add_generation_prompt = false;
       }
+    } else if (req.prompt_token_ids !== undefined) {
+      // Ids continue with ids: a text continuation cannot be appended to a token prompt.
+      if (cont && cont.token_ids === undefined) throw new Error('a token-id prompt can only be continued from token ids');
+      body.prompt = cont ? [...req.prompt_token_ids, ...(cont.token_ids ?? [])] : req.prompt_token_ids;
     } else body.prompt = cont ? req.prompt + cont.text : req.prompt;
     return body;
   }

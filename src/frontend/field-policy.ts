@@ -36,10 +36,23 @@ function textOnlyMessages(messages: unknown): void {
   });
 }
 
-/** Completions: a string or a batch of strings; token-id prompts would need the engine's own tokenizer ids. */
-function textPrompts(prompt: unknown): void {
-  if (Array.isArray(prompt) && prompt.some((p) => typeof p !== 'string'))
-    throw unsupported('prompt', 'token-id prompts are not supported: send the prompt as text (a string, or an array of strings for a batch)');
+const isIds = (v: unknown): boolean => Array.isArray(v) && v.length > 0 && v.every((id) => Number.isInteger(id) && (id as number) >= 0);
+
+/** The shape of a completions prompt: text, token ids, or a batch of either (never a mix). */
+export type PromptShape = 'text' | 'texts' | 'ids' | 'id_batch';
+
+export function promptShape(prompt: unknown): PromptShape {
+  if (typeof prompt === 'string') return 'text';
+  if (Array.isArray(prompt) && prompt.every((p) => typeof p === 'string')) return 'texts';
+  if (isIds(prompt)) return 'ids';
+  if (Array.isArray(prompt) && prompt.every(isIds)) return 'id_batch';
+  throw new EbbError('invalid_request', 'prompt must be a string, an array of strings, an array of token ids, or an array of such arrays', { param: 'prompt' });
+}
+
+/** Token-id prompts go only to engines that evaluate their own tokenizer's ids. */
+function promptNeeds(prompt: unknown): Capability | undefined {
+  const shape = promptShape(prompt);
+  return shape === 'ids' || shape === 'id_batch' ? 'prompt_token_ids' : undefined;
 }
 
 /** OpenAI and vLLM answer 400 to stream_options on a request that does not stream. */
@@ -57,7 +70,7 @@ export type FieldPolicy = Readonly<Record<string, Policy>>;
 export const FIELD_POLICY: FieldPolicy = {
   model: carried,
   messages: checked(textOnlyMessages),
-  prompt: checked(textPrompts),
+  prompt: { kind: 'capability', needs: promptNeeds },
   max_tokens: carried,
   max_completion_tokens: carried,
   temperature: carried,

@@ -1,4 +1,5 @@
 import type { GenerateBody, ResponseFormat, Usage } from '../protocol/request-plane.js';
+import { promptShape } from './field-policy.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 
 export type Endpoint = 'chat' | 'completion';
@@ -41,16 +42,28 @@ export function toGenerateBodies(endpoint: Endpoint, req: OpenAIRequest, request
   const format = responseFormatOf(req.response_format);
   if (format !== undefined) base.response_format = format;
   const n = req.n ?? 1;
-  const prompts: Array<Pick<GenerateBody, 'prompt' | 'messages'>> =
-    endpoint === 'chat'
-      ? [{ messages: (req.messages ?? []).map((m) => ({ role: m.role, content: messageText(m.content) })) }]
-      : (Array.isArray(req.prompt) ? (req.prompt as string[]) : [req.prompt ?? '']).map((prompt) => ({ prompt })); // field policy: strings only
+  const prompts: Array<Pick<GenerateBody, 'prompt' | 'messages' | 'prompt_token_ids'>> =
+    endpoint === 'chat' ? [{ messages: (req.messages ?? []).map((m) => ({ role: m.role, content: messageText(m.content) })) }] : completionPrompts(req.prompt);
   if (prompts.length === 1 && n === 1) return [{ ...base, ...prompts[0], ...(req.seed != null && { seed: req.seed }) }];
   const out: GenerateBody[] = [];
   for (const prompt of prompts)
     for (let i = 0; i < n; i++)
       out.push({ ...base, ...prompt, request_id: `${requestId}-${out.length}`, ...(req.seed != null && { seed: req.seed + i }) });
   return out;
+}
+
+/** A completions prompt as request-plane prompts: one per batch entry (the field policy checked the shape). */
+function completionPrompts(prompt: OpenAIRequest['prompt']): Array<Pick<GenerateBody, 'prompt' | 'prompt_token_ids'>> {
+  switch (promptShape(prompt ?? '')) {
+    case 'text':
+      return [{ prompt: prompt as string }];
+    case 'texts':
+      return (prompt as string[]).map((p) => ({ prompt: p }));
+    case 'ids':
+      return [{ prompt_token_ids: prompt as number[] }];
+    case 'id_batch':
+      return (prompt as number[][]).map((ids) => ({ prompt_token_ids: ids }));
+  }
 }
 
 /**

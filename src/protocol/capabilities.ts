@@ -16,10 +16,12 @@ export interface EngineCapabilities {
   max_context: number | null;
   /** Can take `continuation` (stream migration): the frontend only migrates to such workers. */
   continuation: boolean;
+  /** Takes a prompt as token ids of its own tokenizer (completions with `prompt: [1, 2, 3]`). */
+  prompt_token_ids: boolean;
 }
 
 /** The yes/no capabilities a request can need. */
-export type Capability = 'json_object' | 'json_schema' | 'logprobs' | 'tools' | 'continuation';
+export type Capability = 'json_object' | 'json_schema' | 'logprobs' | 'tools' | 'continuation' | 'prompt_token_ids';
 
 const NONE: readonly Capability[] = [];
 
@@ -27,10 +29,11 @@ const NONE: readonly Capability[] = [];
 export function capabilitiesNeeded(body: GenerateBody): readonly Capability[] {
   const format = body.response_format?.type;
   const structured = format === 'json_object' || format === 'json_schema';
-  if (!structured && body.continuation === undefined) return NONE;
+  if (!structured && body.continuation === undefined && body.prompt_token_ids === undefined) return NONE;
   const out: Capability[] = [];
   if (structured) out.push(format);
   if (body.continuation !== undefined) out.push('continuation');
+  if (body.prompt_token_ids !== undefined) out.push('prompt_token_ids');
   return out;
 }
 
@@ -46,6 +49,8 @@ export function isCapabilities(v: unknown): v is EngineCapabilities {
   const c = v as Record<string, unknown>;
   return (
     (['json_object', 'json_schema', 'logprobs', 'tools', 'continuation'] as const).every((k) => typeof c[k] === 'boolean') &&
+    // Added later: a record without it declares it false (missingCapability reads absent as no).
+    (c.prompt_token_ids === undefined || typeof c.prompt_token_ids === 'boolean') &&
     (c.max_context === null || (typeof c.max_context === 'number' && Number.isInteger(c.max_context) && c.max_context > 0))
   );
 }

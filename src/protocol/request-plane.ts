@@ -73,6 +73,8 @@ export const GenerateBodySchema = Type.Object(
   {
     model: Type.String({ minLength: 1 }),
     prompt: Type.Optional(Type.String()),
+    /** The prompt as token ids of the engine's own tokenizer; only for engines that declare prompt_token_ids. */
+    prompt_token_ids: Type.Optional(Type.Array(Type.Integer({ minimum: 0 }), { minItems: 1, maxItems: 1_000_000 })),
     messages: Type.Optional(Type.Array(ChatMessageSchema)),
     /** 0 is allowed for a continuation whose budget is spent: the worker only finishes the answer. */
     max_tokens: Type.Optional(Type.Integer({ minimum: 0, maximum: 1_000_000 })),
@@ -125,5 +127,7 @@ export type StreamLine =
 export function promptOf(body: GenerateBody): string | undefined {
   if (body.prompt !== undefined) return body.prompt;
   if (body.messages !== undefined) return body.messages.map((m) => `${m.role}: ${m.content}`).join('\n');
+  // Engines that declare prompt_token_ids read the ids; the text is for logs and for the mocker, which counts one token per id.
+  if (body.prompt_token_ids !== undefined) return body.prompt_token_ids.join(' ');
   return undefined;
 }

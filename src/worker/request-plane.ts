@@ -89,7 +89,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   function admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode } {
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
-    if (prompt === undefined) throw new EbbError('invalid_request', 'either prompt or messages is required');
+    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
     if (body.kv_transfer !== undefined) checkKvSource(body.kv_transfer);
     const lacking = missingCapability(engine.capabilities, capabilitiesNeeded(body));
     if (lacking === 'continuation')
@@ -108,6 +108,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       request_id: requestId,
       prompt,
       messages: body.messages,
+      prompt_token_ids: body.prompt_token_ids,
       // Absent: until the model stops or its context is full (the engine knows its context).
       max_tokens: body.max_tokens,
       temperature: body.temperature ?? 1,
