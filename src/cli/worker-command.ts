@@ -15,6 +15,7 @@ import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.j
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import { discoveryDefault, intOption } from './options.js';
+import { attachSelfPod, resolveSelfPod, type SelfPodSetup } from '../k8s/self-pod-setup.js';
 
 interface WorkerFlags {
   engine: string;
@@ -42,6 +43,8 @@ interface WorkerFlags {
   mockerFailOnPrompt: string;
   mockerMaxContext: number;
   kvTransferTtlMs: number;
+  k8sSelfPod?: string | boolean;
+  kubeconfig?: string;
 }
 
 export function workerCommand(): Command {
@@ -80,6 +83,8 @@ export function workerCommand(): Command {
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', intOption(0), MOCKER_DEFAULTS.loadMs)
     .option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)', MOCKER_DEFAULTS.failOnPrompt)
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', intOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
+    .option('--k8s-self-pod [namespace/name]', 'follow the ebb.dev/drain annotation of this pod and write the state back (default: env POD_NAMESPACE / POD_NAME from the downward API)')
+    .option('--kubeconfig <path>', 'with --k8s-self-pod outside a cluster: the kubeconfig to use (default: in-cluster credentials, else KUBECONFIG or ~/.kube/config)')
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
       const adminToken = await loadAdminToken(flags.adminTokenFile);
@@ -88,6 +93,8 @@ export function workerCommand(): Command {
       assertRequestBindAllowed(flags.host, requestToken, '--host');
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
+      // Before the engine loads: a pod annotated for drain starts the worker drained, not registered.
+      const selfPod: SelfPodSetup | undefined = flags.k8sSelfPod === undefined ? undefined : await resolveSelfPod(flags.k8sSelfPod, flags.kubeconfig);
       let exiting = false;
       const exit = (code: number) => {
         exiting = true;
@@ -143,6 +150,7 @@ export function workerCommand(): Command {
             leaseTtlMs: flags.leaseTtlMs,
             shutdown: { graceMs: flags.shutdownGraceMs, drainTimeoutMs: flags.drainTimeoutMs },
             engine: engineSpec(flags),
+            startDrained: selfPod?.intent ?? undefined,
           },
           log,
           exit,
@@ -159,6 +167,7 @@ export function workerCommand(): Command {
       }
       const { record } = worker;
       log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
+      if (selfPod) await attachSelfPod(selfPod, worker.lifecycle, log);
       // A signal that came while startWorker was finishing (after the load) is honoured now.
       if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
     });
