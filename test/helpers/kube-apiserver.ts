@@ -198,7 +198,8 @@ export class FakeKubeApiServer extends EventEmitter {
       JSON.stringify({
         apiVersion: 'v1',
         kind: 'Config',
-        clusters: [{ name: 'test', cluster: { server: this.url } }],
+        // Plain HTTP in tests: client-node refuses http:// unless TLS verification is declared off.
+        clusters: [{ name: 'test', cluster: { server: this.url, 'insecure-skip-tls-verify': true } }],
         users: [{ name: 'test', user: { token: this.token } }],
         contexts: [{ name: 'test', context: { cluster: 'test', user: 'test', namespace } }],
         'current-context': 'test',
