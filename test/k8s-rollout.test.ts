@@ -100,3 +100,27 @@ describe('ebb rollout --k8s-selector', () => {
     process.stderr.write(`# rollout: ${outcomes.length} requests, ${failures.length} failed\n${rollout.stderr}`);
   });
 });
+
+describe('ebb rollout --k8s-selector, a pod that does not drain', () => {
+  it('stops, un-annotates the stuck pod (it resumes) and leaves the rest serving and untouched', async () => {
+    const { kube, kubeconfig } = await startKube();
+    servers.push(kube);
+    const discovery = tempDiscoveryUrl();
+    kube.createPod(NS, 'worker-a', APP);
+    kube.createPod(NS, 'worker-b', APP);
+    // An engine that cannot tell it is idle never reaches drained (fail-closed).
+    started.push(await podWorker(kubeconfig, discovery, 'worker-a', ['--mocker-idleness', 'unknown']));
+    started.push(await podWorker(kubeconfig, discovery, 'worker-b'));
+    for (const name of ['worker-a', 'worker-b']) await kube.waitForPod(NS, name, stateIs('serving'), 'serving');
+
+    const rollout = await ebb(['rollout', '--k8s-selector', 'app=ebb-worker', '--namespace', NS, '--delete-pods', '--kubeconfig', kubeconfig, '--timeout', '1s']);
+    assert.equal(rollout.code, 2, rollout.stderr);
+    assert.match(rollout.stderr, /pod worker-a did not drain within 1\.0s.*0 of 2 pod\(s\) were rolled/);
+    await kube.waitForPod(NS, 'worker-a', (p) => stateIs('serving')(p) && annotations(p)['ebb.dev/drain'] === undefined, 'worker-a resumed, annotation gone');
+    const b = kube.pod(NS, 'worker-b');
+    assert.equal(annotations(b)['ebb.dev/drain'], undefined);
+    assert.ok(stateIs('serving')(b));
+    assert.equal(kube.list(NS).length, 2, 'nothing deleted');
+    assert.ok(!kube.requests.some((r) => r.method === 'DELETE'));
+  });
+});
