@@ -4,6 +4,7 @@ import { LOG_FORMATS, LOG_LEVELS } from '../common/logger.js';
 import { CliError } from './cli-error.js';
 import { drainCommand } from './drain-command.js';
 import { frontendCommand } from './frontend-command.js';
+import { prestopCommand } from './prestop-command.js';
 import { resumeCommand } from './resume-command.js';
 import { rolloutCommand } from './rollout-command.js';
 import { statusCommand } from './status-command.js';
@@ -33,6 +34,7 @@ program.addCommand(statusCommand());
 program.addCommand(drainCommand());
 program.addCommand(resumeCommand());
 program.addCommand(rolloutCommand());
+program.addCommand(prestopCommand());
 
 program.parseAsync(process.argv).catch((err: unknown) => {
   // Operators get one clear line, not a stack trace; timeouts exit 2 (see CliError).

@@ -5,9 +5,16 @@ import { CliError, EXIT_TIMEOUT } from './cli-error.js';
 import { POLL_INTERVAL_MS, servingOf, waitForDrained } from './drain-wait.js';
 import { describeWaiting, formatDuration } from './progress-line.js';
 import { durationOption, intOption } from './options.js';
+import { destination, pino } from 'pino';
+import { createPodApi, defaultNamespace, loadKubeConfig } from '../k8s/client.js';
+import { k8sRollout } from '../k8s/rollout.js';
 
 interface RolloutFlags extends SourceFlags {
-  model: string;
+  model?: string;
+  k8sSelector?: string;
+  namespace?: string;
+  deletePods?: boolean;
+  kubeconfig?: string;
   maxUnavailable: number;
   thenExec?: string;
   timeout: number;
@@ -55,6 +62,24 @@ async function waitForServing(client: AdminClient, model: string, want: number, 
   }
 }
 
+/** `--k8s-selector`: the rollout is the pods' own (see k8s/rollout.ts). */
+async function rolloutPods(selector: string, flags: RolloutFlags): Promise<void> {
+  let kc;
+  try {
+    kc = loadKubeConfig(flags.kubeconfig);
+  } catch (err) {
+    throw new CliError(`--k8s-selector: ${(err as Error).message}`);
+  }
+  const started = Date.now();
+  const total = await k8sRollout(
+    createPodApi(kc),
+    { namespace: flags.namespace ?? defaultNamespace(kc), selector, maxUnavailable: flags.maxUnavailable, deletePods: flags.deletePods === true, timeoutMs: flags.timeout, drainDeadlineMs: flags.drainDeadline, say },
+    // Logs go to stderr with the progress lines: stdout is the command's result.
+    pino({ level: process.env.EBB_LOG_LEVEL ?? 'warn', base: { component: 'rollout' } }, destination(2)),
+  );
+  process.stdout.write(`rollout of pods ${selector} done: ${total} pod(s) in ${formatDuration(Date.now() - started)}\n`);
+}
+
 export function rolloutCommand(): Command {
   return addSourceOptions(
     new Command('rollout').summary('rolling drain of one model, at most --max-unavailable workers at a time').description(
@@ -62,24 +87,34 @@ export function rolloutCommand(): Command {
         '(or resume it when there is none), and wait until the model is back to its serving count before the next batch',
     ),
   )
-    .requiredOption('--model <name>', 'the model whose workers are rolled')
+    .option('--model <name>', 'the model whose workers are rolled (required unless --k8s-selector)')
+    .option('--k8s-selector <labels>', 'roll Kubernetes pods instead: annotate ebb.dev/drain, wait for ebb.dev/state=drained, delete (--delete-pods) or leave to the controller, wait for the replacement')
+    .option('--namespace <ns>', 'with --k8s-selector: the namespace (default: the kubeconfig context\'s, else the service account\'s, else default)')
+    .option('--delete-pods', 'with --k8s-selector: delete each drained pod (default: leave it, deletion cost lowest, for its controller)')
+    .option('--kubeconfig <path>', 'with --k8s-selector: the kubeconfig (default: in-cluster, else KUBECONFIG or ~/.kube/config)')
     .option('--max-unavailable <n>', 'workers out of rotation at once', intOption(1), 1)
     .option('--then-exec <cmd>', 'shell command run for each drained worker (env EBB_WORKER_ID, EBB_SYSTEM_URL, EBB_REQUEST_URL); non-zero stops the rollout')
     .addOption(new Option('--timeout <duration>', 'bound on each drain, hook and wait for the replacement (exit 2 past it)').argParser(durationOption).default(durationOption('10m'), '10m'))
     .addOption(new Option('--drain-deadline <duration>', 'hand streams still running after this long off to the rest of the fleet (default: wait for them to finish)').argParser(durationOption))
     .action(async (flags: RolloutFlags) => {
+      if (flags.k8sSelector !== undefined) {
+        await rolloutPods(flags.k8sSelector, flags);
+        return;
+      }
+      const model = flags.model;
+      if (model === undefined) throw new CliError('rollout needs --model <name> (or --k8s-selector <labels> to roll Kubernetes pods)');
       await withClient(flags, async (client) => {
         const started = Date.now();
-        const initial = servingOf(await client.fleet(), flags.model).sort((a, b) => a.worker_id.localeCompare(b.worker_id));
-        if (initial.length === 0) throw new CliError(`no serving worker of model "${flags.model}" in ${client.sourceLabel}`);
+        const initial = servingOf(await client.fleet(), model).sort((a, b) => a.worker_id.localeCompare(b.worker_id));
+        if (initial.length === 0) throw new CliError(`no serving worker of model "${model}" in ${client.sourceLabel}`);
         const total = initial.length;
-        say(`rollout of ${flags.model}: ${total} worker(s), at most ${flags.maxUnavailable} out of rotation at a time (fleet from ${client.sourceLabel})`);
+        say(`rollout of ${model}: ${total} worker(s), at most ${flags.maxUnavailable} out of rotation at a time (fleet from ${client.sourceLabel})`);
         let done = 0;
         for (let i = 0; i < initial.length; i += flags.maxUnavailable) {
           // Re-read the fleet: a worker may have left meanwhile, and the batch's target count is
           // what is serving right now (the previous batch waited for it to be whole again).
           const fleet = await client.fleet();
-          const serving = servingOf(fleet, flags.model);
+          const serving = servingOf(fleet, model);
           const servingIds = new Set(serving.map((e) => e.worker_id));
           const batch: FleetEntry[] = [];
           for (const w of initial.slice(i, i + flags.maxUnavailable)) {
@@ -94,7 +129,7 @@ export function rolloutCommand(): Command {
             refs.map(async ({ entry, ref }) => {
               say(`[${done + 1 + refs.findIndex((r) => r.entry === entry)}/${total}] ${entry.worker_id}: draining`);
               const t0 = Date.now();
-              let s = await ref.drain({ reason: `ebb rollout ${flags.model}`, ...(flags.drainDeadline !== undefined ? { deadline_ms: flags.drainDeadline } : {}) });
+              let s = await ref.drain({ reason: `ebb rollout ${model}`, ...(flags.drainDeadline !== undefined ? { deadline_ms: flags.drainDeadline } : {}) });
               let lastLine = '';
               if (s.state !== 'drained')
                 s = await waitForDrained(ref, s.generation, flags.timeout, (st) => {
@@ -116,7 +151,7 @@ export function rolloutCommand(): Command {
             const first = failed[0] as { entry: FleetEntry; err: Error };
             const code = first.err instanceof CliError ? first.err.exitCode : 1;
             throw new CliError(
-              `rollout of ${flags.model} stopped at ${first.entry.worker_id}: ${first.err.message}; ` +
+              `rollout of ${model} stopped at ${first.entry.worker_id}: ${first.err.message}; ` +
                 `${done} of ${total} worker(s) were rolled, the others are serving (\`${client.resumeHint(first.entry)}\` puts it back in rotation)`,
               code,
             );
@@ -131,11 +166,11 @@ export function rolloutCommand(): Command {
               say(`  ${entry.worker_id}: resumed`);
             }
           }
-          const have = await waitForServing(client, flags.model, want, flags.timeout);
+          const have = await waitForServing(client, model, want, flags.timeout);
           done += batch.length;
-          say(`[${done}/${total}] ${flags.model} is back to ${have} serving worker(s)`);
+          say(`[${done}/${total}] ${model} is back to ${have} serving worker(s)`);
         }
-        process.stdout.write(`rollout of ${flags.model} done: ${total} worker(s) in ${formatDuration(Date.now() - started)}\n`);
+        process.stdout.write(`rollout of ${model} done: ${total} worker(s) in ${formatDuration(Date.now() - started)}\n`);
       });
     });
 }

@@ -18,6 +18,7 @@ import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import { discoveryDefault, intOption, msOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
+import { attachSelfPod, resolveSelfPod, type SelfPodSetup } from '../k8s/self-pod-setup.js';
 
 interface WorkerFlags extends LlamaCppFlags {
   engine: string;
@@ -53,6 +54,8 @@ interface WorkerFlags extends LlamaCppFlags {
   engineStopTimeoutMs: number;
   engineLoadTimeoutMs: number;
   engineModel?: string;
+  k8sSelfPod?: string | boolean;
+  kubeconfig?: string;
 }
 
 export function workerCommand(): Command {
@@ -92,6 +95,8 @@ export function workerCommand(): Command {
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
     .option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)', MOCKER_DEFAULTS.failOnPrompt)
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
+    .option('--k8s-self-pod [namespace/name]', 'follow the ebb.dev/drain annotation of this pod and write the state back (default: env POD_NAMESPACE / POD_NAME from the downward API)')
+    .option('--kubeconfig <path>', 'with --k8s-self-pod outside a cluster: the kubeconfig to use (default: in-cluster credentials, else KUBECONFIG or ~/.kube/config)')
     .option('--engine-url <url>', '--engine openai: the OpenAI-compatible engine server (default with --engine-cmd: http://127.0.0.1:{port})')
     .addOption(new Option('--engine-kind <kind>', '--engine openai: which server it is, for its idleness signal').choices([...ENGINE_KINDS]).default('generic'))
     .option('--engine-cmd <command>', '--engine openai: start the engine as this worker\'s child, {port} replaced by a free port; stopped after the worker drained')
@@ -111,6 +116,8 @@ export function workerCommand(): Command {
       assertRequestBindAllowed(flags.host, requestToken, '--host');
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
+      // Before the engine loads: a pod annotated for drain starts the worker drained, not registered.
+      const selfPod: SelfPodSetup | undefined = flags.k8sSelfPod === undefined ? undefined : await resolveSelfPod(flags.k8sSelfPod, flags.kubeconfig);
       let exiting = false;
       const exit = (code: number) => {
         exiting = true;
@@ -172,6 +179,7 @@ export function workerCommand(): Command {
               ...(flags.engine === 'openai' && flags.engineCmd !== undefined ? { watchdogMarginMs: 5000 + flags.engineStopTimeoutMs } : {}),
             },
             engine: flags.engine === 'openai' ? openaiEngineSpec(flags) : engineSpec(flags),
+            startDrained: selfPod?.intent ?? undefined,
           },
           log,
           exit,
@@ -188,6 +196,7 @@ export function workerCommand(): Command {
       }
       const { record } = worker;
       log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
+      if (selfPod) await attachSelfPod(selfPod, worker.lifecycle, log);
       // A signal that came while startWorker was finishing (after the load) is honoured now.
       if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
     });

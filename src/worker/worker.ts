@@ -40,6 +40,11 @@ export interface WorkerOptions {
   guardAdmin?: (authorization: string | undefined) => void;
   /** The request-plane token: required of callers when set, and sent to prefill peers. */
   requestToken?: string | undefined;
+  /**
+   * Start drained instead of registering (a drain intent that outlived the previous process, e.g.
+   * the Pod's ebb.dev/drain annotation): the worker never takes traffic until resumed.
+   */
+  startDrained?: { reason: string; deadlineMs?: number | undefined } | undefined;
 }
 
 export interface RunningWorker {
@@ -121,7 +126,10 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     if (id === workerId) void lifecycle.registrationLost();
   });
   phase.running({ lifecycle, engine, metrics });
-  await registerFirst(lifecycle, opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading);
+  if (opts.startDrained) {
+    log.info({ event: 'start_drained', reason: opts.startDrained.reason }, `starting drained (not registered): ${opts.startDrained.reason}`);
+    await lifecycle.drain(opts.startDrained.reason, { deadlineMs: opts.startDrained.deadlineMs });
+  } else await registerFirst(lifecycle, opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading);
 
   const cleanup = async (signal: AbortSignal) => {
     await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal)]);

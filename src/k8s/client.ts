@@ -1,0 +1,152 @@
+import { existsSync, readFileSync } from 'node:fs';
+import { ApiException, CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, Watch, type V1Pod } from '@kubernetes/client-node';
+
+/**
+ * The few Pod operations ebb needs, typed, over @kubernetes/client-node: where the credentials come
+ * from (in-cluster service account, --kubeconfig, KUBECONFIG / ~/.kube/config) and a bound on every
+ * call, so a hung API server is an error and never a hung worker.
+ */
+
+export type { V1Pod };
+
+export interface PodRef {
+  namespace: string;
+  name: string;
+}
+
+export const podLabel = (ref: PodRef): string => `${ref.namespace}/${ref.name}`;
+
+export type PatchKind = 'merge' | 'strategic-merge';
+
+export interface PodList {
+  items: V1Pod[];
+  resourceVersion: string;
+}
+
+export interface WatchQuery {
+  resourceVersion: string;
+  labelSelector?: string | undefined;
+  fieldSelector?: string | undefined;
+  /** The server ends the watch after this long; the client then re-watches from where it was. */
+  timeoutSeconds: number;
+}
+
+/** One line of a watch stream: ADDED / MODIFIED / DELETED carry a Pod; BOOKMARK only a resourceVersion; ERROR a Status. */
+export interface WatchEvent {
+  type: 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
+  object: V1Pod & { code?: number; reason?: string; message?: string };
+}
+
+/** An API answer that was not 2xx: `code` is the HTTP status (409 Conflict, 410 Gone, 404...). */
+export class KubeError extends Error {
+  constructor(
+    readonly code: number | undefined,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+export interface PodApi {
+  /** Where the API server is, for messages. */
+  readonly server: string;
+  get(ref: PodRef): Promise<V1Pod>;
+  list(namespace: string, selectors?: { labelSelector?: string | undefined; fieldSelector?: string | undefined }): Promise<PodList>;
+  patch(ref: PodRef, body: object, kind: PatchKind): Promise<V1Pod>;
+  delete(ref: PodRef): Promise<void>;
+  /** Opens a watch; `onDone` is called once, when it ends for any reason (an error, or null for a clean close). */
+  watch(namespace: string, query: WatchQuery, onEvent: (e: WatchEvent) => void, onDone: (err: Error | null) => void): Promise<{ abort(): void }>;
+}
+
+/** Bound on one API call (not on a watch, which is long by design). */
+const CALL_TIMEOUT_MS = 10_000;
+
+const SERVICE_ACCOUNT_NAMESPACE = '/var/run/secrets/kubernetes.io/serviceaccount/namespace';
+
+/** Credentials: --kubeconfig, else in-cluster when running in a Pod, else KUBECONFIG / ~/.kube/config. */
+export function loadKubeConfig(kubeconfig?: string): KubeConfig {
+  const kc = new KubeConfig();
+  if (kubeconfig !== undefined) kc.loadFromFile(kubeconfig);
+  else if (process.env.KUBERNETES_SERVICE_HOST !== undefined) kc.loadFromCluster();
+  else kc.loadFromDefault();
+  if (kc.getCurrentCluster() === null) throw new Error(`no Kubernetes cluster configured (${kubeconfig ?? 'in-cluster, KUBECONFIG or ~/.kube/config'})`);
+  return kc;
+}
+
+/** The namespace when none is given: the kubeconfig context's, the service account's, else "default". */
+export function defaultNamespace(kc: KubeConfig): string {
+  const fromContext = kc.getContextObject(kc.getCurrentContext())?.namespace;
+  if (fromContext) return fromContext;
+  if (existsSync(SERVICE_ACCOUNT_NAMESPACE)) return readFileSync(SERVICE_ACCOUNT_NAMESPACE, 'utf8').trim();
+  return 'default';
+}
+
+function bounded<T>(p: Promise<T>, what: string): Promise<T> {
+  let timer: NodeJS.Timeout;
+  const limit = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new KubeError(undefined, `${what}: no answer within ${CALL_TIMEOUT_MS} ms`)), CALL_TIMEOUT_MS);
+  });
+  return Promise.race([p, limit]).finally(() => clearTimeout(timer));
+}
+
+/** One line: "PATCH pod ns/x: HTTP 409: Operation cannot be fulfilled ...". */
+function kubeError(err: unknown, what: string): KubeError {
+  if (err instanceof KubeError) return err;
+  if (err instanceof ApiException) {
+    let message = '';
+    try {
+      const body = (typeof err.body === 'string' ? JSON.parse(err.body) : err.body) as { message?: string } | undefined;
+      message = body?.message ?? '';
+    } catch {
+      message = String(err.body).slice(0, 200);
+    }
+    return new KubeError(err.code, `${what}: HTTP ${err.code}${message ? `: ${message}` : ''}`);
+  }
+  return new KubeError(undefined, `${what}: ${(err as Error).message}`);
+}
+
+export function createPodApi(kc: KubeConfig): PodApi {
+  const core = kc.makeApiClient(CoreV1Api);
+  const watcher = new Watch(kc);
+  const server = kc.getCurrentCluster()?.server ?? '(unknown)';
+  const call = async <T>(what: string, op: () => Promise<T>): Promise<T> => {
+    try {
+      return await bounded(op(), what);
+    } catch (err) {
+      throw kubeError(err, what);
+    }
+  };
+  return {
+    server,
+    get: (ref) => call(`GET pod ${podLabel(ref)}`, () => core.readNamespacedPod(ref)),
+    list: (namespace, selectors = {}) =>
+      call(`LIST pods in ${namespace}`, async () => {
+        const list = await core.listNamespacedPod({ namespace, ...selectors });
+        return { items: list.items, resourceVersion: list.metadata?.resourceVersion ?? '' };
+      }),
+    patch: (ref, body, kind) =>
+      call(`PATCH pod ${podLabel(ref)}`, () =>
+        core.patchNamespacedPod({ ...ref, body }, setHeaderOptions('Content-Type', kind === 'merge' ? PatchStrategy.MergePatch : PatchStrategy.StrategicMergePatch)),
+      ),
+    delete: async (ref) => {
+      await call(`DELETE pod ${podLabel(ref)}`, () => core.deleteNamespacedPod(ref));
+    },
+    watch: async (namespace, query, onEvent, onDone) => {
+      const params: Record<string, string | number | boolean> = { allowWatchBookmarks: true, resourceVersion: query.resourceVersion, timeoutSeconds: query.timeoutSeconds };
+      if (query.labelSelector) params.labelSelector = query.labelSelector;
+      if (query.fieldSelector) params.fieldSelector = query.fieldSelector;
+      const controller = await watcher.watch(
+        `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods`,
+        params,
+        (type: string, object: WatchEvent['object']) => onEvent({ type: type as WatchEvent['type'], object }),
+        (err: unknown) => {
+          if (err === null || err === undefined) return onDone(null);
+          const code = (err as { statusCode?: number }).statusCode;
+          const name = (err as { name?: string }).name;
+          onDone(name === 'AbortError' ? null : new KubeError(code, `WATCH pods in ${namespace}: ${code ? `HTTP ${code}` : (err as Error).message}`));
+        },
+      );
+      return { abort: () => controller.abort() };
+    },
+  };
+}
