@@ -110,7 +110,10 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     requestToken: opts.requestToken,
   });
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.
-  lifecycle.on('handoff_due', () => lifecycle.recordHandoffs(requestPlane.handOffAll().count));
+  lifecycle.on('handoff_due', () => {
+    const { count, closed } = requestPlane.handOffAll();
+    lifecycle.recordHandoffs(count, closed);
+  });
 
   requestUrl = advertisedUrl(await listen(requestPlane.app, opts.host, opts.port), opts.advertiseHost);
   record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities };
@@ -140,7 +143,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
       cancel.abort(new Error('engine failed')); // the shutdown under way cuts what is left and exits
       return;
     }
-    lifecycle.beginShutdown('engine failed');
+    lifecycle.beginShutdown('engine failed', undefined, 'engine');
     void (async () => {
       try {
         await lifecycle.unregisterForShutdown(AbortSignal.timeout(UNREGISTER_ON_FAILURE_MS));
@@ -168,7 +171,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
         cutInflight: (s) => requestPlane.cutAll(s),
         handOffInflight: () => {
           const { count, closed } = requestPlane.handOffAll();
-          lifecycle.recordHandoffs(count);
+          lifecycle.recordHandoffs(count, closed);
           return { count, closed };
         },
         cleanup,
