@@ -37,7 +37,13 @@ export class ProgressLine {
   }
 }
 
+/** The drain's ETA as the worker estimates it: "eta 4.2s", "eta unknown" while it cannot tell; empty when not waiting. */
+export function describeEta(s: WorkerStatus): string {
+  if (s.state !== 'draining' && s.state !== 'stopping') return '';
+  return s.eta_ms === undefined || s.eta_ms === null ? ', eta unknown' : `, eta ${formatDuration(s.eta_ms)}`;
+}
+
 export function describeWaiting(s: WorkerStatus): string {
   const waits = s.waiting_for.length > 0 ? `, waiting for: ${s.waiting_for.join('; ')}` : '';
-  return `${s.state}, in-flight ${s.inflight_requests}${waits}`;
+  return `${s.state}, in-flight ${s.inflight_requests}${describeEta(s)}${waits}`;
 }

@@ -98,6 +98,9 @@ export class Lifecycle extends EventEmitter {
     super();
     this.audit = new AuditTrail(log);
     admission.on('idle', () => void this.evaluate());
+    // In-flight changes, for status streams (coalesced there).
+    admission.on('admitted', () => this.emit('inflight'));
+    admission.on('released', () => this.emit('inflight'));
     engine.onQuiescenceChange(() => void this.evaluate());
   }
 

@@ -109,6 +109,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     guard: createAdminGuard(opts.requestToken, 'request-plane'),
     requestToken: opts.requestToken,
   });
+  lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.
   lifecycle.on('handoff_due', () => {
     const { count, closed } = requestPlane.handOffAll();

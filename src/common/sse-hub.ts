@@ -1,0 +1,88 @@
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { ServerResponse } from 'node:http';
+
+/**
+ * Server-sent event streams on an admin listener (a worker's status stream, the frontend's fleet
+ * stream). Every client gets every event; a client that does not keep up (SSE_MAX_BUFFERED bytes
+ * unread) is dropped, since EventSource reconnects and starts again from a fresh snapshot. A comment
+ * line every SSE_HEARTBEAT_MS keeps the stream inside the admin listener's idle-socket bound and lets
+ * proxies see it alive. The streams end when the server closes, so they never hold a shutdown up.
+ */
+
+/** Under the admin listener's 60 s idle-connection bound. */
+export const SSE_HEARTBEAT_MS = 15_000;
+export const SSE_MAX_BUFFERED = 1024 * 1024;
+
+/** One SSE frame; `data` is JSON. */
+export function sseFrame(event: string, data: unknown): string {
+  return `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`;
+}
+
+export class SseHub {
+  private readonly clients = new Set<ServerResponse>();
+  private heartbeat: NodeJS.Timeout | undefined;
+
+  /** `onEmpty`: the last client left (subscriptions kept for clients can be dropped). */
+  constructor(
+    app: FastifyInstance,
+    private readonly onEmpty: () => void = () => undefined,
+  ) {
+    app.addHook('preClose', async () => this.closeAll());
+  }
+
+  get size(): number {
+    return this.clients.size;
+  }
+
+  /** Takes the reply over as an event stream; `first` frames are written before any broadcast. */
+  open(reply: FastifyReply, first: string[] = []): ServerResponse {
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' });
+    // Browsers reconnect after `retry` ms when a stream ends (a restarted frontend).
+    res.write(`retry: 1000\n\n${first.join('')}`);
+    this.clients.add(res);
+    res.once('close', () => this.drop(res));
+    // A timer is right for the heartbeat: its point is the passing of time with nothing to say.
+    this.heartbeat ??= setInterval(() => this.write(': keep-alive\n\n'), SSE_HEARTBEAT_MS).unref();
+    return res;
+  }
+
+  send(event: string, data: unknown): void {
+    if (this.clients.size > 0) this.write(sseFrame(event, data));
+  }
+
+  /** Writes to one client only (its snapshot, computed after it joined). */
+  sendTo(res: ServerResponse, event: string, data: unknown): void {
+    if (this.clients.has(res)) this.writeOne(res, sseFrame(event, data));
+  }
+
+  closeAll(): void {
+    for (const res of [...this.clients]) {
+      res.end();
+      this.drop(res);
+    }
+  }
+
+  private write(frame: string): void {
+    for (const res of [...this.clients]) this.writeOne(res, frame);
+  }
+
+  private writeOne(res: ServerResponse, frame: string): void {
+    if (res.writableLength > SSE_MAX_BUFFERED) {
+      res.destroy();
+      this.drop(res);
+      return;
+    }
+    res.write(frame);
+  }
+
+  private drop(res: ServerResponse): void {
+    if (!this.clients.delete(res)) return;
+    if (this.clients.size === 0) {
+      clearInterval(this.heartbeat);
+      this.heartbeat = undefined;
+      this.onEmpty();
+    }
+  }
+}
