@@ -42,10 +42,10 @@ export class AuditTrail extends EventEmitter {
     super();
   }
 
-  /** Records one finished operation; `startedAt` is performance.now() at its start. */
-  record(e: Omit<AuditEvent, 'at' | 'duration_ms'> & { startedAt: number; startedWall?: number }): AuditEvent {
-    const { startedAt, startedWall, ...rest } = e;
-    const duration = Math.max(0, Math.round(performance.now() - startedAt));
+  /** Records one finished operation; `startedAt` (and `endedAt`, default now) are performance.now() values. */
+  record(e: Omit<AuditEvent, 'at' | 'duration_ms'> & { startedAt: number; startedWall?: number; endedAt?: number }): AuditEvent {
+    const { startedAt, startedWall, endedAt, ...rest } = e;
+    const duration = Math.max(0, Math.round((endedAt ?? performance.now()) - startedAt));
     const event: AuditEvent = { ...rest, at: new Date(startedWall ?? Date.now() - duration).toISOString(), duration_ms: duration };
     if (event.detail === undefined) delete event.detail;
     this.events.push(event);

@@ -141,6 +141,9 @@ export class Lifecycle extends EventEmitter {
   /** Runs an Admin operation and records it, whichever way it ends. */
   private async audited(what: 'drain' | 'resume', reason: string | null, actor: string, op: () => Promise<LifecycleStatus>): Promise<LifecycleStatus> {
     const startedAt = performance.now();
+    let done!: () => void;
+    const recorded = new Promise<void>((resolve) => (done = resolve));
+    this.auditPending.add(recorded);
     try {
       const status = await op();
       this.audit.record({ what, reason, actor, generation: status.generation, result: status.state, startedAt });
@@ -149,8 +152,17 @@ export class Lifecycle extends EventEmitter {
       const result = err instanceof EbbError ? `refused: ${err.code}` : `failed: ${(err as Error).message}`;
       this.audit.record({ what, reason, actor, generation: this.generation, result, startedAt });
       throw err;
+    } finally {
+      this.auditPending.delete(recorded);
+      done();
     }
   }
+
+  /**
+   * Audit records still to be written (a drain call under way, hand-offs whose streams are still
+   * closing): a `drained` record waits for them, so the trail reads in the order things began.
+   */
+  private readonly auditPending = new Set<Promise<void>>();
 
   /** Where status() reads `eta_ms` from while a drain or shutdown waits (see drain-eta). */
   setEtaSource(source: EtaSource): void {
@@ -241,10 +253,12 @@ export class Lifecycle extends EventEmitter {
     const actor = this.isShuttingDown ? this.shutdownActor : (this.drainStart?.actor ?? 'unknown');
     const generation = this.generation;
     const reason = this.reason;
-    void closed.then(
-      () => this.audit.record({ what: 'handoff', reason, actor, generation, result: `handed_off ${n}`, detail: { streams: n }, startedAt }),
-      (err: unknown) => this.audit.record({ what: 'handoff', reason, actor, generation, result: `failed: ${(err as Error).message}`, detail: { streams: n }, startedAt }),
+    const recorded = closed.then(
+      () => void this.audit.record({ what: 'handoff', reason, actor, generation, result: `handed_off ${n}`, detail: { streams: n }, startedAt }),
+      (err: unknown) => void this.audit.record({ what: 'handoff', reason, actor, generation, result: `failed: ${(err as Error).message}`, detail: { streams: n }, startedAt }),
     );
+    this.auditPending.add(recorded);
+    void recorded.then(() => this.auditPending.delete(recorded));
   }
 
   /**
@@ -499,7 +513,10 @@ export class Lifecycle extends EventEmitter {
     if (state === 'draining') {
       this.move('idle_confirmed');
       const d = this.drainStart;
-      if (d) this.audit.record({ what: 'drained', reason: this.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: this.handedOff }, startedAt: d.at, startedWall: d.wall });
+      if (d) {
+        const record = { what: 'drained' as const, reason: this.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: this.handedOff }, startedAt: d.at, startedWall: d.wall, endedAt: performance.now() };
+        void Promise.all([...this.auditPending]).then(() => this.audit.record(record));
+      }
     } else {
       this.quiescent = true;
       this.log.info({ event: 'quiescent', generation: gen }, 'nothing in flight and the engine is idle');
