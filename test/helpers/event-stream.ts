@@ -1,4 +1,4 @@
-import { EventEmitter, once } from 'node:events';
+import { EventEmitter } from 'node:events';
 import { bounded } from './processes.js';
 import { splitBody } from './http.js';
 
@@ -21,6 +21,7 @@ export async function openEventStream(url: string, headers: Record<string, strin
   if (res.status !== 200 || !res.body) throw new Error(`${url}: HTTP ${res.status}: ${await res.text()}`);
   const events: SseEvent[] = [];
   const arrived = new EventEmitter();
+  arrived.setMaxListeners(0); // one pair per pending wait
   void (async () => {
     try {
       for await (const frame of splitBody(res.body as AsyncIterable<Uint8Array>, '\n\n')) {
@@ -41,19 +42,33 @@ export async function openEventStream(url: string, headers: Record<string, strin
   })();
   return {
     events,
-    async waitFor(pred, what, after = 0) {
+    waitFor(pred, what, after = 0) {
       const find = () => events.slice(after).find(pred);
+      const hit = find();
+      if (hit) return Promise.resolve(hit);
+      let cleanup = () => undefined as void;
       return bounded(
-        (async () => {
-          for (;;) {
-            const hit = find();
-            if (hit) return hit;
-            const [kind] = await Promise.race([once(arrived, 'event').then(() => ['event']), once(arrived, 'end').then(() => ['end'])]);
-            if (kind === 'end' && !find()) throw new Error(`stream ${url} ended before ${what}`);
-          }
-        })(),
+        new Promise<SseEvent>((resolve, reject) => {
+          const onEvent = () => {
+            const e = find();
+            if (e) {
+              cleanup();
+              resolve(e);
+            }
+          };
+          const onEnd = () => {
+            cleanup();
+            reject(new Error(`stream ${url} ended before ${what}`));
+          };
+          cleanup = () => {
+            arrived.off('event', onEvent);
+            arrived.off('end', onEnd);
+          };
+          arrived.on('event', onEvent);
+          arrived.on('end', onEnd);
+        }),
         `${url}: waiting for ${what}; got ${events.map((e) => e.event).join(', ')}`,
-      );
+      ).finally(() => cleanup());
     },
     close: () => controller.abort(),
   };
