@@ -1,9 +1,11 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Browser, Page } from 'puppeteer-core';
 import { browserSkipReason, launchBrowser } from './helpers/browser.js';
-import { spawnEbb, type EbbProcess, type LogLine } from './helpers/processes.js';
+import { spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type LogLine } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const WORKERS = 3;
@@ -108,5 +110,54 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
     const failures = outcomes.filter((o) => o.status !== 200 || !o.done || o.tokens !== MAX_TOKENS || o.error);
     assert.deepEqual(failures, [], 'traffic through the drain and resume: every request completed with all its tokens');
     assert.ok(outcomes.length > 0);
+  });
+});
+
+describe('fleet dashboard with an admin token', { skip: browserSkipReason() }, () => {
+  const procs: EbbProcess[] = [];
+  let browser: Browser;
+  let dir: string;
+  let page: Page;
+
+  after(async () => {
+    await browser?.close().catch(() => undefined);
+    await Promise.all(procs.map((p) => p.stop()));
+  });
+
+  it('asks for the token, refuses to act without it, and drains with it as a bearer token (the audit names its owner)', async () => {
+    const tokens = join(mkdtempSync(join(tmpdir(), 'ebb-test-token-')), 'admin-tokens');
+    writeFileSync(tokens, 'dana:tok-dana\nops:tok-ops\n', { mode: 0o600 });
+    const discovery = tempDiscoveryUrl();
+    const w = await startWorker(['--discovery', discovery, '--admin-token-file', tokens], { EBB_ADMIN_TOKEN: undefined });
+    procs.push(w);
+    const fe = await startFrontend(discovery, ['--admin-port', '0', '--admin-token-file', tokens], { EBB_ADMIN_TOKEN: undefined });
+    procs.push(fe);
+    const adminUrl = (await fe.waitForEvent('frontend_ready')).admin_url as string;
+    ({ browser, dir } = await launchBrowser());
+    page = await browser.newPage();
+    page.setDefaultTimeout(PAGE_WAIT_MS);
+    const row = `tr[data-worker-id="${w.workerId}"]`;
+    const shoot = async (name: string, err: unknown) => {
+      const path = join(dir, `${name}.png`);
+      const saved = await page.screenshot({ path, fullPage: true }).then(() => true, () => false);
+      return new assert.AssertionError({ message: `${name}: ${(err as Error).message}\nscreenshot: ${saved ? path : '(could not be taken)'}` });
+    };
+    try {
+      await page.goto(`${adminUrl}/`);
+      await page.waitForSelector(`${row}[data-state="serving"]`);
+      assert.equal(await page.$eval('#auth', (e) => (e as HTMLElement).hidden), false, 'the page asks for the token');
+      await page.click(`${row} button[data-action=drain]`);
+      await page.waitForFunction(() => /token/.test(document.querySelector('#message.error')?.textContent ?? ''), { polling: 'mutation' });
+      assert.equal(await page.$eval(row, (e) => (e as HTMLElement).dataset.state), 'serving', 'nothing happened without the token');
+
+      await page.type('#token', 'tok-dana');
+      await page.click('#token-save');
+      await page.type(`${row} input[data-input=reason]`, 'with a token');
+      await page.click(`${row} button[data-action=drain]`);
+      await page.waitForSelector(`${row}[data-state="drained"]`);
+      await page.waitForFunction(() => /drain by dana: \w+ \(with a token\)/.test(document.querySelector('#audit-list')?.textContent ?? ''), { polling: 'mutation' });
+    } catch (err) {
+      throw await shoot('dashboard-token', err);
+    }
   });
 });

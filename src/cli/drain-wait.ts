@@ -50,7 +50,7 @@ export async function waitForDrained(
     }
     const elapsed = Date.now() - started;
     if (elapsed >= timeoutMs) {
-      const where = last ? ` (still ${describeWaiting(last)})` : '';
+      const where = last ? ` (still ${describeWaiting(last, false)})` : '';
       throw new CliError(`${ref.label} did not drain within ${formatDuration(timeoutMs)}${where}; it stays out of rotation until resumed`, EXIT_TIMEOUT);
     }
     await sleep(Math.min(POLL_INTERVAL_MS, timeoutMs - elapsed));
