@@ -86,3 +86,34 @@ export class SseHub {
     }
   }
 }
+
+/** An SSE frame's event name and JSON data; undefined for comments, retry lines and non-JSON data. */
+export function parseSseFrame(frame: string): { event: string; data: unknown } | undefined {
+  let event = 'message';
+  const data: string[] = [];
+  for (const line of frame.split('\n')) {
+    if (line.startsWith('event:')) event = line.slice(6).trim();
+    else if (line.startsWith('data:')) data.push(line.slice(5).trimStart());
+  }
+  if (data.length === 0) return undefined;
+  try {
+    return { event, data: JSON.parse(data.join('\n')) };
+  } catch {
+    return undefined;
+  }
+}
+
+/** The events of an SSE response body, as they arrive. */
+export async function* readSse(body: AsyncIterable<Uint8Array | Buffer>): AsyncGenerator<{ event: string; data: unknown }, void, void> {
+  const decoder = new TextDecoder();
+  let buffer = '';
+  for await (const chunk of body) {
+    buffer += decoder.decode(chunk, { stream: true });
+    let i: number;
+    while ((i = buffer.indexOf('\n\n')) >= 0) {
+      const parsed = parseSseFrame(buffer.slice(0, i));
+      buffer = buffer.slice(i + 2);
+      if (parsed !== undefined) yield parsed;
+    }
+  }
+}

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import { Agent, request } from 'undici';
 import { allowOnly } from '../common/http-server.js';
-import { SseHub, sseFrame } from '../common/sse-hub.js';
+import { readSse, SseHub, sseFrame } from '../common/sse-hub.js';
 import { failureReason } from '../common/worker-admin.js';
 import type { WorkerRecord } from '../discovery/discovery.js';
 import type { FleetView } from './admin-server.js';
@@ -132,48 +132,22 @@ class Subscription {
       await res.body.text().catch(() => undefined);
       throw new Error(`HTTP ${res.statusCode}`);
     }
-    const decoder = new TextDecoder();
-    let buffer = '';
     let first = true;
-    for await (const chunk of res.body) {
-      buffer += decoder.decode(chunk as Uint8Array, { stream: true });
-      let i: number;
-      while ((i = buffer.indexOf('\n\n')) >= 0) {
-        const frame = buffer.slice(0, i);
-        buffer = buffer.slice(i + 2);
-        const parsed = parseFrame(frame);
-        if (parsed === undefined) continue;
-        if (first && parsed.event === 'status') {
-          // A system port can be reused by another worker: whoever answers must be the one asked for.
-          const answered = (parsed.data as { worker_id?: unknown } | null)?.worker_id;
-          if (answered !== this.record.worker_id) {
-            res.body.destroy();
-            const e = new Error(`${this.url} is now worker ${JSON.stringify(answered ?? null)}, not ${this.record.worker_id}`);
-            e.name = 'IdentityError';
-            throw e;
-          }
-          first = false;
-          this.backoff = RESUBSCRIBE_MIN_MS;
-          this.emit('connected', parsed.data);
+    for await (const parsed of readSse(res.body)) {
+      if (first && parsed.event === 'status') {
+        // A system port can be reused by another worker: whoever answers must be the one asked for.
+        const answered = (parsed.data as { worker_id?: unknown } | null)?.worker_id;
+        if (answered !== this.record.worker_id) {
+          res.body.destroy();
+          const e = new Error(`${this.url} is now worker ${JSON.stringify(answered ?? null)}, not ${this.record.worker_id}`);
+          e.name = 'IdentityError';
+          throw e;
         }
-        this.emit(parsed.event, parsed.data);
+        first = false;
+        this.backoff = RESUBSCRIBE_MIN_MS;
+        this.emit('connected', parsed.data);
       }
+      this.emit(parsed.event, parsed.data);
     }
-  }
-}
-
-/** An SSE frame's event name and JSON data; undefined for comments and retry lines. */
-function parseFrame(frame: string): { event: string; data: unknown } | undefined {
-  let event = 'message';
-  const data: string[] = [];
-  for (const line of frame.split('\n')) {
-    if (line.startsWith('event:')) event = line.slice(6).trim();
-    else if (line.startsWith('data:')) data.push(line.slice(5).trimStart());
-  }
-  if (data.length === 0) return undefined;
-  try {
-    return { event, data: JSON.parse(data.join('\n')) };
-  } catch {
-    return undefined;
   }
 }
