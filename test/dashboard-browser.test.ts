@@ -111,6 +111,22 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
     assert.deepEqual(failures, [], 'traffic through the drain and resume: every request completed with all its tokens');
     assert.ok(outcomes.length > 0);
   });
+
+  it('"drain all of model" drains every serving worker of the model, after a confirmation', async () => {
+    const dialogs: string[] = [];
+    page.on('dialog', (d) => {
+      dialogs.push(d.type());
+      void (d.type() === 'prompt' ? d.accept('retire m1') : d.accept());
+    });
+    await withScreenshot('dashboard-drain-model', async () => {
+      await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="serving"]').length === n, {}, WORKERS);
+      await page.click('section[data-model="m1"] button[data-action=drain-model]');
+      await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="drained"]').length === n, { polling: 'mutation' }, WORKERS);
+      assert.deepEqual(dialogs, ['confirm', 'prompt']);
+      const reasons = await page.$$eval('tr[data-worker-id] [data-field=reason]', (cells) => cells.map((c) => c.textContent));
+      assert.deepEqual(reasons, Array(WORKERS).fill('retire m1'));
+    });
+  });
 });
 
 describe('fleet dashboard with an admin token', { skip: browserSkipReason() }, () => {
