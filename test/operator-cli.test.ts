@@ -109,12 +109,17 @@ async function statusGate(target: string) {
       const headers: Record<string, string> = {};
       if (req.headers['content-type']) headers['content-type'] = req.headers['content-type'];
       const body = chunks.length > 0 ? Buffer.concat(chunks) : undefined;
-      const answer = await fetch(`${target}${req.url}`, { method: req.method, headers, body });
+      // Streamed through, so the status stream (GET /engine/status/events) passes as well as reads.
+      const gone = new AbortController();
+      res.once('close', () => gone.abort());
+      const answer = await fetch(`${target}${req.url}`, { method: req.method, headers, body, signal: gone.signal });
       res.writeHead(answer.status, { 'content-type': answer.headers.get('content-type') ?? 'text/plain' });
-      res.end(await answer.text());
+      if (answer.body) for await (const chunk of answer.body as AsyncIterable<Uint8Array>) res.write(chunk);
+      res.end();
     };
     const go = () => void forward().catch((err: Error) => res.destroy(err));
-    if (holding && req.method === 'GET' && req.url === '/engine/status') {
+    // Status reads and the status stream alike: the CLI's first look at the worker after its drain.
+    if (holding && req.method === 'GET' && (req.url === '/engine/status' || req.url === '/engine/status/events')) {
       queue.push(go);
       held.emit('held');
     } else go();

@@ -5,6 +5,8 @@ import { adminCall, createAdminAgent, errorMessageOf, fetchLiveStatus, Unreachab
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, WorkerRecord } from '../discovery/discovery.js';
 import { codeOf } from '../protocol/errors.js';
+import { readSse } from '../common/sse-hub.js';
+import { request } from 'undici';
 import { CliError } from './cli-error.js';
 import { discoveryDefault } from './options.js';
 
@@ -54,6 +56,12 @@ export interface WorkerRef {
   /** Starts a drain; resolves with the status the worker answered (draining, or drained already). */
   drain(body: DrainBody): Promise<WorkerStatus>;
   resume(): Promise<WorkerStatus>;
+  /**
+   * The worker's status as it changes, pushed (its /engine/status/events, or the frontend's
+   * /workers/events filtered to it); ends when the stream does. Throws Unreachable-style CliErrors
+   * never: a stream that cannot be opened throws a plain Error, and the caller falls back to reading.
+   */
+  statusEvents(signal: AbortSignal): AsyncGenerator<WorkerStatus, void, void>;
 }
 
 export class AdminClient {
@@ -92,6 +100,20 @@ export class AdminClient {
     } catch (err) {
       if (err instanceof Unreachable) throw new CliError(`cannot reach ${what}: ${err.reason}`);
       throw err;
+    }
+  }
+
+  /** The events of an SSE endpoint; a plain Error when it cannot be opened (an older ebb has none). */
+  async *events(url: string, signal: AbortSignal): AsyncGenerator<{ event: string; data: unknown }, void, void> {
+    const res = await request(url, { headers: { accept: 'text/event-stream', ...bearerHeader(this.token) }, dispatcher: this.agent, signal, bodyTimeout: 0 });
+    if (res.statusCode !== 200) {
+      await res.body.text().catch(() => undefined);
+      throw new Error(`${url}: HTTP ${res.statusCode}`);
+    }
+    try {
+      yield* readSse(res.body);
+    } finally {
+      res.body.destroy();
     }
   }
 
@@ -156,6 +178,7 @@ export class AdminClient {
 
   private direct(systemUrl: string, record?: WorkerRecord): WorkerRef {
     const label = record ? `worker ${record.worker_id} (${systemUrl})` : `worker at ${systemUrl}`;
+    const events = (url: string, signal: AbortSignal) => this.events(url, signal);
     const expectStatus = (res: AdminResponse<WorkerStatus>, action: string, ok: number[]) => statusIn(res, label, action, ok);
     return {
       label,
@@ -163,12 +186,17 @@ export class AdminClient {
       status: async () => expectStatus(await this.call<WorkerStatus>(`${systemUrl}/engine/status`, 'GET', label), 'status', [200]),
       drain: async (body) => expectStatus(await this.call<WorkerStatus>(`${systemUrl}/engine/drain`, 'POST', label, body), 'drain', [200, 202]),
       resume: async () => expectStatus(await this.call<WorkerStatus>(`${systemUrl}/engine/resume`, 'POST', label), 'resume', [200]),
+      statusEvents: async function* (this: void, signal: AbortSignal) {
+        for await (const e of events(`${systemUrl}/engine/status/events`, signal)) if (e.event === 'status' && isStatus(e.data)) yield e.data;
+      },
     };
   }
 
   private viaFrontend(entry: WorkerRecord): WorkerRef {
     if (this.source.kind !== 'frontend') throw new Error('not a frontend source');
     const base = `${this.source.url}/workers/${encodeURIComponent(entry.worker_id)}`;
+    const frontendUrl = this.source.url;
+    const events = (url: string, signal: AbortSignal) => this.events(url, signal);
     const label = `worker ${entry.worker_id} (${entry.system_url}, via ${this.source.url})`;
     const expectStatus = (res: AdminResponse<WorkerStatus>, action: string, ok: number[]) => statusIn(res, label, action, ok);
     return {
@@ -182,6 +210,17 @@ export class AdminClient {
       },
       drain: async (body) => expectStatus(await this.call<WorkerStatus>(`${base}/drain`, 'POST', this.sourceLabel, body), 'drain', [200, 202]),
       resume: async () => expectStatus(await this.call<WorkerStatus>(`${base}/resume`, 'POST', this.sourceLabel), 'resume', [200]),
+      statusEvents: async function* (this: void, signal: AbortSignal) {
+        for await (const e of events(`${frontendUrl}/workers/events`, signal)) {
+          if (e.event === 'snapshot') {
+            const mine = (e.data as { workers?: FleetEntry[] }).workers?.find((w) => w.worker_id === entry.worker_id);
+            if (isStatus(mine?.status)) yield mine.status;
+          } else if (e.event === 'status') {
+            const d = e.data as { worker_id?: string; status?: unknown };
+            if (d.worker_id === entry.worker_id && isStatus(d.status)) yield d.status;
+          }
+        }
+      },
     };
   }
 }

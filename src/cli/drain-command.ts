@@ -1,7 +1,7 @@
 import { Command, Option } from 'commander';
 import { addSourceOptions, withClient, type SourceFlags } from './admin-client.js';
 import { waitForDrained } from './drain-wait.js';
-import { describeWaiting, formatDuration, ProgressLine } from './progress-line.js';
+import { describeEta, describeWaiting, formatDuration, ProgressLine } from './progress-line.js';
 import { durationOption } from './options.js';
 import { summarize } from './status-command.js';
 
@@ -32,7 +32,9 @@ export function drainCommand(): Command {
         if (flags.wait && status.state !== 'drained') {
           const progress = new ProgressLine();
           try {
-            status = await waitForDrained(ref, status.generation, flags.timeout, (s, elapsed) => progress.update(`${s.worker_id}: ${describeWaiting(s)}`, elapsed));
+            status = await waitForDrained(ref, status.generation, flags.timeout, (s, elapsed) =>
+              progress.update(`${s.worker_id}: ${describeWaiting(s, false)}`, elapsed, describeEta(s)),
+            );
           } finally {
             progress.done();
           }

@@ -9,13 +9,13 @@ export const POLL_INTERVAL_MS = 250;
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /**
- * Polls the worker's status until it reports `drained` at `generation`, the one the drain call
+ * Follows the worker's status until it reports `drained` at `generation`, the one the drain call
  * answered with. Every drain and resume bumps the generation, so a different one means someone
  * else resumed (and maybe drained again) meanwhile: that "drained" is not ours to report.
  *
- * The worker has no push channel for its state (the Admin API is request/response), so polling GET
- * /engine/status every POLL_INTERVAL_MS is the only signal there is; the worker serves it from
- * memory, so it costs next to nothing. Throws CliError(EXIT_TIMEOUT) past the deadline,
+ * The status is pushed (the worker's status stream, or the frontend's fleet stream); only where no
+ * stream can be had (an older worker or frontend) or it breaks off, GET /engine/status is read
+ * every POLL_INTERVAL_MS instead. Throws CliError(EXIT_TIMEOUT) past the deadline,
  * CliError(EXIT_FAILURE) on another generation, a worker shutting down, or one that stops answering.
  */
 export async function waitForDrained(
@@ -25,8 +25,38 @@ export async function waitForDrained(
   onProgress: (status: WorkerStatus, elapsedMs: number) => void = () => undefined,
 ): Promise<WorkerStatus> {
   const started = Date.now();
-  let failures = 0;
   let last: WorkerStatus | undefined;
+  const timedOut = () => {
+    const where = last ? ` (still ${describeWaiting(last, false)})` : '';
+    return new CliError(`${ref.label} did not drain within ${formatDuration(timeoutMs)}${where}; it stays out of rotation until resumed`, EXIT_TIMEOUT);
+  };
+  /** The checks every status read goes through; the status when it is ours and drained. */
+  const check = (status: WorkerStatus): WorkerStatus | undefined => {
+    last = status;
+    onProgress(status, Date.now() - started);
+    if (status.state === 'stopping' || status.state === 'stopped')
+      throw new CliError(`${ref.label} is shutting down (${status.state}) while waiting for it to drain`);
+    if (status.generation !== generation)
+      throw new CliError(
+        `${ref.label} went from generation ${generation} to ${status.generation} (now ${status.state}) while waiting for it to drain: ` +
+          'someone else resumed or drained it, so this drain is no longer ours to follow',
+      );
+    return status.state === 'drained' ? status : undefined;
+  };
+
+  const deadline = AbortSignal.timeout(timeoutMs);
+  try {
+    for await (const status of ref.statusEvents(deadline)) {
+      const done = check(status);
+      if (done) return done;
+    }
+  } catch (err) {
+    if (err instanceof CliError) throw err;
+    if (deadline.aborted) throw timedOut();
+    // No stream (or it broke off): read the status instead, below.
+  }
+
+  let failures = 0;
   for (;;) {
     let status: WorkerStatus | undefined;
     try {
@@ -36,23 +66,10 @@ export async function waitForDrained(
       // One failed read can be a blip (a busy event loop, a timeout); three in a row means it is gone.
       if (!(err instanceof CliError) || ++failures >= 3) throw err;
     }
-    if (status) {
-      last = status;
-      onProgress(status, Date.now() - started);
-      if (status.state === 'stopping' || status.state === 'stopped')
-        throw new CliError(`${ref.label} is shutting down (${status.state}) while waiting for it to drain`);
-      if (status.generation !== generation)
-        throw new CliError(
-          `${ref.label} went from generation ${generation} to ${status.generation} (now ${status.state}) while waiting for it to drain: ` +
-            'someone else resumed or drained it, so this drain is no longer ours to follow',
-        );
-      if (status.state === 'drained') return status;
-    }
+    const done = status && check(status);
+    if (done) return done;
     const elapsed = Date.now() - started;
-    if (elapsed >= timeoutMs) {
-      const where = last ? ` (still ${describeWaiting(last)})` : '';
-      throw new CliError(`${ref.label} did not drain within ${formatDuration(timeoutMs)}${where}; it stays out of rotation until resumed`, EXIT_TIMEOUT);
-    }
+    if (elapsed >= timeoutMs) throw timedOut();
     await sleep(Math.min(POLL_INTERVAL_MS, timeoutMs - elapsed));
   }
 }

@@ -1,5 +1,5 @@
 import { Command } from 'commander';
-import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminToken, loadRequestToken } from '../common/admin-auth.js';
+import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminTokens, loadRequestToken } from '../common/admin-auth.js';
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend } from '../frontend/frontend.js';
@@ -58,7 +58,7 @@ export function frontendCommand(): Command {
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
     .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', msOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
-      const token = await loadAdminToken(flags.adminTokenFile);
+      const token = await loadAdminTokens(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
       const requestToken = await loadRequestToken(flags.requestTokenFile);
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);

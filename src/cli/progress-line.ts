@@ -22,11 +22,12 @@ export class ProgressLine {
     this.tty = out.isTTY === true;
   }
 
-  update(text: string, elapsedMs: number): void {
+  /** `volatile` (an ETA) is shown but, like the elapsed time, does not make a new line off a terminal. */
+  update(text: string, elapsedMs: number, volatile = ''): void {
     if (this.tty) {
-      this.out.write(`\r${text}  ${formatDuration(elapsedMs)}\x1b[K`);
+      this.out.write(`\r${text}${volatile}  ${formatDuration(elapsedMs)}\x1b[K`);
       this.drawn = true;
-    } else if (text !== this.last) this.out.write(`${text}  (${formatDuration(elapsedMs)})\n`);
+    } else if (text !== this.last) this.out.write(`${text}${volatile}  (${formatDuration(elapsedMs)})\n`);
     this.last = text;
   }
 
@@ -37,7 +38,13 @@ export class ProgressLine {
   }
 }
 
-export function describeWaiting(s: WorkerStatus): string {
+/** The drain's ETA as the worker estimates it: "eta 4.2s", "eta unknown" while it cannot tell; empty when not waiting. */
+export function describeEta(s: WorkerStatus): string {
+  if (s.state !== 'draining' && s.state !== 'stopping') return '';
+  return s.eta_ms === undefined || s.eta_ms === null ? ', eta unknown' : `, eta ${formatDuration(s.eta_ms)}`;
+}
+
+export function describeWaiting(s: WorkerStatus, withEta = true): string {
   const waits = s.waiting_for.length > 0 ? `, waiting for: ${s.waiting_for.join('; ')}` : '';
-  return `${s.state}, in-flight ${s.inflight_requests}${waits}`;
+  return `${s.state}, in-flight ${s.inflight_requests}${withEta ? describeEta(s) : ''}${waits}`;
 }

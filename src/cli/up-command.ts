@@ -146,6 +146,7 @@ export function upCommand(): Command {
           '',
           `ebb is up (discovery ${discovery})`,
           `  OpenAI API:   ${front.url}/v1   (model "${model}")`,
+          `  Dashboard:    ${front.admin_url ?? '-'}/   (live fleet view: drain and resume from the browser)`,
           `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers --frontend ${front.admin_url ?? ''})`,
           ...readies.slice(0, -1).map((w) => `  ${String(w.mode)} worker ${String(w.worker_id)}: admin ${String(w.system_url)}   (curl -X POST ${String(w.system_url)}/engine/drain)`),
           ...(flags.metricsSdFile !== undefined ? [`  Prometheus targets: ${flags.metricsSdFile} (file_sd_configs)`] : []),

@@ -4,7 +4,7 @@ import {
   assertAdminBindAllowed,
   assertRequestBindAllowed,
   createAdminGuard,
-  loadAdminToken,
+  loadAdminTokens,
   loadRequestToken,
   REQUEST_TOKEN_ENV,
 } from '../common/admin-auth.js';
@@ -110,7 +110,7 @@ export function workerCommand(): Command {
     .option('--engine-model <name>', '--engine openai: the model name the engine serves (default: the first its /v1/models lists)')
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
-      const adminToken = await loadAdminToken(flags.adminTokenFile);
+      const adminToken = await loadAdminTokens(flags.adminTokenFile);
       assertAdminBindAllowed(flags.systemHost, adminToken, '--system-host');
       const requestToken = await loadRequestToken(flags.requestTokenFile);
       assertRequestBindAllowed(flags.host, requestToken, '--host');

@@ -14,11 +14,63 @@ import { EbbError } from '../protocol/errors.js';
  *   Read-only status and the probes (/live, /health, /metrics) stay open.
  * - The token comes from `--admin-token-file PATH` (first line, trimmed) or env EBB_ADMIN_TOKEN;
  *   the file wins when both are set.
+ * - Several operators (or tools) may each have a token of their own: a file whose every non-empty
+ *   line is `name:token` holds named tokens, and the name of the one presented is the actor in the
+ *   worker's audit trail. Any other file is one token, named "admin" (so is the env variable).
  */
 
 export const ADMIN_TOKEN_ENV = 'EBB_ADMIN_TOKEN';
 
-export type AdminGuard = (authorization: string | undefined) => void;
+/** Checks a request; returns the name of the token presented (the audit trail's actor). */
+export type AdminGuard = (authorization: string | undefined) => string;
+
+export interface NamedToken {
+  name: string;
+  token: string;
+}
+
+/** The name of a token from a single-token file or EBB_ADMIN_TOKEN. */
+export const DEFAULT_TOKEN_NAME = 'admin';
+
+const NAMED_LINE = /^([A-Za-z0-9_.-]{1,64}):(\S+)$/;
+
+/**
+ * A token file's tokens: named when every non-empty line (# comments aside) is `name:token`,
+ * else the first line as one token named "admin" (the single-token format, unchanged).
+ */
+export function parseTokenFile(text: string, path: string): NamedToken[] {
+  const lines = text.split(/\r?\n/).map((l) => l.trim()).filter((l) => l !== '' && !l.startsWith('#'));
+  if (lines.length > 0 && lines.every((l) => NAMED_LINE.test(l))) {
+    const tokens = lines.map((l) => {
+      const m = NAMED_LINE.exec(l) as RegExpExecArray;
+      return { name: m[1] as string, token: m[2] as string };
+    });
+    const names = new Set<string>();
+    for (const t of tokens) {
+      if (names.has(t.name)) throw new Error(`admin token file ${path} names "${t.name}" twice`);
+      names.add(t.name);
+    }
+    return tokens;
+  }
+  const token = (text.split(/\r?\n/, 1)[0] ?? '').trim();
+  if (token === '') throw new Error(`admin token file ${path} is empty`);
+  return [{ name: DEFAULT_TOKEN_NAME, token }];
+}
+
+/** The admin tokens a server accepts: the file's (see parseTokenFile), else EBB_ADMIN_TOKEN named "admin"; undefined when neither is set. */
+export async function loadAdminTokens(tokenFile: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<NamedToken[] | undefined> {
+  if (tokenFile === undefined) {
+    const fromEnv = env[ADMIN_TOKEN_ENV]?.trim();
+    return fromEnv ? [{ name: DEFAULT_TOKEN_NAME, token: fromEnv }] : undefined;
+  }
+  let text: string;
+  try {
+    text = await readFile(tokenFile, 'utf8');
+  } catch (err) {
+    throw new Error(`cannot read admin token file ${tokenFile}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+  }
+  return parseTokenFile(text, tokenFile);
+}
 
 /** Reads a token: the file if given (first line, trimmed), else env `envName`; undefined when neither is set. */
 export async function loadToken(tokenFile: string | undefined, envName: string, what: string, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
@@ -37,9 +89,15 @@ export async function loadToken(tokenFile: string | undefined, envName: string, 
   return fromEnv ? fromEnv : undefined;
 }
 
-/** Reads the admin token: the file if given, else EBB_ADMIN_TOKEN; undefined when neither is set. */
-export function loadAdminToken(tokenFile: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
-  return loadToken(tokenFile, ADMIN_TOKEN_ENV, 'admin', env);
+/**
+ * The one admin token a client (the CLI) sends: the file if given, else EBB_ADMIN_TOKEN; undefined
+ * when neither is set. A named file must hold exactly one token (`alice:secret`).
+ */
+export async function loadAdminToken(tokenFile: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
+  const tokens = await loadAdminTokens(tokenFile, env);
+  if (tokens === undefined) return undefined;
+  if (tokens.length > 1) throw new Error(`admin token file ${tokenFile} holds ${tokens.length} named tokens; a client needs a file with one (name:token or just the token)`);
+  return tokens[0]?.token;
 }
 
 /**
@@ -67,7 +125,7 @@ export function isLoopback(host: string): boolean {
 }
 
 /** Throws (one clear line) when an admin listener would bind a non-loopback address without a token. */
-export function assertAdminBindAllowed(host: string, token: string | undefined, flag: string): void {
+export function assertAdminBindAllowed(host: string, token: string | readonly NamedToken[] | undefined, flag: string): void {
   if (token !== undefined || isLoopback(host)) return;
   throw new Error(
     `refusing to serve the admin API on non-loopback address ${host} (${flag}) without an admin token: ` +
@@ -92,12 +150,18 @@ export function bearerToken(authorization: string | undefined): string | undefin
   return m ? m[1] : undefined;
 }
 
-/** A guard for mutating admin routes (or, with what = 'request-plane', every request-plane route); undefined (no checks) when no token is configured. */
-export function createAdminGuard(token: string | undefined, what = 'admin'): AdminGuard | undefined {
-  if (token === undefined) return undefined;
+/**
+ * A guard for mutating admin routes (or, with what = 'request-plane', every request-plane route);
+ * undefined (no checks) when no token is configured. Returns the name of the token presented.
+ */
+export function createAdminGuard(tokens: string | readonly NamedToken[] | undefined, what = 'admin'): AdminGuard | undefined {
+  if (tokens === undefined) return undefined;
+  const named = typeof tokens === 'string' ? [{ name: DEFAULT_TOKEN_NAME, token: tokens }] : tokens;
+  if (named.length === 0) return undefined;
   // Constant-time: both sides are SHA-256 digests, so timingSafeEqual compares equal lengths and
-  // neither the token's length nor its prefix leaks through timing.
-  const expected = digest(token);
+  // neither the token's length nor its prefix leaks through timing; every token is compared, so
+  // which one matched does not leak either.
+  const expected = named.map((t) => ({ name: t.name, digest: digest(t.token) }));
   return (authorization) => {
     const presented = bearerToken(authorization);
     if (presented === undefined) {
@@ -105,7 +169,11 @@ export function createAdminGuard(token: string | undefined, what = 'admin'): Adm
         headers: { 'www-authenticate': 'Bearer realm="ebb-admin"' },
       });
     }
-    if (!timingSafeEqual(digest(presented), expected)) throw new EbbError('forbidden', `the ${what} token is not valid`);
+    const got = digest(presented);
+    let match: string | undefined;
+    for (const e of expected) if (timingSafeEqual(got, e.digest) && match === undefined) match = e.name;
+    if (match === undefined) throw new EbbError('forbidden', `the ${what} token is not valid`);
+    return match;
   };
 }
 

@@ -1,4 +1,5 @@
 import type { FastifyInstance } from 'fastify';
+import { EventEmitter } from 'node:events';
 import type { Agent } from 'undici';
 import type { AdminGuard } from '../common/admin-auth.js';
 import { DrainBodySchema, type DrainBody } from '../protocol/admin.js';
@@ -7,6 +8,8 @@ import { allowOnly, createHttpServer, type HttpServerLimits } from '../common/ht
 import { adminCall, fetchLiveStatus, Unreachable, type LiveStatus } from '../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../discovery/discovery.js';
 import type { WorkerPool } from './worker-pool.js';
+import { addDashboard } from './dashboard.js';
+import { FleetEvents } from './fleet-events.js';
 
 /** How long the fleet view waits for one worker's /engine/status. */
 export const STATUS_TIMEOUT_MS = 1000;
@@ -36,7 +39,7 @@ export const FORGET_AFTER_FAILURES = 3;
  * MAX_DEPARTED departed workers are kept. This is a view, not state: a restarted frontend only
  * knows what discovery lists now.
  */
-export class FleetView {
+export class FleetView extends EventEmitter {
   private readonly known = new Map<string, Known>();
 
   apply(event: DiscoveryEvent, now = Date.now()): void {
@@ -49,18 +52,25 @@ export class FleetView {
     this.bound();
   }
 
+  /** Emits `joined` (record) for a worker new to discovery or back in it, for the fleet event stream. */
   private listed(record: WorkerRecord): void {
-    this.known.set(record.worker_id, { record, inDiscovery: true, failures: this.known.get(record.worker_id)?.failures ?? 0 });
+    const before = this.known.get(record.worker_id);
+    this.known.set(record.worker_id, { record, inDiscovery: true, failures: before?.failures ?? 0 });
+    if (!before?.inDiscovery || before.record.system_url !== record.system_url) this.emit('joined', record);
   }
 
+  /** Emits `left` (id, ms): still known (a drained worker is exactly the one to see), no longer routed. */
   private depart(id: string, now: number): void {
     const k = this.known.get(id);
-    if (k && k.inDiscovery) this.known.set(id, { ...k, inDiscovery: false, leftAt: now });
+    if (k && k.inDiscovery) {
+      this.known.set(id, { ...k, inDiscovery: false, leftAt: now });
+      this.emit('left', id, now);
+    }
   }
 
   private bound(): void {
     const departed = [...this.known.values()].filter((k) => !k.inDiscovery).sort((a, b) => (a.leftAt ?? 0) - (b.leftAt ?? 0));
-    for (let i = 0; i < departed.length - MAX_DEPARTED; i++) this.known.delete((departed[i] as Known).record.worker_id);
+    for (let i = 0; i < departed.length - MAX_DEPARTED; i++) this.forget((departed[i] as Known).record.worker_id);
   }
 
   all(): Known[] {
@@ -85,8 +95,13 @@ export class FleetView {
     }
     k.failures++;
     if (k.inDiscovery || (k.failures < FORGET_AFTER_FAILURES && !/ECONNREFUSED/.test(live.error))) return false;
-    this.known.delete(id);
+    this.forget(id);
     return true;
+  }
+
+  /** Emits `forgotten` (id). */
+  private forget(id: string): void {
+    if (this.known.delete(id)) this.emit('forgotten', id);
   }
 }
 
@@ -133,12 +148,31 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
     return k;
   };
 
-  allowOnly(app, '/workers', ['GET']);
-  app.get('/workers', async () => {
+  const listWorkers = async () => {
     const described = await Promise.all(fleet.all().map(describe));
-    const workers = described.filter(({ entry, live }) => !fleet.forgetIfGone(entry.worker_id, live)).map(({ entry }) => entry);
-    return { workers };
+    return described.filter(({ entry, live }) => !fleet.forgetIfGone(entry.worker_id, live)).map(({ entry }) => entry);
+  };
+
+  // A browser on another origin must not drive this listener (a page could POST a drain to a
+  // loopback listener without a token): mutating calls that carry a foreign Origin are refused.
+  app.addHook('onRequest', async (req) => {
+    if (req.method !== 'POST') return;
+    const origin = req.headers.origin;
+    if (origin === undefined) return;
+    let host: string | undefined;
+    try {
+      host = new URL(origin).host;
+    } catch {
+      host = undefined;
+    }
+    if (host !== req.headers.host) throw new EbbError('forbidden', `cross-origin admin call from ${origin} refused`);
   });
+
+  allowOnly(app, '/workers', ['GET']);
+  app.get('/workers', async () => ({ workers: await listWorkers() }));
+
+  new FleetEvents(app, fleet, listWorkers);
+  addDashboard(app, { tokenRequired: guardAdmin !== undefined });
 
   allowOnly(app, '/workers/:id', ['GET']);
   app.get<{ Params: { id: string } }>('/workers/:id', async (req) => {

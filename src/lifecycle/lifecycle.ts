@@ -5,6 +5,7 @@ import type { Engine, Quiescence } from '../engine/engine.js';
 import type { DiscoveryPresence, WorkerStatus } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
 import type { Admission } from './admission.js';
+import { AuditTrail, SIGNAL_ACTOR } from './audit.js';
 import { nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
 
 /** The worker's presence in discovery. Drain removes it, resume puts it back. */
@@ -36,7 +37,17 @@ const UNREGISTER_RETRY_MAX_MS = 5000;
 export interface DrainOptions {
   /** After this many ms, streams still running are handed off to other workers (stream migration). */
   deadlineMs?: number | undefined;
+  /** Who asked, for the audit trail: an admin token's name, or the caller's address (default "unknown"). */
+  actor?: string | undefined;
 }
+
+export interface ResumeOptions {
+  /** Who asked, for the audit trail (see DrainOptions.actor). */
+  actor?: string | undefined;
+}
+
+/** Estimates how long until a drain completes (ms), or null when it cannot tell. */
+export type EtaSource = () => number | null;
 
 /**
  * Owns the drain: the HTTP caller only starts it, so a caller that disconnects never strands the
@@ -71,6 +82,11 @@ export class Lifecycle extends EventEmitter {
    */
   private deadline: { at: number; timer: NodeJS.Timeout | undefined } | null = null;
   private handedOff = 0;
+  /** The drain under way, for the audit trail: who started it and when (performance.now / Date.now). */
+  private drainStart: { actor: string; at: number; wall: number } | null = null;
+  private etaSource: EtaSource | undefined;
+  /** Every drain, resume, shutdown and hand-off (GET /engine/events). */
+  readonly audit: AuditTrail;
 
   constructor(
     private readonly workerId: string,
@@ -80,7 +96,11 @@ export class Lifecycle extends EventEmitter {
     private readonly log: Logger,
   ) {
     super();
+    this.audit = new AuditTrail(log);
     admission.on('idle', () => void this.evaluate());
+    // In-flight changes, for status streams (coalesced there).
+    admission.on('admitted', () => this.emit('inflight'));
+    admission.on('released', () => this.emit('inflight'));
     engine.onQuiescenceChange(() => void this.evaluate());
   }
 
@@ -104,13 +124,49 @@ export class Lifecycle extends EventEmitter {
 
   /** `deadlineMs`: after it, streams still running are handed off to other workers (stream migration). */
   drain(reason: string, opts: DrainOptions = {}): Promise<LifecycleStatus> {
-    if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('drain'));
-    return this.serialize(() => this.doDrain(reason, opts));
+    const actor = opts.actor ?? 'unknown';
+    return this.audited('drain', reason, actor, () => {
+      if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('drain'));
+      return this.serialize(() => this.doDrain(reason, opts, actor));
+    });
   }
 
-  resume(): Promise<LifecycleStatus> {
-    if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('resume'));
-    return this.serialize(() => this.doResume());
+  resume(opts: ResumeOptions = {}): Promise<LifecycleStatus> {
+    return this.audited('resume', null, opts.actor ?? 'unknown', () => {
+      if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('resume'));
+      return this.serialize(() => this.doResume());
+    });
+  }
+
+  /** Runs an Admin operation and records it, whichever way it ends. */
+  private async audited(what: 'drain' | 'resume', reason: string | null, actor: string, op: () => Promise<LifecycleStatus>): Promise<LifecycleStatus> {
+    const startedAt = performance.now();
+    let done!: () => void;
+    const recorded = new Promise<void>((resolve) => (done = resolve));
+    this.auditPending.add(recorded);
+    try {
+      const status = await op();
+      this.audit.record({ what, reason, actor, generation: status.generation, result: status.state, startedAt });
+      return status;
+    } catch (err) {
+      const result = err instanceof EbbError ? `refused: ${err.code}` : `failed: ${(err as Error).message}`;
+      this.audit.record({ what, reason, actor, generation: this.generation, result, startedAt });
+      throw err;
+    } finally {
+      this.auditPending.delete(recorded);
+      done();
+    }
+  }
+
+  /**
+   * Audit records still to be written (a drain call under way, hand-offs whose streams are still
+   * closing): a `drained` record waits for them, so the trail reads in the order things began.
+   */
+  private readonly auditPending = new Set<Promise<void>>();
+
+  /** Where status() reads `eta_ms` from while a drain or shutdown waits (see drain-eta). */
+  setEtaSource(source: EtaSource): void {
+    this.etaSource = source;
   }
 
   /**
@@ -147,12 +203,14 @@ export class Lifecycle extends EventEmitter {
    * slip in after it; a resume already registering finds the state moved and does not reopen.
    * Returns false when shutdown had already begun (shutdown refuses unless it is not running yet).
    */
-  /** `deadlineAt` (ms epoch): when the shutdown hands off what still runs; shown in status. */
-  beginShutdown(reason: string, deadlineAt?: number): boolean {
+  /** `deadlineAt` (ms epoch): when the shutdown hands off what still runs; shown in status. `actor`: who, for the audit trail. */
+  beginShutdown(reason: string, deadlineAt?: number, actor = SIGNAL_ACTOR): boolean {
     if (this.isShuttingDown) return false;
     this.admission.close();
     this.generation++;
     this.reason = reason;
+    this.shutdownActor = actor;
+    this.audit.record({ what: 'shutdown', reason, actor, generation: this.generation, result: 'started', startedAt: performance.now() });
     // The shutdown runs its own hand-off stage; an earlier Admin deadline still fires first.
     if (deadlineAt !== undefined && (this.deadline === null || deadlineAt < this.deadline.at)) {
       if (this.deadline?.timer) clearTimeout(this.deadline.timer);
@@ -181,9 +239,26 @@ export class Lifecycle extends EventEmitter {
     if (this.current === 'stopping') this.move('stopped');
   }
 
-  /** Streams the worker handed off at the deadline: counted in status as `handed_off`. */
-  recordHandoffs(n: number): void {
+  /** Who began the shutdown under way (audit trail). */
+  private shutdownActor = SIGNAL_ACTOR;
+
+  /**
+   * Streams the worker handed off at the deadline: counted in status as `handed_off`, and audited
+   * (on behalf of whoever set the deadline) once `closed` settles, i.e. the streams are released.
+   */
+  recordHandoffs(n: number, closed: Promise<void> = Promise.resolve()): void {
     this.handedOff += n;
+    if (n === 0) return;
+    const startedAt = performance.now();
+    const actor = this.isShuttingDown ? this.shutdownActor : (this.drainStart?.actor ?? 'unknown');
+    const generation = this.generation;
+    const reason = this.reason;
+    const recorded = closed.then(
+      () => void this.audit.record({ what: 'handoff', reason, actor, generation, result: `handed_off ${n}`, detail: { streams: n }, startedAt }),
+      (err: unknown) => void this.audit.record({ what: 'handoff', reason, actor, generation, result: `failed: ${(err as Error).message}`, detail: { streams: n }, startedAt }),
+    );
+    this.auditPending.add(recorded);
+    void recorded.then(() => this.auditPending.delete(recorded));
   }
 
   /**
@@ -258,9 +333,26 @@ export class Lifecycle extends EventEmitter {
       drain_reason: this.current === 'serving' ? null : this.reason,
       drain_deadline: this.deadline === null ? null : new Date(this.deadline.at).toISOString(),
       handed_off: this.handedOff,
+      eta_ms: this.eta(),
       state_since: this.since.toISOString(),
       last_error: this.lastError,
     };
+  }
+
+  /**
+   * How long until the wait ends, while draining or stopping: the estimate of the ETA source,
+   * capped by the hand-off deadline (past it, what still runs is handed off). Null when nothing is
+   * waited for, when there is no estimate, and when the engine cannot tell its idleness (fail-closed:
+   * such a worker never drains, so no time is honest).
+   */
+  private eta(): number | null {
+    if (this.current !== 'draining' && !(this.current === 'stopping' && !this.quiescent)) return null;
+    if (this.lastProbe?.state === 'unknown') return null;
+    if (this.admission.inflight === 0) return this.lastProbe?.state === 'busy' ? null : 0;
+    const estimate = this.etaSource?.() ?? null;
+    const untilDeadline = this.deadline === null ? null : Math.max(0, this.deadline.at - Date.now());
+    if (estimate === null) return untilDeadline;
+    return untilDeadline === null ? Math.round(estimate) : Math.round(Math.min(estimate, untilDeadline));
   }
 
   /** The last idleness answer of the engine, for the shutdown's report. */
@@ -340,7 +432,7 @@ export class Lifecycle extends EventEmitter {
     }
   }
 
-  private async doDrain(reason: string, opts: DrainOptions): Promise<LifecycleStatus> {
+  private async doDrain(reason: string, opts: DrainOptions, actor: string): Promise<LifecycleStatus> {
     // A drain already under way may still be given a deadline, or an earlier one.
     if (opts.deadlineMs !== undefined && this.current !== 'serving') this.armDeadline(opts.deadlineMs);
     if (this.isShuttingDown) throw new ShutdownConflict('drain');
@@ -353,6 +445,7 @@ export class Lifecycle extends EventEmitter {
     this.reason = reason;
     this.lastProbe = null;
     this.handedOff = 0;
+    this.drainStart = { actor, at: performance.now(), wall: Date.now() };
     this.log.info({ event: 'admission_closed', generation: gen, reason, deadline_ms: opts.deadlineMs ?? null }, 'admission closed');
     if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
     this.move('drain');
@@ -417,8 +510,14 @@ export class Lifecycle extends EventEmitter {
       this.emit('waiting', this.waitingFor());
       return;
     }
-    if (state === 'draining') this.move('idle_confirmed');
-    else {
+    if (state === 'draining') {
+      this.move('idle_confirmed');
+      const d = this.drainStart;
+      if (d) {
+        const record = { what: 'drained' as const, reason: this.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: this.handedOff }, startedAt: d.at, startedWall: d.wall, endedAt: performance.now() };
+        void Promise.all([...this.auditPending]).then(() => this.audit.record(record));
+      }
+    } else {
       this.quiescent = true;
       this.log.info({ event: 'quiescent', generation: gen }, 'nothing in flight and the engine is idle');
       this.emit('quiescent');

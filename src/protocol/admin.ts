@@ -47,6 +47,12 @@ export interface WorkerStatus {
   drain_deadline: string | null;
   /** Streams this drain handed off at its deadline. */
   handed_off: number;
+  /**
+   * While draining or stopping: the estimated ms until the wait ends (in-flight tokens still to
+   * generate times the observed per-token time, plus queued work; capped by the hand-off deadline).
+   * Null when unknown (no estimate, or an engine that cannot tell its idleness) or nothing is waited for.
+   */
+  eta_ms?: number | null;
   state_since: string;
   last_error: string | null;
   engine?: Record<string, unknown>;

@@ -14,6 +14,7 @@ import { KvPullError, pullKv } from './kv-pull.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
 import { HandOff, RequestScope, ShutdownCut } from './request-scope.js';
+import { estimateDrainMs, TokenPace } from './drain-eta.js';
 
 export interface RequestPlaneDeps {
   model: string;
@@ -44,6 +45,8 @@ export interface RequestPlane {
    * continue elsewhere. Returns how many were handed off; `closed` settles once they are released.
    */
   handOffAll(): { count: number; closed: Promise<void> };
+  /** Estimated ms until every admitted request is done (see drain-eta); null when unknown. */
+  drainEta(): number | null;
 }
 
 function usageOf(r: GenerateResult) {
@@ -60,6 +63,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   /** Scopes of /generate: what a hand-off can move (a prefill is short and finishes where it runs). */
   const generating = new Set<RequestScope>();
   const closeWaiters = new Set<() => void>();
+  const pace = new TokenPace();
   const onClose = (s: RequestScope) => {
     scopes.delete(s);
     generating.delete(s);
@@ -103,6 +107,11 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       return { refused: admitted.code };
     }
     const scope = new RequestScope(admitted.ticket, res, onClose);
+    // What the drain ETA counts down from: the budget, or the context left where the engine has one
+    // (an upper bound: the prompt's share of it is the engine's to count).
+    const maxContext = engine.capabilities.max_context;
+    scope.budget = body.max_tokens ?? (maxContext === null ? undefined : Math.max(0, maxContext - (body.continuation?.completion_tokens ?? 0)));
+    scope.admittedToFreeSlot = scopes.size < engine.stats().batch_slots;
     scopes.add(scope);
     const gen: GenerateRequest = {
       request_id: requestId,
@@ -194,7 +203,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         let step = await tokens.next();
         while (!step.done) {
           const piece = step.value;
-          scope.generated += piece.token_ids?.length ?? 1;
+          scope.piece(piece.token_ids?.length ?? 1, pace);
           await writeWithBackpressure(res, line(piece.token_ids ? { text: piece.text, token_ids: piece.token_ids } : { text: piece.text }), scope.signal);
           step = await tokens.next();
         }
@@ -204,6 +213,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         let step = await tokens.next();
         while (!step.done) {
           text += step.value.text;
+          scope.piece(step.value.token_ids?.length ?? 1, pace);
           step = await tokens.next();
         }
         const payload = JSON.stringify({ text, finish_reason: step.value.finish_reason, usage: usageOf(step.value) });
@@ -253,6 +263,13 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       const these = [...scopes];
       for (const s of these) s.cut();
       return whenClosed(these, signal);
+    },
+    drainEta() {
+      // Admission order: the engine's queue is FIFO, and scopes are kept in insertion order.
+      const progress = [...generating].map((s) => ({ budget: s.budget, generated: s.generated }));
+      // A prefill in flight (no tokens to count) has no estimate here.
+      if (scopes.size > generating.size) return null;
+      return estimateDrainMs(progress, pace, engine.stats().batch_slots);
     },
     handOffAll() {
       const these = [...generating];

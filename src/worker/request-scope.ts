@@ -47,8 +47,26 @@ export class RequestScope {
     return this.abort.signal;
   }
 
-  /** Tokens generated so far: what a hand-off line reports. */
+  /** Tokens generated so far: what a hand-off line reports, and the drain ETA counts down from. */
   generated = 0;
+  /** Tokens this request may generate in all (max_tokens, or the context left); undefined when unbounded. */
+  budget: number | undefined;
+  /** Admitted while a batch slot was free: its time to first token has no queueing in it. */
+  admittedToFreeSlot = false;
+  private readonly startedAt = performance.now();
+  private lastPieceAt: number | undefined;
+
+  /**
+   * Counts `n` generated tokens and times them for the drain ETA: the gap since the previous piece,
+   * or for the first one the time since admission.
+   */
+  piece(n: number, pace: { tokenGap(ms: number): void; firstTokenAfter(ms: number): void }): void {
+    const now = performance.now();
+    if (this.lastPieceAt !== undefined) pace.tokenGap((now - this.lastPieceAt) / Math.max(1, n));
+    else if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
+    this.lastPieceAt = now;
+    this.generated += n;
+  }
 
   /** True when the client went away: there is nobody left to answer. */
   get dropped(): boolean {

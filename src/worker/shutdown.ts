@@ -1,6 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Admission } from '../lifecycle/admission.js';
+import { SIGNAL_ACTOR } from '../lifecycle/audit.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { WorkerMetrics } from './metrics.js';
 
@@ -149,6 +150,16 @@ export async function runShutdown(signal: string, opts: ShutdownOptions, deps: S
     });
   } else await stage('cut_inflight', 0, async () => 'skipped');
 
+  // Audited before cleanup closes the system server, so its status stream still carries the event.
+  lifecycle.audit.record({
+    what: 'shutdown',
+    reason: `signal ${signal}`,
+    actor: SIGNAL_ACTOR,
+    generation: lifecycle.status().generation,
+    result: code === 0 ? (handedOff === 'completed' ? 'completed (handed off)' : 'completed') : waited === 'cancelled' || deps.cancel.aborted ? 'cancelled' : 'deadline (cut)',
+    detail: { exit_code: code, stages: results.map((r) => `${r.stage}:${r.outcome}`) },
+    startedAt: started,
+  });
   await stage('cleanup', CLEANUP_CAP_MS, async (s) => {
     await deps.cleanup(s);
     if (s.aborted) throw new StageTimeout();

@@ -1,15 +1,17 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { DEFAULT_TOKEN_NAME } from '../common/admin-auth.js';
 import { Gauge, Registry } from 'prom-client';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import type { LifecycleStatus } from '../lifecycle/lifecycle.js';
 import { DrainBodySchema, EmptyBodySchema, type DrainBody } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
 import type { WorkerPhase, WorkerRuntime } from './phase.js';
+import { addStatusStream } from './status-stream.js';
 
 export interface SystemServerDeps {
   phase: WorkerPhase;
-  /** Guards mutating admin routes (drain, resume); see admin-auth. */
-  guardAdmin?: (authorization: string | undefined) => void;
+  /** Guards mutating admin routes (drain, resume); returns the token's name (the audit actor). See admin-auth. */
+  guardAdmin?: ((authorization: string | undefined) => string | void) | undefined;
 }
 
 /**
@@ -31,6 +33,8 @@ export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): Fas
     return r;
   };
   const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => ({ ...s, engine: r.engine.stats() });
+  /** Who is acting, for the audit trail: the admin token's name, or on an open listener the caller's address. */
+  const actorOf = (req: FastifyRequest): string => (guardAdmin ? guardAdmin(req.headers.authorization) || DEFAULT_TOKEN_NAME : req.ip);
 
   allowOnly(app, '/live', ['GET']);
   app.get('/live', async (_req, reply) => {
@@ -62,18 +66,23 @@ export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): Fas
 
   allowOnly(app, '/engine/drain', ['POST']);
   app.post<{ Body: DrainBody | undefined }>('/engine/drain', { schema: { body: DrainBodySchema } }, async (req, reply) => {
-    guardAdmin?.(req.headers.authorization);
+    const actor = actorOf(req);
     const r = runtime();
-    const status = await r.lifecycle.drain(req.body?.reason ?? 'admin', { deadlineMs: req.body?.deadline_ms });
+    const status = await r.lifecycle.drain(req.body?.reason ?? 'admin', { deadlineMs: req.body?.deadline_ms, actor });
     return reply.code(status.state === 'drained' ? 200 : 202).send(statusBody(r, status));
   });
 
   allowOnly(app, '/engine/resume', ['POST']);
   app.post('/engine/resume', { schema: { body: EmptyBodySchema } }, async (req) => {
-    guardAdmin?.(req.headers.authorization);
+    const actor = actorOf(req);
     const r = runtime();
-    return statusBody(r, await r.lifecycle.resume());
+    return statusBody(r, await r.lifecycle.resume({ actor }));
   });
+
+  allowOnly(app, '/engine/events', ['GET']);
+  app.get('/engine/events', async () => ({ events: runtime().lifecycle.audit.list() }));
+
+  addStatusStream(app, runtime, (r) => statusBody(r, r.lifecycle.status()));
 
   return app;
 }

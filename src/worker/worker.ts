@@ -117,8 +117,12 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     guard: createAdminGuard(opts.requestToken, 'request-plane'),
     requestToken: opts.requestToken,
   });
+  lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.
-  lifecycle.on('handoff_due', () => lifecycle.recordHandoffs(requestPlane.handOffAll().count));
+  lifecycle.on('handoff_due', () => {
+    const { count, closed } = requestPlane.handOffAll();
+    lifecycle.recordHandoffs(count, closed);
+  });
 
   requestUrl = advertisedUrl(await listen(requestPlane.app, opts.host, opts.port), opts.advertiseHost);
   record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities };
@@ -151,7 +155,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
       cancel.abort(new Error('engine failed')); // the shutdown under way cuts what is left and exits
       return;
     }
-    lifecycle.beginShutdown('engine failed');
+    lifecycle.beginShutdown('engine failed', undefined, 'engine');
     void (async () => {
       try {
         await lifecycle.unregisterForShutdown(AbortSignal.timeout(UNREGISTER_ON_FAILURE_MS));
@@ -179,7 +183,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
         cutInflight: (s) => requestPlane.cutAll(s),
         handOffInflight: () => {
           const { count, closed } = requestPlane.handOffAll();
-          lifecycle.recordHandoffs(count);
+          lifecycle.recordHandoffs(count, closed);
           return { count, closed };
         },
         cleanup,

@@ -1,0 +1,179 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Browser, Page } from 'puppeteer-core';
+import { browserSkipReason, launchBrowser } from './helpers/browser.js';
+import { spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type LogLine } from './helpers/processes.js';
+import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
+
+const WORKERS = 3;
+const MAX_TOKENS = 40;
+/** Bound on one wait for the page; a broken page fails with a screenshot instead of hanging. */
+const PAGE_WAIT_MS = 20_000;
+
+describe('fleet dashboard in headless chromium, against ebb up', { skip: browserSkipReason() }, () => {
+  let up: EbbProcess;
+  let browser: Browser;
+  let dir: string;
+  let page: Page;
+  let adminUrl: string;
+  let apiUrl: string;
+  const workerIds: string[] = [];
+
+  before(async () => {
+    // 20 ms per token, 40 tokens: a request runs about 0.8 s, so a drain under load is seen draining.
+    up = spawnEbb(['up', '--port', '0', '--workers', String(WORKERS), '--model', 'm1', '--mocker-itl-ms', '20'], 'ebb up', { EBB_ADMIN_TOKEN: undefined });
+    const ready = await up.waitForEvent('frontend_ready');
+    adminUrl = ready.admin_url as string;
+    apiUrl = ready.url as string;
+    for (let i = 0; workerIds.length < WORKERS; i++) {
+      const w: LogLine = await up.waitForLog((l) => l.event === 'worker_ready' && !workerIds.includes(l.worker_id as string), `worker_ready #${i + 1}`);
+      workerIds.push(w.worker_id as string);
+    }
+    ({ browser, dir } = await launchBrowser());
+    page = await browser.newPage();
+    page.setDefaultTimeout(PAGE_WAIT_MS);
+  });
+
+  after(async () => {
+    await browser?.close().catch(() => undefined);
+    await up?.terminate(15_000);
+  });
+
+  /** Runs `step`; on failure writes a screenshot and names it in the assertion message. */
+  async function withScreenshot<T>(name: string, step: () => Promise<T>): Promise<T> {
+    try {
+      return await step();
+    } catch (err) {
+      const path = join(dir, `${name}.png`);
+      const saved = await page.screenshot({ path, fullPage: true }).then(() => true, () => false);
+      const html = await page.evaluate(() => document.querySelector('#models')?.textContent ?? '').catch(() => '');
+      throw new assert.AssertionError({ message: `${name}: ${(err as Error).message}\nscreenshot: ${saved ? path : '(could not be taken)'}\npage: ${html.slice(0, 2000)}` });
+    }
+  }
+
+  it('shows every worker, drains one under traffic (draining -> drained), resumes it to serving', async () => {
+    const outcomes: StreamOutcome[] = [];
+    let stop = false;
+    const loops = Array.from({ length: 6 }, async (_, i) => {
+      while (!stop) outcomes.push(await streamCompletion(apiUrl, { model: 'm1', max_tokens: MAX_TOKENS, seed: i }));
+    });
+    try {
+      await withScreenshot('dashboard-workers', async () => {
+        await page.goto(`${adminUrl}/`);
+        await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="serving"]').length === n, {}, WORKERS);
+        const shown = await page.$$eval('tr[data-worker-id]', (rows) => rows.map((r) => (r as HTMLElement).dataset.workerId));
+        assert.deepEqual([...shown].sort(), [...workerIds].sort(), 'the page lists every worker of ebb up');
+        assert.equal(await page.$eval('#conn', (e) => e.textContent), 'live', 'the page follows /workers/events');
+      });
+
+      const target = workerIds[0] as string;
+      const row = `tr[data-worker-id="${target}"]`;
+      // Wait for traffic on the target, so its drain has requests to finish.
+      await withScreenshot('dashboard-traffic', () =>
+        page.waitForFunction((sel: string) => Number(document.querySelector(`${sel} [data-field=inflight]`)?.textContent) > 0, { polling: 'mutation' }, row),
+      );
+
+      // Every state the row shows, in order: a quick drain must not slip between two looks.
+      await page.evaluate((sel: string) => {
+        const r = document.querySelector(sel) as HTMLElement;
+        const seen: string[] = [r.dataset.state ?? ''];
+        (window as unknown as { seenStates: string[] }).seenStates = seen;
+        new MutationObserver(() => {
+          if (seen.at(-1) !== r.dataset.state) seen.push(r.dataset.state ?? '');
+        }).observe(r, { attributes: true, attributeFilter: ['data-state'] });
+      }, row);
+
+      await withScreenshot('dashboard-drain', async () => {
+        await page.type(`${row} input[data-input=reason]`, 'browser test');
+        await page.click(`${row} button[data-action=drain]`);
+        await page.waitForFunction((sel: string) => (document.querySelector(sel) as HTMLElement | null)?.dataset.state === 'drained', { polling: 'mutation' }, row);
+        const seen = await page.evaluate(() => (window as unknown as { seenStates: string[] }).seenStates);
+        assert.deepEqual(seen, ['serving', 'draining', 'drained'], 'the row went serving -> draining -> drained');
+        assert.equal(await page.$eval(`${row} [data-field=reason]`, (e) => e.textContent), 'browser test', 'the drain reason is shown');
+        // The audit trail arrived through the stream: the drain, by the caller's address on this open loopback fleet.
+        await page.waitForFunction(() => /drained by .*: drained \(browser test\)/.test(document.querySelector('#audit-list')?.textContent ?? ''), { polling: 'mutation' });
+      });
+
+      await withScreenshot('dashboard-resume', async () => {
+        await page.click(`${row} button[data-action=resume]`);
+        await page.waitForFunction((sel: string) => (document.querySelector(sel) as HTMLElement | null)?.dataset.state === 'serving', { polling: 'mutation' }, row);
+        const seen = await page.evaluate(() => (window as unknown as { seenStates: string[] }).seenStates);
+        assert.deepEqual(seen, ['serving', 'draining', 'drained', 'serving']);
+      });
+    } finally {
+      stop = true;
+      await Promise.all(loops);
+    }
+    const failures = outcomes.filter((o) => o.status !== 200 || !o.done || o.tokens !== MAX_TOKENS || o.error);
+    assert.deepEqual(failures, [], 'traffic through the drain and resume: every request completed with all its tokens');
+    assert.ok(outcomes.length > 0);
+  });
+
+  it('"drain all of model" drains every serving worker of the model, after a confirmation', async () => {
+    const dialogs: string[] = [];
+    page.on('dialog', (d) => {
+      dialogs.push(d.type());
+      void (d.type() === 'prompt' ? d.accept('retire m1') : d.accept());
+    });
+    await withScreenshot('dashboard-drain-model', async () => {
+      await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="serving"]').length === n, {}, WORKERS);
+      await page.click('section[data-model="m1"] button[data-action=drain-model]');
+      await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="drained"]').length === n, { polling: 'mutation' }, WORKERS);
+      assert.deepEqual(dialogs, ['confirm', 'prompt']);
+      const reasons = await page.$$eval('tr[data-worker-id] [data-field=reason]', (cells) => cells.map((c) => c.textContent));
+      assert.deepEqual(reasons, Array(WORKERS).fill('retire m1'));
+    });
+  });
+});
+
+describe('fleet dashboard with an admin token', { skip: browserSkipReason() }, () => {
+  const procs: EbbProcess[] = [];
+  let browser: Browser;
+  let dir: string;
+  let page: Page;
+
+  after(async () => {
+    await browser?.close().catch(() => undefined);
+    await Promise.all(procs.map((p) => p.stop()));
+  });
+
+  it('asks for the token, refuses to act without it, and drains with it as a bearer token (the audit names its owner)', async () => {
+    const tokens = join(mkdtempSync(join(tmpdir(), 'ebb-test-token-')), 'admin-tokens');
+    writeFileSync(tokens, 'dana:tok-dana\nops:tok-ops\n', { mode: 0o600 });
+    const discovery = tempDiscoveryUrl();
+    const w = await startWorker(['--discovery', discovery, '--admin-token-file', tokens], { EBB_ADMIN_TOKEN: undefined });
+    procs.push(w);
+    const fe = await startFrontend(discovery, ['--admin-port', '0', '--admin-token-file', tokens], { EBB_ADMIN_TOKEN: undefined });
+    procs.push(fe);
+    const adminUrl = (await fe.waitForEvent('frontend_ready')).admin_url as string;
+    ({ browser, dir } = await launchBrowser());
+    page = await browser.newPage();
+    page.setDefaultTimeout(PAGE_WAIT_MS);
+    const row = `tr[data-worker-id="${w.workerId}"]`;
+    const shoot = async (name: string, err: unknown) => {
+      const path = join(dir, `${name}.png`);
+      const saved = await page.screenshot({ path, fullPage: true }).then(() => true, () => false);
+      return new assert.AssertionError({ message: `${name}: ${(err as Error).message}\nscreenshot: ${saved ? path : '(could not be taken)'}` });
+    };
+    try {
+      await page.goto(`${adminUrl}/`);
+      await page.waitForSelector(`${row}[data-state="serving"]`);
+      assert.equal(await page.$eval('#auth', (e) => (e as HTMLElement).hidden), false, 'the page asks for the token');
+      await page.click(`${row} button[data-action=drain]`);
+      await page.waitForFunction(() => /token/.test(document.querySelector('#message.error')?.textContent ?? ''), { polling: 'mutation' });
+      assert.equal(await page.$eval(row, (e) => (e as HTMLElement).dataset.state), 'serving', 'nothing happened without the token');
+
+      await page.type('#token', 'tok-dana');
+      await page.click('#token-save');
+      await page.type(`${row} input[data-input=reason]`, 'with a token');
+      await page.click(`${row} button[data-action=drain]`);
+      await page.waitForSelector(`${row}[data-state="drained"]`);
+      await page.waitForFunction(() => /drain by dana: \w+ \(with a token\)/.test(document.querySelector('#audit-list')?.textContent ?? ''), { polling: 'mutation' });
+    } catch (err) {
+      throw await shoot('dashboard-token', err);
+    }
+  });
+});
