@@ -18,7 +18,7 @@ import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import { discoveryDefault, intOption, msOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
-import { attachSelfPod, resolveSelfPod, type SelfPodSetup } from '../k8s/self-pod-setup.js';
+import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 
 interface WorkerFlags extends LlamaCppFlags {
   engine: string;
@@ -117,7 +117,9 @@ export function workerCommand(): Command {
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
       // Before the engine loads: a pod annotated for drain starts the worker drained, not registered.
-      const selfPod: SelfPodSetup | undefined = flags.k8sSelfPod === undefined ? undefined : await resolveSelfPod(flags.k8sSelfPod, flags.kubeconfig);
+      // Loaded only with --k8s-self-pod: the Kubernetes client is heavy, and most workers never use it.
+      const k8s = flags.k8sSelfPod === undefined ? undefined : await import('../k8s/self-pod-setup.js');
+      const selfPod: SelfPodSetup | undefined = k8s === undefined || flags.k8sSelfPod === undefined ? undefined : await k8s.resolveSelfPod(flags.k8sSelfPod, flags.kubeconfig);
       let exiting = false;
       const exit = (code: number) => {
         exiting = true;
@@ -196,7 +198,7 @@ export function workerCommand(): Command {
       }
       const { record } = worker;
       log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
-      if (selfPod) await attachSelfPod(selfPod, worker.lifecycle, log);
+      if (selfPod && k8s) await k8s.attachSelfPod(selfPod, worker.lifecycle, log);
       // A signal that came while startWorker was finishing (after the load) is honoured now.
       if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
     });
