@@ -1,4 +1,4 @@
-import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
+import { request, errors as undiciErrors, type Agent, type Dispatcher } from 'undici';
 import type { Readable } from 'node:stream';
 import { finished } from 'node:stream/promises';
 import { capabilitiesNeeded, type Capability } from '../protocol/capabilities.js';
@@ -7,6 +7,7 @@ import type { WorkerMode } from '../discovery/discovery.js';
 import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../protocol/request-plane.js';
 import type { FrontendMetrics } from './metrics.js';
 import type { Hold, PoolWorker, WorkerPool } from './worker-pool.js';
+import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
@@ -189,6 +190,10 @@ export interface UpstreamOptions {
   headersTimeoutMs?: number | undefined;
   /** Request-plane bearer token, sent on every call to a worker's request plane. */
   requestToken?: string | undefined;
+  /**
+   * Connections per worker; unset or 0: as many as there are requests (the worker's admission is
+   * the limit). A cap makes requests past it wait, counted in ebb_frontend_upstream_waiting_requests.
+   */
   connections?: number | undefined;
   /**
    * A committed stream with no bytes for this long gets its worker's /live probed; when that does
@@ -225,7 +230,8 @@ export class Upstream {
     this.headersTimeoutMs = opts.headersTimeoutMs ?? 10_000;
     this.streamIdleTimeoutMs = opts.streamIdleTimeoutMs ?? 10_000;
     this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
-    this.agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 60_000, connections: opts.connections ?? 512, pipelining: 1, headersTimeout: 0, bodyTimeout: 0 });
+    this.agent = createUpstreamAgent(opts.connections);
+    registerWaitingGauge(metrics.registry, this.agent);
   }
 
   /**
