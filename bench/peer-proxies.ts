@@ -309,6 +309,7 @@ async function main(): Promise<void> {
   const worker = await startWorker(['--model', MODEL, '--discovery', discovery, '--mocker-ttft-ms', '0', '--mocker-itl-ms', String(opts.itlMs), '--mocker-batch-slots', String(slots)]);
   const workerPort = Number(new URL(worker.requestUrl).port);
   const targets: Target[] = [];
+  let frontend: EbbProcess | undefined;
   const genBody = JSON.stringify({ model: MODEL, prompt: 'user: tell me about tides', max_tokens: opts.maxTokens, stream: true });
   const nd = { tokenMark: '{"text":', endMark: '"done":true' };
   for (const p of paths) {
@@ -329,6 +330,7 @@ async function main(): Promise<void> {
         }),
         'frontend',
       );
+      frontend = fe;
       const url = (await fe.waitForEvent('frontend_ready')).url as string;
       await fe.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)) || (l.event === 'worker_added' && l.worker_id === worker.workerId), 'the worker in the routing view');
       const body = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: opts.maxTokens, stream: true });
@@ -387,6 +389,7 @@ async function main(): Promise<void> {
   const maxOther = Math.max(...rows.map((r) => r.other_cpu_pct));
   if (maxOther >= 15) console.log(`WARNING: other processes used up to ${maxOther}% CPU during measurement (the worker's own share is in it too).`);
   console.log(JSON.stringify({ bench: 'peer-proxies', cores: cpus().length, node: process.version, max_tokens: opts.maxTokens, itl_ms: opts.itlMs, rounds: opts.rounds, duration_ms: opts.durationMs, ebb_cli: opts.ebbCli, skipped: missing, rows }));
+  await frontend?.terminate(); // a graceful stop, so --cpu-prof writes its profile
   await worker.stop();
   process.exit(rows.some((r) => r.errors > 0) ? 1 : 0);
 }
