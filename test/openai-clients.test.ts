@@ -13,7 +13,13 @@ let base: string;
 before(async () => {
   up = spawnEbb(['up', '--port', '0', '--workers', '2', '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-max-context', '64', '--cors-origin', 'http://app.example'], 'ebb up');
   base = (await up.waitForEvent('frontend_ready')).url as string;
-  await up.waitForLog((l) => l.event === 'worker_ready' && up.logs.filter((x) => x.event === 'worker_ready').length === 2, 'both workers ready');
+  // Ready workers are registered; the frontend routes once its discovery watch has seen both.
+  const seen = new Set<string>();
+  await up.waitForLog((l) => {
+    if (l.event === 'discovery_reset') for (const id of l.workers as string[]) seen.add(id);
+    if (l.event === 'worker_added') seen.add(l.worker_id as string);
+    return seen.size === 2;
+  }, 'the frontend to see both workers');
 });
 after(async () => {
   await up.terminate();

@@ -84,3 +84,81 @@ describe('worker pool routing', () => {
     assert.equal(pool.get('a')!.inflight, 0);
   });
 });
+
+describe('worker pool index', () => {
+  it('follows acquire and release: the least in-flight worker is picked, ties rotate through all', () => {
+    const pool = new WorkerPool();
+    const ids = Array.from({ length: 50 }, (_, i) => `w${i}`);
+    pool.apply({ type: 'reset', records: ids.map((id) => rec(id)) });
+    const seen = new Set<string>();
+    for (let i = 0; i < ids.length; i++) seen.add(pool.pick('m', 'aggregated', new Set())!.record.worker_id);
+    assert.equal(seen.size, ids.length, 'n picks on an idle fleet of n visit every worker');
+    const releases = ids.filter((id) => id !== 'w7').map((id) => pool.acquire(pool.get(id)!));
+    assert.equal(pool.pick('m', 'aggregated', new Set())!.record.worker_id, 'w7', 'the only idle worker');
+    const r7 = pool.acquire(pool.get('w7')!);
+    pool.acquire(pool.get('w7')!);
+    releases[3]!(); // w3 back to 0
+    assert.equal(pool.pick('m', 'aggregated', new Set())!.record.worker_id, 'w3', 'a release re-ranks the worker');
+    r7();
+    assert.equal(pool.get('w7')!.inflight, 1);
+  });
+
+  it('skips tried, held and incapable workers without losing the order of the rest', () => {
+    const pool = new WorkerPool();
+    const caps = { json_object: true, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: false, prompt_token_ids: false };
+    pool.apply({ type: 'reset', records: [rec('a'), rec('b'), rec('c'), { ...rec('d'), capabilities: caps }] });
+    for (const [id, n] of [['a', 0], ['b', 1], ['c', 2], ['d', 3]] as const) for (let i = 0; i < n; i++) pool.acquire(pool.get(id)!);
+    const now = Date.now();
+    pool.hold('a', 'overloaded', now);
+    assert.equal(pool.pick('m', 'aggregated', new Set(), [], now)!.record.worker_id, 'b', 'a held');
+    assert.equal(pool.pick('m', 'aggregated', new Set(['b']), [], now)!.record.worker_id, 'c', 'b tried');
+    assert.equal(pool.pick('m', 'aggregated', new Set(), ['json_object'], now)!.record.worker_id, 'd', 'only d declares it');
+    assert.equal(pool.pick('m', 'aggregated', new Set(['d']), ['json_object'], now), undefined);
+    assert.equal(pool.pick('m', 'aggregated', new Set(), [], now + HOLD_MS.overloaded + 1)!.record.worker_id, 'a', 'hold expired');
+  });
+
+  it('moves a worker whose registration changes model or mode, and counts per model stay right', () => {
+    const pool = new WorkerPool();
+    pool.apply({ type: 'reset', records: [rec('a'), rec('b')] });
+    pool.apply({ type: 'put', record: rec('a', 'other', 'decode') });
+    assert.equal(pool.pick('m', 'aggregated', new Set(['b'])), undefined, 'a left m/aggregated');
+    assert.equal(pool.pick('other', 'decode', new Set())!.record.worker_id, 'a');
+    assert.deepEqual(pool.models(), ['m', 'other']);
+    pool.apply({ type: 'delete', worker_id: 'b' });
+    assert.equal(pool.hasModel('m'), false);
+    assert.equal(pool.hasModel('other', 'decode'), true);
+    assert.equal(pool.hasModel('other', 'aggregated'), false);
+  });
+
+  it('agrees with a full scan over random acquires, releases, holds, tries and discovery events', () => {
+    let seed = 42;
+    const rand = (n: number) => {
+      seed = (seed * 1103515245 + 12345) & 0x7fffffff;
+      return seed % n;
+    };
+    const pool = new WorkerPool();
+    const ids = Array.from({ length: 40 }, (_, i) => `w${i}`);
+    pool.apply({ type: 'reset', records: ids.map((id) => rec(id)) });
+    const releases: (() => void)[] = [];
+    let now = Date.now();
+    for (let step = 0; step < 5000; step++) {
+      const op = rand(10);
+      const id = ids[rand(ids.length)]!;
+      if (op < 4) {
+        const w = pool.get(id);
+        if (w) releases.push(pool.acquire(w));
+      } else if (op < 7 && releases.length > 0) releases.splice(rand(releases.length), 1)[0]!();
+      else if (op === 7) pool.hold(id, 'overloaded', now);
+      else if (op === 8) pool.apply(rand(2) === 0 ? { type: 'delete', worker_id: id } : { type: 'put', record: rec(id) });
+      else now += 100;
+      const tried = new Set(Array.from({ length: rand(3) }, () => ids[rand(ids.length)]!));
+      const eligible = pool.all().filter((w) => !tried.has(w.record.worker_id) && !(w.hold && w.hold.until > now));
+      const picked = pool.pick('m', 'aggregated', tried, [], now);
+      if (eligible.length === 0) assert.equal(picked, undefined);
+      else {
+        assert.ok(picked && eligible.includes(picked), `step ${step}: an eligible worker`);
+        assert.equal(picked.inflight, Math.min(...eligible.map((w) => w.inflight)), `step ${step}: the least in flight`);
+      }
+    }
+  });
+});

@@ -17,6 +17,7 @@ interface FrontendFlags {
   streamIdleTimeoutMs: number;
   migrationLimit: number;
   corsOrigin: string[];
+  upstreamConnections?: number;
   healthReadyWithoutWorkers?: boolean;
   requestTokenFile?: string;
   requestTimeoutMs: number;
@@ -54,6 +55,7 @@ export function frontendCommand(): Command {
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', msOption(1), 10_000)
     .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", msOption(0), 10_000)
     .option('--health-ready-without-workers', '/health answers 200 even when no worker can take a request (default: 503 until one can)')
+    .option('--upstream-connections <n>', 'connections per worker (default: as many as requests: the worker\'s admission is the limit); requests past it wait, counted by ebb_frontend_upstream_waiting_requests', intOption(1))
     .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any); off by default', (v: string, all: string[]) => [...all, v], [] as string[])
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
     .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', msOption(0), 30_000)
@@ -73,6 +75,7 @@ export function frontendCommand(): Command {
           streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
           migrationLimit: flags.migrationLimit,
           corsOrigins: flags.corsOrigin,
+          upstreamConnections: flags.upstreamConnections,
           healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
           requestToken,
           limits: { ...timeouts, maxConnections: flags.maxConnections },

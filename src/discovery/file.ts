@@ -1,21 +1,19 @@
-import { statSync, watch as fsWatch, type FSWatcher } from 'node:fs';
+import { statSync } from 'node:fs';
 import { readdir, readFile, rename, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
-import { entryLive, HOST, identity, MAX_TTL_MS, MIN_TTL_MS, parseEntry, type FileEntry } from './file-record.js';
-import { callListener, warn } from './guards.js';
+import { entryLive, HOST, MAX_TTL_MS, MIN_TTL_MS, parseEntry, type FileEntry } from './file-record.js';
+import { FileWatch } from './file-watch.js';
 import { assertPrivate, ensurePrivateDir, UnsafeDirectoryError } from './private-dir.js';
 
 /** One file as read by a scan: live, gone (absent, expired, dead owner, junk), or not readable this time. */
 type Read = { name: string; state: 'live'; entry: FileEntry } | { name: string; state: 'gone' | 'unreadable' };
 
-const SWEEP_MS = 1000;
-
 /**
  * Discovery for several processes on one machine: one JSON file per worker in a directory.
  * A record is a lease: its owner rewrites the heartbeat every ttl/3; readers drop a record whose
  * heartbeat is older than its TTL, or at once when its owner process on this host is gone.
- * Watchers react to inotify events on the directory and sweep for expiries once per second.
+ * Watchers read what inotify says changed and sweep for expiries once per second (file-watch.ts).
  * The directory must be this user's and writable by nobody else; a watcher that cannot read
  * (fd exhaustion, say) keeps what it last knew rather than dropping live workers.
  */
@@ -108,17 +106,21 @@ export class FileDiscovery implements Discovery {
     return (await this.read()).flatMap((r) => (r.state === 'live' ? [r.entry.record] : []));
   }
 
-  /** Every record file, classified. Throws when the directory itself cannot be read. */
-  private async read(): Promise<Read[]> {
-    await this.ensureDir();
-    let names: string[];
+  /** The record files' names; [] when the directory is gone. Throws when it cannot be read. */
+  private async names(): Promise<string[]> {
     try {
-      names = (await readdir(this.dir)).filter((n) => n.endsWith('.json'));
+      return (await readdir(this.dir)).filter((n) => n.endsWith('.json'));
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
       this.dirChecked = false; // removed under us: no records, and recreate (and check) next time
       return [];
     }
+  }
+
+  /** Every record file, classified. Throws when the directory itself cannot be read. */
+  private async read(): Promise<Read[]> {
+    await this.ensureDir();
+    const names = await this.names();
     const now = Date.now();
     return Promise.all(
       names.map(async (name): Promise<Read> => {
@@ -136,67 +138,11 @@ export class FileDiscovery implements Discovery {
   }
 
   async watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch> {
-    const initial = await this.read();
-    /** The view by file name: what the listener was last told. */
-    let view = new Map(initial.flatMap((r) => (r.state === 'live' ? [[r.name, r.entry] as const] : [])));
-    let scanning = false;
-    let rescan = false;
-    let closed = false;
-    /** One warning per episode of failing scans, not one per inotify event. */
-    let failing = false;
-    const byWorker = (v: Map<string, FileEntry>) => new Map([...v.values()].map((e) => [e.record.worker_id, e]));
-    const scanOnce = async (): Promise<void> => {
-      const reads = await this.read();
-      if (closed) return;
-      const next = new Map<string, FileEntry>();
-      for (const r of reads) {
-        if (r.state === 'live') next.set(r.name, r.entry);
-        else if (r.state === 'unreadable') {
-          const previous = view.get(r.name);
-          if (previous) next.set(r.name, previous); // not read this time: as it was
-        }
-      }
-      const before = byWorker(view);
-      const after = byWorker(next);
-      view = next;
-      for (const [id, e] of after) {
-        const old = before.get(id);
-        if (!old || identity(old) !== identity(e)) callListener('watch', listener, { type: 'put', record: e.record });
-      }
-      for (const id of before.keys()) if (!after.has(id)) callListener('watch', listener, { type: 'delete', worker_id: id });
-    };
-    // Never rejects: a scan that fails changes nothing; the next event or sweep tries again.
-    const scan = async (): Promise<void> => {
-      if (scanning) {
-        rescan = true;
-        return;
-      }
-      scanning = true;
-      try {
-        do {
-          rescan = false;
-          try {
-            await scanOnce();
-            failing = false;
-          } catch (err) {
-            if (!closed && !failing) warn(`scan of ${this.dir} failed, keeping the last view until one succeeds`, err);
-            failing = true;
-            return;
-          }
-        } while (rescan && !closed);
-      } finally {
-        scanning = false;
-      }
-    };
-    callListener('watch', listener, { type: 'reset', records: [...byWorker(view).values()].map((e) => e.record) });
-    const watcher: FSWatcher = fsWatch(this.dir, () => void scan());
-    watcher.on('error', () => undefined); // the sweep goes on without it
-    const sweep = setInterval(() => void scan(), SWEEP_MS);
-    sweep.unref();
+    await this.ensureDir();
+    const w = new FileWatch({ dir: this.dir, list: () => this.names() }, listener);
+    await w.start();
     const close = async () => {
-      closed = true;
-      watcher.close();
-      clearInterval(sweep);
+      await w.close();
       this.closers.delete(close);
     };
     this.closers.add(close);

@@ -22,6 +22,8 @@ export interface FrontendOptions {
   migrationLimit?: number | undefined;
   /** Origins browsers may call the API from (CORS); none by default. */
   corsOrigins?: string[] | undefined;
+  /** Connections per worker (undefined: as many as requests; the worker's admission is the limit). */
+  upstreamConnections?: number | undefined;
   /** /health is 200 even with no worker to route to (default: 503 until one can take a request). */
   healthReadyWithoutWorkers?: boolean | undefined;
   /** Request-plane bearer token, sent on every call to a worker's /generate, /prefill and /kv. */
@@ -57,7 +59,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
   });
   const metrics = createFrontendMetrics(pool);
-  const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs });
+  const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, connections: opts.upstreamConnections });
   const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream

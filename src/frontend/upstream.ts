@@ -1,12 +1,12 @@
-import { Agent, request, errors as undiciErrors, type Dispatcher } from 'undici';
-import type { Readable } from 'node:stream';
-import { finished } from 'node:stream/promises';
+import { request, errors as undiciErrors, type Agent, type Dispatcher } from 'undici';
 import { capabilitiesNeeded, type Capability } from '../protocol/capabilities.js';
 import { codeOf, EbbError, type ErrorCode } from '../protocol/errors.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../protocol/request-plane.js';
 import type { FrontendMetrics } from './metrics.js';
 import type { Hold, PoolWorker, WorkerPool } from './worker-pool.js';
+import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
+import { WorkerCall, type LineBatches } from './worker-call.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
@@ -19,7 +19,8 @@ export const MAX_ATTEMPTS = 6;
 export interface UpstreamStream {
   worker: PoolWorker;
   first: StreamLine[];
-  rest: AsyncGenerator<StreamLine[], void, void>;
+  /** The batches after the first, one per network read; done when the body ended. */
+  rest: LineBatches;
   /** Ends the frontend's accounting of this worker's in-flight request; idempotent. */
   release(): void;
   /** Settles once the worker's response body is done with: true when it ended normally, false when it was cut. */
@@ -115,45 +116,6 @@ export function unavailableModel(pool: WorkerPool, model: string): EbbError {
 /** A decode worker could not get the prompt's KV (another decode took it, or it expired): prefill again. */
 class KvTransferLost extends Error {}
 
-const isFinal = (l: StreamLine) => 'done' in l || 'error' in l || 'handoff' in l;
-
-/**
- * NDJSON lines of a worker's response body, a batch per chunk received; `seen.final` once the
- * terminal line was read. `seen.activity` is called per chunk (it re-arms the idle watch).
- */
-async function* readLineBatches(body: Readable, seen: { final: boolean; activity?: (() => void) | undefined }): AsyncGenerator<StreamLine[], void, void> {
-  let buffer = '';
-  body.setEncoding('utf8');
-  for await (const chunk of body as AsyncIterable<string>) {
-    seen.activity?.();
-    buffer += chunk;
-    const last = buffer.lastIndexOf('\n');
-    if (last < 0) continue;
-    const complete = buffer.slice(0, last);
-    buffer = buffer.slice(last + 1);
-    const batch: StreamLine[] = [];
-    for (const line of complete.split('\n')) if (line.length > 0) batch.push(JSON.parse(line) as StreamLine);
-    if (batch.length > 0) {
-      if (isFinal(batch[batch.length - 1] as StreamLine)) seen.final = true;
-      yield batch;
-    }
-  }
-  if (buffer.trim().length > 0) {
-    const last = JSON.parse(buffer) as StreamLine;
-    if (isFinal(last)) seen.final = true;
-    yield [last];
-  }
-}
-
-/** Reads a finished body to its end, so it ends normally (and its socket goes back to the pool). */
-async function finish(rest: AsyncGenerator<StreamLine[], void, void>): Promise<void> {
-  try {
-    while (!(await rest.next()).done);
-  } catch {
-    /* a worker that misbehaves after its final line: the body is gone either way */
-  }
-}
-
 function isConnectFailure(err: unknown): boolean {
   const code = (err as NodeJS.ErrnoException).code;
   return (
@@ -166,16 +128,30 @@ function isConnectFailure(err: unknown): boolean {
 }
 
 /** A non-200 answer: a refusal or server error moves on; a client error is the client's answer. */
-async function rejectNon200(res: Dispatcher.ResponseData): Promise<never> {
-  const payload = (await res.body.json().catch(() => ({}))) as { error?: { code?: string; message?: string } };
+function rejectNon200(statusCode: number, body: unknown): never {
+  const payload = (typeof body === 'object' && body !== null ? body : {}) as { error?: { code?: string; message?: string } };
   const code = codeOf(payload);
   if (code === 'worker_draining') throw new TryElsewhere(code, 'draining');
   if (code === 'worker_overloaded') throw new TryElsewhere(code, 'overloaded');
   if (code === 'kv_transfer_failed') throw new KvTransferLost(payload.error?.message ?? code);
   // The worker is fine: it cannot continue a sequence, or it reached its drain deadline first.
   if (code === 'continuation_unsupported' || code === 'request_handed_off') throw new TryElsewhere(code);
-  if (res.statusCode >= 400 && res.statusCode < 500) throw new EbbError(code ?? 'invalid_request', payload.error?.message ?? `worker rejected the request (HTTP ${res.statusCode})`);
+  if (statusCode >= 400 && statusCode < 500) throw new EbbError(code ?? 'invalid_request', payload.error?.message ?? `worker rejected the request (HTTP ${statusCode})`);
   throw new TryElsewhere('worker_error');
+}
+
+const generateUrls = new Map<string, { origin: string; path: string }>();
+
+/** A worker's /generate as the dispatcher takes it; parsed once per request URL, not per request. */
+function generateUrl(requestUrl: string): { origin: string; path: string } {
+  let u = generateUrls.get(requestUrl);
+  if (!u) {
+    const url = new URL(`${requestUrl.replace(/\/+$/, '')}/generate`);
+    u = { origin: url.origin, path: url.pathname + url.search };
+    if (generateUrls.size > 100_000) generateUrls.clear(); // a bound for fleets that churn addresses
+    generateUrls.set(requestUrl, u);
+  }
+  return u;
 }
 
 /**
@@ -189,6 +165,10 @@ export interface UpstreamOptions {
   headersTimeoutMs?: number | undefined;
   /** Request-plane bearer token, sent on every call to a worker's request plane. */
   requestToken?: string | undefined;
+  /**
+   * Connections per worker; unset or 0: as many as there are requests (the worker's admission is
+   * the limit). A cap makes requests past it wait, counted in ebb_frontend_upstream_waiting_requests.
+   */
   connections?: number | undefined;
   /**
    * A committed stream with no bytes for this long gets its worker's /live probed; when that does
@@ -211,6 +191,7 @@ export class Upstream {
   private readonly headersTimeoutMs: number;
   private readonly streamIdleTimeoutMs: number;
   private readonly headers: Record<string, string>;
+  private readonly generateHeaders: Record<string, string>;
 
   /**
    * `headersTimeoutMs` bounds how long a worker may take to answer /generate's headers, which it
@@ -225,7 +206,9 @@ export class Upstream {
     this.headersTimeoutMs = opts.headersTimeoutMs ?? 10_000;
     this.streamIdleTimeoutMs = opts.streamIdleTimeoutMs ?? 10_000;
     this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
-    this.agent = new Agent({ keepAliveTimeout: 30_000, keepAliveMaxTimeout: 60_000, connections: opts.connections ?? 512, pipelining: 1, headersTimeout: 0, bodyTimeout: 0 });
+    this.generateHeaders = { 'content-type': 'application/json', ...this.headers };
+    this.agent = createUpstreamAgent(opts.connections);
+    registerWaitingGauge(metrics.registry, this.agent);
   }
 
   /**
@@ -299,27 +282,39 @@ export class Upstream {
 
   /** POST /generate on `w`, up to its first batch of lines. */
   private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal) {
-    const res = await this.post(`${w.record.request_url}/generate`, body, signal, this.headersTimeoutMs);
-    if (res.statusCode !== 200) await rejectNon200(res);
-    const seen: { final: boolean; activity?: (() => void) | undefined } = { final: false };
-    const rest = readLineBatches(res.body, seen);
+    const url = generateUrl(w.record.request_url);
+    const call = WorkerCall.start(
+      this.agent,
+      {
+        origin: url.origin,
+        path: url.path,
+        method: 'POST',
+        headers: this.generateHeaders,
+        body: JSON.stringify(body),
+        headersTimeout: this.headersTimeoutMs,
+        bodyTimeout: 0,
+      },
+      signal,
+    );
+    const status = await call.head;
+    if (status !== 200) rejectNon200(status, await call.json());
     // Watched from here: a worker that hangs before its first token is as hung as one after.
-    const stopWatch = this.watchIdle(w, res.body, seen);
+    const stopWatch = this.watchIdle(w, call);
     let first: IteratorResult<StreamLine[], void>;
     try {
-      first = await rest.next();
+      first = await call.next();
     } catch (err) {
       stopWatch();
-      res.body.destroy();
+      call.abort();
       throw err instanceof WorkerUnresponsive ? new TryElsewhere('unresponsive', 'unreachable') : err;
     }
     // Nothing has reached the client yet: another worker can still serve it whole.
     if (first.done || first.value.some((line) => 'error' in line || 'handoff' in line)) {
       stopWatch();
-      res.body.destroy();
+      call.abort();
       throw new TryElsewhere(first.value?.some((line) => 'handoff' in line) ? 'handed_off' : 'failed_before_first_token');
     }
-    return { first: first.value, rest, body: res.body, seen, stopWatch };
+    return { first: first.value, call, stopWatch };
   }
 
   /** Whether a worker that went quiet still answers its liveness probe (a SIGSTOPped process does not). */
@@ -338,7 +333,7 @@ export class Upstream {
    * Silence is not failure: a stream may wait long between tokens. Only silence from a worker that
    * no longer answers /live is, and then the stream is destroyed so the relay moves it on.
    */
-  private watchIdle(worker: PoolWorker, body: Readable, seen: { activity?: (() => void) | undefined }): () => void {
+  private watchIdle(worker: PoolWorker, call: WorkerCall): () => void {
     const ms = this.streamIdleTimeoutMs;
     if (ms <= 0) return () => undefined;
     let stopped = false;
@@ -351,10 +346,10 @@ export class Upstream {
         }
         stopped = true;
         this.pool.hold(worker.record.worker_id, 'unreachable');
-        body.destroy(new WorkerUnresponsive(worker.record.worker_id, ms));
+        call.abort(new WorkerUnresponsive(worker.record.worker_id, ms));
       });
     }, ms);
-    seen.activity = () => timer.refresh();
+    call.activity = () => timer.refresh();
     return () => {
       stopped = true;
       clearTimeout(timer);
@@ -368,19 +363,15 @@ export class Upstream {
    */
   private stream(worker: PoolWorker, value: Awaited<ReturnType<Upstream['generate']>>, release: () => void): UpstreamStream {
     let done = false;
+    const { call } = value;
     const end = () => {
       if (done) return;
       done = true;
       value.stopWatch();
-      if (value.seen.final) void finish(value.rest);
-      else value.body.destroy();
+      if (!call.final) call.abort();
       release();
     };
-    const closed = finished(value.body).then(
-      () => true,
-      () => false,
-    );
-    return { worker, first: value.first, rest: value.rest, release: end, closed };
+    return { worker, first: value.first, rest: call, release: end, closed: call.closed };
   }
 
   /** Opens a token stream on an aggregated worker. */
@@ -433,7 +424,7 @@ export class Upstream {
       try {
         const prefill = await this.route(body.model, 'prefill', signal, new Set(), async (w) => {
           const res = await this.post(`${w.record.request_url}/prefill`, body, signal, 0); // answers after the KV is computed
-          if (res.statusCode !== 200) await rejectNon200(res);
+          if (res.statusCode !== 200) rejectNon200(res.statusCode, await res.body.json().catch(() => ({})));
           return (await res.body.json()) as PrefillResponse;
         });
         prefill.release();

@@ -1,5 +1,6 @@
 import { missingCapability, type Capability } from '../protocol/capabilities.js';
 import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
+import { LeastLoaded, type Ranked } from './least-loaded.js';
 
 /** Why the frontend is not sending a worker new requests for now, though discovery still lists it. */
 export type Hold = 'draining' | 'overloaded' | 'unreachable';
@@ -20,26 +21,62 @@ export const HOLD_MS: Record<Hold, number> = {
 export const MODEL_MEMORY_MS = 10 * 60_000;
 
 export interface PoolWorker {
-  record: WorkerRecord;
+  readonly record: WorkerRecord;
   /**
    * Requests this frontend currently has on the worker. Belongs to the requests, not to the
    * registration: it survives the worker leaving discovery and coming back (drain then resume).
    */
   inflight: number;
-  hold?: { kind: Hold; until: number } | undefined;
+  readonly hold?: { kind: Hold; until: number } | undefined;
 }
+
+const YES_NO: readonly Capability[] = ['json_object', 'json_schema', 'logprobs', 'tools', 'continuation'];
+
+/** A worker as the pool keeps it: its in-flight count re-ranks it in its (model, mode) index on every change. */
+class Member implements PoolWorker, Ranked {
+  #inflight = 0;
+  pickedAt = 0;
+  slot = -1;
+  hold: { kind: Hold; until: number } | undefined;
+  /** The index it is ranked in while in discovery; undefined once departed. */
+  index: LeastLoaded<Member> | undefined;
+
+  constructor(public record: WorkerRecord) {}
+
+  get inflight(): number {
+    return this.#inflight;
+  }
+
+  set inflight(n: number) {
+    this.#inflight = n;
+    this.index?.update(this);
+  }
+}
+
+/** Per model: how many workers of each mode, and how many (non-prefill) declare each capability. */
+interface ModelCounts {
+  workers: number;
+  modes: Map<WorkerMode, number>;
+  declaring: Map<Capability, number>;
+}
+
+const keyOf = (model: string, mode: WorkerMode) => `${mode}\u0000${model}`;
 
 /**
  * The frontend's view of the fleet, fed by discovery events; no state of its own beyond local holds
  * and in-flight counts. Routing is least in-flight with a round-robin tie-break: long streams make
- * per-request round robin uneven, and in-flight is the load signal a frontend has for free; the
- * rotating start spreads ties so an idle fleet is used evenly.
+ * per-request round robin uneven, and in-flight is the load signal a frontend has for free; among
+ * equally loaded workers the one picked longest ago goes first, so an idle fleet is used evenly.
+ * Workers are indexed per (model, mode) in a heap kept up to date on acquire/release and discovery
+ * events, so a routing decision is O(log n) in the fleet and copies nothing.
  */
 export class WorkerPool {
-  private readonly workers = new Map<string, PoolWorker>();
+  private readonly workers = new Map<string, Member>();
   /** Workers gone from discovery that still have requests from this frontend open; never routed to. */
-  private readonly departed = new Map<string, PoolWorker>();
-  private cursor = 0;
+  private readonly departed = new Map<string, Member>();
+  private readonly indexes = new Map<string, LeastLoaded<Member>>();
+  private readonly counts = new Map<string, ModelCounts>();
+  private picks = 0;
   /** When the last worker of each model left discovery (see MODEL_MEMORY_MS). */
   private readonly lastServed = new Map<string, number>();
 
@@ -52,10 +89,39 @@ export class WorkerPool {
     else this.remove(event.worker_id);
   }
 
+  private count(record: WorkerRecord, by: 1 | -1): void {
+    let c = this.counts.get(record.model);
+    if (!c) this.counts.set(record.model, (c = { workers: 0, modes: new Map(), declaring: new Map() }));
+    c.workers += by;
+    c.modes.set(record.mode, (c.modes.get(record.mode) ?? 0) + by);
+    if (record.mode !== 'prefill') for (const cap of YES_NO) if (record.capabilities?.[cap] === true) c.declaring.set(cap, (c.declaring.get(cap) ?? 0) + by);
+    if (c.workers === 0) this.counts.delete(record.model);
+  }
+
+  /** Enters `w` (in discovery with `w.record`) into its counts and its index. */
+  private enter(w: Member): void {
+    this.count(w.record, 1);
+    const key = keyOf(w.record.model, w.record.mode);
+    let index = this.indexes.get(key);
+    if (!index) this.indexes.set(key, (index = new LeastLoaded<Member>()));
+    w.index = index;
+    index.add(w);
+  }
+
+  private leave(w: Member): void {
+    this.count(w.record, -1);
+    const index = w.index;
+    w.index = undefined;
+    if (!index) return;
+    index.delete(w);
+    if (index.size === 0) this.indexes.delete(keyOf(w.record.model, w.record.mode));
+  }
+
   private remove(workerId: string): void {
     const w = this.workers.get(workerId);
     if (!w) return;
     this.workers.delete(workerId);
+    this.leave(w);
     if (w.inflight > 0) this.departed.set(workerId, w);
     if (!this.hasModel(w.record.model)) this.lastServed.set(w.record.model, Date.now());
   }
@@ -64,12 +130,17 @@ export class WorkerPool {
     // The same object comes back, so its open requests still count, and still decrement it.
     const existing = this.workers.get(record.worker_id) ?? this.departed.get(record.worker_id);
     this.departed.delete(record.worker_id);
-    // A (re-)registration is the worker saying it serves: any local hold ends.
     if (existing) {
+      if (existing.index) this.leave(existing);
       existing.record = record;
-      existing.hold = undefined;
+      existing.hold = undefined; // a (re-)registration is the worker saying it serves: any local hold ends
       this.workers.set(record.worker_id, existing);
-    } else this.workers.set(record.worker_id, { record, inflight: 0 });
+      this.enter(existing);
+    } else {
+      const w = new Member(record);
+      this.workers.set(record.worker_id, w);
+      this.enter(w);
+    }
     this.lastServed.delete(record.model);
   }
 
@@ -111,14 +182,14 @@ export class WorkerPool {
   }
 
   hasModel(model: string, mode?: WorkerMode): boolean {
-    for (const w of this.workers.values()) if (w.record.model === model && (mode === undefined || w.record.mode === mode)) return true;
-    return false;
+    const c = this.counts.get(model);
+    if (!c) return false;
+    return mode === undefined ? c.workers > 0 : (c.modes.get(mode) ?? 0) > 0;
   }
 
   /** Does some worker of `model` in discovery declare `capability`? (Its state does not matter: that is routing's business.) */
   declares(model: string, capability: Capability): boolean {
-    for (const w of this.workers.values()) if (w.record.model === model && w.record.mode !== 'prefill' && w.record.capabilities?.[capability] === true) return true;
-    return false;
+    return (this.counts.get(model)?.declaring.get(capability) ?? 0) > 0;
   }
 
   /** The engine kinds serving `model`, for error messages. */
@@ -135,9 +206,7 @@ export class WorkerPool {
 
   /** Models with at least one worker in discovery, whatever its state: a draining model is still a model. */
   models(): string[] {
-    const names = new Set<string>();
-    for (const w of this.workers.values()) names.add(w.record.model);
-    return [...names].sort();
+    return [...this.counts.keys()].sort();
   }
 
   /** A model in discovery, or one whose last worker left it less than MODEL_MEMORY_MS ago. */
@@ -149,21 +218,20 @@ export class WorkerPool {
 
   /**
    * The least-loaded eligible worker of `model` in `mode` that declares every capability in `needs`,
-   * skipping those already tried for this request.
+   * skipping those already tried for this request and those held out.
    */
   pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[] = [], now = Date.now()): PoolWorker | undefined {
-    const all = [...this.workers.values()];
-    const n = all.length;
-    if (n === 0) return undefined;
-    const start = this.cursor++ % n;
-    let best: PoolWorker | undefined;
-    for (let i = 0; i < n; i++) {
-      const w = all[(start + i) % n] as PoolWorker;
-      if (w.record.model !== model || w.record.mode !== mode || tried.has(w.record.worker_id)) continue;
-      if (w.hold && w.hold.until > now) continue;
-      if (needs.length > 0 && missingCapability(w.record.capabilities, needs) !== undefined) continue;
-      if (!best || w.inflight < best.inflight) best = w;
-    }
-    return best;
+    const index = this.indexes.get(keyOf(model, mode));
+    if (!index) return undefined;
+    const w = index.best(
+      (w) =>
+        !(w.hold !== undefined && w.hold.until > now) &&
+        !(tried.size > 0 && tried.has(w.record.worker_id)) &&
+        !(needs.length > 0 && missingCapability(w.record.capabilities, needs) !== undefined),
+    );
+    if (!w) return undefined;
+    w.pickedAt = ++this.picks; // to the back of its in-flight level: ties rotate
+    index.update(w);
+    return w;
   }
 }

@@ -1,0 +1,400 @@
+/**
+ * Peer benchmark (issue 12): the same streaming load over the same mocker worker, four ways:
+ * direct (POST /generate, NDJSON), through ebb's frontend (POST /v1/chat/completions, SSE), through
+ * nginx (proxy_buffering off) and through HAProxy (both relaying /generate as it is). Each proxy
+ * gets one core's worth of process (nginx: one worker, no master; HAProxy: nbthread 1; ebb: node).
+ * The order of the paths rotates over rounds. For each path it prints tokens/s as a ratio of
+ * direct, added TTFT p50/p99, and the proxy process's CPU per relayed token (user and system, from
+ * /proc/<pid>/stat), then one JSON line. It installs nothing: a proxy that is not installed is
+ * skipped, and the output says so.
+ *
+ *   npx tsc -p . && node dist/bench/peer-proxies.js [--concurrency 1,16,64,256] [--rounds 2]
+ *     [--duration-ms 2000] [--warmup-ms 500] [--max-tokens 64] [--itl-ms 0] [--paths direct,ebb,nginx,haproxy]
+ *     [--ebb-cli dist/src/cli/main.js] [--frontend-node-args "--cpu-prof ..."]
+ *
+ * `--ebb-cli` runs the frontend from another build (another checkout's dist/src/cli/main.js), so
+ * two builds can be compared on one machine; the worker always comes from this build.
+ */
+import { spawn } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, connect } from 'node:net';
+import { cpus, tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { Agent, request } from 'undici';
+import { CLI, EbbProcess, killAllNow, startWorker, tempDiscoveryUrl } from '../test/helpers/processes.js';
+
+type Path = 'direct' | 'ebb' | 'nginx' | 'haproxy';
+const ALL: Path[] = ['direct', 'ebb', 'nginx', 'haproxy'];
+const MODEL = 'm1';
+const NGINX = '/usr/sbin/nginx';
+const HAPROXY = '/usr/sbin/haproxy';
+
+function arg(name: string, dflt: string): string {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 && process.argv[i + 1] !== undefined ? (process.argv[i + 1] as string) : dflt;
+}
+const opts = {
+  concurrency: arg('concurrency', '1,16,64,256').split(',').map(Number),
+  rounds: Number(arg('rounds', '2')),
+  durationMs: Number(arg('duration-ms', '2000')),
+  warmupMs: Number(arg('warmup-ms', '500')),
+  maxTokens: Number(arg('max-tokens', '64')),
+  itlMs: Number(arg('itl-ms', '0')),
+  paths: arg('paths', ALL.join(',')).split(',') as Path[],
+  ebbCli: resolve(arg('ebb-cli', CLI)),
+  frontendNodeArgs: arg('frontend-node-args', '').split(' ').filter(Boolean),
+};
+
+const temp = mkdtempSync(join(tmpdir(), 'ebb-peer-'));
+const children: Array<{ kill: () => void }> = [];
+const cleanup = () => {
+  for (const c of children) c.kill();
+  killAllNow();
+  rmSync(temp, { recursive: true, force: true });
+};
+process.on('exit', cleanup);
+for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => process.exit(130));
+// A watchdog: the run always ends.
+const budgetMs = 120_000 + opts.concurrency.length * opts.rounds * opts.paths.length * (opts.durationMs + opts.warmupMs + 3000);
+setTimeout(() => {
+  console.error(`peer-proxies: still running after ${budgetMs} ms; giving up`);
+  process.exit(2);
+}, budgetMs).unref();
+
+let clk = 100;
+try {
+  clk = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
+} catch {
+  /* 100 */
+}
+
+/** utime and stime of a process in µs (all its threads). */
+function cpuOf(pid: number): { user: number; sys: number } | undefined {
+  try {
+    const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
+    return { user: (Number(f[11]) * 1e6) / clk, sys: (Number(f[12]) * 1e6) / clk };
+  } catch {
+    return undefined;
+  }
+}
+
+function machineBusy(): { busy: number; total: number } {
+  const f = (readFileSync('/proc/stat', 'utf8').split('\n', 1)[0] as string).trim().split(/\s+/).slice(1).map(Number);
+  const total = f.reduce((a, b) => a + b, 0);
+  return { busy: total - (f[3] ?? 0) - (f[4] ?? 0), total };
+}
+
+async function freePort(): Promise<number> {
+  const srv = createServer();
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r));
+  const port = (srv.address() as { port: number }).port;
+  await new Promise<void>((r) => srv.close(() => r()));
+  return port;
+}
+
+/** A foreign process says nothing when it listens: try to connect until it accepts (bounded). */
+async function waitListening(port: number, what: string, child: { exited: boolean; err: () => string }): Promise<void> {
+  for (let i = 0; i < 100; i++) {
+    if (child.exited) throw new Error(`${what} exited: ${child.err()}`);
+    const ok = await new Promise<boolean>((r) => {
+      const s = connect(port, '127.0.0.1');
+      s.once('connect', () => (s.destroy(), r(true)));
+      s.once('error', () => r(false));
+    });
+    if (ok) return;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`${what} did not listen on ${port}`);
+}
+
+function startForeign(bin: string, args: string[], what: string) {
+  const proc = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let err = '';
+  proc.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+  const state = { exited: false, err: () => err };
+  proc.once('exit', () => (state.exited = true));
+  children.push({ kill: () => proc.kill('SIGKILL') });
+  return { proc, state, what };
+}
+
+async function startNginx(workerPort: number): Promise<{ url: string; pid: number }> {
+  const port = await freePort();
+  const dir = join(temp, 'nginx');
+  execFileSync('mkdir', ['-p', dir]);
+  writeFileSync(
+    join(dir, 'nginx.conf'),
+    `daemon off; master_process off; worker_processes 1; pid ${dir}/nginx.pid; error_log ${dir}/error.log warn;
+worker_rlimit_nofile 19000;
+events { worker_connections 9000; }
+http {
+  access_log off;
+  client_body_temp_path ${dir}/body; proxy_temp_path ${dir}/proxy; fastcgi_temp_path ${dir}/fcgi; uwsgi_temp_path ${dir}/uwsgi; scgi_temp_path ${dir}/scgi;
+  upstream worker { server 127.0.0.1:${workerPort}; keepalive 1024; }
+  server {
+    listen 127.0.0.1:${port} backlog=4096;
+    keepalive_requests 1000000;
+    location / { proxy_pass http://worker; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; proxy_read_timeout 600s; }
+  }
+}
+`,
+  );
+  const f = startForeign(NGINX, ['-p', dir, '-e', `${dir}/error.log`, '-c', join(dir, 'nginx.conf')], 'nginx');
+  await waitListening(port, 'nginx', f.state);
+  return { url: `http://127.0.0.1:${port}`, pid: f.proc.pid! };
+}
+
+async function startHaproxy(workerPort: number): Promise<{ url: string; pid: number }> {
+  const port = await freePort();
+  const cfg = join(temp, 'haproxy.cfg');
+  writeFileSync(
+    cfg,
+    `global
+  nbthread 1
+  maxconn 9000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 600s
+  timeout server 600s
+  option http-keep-alive
+frontend f
+  bind 127.0.0.1:${port}
+  default_backend b
+backend b
+  http-reuse always
+  server w 127.0.0.1:${workerPort}
+`,
+  );
+  const f = startForeign(HAPROXY, ['-f', cfg, '-db'], 'haproxy');
+  await waitListening(port, 'haproxy', f.state);
+  return { url: `http://127.0.0.1:${port}`, pid: f.proc.pid! };
+}
+
+// --- load ---
+
+interface Target {
+  path: Path;
+  url: string;
+  body: string;
+  /** A token's mark in the body, and the body's last mark (the stream's end). */
+  tokenMark: string;
+  endMark: string;
+  pid?: number | undefined;
+}
+
+interface Sample {
+  ttft: number;
+  tokens: number;
+}
+
+/** Counts token marks in a streamed body without building lines (the client shares the cores). */
+async function one(agent: Agent, t: Target): Promise<Sample> {
+  const started = performance.now();
+  const res = await request(t.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: t.body, dispatcher: agent });
+  if (res.statusCode !== 200) throw new Error(`${t.path}: HTTP ${res.statusCode}: ${(await res.body.text()).slice(0, 200)}`);
+  let tokens = 0;
+  let ttft = -1;
+  let carry = '';
+  let ended = false;
+  for await (const chunk of res.body as AsyncIterable<Buffer>) {
+    const text = carry + chunk.toString('latin1');
+    for (let i = text.indexOf(t.tokenMark); i >= 0; i = text.indexOf(t.tokenMark, i + 1)) {
+      if (tokens++ === 0) ttft = performance.now() - started;
+    }
+    if (text.includes(t.endMark)) ended = true;
+    const keep = Math.max(t.tokenMark.length, t.endMark.length) - 1;
+    carry = text.slice(-keep);
+    // A mark wholly inside the carry was counted already: drop it from the next scan.
+    if (carry.includes(t.tokenMark)) carry = carry.slice(carry.lastIndexOf(t.tokenMark) + 1);
+  }
+  if (!ended) throw new Error(`${t.path}: stream ended without its end mark`);
+  if (tokens !== opts.maxTokens) throw new Error(`${t.path}: ${tokens} tokens, expected ${opts.maxTokens}`);
+  return { ttft, tokens };
+}
+
+interface Point {
+  path: Path;
+  concurrency: number;
+  tokens: number;
+  elapsedMs: number;
+  ttft: number[];
+  errors: number;
+  firstError?: string;
+  userUs: number | undefined;
+  sysUs: number | undefined;
+  otherPct: number;
+}
+
+async function phase(agent: Agent, t: Target, c: number, ms: number, measure: boolean): Promise<Point> {
+  const ttft: number[] = [];
+  let tokens = 0;
+  let errors = 0;
+  let firstError: string | undefined;
+  const cpu0 = t.pid ? cpuOf(t.pid) : undefined;
+  const m0 = machineBusy();
+  const self0 = process.cpuUsage();
+  const t0 = performance.now();
+  const deadline = t0 + ms;
+  await Promise.all(
+    Array.from({ length: c }, async () => {
+      while (performance.now() < deadline) {
+        try {
+          const s = await one(agent, t);
+          if (measure) ttft.push(s.ttft);
+          tokens += s.tokens;
+        } catch (err) {
+          errors++;
+          firstError ??= (err as Error).message;
+          if (errors > 50) throw new Error(`too many errors on ${t.path}: ${firstError}`);
+        }
+      }
+    }),
+  );
+  const elapsedMs = performance.now() - t0;
+  const cpu1 = t.pid ? cpuOf(t.pid) : undefined;
+  const m1 = machineBusy();
+  const self = process.cpuUsage(self0);
+  const machineUs = ((m1.busy - m0.busy) * 1e6) / clk;
+  const proxyUs = cpu0 && cpu1 ? cpu1.user - cpu0.user + cpu1.sys - cpu0.sys : 0;
+  // What else ran: the machine's busy time less this client and the proxy (the worker is in it too).
+  const otherPct = Math.max(0, ((machineUs - self.user - self.system - proxyUs) / (elapsedMs * 1000)) * 100);
+  return {
+    path: t.path,
+    concurrency: c,
+    tokens,
+    elapsedMs,
+    ttft,
+    errors,
+    ...(firstError ? { firstError } : {}),
+    userUs: cpu0 && cpu1 && tokens > 0 ? (cpu1.user - cpu0.user) / tokens : undefined,
+    sysUs: cpu0 && cpu1 && tokens > 0 ? (cpu1.sys - cpu0.sys) / tokens : undefined,
+    otherPct,
+  };
+}
+
+const pct = (xs: number[], p: number) => {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))] as number;
+};
+
+function mergePoints(ps: Point[]): Point {
+  const a = ps[0] as Point;
+  const tokens = ps.reduce((n, p) => n + p.tokens, 0);
+  const wavg = (k: 'userUs' | 'sysUs') => (ps.every((p) => p[k] !== undefined) ? ps.reduce((n, p) => n + (p[k] as number) * p.tokens, 0) / Math.max(1, tokens) : undefined);
+  return {
+    path: a.path,
+    concurrency: a.concurrency,
+    tokens,
+    elapsedMs: ps.reduce((n, p) => n + p.elapsedMs, 0),
+    ttft: ps.flatMap((p) => p.ttft),
+    errors: ps.reduce((n, p) => n + p.errors, 0),
+    userUs: wavg('userUs'),
+    sysUs: wavg('sysUs'),
+    otherPct: Math.max(...ps.map((p) => p.otherPct)),
+  };
+}
+
+async function main(): Promise<void> {
+  const missing: string[] = [];
+  if (opts.paths.includes('nginx') && !existsSync(NGINX)) missing.push(`nginx (${NGINX}; Debian package "nginx")`);
+  if (opts.paths.includes('haproxy') && !existsSync(HAPROXY)) missing.push(`haproxy (${HAPROXY}; Debian package "haproxy")`);
+  const paths = opts.paths.filter((p) => !(p === 'nginx' && !existsSync(NGINX)) && !(p === 'haproxy' && !existsSync(HAPROXY)));
+  if (missing.length > 0) console.log(`NOTE: not installed, skipped: ${missing.join('; ')}`);
+
+  const discovery = tempDiscoveryUrl();
+  const slots = Math.max(512, 2 * Math.max(...opts.concurrency));
+  const worker = await startWorker(['--model', MODEL, '--discovery', discovery, '--mocker-ttft-ms', '0', '--mocker-itl-ms', String(opts.itlMs), '--mocker-batch-slots', String(slots)]);
+  const workerPort = Number(new URL(worker.requestUrl).port);
+  const targets: Target[] = [];
+  let frontend: EbbProcess | undefined;
+  const genBody = JSON.stringify({ model: MODEL, prompt: 'user: tell me about tides', max_tokens: opts.maxTokens, stream: true });
+  const nd = { tokenMark: '{"text":', endMark: '"done":true' };
+  for (const p of paths) {
+    if (p === 'direct') targets.push({ path: p, url: `${worker.requestUrl}/generate`, body: genBody, ...nd });
+    if (p === 'nginx') {
+      const n = await startNginx(workerPort);
+      targets.push({ path: p, url: `${n.url}/generate`, body: genBody, ...nd, pid: n.pid });
+    }
+    if (p === 'haproxy') {
+      const h = await startHaproxy(workerPort);
+      targets.push({ path: p, url: `${h.url}/generate`, body: genBody, ...nd, pid: h.pid });
+    }
+    if (p === 'ebb') {
+      const fe = new EbbProcess(
+        spawn(process.execPath, [...opts.frontendNodeArgs, opts.ebbCli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000'], {
+          env: { ...process.env, EBB_LOG_LEVEL: 'info' },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        }),
+        'frontend',
+      );
+      frontend = fe;
+      const url = (await fe.waitForEvent('frontend_ready')).url as string;
+      await fe.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)) || (l.event === 'worker_added' && l.worker_id === worker.workerId), 'the worker in the routing view');
+      const body = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: opts.maxTokens, stream: true });
+      targets.push({ path: p, url: `${url}/v1/chat/completions`, body, tokenMark: '"delta":{"content":"', endMark: 'data: [DONE]', pid: fe.proc.pid });
+    }
+  }
+  const agent = new Agent({ connections: null, keepAliveTimeout: 30_000, pipelining: 1 });
+  for (const t of targets) await one(agent, t); // smoke: every path streams
+
+  console.log(
+    `peer proxies: 1 mocker worker (itl ${opts.itlMs} ms, ttft 0) on loopback; max_tokens ${opts.maxTokens}; ${opts.rounds} round(s) x ${opts.durationMs} ms per point and path (order rotates), ${opts.warmupMs} ms warm-up; ${cpus().length} cores shared by client, worker and proxy; node ${process.version}`,
+  );
+  const results: Array<{ concurrency: number; points: Point[] }> = [];
+  for (const c of opts.concurrency) {
+    const byPath = new Map<Path, Point[]>();
+    for (let r = 0; r < opts.rounds; r++) {
+      const order = targets.map((_, i) => targets[(i + r) % targets.length] as Target);
+      for (const t of order) {
+        await phase(agent, t, c, opts.warmupMs, false);
+        const p = await phase(agent, t, c, opts.durationMs, true);
+        byPath.set(t.path, [...(byPath.get(t.path) ?? []), p]);
+        console.log(`  c=${c} ${t.path} round ${r + 1}: ${Math.round((p.tokens / p.elapsedMs) * 1000)} tok/s, other ${p.otherPct.toFixed(0)}% cpu${p.errors ? `, ${p.errors} errors (${p.firstError})` : ''}`);
+      }
+    }
+    results.push({ concurrency: c, points: targets.map((t) => mergePoints(byPath.get(t.path) as Point[])) });
+  }
+  await agent.close();
+
+  const rows = results.flatMap(({ concurrency, points }) => {
+    const direct = points.find((p) => p.path === 'direct');
+    return points.map((p) => {
+      const tps = (p.tokens / p.elapsedMs) * 1000;
+      const dtps = direct ? (direct.tokens / direct.elapsedMs) * 1000 : NaN;
+      return {
+        concurrency,
+        path: p.path,
+        tok_per_s: Math.round(tps),
+        ratio: direct ? +(tps / dtps).toFixed(3) : null,
+        ttft_ms_p50: +pct(p.ttft, 50).toFixed(2),
+        ttft_ms_p99: +pct(p.ttft, 99).toFixed(2),
+        added_ttft_ms_p50: direct ? +(pct(p.ttft, 50) - pct(direct.ttft, 50)).toFixed(2) : null,
+        added_ttft_ms_p99: direct ? +(pct(p.ttft, 99) - pct(direct.ttft, 99)).toFixed(2) : null,
+        user_us_per_token: p.userUs === undefined ? null : +p.userUs.toFixed(2),
+        sys_us_per_token: p.sysUs === undefined ? null : +p.sysUs.toFixed(2),
+        errors: p.errors,
+        other_cpu_pct: Math.round(p.otherPct),
+      };
+    });
+  });
+  const head = ['conc', 'path', 'tok/s', 'ratio', 'ttft p50', 'ttft p99', '+ttft p50', '+ttft p99', 'user µs/tok', 'sys µs/tok', 'errors', 'other cpu%'];
+  const fmt = (v: unknown) => (v === null || v === undefined ? '-' : String(v));
+  const table = [head, ...rows.map((r) => [r.concurrency, r.path, r.tok_per_s, r.ratio, r.ttft_ms_p50, r.ttft_ms_p99, r.added_ttft_ms_p50, r.added_ttft_ms_p99, r.user_us_per_token, r.sys_us_per_token, r.errors, r.other_cpu_pct].map(fmt))];
+  const widths = head.map((_, i) => Math.max(...table.map((r) => (r[i] as string).length)));
+  console.log('\nratio = tok/s ÷ direct in the same rounds; +ttft = path − direct (ms); µs/tok = the proxy process\'s CPU per relayed token (ebb: the frontend)');
+  for (const r of table) console.log(r.map((v, i) => (v as string).padEnd(widths[i] as number)).join('  '));
+  const maxOther = Math.max(...rows.map((r) => r.other_cpu_pct));
+  if (maxOther >= 15) console.log(`WARNING: other processes used up to ${maxOther}% CPU during measurement (the worker's own share is in it too).`);
+  console.log(JSON.stringify({ bench: 'peer-proxies', cores: cpus().length, node: process.version, max_tokens: opts.maxTokens, itl_ms: opts.itlMs, rounds: opts.rounds, duration_ms: opts.durationMs, ebb_cli: opts.ebbCli, skipped: missing, rows }));
+  await frontend?.terminate(); // a graceful stop, so --cpu-prof writes its profile
+  await worker.stop();
+  process.exit(rows.some((r) => r.errors > 0) ? 1 : 0);
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});

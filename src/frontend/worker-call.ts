@@ -1,0 +1,227 @@
+import type { Dispatcher } from 'undici';
+import type { StreamLine } from '../protocol/request-plane.js';
+
+/** The relay's side of a worker's NDJSON body: one batch of lines per network read. */
+export interface LineBatches {
+  next(): Promise<IteratorResult<StreamLine[], void>>;
+}
+
+const NEWLINE = 0x0a;
+/** Batches read ahead of a relay that waits on its client; past this the worker's socket is paused. */
+const MAX_QUEUED_BATCHES = 16;
+/** Most a refusal's or an error's JSON body is read to (they are a few hundred bytes). */
+const MAX_ERROR_BODY = 64 * 1024;
+
+const isFinal = (l: StreamLine) => 'done' in l || 'error' in l || 'handoff' in l;
+
+/** Closed by the frontend on purpose (a release before the final line). */
+export class CallReleased extends Error {
+  constructor() {
+    super('released by the frontend');
+  }
+}
+
+/**
+ * One POST to a worker, read through undici's dispatcher handler API: no Readable, no string
+ * decoder, no async iterator and no promise per chunk. Each network read is split on newline bytes
+ * and its complete lines parsed into one batch, handed to whoever waits in next() or queued (up to
+ * MAX_QUEUED_BATCHES, then the socket is paused until the relay catches up). A body that ended on
+ * its own is never aborted, so the success path builds no error and the socket stays pooled.
+ */
+export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
+  statusCode = 0;
+  /** The terminal line (done, error, handoff) has been read. */
+  final = false;
+  /** Called per network read: re-arms the idle watch. */
+  activity: (() => void) | undefined;
+  /** Settles when the response body is done with: true when it ended normally, false when cut. */
+  readonly closed: Promise<boolean>;
+  /** Resolves with the status once the response head arrived; rejects when the call failed before it. */
+  readonly head: Promise<number>;
+
+  private abortFn: ((err: Error) => void) | undefined;
+  private resumeFn: (() => void) | undefined;
+  private paused = false;
+  private partial: Buffer | undefined;
+  private readonly queue: StreamLine[][] = [];
+  private waiter: { resolve: (r: IteratorResult<StreamLine[], void>) => void; reject: (err: unknown) => void } | undefined;
+  private ended = false;
+  private failure: unknown;
+  private errorBody: Buffer[] | undefined;
+  private errorBodySize = 0;
+  private settleClosed!: (ended: boolean) => void;
+  private headResolve!: (status: number) => void;
+  private headReject!: (err: unknown) => void;
+  private readonly onAbort: (() => void) | undefined;
+
+  constructor(private readonly signal?: AbortSignal) {
+    this.closed = new Promise((resolve) => (this.settleClosed = resolve));
+    this.head = new Promise((resolve, reject) => {
+      this.headResolve = resolve;
+      this.headReject = reject;
+    });
+    this.head.catch(() => undefined);
+    if (signal) {
+      this.onAbort = () => this.abort(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+      signal.addEventListener('abort', this.onAbort, { once: true });
+    }
+  }
+
+  /** Starts the call on `dispatcher`. */
+  static start(dispatcher: Dispatcher, opts: Dispatcher.DispatchOptions, signal?: AbortSignal): WorkerCall {
+    const call = new WorkerCall(signal);
+    if (signal?.aborted) call.onError(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+    else dispatcher.dispatch(opts, call);
+    return call;
+  }
+
+  /** Cuts the call (a no-op once it ended): what frees the worker's slot when the relay lets go early. */
+  abort(err: Error = new CallReleased()): void {
+    if (this.ended || this.failure !== undefined) return;
+    if (this.abortFn) this.abortFn(err);
+    else this.pendingAbort = err;
+  }
+
+  private pendingAbort: Error | undefined;
+
+  // --- Dispatcher.DispatchHandler (undici's handler API, called by the connection) ---
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.abortFn = abort;
+    if (this.pendingAbort) abort(this.pendingAbort);
+  }
+
+  onHeaders(statusCode: number, _headers: Buffer[] | string[] | null, resume: () => void): boolean {
+    this.statusCode = statusCode;
+    this.resumeFn = resume;
+    if (statusCode !== 200) this.errorBody = [];
+    this.headResolve(statusCode);
+    return true;
+  }
+
+  onData(chunk: Buffer): boolean {
+    if (this.errorBody) {
+      if (this.errorBodySize < MAX_ERROR_BODY) {
+        this.errorBody.push(chunk);
+        this.errorBodySize += chunk.length;
+      }
+      return true;
+    }
+    this.activity?.();
+    if (this.final) return true; // after the terminal line: nothing the relay wants; let the body end
+    let buf = chunk;
+    let last = buf.lastIndexOf(NEWLINE);
+    if (last < 0) {
+      this.partial = this.partial ? Buffer.concat([this.partial, buf]) : buf;
+      return true;
+    }
+    if (this.partial) {
+      last += this.partial.length;
+      buf = Buffer.concat([this.partial, buf]);
+      this.partial = undefined;
+    }
+    const batch: StreamLine[] = [];
+    let start = 0;
+    while (start <= last) {
+      const end = buf.indexOf(NEWLINE, start);
+      if (end > start) {
+        let line: StreamLine;
+        try {
+          line = JSON.parse(buf.toString('utf8', start, end)) as StreamLine;
+        } catch (err) {
+          this.fail(err);
+          return false;
+        }
+        batch.push(line);
+        if (isFinal(line)) {
+          this.final = true;
+          break;
+        }
+      }
+      start = end + 1;
+    }
+    if (!this.final && last + 1 < buf.length) this.partial = buf.subarray(last + 1);
+    if (batch.length > 0) this.push(batch);
+    if (this.queue.length >= MAX_QUEUED_BATCHES) {
+      this.paused = true;
+      return false;
+    }
+    return true;
+  }
+
+  onComplete(): void {
+    this.ended = true;
+    this.detach();
+    if (this.errorBody === undefined && !this.final && this.partial && this.partial.toString('utf8').trim().length > 0) {
+      try {
+        const line = JSON.parse(this.partial.toString('utf8')) as StreamLine;
+        if (isFinal(line)) this.final = true;
+        this.push([line]);
+      } catch (err) {
+        this.failure = err;
+      }
+    }
+    this.partial = undefined;
+    this.settleClosed(true);
+    this.wake();
+  }
+
+  onError(err: Error): void {
+    this.detach();
+    this.failure ??= err;
+    this.headReject(err);
+    this.settleClosed(false);
+    this.wake();
+  }
+
+  // --- what the upstream reads ---
+
+  /** The JSON body of a non-200 answer ({} when it is not JSON). */
+  async json(): Promise<unknown> {
+    await this.closed;
+    try {
+      return JSON.parse(Buffer.concat(this.errorBody ?? []).toString('utf8'));
+    } catch {
+      return {};
+    }
+  }
+
+  next(): Promise<IteratorResult<StreamLine[], void>> {
+    const batch = this.queue.shift();
+    if (batch) {
+      if (this.paused && this.queue.length < MAX_QUEUED_BATCHES / 2) {
+        this.paused = false;
+        this.resumeFn?.();
+      }
+      return Promise.resolve({ value: batch, done: false });
+    }
+    if (this.failure !== undefined) return Promise.reject(this.failure);
+    if (this.ended) return Promise.resolve({ value: undefined, done: true });
+    return new Promise((resolve, reject) => (this.waiter = { resolve, reject }));
+  }
+
+  private push(batch: StreamLine[]): void {
+    const w = this.waiter;
+    if (w) {
+      this.waiter = undefined;
+      w.resolve({ value: batch, done: false });
+    } else this.queue.push(batch);
+  }
+
+  private fail(err: unknown): void {
+    this.failure = err;
+    this.abortFn?.(err as Error);
+  }
+
+  private wake(): void {
+    const w = this.waiter;
+    if (!w || this.queue.length > 0) return;
+    this.waiter = undefined;
+    if (this.failure !== undefined) w.reject(this.failure);
+    else w.resolve({ value: undefined, done: true });
+  }
+
+  private detach(): void {
+    if (this.onAbort) this.signal?.removeEventListener('abort', this.onAbort);
+  }
+}
