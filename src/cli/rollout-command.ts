@@ -6,8 +6,6 @@ import { POLL_INTERVAL_MS, servingOf, waitForDrained } from './drain-wait.js';
 import { describeWaiting, formatDuration } from './progress-line.js';
 import { durationOption, intOption } from './options.js';
 import { destination, pino } from 'pino';
-import { createPodApi, defaultNamespace, loadKubeConfig } from '../k8s/client.js';
-import { k8sRollout } from '../k8s/rollout.js';
 
 interface RolloutFlags extends SourceFlags {
   model?: string;
@@ -64,6 +62,10 @@ async function waitForServing(client: AdminClient, model: string, want: number, 
 
 /** `--k8s-selector`: the rollout is the pods' own (see k8s/rollout.ts). */
 async function rolloutPods(selector: string, flags: RolloutFlags): Promise<void> {
+  // Loaded only here: @kubernetes/client-node is many modules, and every other ebb process (and
+  // one started under a low fd limit) should not pay for it.
+  const { createPodApi, defaultNamespace, loadKubeConfig } = await import('../k8s/client.js');
+  const { k8sRollout } = await import('../k8s/rollout.js');
   let kc;
   try {
     kc = loadKubeConfig(flags.kubeconfig);

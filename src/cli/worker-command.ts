@@ -15,7 +15,7 @@ import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.j
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
 import { discoveryDefault, intOption } from './options.js';
-import { attachSelfPod, resolveSelfPod, type SelfPodSetup } from '../k8s/self-pod-setup.js';
+import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 
 interface WorkerFlags {
   engine: string;
@@ -94,7 +94,9 @@ export function workerCommand(): Command {
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
       // Before the engine loads: a pod annotated for drain starts the worker drained, not registered.
-      const selfPod: SelfPodSetup | undefined = flags.k8sSelfPod === undefined ? undefined : await resolveSelfPod(flags.k8sSelfPod, flags.kubeconfig);
+      // Loaded only with the flag: @kubernetes/client-node is many modules that other workers need not open.
+      const k8s = flags.k8sSelfPod === undefined ? undefined : await import('../k8s/self-pod-setup.js');
+      const selfPod: SelfPodSetup | undefined = k8s === undefined || flags.k8sSelfPod === undefined ? undefined : await k8s.resolveSelfPod(flags.k8sSelfPod, flags.kubeconfig);
       let exiting = false;
       const exit = (code: number) => {
         exiting = true;
@@ -167,9 +169,9 @@ export function workerCommand(): Command {
       }
       const { record } = worker;
       log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
-      if (selfPod) {
+      if (selfPod && k8s) {
         try {
-          await attachSelfPod(selfPod, worker.lifecycle, log);
+          await k8s.attachSelfPod(selfPod, worker.lifecycle, log);
         } catch (err) {
           // Without its pod's watch the worker would miss a drain asked of it: it goes, drained.
           log.fatal({ event: 'k8s_self_pod_failed', err: (err as Error).message }, `--k8s-self-pod: cannot watch own pod: ${(err as Error).message}`);
