@@ -198,7 +198,16 @@ export function workerCommand(): Command {
       }
       const { record } = worker;
       log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
-      if (selfPod && k8s) await k8s.attachSelfPod(selfPod, worker.lifecycle, log);
+      if (selfPod && k8s) {
+        try {
+          await k8s.attachSelfPod(selfPod, worker.lifecycle, log);
+        } catch (err) {
+          // Without its pod's watch the worker would miss a drain asked of it: it goes, drained.
+          log.fatal({ event: 'k8s_self_pod_failed', err: (err as Error).message }, `--k8s-self-pod: cannot watch own pod: ${(err as Error).message}`);
+          shutdown(worker, 'SIGTERM');
+          return;
+        }
+      }
       // A signal that came while startWorker was finishing (after the load) is honoured now.
       if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
     });
