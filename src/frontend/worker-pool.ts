@@ -1,4 +1,4 @@
-import { missingCapability, type Capability } from '../protocol/capabilities.js';
+import { CAPABILITIES, missingCapability, type Capability } from '../protocol/capabilities.js';
 import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
 import { LeastLoaded, type Ranked } from './least-loaded.js';
 
@@ -30,7 +30,7 @@ export interface PoolWorker {
   readonly hold?: { kind: Hold; until: number } | undefined;
 }
 
-const YES_NO: readonly Capability[] = ['json_object', 'json_schema', 'logprobs', 'tools', 'continuation'];
+const YES_NO: readonly Capability[] = CAPABILITIES; // every one counted per model, so declares() is O(1)
 
 /** A worker as the pool keeps it: its in-flight count re-ranks it in its (model, mode) index on every change. */
 class Member implements PoolWorker, Ranked {

@@ -20,8 +20,9 @@ export interface EngineCapabilities {
   prompt_token_ids: boolean;
 }
 
-/** The yes/no capabilities a request can need. */
-export type Capability = 'json_object' | 'json_schema' | 'logprobs' | 'tools' | 'continuation' | 'prompt_token_ids';
+/** The yes/no capabilities, in one list: routing indexes and record checks iterate it. */
+export const CAPABILITIES = ['json_object', 'json_schema', 'logprobs', 'tools', 'continuation', 'prompt_token_ids'] as const;
+export type Capability = (typeof CAPABILITIES)[number];
 
 const NONE: readonly Capability[] = [];
 
@@ -48,9 +49,9 @@ export function isCapabilities(v: unknown): v is EngineCapabilities {
   if (typeof v !== 'object' || v === null) return false;
   const c = v as Record<string, unknown>;
   return (
-    (['json_object', 'json_schema', 'logprobs', 'tools', 'continuation'] as const).every((k) => typeof c[k] === 'boolean') &&
-    // Added later: a record without it declares it false (missingCapability reads absent as no).
-    (c.prompt_token_ids === undefined || typeof c.prompt_token_ids === 'boolean') &&
+    // A capability added after a worker was built is absent from its record: it declares it false
+    // (missingCapability reads absent as no).
+    CAPABILITIES.every((k) => c[k] === undefined || typeof c[k] === 'boolean') &&
     (c.max_context === null || (typeof c.max_context === 'number' && Number.isInteger(c.max_context) && c.max_context > 0))
   );
 }
