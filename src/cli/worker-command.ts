@@ -45,6 +45,7 @@ interface WorkerFlags extends LlamaCppFlags {
   mockerLoadMs: number;
   mockerFailOnPrompt: string;
   registerTimeoutMs: number;
+  drainIntentTtlMs: number;
   mockerMaxContext: number;
   kvTransferTtlMs: number;
   engineUrl?: string;
@@ -74,6 +75,7 @@ export function workerCommand(): Command {
     .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
     .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx)')
     .option('--register-timeout-ms <n>', 'at start, how long to keep retrying discovery registration before giving up', msOption(0), 30_000)
+    .option('--drain-intent-ttl-ms <n>', 'etcd discovery: how long a drain outlives this process (a restart with the same --worker-id comes back drained; resume clears it)', msOption(1000), 24 * 3600_000)
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))
     .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', msOption(0), 1000)
     .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', msOption(0), 30_000)
@@ -174,6 +176,7 @@ export function workerCommand(): Command {
             discoveryUrl: flags.discovery,
             leaseTtlMs: flags.leaseTtlMs,
             registerTimeoutMs: flags.registerTimeoutMs,
+            drainIntentTtlMs: flags.drainIntentTtlMs,
             shutdown: {
               graceMs: flags.shutdownGraceMs,
               drainTimeoutMs: flags.drainTimeoutMs,

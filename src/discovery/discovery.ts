@@ -1,4 +1,5 @@
 import { isCapabilities, type EngineCapabilities } from '../protocol/capabilities.js';
+import type { DrainIntentStore } from './drain-intent.js';
 
 /**
  * The registry the frontend routes from. Workers register one record each; the frontend lists then
@@ -47,6 +48,8 @@ export interface Discovery {
   watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch>;
   /** Fires when a registration this process holds was lost (lease expired) and must be redone. */
   onRegistrationLost(listener: (workerId: string) => void): () => void;
+  /** Drain intents that survive a restart of the worker (etcd); absent for one-machine backends. */
+  readonly drainIntents?: DrainIntentStore | undefined;
   close(): Promise<void>;
 }
 

@@ -1,4 +1,5 @@
 import { Etcd3, EtcdLeaseInvalidError, type Lease } from 'etcd3';
+import { EtcdDrainIntents } from './drain-intent.js';
 import type { Discovery, DiscoveryOptions, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
 import { HostBreaker, watchBackoff, type HostPolicy } from './etcd-breaker.js';
 import { ETCD_PREFIX, etcdKey, parseEtcdUrl, parseRecord, workerIdFromKey } from './etcd-keys.js';
@@ -53,11 +54,15 @@ export class EtcdDiscovery implements Discovery {
   private ownWatch: PrefixWatch | undefined;
   private closed = false;
 
+  readonly drainIntents: EtcdDrainIntents;
+
   private constructor(
     readonly url: string,
     private readonly client: Etcd3,
     private readonly leaseTtlS: number,
-  ) {}
+  ) {
+    this.drainIntents = new EtcdDrainIntents(client);
+  }
 
   /** Builds the client without contacting etcd: an unreachable etcd surfaces on first use. */
   static async connect(url: string, opts: DiscoveryOptions = {}): Promise<EtcdDiscovery> {

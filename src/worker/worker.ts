@@ -17,6 +17,7 @@ import { runShutdown, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
 import { WorkerPhase } from './phase.js';
 import { DEFAULT_REGISTER_TIMEOUT_MS, registerFirst } from './first-registration.js';
+import { DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent, readDrainIntent } from './drain-intent-sync.js';
 
 /** How long a worker whose engine died tries to leave discovery (its lease expires anyway). */
 const UNREGISTER_ON_FAILURE_MS = 5000;
@@ -35,6 +36,8 @@ export interface WorkerOptions {
   leaseTtlMs?: number | undefined;
   /** How long the first registration is retried before the worker gives up (default 30 s). */
   registerTimeoutMs?: number | undefined;
+  /** With etcd discovery: how long an operator's drain outlives the process (default 24 h). */
+  drainIntentTtlMs?: number | undefined;
   shutdown: Omit<ShutdownOptions, 'watchdogMarginMs'> & { watchdogMarginMs?: number };
   engine: EngineSpec;
   guardAdmin?: (authorization: string | undefined) => void;
@@ -130,9 +133,17 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     if (id === workerId) void lifecycle.registrationLost();
   });
   phase.running({ lifecycle, engine, metrics });
-  if (opts.startDrained) {
-    log.info({ event: 'start_drained', reason: opts.startDrained.reason }, `starting drained (not registered): ${opts.startDrained.reason}`);
-    await lifecycle.drain(opts.startDrained.reason, { deadlineMs: opts.startDrained.deadlineMs });
+  let startDrained = opts.startDrained;
+  const intents = discovery.drainIntents;
+  if (intents !== undefined) {
+    // An operator's drain outlives this process: a restart under it comes back drained.
+    const intent = startDrained ? undefined : await readDrainIntent(intents, workerId, opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, log, loading);
+    if (intent) startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
+    followDrainIntent(lifecycle, intents, workerId, opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS, log);
+  }
+  if (startDrained) {
+    log.info({ event: 'start_drained', reason: startDrained.reason }, `starting drained (not registered): ${startDrained.reason}`);
+    await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs });
   } else await registerFirst(lifecycle, opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading);
 
   const cleanup = async (signal: AbortSignal) => {

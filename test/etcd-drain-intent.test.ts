@@ -1,0 +1,81 @@
+/**
+ * An operator's drain outlives the worker process on etcd: a worker restarted with the same id
+ * comes back drained (not registered) until it is resumed. Real processes, a real etcd.
+ */
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Etcd3 } from 'etcd3';
+import { INTENT_PREFIX } from '../src/discovery/drain-intent.js';
+import { ETCD_PREFIX } from '../src/discovery/etcd.js';
+import { etcdSkipReason, startEtcd, type EtcdServer } from './helpers/etcd.js';
+import { call } from './helpers/http.js';
+import { spawnEbb, startWorker, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+
+describe('etcd: a drain intent survives a restart', { skip: etcdSkipReason() }, () => {
+  let etcd: EtcdServer;
+  let raw: Etcd3;
+  const started: EbbProcess[] = [];
+  const args = (id: string) => ['--discovery', etcd.url, '--model', 'm1', '--worker-id', id, '--lease-ttl-ms', '2000'];
+  const worker = async (id: string): Promise<WorkerHandle> => {
+    const w = await startWorker(args(id));
+    started.push(w);
+    return w;
+  };
+  const registered = async () => Object.keys(await raw.getAll().prefix(ETCD_PREFIX).strings()).map((k) => decodeURIComponent(k.slice(k.lastIndexOf('/') + 1)));
+  const intent = async (id: string) => raw.get(`${INTENT_PREFIX}${encodeURIComponent(id)}`).string();
+  before(async () => {
+    etcd = await startEtcd();
+    raw = new Etcd3({ hosts: [etcd.endpoint] });
+  });
+  after(async () => {
+    await Promise.all(started.map((p) => p.stop()));
+    raw?.close();
+    await etcd?.stop();
+  });
+
+  it('drain, SIGKILL, restart: drained and not registered; resume clears the intent, and the next restart serves', async () => {
+    const first = await worker('w-intent');
+    const mark = first.mark();
+    assert.equal((await call('POST', `${first.systemUrl}/engine/drain`, { reason: 'disk swap' })).body.state, 'drained');
+    await first.waitForEvent('state_changed', (l) => l.to === 'drained', { after: mark });
+    // The intent is written as the drain begins; wait for etcd to hold it rather than assume.
+    const watcher = await raw.watch().key(`${INTENT_PREFIX}w-intent`).create();
+    if ((await intent('w-intent')) === null) await new Promise((resolve) => watcher.once('put', resolve));
+    await watcher.cancel();
+    assert.match((await intent('w-intent')) ?? '', /disk swap/);
+    first.signal('SIGKILL');
+    await first.exitCode();
+
+    const second = spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args('w-intent')], 'worker');
+    started.push(second);
+    const drained = await second.waitForEvent('start_drained');
+    assert.match(String(drained.reason), /drain intent .*disk swap/);
+    const ready = await second.waitForEvent('worker_ready');
+    const status = (await call('GET', `${ready.system_url as string}/engine/status`)).body;
+    assert.equal(status.state, 'drained');
+    assert.equal(status.discovery_registered, false);
+    assert.deepEqual(await registered(), [], 'a restarted worker under a drain intent is not in discovery');
+
+    assert.equal((await call('POST', `${ready.system_url as string}/engine/resume`)).body.state, 'serving');
+    assert.deepEqual(await registered(), ['w-intent']);
+    const gone = await raw.watch().key(`${INTENT_PREFIX}w-intent`).create();
+    if ((await intent('w-intent')) !== null) await new Promise((resolve) => gone.once('delete', resolve));
+    await gone.cancel();
+    assert.equal(await intent('w-intent'), null, 'resume removed the intent');
+    second.signal('SIGKILL');
+    await second.exitCode();
+
+    const third = await worker('w-intent');
+    assert.equal((await call('GET', `${third.systemUrl}/engine/status`)).body.state, 'serving');
+    assert.equal(third.indexOfEvent('start_drained'), -1);
+  });
+
+  it('a SIGTERM shutdown leaves no intent: the replacement serves', async () => {
+    const w = await worker('w-term');
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 0);
+    assert.equal(await intent('w-term'), null);
+    const again = await worker('w-term');
+    assert.equal((await call('GET', `${again.systemUrl}/engine/status`)).body.state, 'serving');
+  });
+});
