@@ -86,6 +86,10 @@ describe('worker --k8s-self-pod', () => {
     assert.equal(s2.state, 'serving');
     assert.equal(s2.discovery_registered, true);
     assert.deepEqual(stateWrites(kube, 'worker-a'), ['serving', 'draining', 'drained', 'serving']);
+    // The audit trail names the annotation as who asked.
+    const trail = (await call('GET', `${w.systemUrl}/engine/events`)).body.events as Array<{ what: string; actor: string }>;
+    assert.match(trail.find((e) => e.what === 'drain')?.actor ?? '', /^annotation ebb\.dev\/drain on pod ebb\/worker-a$/);
+    assert.match(trail.find((e) => e.what === 'resume')?.actor ?? '', /^annotation ebb\.dev\/drain removed from pod ebb\/worker-a$/);
   });
 
   it('a worker restarted under the annotation comes up drained, not registered, and keeps the saved cost', async () => {

@@ -95,10 +95,10 @@ export class SelfPodController {
     if (this.lifecycle.isShuttingDown) return;
     if (next !== null) {
       this.log.info({ event: 'k8s_drain_annotation', pod: this.where, reason: next.reason, deadline_ms: next.deadlineMs ?? null }, `pod ${this.where} annotated for drain`);
-      this.lifecycle.drain(next.reason, { deadlineMs: next.deadlineMs }).catch((err: Error) => this.log.warn({ event: 'k8s_drain_failed', err: err.message }, `drain from the annotation failed: ${err.message}`));
+      this.lifecycle.drain(next.reason, { deadlineMs: next.deadlineMs, actor: `annotation ebb.dev/drain on pod ${this.where}` }).catch((err: Error) => this.log.warn({ event: 'k8s_drain_failed', err: err.message }, `drain from the annotation failed: ${err.message}`));
     } else if (before !== null) {
       this.log.info({ event: 'k8s_drain_annotation_removed', pod: this.where }, `drain annotation removed from pod ${this.where}: resuming`);
-      this.lifecycle.resume().catch((err: Error) => this.log.warn({ event: 'k8s_resume_failed', err: err.message }, `resume after the annotation was removed failed: ${err.message}`));
+      this.lifecycle.resume({ actor: `annotation ebb.dev/drain removed from pod ${this.where}` }).catch((err: Error) => this.log.warn({ event: 'k8s_resume_failed', err: err.message }, `resume after the annotation was removed failed: ${err.message}`));
     }
   }
 
