@@ -1,29 +1,9 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import type { DrainIntent, DrainIntentStore } from '../discovery/drain-intent.js';
+import type { DrainIntentStore } from '../discovery/drain-intent.js';
 import type { Lifecycle, Transition } from '../lifecycle/lifecycle.js';
 
 /** How long an operator's drain outlives the worker process by default (--drain-intent-ttl-ms). */
 export const DEFAULT_DRAIN_INTENT_TTL_MS = 24 * 3600_000;
-
-/**
- * The intent left by an earlier process of this worker id, read before the worker registers. An
- * unreadable store is retried like the first registration (the worker cannot register then either);
- * past the bound the start fails rather than serve against an operator's drain.
- */
-export async function readDrainIntent(store: DrainIntentStore, workerId: string, timeoutMs: number, log: Logger, signal: AbortSignal): Promise<DrainIntent | undefined> {
-  const started = Date.now();
-  for (let backoff = 100; ; backoff = Math.min(backoff * 2, 2000)) {
-    try {
-      return await store.get(workerId);
-    } catch (err) {
-      const left = timeoutMs - (Date.now() - started);
-      if (left <= 0 || signal.aborted) throw new Error(`could not read this worker's drain intent within ${Math.round(timeoutMs / 1000)} s: ${(err as Error).message}`);
-      log.warn({ event: 'drain_intent_retry', err: (err as Error).message }, `reading the drain intent failed (${(err as Error).message}); retrying`);
-      await sleep(Math.min(backoff, left), undefined, { signal }).catch(() => undefined);
-    }
-  }
-}
 
 /**
  * Keeps the store in step with the operator: a drain (Admin API, CLI, dashboard) writes the intent,

@@ -1,6 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
-import type { Lifecycle } from '../lifecycle/lifecycle.js';
 
 /** How long a starting worker keeps trying to register before it gives up (--register-timeout-ms). */
 export const DEFAULT_REGISTER_TIMEOUT_MS = 30_000;
@@ -10,11 +9,11 @@ export const DEFAULT_REGISTER_TIMEOUT_MS = 30_000;
  * restarting, a pod scheduled before its etcd) must not make the worker exit at once. Past
  * `timeoutMs` it fails with the real cause; `signal` (SIGTERM) stops the retries.
  */
-export async function registerFirst(lifecycle: Lifecycle, timeoutMs: number, discoveryUrl: string, log: Logger, signal: AbortSignal): Promise<void> {
+export async function registerFirst(timeoutMs: number, discoveryUrl: string, log: Logger, signal: AbortSignal, start: () => Promise<void>): Promise<void> {
   const started = Date.now();
   for (let backoff = 100, attempt = 1; ; backoff = Math.min(backoff * 2, 2000), attempt++) {
     try {
-      await lifecycle.start();
+      await start();
       return;
     } catch (err) {
       const cause = (err as Error).message;

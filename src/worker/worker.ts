@@ -17,7 +17,7 @@ import { runShutdown, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
 import { WorkerPhase } from './phase.js';
 import { DEFAULT_REGISTER_TIMEOUT_MS, registerFirst } from './first-registration.js';
-import { DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent, readDrainIntent } from './drain-intent-sync.js';
+import { DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from './drain-intent-sync.js';
 
 /** How long a worker whose engine died tries to leave discovery (its lease expires anyway). */
 const UNREGISTER_ON_FAILURE_MS = 5000;
@@ -133,18 +133,20 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     if (id === workerId) void lifecycle.registrationLost();
   });
   phase.running({ lifecycle, engine, metrics });
-  let startDrained = opts.startDrained;
   const intents = discovery.drainIntents;
-  if (intents !== undefined) {
-    // An operator's drain outlives this process: a restart under it comes back drained.
-    const intent = startDrained ? undefined : await readDrainIntent(intents, workerId, opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, log, loading);
-    if (intent) startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
-    followDrainIntent(lifecycle, intents, workerId, opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS, log);
-  }
-  if (startDrained) {
+  // One start attempt, retried while discovery is unreachable: an operator's drain outlives the
+  // process (a Pod annotation, or an intent kept in etcd), so a restart under one comes back drained.
+  await registerFirst(opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading, async () => {
+    let startDrained = opts.startDrained;
+    if (startDrained === undefined && intents !== undefined) {
+      const intent = await intents.get(workerId);
+      if (intent) startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
+    }
+    if (startDrained === undefined) return lifecycle.start();
     log.info({ event: 'start_drained', reason: startDrained.reason }, `starting drained (not registered): ${startDrained.reason}`);
     await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs });
-  } else await registerFirst(lifecycle, opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading);
+  });
+  if (intents !== undefined) followDrainIntent(lifecycle, intents, workerId, opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS, log);
 
   const cleanup = async (signal: AbortSignal) => {
     await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal)]);
