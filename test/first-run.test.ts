@@ -10,7 +10,8 @@ import { CLI, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbPr
 
 const started: EbbProcess[] = [];
 after(async () => {
-  await Promise.all(started.map((p) => p.stop()));
+  // SIGTERM first: `ebb up` stops the components it started (its children are in their own process groups).
+  await Promise.all(started.map((p) => p.terminate()));
 });
 
 const ebbSync = (args: string[]) => spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 30_000 });

@@ -105,5 +105,7 @@ export function frontendCommand(): Command {
       process.on('SIGTERM', stop);
       process.on('SIGINT', stop);
       process.once('disconnect', () => stop('SIGTERM')); // started by `ebb up`, which went away
+      // It may have gone before this listener existed ('disconnect' fires once): then stop now.
+      if (process.send !== undefined && !process.connected) stop('SIGTERM');
     });
 }

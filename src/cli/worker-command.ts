@@ -160,6 +160,8 @@ export function workerCommand(): Command {
       process.on('SIGINT', onSignal);
       // Started by `ebb up`: if it goes away, drain as on SIGTERM rather than linger or die abruptly.
       process.once('disconnect', () => onSignal('SIGTERM'));
+      // It may have gone before this listener existed ('disconnect' fires once): then drain now.
+      if (process.send !== undefined && !process.connected) onSignal('SIGTERM');
       try {
         worker = await startWorker(
           {
