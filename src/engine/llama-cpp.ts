@@ -133,7 +133,7 @@ export class LlamaCppEngine implements Engine {
     private readonly context: LlamaContext,
     private readonly opts: LlamaCppOptions,
   ) {
-    this.slots = new Slots(opts.parallel);
+    this.slots = new Slots(opts.parallel, () => this.notifyChange());
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
@@ -195,7 +195,7 @@ export class LlamaCppEngine implements Engine {
     if (req.max_tokens === 0) return result('length', 0);
     const grammar = await this.grammars.grammarFor(req.response_format);
 
-    await this.acquire(signal);
+    await this.slots.acquire(signal);
     let sequence: LlamaContextSequence | undefined;
     let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
     const abort = aborted(signal);
@@ -248,7 +248,6 @@ export class LlamaCppEngine implements Engine {
       await tokens?.return().catch(() => undefined);
       await sequence?.dispose().catch(() => undefined);
       this.slots.release();
-      this.notifyChange();
     }
   }
 
@@ -267,14 +266,6 @@ export class LlamaCppEngine implements Engine {
     return ids as Token[];
   }
 
-  private async acquire(signal: AbortSignal): Promise<void> {
-    try {
-      await this.slots.acquire(signal);
-    } catch (err) {
-      this.notifyChange(); // a request dropped while queued may have been the last work
-      throw err;
-    }
-  }
 
   private notifyChange(): void {
     this.events.emit('change');

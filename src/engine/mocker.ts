@@ -104,7 +104,7 @@ export class MockerEngine implements Engine {
 
   constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
     this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
-    this.slots = new Slots(opts.batchSlots);
+    this.slots = new Slots(opts.batchSlots, () => this.notifyChange());
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
       // Every transfer ending changes what a drain waits for, not only the last one.
@@ -122,24 +122,15 @@ export class MockerEngine implements Engine {
   async prefill(req: GenerateRequest, signal: AbortSignal): Promise<KvTransfer> {
     if (!this.kvTransfers) throw new Error(`a ${this.opts.mode} engine does not prefill for decode peers`);
     const promptTokens = countTokens(req.prompt);
-    await this.acquire(signal);
+    await this.slots.acquire(signal);
     try {
       await pause(ttftFor(this.opts.ttftMs, promptTokens), signal);
       return this.kvTransfers.create(promptTokens);
     } finally {
       this.slots.release();
-      this.notifyChange();
     }
   }
 
-  private async acquire(signal: AbortSignal): Promise<void> {
-    try {
-      await this.slots.acquire(signal);
-    } catch (err) {
-      this.notifyChange(); // a sequence dropped while queued may have been the last work
-      throw err;
-    }
-  }
 
   async *generate(req: GenerateRequest, callerSignal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
     if (this.opts.failOnPrompt !== '' && req.prompt.includes(this.opts.failOnPrompt) && !this.dead.signal.aborted) {
@@ -149,7 +140,7 @@ export class MockerEngine implements Engine {
     if (this.dead.signal.aborted) throw this.dead.signal.reason;
     const signal = AbortSignal.any([callerSignal, this.dead.signal]);
     const promptTokens = countTokens(req.prompt);
-    await this.acquire(signal);
+    await this.slots.acquire(signal);
     try {
       const random = prng(hashString(req.prompt, req.seed ?? 0));
       // A continuation replays the words already delivered (no delay), so a migrated stream goes on
@@ -175,7 +166,6 @@ export class MockerEngine implements Engine {
       return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: budget };
     } finally {
       this.slots.release();
-      this.notifyChange();
     }
   }
 

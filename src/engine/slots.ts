@@ -1,9 +1,16 @@
-/** FIFO counting semaphore for batch slots; a waiter whose signal aborts leaves the queue. */
+/**
+ * FIFO counting semaphore for batch slots; a waiter whose signal aborts leaves the queue.
+ * `onChange` runs whenever running or queued went down (a release, a queued waiter dropped): what an
+ * engine's idleness probe reads changed, and a drain may be waiting for exactly that.
+ */
 export class Slots {
   private free: number;
   private readonly waiters: Array<{ grant: () => void }> = [];
 
-  constructor(readonly capacity: number) {
+  constructor(
+    readonly capacity: number,
+    private readonly onChange: () => void = () => undefined,
+  ) {
     this.free = capacity;
   }
 
@@ -32,6 +39,7 @@ export class Slots {
         const i = this.waiters.indexOf(waiter);
         if (i >= 0) this.waiters.splice(i, 1);
         reject(signal.reason);
+        this.onChange();
       };
       signal.addEventListener('abort', onAbort, { once: true });
       this.waiters.push(waiter);
@@ -42,5 +50,6 @@ export class Slots {
     const next = this.waiters.shift();
     if (next) next.grant();
     else this.free++;
+    this.onChange();
   }
 }
