@@ -3,52 +3,18 @@
  * expiry after a crash, an etcd outage longer than the leases, and drain under load. Every wait is
  * bounded and event-driven (log lines, etcd reads); nothing sleeps and nothing asserts on timing.
  */
-import { describe, it, before, after } from 'node:test';
+import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { Etcd3 } from 'etcd3';
-import { ETCD_PREFIX, etcdKey } from '../src/discovery/etcd.js';
-import { etcdSkipReason, startEtcd, type EtcdServer } from './helpers/etcd.js';
+import { etcdKey } from '../src/discovery/etcd.js';
+import { etcdSkipReason } from './helpers/etcd.js';
+import { etcdFixture } from './helpers/etcd-fixture.js';
 import { call } from './helpers/http.js';
 import { drainOneUnderLoad } from './helpers/load.js';
-import { startFrontend, startWorker, type EbbProcess, type FrontendHandle, type LogLine, type WorkerHandle } from './helpers/processes.js';
+import type { EbbProcess, LogLine, WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
 
 /** Short leases keep the crash and outage tests quick (etcd's minimum TTL is about 2 s anyway). */
 const LEASE_TTL_MS = '2000';
-
-/** One etcd per describe block, plus the processes started against it, all torn down in after(). */
-function etcdFixture() {
-  const fx = {
-    etcd: undefined as unknown as EtcdServer,
-    raw: undefined as unknown as Etcd3,
-    started: [] as EbbProcess[],
-    async worker(args: string[]): Promise<WorkerHandle> {
-      const w = await startWorker(['--discovery', fx.etcd.url, ...args]);
-      fx.started.push(w);
-      return w;
-    },
-    async frontend(): Promise<FrontendHandle> {
-      const f = await startFrontend(fx.etcd.url);
-      fx.started.push(f);
-      return f;
-    },
-    /** Worker ids with a key under the prefix, read straight from etcd. */
-    async keyedIds(model: string): Promise<Record<string, string>> {
-      const all = await fx.raw.getAll().prefix(`${ETCD_PREFIX}${encodeURIComponent(model)}/`).strings();
-      return all;
-    },
-  };
-  before(async () => {
-    fx.etcd = await startEtcd();
-    fx.raw = new Etcd3({ hosts: [fx.etcd.endpoint] });
-  });
-  after(async () => {
-    await Promise.all(fx.started.map((p) => p.stop()));
-    fx.raw?.close();
-    await fx.etcd?.stop();
-  });
-  return fx;
-}
 
 /** The first line at index >= `since` with this event that matches `pred`. */
 function eventSince(p: EbbProcess, since: number, event: string, pred: (l: LogLine) => boolean = () => true): Promise<LogLine> {

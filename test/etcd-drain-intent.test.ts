@@ -2,36 +2,20 @@
  * An operator's drain outlives the worker process on etcd: a worker restarted with the same id
  * comes back drained (not registered) until it is resumed. Real processes, a real etcd.
  */
-import { describe, it, before, after } from 'node:test';
+import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { Etcd3 } from 'etcd3';
 import { INTENT_PREFIX } from '../src/discovery/drain-intent.js';
-import { ETCD_PREFIX } from '../src/discovery/etcd.js';
-import { etcdSkipReason, startEtcd, type EtcdServer } from './helpers/etcd.js';
+import { etcdSkipReason } from './helpers/etcd.js';
+import { etcdFixture } from './helpers/etcd-fixture.js';
 import { call } from './helpers/http.js';
-import { spawnEbb, startWorker, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { spawnEbb, type WorkerHandle } from './helpers/processes.js';
 
 describe('etcd: a drain intent survives a restart', { skip: etcdSkipReason() }, () => {
-  let etcd: EtcdServer;
-  let raw: Etcd3;
-  const started: EbbProcess[] = [];
-  const args = (id: string) => ['--discovery', etcd.url, '--model', 'm1', '--worker-id', id, '--lease-ttl-ms', '2000'];
-  const worker = async (id: string): Promise<WorkerHandle> => {
-    const w = await startWorker(args(id));
-    started.push(w);
-    return w;
-  };
-  const registered = async () => Object.keys(await raw.getAll().prefix(ETCD_PREFIX).strings()).map((k) => decodeURIComponent(k.slice(k.lastIndexOf('/') + 1)));
-  const intent = async (id: string) => raw.get(`${INTENT_PREFIX}${encodeURIComponent(id)}`).string();
-  before(async () => {
-    etcd = await startEtcd();
-    raw = new Etcd3({ hosts: [etcd.endpoint] });
-  });
-  after(async () => {
-    await Promise.all(started.map((p) => p.stop()));
-    raw?.close();
-    await etcd?.stop();
-  });
+  const fx = etcdFixture();
+  const args = (id: string) => ['--model', 'm1', '--worker-id', id, '--lease-ttl-ms', '2000'];
+  const worker = (id: string): Promise<WorkerHandle> => fx.worker(args(id));
+  const registered = () => fx.registeredIds();
+  const intent = async (id: string) => fx.raw.get(`${INTENT_PREFIX}${encodeURIComponent(id)}`).string();
 
   it('drain, SIGKILL, restart: drained and not registered; resume clears the intent, and the next restart serves', async () => {
     const first = await worker('w-intent');
@@ -39,15 +23,15 @@ describe('etcd: a drain intent survives a restart', { skip: etcdSkipReason() }, 
     assert.equal((await call('POST', `${first.systemUrl}/engine/drain`, { reason: 'disk swap' })).body.state, 'drained');
     await first.waitForEvent('state_changed', (l) => l.to === 'drained', { after: mark });
     // The intent is written as the drain begins; wait for etcd to hold it rather than assume.
-    const watcher = await raw.watch().key(`${INTENT_PREFIX}w-intent`).create();
+    const watcher = await fx.raw.watch().key(`${INTENT_PREFIX}w-intent`).create();
     if ((await intent('w-intent')) === null) await new Promise((resolve) => watcher.once('put', resolve));
     await watcher.cancel();
     assert.match((await intent('w-intent')) ?? '', /disk swap/);
     first.signal('SIGKILL');
     await first.exitCode();
 
-    const second = spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args('w-intent')], 'worker');
-    started.push(second);
+    const second = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', fx.etcd.url, ...args('w-intent')], 'worker');
+    fx.started.push(second);
     const drained = await second.waitForEvent('start_drained');
     assert.match(String(drained.reason), /drain intent .*disk swap/);
     const ready = await second.waitForEvent('worker_ready');
@@ -58,7 +42,7 @@ describe('etcd: a drain intent survives a restart', { skip: etcdSkipReason() }, 
 
     assert.equal((await call('POST', `${ready.system_url as string}/engine/resume`)).body.state, 'serving');
     assert.deepEqual(await registered(), ['w-intent']);
-    const gone = await raw.watch().key(`${INTENT_PREFIX}w-intent`).create();
+    const gone = await fx.raw.watch().key(`${INTENT_PREFIX}w-intent`).create();
     if ((await intent('w-intent')) !== null) await new Promise((resolve) => gone.once('delete', resolve));
     await gone.cancel();
     assert.equal(await intent('w-intent'), null, 'resume removed the intent');

@@ -2,38 +2,22 @@
  * Drain during an etcd outage, with real processes on a real etcd: closing admission needs no
  * discovery, the worker unregisters once etcd is back, and a drained worker's key does not return.
  */
-import { describe, it, before, after } from 'node:test';
+import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { Etcd3 } from 'etcd3';
-import { ETCD_PREFIX } from '../src/discovery/etcd.js';
-import { etcdSkipReason, startEtcd, type EtcdServer } from './helpers/etcd.js';
+import { etcdSkipReason } from './helpers/etcd.js';
+import { etcdFixture } from './helpers/etcd-fixture.js';
 import { call } from './helpers/http.js';
-import { startWorker, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import type { WorkerHandle } from './helpers/processes.js';
 
 describe('etcd: drain while etcd is down', { skip: etcdSkipReason() }, () => {
-  let etcd: EtcdServer;
-  let raw: Etcd3;
-  const started: EbbProcess[] = [];
-  const worker = async (args: string[] = []): Promise<WorkerHandle> => {
-    const w = await startWorker(['--discovery', etcd.url, '--model', 'm1', '--lease-ttl-ms', '2000', ...args]);
-    started.push(w);
-    return w;
-  };
-  const keyedIds = async () => Object.keys(await raw.getAll().prefix(ETCD_PREFIX).strings()).map((k) => decodeURIComponent(k.slice(k.lastIndexOf('/') + 1)));
-  before(async () => {
-    etcd = await startEtcd();
-    raw = new Etcd3({ hosts: [etcd.endpoint] });
-  });
-  after(async () => {
-    await Promise.all(started.map((p) => p.stop()));
-    raw?.close();
-    await etcd?.stop();
-  });
+  const fx = etcdFixture();
+  const worker = (args: string[] = []): Promise<WorkerHandle> => fx.worker(['--model', 'm1', '--lease-ttl-ms', '2000', ...args]);
+  const keyedIds = () => fx.registeredIds();
 
   it('drains locally, refuses new work, unregisters when etcd returns, and stays out of etcd', async () => {
     const w = await worker();
     assert.deepEqual(await keyedIds(), [w.workerId]);
-    await etcd.kill();
+    await fx.etcd.kill();
     const drain = await call('POST', `${w.systemUrl}/engine/drain`, { reason: 'etcd outage' });
     assert.equal(drain.status, 200, JSON.stringify(drain.body));
     assert.equal(drain.body.state, 'drained');
@@ -45,7 +29,7 @@ describe('etcd: drain while etcd is down', { skip: etcdSkipReason() }, () => {
     assert.equal(refused.body.error.code, 'worker_draining');
 
     const mark = w.logs.length;
-    await etcd.restart();
+    await fx.etcd.restart();
     await w.waitForLog((l) => l.event === 'discovery_unregistered' && w.logs.indexOf(l) >= mark, 'unregister confirmed after etcd returned');
     assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.discovery, 'unregistered');
     // A later registration (a newer revision) is visible, and the drained worker's key is not.
@@ -62,7 +46,7 @@ describe('etcd: drain while etcd is down', { skip: etcdSkipReason() }, () => {
 
   it('SIGTERM during a drain that cannot unregister: admission never reopens and the worker exits 0', async () => {
     const w = await worker(['--shutdown-grace-ms', '0', '--drain-timeout-ms', '10000']);
-    await etcd.kill();
+    await fx.etcd.kill();
     try {
       const drain = await call('POST', `${w.systemUrl}/engine/drain`);
       assert.equal(drain.body.state, 'drained');
@@ -75,7 +59,7 @@ describe('etcd: drain while etcd is down', { skip: etcdSkipReason() }, () => {
       assert.equal(unregister.outcome, 'timed_out');
       assert.ok(!w.logs.some((l) => l.event === 'state_changed' && l.to === 'serving'), 'never back to serving');
     } finally {
-      await etcd.restart();
+      await fx.etcd.restart();
     }
   });
 });

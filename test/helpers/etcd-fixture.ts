@@ -1,0 +1,42 @@
+import { before, after } from 'node:test';
+import { Etcd3 } from 'etcd3';
+import { ETCD_PREFIX } from '../../src/discovery/etcd.js';
+import { startEtcd, type EtcdServer } from './etcd.js';
+import { startFrontend, startWorker, type EbbProcess, type FrontendHandle, type WorkerHandle } from './processes.js';
+
+/** One etcd per describe block, a raw client to read it, and the processes started against it, all torn down in after(). */
+export function etcdFixture() {
+  const fx = {
+    etcd: undefined as unknown as EtcdServer,
+    raw: undefined as unknown as Etcd3,
+    started: [] as EbbProcess[],
+    async worker(args: string[]): Promise<WorkerHandle> {
+      const w = await startWorker(['--discovery', fx.etcd.url, ...args]);
+      fx.started.push(w);
+      return w;
+    },
+    async frontend(): Promise<FrontendHandle> {
+      const f = await startFrontend(fx.etcd.url);
+      fx.started.push(f);
+      return f;
+    },
+    /** The keys (and values) of one model's workers, read straight from etcd. */
+    async keyedIds(model: string): Promise<Record<string, string>> {
+      return fx.raw.getAll().prefix(`${ETCD_PREFIX}${encodeURIComponent(model)}/`).strings();
+    },
+    /** Every registered worker id, of any model, read straight from etcd. */
+    async registeredIds(): Promise<string[]> {
+      return Object.keys(await fx.raw.getAll().prefix(ETCD_PREFIX).strings()).map((k) => decodeURIComponent(k.slice(k.lastIndexOf('/') + 1)));
+    },
+  };
+  before(async () => {
+    fx.etcd = await startEtcd();
+    fx.raw = new Etcd3({ hosts: [fx.etcd.endpoint] });
+  });
+  after(async () => {
+    await Promise.all(fx.started.map((p) => p.stop()));
+    fx.raw?.close();
+    await fx.etcd?.stop();
+  });
+  return fx;
+}
