@@ -7,6 +7,8 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { call } from './helpers/http.js';
 import { CLI, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+import { skipWithout } from './helpers/required-tool.js';
+import { etcdSkipReason } from './helpers/etcd.js';
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -58,7 +60,7 @@ describe('first run: durations', () => {
 
 describe('first run: metrics', () => {
   const promtool = spawnSync('promtool', ['--version']).status === 0;
-  it('worker and frontend metrics pass promtool check metrics, with standard process metric names', { skip: !promtool && !process.env.CI ? 'promtool not installed (CI installs prometheus)' : false }, async () => {
+  it('worker and frontend metrics pass promtool check metrics, with standard process metric names', { skip: skipWithout(promtool, 'promtool not installed: the metrics check SKIPPED; apt-get install prometheus') }, async () => {
     const discovery = tempDiscoveryUrl();
     const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
     started.push(w);
@@ -152,7 +154,7 @@ describe('first run: the frontend says whether it can route', () => {
 });
 
 describe('first run: discovery that cannot be reached', () => {
-  it('a worker retries its first registration, then exits naming the real cause', { skip: spawnSync('etcd', ['--version']).status !== 0 && !process.env.CI ? 'etcd not installed' : false }, async () => {
+  it('a worker retries its first registration, then exits naming the real cause', { skip: etcdSkipReason() }, async () => {
     // Nothing listens on this port: the cause is a refused connection, not a circuit breaker.
     const port = Number(execFileSync(process.execPath, ['-e', "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})"], { encoding: 'utf8' }).trim());
     const w = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', `etcd://127.0.0.1:${port}`, '--model', 'm1', '--register-timeout-ms', '1500'], 'worker');

@@ -2,26 +2,18 @@ import { existsSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import puppeteer, { type Browser } from 'puppeteer-core';
+import { skipWithout } from './required-tool.js';
 
 /** Debian's chromium (`apt-get install chromium`); CHROMIUM_BIN overrides. */
 export const CHROMIUM = process.env.CHROMIUM_BIN ?? '/usr/bin/chromium';
 
-let warned = false;
 
 /**
  * For `describe('…', { skip: browserSkipReason() }, …)`: undefined when chromium is installed.
  * Missing, it prints a banner and skips, except under CI=true, where it throws (as etcd does).
  */
 export function browserSkipReason(): string | undefined {
-  if (existsSync(CHROMIUM)) return undefined;
-  const reason = `chromium not found at ${CHROMIUM}: browser tests SKIPPED; apt-get install chromium (or set CHROMIUM_BIN)`;
-  if (process.env.CI === 'true') throw new Error(`${reason} -- refusing to skip under CI=true`);
-  if (!warned) {
-    warned = true;
-    const bar = '!'.repeat(reason.length + 8);
-    console.error(`\n${bar}\n!!! ${reason} !!!\n${bar}\n`);
-  }
-  return reason;
+  return skipWithout(existsSync(CHROMIUM), `chromium not found at ${CHROMIUM}: browser tests SKIPPED; apt-get install chromium (or set CHROMIUM_BIN)`);
 }
 
 /** Headless chromium with a fresh profile, nothing reaching out to the network on its own. */

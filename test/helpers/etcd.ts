@@ -8,6 +8,7 @@ import { cp, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
+import { skipWithout } from './required-tool.js';
 
 export interface EtcdServer {
   /** Discovery URL, `etcd://127.0.0.1:PORT`. */
@@ -60,7 +61,6 @@ export function etcdAvailable(): boolean {
   return etcdBinary() !== undefined;
 }
 
-let warned = false;
 
 /**
  * For `describe('…', { skip: etcdSkipReason() }, …)`: undefined when etcd is installed. When it is
@@ -68,15 +68,7 @@ let warned = false;
  * skipped suite would hide a broken environment, so it throws instead.
  */
 export function etcdSkipReason(): string | undefined {
-  if (etcdAvailable()) return undefined;
-  const reason = 'etcd not installed: etcd tests SKIPPED; install etcd-server (or set ETCD_BIN)';
-  if (process.env.CI === 'true') throw new Error(`${reason} -- refusing to skip under CI=true`);
-  if (!warned) {
-    warned = true;
-    const bar = '!'.repeat(reason.length + 8);
-    console.error(`\n${bar}\n!!! ${reason} !!!\n${bar}\n`);
-  }
-  return reason;
+  return skipWithout(etcdAvailable(), 'etcd not installed: etcd tests SKIPPED; install etcd-server (or set ETCD_BIN)');
 }
 
 /** Two distinct free loopback ports: both listeners stay open until both ports are known. */
