@@ -9,7 +9,9 @@ export type MigrationReason = 'worker_failed' | 'worker_unresponsive' | 'handoff
  * no token twice, none missing, one usage for the whole completion.
  */
 export class Delivered {
-  text = '';
+  /** The text as UTF-8 (the relay's plain tokens arrive as bytes and are copied, never decoded). */
+  private bytes = Buffer.allocUnsafe(256);
+  private length = 0;
   tokens = 0;
   /** Token ids, as long as every piece carried them (an engine without ids makes this text-only). */
   private ids: number[] | undefined = [];
@@ -17,8 +19,22 @@ export class Delivered {
   private before = 0;
   migrations = 0;
 
+  get text(): string {
+    return this.bytes.toString('utf8', 0, this.length);
+  }
+
+  /** One token without ids whose text is the UTF-8 of buf[start, end). */
+  addBytes(buf: Buffer, start: number, end: number): void {
+    this.room(end - start);
+    this.length += buf.copy(this.bytes, this.length, start, end);
+    this.tokens++;
+    this.ids = undefined;
+  }
+
   add(text: string, tokenIds: number[] | undefined): void {
-    this.text += text;
+    const size = Buffer.byteLength(text);
+    this.room(size);
+    this.length += this.bytes.write(text, this.length, size, 'utf8');
     if (tokenIds === undefined) {
       this.tokens++;
       this.ids = undefined;
@@ -26,6 +42,13 @@ export class Delivered {
       this.tokens += tokenIds.length;
       this.ids?.push(...tokenIds);
     }
+  }
+
+  private room(size: number): void {
+    if (this.length + size <= this.bytes.length) return;
+    const grown = Buffer.allocUnsafe(Math.max(this.bytes.length * 2, this.length + size));
+    this.bytes.copy(grown, 0, 0, this.length);
+    this.bytes = grown;
   }
 
   /** The request to send the next worker: the original, what it already has, and what is left of its budget. */

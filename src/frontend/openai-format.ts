@@ -1,6 +1,7 @@
 import type { GenerateBody, ResponseFormat, Usage } from '../protocol/request-plane.js';
 import { promptShape } from './field-policy.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
+import type { SpliceFrame } from './token-splice.js';
 
 export type Endpoint = 'chat' | 'completion';
 
@@ -74,6 +75,8 @@ export interface StreamFormat {
   /** Written with the headers, once every lane has a worker. */
   opening(): string;
   token(lane: number, text: string): string;
+  /** The token event as bytes around the token's JSON string content, when it has no per-event field. */
+  splice?(lane: number): SpliceFrame;
   /** One choice ended (its finish chunk); the response goes on until every choice has. */
   finished(lane: number, reason: string): string;
   /** Every choice ended: the usage of the whole response and the end marker. */
@@ -106,6 +109,11 @@ export class SseFormatter implements StreamFormat {
   opening(): string {
     if (this.endpoint !== 'chat') return '';
     return this.heads.map((h) => `${h}"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`).join('');
+  }
+
+  splice(lane: number): SpliceFrame {
+    const [head, tail] = this.token(lane, '\u0000').split('"\\u0000"') as [string, string];
+    return { head: Buffer.from(`${head}"`), tail: Buffer.from(`"${tail}`) };
   }
 
   token(lane: number, text: string): string {

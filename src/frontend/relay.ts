@@ -1,12 +1,14 @@
 import type { FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
-import { writeWithBackpressure } from '../common/backpressure.js';
 import { EbbError, errorBody } from '../protocol/errors.js';
 import type { GenerateBody, StreamLine, Usage } from '../protocol/request-plane.js';
+import { ClientStream } from './client-stream.js';
+import { LaneWriter } from './lane-writer.js';
 import type { FrontendMetrics } from './metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
 import { sumUsage, type CollectedChoice, type StreamFormat } from './openai-format.js';
 import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive, type Upstream, type UpstreamStream } from './upstream.js';
+import type { TokenSink } from './worker-call.js';
 import type { WorkerPool } from './worker-pool.js';
 
 export interface RelayDeps {
@@ -108,31 +110,24 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
   }
 
   /**
-   * Relays one lane into the client stream, batch by batch (one write per upstream batch), across
-   * workers. Resolves with what it left unwritten (its finish chunk, for the final write) and the
-   * usage of the whole sequence.
+   * Relays one lane into the client stream across workers: its tokens are piped from the worker's
+   * body into the lane's writer (one write per network read). Resolves with what it left unwritten
+   * (its finish event, for the final write) and the usage of the whole sequence.
    */
-  async function relayLane(lane: Lane, res: FastifyReply['raw'], fmt: StreamFormat, signal: AbortSignal): Promise<LaneEnd> {
-    let out = '';
+  async function relayLane(lane: Lane, out: ClientStream, fmt: StreamFormat, signal: AbortSignal): Promise<LaneEnd> {
+    const writer = new LaneWriter(out, lane.index, fmt, lane.delivered);
     for (;;) {
       try {
-        for (let batch: StreamLine[] | undefined = lane.up.first; batch; batch = (await lane.up.rest.next()).value ?? undefined) {
-          for (const line of batch) {
-            if ('text' in line) {
-              out += fmt.token(lane.index, line.text);
-              lane.delivered.add(line.text, line.token_ids);
-            } else if ('done' in line) return { tail: out + fmt.finished(lane.index, line.finish_reason), usage: lane.delivered.usage(line.usage) };
-            else throw endOf(lane.up, line);
-          }
-          await writeWithBackpressure(res, out, signal);
-          out = '';
-        }
-        throw new StreamCut();
+        writer.body = lane.up.body;
+        const end = feed(lane.up.first, writer) ?? (await lane.up.body.pipe(writer));
+        writer.flush();
+        if (end === undefined) throw new StreamCut();
+        if ('done' in end) return { tail: fmt.finished(lane.index, end.finish_reason), usage: lane.delivered.usage(end.usage) };
+        throw endOf(lane.up, end);
       } catch (err) {
         if (signal.aborted || err instanceof LaneFailed) throw err;
-        // Tokens of the batch that broke were received: the client gets them before the continuation.
-        if (out !== '') await writeWithBackpressure(res, out, signal);
-        out = '';
+        // Tokens read before the break were delivered: the client gets them before the continuation.
+        writer.flush();
         await continueElsewhere(lane, err, signal);
       }
     }
@@ -147,25 +142,25 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
   async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<RelayEnd> {
     const lanes = await openLanes(gens, signal);
     const res = reply.raw;
+    const out = new ClientStream(res);
     // One lane failing stops the others: the response ends once, with the error.
     const stop = new AbortController();
     const laneSignal = lanes.length === 1 ? signal : AbortSignal.any([signal, stop.signal]);
     try {
       metrics.firstToken((performance.now() - started) / 1000);
       reply.hijack();
-      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': headerValue(lanes[0]!.up.worker.record.worker_id) });
-      const opening = fmt.opening();
-      if (opening !== '') res.write(opening);
+      out.begin(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': headerValue(lanes[0]!.up.worker.record.worker_id) });
+      out.write(fmt.opening());
       const ends = await Promise.all(
         lanes.map((lane) =>
-          relayLane(lane, res, fmt, laneSignal).catch((err: unknown) => {
+          relayLane(lane, out, fmt, laneSignal).catch((err: unknown) => {
             stop.abort(err);
             throw err;
           }),
         ),
       );
       const usages = ends.map((e) => e.usage);
-      res.end(ends.map((e) => e.tail).join('') + fmt.end(sumLanes(usages, n)));
+      out.end(ends.map((e) => e.tail).join('') + fmt.end(sumLanes(usages, n)));
       return { ok: true, usages };
     } catch (err) {
       if (!signal.aborted) fail(res, lanes, err, fmt);
@@ -198,16 +193,14 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
 
   /** Collects one lane for a non-streaming response; a worker that fails half way is replaced the same way as in a stream. */
   async function collectLane(lane: Lane, signal: AbortSignal): Promise<CollectedChoice & { usage: Usage }> {
+    const delivered = lane.delivered;
+    const sink: TokenSink = { plain: (buf, start, end) => delivered.addBytes(buf, start, end), piece: (text, ids) => delivered.add(text, ids) };
     for (;;) {
       try {
-        for (let batch: StreamLine[] | undefined = lane.up.first; batch; batch = (await lane.up.rest.next()).value ?? undefined) {
-          for (const line of batch) {
-            if ('text' in line) lane.delivered.add(line.text, line.token_ids);
-            else if ('done' in line) return { text: lane.delivered.text, finishReason: line.finish_reason, usage: lane.delivered.usage(line.usage) };
-            else throw endOf(lane.up, line);
-          }
-        }
-        throw new StreamCut();
+        const end = feed(lane.up.first, sink) ?? (await lane.up.body.pipe(sink));
+        if (end === undefined) throw new StreamCut();
+        if ('done' in end) return { text: delivered.text, finishReason: end.finish_reason, usage: delivered.usage(end.usage) };
+        throw endOf(lane.up, end);
       } catch (err) {
         if (signal.aborted || err instanceof LaneFailed) throw err;
         await continueElsewhere(lane, err, signal);
@@ -233,6 +226,15 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
 }
 
 export type Relay = ReturnType<typeof createRelay>;
+
+/** The lines already read (an upstream's first batch) into `sink`; the terminal line when it is among them. */
+function feed(lines: StreamLine[], sink: TokenSink): StreamLine | undefined {
+  for (const line of lines) {
+    if ('text' in line) sink.piece(line.text, line.token_ids);
+    else return line;
+  }
+  return undefined;
+}
 
 /** Usage of a response: the `n` choices of one prompt share its prompt tokens (see toGenerateBodies' order). */
 function sumLanes(usages: Usage[], n: number): Usage {

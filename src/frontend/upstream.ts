@@ -6,7 +6,7 @@ import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '.
 import type { FrontendMetrics } from './metrics.js';
 import type { Hold, PoolWorker, WorkerPool } from './worker-pool.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
-import { WorkerCall, type LineBatches } from './worker-call.js';
+import { WorkerCall } from './worker-call.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
@@ -19,8 +19,8 @@ export const MAX_ATTEMPTS = 6;
 export interface UpstreamStream {
   worker: PoolWorker;
   first: StreamLine[];
-  /** The batches after the first, one per network read; done when the body ended. */
-  rest: LineBatches;
+  /** The rest of the body: piped into a sink, held while the client is not keeping up. */
+  body: Pick<WorkerCall, 'pipe' | 'holdReads' | 'resumeReads'>;
   /** Ends the frontend's accounting of this worker's in-flight request; idempotent. */
   release(): void;
   /** Settles once the worker's response body is done with: true when it ended normally, false when it was cut. */
@@ -338,6 +338,12 @@ export class Upstream {
     if (ms <= 0) return () => undefined;
     let stopped = false;
     const timer = setTimeout(() => {
+      // Bytes since the last look: not idle; look again in `ms` (so silence is seen within 2 x ms).
+      if (call.sawBytes) {
+        call.sawBytes = false;
+        timer.refresh();
+        return;
+      }
       void this.answersLive(worker).then((live) => {
         if (stopped) return;
         if (live) {
@@ -349,7 +355,7 @@ export class Upstream {
         call.abort(new WorkerUnresponsive(worker.record.worker_id, ms));
       });
     }, ms);
-    call.activity = () => timer.refresh();
+    call.sawBytes = false;
     return () => {
       stopped = true;
       clearTimeout(timer);
@@ -371,7 +377,7 @@ export class Upstream {
       if (!call.final) call.abort();
       release();
     };
-    return { worker, first: value.first, rest: call, release: end, closed: call.closed };
+    return { worker, first: value.first, body: call, release: end, closed: call.closed };
   }
 
   /** Opens a token stream on an aggregated worker. */

@@ -1,5 +1,6 @@
 import type { Dispatcher } from 'undici';
 import type { StreamLine } from '../protocol/request-plane.js';
+import { plainTextStart } from './token-splice.js';
 
 /** The relay's side of a worker's NDJSON body: one batch of lines per network read. */
 export interface LineBatches {
@@ -14,6 +15,14 @@ const MAX_ERROR_BODY = 64 * 1024;
 
 const isFinal = (l: StreamLine) => 'done' in l || 'error' in l || 'handoff' in l;
 
+/** Where a piped call's text lines go, synchronously, as each network read is parsed. */
+export interface TokenSink {
+  /** A text line that needs no unescaping: buf[start, end) is its text's UTF-8. */
+  plain(buf: Buffer, start: number, end: number): void;
+  /** Any other text line, parsed (escapes, token ids). */
+  piece(text: string, tokenIds: number[] | undefined): void;
+}
+
 /** Closed by the frontend on purpose (a release before the final line). */
 export class CallReleased extends Error {
   constructor() {
@@ -23,17 +32,21 @@ export class CallReleased extends Error {
 
 /**
  * One POST to a worker, read through undici's dispatcher handler API: no Readable, no string
- * decoder, no async iterator and no promise per chunk. Each network read is split on newline bytes
- * and its complete lines parsed into one batch, handed to whoever waits in next() or queued (up to
- * MAX_QUEUED_BATCHES, then the socket is paused until the relay catches up). A body that ended on
- * its own is never aborted, so the success path builds no error and the socket stays pooled.
+ * decoder, no async iterator. Two ways to read it:
+ * - next(): each network read's complete lines parsed into one batch, handed to whoever waits or
+ *   queued (up to MAX_QUEUED_BATCHES, then the socket is paused until the reader catches up). The
+ *   first batch is read so, before anything is committed to the client.
+ * - pipe(sink): from then on every text line goes to the sink synchronously, while the read is
+ *   parsed (plain ones as bytes, unparsed), and one promise settles with the terminal line.
+ * A body that ended on its own is never aborted, so the success path builds no error and the
+ * socket stays pooled.
  */
 export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
   statusCode = 0;
   /** The terminal line (done, error, handoff) has been read. */
   final = false;
-  /** Called per network read: re-arms the idle watch. */
-  activity: (() => void) | undefined;
+  /** Set on every network read; the idle watch clears it (a flag, not a timer re-armed per read). */
+  sawBytes = false;
   /** Settles when the response body is done with: true when it ended normally, false when cut. */
   readonly closed: Promise<boolean>;
   /** Resolves with the status once the response head arrived; rejects when the call failed before it. */
@@ -41,10 +54,15 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
 
   private abortFn: ((err: Error) => void) | undefined;
   private resumeFn: (() => void) | undefined;
+  /** onData returned false: the parser waits for resumeFn. */
   private paused = false;
+  /** The piped reader asked for no more reads until its client drains. */
+  private held = false;
   private partial: Buffer | undefined;
   private readonly queue: StreamLine[][] = [];
   private waiter: { resolve: (r: IteratorResult<StreamLine[], void>) => void; reject: (err: unknown) => void } | undefined;
+  private sink: TokenSink | undefined;
+  private piped: { resolve: (line: StreamLine | undefined) => void; reject: (err: unknown) => void } | undefined;
   private ended = false;
   private failure: unknown;
   private errorBody: Buffer[] | undefined;
@@ -53,6 +71,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
   private headResolve!: (status: number) => void;
   private headReject!: (err: unknown) => void;
   private readonly onAbort: (() => void) | undefined;
+  private pendingAbort: Error | undefined;
 
   constructor(private readonly signal?: AbortSignal) {
     this.closed = new Promise((resolve) => (this.settleClosed = resolve));
@@ -82,8 +101,6 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
     else this.pendingAbort = err;
   }
 
-  private pendingAbort: Error | undefined;
-
   // --- Dispatcher.DispatchHandler (undici's handler API, called by the connection) ---
 
   onConnect(abort: (err?: Error) => void): void {
@@ -107,7 +124,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
       }
       return true;
     }
-    this.activity?.();
+    this.sawBytes = true;
     if (this.final) return true; // after the terminal line: nothing the relay wants; let the body end
     let buf = chunk;
     let last = buf.lastIndexOf(NEWLINE);
@@ -120,29 +137,37 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
       buf = Buffer.concat([this.partial, buf]);
       this.partial = undefined;
     }
-    const batch: StreamLine[] = [];
+    const sink = this.sink;
+    const batch: StreamLine[] | undefined = sink ? undefined : [];
     let start = 0;
     while (start <= last) {
       const end = buf.indexOf(NEWLINE, start);
       if (end > start) {
-        let line: StreamLine;
-        try {
-          line = JSON.parse(buf.toString('utf8', start, end)) as StreamLine;
-        } catch (err) {
-          this.fail(err);
-          return false;
-        }
-        batch.push(line);
-        if (isFinal(line)) {
-          this.final = true;
-          break;
+        const plain = sink ? plainTextStart(buf, start, end) : -1;
+        if (plain >= 0) sink!.plain(buf, plain, end - 2);
+        else {
+          let line: StreamLine;
+          try {
+            line = JSON.parse(buf.toString('utf8', start, end)) as StreamLine;
+          } catch (err) {
+            this.fail(err);
+            return false;
+          }
+          if (isFinal(line)) {
+            this.final = true;
+            if (batch) batch.push(line);
+            else this.settlePipe(line);
+            break;
+          }
+          if (batch) batch.push(line);
+          else sink!.piece((line as { text: string }).text, (line as { token_ids?: number[] }).token_ids);
         }
       }
       start = end + 1;
     }
     if (!this.final && last + 1 < buf.length) this.partial = buf.subarray(last + 1);
-    if (batch.length > 0) this.push(batch);
-    if (this.queue.length >= MAX_QUEUED_BATCHES) {
+    if (batch && batch.length > 0) this.push(batch);
+    if (this.held || this.queue.length >= MAX_QUEUED_BATCHES) {
       this.paused = true;
       return false;
     }
@@ -156,7 +181,9 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
       try {
         const line = JSON.parse(this.partial.toString('utf8')) as StreamLine;
         if (isFinal(line)) this.final = true;
-        this.push([line]);
+        if (this.sink === undefined) this.push([line]);
+        else if (this.final) this.settlePipe(line);
+        else this.sink.piece((line as { text: string }).text, (line as { token_ids?: number[] }).token_ids);
       } catch (err) {
         this.failure = err;
       }
@@ -189,15 +216,51 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
   next(): Promise<IteratorResult<StreamLine[], void>> {
     const batch = this.queue.shift();
     if (batch) {
-      if (this.paused && this.queue.length < MAX_QUEUED_BATCHES / 2) {
-        this.paused = false;
-        this.resumeFn?.();
-      }
+      if (this.paused && this.queue.length < MAX_QUEUED_BATCHES / 2) this.resumeReads();
       return Promise.resolve({ value: batch, done: false });
     }
     if (this.failure !== undefined) return Promise.reject(this.failure);
     if (this.ended) return Promise.resolve({ value: undefined, done: true });
     return new Promise((resolve, reject) => (this.waiter = { resolve, reject }));
+  }
+
+  /**
+   * Hands every text line from here on to `sink` (the batches already queued first) and settles
+   * with the terminal line: undefined when the body ended without one, a rejection when the call
+   * failed. Lines read before a failure have reached the sink.
+   */
+  pipe(sink: TokenSink): Promise<StreamLine | undefined> {
+    for (let batch = this.queue.shift(); batch; batch = this.queue.shift())
+      for (const line of batch) {
+        if (isFinal(line)) return Promise.resolve(line);
+        sink.piece((line as { text: string }).text, (line as { token_ids?: number[] }).token_ids);
+      }
+    if (this.failure !== undefined) return Promise.reject(this.failure);
+    if (this.ended) return Promise.resolve(undefined);
+    const settled = new Promise<StreamLine | undefined>((resolve, reject) => (this.piped = { resolve, reject }));
+    this.sink = sink;
+    // Resuming parses what is buffered at once, which may end the body: the promise exists first.
+    if (this.paused) this.resumeReads();
+    return settled;
+  }
+
+  /** No more reads until resumeReads(): the piped reader's client is not keeping up. */
+  holdReads(): void {
+    this.held = true;
+  }
+
+  resumeReads(): void {
+    this.held = false;
+    if (!this.paused) return;
+    this.paused = false;
+    this.resumeFn?.();
+  }
+
+  private settlePipe(line: StreamLine): void {
+    this.sink = undefined;
+    const p = this.piped;
+    this.piped = undefined;
+    p?.resolve(line);
   }
 
   private push(batch: StreamLine[]): void {
@@ -214,6 +277,13 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
   }
 
   private wake(): void {
+    const p = this.piped;
+    if (p) {
+      this.piped = undefined;
+      this.sink = undefined;
+      if (this.failure !== undefined) p.reject(this.failure);
+      else p.resolve(undefined);
+    }
     const w = this.waiter;
     if (!w || this.queue.length > 0) return;
     this.waiter = undefined;

@@ -1,0 +1,78 @@
+import type { ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+
+const CRLF = 0x0d0a;
+
+/** Hex digits of a chunk size (`size.toString(16)` without the string). */
+function hexLength(n: number): number {
+  let digits = 1;
+  while (n >= 16) {
+    n = Math.floor(n / 16);
+    digits++;
+  }
+  return digits;
+}
+
+/**
+ * A streamed response's body, once its headers are out. Each write is one Buffer written straight
+ * to the socket, with its HTTP/1.1 chunk framing built in: ServerResponse.write would cork the
+ * socket, queue three writes (size, data, CRLF) and uncork on the next tick, for every write. The
+ * response itself still ends through ServerResponse (end()), which writes the last chunk and the
+ * terminator and keeps the connection's keep-alive bookkeeping right.
+ */
+export class ClientStream {
+  private socket: Socket | null = null;
+  private chunked = false;
+  private drainWaiters: Array<() => void> = [];
+  private readonly onDrain = () => {
+    const waiters = this.drainWaiters;
+    this.drainWaiters = [];
+    for (const w of waiters) w();
+  };
+
+  constructor(readonly res: ServerResponse) {}
+
+  /** Sends the headers now, so body writes can go to the socket behind them. */
+  begin(status: number, headers: Record<string, string>): void {
+    this.res.writeHead(status, headers);
+    this.res.flushHeaders();
+    this.socket = this.res.socket;
+    // HTTP/1.0 clients get the body unframed, then the connection closes (ServerResponse decided so).
+    this.chunked = (this.res as unknown as { chunkedEncoding: boolean }).chunkedEncoding;
+  }
+
+  /** A buffer for `size` body bytes, to be filled from `at` and given to send(). */
+  alloc(size: number): { buf: Buffer; at: number } {
+    if (!this.chunked) return { buf: Buffer.allocUnsafe(size), at: 0 };
+    const digits = hexLength(size);
+    const buf = Buffer.allocUnsafe(digits + 2 + size + 2);
+    buf.write(size.toString(16), 0, 'latin1');
+    buf.writeUInt16BE(CRLF, digits);
+    buf.writeUInt16BE(CRLF, digits + 2 + size);
+    return { buf, at: digits + 2 };
+  }
+
+  /** false: the socket's buffer is full; whenDrained says when to write again. */
+  send(buf: Buffer): boolean {
+    const socket = this.socket;
+    if (socket === null || socket.destroyed) return true; // the client left: the relay's signal ends it
+    return socket.write(buf);
+  }
+
+  write(text: string): boolean {
+    if (text === '') return true;
+    const size = Buffer.byteLength(text);
+    const { buf, at } = this.alloc(size);
+    buf.write(text, at, size, 'utf8');
+    return this.send(buf);
+  }
+
+  /** Runs `fn` once the socket drained (never, when it closes first: the relay's signal covers that). */
+  whenDrained(fn: () => void): void {
+    if (this.drainWaiters.push(fn) === 1) this.socket?.once('drain', this.onDrain);
+  }
+
+  end(text: string): void {
+    this.res.end(text);
+  }
+}

@@ -1,0 +1,102 @@
+import type { ClientStream } from './client-stream.js';
+
+import type { Delivered } from './migration.js';
+import type { StreamFormat } from './openai-format.js';
+import type { SpliceFrame } from './token-splice.js';
+import type { TokenSink } from './worker-call.js';
+import type { UpstreamStream } from './upstream.js';
+
+/** A settled promise: a microtask through it costs less than queueMicrotask's async-scope wrapper. */
+const RESOLVED = Promise.resolve();
+
+/**
+ * One lane's tokens on their way to the client: recorded as delivered (for a continuation
+ * elsewhere) and turned into SSE events as the worker's bytes are parsed, then written as one
+ * Buffer per network read (the flush runs once the read is parsed, as a microtask). With a format
+ * that has a splice frame, a token's bytes are copied between the frame's head and tail and never
+ * decoded; otherwise the format builds each event from the text. A client that does not keep up
+ * holds the worker's reads until its socket drains.
+ */
+export class LaneWriter implements TokenSink {
+  /** The upstream body feeding this lane now (it changes when the lane moves to another worker). */
+  body: UpstreamStream['body'] | undefined;
+  private readonly frame: SpliceFrame | undefined;
+  /** Splice: each token's JSON string content. */
+  private readonly segments: Buffer[] = [];
+  private segmentBytes = 0;
+  /** No splice frame: the events, built. */
+  private text = '';
+  private scheduled = false;
+  private readonly flushNow = () => this.flush();
+  private readonly resume = () => this.body?.resumeReads();
+
+  constructor(
+    private readonly out: ClientStream,
+    private readonly lane: number,
+    private readonly fmt: StreamFormat,
+    private readonly delivered: Delivered,
+  ) {
+    this.frame = fmt.splice?.(lane);
+  }
+
+  plain(buf: Buffer, start: number, end: number): void {
+    this.delivered.addBytes(buf, start, end);
+    if (this.frame) this.segment(buf.subarray(start, end));
+    else this.event(this.fmt.token(this.lane, buf.toString('utf8', start, end)));
+  }
+
+  piece(text: string, tokenIds: number[] | undefined): void {
+    this.delivered.add(text, tokenIds);
+    if (this.frame) {
+      const literal = JSON.stringify(text);
+      this.segment(Buffer.from(literal.slice(1, -1)));
+    } else this.event(this.fmt.token(this.lane, text));
+  }
+
+  /** Writes what is pending (idempotent); called at each read's end and before anything else is written for the lane. */
+  flush(): void {
+    this.scheduled = false;
+    let ok = true;
+    const frame = this.frame;
+    if (frame && this.segments.length > 0) {
+      const segments = this.segments;
+      const { buf, at } = this.out.alloc(this.segmentBytes + segments.length * (frame.head.length + frame.tail.length));
+      let pos = at;
+      for (const s of segments) {
+        buf.set(frame.head, pos);
+        pos += frame.head.length;
+        buf.set(s, pos);
+        pos += s.length;
+        buf.set(frame.tail, pos);
+        pos += frame.tail.length;
+      }
+      segments.length = 0;
+      this.segmentBytes = 0;
+      ok = this.out.send(buf);
+    } else if (this.text !== '') {
+      ok = this.out.write(this.text);
+      this.text = '';
+    }
+    if (!ok && this.body) {
+      this.body.holdReads();
+      this.out.whenDrained(this.resume);
+    }
+  }
+
+  private segment(bytes: Buffer): void {
+    this.segments.push(bytes);
+    this.segmentBytes += bytes.length;
+    this.schedule();
+  }
+
+  private event(text: string): void {
+    this.text += text;
+    this.schedule();
+  }
+
+  private schedule(): void {
+    if (this.scheduled) return;
+    this.scheduled = true;
+    void RESOLVED.then(this.flushNow);
+  }
+}
