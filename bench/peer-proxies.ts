@@ -14,6 +14,8 @@
  *
  * `--ebb-cli` runs the frontend from another build (another checkout's dist/src/cli/main.js), so
  * two builds can be compared on one machine; the worker always comes from this build.
+ * `--base-cli <main.js>` adds the path `ebb-base`: a second frontend from that build, measured in
+ * the same rounds (rotating with the others), for a before/after under the same machine load.
  */
 import { spawn } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
@@ -24,7 +26,7 @@ import { join, resolve } from 'node:path';
 import { Agent, request } from 'undici';
 import { CLI, EbbProcess, killAllNow, startWorker, tempDiscoveryUrl } from '../test/helpers/processes.js';
 
-type Path = 'direct' | 'ebb' | 'nginx' | 'haproxy';
+type Path = 'direct' | 'ebb' | 'ebb-base' | 'nginx' | 'haproxy';
 const ALL: Path[] = ['direct', 'ebb', 'nginx', 'haproxy'];
 const MODEL = 'm1';
 const NGINX = '/usr/sbin/nginx';
@@ -44,7 +46,9 @@ const opts = {
   paths: arg('paths', ALL.join(',')).split(',') as Path[],
   ebbCli: resolve(arg('ebb-cli', CLI)),
   frontendNodeArgs: arg('frontend-node-args', '').split(' ').filter(Boolean),
+  baseCli: arg('base-cli', ''),
 };
+if (opts.baseCli !== '' && !opts.paths.includes('ebb-base')) opts.paths.push('ebb-base');
 
 const temp = mkdtempSync(join(tmpdir(), 'ebb-peer-'));
 const children: Array<{ kill: () => void }> = [];
@@ -309,7 +313,7 @@ async function main(): Promise<void> {
   const worker = await startWorker(['--model', MODEL, '--discovery', discovery, '--mocker-ttft-ms', '0', '--mocker-itl-ms', String(opts.itlMs), '--mocker-batch-slots', String(slots)]);
   const workerPort = Number(new URL(worker.requestUrl).port);
   const targets: Target[] = [];
-  let frontend: EbbProcess | undefined;
+  const frontends: EbbProcess[] = [];
   const genBody = JSON.stringify({ model: MODEL, prompt: 'user: tell me about tides', max_tokens: opts.maxTokens, stream: true });
   const nd = { tokenMark: '{"text":', endMark: '"done":true' };
   for (const p of paths) {
@@ -322,15 +326,16 @@ async function main(): Promise<void> {
       const h = await startHaproxy(workerPort);
       targets.push({ path: p, url: `${h.url}/generate`, body: genBody, ...nd, pid: h.pid });
     }
-    if (p === 'ebb') {
+    if (p === 'ebb' || p === 'ebb-base') {
+      const cli = p === 'ebb' ? opts.ebbCli : resolve(opts.baseCli);
       const fe = new EbbProcess(
-        spawn(process.execPath, [...opts.frontendNodeArgs, opts.ebbCli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000'], {
+        spawn(process.execPath, [...opts.frontendNodeArgs, cli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000'], {
           env: { ...process.env, EBB_LOG_LEVEL: 'info' },
           stdio: ['ignore', 'pipe', 'pipe'],
         }),
         'frontend',
       );
-      frontend = fe;
+      frontends.push(fe);
       const url = (await fe.waitForEvent('frontend_ready')).url as string;
       await fe.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)) || (l.event === 'worker_added' && l.worker_id === worker.workerId), 'the worker in the routing view');
       const body = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: opts.maxTokens, stream: true });
@@ -389,7 +394,7 @@ async function main(): Promise<void> {
   const maxOther = Math.max(...rows.map((r) => r.other_cpu_pct));
   if (maxOther >= 15) console.log(`WARNING: other processes used up to ${maxOther}% CPU during measurement (the worker's own share is in it too).`);
   console.log(JSON.stringify({ bench: 'peer-proxies', cores: cpus().length, node: process.version, max_tokens: opts.maxTokens, itl_ms: opts.itlMs, rounds: opts.rounds, duration_ms: opts.durationMs, ebb_cli: opts.ebbCli, skipped: missing, rows }));
-  await frontend?.terminate(); // a graceful stop, so --cpu-prof writes its profile
+  for (const fe of frontends) await fe.terminate(); // a graceful stop, so --cpu-prof writes its profile
   await worker.stop();
   process.exit(rows.some((r) => r.errors > 0) ? 1 : 0);
 }

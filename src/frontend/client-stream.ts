@@ -36,9 +36,18 @@ export class ClientStream {
   begin(status: number, headers: Record<string, string>): void {
     this.res.writeHead(status, headers);
     this.res.flushHeaders();
-    this.socket = this.res.socket;
     // HTTP/1.0 clients get the body unframed, then the connection closes (ServerResponse decided so).
     this.chunked = (this.res as unknown as { chunkedEncoding: boolean }).chunkedEncoding;
+  }
+
+  /** Writes until uncork() leave in one system call (the headers with the first tokens, the last tokens with the end). */
+  cork(): void {
+    this.socket = this.res.socket;
+    this.socket?.cork();
+  }
+
+  uncork(): void {
+    this.socket?.uncork();
   }
 
   /** A buffer for `size` body bytes, to be filled from `at` and given to send(). */
@@ -72,6 +81,7 @@ export class ClientStream {
     if (this.drainWaiters.push(fn) === 1) this.socket?.once('drain', this.onDrain);
   }
 
+  /** Ends the response; ServerResponse.end also fully uncorks the socket. */
   end(text: string): void {
     this.res.end(text);
   }

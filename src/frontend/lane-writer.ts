@@ -27,7 +27,11 @@ export class LaneWriter implements TokenSink {
   /** No splice frame: the events, built. */
   private text = '';
   private scheduled = false;
-  private readonly flushNow = () => this.flush();
+  /** The worker's final line came: what is pending waits for an explicit flush (the relay writes it with the end). */
+  private lingering = false;
+  private readonly flushNow = () => {
+    if (!this.lingering) this.flush();
+  };
   private readonly resume = () => this.body?.resumeReads();
 
   constructor(
@@ -53,9 +57,14 @@ export class LaneWriter implements TokenSink {
     } else this.event(this.fmt.token(this.lane, text));
   }
 
+  final(): void {
+    this.lingering = true;
+  }
+
   /** Writes what is pending (idempotent); called at each read's end and before anything else is written for the lane. */
   flush(): void {
     this.scheduled = false;
+    this.lingering = false;
     let ok = true;
     const frame = this.frame;
     if (frame && this.segments.length > 0) {

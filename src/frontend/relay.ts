@@ -112,18 +112,20 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
   /**
    * Relays one lane into the client stream across workers: its tokens are piped from the worker's
    * body into the lane's writer (one write per network read). Resolves with what it left unwritten
-   * (its finish event, for the final write) and the usage of the whole sequence.
+   * (its finish event, and with `linger` its last tokens, for the final write) and the usage of the
+   * whole sequence.
    */
-  async function relayLane(lane: Lane, out: ClientStream, fmt: StreamFormat, signal: AbortSignal): Promise<LaneEnd> {
-    const writer = new LaneWriter(out, lane.index, fmt, lane.delivered);
+  async function relayLane(lane: Lane, writer: LaneWriter, fmt: StreamFormat, signal: AbortSignal, linger: boolean): Promise<LaneEnd> {
     for (;;) {
       try {
         writer.body = lane.up.body;
-        const end = feed(lane.up.first, writer) ?? (await lane.up.body.pipe(writer));
+        const end = feed(lane.up, writer) ?? (await lane.up.body.pipe(writer));
+        if (end !== undefined && 'done' in end) {
+          if (!linger) writer.flush();
+          return { tail: fmt.finished(lane.index, end.finish_reason), usage: lane.delivered.usage(end.usage) };
+        }
         writer.flush();
-        if (end === undefined) throw new StreamCut();
-        if ('done' in end) return { tail: fmt.finished(lane.index, end.finish_reason), usage: lane.delivered.usage(end.usage) };
-        throw endOf(lane.up, end);
+        throw end === undefined ? new StreamCut() : endOf(lane.up, end);
       } catch (err) {
         if (signal.aborted || err instanceof LaneFailed) throw err;
         // Tokens read before the break were delivered: the client gets them before the continuation.
@@ -137,29 +139,41 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
    * Streams a response: every lane has a worker before the headers go out; from then on the relay
    * owns the lanes' upstream streams, and the one finally releases whichever is current, however
    * this ends. A sequence that breaks and that no worker can continue ends the response with an
-   * error event saying why; nothing is ever cut without one.
+   * error event saying why; nothing is ever cut without one. The headers leave with the first
+   * tokens, and a single lane's last tokens with the end: one system call each.
    */
   async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<RelayEnd> {
     const lanes = await openLanes(gens, signal);
     const res = reply.raw;
     const out = new ClientStream(res);
+    const writers = lanes.map((lane) => new LaneWriter(out, lane.index, fmt, lane.delivered));
     // One lane failing stops the others: the response ends once, with the error.
     const stop = new AbortController();
     const laneSignal = lanes.length === 1 ? signal : AbortSignal.any([signal, stop.signal]);
     try {
       metrics.firstToken((performance.now() - started) / 1000);
       reply.hijack();
+      out.cork();
       out.begin(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': headerValue(lanes[0]!.up.worker.record.worker_id) });
       out.write(fmt.opening());
+      lanes.forEach((lane, i) => {
+        const end = feed(lane.up, writers[i]!);
+        writers[i]!.flush();
+        if (end !== undefined) lane.up.first = [end];
+      });
+      out.uncork();
+      const linger = lanes.length === 1;
       const ends = await Promise.all(
-        lanes.map((lane) =>
-          relayLane(lane, out, fmt, laneSignal).catch((err: unknown) => {
+        lanes.map((lane, i) =>
+          relayLane(lane, writers[i]!, fmt, laneSignal, linger).catch((err: unknown) => {
             stop.abort(err);
             throw err;
           }),
         ),
       );
       const usages = ends.map((e) => e.usage);
+      out.cork();
+      for (const w of writers) w.flush();
       out.end(ends.map((e) => e.tail).join('') + fmt.end(sumLanes(usages, n)));
       return { ok: true, usages };
     } catch (err) {
@@ -197,7 +211,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
     const sink: TokenSink = { plain: (buf, start, end) => delivered.addBytes(buf, start, end), piece: (text, ids) => delivered.add(text, ids) };
     for (;;) {
       try {
-        const end = feed(lane.up.first, sink) ?? (await lane.up.body.pipe(sink));
+        const end = feed(lane.up, sink) ?? (await lane.up.body.pipe(sink));
         if (end === undefined) throw new StreamCut();
         if ('done' in end) return { text: delivered.text, finishReason: end.finish_reason, usage: delivered.usage(end.usage) };
         throw endOf(lane.up, end);
@@ -227,8 +241,10 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
 
 export type Relay = ReturnType<typeof createRelay>;
 
-/** The lines already read (an upstream's first batch) into `sink`; the terminal line when it is among them. */
-function feed(lines: StreamLine[], sink: TokenSink): StreamLine | undefined {
+/** An upstream's first batch (the lines read before the relay took it) into `sink`, once; the terminal line when it is among them. */
+function feed(up: UpstreamStream, sink: TokenSink): StreamLine | undefined {
+  const lines = up.first;
+  up.first = [];
   for (const line of lines) {
     if ('text' in line) sink.piece(line.text, line.token_ids);
     else return line;

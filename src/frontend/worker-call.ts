@@ -21,6 +21,8 @@ export interface TokenSink {
   plain(buf: Buffer, start: number, end: number): void;
   /** Any other text line, parsed (escapes, token ids). */
   piece(text: string, tokenIds: number[] | undefined): void;
+  /** The terminal line was read (pipe() settles with it next). */
+  final?(): void;
 }
 
 /** Closed by the frontend on purpose (a release before the final line). */
@@ -257,6 +259,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
   }
 
   private settlePipe(line: StreamLine): void {
+    this.sink?.final?.();
     this.sink = undefined;
     const p = this.piped;
     this.piped = undefined;
