@@ -1,24 +1,31 @@
 /**
- * Scale benchmark (issue 12), three parts, each optional (`--parts routing,heartbeats,streams`):
+ * Scale benchmark (issue 12), four parts, each optional (`--parts routing,heartbeats,etcd,streams`):
  *
  * - routing: in process, the cost of one routing decision (pick + acquire + release) with
  *   `--workers` registered (default 10,000).
  * - heartbeats: `--heartbeat-workers` records (default 1,000) in a file discovery directory, each
  *   rewritten once a second by this process (TTL 3 s), and one idle frontend watching it: its CPU
  *   over `--idle-ms`.
+ * - etcd: `--etcd-workers` records (default 10,000) in a real etcd (needs etcd installed, else skipped)
+ *   and one idle frontend watching them: its CPU over `--idle-ms`, then its CPU per change for
+ *   `--etcd-changes` re-registrations (default 2,000).
  * - streams: `--streams` concurrent slow streams (default 2,000; 10,000 needs `ulimit -n` above
  *   ~25,000 for the frontend's two sockets per stream) through one frontend to one mocker worker
  *   (ITL `--itl-ms` 200, `--stream-tokens` 5): TTFT p50/p99, whether every stream reached the worker
  *   (its in-flight count), the frontend's peak RSS and its event-loop delay (p99, from /metrics).
  *
  *   npx tsc -p . && node dist/bench/scale.js [--parts ...] [--ebb-cli other/dist/src/cli/main.js]
+ *     [--frontend-node-args "--cpu-prof --cpu-prof-dir=/tmp/prof"]
  */
 import { spawn } from 'node:child_process';
 import { readFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Agent, request } from 'undici';
+import { Etcd3 } from 'etcd3';
+import { etcdKey } from '../src/discovery/etcd-keys.js';
 import { FileDiscovery } from '../src/discovery/file.js';
+import { etcdSkipReason, startEtcd } from '../test/helpers/etcd.js';
 import { CLI, EbbProcess, killAllNow, metricValue, startWorker } from '../test/helpers/processes.js';
 import { routingCost } from './routing.js';
 
@@ -26,8 +33,9 @@ function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(`--${name}`);
   return i >= 0 && process.argv[i + 1] !== undefined ? (process.argv[i + 1] as string) : dflt;
 }
-const parts = arg('parts', 'routing,heartbeats,streams').split(',');
+const parts = arg('parts', 'routing,heartbeats,etcd,streams').split(',');
 const ebbCli = resolve(arg('ebb-cli', CLI));
+const frontendNodeArgs = arg('frontend-node-args', '').split(' ').filter(Boolean);
 process.on('exit', killAllNow);
 setTimeout(() => {
   console.error('scale: watchdog, giving up');
@@ -51,7 +59,7 @@ const pct = (xs: number[], p: number) => {
 
 function startFrontend(discovery: string): { fe: EbbProcess; ready: Promise<string> } {
   const fe = new EbbProcess(
-    spawn(process.execPath, [ebbCli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '1000000'], { env: { ...process.env, EBB_LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] }),
+    spawn(process.execPath, [...frontendNodeArgs, ebbCli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '1000000'], { env: { ...process.env, EBB_LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] }),
     'frontend',
   );
   return { fe, ready: fe.waitForEvent('frontend_ready').then((l) => l.url as string) };
@@ -83,8 +91,51 @@ if (parts.includes('heartbeats')) {
   const self = process.cpuUsage(self0);
   console.log(`heartbeats: ${n} workers beating once a second; idle frontend ${pctCpu.toFixed(1)}% CPU over ${idleMs} ms (the writer, this process: ${(((self.user + self.system) / 1000 / idleMs) * 100).toFixed(0)}%)`);
   out.heartbeats = { workers: n, idle_ms: idleMs, frontend_cpu_pct: +pctCpu.toFixed(2) };
-  await fe.stop();
+  await fe.terminate(); // graceful, so a --cpu-prof profile gets written
   await registrar.close();
+}
+
+if (parts.includes('etcd')) {
+  // etcd discovery at fleet size: heartbeats are lease keepalives between each worker and etcd, so
+  // an idle frontend's watch carries nothing; a change costs the frontend one event, applied in place.
+  const skip = etcdSkipReason();
+  if (skip) console.log(`etcd: skipped (${skip})`);
+  else {
+    const n = Number(arg('etcd-workers', '10000'));
+    const idleMs = Number(arg('idle-ms', '5000'));
+    const changes = Number(arg('etcd-changes', '2000'));
+    const etcd = await startEtcd();
+    const raw = new Etcd3({ hosts: [etcd.endpoint] });
+    // One lease for the bench's keys: what the frontend watches is the same as with one per worker.
+    const lease = raw.lease(10);
+    // A re-registration moves the worker's request port (gen), as a restarted worker's would.
+    const rec = (i: number, gen: number) => ({ worker_id: `w-${i}`, model: `m${i % 10}`, mode: 'aggregated', request_url: `http://127.0.0.1:${10_000 + ((i + gen) % 50_000)}`, system_url: 'http://127.0.0.1:9' });
+    for (let i = 0; i < n; i += 500) {
+      await Promise.all(Array.from({ length: Math.min(500, n - i) }, (_, k) => lease.put(etcdKey(rec(i + k, 0) as never)).value(JSON.stringify(rec(i + k, 0)))));
+    }
+    const { fe } = startFrontend(etcd.url);
+    await fe.waitForLog((l) => l.event === 'discovery_reset' && (l.workers as string[]).length === n, `the ${n} workers in the routing view`);
+    await new Promise((r) => setTimeout(r, 1500)); // past the initial list
+    const c0 = cpuMs(fe.proc.pid!);
+    const t0 = performance.now();
+    await new Promise((r) => setTimeout(r, idleMs));
+    const idlePct = ((cpuMs(fe.proc.pid!) - c0) / (performance.now() - t0)) * 100;
+    // Changes: re-registrations of existing workers (a new generation), as a rollout makes them.
+    const c1 = cpuMs(fe.proc.pid!);
+    let seen = 0;
+    const all = fe.waitForLog((l) => l.event === 'worker_added' && ++seen === changes, `${changes} changes applied`, { after: fe.mark() });
+    for (let i = 0; i < changes; i += 200) {
+      await Promise.all(Array.from({ length: Math.min(200, changes - i) }, (_, k) => lease.put(etcdKey(rec((i + k) % n, 1) as never)).value(JSON.stringify(rec((i + k) % n, 1)))));
+    }
+    await all;
+    const perChangeUs = ((cpuMs(fe.proc.pid!) - c1) * 1000) / changes;
+    console.log(`etcd: ${n} workers registered; idle frontend ${idlePct.toFixed(1)}% CPU over ${idleMs} ms; ${changes} changes at ${perChangeUs.toFixed(0)} µs of frontend CPU each (log line included)`);
+    out.etcd = { workers: n, idle_ms: idleMs, frontend_idle_cpu_pct: +idlePct.toFixed(2), changes, frontend_us_per_change: Math.round(perChangeUs) };
+    await fe.terminate();
+    await lease.revoke().catch(() => undefined);
+    raw.close();
+    await etcd.stop();
+  }
 }
 
 if (parts.includes('streams')) {

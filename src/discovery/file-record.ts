@@ -59,10 +59,19 @@ function processAlive(pid: number): boolean {
   }
 }
 
-/** Heartbeat within its TTL, and its owner process alive when it runs on this host. */
-export function entryLive(e: FileEntry, now: number): boolean {
-  return now - e.heartbeat_at <= e.ttl_ms && !(e.hostname === HOST && !processAlive(e.pid));
+/**
+ * Heartbeat within its TTL, and its owner process alive when it runs on this host. `checkOwner`
+ * false skips the process check (a watcher re-reading a heartbeat of an owner it checks each second).
+ */
+export function entryLive(e: FileEntry, now: number, checkOwner = true): boolean {
+  return now - e.heartbeat_at <= e.ttl_ms && !(checkOwner && e.hostname === HOST && !processAlive(e.pid));
 }
 
-/** What makes a registration new to a watcher: its content or a fresh register() call, never a heartbeat. */
-export const identity = (e: FileEntry): string => `${e.registered_at}|${JSON.stringify(e.record)}`;
+const identities = new WeakMap<FileEntry, string>();
+
+/** What makes a registration new to a watcher: its content or a fresh register() call, never a heartbeat. Computed once per entry. */
+export function identity(e: FileEntry): string {
+  let id = identities.get(e);
+  if (id === undefined) identities.set(e, (id = `${e.registered_at}|${JSON.stringify(e.record)}`));
+  return id;
+}

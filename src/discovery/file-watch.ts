@@ -13,7 +13,7 @@ const SWEEP_MS = 1000;
  * Read synchronously: a record is a few hundred bytes in a local directory, and readFileSync costs
  * ~10 µs of CPU where fs.promises.readFile costs ~130 (four thread-pool round trips per file).
  */
-export function readRecordFile(dir: string, name: string, now = Date.now()): Read {
+export function readRecordFile(dir: string, name: string, now = Date.now(), livePid?: number): Read {
   let text: string;
   try {
     text = readFileSync(join(dir, name), 'utf8');
@@ -22,7 +22,7 @@ export function readRecordFile(dir: string, name: string, now = Date.now()): Rea
     return (err as NodeJS.ErrnoException).code === 'ENOENT' ? { state: 'absent' } : { state: 'unreadable', err };
   }
   const entry = parseEntry(text, now);
-  return entry && entryLive(entry, now) ? { state: 'live', entry } : { state: 'gone' };
+  return entry && entryLive(entry, now, entry.pid !== livePid) ? { state: 'live', entry } : { state: 'gone' };
 }
 
 export interface FileWatchOptions {
@@ -49,6 +49,8 @@ export class FileWatch {
   /** Worker id -> the file names holding it (one, unless someone copied a record). */
   private readonly filesOf = new Map<string, Set<string>>();
   private readonly dirty = new Set<string>();
+  /** Of the dirty names, those only an inotify event made dirty: most likely just rewritten by their owner. */
+  private readonly beaten = new Set<string>();
   /** Unreadable this time: read again at the next sweep. */
   private readonly retry = new Set<string>();
   private needList = false;
@@ -94,7 +96,8 @@ export class FileWatch {
     if (name === null) this.needFull = true;
     else {
       const n = name.toString();
-      if (!n.endsWith('.json')) return; // heartbeat temp files (their rename names the .json)
+      if (!n.endsWith('.json')) return; // not a record (older writers' temp files: their rename names the .json)
+      if (!this.dirty.has(n)) this.beaten.add(n);
       this.dirty.add(n);
     }
     this.pump();
@@ -109,12 +112,18 @@ export class FileWatch {
   private onSweep(): void {
     if (this.closed) return;
     const now = Date.now();
-    for (const [name, e] of this.view) if (!entryLive(e, now)) this.dirty.add(name);
-    for (const name of this.retry) this.dirty.add(name);
+    for (const [name, e] of this.view) if (!entryLive(e, now)) this.markDirty(name);
+    for (const name of this.retry) this.markDirty(name);
     this.retry.clear();
     // Without a working watcher nothing says what changed: the sweep is all there is (polling).
     if (!this.watcher) this.needFull = true;
     this.pump();
+  }
+
+  /** Dirty for a reason other than its owner's write: its read checks the owner too. */
+  private markDirty(name: string): void {
+    this.beaten.delete(name);
+    this.dirty.add(name);
   }
 
   private byWorker(): Map<string, FileEntry> {
@@ -125,7 +134,8 @@ export class FileWatch {
   private readAll(names: string[]): Map<string, Read> {
     const out = new Map<string, Read>();
     const now = Date.now();
-    for (const n of names) out.set(n, readRecordFile(this.opts.dir, n, now));
+    // A heartbeat from the owner the view already holds: the sweep checks that process each second.
+    for (const n of names) out.set(n, readRecordFile(this.opts.dir, n, now, this.beaten.delete(n) ? this.view.get(n)?.pid : undefined));
     return out;
   }
 
@@ -157,7 +167,7 @@ export class FileWatch {
         }
         const listed = new Set(names);
         for (const name of this.view.keys()) if (!listed.has(name)) changes.push([name, undefined]);
-        for (const name of names) if (full || !this.view.has(name)) this.dirty.add(name);
+        for (const name of names) if (full || !this.view.has(name)) this.markDirty(name);
         if (this.closed) return;
       }
       const batch = [...this.dirty];

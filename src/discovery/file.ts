@@ -6,6 +6,9 @@ import { entryLive, HOST, MAX_TTL_MS, MIN_TTL_MS, parseEntry, type FileEntry } f
 import { FileWatch } from './file-watch.js';
 import { assertPrivate, ensurePrivateDir, UnsafeDirectoryError } from './private-dir.js';
 
+/** Where records are written before the rename that publishes them. */
+const TMP_DIR = '.tmp';
+
 /** One file as read by a scan: live, gone (absent, expired, dead owner, junk), or not readable this time. */
 type Read = { name: string; state: 'live'; entry: FileEntry } | { name: string; state: 'gone' | 'unreadable' };
 
@@ -25,6 +28,7 @@ export class FileDiscovery implements Discovery {
   private readonly closers = new Set<() => Promise<void>>();
   /** Set once the directory exists and passed the ownership check; cleared if it disappears. */
   private dirChecked = false;
+  private tmpReady = false;
 
   constructor(
     private readonly dir: string,
@@ -57,12 +61,18 @@ export class FileDiscovery implements Discovery {
     await this.ensureDir();
     const entry: FileEntry = { record, pid: process.pid, hostname: HOST, heartbeat_at: Date.now(), ttl_ms: this.ttlMs, registered_at: registeredAt };
     const path = this.pathOf(record.worker_id);
-    const tmp = `${path}.${process.pid}.${this.tmpSeq++}.tmp`; // concurrent writers never share a temp file
+    // Written beside the directory's records, not among them: a watcher (inotify is per directory)
+    // then sees one event per beat, the rename, instead of four. Concurrent writers never share one.
+    const tmp = join(this.dir, TMP_DIR, `${encodeURIComponent(record.worker_id)}.${process.pid}.${this.tmpSeq++}.tmp`);
     try {
+      if (!this.tmpReady) {
+        await ensurePrivateDir(join(this.dir, TMP_DIR));
+        this.tmpReady = true;
+      }
       await writeFile(tmp, JSON.stringify(entry), { mode: 0o600 });
       await rename(tmp, path); // atomic: readers never see half a record
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') this.dirChecked = false; // removed under us: recreate next time
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') this.dirChecked = this.tmpReady = false; // removed under us: recreate next time
       throw err;
     }
   }
