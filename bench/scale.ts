@@ -110,9 +110,18 @@ if (parts.includes('etcd')) {
     const lease = raw.lease(10);
     // A re-registration moves the worker's request port (gen), as a restarted worker's would.
     const rec = (i: number, gen: number) => ({ worker_id: `w-${i}`, model: `m${i % 10}`, mode: 'aggregated', request_url: `http://127.0.0.1:${10_000 + ((i + gen) % 50_000)}`, system_url: 'http://127.0.0.1:9' });
-    for (let i = 0; i < n; i += 500) {
-      await Promise.all(Array.from({ length: Math.min(500, n - i) }, (_, k) => lease.put(etcdKey(rec(i + k, 0) as never)).value(JSON.stringify(rec(i + k, 0)))));
-    }
+    /** Puts the records of workers 0..count-1 (modulo n) at `gen`, a few hundred writes in flight at a time. */
+    const putRecords = async (count: number, gen: number) => {
+      for (let i = 0; i < count; i += 500) {
+        await Promise.all(
+          Array.from({ length: Math.min(500, count - i) }, (_, k) => {
+            const r = rec((i + k) % n, gen);
+            return lease.put(etcdKey(r as never)).value(JSON.stringify(r));
+          }),
+        );
+      }
+    };
+    await putRecords(n, 0);
     const { fe } = startFrontend(etcd.url);
     await fe.waitForLog((l) => l.event === 'discovery_reset' && (l.workers as string[]).length === n, `the ${n} workers in the routing view`);
     await new Promise((r) => setTimeout(r, 1500)); // past the initial list
@@ -120,13 +129,11 @@ if (parts.includes('etcd')) {
     const t0 = performance.now();
     await new Promise((r) => setTimeout(r, idleMs));
     const idlePct = ((cpuMs(fe.proc.pid!) - c0) / (performance.now() - t0)) * 100;
-    // Changes: re-registrations of existing workers (a new generation), as a rollout makes them.
+    // Changes: re-registrations of existing workers on a new port, as a rollout makes them.
     const c1 = cpuMs(fe.proc.pid!);
     let seen = 0;
     const all = fe.waitForLog((l) => l.event === 'worker_added' && ++seen === changes, `${changes} changes applied`, { after: fe.mark() });
-    for (let i = 0; i < changes; i += 200) {
-      await Promise.all(Array.from({ length: Math.min(200, changes - i) }, (_, k) => lease.put(etcdKey(rec((i + k) % n, 1) as never)).value(JSON.stringify(rec((i + k) % n, 1)))));
-    }
+    await putRecords(changes, 1);
     await all;
     const perChangeUs = ((cpuMs(fe.proc.pid!) - c1) * 1000) / changes;
     console.log(`etcd: ${n} workers registered; idle frontend ${idlePct.toFixed(1)}% CPU over ${idleMs} ms; ${changes} changes at ${perChangeUs.toFixed(0)} µs of frontend CPU each (log line included)`);

@@ -3,16 +3,6 @@ import type { Socket } from 'node:net';
 
 const CRLF = 0x0d0a;
 
-/** Hex digits of a chunk size (`size.toString(16)` without the string). */
-function hexLength(n: number): number {
-  let digits = 1;
-  while (n >= 16) {
-    n = Math.floor(n / 16);
-    digits++;
-  }
-  return digits;
-}
-
 /**
  * A streamed response's body, once its headers are out. Each write is one Buffer written straight
  * to the socket, with its HTTP/1.1 chunk framing built in: ServerResponse.write would cork the
@@ -21,7 +11,8 @@ function hexLength(n: number): number {
  * terminator and keeps the connection's keep-alive bookkeeping right.
  */
 export class ClientStream {
-  private socket: Socket | null = null;
+  /** The response's socket, taken while the request is open (ServerResponse lets go of it once finished). */
+  private readonly socket: Socket | null;
   private chunked = false;
   private drainWaiters: Array<() => void> = [];
   private readonly onDrain = () => {
@@ -30,7 +21,9 @@ export class ClientStream {
     for (const w of waiters) w();
   };
 
-  constructor(readonly res: ServerResponse) {}
+  constructor(readonly res: ServerResponse) {
+    this.socket = res.socket;
+  }
 
   /** Sends the headers now, so body writes can go to the socket behind them. */
   begin(status: number, headers: Record<string, string>): void {
@@ -42,7 +35,6 @@ export class ClientStream {
 
   /** Writes until uncork() leave in one system call (the headers with the first tokens, the last tokens with the end). */
   cork(): void {
-    this.socket = this.res.socket;
     this.socket?.cork();
   }
 
@@ -53,12 +45,12 @@ export class ClientStream {
   /** A buffer for `size` body bytes, to be filled from `at` and given to send(). */
   alloc(size: number): { buf: Buffer; at: number } {
     if (!this.chunked) return { buf: Buffer.allocUnsafe(size), at: 0 };
-    const digits = hexLength(size);
-    const buf = Buffer.allocUnsafe(digits + 2 + size + 2);
-    buf.write(size.toString(16), 0, 'latin1');
-    buf.writeUInt16BE(CRLF, digits);
-    buf.writeUInt16BE(CRLF, digits + 2 + size);
-    return { buf, at: digits + 2 };
+    const hex = size.toString(16);
+    const buf = Buffer.allocUnsafe(hex.length + 2 + size + 2);
+    buf.write(hex, 0, 'latin1');
+    buf.writeUInt16BE(CRLF, hex.length);
+    buf.writeUInt16BE(CRLF, hex.length + 2 + size);
+    return { buf, at: hex.length + 2 };
   }
 
   /** false: the socket's buffer is full; whenDrained says when to write again. */

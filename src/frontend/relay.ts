@@ -8,7 +8,7 @@ import type { FrontendMetrics } from './metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
 import { sumUsage, type CollectedChoice, type StreamFormat } from './openai-format.js';
 import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive, type Upstream, type UpstreamStream } from './upstream.js';
-import type { TokenSink } from './worker-call.js';
+import { feedLines, type TokenSink } from './worker-call.js';
 import type { WorkerPool } from './worker-pool.js';
 
 export interface RelayDeps {
@@ -245,11 +245,7 @@ export type Relay = ReturnType<typeof createRelay>;
 function feed(up: UpstreamStream, sink: TokenSink): StreamLine | undefined {
   const lines = up.first;
   up.first = [];
-  for (const line of lines) {
-    if ('text' in line) sink.piece(line.text, line.token_ids);
-    else return line;
-  }
-  return undefined;
+  return feedLines(lines, sink);
 }
 
 /** Usage of a response: the `n` choices of one prompt share its prompt tokens (see toGenerateBodies' order). */

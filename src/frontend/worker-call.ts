@@ -2,11 +2,6 @@ import type { Dispatcher } from 'undici';
 import type { StreamLine } from '../protocol/request-plane.js';
 import { plainTextStart } from './token-splice.js';
 
-/** The relay's side of a worker's NDJSON body: one batch of lines per network read. */
-export interface LineBatches {
-  next(): Promise<IteratorResult<StreamLine[], void>>;
-}
-
 const NEWLINE = 0x0a;
 /** Batches read ahead of a relay that waits on its client; past this the worker's socket is paused. */
 const MAX_QUEUED_BATCHES = 16;
@@ -23,6 +18,21 @@ export interface TokenSink {
   piece(text: string, tokenIds: number[] | undefined): void;
   /** The terminal line was read (pipe() settles with it next). */
   final?(): void;
+}
+
+/** Lines already parsed into `sink`, up to the terminal line, which is returned (undefined when none is among them). */
+export function feedLines(lines: StreamLine[], sink: TokenSink): StreamLine | undefined {
+  for (const line of lines) {
+    if (isFinal(line)) return line;
+    piece(line, sink);
+  }
+  return undefined;
+}
+
+/** A text line (not a terminal one) into `sink`. */
+function piece(line: StreamLine, sink: TokenSink): void {
+  const t = line as { text: string; token_ids?: number[] };
+  sink.piece(t.text, t.token_ids);
 }
 
 /** Closed by the frontend on purpose (a release before the final line). */
@@ -43,7 +53,7 @@ export class CallReleased extends Error {
  * A body that ended on its own is never aborted, so the success path builds no error and the
  * socket stays pooled.
  */
-export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
+export class WorkerCall implements Dispatcher.DispatchHandler {
   statusCode = 0;
   /** The terminal line (done, error, handoff) has been read. */
   final = false;
@@ -155,14 +165,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
             this.fail(err);
             return false;
           }
-          if (isFinal(line)) {
-            this.final = true;
-            if (batch) batch.push(line);
-            else this.settlePipe(line);
-            break;
-          }
-          if (batch) batch.push(line);
-          else sink!.piece((line as { text: string }).text, (line as { token_ids?: number[] }).token_ids);
+          if (this.take(line, batch)) break;
         }
       }
       start = end + 1;
@@ -182,10 +185,9 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
     if (this.errorBody === undefined && !this.final && this.partial && this.partial.toString('utf8').trim().length > 0) {
       try {
         const line = JSON.parse(this.partial.toString('utf8')) as StreamLine;
-        if (isFinal(line)) this.final = true;
-        if (this.sink === undefined) this.push([line]);
-        else if (this.final) this.settlePipe(line);
-        else this.sink.piece((line as { text: string }).text, (line as { token_ids?: number[] }).token_ids);
+        const batch: StreamLine[] | undefined = this.sink ? undefined : [];
+        this.take(line, batch);
+        if (batch) this.push(batch);
       } catch (err) {
         this.failure = err;
       }
@@ -232,11 +234,10 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
    * failed. Lines read before a failure have reached the sink.
    */
   pipe(sink: TokenSink): Promise<StreamLine | undefined> {
-    for (let batch = this.queue.shift(); batch; batch = this.queue.shift())
-      for (const line of batch) {
-        if (isFinal(line)) return Promise.resolve(line);
-        sink.piece((line as { text: string }).text, (line as { token_ids?: number[] }).token_ids);
-      }
+    for (let batch = this.queue.shift(); batch; batch = this.queue.shift()) {
+      const end = feedLines(batch, sink);
+      if (end !== undefined) return Promise.resolve(end);
+    }
     if (this.failure !== undefined) return Promise.reject(this.failure);
     if (this.ended) return Promise.resolve(undefined);
     const settled = new Promise<StreamLine | undefined>((resolve, reject) => (this.piped = { resolve, reject }));
@@ -256,6 +257,19 @@ export class WorkerCall implements Dispatcher.DispatchHandler, LineBatches {
     if (!this.paused) return;
     this.paused = false;
     this.resumeFn?.();
+  }
+
+  /**
+   * A parsed line into the batch being built or, when piped (no batch), to the sink; a terminal
+   * line ends the body's reading and settles the pipe. True for a terminal line.
+   */
+  private take(line: StreamLine, batch: StreamLine[] | undefined): boolean {
+    const final = isFinal(line);
+    if (final) this.final = true;
+    if (batch) batch.push(line);
+    else if (final) this.settlePipe(line);
+    else piece(line, this.sink!);
+    return final;
   }
 
   private settlePipe(line: StreamLine): void {
