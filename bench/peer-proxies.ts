@@ -16,6 +16,9 @@
  * two builds can be compared on one machine; the worker always comes from this build.
  * `--base-cli <main.js>` adds the path `ebb-base`: a second frontend from that build, measured in
  * the same rounds (rotating with the others), for a before/after under the same machine load.
+ * The path `node-pipe` (not in the default set) is a Node TCP pipe (bench/node-pipe-proxy.ts): no
+ * HTTP at all, so its CPU per token is the floor of Node's socket layer, below which no Node
+ * frontend can go.
  */
 import { spawn } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
@@ -26,7 +29,7 @@ import { join, resolve } from 'node:path';
 import { Agent, request } from 'undici';
 import { CLI, EbbProcess, killAllNow, startWorker, tempDiscoveryUrl } from '../test/helpers/processes.js';
 
-type Path = 'direct' | 'ebb' | 'ebb-base' | 'nginx' | 'haproxy';
+type Path = 'direct' | 'ebb' | 'ebb-base' | 'nginx' | 'haproxy' | 'node-pipe';
 const ALL: Path[] = ['direct', 'ebb', 'nginx', 'haproxy'];
 const MODEL = 'm1';
 const NGINX = '/usr/sbin/nginx';
@@ -147,6 +150,16 @@ http {
   const f = startForeign(NGINX, ['-p', dir, '-e', `${dir}/error.log`, '-c', join(dir, 'nginx.conf')], 'nginx');
   await waitListening(port, 'nginx', f.state);
   return { url: `http://127.0.0.1:${port}`, pid: f.proc.pid! };
+}
+
+async function startNodePipe(workerPort: number): Promise<{ url: string; pid: number }> {
+  const proc = spawn(process.execPath, [new URL('node-pipe-proxy.js', import.meta.url).pathname, '0', String(workerPort)], { stdio: ['ignore', 'pipe', 'inherit'] });
+  children.push({ kill: () => proc.kill('SIGKILL') });
+  const port = await new Promise<number>((resolvePort, reject) => {
+    proc.once('exit', (code) => reject(new Error(`node-pipe-proxy exited (${code})`)));
+    proc.stdout!.once('data', (d: Buffer) => resolvePort(Number(/listening (\d+)/.exec(d.toString())?.[1])));
+  });
+  return { url: `http://127.0.0.1:${port}`, pid: proc.pid! };
 }
 
 async function startHaproxy(workerPort: number): Promise<{ url: string; pid: number }> {
@@ -320,6 +333,10 @@ async function main(): Promise<void> {
     if (p === 'direct') targets.push({ path: p, url: `${worker.requestUrl}/generate`, body: genBody, ...nd });
     if (p === 'nginx') {
       const n = await startNginx(workerPort);
+      targets.push({ path: p, url: `${n.url}/generate`, body: genBody, ...nd, pid: n.pid });
+    }
+    if (p === 'node-pipe') {
+      const n = await startNodePipe(workerPort);
       targets.push({ path: p, url: `${n.url}/generate`, body: genBody, ...nd, pid: n.pid });
     }
     if (p === 'haproxy') {
