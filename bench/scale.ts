@@ -11,7 +11,7 @@
  *   `--etcd-changes` re-registrations (default 2,000).
  * - streams: `--streams` concurrent slow streams (default 2,000; 10,000 needs `ulimit -n` above
  *   ~25,000 for the frontend's two sockets per stream) through one frontend to one mocker worker
- *   (ITL `--itl-ms` 200, `--stream-tokens` 5): TTFT p50/p99, whether every stream reached the worker
+ *   (ITL `--itl-ms` 1000, `--stream-tokens` 30): TTFT p50/p99, whether every stream reached the worker
  *   (its in-flight count), the frontend's peak RSS and its event-loop delay (p99, from /metrics).
  *
  *   npx tsc -p . && node dist/bench/scale.js [--parts ...] [--ebb-cli other/dist/src/cli/main.js]
@@ -66,6 +66,7 @@ function startFrontend(discovery: string): { fe: EbbProcess; ready: Promise<stri
 }
 
 const out: Record<string, unknown> = { bench: 'scale', ebb_cli: ebbCli };
+const TOKEN = /"delta":\{"content":"[^"]/;
 
 if (parts.includes('routing')) {
   const workers = Number(arg('workers', '10000'));
@@ -145,78 +146,116 @@ if (parts.includes('etcd')) {
   }
 }
 
-if (parts.includes('streams')) {
-  const n = Number(arg('streams', '2000'));
-  const itl = Number(arg('itl-ms', '200'));
-  const tokens = Number(arg('stream-tokens', '5'));
-  const discovery = `file://${mkdtempSync(join(tmpdir(), 'ebb-scale-st-'))}`;
-  const worker = await startWorker(['--model', 'm', '--discovery', discovery, '--mocker-ttft-ms', '0', '--mocker-itl-ms', String(itl), '--mocker-batch-slots', String(n + 100)]);
-  const { fe, ready } = startFrontend(discovery);
-  const url = await ready;
-  await fe.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)) || (l.event === 'worker_added' && l.worker_id === worker.workerId), 'the worker');
+/** What one burst of N streams opened at once measured. */
+interface Burst {
+  ttft: number[];
+  ok: number;
+  errors: number;
+  firstError: string | undefined;
+  /** The worker's in-flight count once every stream had its first token (or had failed). */
+  inflightAllStarted: number;
+  wallMs: number;
+}
+
+/**
+ * Opens `n` streams at once (each on its own new connection) and reads them to the end. `isToken`
+ * says whether a read holds the first non-empty token.
+ */
+async function burst(n: number, url: string, body: string, isToken: (chunk: string) => boolean, workerSystemUrl: string): Promise<Burst> {
   const agent = new Agent({ connections: null, pipelining: 1, keepAliveTimeout: 60_000 });
-  const body = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], max_tokens: tokens, stream: true });
-  const ttft: number[] = [];
-  let ok = 0;
-  let errors = 0;
-  let firstError: string | undefined;
-  let peakRss = 0;
-  let peakInflight = 0;
+  const r: Burst = { ttft: [], ok: 0, errors: 0, firstError: undefined, inflightAllStarted: 0, wallMs: 0 };
   let allStarted!: () => void;
-  const started = new Promise<void>((r) => (allStarted = r));
-  const rssTimer = setInterval(() => (peakRss = Math.max(peakRss, rssMb(fe.proc.pid!))), 200); // no event says "RSS grew": sample it
+  const started = new Promise<void>((resolveStarted) => (allStarted = resolveStarted));
+  // Each stream counts once: at its first token, or when it fails before one.
+  let startedOrFailed = 0;
+  const startedOne = () => {
+    if (++startedOrFailed === n) allStarted();
+  };
   const t0 = performance.now();
   await Promise.all(
     Array.from({ length: n }, async () => {
       const s = performance.now();
+      let first = true;
       try {
-        const res = await request(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body, dispatcher: agent });
-        let first = true;
+        const res = await request(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body, dispatcher: agent });
+        let tail = '';
         for await (const chunk of res.body as AsyncIterable<Buffer>) {
-          if (first && chunk.includes('"content":"') && !chunk.includes('"content":""')) {
+          const text = chunk.toString('latin1');
+          tail = (tail + text).slice(-300);
+          if (first && isToken(text)) {
             first = false;
-            ttft.push(performance.now() - s);
-            if (ttft.length === n) allStarted();
+            r.ttft.push(performance.now() - s);
+            startedOne();
           }
         }
-        if (res.statusCode === 200 && !first) ok++;
-        else throw new Error(`HTTP ${res.statusCode}`);
+        if (res.statusCode === 200 && !first) r.ok++;
+        else throw new Error(`HTTP ${res.statusCode}, body ending ${JSON.stringify(tail)}`);
       } catch (err) {
-        errors++;
-        firstError ??= (err as Error).message;
-        if (ttft.length + errors === n) allStarted();
+        r.errors++;
+        r.firstError ??= (err as Error).message;
+        if (first) startedOne();
       }
     }).concat([
       started.then(async () => {
-        peakInflight = await metricValue(worker.systemUrl, 'ebb_worker_inflight_requests');
+        r.inflightAllStarted = await metricValue(workerSystemUrl, 'ebb_worker_inflight_requests');
       }),
     ]),
   );
+  r.wallMs = performance.now() - t0;
+  await agent.close();
+  return r;
+}
+
+/** Gauges from one scrape (prom-client resets the event-loop histogram at each one). */
+async function gauges(url: string, names: string[]): Promise<number[]> {
+  const lines = (await fetch(`${url}/metrics`).then((res) => res.text())).split('\n');
+  return names.map((name) => Number(lines.find((l) => l.startsWith(`${name} `))?.slice(name.length + 1) ?? NaN));
+}
+
+if (parts.includes('streams')) {
+  const n = Number(arg('streams', '2000'));
+  const itl = Number(arg('itl-ms', '1000'));
+  // Streams outlive the burst that opens them, so the worker's in-flight count sees them all at once.
+  const tokens = Number(arg('stream-tokens', '30'));
+  const discovery = `file://${mkdtempSync(join(tmpdir(), 'ebb-scale-st-'))}`;
+  const worker = await startWorker(['--model', 'm', '--discovery', discovery, '--mocker-ttft-ms', '0', '--mocker-itl-ms', String(itl), '--mocker-batch-slots', String(n + 100)]);
+  // The same burst straight to the worker first: the mocker's own first-token time (up to one ITL) is the baseline.
+  const direct = await burst(n, `${worker.requestUrl}/generate`, JSON.stringify({ model: 'm', prompt: 'user: hi', max_tokens: tokens, stream: true }), (t) => t.includes('{"text":'), worker.systemUrl);
+  const { fe, ready } = startFrontend(discovery);
+  const url = await ready;
+  await fe.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)) || (l.event === 'worker_added' && l.worker_id === worker.workerId), 'the worker');
+  let peakRss = 0;
+  const rssTimer = setInterval(() => (peakRss = Math.max(peakRss, rssMb(fe.proc.pid!))), 200); // no event says "RSS grew": sample it
+  await gauges(url, ['nodejs_eventloop_lag_p99_seconds']); // the event-loop histogram starts with the burst
+  const body = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], max_tokens: tokens, stream: true });
+  // The opening ("content":"") may share a read with the first token: look for a non-empty one.
+  const b = await burst(n, `${url}/v1/chat/completions`, body, (t) => TOKEN.test(t), worker.systemUrl);
   clearInterval(rssTimer);
-  const wallMs = performance.now() - t0;
-  const lagP99 = await metricValue(url, 'ebb_frontend_process_nodejs_eventloop_lag_p99_seconds');
-  const lagMax = await metricValue(url, 'ebb_frontend_process_nodejs_eventloop_lag_max_seconds');
+  const [lagP99 = NaN, lagMax = NaN] = await gauges(url, ['nodejs_eventloop_lag_p99_seconds', 'nodejs_eventloop_lag_max_seconds']);
+  const ms = (v: number) => +v.toFixed(1);
   const r = {
     streams: n,
     itl_ms: itl,
     tokens_per_stream: tokens,
-    completed: ok,
-    errors,
-    ...(firstError ? { first_error: firstError } : {}),
-    worker_inflight_when_all_started: peakInflight,
-    ttft_ms_p50: +pct(ttft, 50).toFixed(1),
-    ttft_ms_p99: +pct(ttft, 99).toFixed(1),
+    completed: b.ok,
+    errors: b.errors,
+    ...(b.firstError ? { first_error: b.firstError } : {}),
+    worker_inflight_when_all_started: b.inflightAllStarted,
+    ttft_ms_p50: ms(pct(b.ttft, 50)),
+    ttft_ms_p99: ms(pct(b.ttft, 99)),
+    direct_ttft_ms_p50: ms(pct(direct.ttft, 50)),
+    direct_ttft_ms_p99: ms(pct(direct.ttft, 99)),
+    direct_errors: direct.errors,
     frontend_peak_rss_mb: +peakRss.toFixed(0),
-    eventloop_lag_ms_p99: +(lagP99 * 1000).toFixed(1),
-    eventloop_lag_ms_max: +(lagMax * 1000).toFixed(1),
-    wall_ms: Math.round(wallMs),
+    eventloop_lag_ms_p99: ms(lagP99 * 1000),
+    eventloop_lag_ms_max: ms(lagMax * 1000),
+    wall_ms: Math.round(b.wallMs),
   };
   console.log(
-    `streams: ${n} concurrent (${tokens} tokens at ${itl} ms ITL): ${ok} completed, ${errors} errors${firstError ? ` (${firstError})` : ''}; worker in-flight once all had a token: ${peakInflight}; TTFT p50 ${r.ttft_ms_p50} ms, p99 ${r.ttft_ms_p99} ms; frontend peak RSS ${r.frontend_peak_rss_mb} MB; event-loop delay p99 ${r.eventloop_lag_ms_p99} ms (max ${r.eventloop_lag_ms_max}) since start`,
+    `streams: ${n} concurrent (${tokens} tokens at ${itl} ms ITL), each on a new connection: ${b.ok} completed, ${b.errors} errors${b.firstError ? ` (${b.firstError})` : ''}; worker in-flight once all had a token: ${b.inflightAllStarted}; TTFT p50 ${r.ttft_ms_p50} ms, p99 ${r.ttft_ms_p99} ms (direct to the worker: ${r.direct_ttft_ms_p50} / ${r.direct_ttft_ms_p99} ms, ${direct.errors} errors); frontend peak RSS ${r.frontend_peak_rss_mb} MB; event-loop delay p99 ${r.eventloop_lag_ms_p99} ms, max ${r.eventloop_lag_ms_max} ms during the burst`,
   );
   out.streams = r;
-  await agent.close();
-  await fe.stop();
+  await fe.terminate(); // graceful, so a --cpu-prof profile gets written
   await worker.stop();
 }
 console.log(JSON.stringify(out));

@@ -195,8 +195,27 @@ export function advertisedUrl(boundUrl: string, advertiseHost?: string): string 
   return url.origin;
 }
 
+/** Node's own listen backlog, used where the kernel's limit cannot be read. */
+const NODE_DEFAULT_BACKLOG = 511;
+
+/**
+ * The accept queue a listener asks for: the kernel's maximum (net.core.somaxconn). With Node's 511,
+ * a burst of a few thousand connections (clients reconnecting after a rollout, a frontend opening
+ * one upstream socket per stream) overflows the queue; the kernel drops the SYNs and the clients
+ * retry 1 s, 3 s, 7 s later, so first tokens arrive in waves while the process sits idle.
+ * Raising net.core.somaxconn raises this.
+ */
+export function listenBacklog(): number {
+  try {
+    const n = Number(readFileSync('/proc/sys/net/core/somaxconn', 'utf8').trim());
+    return Number.isSafeInteger(n) && n > 0 ? n : NODE_DEFAULT_BACKLOG;
+  } catch {
+    return NODE_DEFAULT_BACKLOG;
+  }
+}
+
 export async function listen(app: FastifyInstance, host: string, port: number): Promise<string> {
-  await app.listen({ host, port });
+  await app.listen({ host, port, backlog: listenBacklog() });
   const addr = app.server.address() as AddressInfo;
   const h = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
   return `http://${h}:${addr.port}`;

@@ -1,0 +1,72 @@
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { connect, type Socket } from 'node:net';
+import { listenBacklog } from '../src/common/http-server.js';
+import { bounded, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+
+const procs: EbbProcess[] = [];
+after(async () => {
+  for (const p of procs) p.proc.kill('SIGCONT');
+  await Promise.all(procs.map((p) => p.stop()));
+});
+
+/** More than Node's default backlog (511), within what this kernel allows a listener. */
+const BURST = Math.min(1000, listenBacklog() - 16);
+
+/**
+ * Opens `n` connections to `port` while its process is stopped: only the kernel's accept queue can
+ * take them, so every one connects only when the listener asked for a queue that long.
+ */
+async function burstWhileStopped(p: EbbProcess, port: number, n: number): Promise<Socket[]> {
+  p.proc.kill('SIGSTOP');
+  const sockets = Array.from({ length: n }, () => connect(port, '127.0.0.1'));
+  try {
+    await bounded(Promise.all(sockets.map((s) => new Promise((resolve, reject) => s.once('connect', resolve).once('error', reject)))), `${n} connections queued by the kernel`);
+  } finally {
+    p.proc.kill('SIGCONT');
+  }
+  return sockets;
+}
+
+/** One HTTP exchange on an already open socket: the status line's code. */
+function statusOn(socket: Socket, path: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    let head = '';
+    socket.on('data', (d: Buffer) => {
+      head += d.toString('latin1');
+      const m = /^HTTP\/1\.1 (\d{3})/.exec(head);
+      if (m) resolve(Number(m[1]));
+    });
+    socket.once('error', reject);
+    socket.write(`GET ${path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n`);
+  });
+}
+
+describe('listen backlog', () => {
+  it('asks the kernel for its longest accept queue', () => {
+    assert.ok(BURST > 511, `net.core.somaxconn here allows ${BURST + 16}; the test needs more than 527`);
+  });
+
+  it('a burst of connections to a frontend that cannot accept for a moment waits in the queue, and is served', async () => {
+    const discovery = tempDiscoveryUrl();
+    const frontend = await startFrontend(discovery);
+    procs.push(frontend);
+    const sockets = await burstWhileStopped(frontend, Number(new URL(frontend.url).port), BURST);
+    try {
+      assert.equal(await bounded(statusOn(sockets[sockets.length - 1]!, '/v1/models'), 'the last queued connection answered'), 200);
+    } finally {
+      for (const s of sockets) s.destroy();
+    }
+  });
+
+  it("and so does the worker's request plane (the frontend opens one connection per stream)", async () => {
+    const worker = await startWorker(['--model', 'm', '--discovery', tempDiscoveryUrl()]);
+    procs.push(worker);
+    const sockets = await burstWhileStopped(worker, Number(new URL(worker.requestUrl).port), BURST);
+    try {
+      assert.equal(await bounded(statusOn(sockets[sockets.length - 1]!, '/nothing-here'), 'the last queued connection answered'), 404);
+    } finally {
+      for (const s of sockets) s.destroy();
+    }
+  });
+});
