@@ -12,6 +12,8 @@ after(async () => {
 
 /** More than Node's default backlog (511), within what this kernel allows a listener. */
 const BURST = Math.min(1000, listenBacklog() - 16);
+/** Where the kernel caps every listener at 511 or less, Node's default and ours are the same queue. */
+const skip = BURST <= 511 && `net.core.somaxconn is ${listenBacklog()} here: no queue longer than Node's default can be asked for`;
 
 /**
  * Opens `n` connections to `port` while its process is stopped: only the kernel's accept queue can
@@ -43,11 +45,7 @@ function statusOn(socket: Socket, path: string): Promise<number> {
 }
 
 describe('listen backlog', () => {
-  it('asks the kernel for its longest accept queue', () => {
-    assert.ok(BURST > 511, `net.core.somaxconn here allows ${BURST + 16}; the test needs more than 527`);
-  });
-
-  it('a burst of connections to a frontend that cannot accept for a moment waits in the queue, and is served', async () => {
+  it('a burst of connections to a frontend that cannot accept for a moment waits in the queue, and is served', { skip }, async () => {
     const discovery = tempDiscoveryUrl();
     const frontend = await startFrontend(discovery);
     procs.push(frontend);
@@ -59,7 +57,7 @@ describe('listen backlog', () => {
     }
   });
 
-  it("and so does the worker's request plane (the frontend opens one connection per stream)", async () => {
+  it("and so does the worker's request plane (the frontend opens one connection per stream)", { skip }, async () => {
     const worker = await startWorker(['--model', 'm', '--discovery', tempDiscoveryUrl()]);
     procs.push(worker);
     const sockets = await burstWhileStopped(worker, Number(new URL(worker.requestUrl).port), BURST);
