@@ -189,6 +189,9 @@ backend b
   return { url: `http://127.0.0.1:${port}`, pid: f.proc.pid! };
 }
 
+/** The proxies that relay /generate as it is, each started in front of the worker's port. */
+const PASS_THROUGH: Partial<Record<Path, (workerPort: number) => Promise<{ url: string; pid: number }>>> = { nginx: startNginx, haproxy: startHaproxy, 'node-pipe': startNodePipe };
+
 // --- load ---
 
 interface Target {
@@ -331,17 +334,10 @@ async function main(): Promise<void> {
   const nd = { tokenMark: '{"text":', endMark: '"done":true' };
   for (const p of paths) {
     if (p === 'direct') targets.push({ path: p, url: `${worker.requestUrl}/generate`, body: genBody, ...nd });
-    if (p === 'nginx') {
-      const n = await startNginx(workerPort);
-      targets.push({ path: p, url: `${n.url}/generate`, body: genBody, ...nd, pid: n.pid });
-    }
-    if (p === 'node-pipe') {
-      const n = await startNodePipe(workerPort);
-      targets.push({ path: p, url: `${n.url}/generate`, body: genBody, ...nd, pid: n.pid });
-    }
-    if (p === 'haproxy') {
-      const h = await startHaproxy(workerPort);
-      targets.push({ path: p, url: `${h.url}/generate`, body: genBody, ...nd, pid: h.pid });
+    const startProxy = PASS_THROUGH[p];
+    if (startProxy) {
+      const proxy = await startProxy(workerPort);
+      targets.push({ path: p, url: `${proxy.url}/generate`, body: genBody, ...nd, pid: proxy.pid });
     }
     if (p === 'ebb' || p === 'ebb-base') {
       const cli = p === 'ebb' ? opts.ebbCli : resolve(opts.baseCli);

@@ -10,9 +10,10 @@
  *   and one idle frontend watching them: its CPU over `--idle-ms`, then its CPU per change for
  *   `--etcd-changes` re-registrations (default 2,000).
  * - streams: `--streams` concurrent slow streams (default 2,000; 10,000 needs `ulimit -n` above
- *   ~25,000 for the frontend's two sockets per stream) through one frontend to one mocker worker
- *   (ITL `--itl-ms` 1000, `--stream-tokens` 30): TTFT p50/p99, whether every stream reached the worker
- *   (its in-flight count), the frontend's peak RSS and its event-loop delay (p99, from /metrics).
+ *   ~20,100 for the frontend's two sockets per stream), each on a new connection, first straight to
+ *   one mocker worker and then through one frontend (ITL `--itl-ms` 1000, `--stream-tokens` 30):
+ *   TTFT p50/p99 of both, whether every stream reached the worker (its in-flight count), the
+ *   frontend's peak RSS and its event-loop delay during the burst (p99 and max, from /metrics).
  *
  *   npx tsc -p . && node dist/bench/scale.js [--parts ...] [--ebb-cli other/dist/src/cli/main.js]
  *     [--frontend-node-args "--cpu-prof --cpu-prof-dir=/tmp/prof"]
@@ -26,7 +27,7 @@ import { Etcd3 } from 'etcd3';
 import { etcdKey } from '../src/discovery/etcd-keys.js';
 import { FileDiscovery } from '../src/discovery/file.js';
 import { etcdSkipReason, startEtcd } from '../test/helpers/etcd.js';
-import { CLI, EbbProcess, killAllNow, metricValue, startWorker } from '../test/helpers/processes.js';
+import { CLI, EbbProcess, killAllNow, metricValue, metricValues, startWorker } from '../test/helpers/processes.js';
 import { routingCost } from './routing.js';
 
 function arg(name: string, dflt: string): string {
@@ -206,12 +207,6 @@ async function burst(n: number, url: string, body: string, isToken: (chunk: stri
   return r;
 }
 
-/** Gauges from one scrape (prom-client resets the event-loop histogram at each one). */
-async function gauges(url: string, names: string[]): Promise<number[]> {
-  const lines = (await fetch(`${url}/metrics`).then((res) => res.text())).split('\n');
-  return names.map((name) => Number(lines.find((l) => l.startsWith(`${name} `))?.slice(name.length + 1) ?? NaN));
-}
-
 if (parts.includes('streams')) {
   const n = Number(arg('streams', '2000'));
   const itl = Number(arg('itl-ms', '1000'));
@@ -226,12 +221,12 @@ if (parts.includes('streams')) {
   await fe.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)) || (l.event === 'worker_added' && l.worker_id === worker.workerId), 'the worker');
   let peakRss = 0;
   const rssTimer = setInterval(() => (peakRss = Math.max(peakRss, rssMb(fe.proc.pid!))), 200); // no event says "RSS grew": sample it
-  await gauges(url, ['nodejs_eventloop_lag_p99_seconds']); // the event-loop histogram starts with the burst
+  await metricValues(url, ['nodejs_eventloop_lag_p99_seconds']); // a scrape resets the event-loop histogram: it starts with the burst
   const body = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }], max_tokens: tokens, stream: true });
   // The opening ("content":"") may share a read with the first token: look for a non-empty one.
   const b = await burst(n, `${url}/v1/chat/completions`, body, (t) => TOKEN.test(t), worker.systemUrl);
   clearInterval(rssTimer);
-  const [lagP99 = NaN, lagMax = NaN] = await gauges(url, ['nodejs_eventloop_lag_p99_seconds', 'nodejs_eventloop_lag_max_seconds']);
+  const [lagP99 = NaN, lagMax = NaN] = await metricValues(url, ['nodejs_eventloop_lag_p99_seconds', 'nodejs_eventloop_lag_max_seconds']);
   const ms = (v: number) => +v.toFixed(1);
   const r = {
     streams: n,

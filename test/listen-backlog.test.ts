@@ -20,18 +20,23 @@ const skip =
   BURST <= 511 && `a burst past 511 does not fit here (net.core.somaxconn ${listenBacklog()}, connection budget ${defaultMaxConnections('public')} from the fd limit)`;
 
 /**
- * Opens `n` connections to `port` while its process is stopped: only the kernel's accept queue can
- * take them, so every one connects only when the listener asked for a queue that long.
+ * Opens BURST connections to `port` while `p` is stopped: only the kernel's accept queue can take
+ * them, so every one connects only when the listener asked for a queue that long. Once `p` runs
+ * again, the last one queued asks for `path`: the status it gets.
  */
-async function burstWhileStopped(p: EbbProcess, port: number, n: number): Promise<Socket[]> {
+async function lastOfBurstWhileStopped(p: EbbProcess, port: number, path: string): Promise<number> {
   p.proc.kill('SIGSTOP');
-  const sockets = Array.from({ length: n }, () => connect(port, '127.0.0.1'));
+  const sockets = Array.from({ length: BURST }, () => connect(port, '127.0.0.1'));
   try {
-    await bounded(Promise.all(sockets.map((s) => new Promise((resolve, reject) => s.once('connect', resolve).once('error', reject)))), `${n} connections queued by the kernel`);
+    try {
+      await bounded(Promise.all(sockets.map((s) => new Promise((resolve, reject) => s.once('connect', resolve).once('error', reject)))), `${BURST} connections queued by the kernel`);
+    } finally {
+      p.proc.kill('SIGCONT');
+    }
+    return await bounded(statusOn(sockets[sockets.length - 1]!, path), 'the last queued connection answered');
   } finally {
-    p.proc.kill('SIGCONT');
+    for (const s of sockets) s.destroy();
   }
-  return sockets;
 }
 
 /** One HTTP exchange on an already open socket: the status line's code. */
@@ -50,25 +55,14 @@ function statusOn(socket: Socket, path: string): Promise<number> {
 
 describe('listen backlog', () => {
   it('a burst of connections to a frontend that cannot accept for a moment waits in the queue, and is served', { skip }, async () => {
-    const discovery = tempDiscoveryUrl();
-    const frontend = await startFrontend(discovery);
+    const frontend = await startFrontend(tempDiscoveryUrl());
     procs.push(frontend);
-    const sockets = await burstWhileStopped(frontend, Number(new URL(frontend.url).port), BURST);
-    try {
-      assert.equal(await bounded(statusOn(sockets[sockets.length - 1]!, '/v1/models'), 'the last queued connection answered'), 200);
-    } finally {
-      for (const s of sockets) s.destroy();
-    }
+    assert.equal(await lastOfBurstWhileStopped(frontend, Number(new URL(frontend.url).port), '/v1/models'), 200);
   });
 
   it("and so does the worker's request plane (the frontend opens one connection per stream)", { skip }, async () => {
     const worker = await startWorker(['--model', 'm', '--discovery', tempDiscoveryUrl()]);
     procs.push(worker);
-    const sockets = await burstWhileStopped(worker, Number(new URL(worker.requestUrl).port), BURST);
-    try {
-      assert.equal(await bounded(statusOn(sockets[sockets.length - 1]!, '/nothing-here'), 'the last queued connection answered'), 404);
-    } finally {
-      for (const s of sockets) s.destroy();
-    }
+    assert.equal(await lastOfBurstWhileStopped(worker, Number(new URL(worker.requestUrl).port), '/nothing-here'), 404);
   });
 });

@@ -187,8 +187,17 @@ export async function startFrontend(discoveryUrl: string, args: string[] = [], e
 
 /** Reads one counter or gauge sample from a Prometheus text page; 0 when absent. */
 export async function metricValue(url: string, name: string, labels = ''): Promise<number> {
-  const text = await fetch(`${url}/metrics`).then((r) => r.text());
-  const key = labels ? `${name}{${labels}}` : name;
-  const line = text.split('\n').find((l) => l.startsWith(key + ' '));
-  return line ? Number(line.slice(key.length + 1)) : 0;
+  return (await metricValues(url, [labels ? `${name}{${labels}}` : name]))[0] ?? 0;
+}
+
+/**
+ * Samples (`name` or `name{labels}`) from one scrape of a Prometheus text page, undefined where
+ * absent. One scrape matters where reading resets what is read (prom-client's event-loop histogram).
+ */
+export async function metricValues(url: string, keys: string[]): Promise<Array<number | undefined>> {
+  const lines = (await fetch(`${url}/metrics`).then((r) => r.text())).split('\n');
+  return keys.map((key) => {
+    const line = lines.find((l) => l.startsWith(key + ' '));
+    return line === undefined ? undefined : Number(line.slice(key.length + 1));
+  });
 }
