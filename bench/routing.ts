@@ -8,7 +8,7 @@
  */
 import { pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
-import type { WorkerPool as Pool } from '../src/frontend/worker-pool.js';
+import type { WorkerPool as Pool } from '../src/frontend/routing/worker-pool.js';
 
 function flag(name: string, dflt: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -16,7 +16,7 @@ function flag(name: string, dflt: string): string {
 }
 
 export async function routingCost(workers: number, decisions: number, poolModule?: string): Promise<{ workers: number; ns_per_decision: number }> {
-  const mod = (poolModule ? await import(pathToFileURL(resolve(poolModule)).href) : await import('../src/frontend/worker-pool.js')) as { WorkerPool: new () => Pool };
+  const mod = (poolModule ? await import(pathToFileURL(resolve(poolModule)).href) : await import('../src/frontend/routing/worker-pool.js')) as { WorkerPool: new () => Pool };
   const pool = new mod.WorkerPool();
   pool.apply({
     type: 'reset',

@@ -1,6 +1,6 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { FIELD_POLICY, RESPONSES_FIELD_POLICY } from '../src/frontend/field-policy.js';
+import { FIELD_POLICY, RESPONSES_FIELD_POLICY } from '../src/frontend/api/field-policy.js';
 import { call } from './helpers/http.js';
 import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 

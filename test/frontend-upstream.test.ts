@@ -3,8 +3,8 @@ import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import type { ServerResponse } from 'node:http';
 import { createFrontendMetrics } from '../src/frontend/metrics.js';
-import { Upstream } from '../src/frontend/upstream.js';
-import { WorkerPool } from '../src/frontend/worker-pool.js';
+import { Upstream } from '../src/frontend/relay/upstream.js';
+import { WorkerPool } from '../src/frontend/routing/worker-pool.js';
 import { fakeWorker, type FakeWorker } from './helpers/http.js';
 
 const fakes: FakeWorker[] = [];

@@ -1,9 +1,9 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createFrontendMetrics } from '../src/frontend/metrics.js';
-import { Upstream } from '../src/frontend/upstream.js';
-import { WAITING_METRIC, waitingRequests } from '../src/frontend/upstream-agent.js';
-import { WorkerPool } from '../src/frontend/worker-pool.js';
+import { Upstream } from '../src/frontend/relay/upstream.js';
+import { WAITING_METRIC, waitingRequests } from '../src/frontend/relay/upstream-agent.js';
+import { WorkerPool } from '../src/frontend/routing/worker-pool.js';
 import { fakeWorker, openLineStream, type OpenStream } from './helpers/http.js';
 import { bounded, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
 

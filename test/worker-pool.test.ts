@@ -1,6 +1,6 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { WorkerPool, HOLD_MS, MODEL_MEMORY_MS } from '../src/frontend/worker-pool.js';
+import { WorkerPool, HOLD_MS, MODEL_MEMORY_MS } from '../src/frontend/routing/worker-pool.js';
 import type { WorkerRecord } from '../src/discovery/discovery.js';
 
 const rec = (id: string, model = 'm', mode: WorkerRecord['mode'] = 'aggregated'): WorkerRecord => ({

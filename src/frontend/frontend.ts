@@ -4,11 +4,12 @@ import { listen, type HttpServerLimits } from '../common/http-server.js';
 import { createAdminAgent } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, DiscoveryEvent } from '../discovery/discovery.js';
-import { createAdminServer, FleetView } from './admin-server.js';
+import { createAdminServer } from './admin/admin-server.js';
+import { FleetView } from './admin/fleet-view.js';
 import { createFrontendMetrics } from './metrics.js';
-import { createOpenAIServer } from './openai-server.js';
-import { Upstream } from './upstream.js';
-import { WorkerPool } from './worker-pool.js';
+import { createOpenAIServer } from './api/openai-server.js';
+import { Upstream } from './relay/upstream.js';
+import { WorkerPool } from './routing/worker-pool.js';
 
 export interface FrontendOptions {
   host: string;

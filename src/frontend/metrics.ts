@@ -1,6 +1,6 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { collectProcessMetrics } from '../common/process-metrics.js';
-import type { WorkerPool } from './worker-pool.js';
+import type { WorkerPool } from './routing/worker-pool.js';
 
 /**
  * Frontend metrics. ebb_frontend_upstream_attempts_total is the routing record: which worker each

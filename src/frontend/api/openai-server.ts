@@ -2,15 +2,15 @@ import cors from '@fastify/cors';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
-import { allowOnly, createHttpServer, type HttpServerLimits } from '../common/http-server.js';
+import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
 import { FIELD_POLICY, RESPONSES_FIELD_POLICY, checkFields, type FieldPolicy } from './field-policy.js';
-import type { FrontendMetrics } from './metrics.js';
+import type { FrontendMetrics } from '../metrics.js';
 import { completionResponse, SseFormatter, toGenerateBodies, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, responsesSchema, type OpenAIRequest } from './openai-schema.js';
-import { createRelay } from './relay.js';
+import { createRelay } from '../relay/relay.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
-import { modelNotFound, unavailableModel, type Upstream } from './upstream.js';
-import type { WorkerPool } from './worker-pool.js';
+import { modelNotFound, unavailableModel, type Upstream } from '../relay/upstream.js';
+import type { WorkerPool } from '../routing/worker-pool.js';
 
 export interface OpenAIServerDeps {
   pool: WorkerPool;

@@ -1,8 +1,8 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { isLoopback } from '../common/admin-auth.js';
-import { allowOnly } from '../common/http-server.js';
+import { isLoopback } from '../../common/admin-auth.js';
+import { allowOnly } from '../../common/http-server.js';
 
 /**
  * The fleet dashboard: one hand-written page (HTML, CSS and JS in one file, no build step, nothing
@@ -13,7 +13,7 @@ import { allowOnly } from '../common/http-server.js';
  */
 
 /** The page, next to this file in the source tree (dist/src/frontend -> src/frontend/dashboard). */
-export const DASHBOARD_FILE = fileURLToPath(new URL('../../../src/frontend/dashboard/index.html', import.meta.url));
+export const DASHBOARD_FILE = fileURLToPath(new URL('../../../../src/frontend/admin/dashboard/index.html', import.meta.url));
 
 export function addDashboard(app: FastifyInstance, opts: { tokenRequired: boolean }): void {
   // Read once, at start: the page is part of the package, and a missing file is a broken install.

@@ -1,8 +1,8 @@
 import type { ClientStream } from './client-stream.js';
 
 import type { Delivered } from './migration.js';
-import type { StreamFormat } from './openai-format.js';
-import type { SpliceFrame } from './token-splice.js';
+import type { StreamFormat } from '../api/openai-format.js';
+import type { SpliceFrame } from '../api/token-splice.js';
 import type { TokenSink } from './worker-call.js';
 import type { UpstreamStream } from './upstream.js';
 

@@ -1,5 +1,5 @@
-import { CAPABILITIES, missingCapability, type Capability } from '../protocol/capabilities.js';
-import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
+import { CAPABILITIES, missingCapability, type Capability } from '../../protocol/capabilities.js';
+import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../../discovery/discovery.js';
 import { LeastLoaded, type Ranked } from './least-loaded.js';
 
 /** Why the frontend is not sending a worker new requests for now, though discovery still lists it. */

@@ -1,5 +1,5 @@
-import type { GenerateBody, ResponseFormat, Usage } from '../protocol/request-plane.js';
-import { promptShape } from './field-policy.js';
+import type { GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
+import { promptShape } from './prompt-shape.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 import type { SpliceFrame } from './token-splice.js';
 

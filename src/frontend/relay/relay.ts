@@ -1,15 +1,15 @@
 import type { FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
-import { EbbError, errorBody } from '../protocol/errors.js';
-import type { GenerateBody, StreamLine, Usage } from '../protocol/request-plane.js';
+import { EbbError, errorBody } from '../../protocol/errors.js';
+import type { GenerateBody, StreamLine, Usage } from '../../protocol/request-plane.js';
 import { ClientStream } from './client-stream.js';
 import { LaneWriter } from './lane-writer.js';
-import type { FrontendMetrics } from './metrics.js';
+import type { FrontendMetrics } from '../metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
-import { sumUsage, type CollectedChoice, type StreamFormat } from './openai-format.js';
+import { sumUsage, type CollectedChoice, type StreamFormat } from '../api/openai-format.js';
 import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive, type Upstream, type UpstreamStream } from './upstream.js';
 import { feedLines, type TokenSink } from './worker-call.js';
-import type { WorkerPool } from './worker-pool.js';
+import type { WorkerPool } from '../routing/worker-pool.js';
 
 export interface RelayDeps {
   pool: WorkerPool;

@@ -1,10 +1,10 @@
 import { request, errors as undiciErrors, type Agent, type Dispatcher } from 'undici';
-import { capabilitiesNeeded, type Capability } from '../protocol/capabilities.js';
-import { codeOf, EbbError, type ErrorCode } from '../protocol/errors.js';
-import type { WorkerMode } from '../discovery/discovery.js';
-import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../protocol/request-plane.js';
-import type { FrontendMetrics } from './metrics.js';
-import type { Hold, PoolWorker, WorkerPool } from './worker-pool.js';
+import { capabilitiesNeeded, type Capability } from '../../protocol/capabilities.js';
+import { codeOf, EbbError, type ErrorCode } from '../../protocol/errors.js';
+import type { WorkerMode } from '../../discovery/discovery.js';
+import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
+import type { FrontendMetrics } from '../metrics.js';
+import type { Hold, PoolWorker, WorkerPool } from '../routing/worker-pool.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
 import { WorkerCall } from './worker-call.js';
 

@@ -1,10 +1,10 @@
 import type { FastifyInstance } from 'fastify';
 import { Agent, request } from 'undici';
-import { allowOnly } from '../common/http-server.js';
-import { readSse, SseHub, sseFrame } from '../common/sse-hub.js';
-import { failureReason } from '../common/worker-admin.js';
-import type { WorkerRecord } from '../discovery/discovery.js';
-import type { FleetView } from './admin-server.js';
+import { allowOnly } from '../../common/http-server.js';
+import { readSse, SseHub, sseFrame } from '../../common/sse-hub.js';
+import { failureReason } from '../../common/worker-admin.js';
+import type { WorkerRecord } from '../../discovery/discovery.js';
+import type { FleetView } from './fleet-view.js';
 
 /** Reconnect back-off for a worker's status stream that ended or failed. */
 const RESUBSCRIBE_MIN_MS = 500;

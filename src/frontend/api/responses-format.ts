@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
-import { EbbError } from '../protocol/errors.js';
-import type { ChatMessage, GenerateBody, ResponseFormat, Usage } from '../protocol/request-plane.js';
+import { EbbError } from '../../protocol/errors.js';
+import type { ChatMessage, GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
 import type { CollectedChoice, StreamFormat } from './openai-format.js';
 
 /** The subset of OpenAI's Responses API request that ebb serves (see openai-schema.ts and field-policy.ts). */

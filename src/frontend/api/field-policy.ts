@@ -1,7 +1,8 @@
-import type { Capability } from '../protocol/capabilities.js';
-import { EbbError } from '../protocol/errors.js';
+import type { Capability } from '../../protocol/capabilities.js';
+import { EbbError } from '../../protocol/errors.js';
+import { promptShape } from './prompt-shape.js';
 import { responsesFormatNeed } from './responses-format.js';
-import type { WorkerPool } from './worker-pool.js';
+import type { WorkerPool } from '../routing/worker-pool.js';
 
 /**
  * What the frontend does with each OpenAI request field. A field that would change the answer is
@@ -34,19 +35,6 @@ function textOnlyMessages(messages: unknown): void {
       if (p.type !== 'text') throw unsupported('messages', `messages[${i}].content[${j}] of type "${String(p.type)}" is not supported: ebb's engines take text`);
     });
   });
-}
-
-const isIds = (v: unknown): boolean => Array.isArray(v) && v.length > 0 && v.every((id) => Number.isInteger(id) && (id as number) >= 0);
-
-/** The shape of a completions prompt: text, token ids, or a batch of either (never a mix). */
-export type PromptShape = 'text' | 'texts' | 'ids' | 'id_batch';
-
-export function promptShape(prompt: unknown): PromptShape {
-  if (typeof prompt === 'string') return 'text';
-  if (Array.isArray(prompt) && prompt.every((p) => typeof p === 'string')) return 'texts';
-  if (isIds(prompt)) return 'ids';
-  if (Array.isArray(prompt) && prompt.every(isIds)) return 'id_batch';
-  throw new EbbError('invalid_request', 'prompt must be a string, an array of strings, an array of token ids, or an array of such arrays', { param: 'prompt' });
 }
 
 /** Token-id prompts go only to engines that evaluate their own tokenizer's ids. */

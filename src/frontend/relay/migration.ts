@@ -1,4 +1,4 @@
-import type { ContinuationBody, GenerateBody, Usage } from '../protocol/request-plane.js';
+import type { ContinuationBody, GenerateBody, Usage } from '../../protocol/request-plane.js';
 
 /** Why a stream moved to another worker: the label of ebb_frontend_migrations_total. */
 export type MigrationReason = 'worker_failed' | 'worker_unresponsive' | 'handoff';
