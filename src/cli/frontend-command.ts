@@ -3,6 +3,7 @@ import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdmin
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend } from '../frontend/frontend.js';
+import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
 import { discoveryDefault, intOption, msOption } from './options.js';
 
 interface FrontendFlags {
@@ -15,6 +16,7 @@ interface FrontendFlags {
   shutdownTimeoutMs: number;
   upstreamHeadersTimeoutMs: number;
   streamIdleTimeoutMs: number;
+  prefillTimeoutMs: number;
   migrationLimit: number;
   corsOrigin: string[];
   upstreamConnections?: number;
@@ -54,6 +56,7 @@ export function frontendCommand(): Command {
     .option('--admin-max-connections <n>', 'open connections on the admin listener past which new ones are closed', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', msOption(1), 10_000)
     .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", msOption(0), 10_000)
+    .option('--prefill-timeout-ms <n>', 'a prefill worker that has not answered /prefill (KV computed) after this long is treated as hung; the prefill moves to another prefill worker (0 = never)', msOption(0), DEFAULT_PREFILL_TIMEOUT_MS)
     .option('--health-ready-without-workers', '/health answers 200 even when no worker can take a request (default: 503 until one can)')
     .option('--upstream-connections <n>', 'connections per worker (default: as many as requests: the worker\'s admission is the limit); requests past it wait, counted by ebb_frontend_upstream_waiting_requests', intOption(1))
     .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any); off by default', (v: string, all: string[]) => [...all, v], [] as string[])
@@ -73,6 +76,7 @@ export function frontendCommand(): Command {
           discoveryUrl: flags.discovery,
           upstreamHeadersTimeoutMs: flags.upstreamHeadersTimeoutMs,
           streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
+          prefillTimeoutMs: flags.prefillTimeoutMs,
           migrationLimit: flags.migrationLimit,
           corsOrigins: flags.corsOrigin,
           upstreamConnections: flags.upstreamConnections,

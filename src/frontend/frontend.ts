@@ -17,6 +17,8 @@ export interface FrontendOptions {
   discoveryUrl: string;
   /** How long a worker may take to start answering /generate before it counts as hung (default 10 s). */
   upstreamHeadersTimeoutMs?: number | undefined;
+  /** How long a prefill worker may take to answer /prefill before it counts as hung (default 30 s; 0: no bound). */
+  prefillTimeoutMs?: number | undefined;
   /** A committed stream silent this long gets its worker's /live probed; no answer moves the stream on (default 10 s). */
   streamIdleTimeoutMs?: number | undefined;
   /** How many times one request may move to another worker mid-stream (default 3). */
@@ -60,7 +62,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
   });
   const metrics = createFrontendMetrics(pool);
-  const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, connections: opts.upstreamConnections });
+  const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream

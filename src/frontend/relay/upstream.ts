@@ -1,4 +1,4 @@
-import { request, errors as undiciErrors, type Agent, type Dispatcher } from 'undici';
+import { request, errors as undiciErrors, type Agent } from 'undici';
 import { capabilitiesNeeded, type Capability } from '../../protocol/capabilities.js';
 import { codeOf, EbbError, type ErrorCode } from '../../protocol/errors.js';
 import type { WorkerMode } from '../../discovery/discovery.js';
@@ -175,7 +175,16 @@ export interface UpstreamOptions {
    * not answer either, the worker is hung and the stream moves on (default 10 s; 0 disables).
    */
   streamIdleTimeoutMs?: number | undefined;
+  /**
+   * How long a prefill worker may take to answer POST /prefill, which it does once the prompt's KV
+   * is computed (default 30 s; 0: no bound). Past it the worker counts as hung and the prefill
+   * moves to another prefill worker.
+   */
+  prefillTimeoutMs?: number | undefined;
 }
+
+/** A prompt's KV takes seconds on a slow engine, rarely more; a prefill silent this long is hung. */
+export const DEFAULT_PREFILL_TIMEOUT_MS = 30_000;
 
 /** How long releasing an unclaimed KV transfer may take; it expires on the prefill side anyway. */
 const KV_RELEASE_TIMEOUT_MS = 2000;
@@ -190,6 +199,7 @@ export class Upstream {
   readonly agent: Agent;
   private readonly headersTimeoutMs: number;
   private readonly streamIdleTimeoutMs: number;
+  private readonly prefillTimeoutMs: number;
   private readonly headers: Record<string, string>;
   private readonly generateHeaders: Record<string, string>;
 
@@ -205,6 +215,7 @@ export class Upstream {
   ) {
     this.headersTimeoutMs = opts.headersTimeoutMs ?? 10_000;
     this.streamIdleTimeoutMs = opts.streamIdleTimeoutMs ?? 10_000;
+    this.prefillTimeoutMs = opts.prefillTimeoutMs ?? DEFAULT_PREFILL_TIMEOUT_MS;
     this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
     this.generateHeaders = { 'content-type': 'application/json', ...this.headers };
     this.agent = createUpstreamAgent(opts.connections);
@@ -269,15 +280,29 @@ export class Upstream {
     throw this.noWorker(model, mode, lastRefusal);
   }
 
-  private post(url: string, body: unknown, signal: AbortSignal, headersTimeout: number): Promise<Dispatcher.ResponseData> {
-    return request(url, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', ...this.headers },
-      body: JSON.stringify(body),
-      dispatcher: this.agent,
-      signal,
-      headersTimeout,
-    });
+  /**
+   * POST /prefill on `w`: its answer comes once the KV is computed, so the whole call is bounded by
+   * the prefill timeout. A worker silent past it is hung: undici destroys the socket (the worker
+   * sees its caller leave), and the attempt fails as that worker's, held out like an unreachable one.
+   */
+  private async prefill(w: PoolWorker, body: GenerateBody, signal: AbortSignal): Promise<PrefillResponse> {
+    const timeout = this.prefillTimeoutMs;
+    try {
+      const res = await request(`${w.record.request_url}/prefill`, {
+        method: 'POST',
+        headers: this.generateHeaders,
+        body: JSON.stringify(body),
+        dispatcher: this.agent,
+        signal,
+        headersTimeout: timeout,
+        bodyTimeout: timeout,
+      });
+      if (res.statusCode !== 200) rejectNon200(res.statusCode, await res.body.json().catch(() => ({})));
+      return (await res.body.json()) as PrefillResponse;
+    } catch (err) {
+      if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) throw new TryElsewhere('prefill_timeout', 'unreachable');
+      throw err;
+    }
   }
 
   /** POST /generate on `w`, up to its first batch of lines. */
@@ -428,11 +453,7 @@ export class Upstream {
       if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
       let kv: KvTransferRef;
       try {
-        const prefill = await this.route(body.model, 'prefill', signal, new Set(), async (w) => {
-          const res = await this.post(`${w.record.request_url}/prefill`, body, signal, 0); // answers after the KV is computed
-          if (res.statusCode !== 200) rejectNon200(res.statusCode, await res.body.json().catch(() => ({})));
-          return (await res.body.json()) as PrefillResponse;
-        });
+        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w) => this.prefill(w, body, signal));
         prefill.release();
         kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
       } catch (err) {
