@@ -3,6 +3,7 @@ import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdmin
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend } from '../frontend/frontend.js';
+import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
 import { discoveryDefault, intOption, msOption } from './options.js';
 
@@ -18,6 +19,7 @@ interface FrontendFlags {
   streamIdleTimeoutMs: number;
   prefillTimeoutMs: number;
   migrationLimit: number;
+  maxLanesPerRequest: number;
   corsOrigin: string[];
   upstreamConnections?: number;
   healthReadyWithoutWorkers?: boolean;
@@ -60,6 +62,7 @@ export function frontendCommand(): Command {
     .option('--health-ready-without-workers', '/health answers 200 even when no worker can take a request (default: 503 until one can)')
     .option('--upstream-connections <n>', 'connections per worker (default: as many as requests: the worker\'s admission is the limit); requests past it wait, counted by ebb_frontend_upstream_waiting_requests', intOption(1))
     .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any); off by default', (v: string, all: string[]) => [...all, v], [] as string[])
+    .option('--max-lanes-per-request <n>', 'sequences (prompts x n) one request may open; 400 past it. Across requests, the fd limit bounds them: 503 frontend_overloaded (retryable) past it', intOption(1), DEFAULT_MAX_LANES_PER_REQUEST)
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
     .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', msOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
@@ -78,6 +81,7 @@ export function frontendCommand(): Command {
           streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
           prefillTimeoutMs: flags.prefillTimeoutMs,
           migrationLimit: flags.migrationLimit,
+          maxLanesPerRequest: flags.maxLanesPerRequest,
           corsOrigins: flags.corsOrigin,
           upstreamConnections: flags.upstreamConnections,
           healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import type { AdminGuard } from '../common/admin-auth.js';
-import { listen, type HttpServerLimits } from '../common/http-server.js';
+import { ADMIN_MAX_CONNECTIONS, defaultMaxConnections, fdLimit, listen, type HttpServerLimits } from '../common/http-server.js';
 import { createAdminAgent } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, DiscoveryEvent } from '../discovery/discovery.js';
@@ -8,6 +8,7 @@ import { createAdminServer } from './admin/admin-server.js';
 import { FleetView } from './admin/fleet-view.js';
 import { createFrontendMetrics } from './metrics.js';
 import { createOpenAIServer } from './api/openai-server.js';
+import { DEFAULT_MAX_LANES_PER_REQUEST, FD_RESERVE, fdBudget, LaneBudget } from './api/lane-budget.js';
 import { Upstream } from './relay/upstream.js';
 import { WorkerPool } from './routing/worker-pool.js';
 
@@ -31,6 +32,8 @@ export interface FrontendOptions {
   healthReadyWithoutWorkers?: boolean | undefined;
   /** Request-plane bearer token, sent on every call to a worker's /generate, /prefill and /kv. */
   requestToken?: string | undefined;
+  /** Sequences (prompts x n) one request may open; 400 past it (default 128). */
+  maxLanesPerRequest?: number | undefined;
   /** Connection bounds of the public listener (defaults: createHttpServer's for role 'public'). */
   limits?: HttpServerLimits | undefined;
   /** The admin listener (fleet view, drain/resume forwarding); the caller checks the bind is allowed. */
@@ -50,6 +53,21 @@ export interface RunningFrontend {
   close(timeoutMs: number): Promise<boolean>;
 }
 
+/** The per-request and fd bounds on sequences, logged: the numbers an operator sizes `ulimit -n` by. */
+function laneBudget(opts: FrontendOptions, log: Logger): LaneBudget {
+  const limit = fdLimit();
+  const adminMax = opts.admin ? (opts.admin.limits?.maxConnections ?? ADMIN_MAX_CONNECTIONS) : 0;
+  const fds = fdBudget(limit, adminMax);
+  const perRequest = opts.maxLanesPerRequest ?? DEFAULT_MAX_LANES_PER_REQUEST;
+  log.info(
+    { event: 'frontend_limits', fd_limit: limit ?? null, fd_budget: fds ?? null, fd_reserve: FD_RESERVE, admin_max_connections: adminMax, max_connections: opts.limits?.maxConnections ?? defaultMaxConnections('public'), max_lanes_per_request: perRequest },
+    fds === undefined
+      ? `fd limit unknown: no fd budget; at most ${perRequest} sequences per request`
+      : `fd limit ${limit}: ${fds} descriptors for client connections and worker sockets (${FD_RESERVE} reserved, ${adminMax} for the admin listener); at most ${perRequest} sequences per request`,
+  );
+  return new LaneBudget(perRequest, fds);
+}
+
 export async function startFrontend(opts: FrontendOptions, log: Logger): Promise<RunningFrontend> {
   const discovery = await connectDiscovery(opts.discoveryUrl);
   const pool = new WorkerPool();
@@ -63,7 +81,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   });
   const metrics = createFrontendMetrics(pool);
   const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers });
+  const lanes = laneBudget(opts, log);
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.

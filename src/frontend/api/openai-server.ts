@@ -8,6 +8,7 @@ import type { FrontendMetrics } from '../metrics.js';
 import { completionResponse, SseFormatter, toGenerateBodies, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, responsesSchema, type OpenAIRequest } from './openai-schema.js';
 import { createRelay } from '../relay/relay.js';
+import { DEFAULT_MAX_LANES_PER_REQUEST, LaneBudget } from './lane-budget.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
 import { modelNotFound, unavailableModel, type Upstream } from '../relay/upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
@@ -24,6 +25,8 @@ export interface OpenAIServerDeps {
   corsOrigins?: string[] | undefined;
   /** /health answers 200 even when no worker can take a request (default: 503 until one can). */
   healthReadyWithoutWorkers?: boolean | undefined;
+  /** Sequences per request and file descriptors across requests (default: 128 per request, no fd bound). */
+  lanes?: LaneBudget | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -40,8 +43,19 @@ function clientGone(reply: FastifyReply): AbortSignal {
 const uuid = () => randomUUID().replaceAll('-', ''); // randomUUID: pooled entropy, ~20x cheaper than randomBytes
 
 /** The public OpenAI-compatible API. No admin route lives here. */
-export function createOpenAIServer({ pool, upstream, metrics, log, limits, migrationLimit = DEFAULT_MIGRATION_LIMIT, corsOrigins = [], healthReadyWithoutWorkers = false }: OpenAIServerDeps): FastifyInstance {
+export function createOpenAIServer({
+  pool,
+  upstream,
+  metrics,
+  log,
+  limits,
+  migrationLimit = DEFAULT_MIGRATION_LIMIT,
+  corsOrigins = [],
+  healthReadyWithoutWorkers = false,
+  lanes = new LaneBudget(DEFAULT_MAX_LANES_PER_REQUEST, undefined),
+}: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
+  lanes.watch(app.server);
   const relay = createRelay({ pool, upstream, metrics, log, migrationLimit });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
@@ -88,6 +102,12 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
     checkFields(body as unknown as Record<string, unknown>, table, pool);
   };
 
+  /** Room for a request's sequences, held until its response is done, however it ends. */
+  const holdLanes = (reply: FastifyReply, model: string, count: number, n: number) => {
+    const release = lanes.take(count, pool.servingPath(model) === 'disaggregated' ? 2 : 1, { prompts: count / n, n });
+    reply.raw.once('close', release);
+  };
+
   const route = (endpoint: Endpoint, url: string, schema: object) => {
     methods(url, ['POST']);
     app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
@@ -96,6 +116,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${uuid()}`;
       const gens = toGenerateBodies(endpoint, body, id);
       const n = body.n ?? 1;
+      holdLanes(reply, body.model, gens.length, n);
       const signal = clientGone(reply);
       const started = performance.now();
       if (body.stream) {
@@ -113,6 +134,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
   app.post<{ Body: ResponsesRequest }>('/v1/responses', { schema: { body: responsesSchema } }, async (req, reply) => {
     const body = req.body;
     admit(body, RESPONSES_FIELD_POLICY);
+    holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(uuid(), body);
     const gen = responsesToGenerate(body, shell.id);
     const signal = clientGone(reply);
