@@ -3,6 +3,7 @@ import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdmin
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend } from '../frontend/frontend.js';
+import { DEFAULT_SHUTDOWN_GRACE_MS } from '../frontend/shutdown.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
 import { discoveryDefault, intOption, msOption } from './options.js';
@@ -15,6 +16,7 @@ interface FrontendFlags {
   adminPort?: number;
   adminTokenFile?: string;
   shutdownTimeoutMs: number;
+  shutdownGraceMs: number;
   upstreamHeadersTimeoutMs: number;
   streamIdleTimeoutMs: number;
   prefillTimeoutMs: number;
@@ -64,7 +66,8 @@ export function frontendCommand(): Command {
     .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any); off by default', (v: string, all: string[]) => [...all, v], [] as string[])
     .option('--max-lanes-per-request <n>', 'sequences (prompts x n) one request may open; 400 past it. Across requests, the fd limit bounds them: 503 frontend_overloaded (retryable) past it', intOption(1), DEFAULT_MAX_LANES_PER_REQUEST)
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
-    .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', msOption(0), 30_000)
+    .option('--shutdown-grace-ms <n>', 'on SIGTERM, /health answers 503 at once while the listeners keep accepting and serving for this long, so load balancers stop sending first (SIGINT: no grace)', msOption(0), DEFAULT_SHUTDOWN_GRACE_MS)
+    .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
       const token = await loadAdminTokens(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
@@ -98,11 +101,12 @@ export function frontendCommand(): Command {
         `frontend ready: ${frontend.url}/v1 (admin ${frontend.adminUrl})`,
       );
       let stopping = false;
-      const stop = (signal: NodeJS.Signals) => {
+      // The grace is for a load balancer that routes to this frontend; Ctrl-C, or `ebb up` gone, has none to wait for.
+      const stop = (signal: NodeJS.Signals, graceMs = 0) => {
         if (stopping) process.exit(130);
         stopping = true;
-        log.info({ event: 'frontend_stopping', signal }, 'stopping: finishing open streams');
-        frontend.close(flags.shutdownTimeoutMs).then(
+        log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs }, 'stopping: finishing open streams');
+        frontend.close(flags.shutdownTimeoutMs, graceMs).then(
           (clean) => process.exit(clean ? 0 : 1),
           (err: unknown) => {
             log.error({ err }, 'stop failed');
@@ -110,8 +114,8 @@ export function frontendCommand(): Command {
           },
         );
       };
-      process.on('SIGTERM', stop);
-      process.on('SIGINT', stop);
+      process.on('SIGTERM', () => stop('SIGTERM', flags.shutdownGraceMs));
+      process.on('SIGINT', () => stop('SIGINT'));
       process.once('disconnect', () => stop('SIGTERM')); // started by `ebb up`, which went away
       // It may have gone before this listener existed ('disconnect' fires once): then stop now.
       if (process.send !== undefined && !process.connected) stop('SIGTERM');

@@ -113,7 +113,8 @@ export function upCommand(): Command {
         supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
       );
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
-      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery, ...cors], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
+      // Nothing balances load onto `ebb up`'s frontend: no shutdown grace to wait out.
+      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery, '--shutdown-grace-ms', '0', ...cors], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;

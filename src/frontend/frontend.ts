@@ -10,6 +10,7 @@ import { createFrontendMetrics } from './metrics.js';
 import { createOpenAIServer } from './api/openai-server.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, FD_RESERVE, fdBudget, LaneBudget } from './api/lane-budget.js';
 import { Upstream } from './relay/upstream.js';
+import { Shutdown } from './shutdown.js';
 import { WorkerPool } from './routing/worker-pool.js';
 
 export interface FrontendOptions {
@@ -47,10 +48,12 @@ export interface RunningFrontend {
   pool: WorkerPool;
   discovery: Discovery;
   /**
-   * Stops accepting on both listeners, lets open streams and admin calls finish for up to
-   * `timeoutMs`, then cuts what is left of either. Resolves true when nothing had to be cut.
+   * Fails readiness at once and keeps serving for `graceMs` (a load balancer notices before
+   * anything is refused); then stops accepting on both listeners, lets open streams and admin calls
+   * finish for up to `timeoutMs`, then ends what is left: requests with a server_closing answer (an
+   * SSE error event in a stream), then any connection still open. Resolves true when nothing had to be cut.
    */
-  close(timeoutMs: number): Promise<boolean>;
+  close(timeoutMs: number, graceMs?: number): Promise<boolean>;
 }
 
 /** The per-request and fd bounds on sequences, logged: the numbers an operator sizes `ulimit -n` by. */
@@ -82,7 +85,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const metrics = createFrontendMetrics(pool);
   const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   const lanes = laneBudget(opts, log);
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes });
+  const shutdown = new Shutdown();
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.
@@ -114,18 +118,32 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     adminUrl,
     pool,
     discovery,
-    async close(timeoutMs) {
+    async close(timeoutMs, graceMs = 0) {
+      shutdown.notReady = true;
+      if (graceMs > 0) {
+        log.info({ event: 'shutdown_grace', grace_ms: graceMs }, `/health answers 503; still accepting for ${graceMs} ms`);
+        await new Promise((resolve) => setTimeout(resolve, graceMs));
+      }
+      // Stop accepting now, not a few ticks into fastify's close (which still waits for the connections).
+      app.server.close();
+      adminApp?.server.close();
+      log.info({ event: 'shutdown_accepting_stopped', timeout_ms: timeoutMs }, `no longer accepting; open requests may finish for ${timeoutMs} ms`);
       // The routing view stays live until the last stream is done: retries still need it.
       closing = true;
       let cut = false;
       // One deadline for both listeners: a stalled admin call (half a request, a client that never
-      // reads) is cut with the streams, never waited on past it.
+      // reads) is cut with the streams, never waited on past it. Requests get their answer first.
       const deadline = setTimeout(() => {
         cut = true;
-        log.warn({ event: 'shutdown_deadline', open_connections: 'cut' }, `connections still open after ${timeoutMs} ms; closing them`);
-        app.server.closeAllConnections();
-        adminApp?.server.closeAllConnections();
-        adminAgent?.destroy().catch(() => undefined); // a forward still waiting on a worker ends too
+        log.warn(
+          { event: 'shutdown_deadline', open_requests: shutdown.openRequests, open_connections: 'cut' },
+          `${shutdown.openRequests} request(s) still open after ${timeoutMs} ms: ending them with server_closing, then closing the connections`,
+        );
+        void shutdown.cutOpen(`the frontend is shutting down: the request was still open at its shutdown deadline (${timeoutMs} ms); retry`).then(() => {
+          app.server.closeAllConnections();
+          adminApp?.server.closeAllConnections();
+          adminAgent?.destroy().catch(() => undefined); // a forward still waiting on a worker ends too
+        });
       }, timeoutMs);
       await Promise.all([adminApp?.close().then(() => adminAgent?.close().catch(() => undefined)), app.close()]);
       clearTimeout(deadline);

@@ -9,6 +9,7 @@ import { completionResponse, SseFormatter, toGenerateBodies, type Endpoint } fro
 import { chatCompletionSchema, completionSchema, responsesSchema, type OpenAIRequest } from './openai-schema.js';
 import { createRelay } from '../relay/relay.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, LaneBudget } from './lane-budget.js';
+import { Shutdown } from '../shutdown.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
 import { modelNotFound, unavailableModel, type Upstream } from '../relay/upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
@@ -27,18 +28,11 @@ export interface OpenAIServerDeps {
   healthReadyWithoutWorkers?: boolean | undefined;
   /** Sequences per request and file descriptors across requests (default: 128 per request, no fd bound). */
   lanes?: LaneBudget | undefined;
+  /** Readiness on the way out, and what ends the requests still open at the shutdown deadline. */
+  shutdown?: Shutdown | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
-
-/** Aborts when the client goes away before the response finished. */
-function clientGone(reply: FastifyReply): AbortSignal {
-  const controller = new AbortController();
-  reply.raw.on('close', () => {
-    if (!reply.raw.writableFinished) controller.abort(new Error('client disconnected'));
-  });
-  return controller.signal;
-}
 
 const uuid = () => randomUUID().replaceAll('-', ''); // randomUUID: pooled entropy, ~20x cheaper than randomBytes
 
@@ -53,6 +47,7 @@ export function createOpenAIServer({
   corsOrigins = [],
   healthReadyWithoutWorkers = false,
   lanes = new LaneBudget(DEFAULT_MAX_LANES_PER_REQUEST, undefined),
+  shutdown = new Shutdown(),
 }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
   lanes.watch(app.server);
@@ -89,8 +84,10 @@ export function createOpenAIServer({
       if (!(w.hold && w.hold.until > now)) m.serving++;
     }
     const canRoute = Object.values(models).some((m) => m.serving > 0);
-    const ready = canRoute || healthReadyWithoutWorkers;
-    return reply.code(ready ? 200 : 503).send({ status: ready ? 'ok' : 'not_ready', can_route: canRoute, workers: pool.size, models });
+    // Shutting down: not ready at once, so a load balancer stops sending before the listener stops accepting.
+    const ready = (canRoute || healthReadyWithoutWorkers) && !shutdown.notReady;
+    const status = shutdown.notReady ? 'shutting_down' : ready ? 'ok' : 'not_ready';
+    return reply.code(ready ? 200 : 503).send({ status, can_route: canRoute, workers: pool.size, models });
   });
 
   methods('/metrics', ['GET']);
@@ -117,14 +114,20 @@ export function createOpenAIServer({
       const gens = toGenerateBodies(endpoint, body, id);
       const n = body.n ?? 1;
       holdLanes(reply, body.model, gens.length, n);
-      const signal = clientGone(reply);
+      const signal = shutdown.requestSignal(reply.raw);
       const started = performance.now();
-      if (body.stream) {
-        await relay.stream(reply, new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true), gens, n, signal, started);
-        return;
+      try {
+        if (body.stream) {
+          const fmt = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true);
+          await relay.stream(reply, fmt, gens, n, signal, started);
+          Shutdown.endCutStream(reply.raw, fmt, signal);
+          return;
+        }
+        const { choices, usage } = await relay.collect(gens, n, signal);
+        return completionResponse(endpoint, id, body.model, choices, usage);
+      } catch (err) {
+        throw Shutdown.cutReason(signal) ?? err;
       }
-      const { choices, usage } = await relay.collect(gens, n, signal);
-      return completionResponse(endpoint, id, body.model, choices, usage);
     });
   };
   route('chat', '/v1/chat/completions', chatCompletionSchema);
@@ -137,13 +140,19 @@ export function createOpenAIServer({
     holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(uuid(), body);
     const gen = responsesToGenerate(body, shell.id);
-    const signal = clientGone(reply);
-    if (body.stream) {
-      await relay.stream(reply, new ResponsesStream(shell), [gen], 1, signal, performance.now());
-      return;
+    const signal = shutdown.requestSignal(reply.raw);
+    try {
+      if (body.stream) {
+        const fmt = new ResponsesStream(shell);
+        await relay.stream(reply, fmt, [gen], 1, signal, performance.now());
+        Shutdown.endCutStream(reply.raw, fmt, signal);
+        return;
+      }
+      const { choices, usage } = await relay.collect([gen], 1, signal);
+      return responseObject(shell, choices[0]!, usage);
+    } catch (err) {
+      throw Shutdown.cutReason(signal) ?? err;
     }
-    const { choices, usage } = await relay.collect([gen], 1, signal);
-    return responseObject(shell, choices[0]!, usage);
   });
 
   return app;

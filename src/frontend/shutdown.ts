@@ -1,0 +1,74 @@
+import type { ServerResponse } from 'node:http';
+import { EbbError } from '../protocol/errors.js';
+import type { StreamFormat } from './api/openai-format.js';
+
+/** Default --shutdown-grace-ms: about what endpoint controllers and proxies take to stop sending to a terminating pod. */
+export const DEFAULT_SHUTDOWN_GRACE_MS = 5_000;
+
+/** How long requests ended at the deadline get to write their answer before their connections are cut. */
+const ANSWER_BOUND_MS = 1_000;
+
+/**
+ * The frontend's requests on the way out. On SIGTERM readiness fails first (`notReady`: /health
+ * answers 503) while the listeners still accept and serve, so load balancers stop sending before
+ * anything is refused; at the shutdown deadline every request still open is ended with an answer
+ * instead of a bare connection close: an SSE error event in a stream, a 503 JSON error before one.
+ */
+export class Shutdown {
+  /** Set at SIGTERM: readiness fails from then on. */
+  notReady = false;
+  private readonly cutter = new AbortController();
+  private readonly open = new Set<ServerResponse>();
+  private emptied: (() => void) | undefined;
+
+  /**
+   * A generating request's signal: aborted with "client disconnected" when its client leaves, or
+   * with the server_closing error at the deadline. The request counts as open until its response closes.
+   */
+  requestSignal(res: ServerResponse): AbortSignal {
+    const controller = new AbortController();
+    const cut = this.cutter.signal;
+    const onCut = () => controller.abort(cut.reason);
+    if (cut.aborted) onCut();
+    else cut.addEventListener('abort', onCut, { once: true });
+    this.open.add(res);
+    res.once('close', () => {
+      cut.removeEventListener('abort', onCut);
+      this.open.delete(res);
+      if (this.open.size === 0) this.emptied?.();
+      if (!res.writableFinished) controller.abort(new Error('client disconnected'));
+    });
+    return controller.signal;
+  }
+
+  /** The error a request cut at the deadline ends with; undefined for any other end (its client left). */
+  static cutReason(signal: AbortSignal): EbbError | undefined {
+    return signal.aborted && signal.reason instanceof EbbError ? signal.reason : undefined;
+  }
+
+  /**
+   * Ends a stream the deadline cut with the error event saying why (the relay stays quiet about an
+   * aborted stream, which is right when its client left but not when the client is still there).
+   */
+  static endCutStream(res: ServerResponse, fmt: StreamFormat, signal: AbortSignal): void {
+    const reason = Shutdown.cutReason(signal);
+    if (!reason || !res.headersSent || res.writableEnded) return;
+    res.end(fmt.error(reason.code, reason.message));
+  }
+
+  get openRequests(): number {
+    return this.open.size;
+  }
+
+  /** Ends every open request with server_closing; resolves once all have answered (bounded: a client that never reads). */
+  async cutOpen(message: string): Promise<void> {
+    this.cutter.abort(new EbbError('server_closing', message, { headers: { 'retry-after': '1' } }));
+    if (this.open.size === 0) return;
+    let timer: NodeJS.Timeout | undefined;
+    await new Promise<void>((resolve) => {
+      this.emptied = resolve;
+      timer = setTimeout(resolve, ANSWER_BOUND_MS);
+    });
+    clearTimeout(timer);
+  }
+}
