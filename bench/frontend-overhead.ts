@@ -461,7 +461,7 @@ async function main(): Promise<void> {
       { nodeArgs: opts.workerNodeArgs },
     );
     const requestUrl = worker.requestUrl;
-    frontend = await startFrontend(discovery, [], {}, { nodeArgs: opts.frontendNodeArgs });
+    frontend = await startFrontend(discovery, ['--shutdown-grace-ms', '0'], {}, { nodeArgs: opts.frontendNodeArgs }); // no balancer to wait for: exit (and write a --cpu-prof file) at once
     const frontendUrl = frontend.url;
     const childDied = Promise.race([unexpectedExit(worker, () => stopping), unexpectedExit(frontend, () => stopping)]);
     childDied.catch(() => undefined);

@@ -326,7 +326,7 @@ describe('frontend admin: worker identity', () => {
 
 describe('frontend: SIGTERM bounds the admin listener too', () => {
   it('exits within --shutdown-timeout-ms despite a stalled admin request', async () => {
-    const fe = await frontend(tempDiscoveryUrl(), ['--shutdown-timeout-ms', '500']);
+    const fe = await frontend(tempDiscoveryUrl(), ['--shutdown-timeout-ms', '500', '--shutdown-grace-ms', '0']);
     const stalled = await rawConnect(fe.adminUrl);
     stalled.socket.write('POST /workers/w-x/drain HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"rea');
     // The request reached the listener: a second connection's answer comes after it was parsed.

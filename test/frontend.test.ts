@@ -175,7 +175,7 @@ describe('frontend: SIGTERM', () => {
     const discovery = tempDiscoveryUrl();
     const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '50']);
     started.push(w);
-    const frontend = await startFrontend(discovery, ['--shutdown-timeout-ms', '300']);
+    const frontend = await startFrontend(discovery, ['--shutdown-timeout-ms', '300', '--shutdown-grace-ms', '0']);
     started.push(frontend);
     let began!: () => void;
     const first = new Promise<void>((r) => (began = r));
