@@ -17,8 +17,9 @@ const ANSWER_BOUND_MS = 1_000;
 export class Shutdown {
   /** Set at SIGTERM: readiness fails from then on. */
   notReady = false;
-  private readonly cutter = new AbortController();
-  private readonly open = new Set<ServerResponse>();
+  /** Each open generating request's controller: a map, not listeners on one signal (thousands of streams). */
+  private readonly open = new Map<ServerResponse, AbortController>();
+  private cut: EbbError | undefined;
   private emptied: (() => void) | undefined;
 
   /**
@@ -27,13 +28,9 @@ export class Shutdown {
    */
   requestSignal(res: ServerResponse): AbortSignal {
     const controller = new AbortController();
-    const cut = this.cutter.signal;
-    const onCut = () => controller.abort(cut.reason);
-    if (cut.aborted) onCut();
-    else cut.addEventListener('abort', onCut, { once: true });
-    this.open.add(res);
+    if (this.cut) controller.abort(this.cut);
+    this.open.set(res, controller);
     res.once('close', () => {
-      cut.removeEventListener('abort', onCut);
       this.open.delete(res);
       if (this.open.size === 0) this.emptied?.();
       if (!res.writableFinished) controller.abort(new Error('client disconnected'));
@@ -62,7 +59,8 @@ export class Shutdown {
 
   /** Ends every open request with server_closing; resolves once all have answered (bounded: a client that never reads). */
   async cutOpen(message: string): Promise<void> {
-    this.cutter.abort(new EbbError('server_closing', message, { headers: { 'retry-after': '1' } }));
+    const cut = (this.cut = new EbbError('server_closing', message, { headers: { 'retry-after': '1' } }));
+    for (const controller of this.open.values()) controller.abort(cut);
     if (this.open.size === 0) return;
     let timer: NodeJS.Timeout | undefined;
     await new Promise<void>((resolve) => {
