@@ -7,7 +7,7 @@ import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { call, openLineStream, type JsonResponse, type OpenStream } from './helpers/http.js';
-import { CLI, EbbProcess, startWorker, tempDiscoveryUrl } from './helpers/processes.js';
+import { bounded, CLI, EbbProcess, startWorker, tempDiscoveryUrl } from './helpers/processes.js';
 
 const FD_LIMIT = 256;
 const started: EbbProcess[] = [];
@@ -50,7 +50,7 @@ describe('frontend: sequences per request and the fd budget', { skip: process.pl
     for (const body of [{ prompt: 'a', n: 16 }, { prompt: prompts(3), n: 8 }]) {
       const s = await openLineStream(`${url}/v1/completions`, { model: 'm1', stream: true, max_tokens: 100_000, ...body }, '\n\n');
       assert.equal(s.status, 200);
-      await s.first;
+      await bounded(s.first, 'the stream started');
       open.push(s);
     }
     const refused = await call('POST', `${url}/v1/completions`, { model: 'm1', prompt: prompts(3), n: 8, max_tokens: 2 });
