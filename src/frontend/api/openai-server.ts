@@ -1,5 +1,5 @@
 import cors from '@fastify/cors';
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
@@ -8,6 +8,7 @@ import type { FrontendMetrics } from '../metrics.js';
 import { completionResponse, SseFormatter, toGenerateBodies, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, responsesSchema, type OpenAIRequest } from './openai-schema.js';
 import { createRelay } from '../relay/relay.js';
+import { clientGone } from './client-gone.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
 import { modelNotFound, unavailableModel, type Upstream } from '../relay/upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
@@ -27,15 +28,6 @@ export interface OpenAIServerDeps {
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
-
-/** Aborts when the client goes away before the response finished. */
-function clientGone(reply: FastifyReply): AbortSignal {
-  const controller = new AbortController();
-  reply.raw.on('close', () => {
-    if (!reply.raw.writableFinished) controller.abort(new Error('client disconnected'));
-  });
-  return controller.signal;
-}
 
 const uuid = () => randomUUID().replaceAll('-', ''); // randomUUID: pooled entropy, ~20x cheaper than randomBytes
 
@@ -96,7 +88,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${uuid()}`;
       const gens = toGenerateBodies(endpoint, body, id);
       const n = body.n ?? 1;
-      const signal = clientGone(reply);
+      const signal = clientGone(req, reply);
       const started = performance.now();
       if (body.stream) {
         await relay.stream(reply, new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true), gens, n, signal, started);
@@ -115,7 +107,7 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
     admit(body, RESPONSES_FIELD_POLICY);
     const shell = new ResponseShell(uuid(), body);
     const gen = responsesToGenerate(body, shell.id);
-    const signal = clientGone(reply);
+    const signal = clientGone(req, reply);
     if (body.stream) {
       await relay.stream(reply, new ResponsesStream(shell), [gen], 1, signal, performance.now());
       return;
