@@ -94,6 +94,9 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
       const why = migrationLimit === 0 ? 'migration is disabled (--migration-limit 0)' : `the request already moved ${migrationLimit} times (--migration-limit)`;
       throw new LaneFailed(new MidStreamFailure(fromId, err, why));
     }
+    // Each move starts afresh, from the worker it leaves: a worker passed over by an earlier move (it
+    // handed the stream off while draining, then resumed) may take the stream back.
+    lane.tried = new Set([fromId]);
     try {
       lane.up = await open(lane.delivered.continuation(lane.gen), signal, lane.tried);
     } catch (e) {
