@@ -6,7 +6,7 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { call } from './helpers/http.js';
-import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
 
 const started: EbbProcess[] = [];
@@ -60,5 +60,7 @@ describe('migration: back to a resumed worker', () => {
     assert.equal(r.error, undefined);
     assert.equal(r.tokens, MAX);
     assert.equal(r.doneEvents, 1);
+    // Every worker the lane held, through two moves, was released once: none counts it in flight.
+    for (const w of ws) assert.equal(await metricValue(fe.url, 'ebb_frontend_worker_inflight_requests', `worker_id="${w.workerId}"`), 0);
   });
 });

@@ -19,7 +19,7 @@ export const MAX_ATTEMPTS = 6;
  */
 export interface UpstreamStream {
   worker: PoolWorker;
-  first: StreamLine[];
+  readonly first: StreamLine[];
   /** The rest of the body: piped into a sink, held while the client is not keeping up. */
   body: Pick<WorkerCall, 'pipe' | 'holdReads' | 'resumeReads'>;
   /** Ends the frontend's accounting of this worker's in-flight request; idempotent. */
