@@ -22,7 +22,8 @@ export function clientGone(req: FastifyRequest, reply: FastifyReply): AbortSigna
   let timer: NodeJS.Timeout | undefined;
   const probe = () => {
     if (res.headersSent || socket.destroyed || !socket.writable) return stop();
-    socket.write(PROBE);
+    // Only while this is the socket's current response: a pipelined one behind another waits its turn.
+    if (res.socket === socket) socket.write(PROBE);
     timer ??= setInterval(probe, PROBE_EVERY_MS).unref();
   };
   const stop = () => {
