@@ -1,3 +1,4 @@
+import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { checkGgufHeader } from './gguf-header.js';
 import type { Logger } from 'pino';
@@ -183,7 +184,7 @@ export class LlamaCppEngine implements Engine {
     const already = this.continuationTokens(req);
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
-    if (room <= 0) throw new Error(`the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
+    if (room <= 0) throw new EbbError('context_length_exceeded', `the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
     // No max_tokens (where the request plane allows that): whatever the context leaves.
     const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
     const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({

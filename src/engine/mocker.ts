@@ -1,3 +1,4 @@
+import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
 import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
@@ -140,6 +141,9 @@ export class MockerEngine implements Engine {
     if (this.dead.signal.aborted) throw this.dead.signal.reason;
     const signal = AbortSignal.any([callerSignal, this.dead.signal]);
     const promptTokens = countTokens(req.prompt);
+    // As a real engine does: a prompt that leaves no room in the context is refused, not queued.
+    if (promptTokens >= this.opts.maxContext)
+      throw new EbbError('context_length_exceeded', `the prompt is ${promptTokens} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`);
     await this.slots.acquire(signal);
     try {
       const random = prng(hashString(req.prompt, req.seed ?? 0));

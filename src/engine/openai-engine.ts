@@ -1,3 +1,4 @@
+import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 import { Agent, request } from 'undici';
@@ -43,6 +44,17 @@ interface StreamChunk {
 }
 
 /** A fixed-size read of an error answer: enough for its message, never the whole of a runaway body. */
+/**
+ * An engine's non-200 answer: a 400/413/422 is about the request (a prompt over the context, a field
+ * it rejects) and keeps that meaning, so the client gets it once instead of every worker retrying
+ * it; anything else is the engine's failure.
+ */
+function engineAnswer(status: number, message: string): Error {
+  if (status === 413) return new EbbError('payload_too_large', message);
+  if (status !== 400 && status !== 422) return new Error(message);
+  return new EbbError(/context (length|size|window)|maximum context|exceeds? .*context/i.test(message) ? 'context_length_exceeded' : 'invalid_request', message);
+}
+
 async function errorText(body: AsyncIterable<Buffer> & { destroy(): void }): Promise<string> {
   let text = '';
   for await (const chunk of body) {
@@ -136,7 +148,7 @@ export class OpenAIEngine implements Engine {
         headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
         body: JSON.stringify(this.bodyFor(req)),
       });
-      if (res.statusCode !== 200) throw new Error(`the engine answered ${res.statusCode} to POST ${path}: ${await errorText(res.body)}`);
+      if (res.statusCode !== 200) throw engineAnswer(res.statusCode, `the engine answered ${res.statusCode} to POST ${path}: ${await errorText(res.body)}`);
       let finish: FinishReason = 'stop';
       let usage: StreamChunk['usage'];
       let pieces = 0;

@@ -1,7 +1,8 @@
 /**
  * The closed catalogue of error codes ebb puts on the wire (request plane, Admin APIs, the public
  * OpenAI-compatible API), each with the one HTTP status and error type it is answered with. Worker
- * and frontend both read codes from here: a code that is not in this table cannot be sent.
+ * and frontend both read codes from here: a code that is not in this table cannot be sent. What the
+ * frontend does with each code when a worker answers with it is in worker-answers.ts.
  */
 
 export const ERROR_CODES = {
@@ -21,6 +22,8 @@ export const ERROR_CODES = {
   header_fields_too_large: { status: 431, type: 'invalid_request_error' },
   /** A request field no worker of the model can honour (its engines do not declare the capability). */
   unsupported_parameter: { status: 400, type: 'invalid_request_error' },
+  /** The prompt (with the tokens asked for) does not fit the engine's context; OpenAI's code for it. */
+  context_length_exceeded: { status: 400, type: 'invalid_request_error' },
   // Refusals: retryable on another worker (or shortly), the work was never started
   worker_draining: { status: 503, type: 'service_unavailable', retryable: true },
   worker_overloaded: { status: 503, type: 'service_unavailable', retryable: true },
@@ -41,6 +44,8 @@ export const ERROR_CODES = {
   worker_unreachable: { status: 502, type: 'server_error' },
   worker_identity_mismatch: { status: 502, type: 'server_error' },
   kv_transfer_failed: { status: 502, type: 'server_error' },
+  /** A worker answered in a way the request plane does not allow (frontend and worker disagree on the protocol). */
+  worker_protocol_error: { status: 502, type: 'server_error' },
   // Only ever inside an already-committed stream (SSE error event or NDJSON terminal line)
   worker_failed_mid_stream: { status: 502, type: 'server_error' },
   worker_shut_down: { status: 503, type: 'server_error' },

@@ -236,7 +236,8 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const said = !cut && !kvFailed && err instanceof EbbError ? err : undefined;
     const code: ErrorCode = cut ? 'worker_shut_down' : kvFailed ? 'kv_transfer_failed' : (said?.code ?? 'engine_error');
     const message = cut ? (scope.signal.reason as Error).message : (err as Error).message;
-    if (!cut) log.error({ err, request_id: scope.id }, 'generation failed');
+    if (said !== undefined && said.status < 500) log.info({ event: 'request_refused', request_id: scope.id, code, err: message }, `the engine refused request ${scope.id}: ${message}`);
+    else if (!cut) log.error({ err, request_id: scope.id }, 'generation failed');
     if (!res.headersSent) {
       res.writeHead(cut ? 503 : kvFailed ? 502 : (said?.status ?? 500), { 'content-type': 'application/json' });
       scope.end(JSON.stringify(errorBody(code, message)), 'errored');

@@ -218,6 +218,16 @@ export class EngineSim extends EventEmitter {
     const stops: string[] = Array.isArray(body.stop) ? body.stop : typeof body.stop === 'string' ? [body.stop] : [];
     const prompt = chat ? (body.messages as Array<{ content: string }>).map((m) => m.content).join('\n') : String(body.prompt ?? '');
     const promptTokens = Math.max(1, prompt.split(/\s+/).filter(Boolean).length);
+    // vLLM's refusal of a request that does not fit the model (its 400 and wording); only with an explicit maxModelLen.
+    const maxLen = this.opts.maxModelLen;
+    if (typeof maxLen === 'number' && promptTokens + maxTokens > maxLen)
+      return this.json(res, 400, {
+        object: 'error',
+        message: `This model's maximum context length is ${maxLen} tokens. However, you requested ${promptTokens + maxTokens} tokens (${promptTokens} in the messages, ${maxTokens} in the completion). Please reduce the length of the messages or completion.`,
+        type: 'BadRequestError',
+        param: null,
+        code: 400,
+      });
     const withUsage = this.opts.usage !== false && body.stream_options?.include_usage === true;
     const id = `cmpl-${Math.random().toString(36).slice(2, 10)}`;
     let seed = (Number(body.seed ?? 0) >>> 0) + 1;

@@ -174,6 +174,8 @@ export async function rawConnect(url: string): Promise<RawConnection> {
 
 /** Status code and parsed JSON body of a raw HTTP/1.1 response text. */
 export function parseRawResponse(text: string): { status: number; headers: string; body: any } {
+  // Informational (1xx) answers before the response are skipped, as HTTP clients do.
+  while (/^HTTP\/1\.1 1\d\d /.test(text) && text.includes('\r\n\r\n')) text = text.slice(text.indexOf('\r\n\r\n') + 4);
   const split = text.indexOf('\r\n\r\n');
   const head = split < 0 ? text : text.slice(0, split);
   const rest = split < 0 ? '' : text.slice(split + 4);

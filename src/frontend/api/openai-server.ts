@@ -10,6 +10,7 @@ import { chatCompletionSchema, completionSchema, responsesSchema, type OpenAIReq
 import { createRelay } from '../relay/relay.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, LaneBudget } from './lane-budget.js';
 import { Shutdown } from '../shutdown.js';
+import { probeHalfClosedClient } from './client-gone.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
 import { modelNotFound, unavailableModel, type Upstream } from '../relay/upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
@@ -115,6 +116,7 @@ export function createOpenAIServer({
       const n = body.n ?? 1;
       holdLanes(reply, body.model, gens.length, n);
       const signal = shutdown.requestSignal(reply.raw);
+      probeHalfClosedClient(req, reply);
       const started = performance.now();
       try {
         if (body.stream) {
@@ -141,6 +143,7 @@ export function createOpenAIServer({
     const shell = new ResponseShell(uuid(), body);
     const gen = responsesToGenerate(body, shell.id);
     const signal = shutdown.requestSignal(reply.raw);
+    probeHalfClosedClient(req, reply);
     try {
       if (body.stream) {
         const fmt = new ResponsesStream(shell);

@@ -3,7 +3,7 @@ import type { ClientStream } from './client-stream.js';
 import type { Delivered } from './migration.js';
 import type { StreamFormat } from '../api/openai-format.js';
 import type { SpliceFrame } from '../api/token-splice.js';
-import type { TokenSink } from './worker-call.js';
+import type { LaneSink } from './lane.js';
 import type { UpstreamStream } from './upstream.js';
 
 /** A settled promise: a microtask through it costs less than queueMicrotask's async-scope wrapper. */
@@ -17,9 +17,9 @@ const RESOLVED = Promise.resolve();
  * decoded; otherwise the format builds each event from the text. A client that does not keep up
  * holds the worker's reads until its socket drains.
  */
-export class LaneWriter implements TokenSink {
+export class LaneWriter implements LaneSink {
   /** The upstream body feeding this lane now (it changes when the lane moves to another worker). */
-  body: UpstreamStream['body'] | undefined;
+  private body: UpstreamStream['body'] | undefined;
   private readonly frame: SpliceFrame | undefined;
   /** Splice: each token's JSON string content. */
   private readonly segments: Buffer[] = [];
@@ -41,6 +41,10 @@ export class LaneWriter implements TokenSink {
     private readonly delivered: Delivered,
   ) {
     this.frame = fmt.splice?.(lane);
+  }
+
+  follow(body: UpstreamStream['body']): void {
+    this.body = body;
   }
 
   plain(buf: Buffer, start: number, end: number): void {

@@ -1,6 +1,7 @@
 import { request, errors as undiciErrors, type Agent } from 'undici';
 import { capabilitiesNeeded, type Capability } from '../../protocol/capabilities.js';
-import { codeOf, EbbError, type ErrorCode } from '../../protocol/errors.js';
+import { EbbError, isErrorCode, type ErrorCode } from '../../protocol/errors.js';
+import { workerAnswer } from '../../protocol/worker-answers.js';
 import type { WorkerMode } from '../../discovery/discovery.js';
 import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
@@ -18,7 +19,7 @@ export const MAX_ATTEMPTS = 6;
  */
 export interface UpstreamStream {
   worker: PoolWorker;
-  first: StreamLine[];
+  readonly first: StreamLine[];
   /** The rest of the body: piped into a sink, held while the client is not keeping up. */
   body: Pick<WorkerCall, 'pipe' | 'holdReads' | 'resumeReads'>;
   /** Ends the frontend's accounting of this worker's in-flight request; idempotent. */
@@ -94,8 +95,10 @@ class TryElsewhere extends Error {
   constructor(
     readonly outcome: string,
     readonly hold?: Hold,
+    /** What the worker said, for the client's message when no worker takes the request. */
+    readonly said?: string,
   ) {
-    super(outcome);
+    super(said ?? outcome);
   }
 }
 
@@ -127,17 +130,22 @@ function isConnectFailure(err: unknown): boolean {
   );
 }
 
-/** A non-200 answer: a refusal or server error moves on; a client error is the client's answer. */
-function rejectNon200(statusCode: number, body: unknown): never {
-  const payload = (typeof body === 'object' && body !== null ? body : {}) as { error?: { code?: string; message?: string } };
-  const code = codeOf(payload);
-  if (code === 'worker_draining') throw new TryElsewhere(code, 'draining');
-  if (code === 'worker_overloaded') throw new TryElsewhere(code, 'overloaded');
-  if (code === 'kv_transfer_failed') throw new KvTransferLost(payload.error?.message ?? code);
-  // The worker is fine: it cannot continue a sequence, or it reached its drain deadline first.
-  if (code === 'continuation_unsupported' || code === 'request_handed_off') throw new TryElsewhere(code);
-  if (statusCode >= 400 && statusCode < 500) throw new EbbError(code ?? 'invalid_request', payload.error?.message ?? `worker rejected the request (HTTP ${statusCode})`);
-  throw new TryElsewhere('worker_error');
+/**
+ * A worker's error answer, as a non-200 body or as the terminal line of a stream with no token
+ * yet, acted on as WORKER_ANSWERS says: passed to the client, re-routed, or turned into a 502.
+ */
+function actOn(workerId: string, status: number, said: { code?: unknown; message?: unknown } | undefined): never {
+  const code = said?.code;
+  const message = typeof said?.message === 'string' ? said.message : `worker ${workerId} answered HTTP ${status}`;
+  const row = workerAnswer(code);
+  if (row.action === 'pass_to_client') throw new EbbError(code as ErrorCode, message);
+  if (row.action === 'bad_gateway') throw new EbbError('worker_protocol_error', `worker ${workerId} answered ${String(code)} (HTTP ${status}), which the request plane does not allow: ${message}`);
+  if (row.keep) throw new KvTransferLost(message);
+  throw new TryElsewhere(isErrorCode(code) ? code : 'worker_error', row.hold, `worker ${workerId}: ${message}`);
+}
+
+function rejectNon200(workerId: string, statusCode: number, body: unknown): never {
+  actOn(workerId, statusCode, (body as { error?: { code?: unknown; message?: unknown } } | null)?.error);
 }
 
 const generateUrls = new Map<string, { origin: string; path: string }>();
@@ -251,7 +259,7 @@ export class Upstream {
   private noWorker(model: string, mode: WorkerMode, lastRefusal: string | undefined): EbbError {
     if (!this.pool.hasModel(model)) return unavailableModel(this.pool, model);
     return noServingWorker(
-      lastRefusal ? `no ${mode} worker could take the request (last refusal: ${lastRefusal}); retry shortly` : `no serving ${mode} worker for "${model}" is reachable; retry shortly`,
+      lastRefusal ? `no ${mode} worker could take the request (last answer: ${lastRefusal}); retry shortly` : `no serving ${mode} worker for "${model}" is reachable; retry shortly`,
     );
   }
 
@@ -274,7 +282,7 @@ export class Upstream {
       } catch (err) {
         if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
         if (!(err instanceof TryElsewhere)) throw err;
-        if (err.hold === 'draining' || err.hold === 'overloaded') lastRefusal = err.outcome;
+        if (err.said !== undefined) lastRefusal = err.said;
       }
     }
     throw this.noWorker(model, mode, lastRefusal);
@@ -297,7 +305,7 @@ export class Upstream {
         headersTimeout: timeout,
         bodyTimeout: timeout,
       });
-      if (res.statusCode !== 200) rejectNon200(res.statusCode, await res.body.json().catch(() => ({})));
+      if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, await res.body.json().catch(() => ({})));
       return (await res.body.json()) as PrefillResponse;
     } catch (err) {
       if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) throw new TryElsewhere('prefill_timeout', 'unreachable');
@@ -322,7 +330,7 @@ export class Upstream {
       signal,
     );
     const status = await call.head;
-    if (status !== 200) rejectNon200(status, await call.json());
+    if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json());
     // Watched from here: a worker that hangs before its first token is as hung as one after.
     const stopWatch = this.watchIdle(w, call);
     let first: IteratorResult<StreamLine[], void>;
@@ -333,10 +341,13 @@ export class Upstream {
       call.abort();
       throw err instanceof WorkerUnresponsive ? new TryElsewhere('unresponsive', 'unreachable') : err;
     }
-    // Nothing has reached the client yet: another worker can still serve it whole.
+    // Nothing has reached the client yet: another worker can still serve it whole, unless the
+    // worker said the request itself is at fault (the table's answer, as for a non-200).
     if (first.done || first.value.some((line) => 'error' in line || 'handoff' in line)) {
       stopWatch();
       call.abort();
+      const refused = first.value?.find((line): line is Extract<StreamLine, { error: unknown }> => 'error' in line);
+      if (refused) actOn(w.record.worker_id, 200, refused.error);
       throw new TryElsewhere(first.value?.some((line) => 'handoff' in line) ? 'handed_off' : 'failed_before_first_token');
     }
     return { first: first.value, call, stopWatch };
@@ -472,7 +483,7 @@ export class Upstream {
             tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
             lost = true;
           } else if (err instanceof TryElsewhere) {
-            if (err.hold === 'draining' || err.hold === 'overloaded') lastRefusal = err.outcome;
+            if (err.said !== undefined) lastRefusal = err.said;
             if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs);
           }
           if (!decode) await this.releaseKv(kv);

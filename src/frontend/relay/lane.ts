@@ -1,0 +1,185 @@
+import type { Logger } from 'pino';
+import { EbbError } from '../../protocol/errors.js';
+import type { GenerateBody, StreamLine, Usage } from '../../protocol/request-plane.js';
+import type { FrontendMetrics } from '../metrics.js';
+import { Delivered, type MigrationReason } from './migration.js';
+import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive, type UpstreamStream } from './upstream.js';
+import { feedLines, type TokenSink } from './worker-call.js';
+
+/** Where a lane's tokens go: the client's stream writer, or a collector for a non-streaming answer. */
+export interface LaneSink extends TokenSink {
+  /** The upstream body feeding the sink from now on (a client that does not keep up holds its reads). */
+  follow?(body: UpstreamStream['body']): void;
+  /** Writes what is pending; before a continuation, the tokens read before the break go out first. */
+  flush?(): void;
+}
+
+/** Opens a request on a serving worker of its model (aggregated or disaggregated), skipping `tried`. */
+export type OpenUpstream = (gen: GenerateBody, signal: AbortSignal, tried: Set<string>) => Promise<UpstreamStream>;
+
+export interface LaneContext {
+  open: OpenUpstream;
+  metrics: FrontendMetrics;
+  log: Logger;
+  /** How many times one sequence may move to another worker mid-stream; 0 disables. */
+  migrationLimit: number;
+}
+
+/** A lane that could not be finished: the failure the whole response ends with. */
+export class LaneFailed extends Error {
+  constructor(readonly failure: MidStreamFailure) {
+    super(failure.message);
+  }
+}
+
+/** How a lane finished: the reason, and the usage of the whole sequence across its workers. */
+export interface LaneDone {
+  finishReason: string;
+  usage: Usage;
+}
+
+/**
+ * One sequence of a response (a choice), from its first worker to whichever finishes it: the one
+ * owner of its upstream stream, of what it delivered, of its sink and of its migration loop. Its
+ * upstream is released exactly once however the lane ends (finished, failed, client gone, moved):
+ * by the lane when it moves on, by close() otherwise; a worker taken after close() is released at
+ * once.
+ */
+export class Lane {
+  readonly delivered = new Delivered();
+  /** The lines read when the worker was taken, not yet fed to a sink (its terminal line, when among them). */
+  private pending: StreamLine[];
+  private sink: LaneSink | undefined;
+  private closed = false;
+
+  private constructor(
+    readonly index: number,
+    private readonly gen: GenerateBody,
+    private readonly ctx: LaneContext,
+    private up: UpstreamStream,
+  ) {
+    this.pending = up.first;
+  }
+
+  /** Takes a worker for the sequence; nothing is sent to the client yet. */
+  static async open(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal): Promise<Lane> {
+    return new Lane(index, gen, ctx, await ctx.open(gen, signal, new Set()));
+  }
+
+  /** The worker serving the lane now. */
+  get workerId(): string {
+    return this.up.worker.record.worker_id;
+  }
+
+  /** Feeds the lines read so far into `sink`, which gets the lane's tokens from now on. */
+  start(sink: LaneSink): void {
+    this.sink = sink;
+    this.feedPending(sink);
+  }
+
+  /**
+   * Relays the lane into its sink until the sequence is done, continuing it on another worker
+   * (from what was delivered) when its worker fails or hands it off. Throws LaneFailed, with why,
+   * when no worker can continue it, or the abort when `signal` aborts.
+   */
+  async run(signal: AbortSignal): Promise<LaneDone> {
+    const sink = this.sink!;
+    for (;;) {
+      try {
+        sink.follow?.(this.up.body);
+        const end = this.feedPending(sink) ?? (await this.up.body.pipe(sink));
+        if (end !== undefined && 'done' in end) return { finishReason: end.finish_reason, usage: this.delivered.usage(end.usage) };
+        sink.flush?.();
+        throw end === undefined ? new StreamCut() : this.endOf(end);
+      } catch (err) {
+        // Closed (the response ended: another lane failed, the client left): nothing to move.
+        if (signal.aborted || this.closed || err instanceof LaneFailed) throw err;
+        // Tokens read before the break were delivered: the client gets them before the continuation.
+        sink.flush?.();
+        await this.moveOn(err, signal);
+      }
+    }
+  }
+
+  /** Writes what the lane's sink holds (a client writer's pending events). */
+  flush(): void {
+    this.sink?.flush?.();
+  }
+
+  /** Releases the lane's worker (idempotent); the lane is over. */
+  close(): void {
+    this.closed = true;
+    this.up.release();
+  }
+
+  /** The failure a stream that broke under this lane ends with. */
+  failure(err: unknown): MidStreamFailure {
+    return err instanceof LaneFailed ? err.failure : new MidStreamFailure(this.workerId, err);
+  }
+
+  /** The pending text lines into `sink`, once; the terminal line when it is among them (it stays pending). */
+  private feedPending(sink: TokenSink): StreamLine | undefined {
+    const end = feedLines(this.pending, sink);
+    this.pending = end === undefined ? [] : [end];
+    return end;
+  }
+
+  /** A terminal line other than done: the error the lane's loop ends with. */
+  private endOf(line: StreamLine): Error {
+    return 'handoff' in line ? new HandedOff(this.workerId) : new WorkerStreamError((line as { error: { code: never; message: string } }).error);
+  }
+
+  /**
+   * Moves a broken (or handed-off) sequence to another serving worker, which continues from what
+   * was delivered; throws LaneFailed with why when none can.
+   */
+  private async moveOn(err: unknown, signal: AbortSignal): Promise<void> {
+    const { metrics, log, migrationLimit } = this.ctx;
+    this.up.release();
+    const fromId = this.workerId;
+    const reason: MigrationReason = err instanceof HandedOff ? 'handoff' : err instanceof WorkerUnresponsive ? 'worker_unresponsive' : 'worker_failed';
+    if (this.delivered.migrations >= migrationLimit) {
+      metrics.migrationFailed('limit');
+      const why = migrationLimit === 0 ? 'migration is disabled (--migration-limit 0)' : `the request already moved ${migrationLimit} times (--migration-limit)`;
+      throw new LaneFailed(new MidStreamFailure(fromId, err, why));
+    }
+    // Each move starts afresh, from the worker it leaves: a worker passed over by an earlier move (it
+    // handed the stream off while draining, then resumed) may take the stream back.
+    let next: UpstreamStream;
+    try {
+      next = await this.ctx.open(this.delivered.continuation(this.gen), signal, new Set([fromId]));
+    } catch (e) {
+      if (signal.aborted) throw e;
+      metrics.migrationFailed(e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
+      throw new LaneFailed(new MidStreamFailure(fromId, err, (e as Error).message));
+    }
+    this.up = next;
+    this.pending = next.first;
+    // Closed while the worker was being taken (another lane failed, the client left): it is not kept.
+    if (this.closed) {
+      next.release();
+      throw signal.reason ?? new Error('lane closed');
+    }
+    const toId = this.workerId;
+    metrics.migrated(reason);
+    log.info(
+      { event: 'stream_migrated', request_id: this.gen.request_id, from_worker: fromId, to_worker: toId, tokens_delivered: this.delivered.tokens, reason },
+      `request ${this.gen.request_id} moved from ${fromId} to ${toId} after ${this.delivered.tokens} tokens (${reason})`,
+    );
+  }
+}
+
+/**
+ * Takes a worker for every sequence before anything is committed to the client: a refusal is still
+ * a JSON error. When one cannot be taken, the others are closed and its error is thrown.
+ */
+export async function openLanes(gens: GenerateBody[], ctx: LaneContext, signal: AbortSignal): Promise<Lane[]> {
+  if (gens.length === 1) return [await Lane.open(0, gens[0]!, ctx, signal)];
+  const opened = await Promise.allSettled(gens.map((gen, index) => Lane.open(index, gen, ctx, signal)));
+  const failed = opened.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (failed) {
+    for (const r of opened) if (r.status === 'fulfilled') r.value.close();
+    throw failed.reason;
+  }
+  return opened.map((r) => (r as PromiseFulfilledResult<Lane>).value);
+}
