@@ -222,8 +222,8 @@ describe('llama-cpp worker: tokenizer, sampling, continuation', () => {
       stream: false,
       continuation: { text: 'x', completion_tokens: 1, token_ids: [999_999] },
     });
-    assert.equal(bad.status, 500);
-    assert.equal(bad.body.error.code, 'engine_error');
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.code, 'invalid_request');
     assert.match(bad.body.error.message, /token id 999999 is not in this model's vocabulary/);
     const ok = await call('POST', `${w.requestUrl}/generate`, { model: MODEL, prompt: PROMPT, max_tokens: 2, stream: false });
     assert.equal(ok.status, 200);

@@ -1,5 +1,6 @@
 import { EventEmitter } from 'node:events';
 import { checkGgufHeader } from './gguf-header.js';
+import { EbbError } from '../protocol/errors.js';
 import type { Logger } from 'pino';
 import {
   getLlama,
@@ -98,6 +99,16 @@ function vocabularySizeOf(model: LlamaModel): number | undefined {
   return typeof size === 'number' ? size : undefined;
 }
 
+/** A request made ready to run: its tokens, the room its answer has, its grammar state. */
+interface Prepared {
+  prompt: RenderedPrompt;
+  /** A continuation's tokens, evaluated after the prompt. */
+  already: Token[];
+  input: Token[];
+  room: number;
+  grammarEvaluationState: LlamaGrammarEvaluationState | undefined;
+}
+
 /** Rejects with the abort reason once `signal` aborts; never settles otherwise. */
 function aborted(signal: AbortSignal): { promise: Promise<never>; dispose: () => void } {
   let onAbort = () => {};
@@ -169,21 +180,37 @@ export class LlamaCppEngine implements Engine {
       const size = this.vocabularySize;
       if (size === undefined) throw new Error('this model does not say its vocabulary size: token-id prompts cannot be checked');
       const bad = req.prompt_token_ids.find((id) => id >= size);
-      if (bad !== undefined) throw new Error(`prompt token id ${bad} is outside this model's vocabulary (${this.vocabularySize} tokens)`);
+      if (bad !== undefined) throw new EbbError('invalid_request', `prompt token id ${bad} is outside this model's vocabulary (${size} tokens)`, { param: 'prompt' });
       return { tokens: req.prompt_token_ids as Token[], stopTokens: new Set(), stopTexts: [...stops] };
     }
     return req.messages !== undefined && req.messages.length > 0 ? this.prompts.chat(req.messages, stops) : this.prompts.plain(req.prompt, stops);
   }
 
-  async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
-    const req = request as LlamaRequest;
-    if (this.closed) throw new Error('the engine is closed');
+  /**
+   * Everything a request needs before it takes a sequence, checked: the caller's errors
+   * (invalid_request) are found here, and the worker asks for them (check) before it answers.
+   */
+  private async prepare(req: LlamaRequest): Promise<Prepared> {
     const prompt = this.render(req);
-    const promptTokens = prompt.tokens.length;
     const already = this.continuationTokens(req);
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
     if (room <= 0) throw new Error(`the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
+    const grammar = await this.grammars.grammarFor(req.response_format);
+    const grammarEvaluationState = grammar ? grammarState(this.llama, this.model, grammar, already, req.response_format?.type ?? '') : undefined;
+    return { prompt, already, input, room, grammarEvaluationState };
+  }
+
+  async check(request: GenerateRequest): Promise<void> {
+    if (this.closed) throw new Error('the engine is closed');
+    await this.prepare(request as LlamaRequest);
+  }
+
+  async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
+    const req = request as LlamaRequest;
+    if (this.closed) throw new Error('the engine is closed');
+    const { prompt, input, room, grammarEvaluationState } = await this.prepare(req);
+    const promptTokens = prompt.tokens.length;
     // No max_tokens (where the request plane allows that): whatever the context leaves.
     const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
     const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({
@@ -193,7 +220,6 @@ export class LlamaCppEngine implements Engine {
       completion_tokens,
     });
     if (req.max_tokens === 0) return result('length', 0);
-    const grammar = await this.grammars.grammarFor(req.response_format);
 
     await this.slots.acquire(signal);
     let sequence: LlamaContextSequence | undefined;
@@ -201,7 +227,6 @@ export class LlamaCppEngine implements Engine {
     const abort = aborted(signal);
     try {
       sequence = this.context.getSequence();
-      const grammarEvaluationState: LlamaGrammarEvaluationState | undefined = grammar ? grammarState(this.llama, this.model, grammar, already) : undefined;
       tokens = sequence.evaluate(input, {
         temperature: req.temperature,
         topK: NO_TOP_K,
@@ -254,18 +279,22 @@ export class LlamaCppEngine implements Engine {
   /**
    * A continuation resumes from the exact tokens where the other worker has them, else from its
    * text. Ids come over the network: one outside the vocabulary would abort the process inside
-   * llama.cpp (detokenizing it throws a C++ exception), so they are checked first.
+   * llama.cpp (detokenizing it throws a C++ exception), so they are checked first. An
+   * end-of-generation token means that answer had ended: there is nothing to continue.
    */
   private continuationTokens(req: GenerateRequest): Token[] {
     const c = req.continuation;
     if (c === undefined) return [];
     const ids = c.token_ids;
     if (ids === undefined || this.vocabularySize === undefined) return this.model.tokenize(c.text, false);
-    const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= (this.vocabularySize as number));
-    if (bad !== undefined) throw new Error(`continuation token id ${bad} is not in this model's vocabulary (${this.vocabularySize} tokens): another model generated it`);
+    const size = this.vocabularySize;
+    const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= size);
+    if (bad !== undefined)
+      throw new EbbError('invalid_request', `continuation token id ${bad} is not in this model's vocabulary (${size} tokens): another model generated it`, { param: 'continuation' });
+    const end = ids.findIndex((id) => this.model.isEogToken(id as Token));
+    if (end >= 0) throw new EbbError('invalid_request', `continuation token ${end} (id ${ids[end]}) ends the answer (end of generation): there is nothing to continue`, { param: 'continuation' });
     return ids as Token[];
   }
-
 
   private notifyChange(): void {
     this.events.emit('change');
