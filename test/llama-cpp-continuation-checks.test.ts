@@ -8,7 +8,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { call, openLineStream } from './helpers/http.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
-import { startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
+import { spawnEbb, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 
 const modelPath = writeTinyLlamaGguf();
 const MODEL = 'tiny';
@@ -17,11 +17,15 @@ const EOS = 2;
 const JSON_ASK = { model: MODEL, messages: [{ role: 'user', content: 'Reply in JSON' }], max_tokens: 32, temperature: 0, response_format: { type: 'json_object' } };
 
 let w: WorkerHandle;
+let p: EbbProcess | undefined;
 before(async () => {
-  w = await startWorker(['--discovery', tempDiscoveryUrl(), '--engine', 'llama-cpp', '--model-path', modelPath, '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '1024', '--parallel', '1']);
+  // Started, then waited for: a worker that never gets ready is still stopped at the end.
+  p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', tempDiscoveryUrl(), '--engine', 'llama-cpp', '--model-path', modelPath, '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '1024', '--parallel', '1'], 'worker');
+  const ready = await p.waitForEvent('worker_ready');
+  w = Object.assign(p, { workerId: ready.worker_id as string, requestUrl: ready.request_url as string, systemUrl: ready.system_url as string });
 });
 after(async () => {
-  await w?.stop();
+  await p?.stop();
 });
 
 async function alive(): Promise<void> {

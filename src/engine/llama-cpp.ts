@@ -5,6 +5,7 @@ import type { Logger } from 'pino';
 import {
   getLlama,
   LlamaLogLevel,
+  type CustomBatchingPrioritizationStrategy,
   type Llama,
   type LlamaContext,
   type LlamaContextSequence,
@@ -77,6 +78,7 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
       createSignal: signal,
       // A fixed size when asked; otherwise as much of the training context as memory allows.
       contextSize: opts.contextSize ?? { max: model.trainContextSize },
+      ...(opts.batchInvariant ? { batching: { itemPrioritizationStrategy: oneSequencePerDecode } } : {}),
     });
     const engine = new LlamaCppEngine(llama, model, context, opts);
     log.info({ event: 'engine_loaded', engine: engine.kind, ...engine.describe() }, `model ${opts.modelPath} loaded`);
@@ -88,6 +90,17 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
     throw fail(err);
   }
 }
+
+/**
+ * Batch invariance. llama.cpp's arithmetic for one sequence depends on what shares its decode: with
+ * other sequences' tokens in the same batch the kernels sum in another order, and at a near-tie a
+ * temperature-0 answer takes another token from there on. Measured here (CPU, 12 answers of 400
+ * tokens in --parallel 12): reruns alone 12/12 identical, reruns arriving at other moments up to
+ * 5/12 different; one sequence per decode, 108/108 identical. So a migrated answer can only equal the
+ * undisturbed one when neither shared its decodes: node-llama-cpp then dispatches the queued
+ * sequences one per decode, in the order they queued.
+ */
+const oneSequencePerDecode: CustomBatchingPrioritizationStrategy = ({ items }) => items.slice(0, 1).map((item) => ({ item, processAmount: item.tokens.length }));
 
 /** The vocabulary size the GGUF declares: its token list, else `<arch>.vocab_size`. */
 function vocabularySizeOf(model: LlamaModel): number | undefined {
@@ -166,6 +179,7 @@ export class LlamaCppEngine implements Engine {
       context_size: this.context.contextSize,
       parallel: this.opts.parallel,
       threads: this.opts.threads,
+      batch_invariant: this.opts.batchInvariant === true,
       gpu: this.llama.gpu === false ? 'off' : this.llama.gpu,
       gpu_layers: this.model.gpuLayers,
       chat_template: this.prompts.templateName,
@@ -209,7 +223,7 @@ export class LlamaCppEngine implements Engine {
   async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
     const req = request as LlamaRequest;
     if (this.closed) throw new Error('the engine is closed');
-    const { prompt, input, room, grammarEvaluationState } = await this.prepare(req);
+    const { prompt, already, input, room, grammarEvaluationState } = await this.prepare(req);
     const promptTokens = prompt.tokens.length;
     // No max_tokens (where the request plane allows that): whatever the context leaves.
     const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
@@ -227,7 +241,19 @@ export class LlamaCppEngine implements Engine {
     const abort = aborted(signal);
     try {
       sequence = this.context.getSequence();
-      tokens = sequence.evaluate(input, {
+      // Batch invariant: the delivered tokens are evaluated one per decode, as the worker that
+      // generated them did (a GPU's kernels differ by how many tokens a decode holds).
+      const replay = this.opts.batchInvariant === true && already.length > 0;
+      if (replay) {
+        const evaluate = (these: Token[]) => {
+          const done = (sequence as LlamaContextSequence).evaluateWithoutGeneratingNewTokens(these);
+          done.catch(() => undefined); // an abort wins the race; the sequence is disposed below
+          return Promise.race([done, abort.promise]);
+        };
+        await evaluate(prompt.tokens);
+        for (const token of already.slice(0, -1)) await evaluate([token]);
+      }
+      tokens = sequence.evaluate(replay ? already.slice(-1) : input, {
         temperature: req.temperature,
         topK: NO_TOP_K,
         topP: req.top_p ?? 1,
