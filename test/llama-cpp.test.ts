@@ -14,7 +14,7 @@ import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/eng
 import { createLogger } from '../src/common/logger.js';
 import { call, openLineStream } from './helpers/http.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
-import { spawnEbb, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { spawnEbb, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 
 const modelPath = writeTinyLlamaGguf();
 const MODEL = 'tiny';
@@ -27,10 +27,12 @@ after(async () => {
   await Promise.all(started.map((p) => p.stop()));
 });
 
+/** Started, then waited for: a worker that never gets ready (a loaded machine) is still stopped at the end. */
 async function llamaWorker(args: string[] = [], discovery = tempDiscoveryUrl()): Promise<WorkerHandle> {
-  const w = await startWorker(['--discovery', discovery, ...LLAMA, ...args]);
-  started.push(w);
-  return w;
+  const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, ...LLAMA, ...args], 'worker');
+  started.push(p);
+  const ready = await p.waitForEvent('worker_ready');
+  return Object.assign(p, { workerId: ready.worker_id as string, requestUrl: ready.request_url as string, systemUrl: ready.system_url as string });
 }
 
 const gen = (w: WorkerHandle, body: Record<string, unknown> = {}) =>
