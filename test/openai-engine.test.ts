@@ -5,7 +5,7 @@
  */
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
@@ -286,11 +286,7 @@ describe('--engine-cmd: the engine as the worker\'s child', { skip: simOnly }, (
     assert.ok(!alive(enginePid));
   });
 
-  const workerJs = join(here, '..', 'src', 'worker', 'worker.js');
-  const wired = existsSync(workerJs) && readFileSync(workerJs, 'utf8').includes('onFailure');
-  const loadingWired = existsSync(workerJs) && readFileSync(workerJs, 'utf8').includes('worker_loading');
-
-  it('while the engine loads: /health says loading, not registered; SIGTERM stops the engine child', { skip: loadingWired ? false : 'worker.ts does not serve /health while loading yet (the lead\'s change)' }, async () => {
+  it('while the engine loads: /health says loading, not registered; SIGTERM stops the engine child', async () => {
     const url = tempDiscoveryUrl();
     const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', url, '--model', 'm1', '--engine', 'openai', '--engine-kind', 'vllm', '--engine-cmd', simCmd('--kind vllm --load-ms 60000')], 'worker');
     const loading = await p.waitForEvent('worker_loading');
@@ -304,7 +300,7 @@ describe('--engine-cmd: the engine as the worker\'s child', { skip: simOnly }, (
     assert.ok(!alive(enginePid));
     assert.ok(!p.logs.some((l) => l.event === 'worker_ready'));
   });
-  it('an engine that dies takes the worker out of discovery and the worker exits non-zero', { skip: wired ? false : 'worker.ts does not wire Engine.onFailure yet (the lead\'s change)' }, async () => {
+  it('an engine that dies takes the worker out of discovery and the worker exits non-zero', async () => {
     const w = await worker(['--engine-cmd', simCmd('--kind vllm'), '--engine-kind', 'vllm']);
     const enginePid = w.logs.find((l) => l.event === 'engine_started')?.pid as number;
     const record = join(w.discoveryDir, `${w.workerId}.json`);

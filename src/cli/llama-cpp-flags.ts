@@ -14,6 +14,7 @@ export interface LlamaCppFlags {
   threads: number;
   gpu: LlamaGpu;
   maxQueue: number;
+  batchInvariant?: boolean;
 }
 
 export function llamaCppOptions(): Option[] {
@@ -24,6 +25,7 @@ export function llamaCppOptions(): Option[] {
     new Option('--threads <n>', 'llama-cpp: CPU threads for evaluation (default 1: more spin every core and slow a shared machine down)').argParser(intOption(1)).default(LLAMA_CPP_DEFAULTS.threads),
     new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off for CPU only').choices(['auto', 'cuda', 'vulkan', 'off']).default(LLAMA_CPP_DEFAULTS.gpu),
     new Option('--max-queue <n>', 'llama-cpp: queued requests past which the worker answers worker_overloaded').argParser(intOption(0)).default(LLAMA_CPP_DEFAULTS.maxQueue),
+    new Option('--batch-invariant', 'llama-cpp: one sequence per decode, no batching: a temperature-0 answer (and a migrated one) is the same whatever else runs, at the cost of throughput'),
   ];
 }
 
@@ -45,6 +47,7 @@ export function llamaCppSpec(flags: LlamaCppFlags): EngineSpec {
       contextSize: flags.contextSize,
       threads: flags.threads,
       gpu: flags.gpu,
+      batchInvariant: flags.batchInvariant === true,
     },
   };
 }

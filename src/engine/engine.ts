@@ -78,6 +78,12 @@ export interface EngineStats {
 export interface Engine {
   readonly kind: string;
   readonly capabilities: EngineCapabilities;
+  /**
+   * Refuses, before any answer is sent, a request this engine cannot run: rejects with an EbbError
+   * carrying the caller's code (invalid_request), which the worker answers with its status instead
+   * of opening a stream that fails at once. Absent: generate finds every problem itself.
+   */
+  check?(req: GenerateRequest): Promise<void>;
   /** Yields pieces (tokens); returns how the sequence ended. Aborting `signal` stops it promptly. */
   generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void>;
   /** Asked when the worker's in-flight count reaches 0 during a drain, and again on every change event. */

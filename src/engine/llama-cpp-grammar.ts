@@ -1,4 +1,5 @@
 import { LlamaGrammarEvaluationState, type Llama, type LlamaGrammar, type LlamaModel } from 'node-llama-cpp';
+import { EbbError } from '../protocol/errors.js';
 
 /**
  * OpenAI's response_format, as the request plane carries it. Structural on purpose: the engine
@@ -46,20 +47,35 @@ interface GrammarInternals {
   _state: unknown;
 }
 interface LlamaInternals {
-  _bindings?: { AddonSampler?: { acceptGrammarEvaluationStateToken?: (state: unknown, token: number) => void } };
+  _bindings?: {
+    AddonSampler?: {
+      acceptGrammarEvaluationStateToken?: (state: unknown, token: number) => void;
+      canBeNextTokenForGrammarEvaluationState?: (state: unknown, token: number) => boolean;
+    };
+  };
 }
 
 /**
  * A grammar state for one answer. A continuation's earlier tokens are fed through it first, so the
  * constraint goes on from where the other worker stopped. node-llama-cpp has no public call for
- * that (its own chat code uses this internal one): pinned at 3.21.1, and checked, not assumed.
+ * that (its own chat code uses these internal ones): pinned at 3.21.1, and checked, not assumed.
+ * Each token is asked of the grammar before it is accepted: llama.cpp aborts the whole process on
+ * one the grammar does not allow (an end-of-generation token before the JSON is complete), so a
+ * continuation that does not follow the format is refused here as the caller's error.
  */
-export function grammarState(llama: Llama, model: LlamaModel, grammar: LlamaGrammar, already: readonly number[]): LlamaGrammarEvaluationState {
+export function grammarState(llama: Llama, model: LlamaModel, grammar: LlamaGrammar, already: readonly number[], format: string): LlamaGrammarEvaluationState {
   const state = new LlamaGrammarEvaluationState({ model, grammar });
   if (already.length === 0) return state;
-  const accept = (llama as unknown as LlamaInternals)._bindings?.AddonSampler?.acceptGrammarEvaluationStateToken;
-  if (typeof accept !== 'function') throw new Error('this node-llama-cpp build cannot continue a grammar-constrained answer');
-  for (const token of already) accept((state as unknown as GrammarInternals)._state, token);
+  const sampler = (llama as unknown as LlamaInternals)._bindings?.AddonSampler;
+  const accept = sampler?.acceptGrammarEvaluationStateToken;
+  const allowed = sampler?.canBeNextTokenForGrammarEvaluationState;
+  if (typeof accept !== 'function' || typeof allowed !== 'function') throw new Error('this node-llama-cpp build cannot continue a grammar-constrained answer');
+  const internal = (state as unknown as GrammarInternals)._state;
+  for (const [i, token] of already.entries()) {
+    if (!allowed(internal, token))
+      throw new EbbError('invalid_request', `continuation token ${i} (id ${token}) does not follow response_format ${format}: the answer cannot be continued under it`, { param: 'continuation' });
+    accept(internal, token);
+  }
   return state;
 }
 

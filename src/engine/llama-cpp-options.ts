@@ -15,6 +15,11 @@ export interface LlamaCppOptions {
   contextSize?: number | undefined;
   threads: number;
   gpu: LlamaGpu;
+  /**
+   * One sequence per llama.cpp decode instead of continuous batching: an answer's arithmetic no
+   * longer depends on what else runs (see llama-cpp.ts), at the cost of the batching throughput.
+   */
+  batchInvariant?: boolean | undefined;
 }
 
 export const LLAMA_CPP_DEFAULTS = {

@@ -1,10 +1,11 @@
-import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { checkGgufHeader } from './gguf-header.js';
+import { EbbError } from '../protocol/errors.js';
 import type { Logger } from 'pino';
 import {
   getLlama,
   LlamaLogLevel,
+  type CustomBatchingPrioritizationStrategy,
   type Llama,
   type LlamaContext,
   type LlamaContextSequence,
@@ -77,6 +78,7 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
       createSignal: signal,
       // A fixed size when asked; otherwise as much of the training context as memory allows.
       contextSize: opts.contextSize ?? { max: model.trainContextSize },
+      ...(opts.batchInvariant ? { batching: { itemPrioritizationStrategy: oneSequencePerDecode } } : {}),
     });
     const engine = new LlamaCppEngine(llama, model, context, opts);
     log.info({ event: 'engine_loaded', engine: engine.kind, ...engine.describe() }, `model ${opts.modelPath} loaded`);
@@ -89,6 +91,17 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
   }
 }
 
+/**
+ * Batch invariance. llama.cpp's arithmetic for one sequence depends on what shares its decode: with
+ * other sequences' tokens in the same batch the kernels sum in another order, and at a near-tie a
+ * temperature-0 answer takes another token from there on. Measured here (CPU, 12 answers of 400
+ * tokens in --parallel 12): reruns alone 12/12 identical, reruns arriving at other moments up to
+ * 5/12 different; one sequence per decode, 108/108 identical. So a migrated answer can only equal the
+ * undisturbed one when neither shared its decodes: node-llama-cpp then dispatches the queued
+ * sequences one per decode, in the order they queued.
+ */
+const oneSequencePerDecode: CustomBatchingPrioritizationStrategy = ({ items }) => items.slice(0, 1).map((item) => ({ item, processAmount: item.tokens.length }));
+
 /** The vocabulary size the GGUF declares: its token list, else `<arch>.vocab_size`. */
 function vocabularySizeOf(model: LlamaModel): number | undefined {
   const meta = model.fileInfo.metadata as unknown as Record<string, Record<string, unknown> | undefined>;
@@ -97,6 +110,16 @@ function vocabularySizeOf(model: LlamaModel): number | undefined {
   const arch = meta.general?.architecture;
   const size = typeof arch === 'string' ? meta[arch]?.vocab_size : undefined;
   return typeof size === 'number' ? size : undefined;
+}
+
+/** A request made ready to run: its tokens, the room its answer has, its grammar state. */
+interface Prepared {
+  prompt: RenderedPrompt;
+  /** A continuation's tokens, evaluated after the prompt. */
+  already: Token[];
+  input: Token[];
+  room: number;
+  grammarEvaluationState: LlamaGrammarEvaluationState | undefined;
 }
 
 /** Rejects with the abort reason once `signal` aborts; never settles otherwise. */
@@ -156,6 +179,7 @@ export class LlamaCppEngine implements Engine {
       context_size: this.context.contextSize,
       parallel: this.opts.parallel,
       threads: this.opts.threads,
+      batch_invariant: this.opts.batchInvariant === true,
       gpu: this.llama.gpu === false ? 'off' : this.llama.gpu,
       gpu_layers: this.model.gpuLayers,
       chat_template: this.prompts.templateName,
@@ -170,21 +194,37 @@ export class LlamaCppEngine implements Engine {
       const size = this.vocabularySize;
       if (size === undefined) throw new Error('this model does not say its vocabulary size: token-id prompts cannot be checked');
       const bad = req.prompt_token_ids.find((id) => id >= size);
-      if (bad !== undefined) throw new Error(`prompt token id ${bad} is outside this model's vocabulary (${this.vocabularySize} tokens)`);
+      if (bad !== undefined) throw new EbbError('invalid_request', `prompt token id ${bad} is outside this model's vocabulary (${size} tokens)`, { param: 'prompt' });
       return { tokens: req.prompt_token_ids as Token[], stopTokens: new Set(), stopTexts: [...stops] };
     }
     return req.messages !== undefined && req.messages.length > 0 ? this.prompts.chat(req.messages, stops) : this.prompts.plain(req.prompt, stops);
   }
 
-  async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
-    const req = request as LlamaRequest;
-    if (this.closed) throw new Error('the engine is closed');
+  /**
+   * Everything a request needs before it takes a sequence, checked: the caller's errors
+   * (invalid_request) are found here, and the worker asks for them (check) before it answers.
+   */
+  private async prepare(req: LlamaRequest): Promise<Prepared> {
     const prompt = this.render(req);
-    const promptTokens = prompt.tokens.length;
     const already = this.continuationTokens(req);
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
     if (room <= 0) throw new EbbError('context_length_exceeded', `the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
+    const grammar = await this.grammars.grammarFor(req.response_format);
+    const grammarEvaluationState = grammar ? grammarState(this.llama, this.model, grammar, already, req.response_format?.type ?? '') : undefined;
+    return { prompt, already, input, room, grammarEvaluationState };
+  }
+
+  async check(request: GenerateRequest): Promise<void> {
+    if (this.closed) throw new Error('the engine is closed');
+    await this.prepare(request as LlamaRequest);
+  }
+
+  async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
+    const req = request as LlamaRequest;
+    if (this.closed) throw new Error('the engine is closed');
+    const { prompt, already, input, room, grammarEvaluationState } = await this.prepare(req);
+    const promptTokens = prompt.tokens.length;
     // No max_tokens (where the request plane allows that): whatever the context leaves.
     const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
     const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({
@@ -194,7 +234,6 @@ export class LlamaCppEngine implements Engine {
       completion_tokens,
     });
     if (req.max_tokens === 0) return result('length', 0);
-    const grammar = await this.grammars.grammarFor(req.response_format);
 
     await this.slots.acquire(signal);
     let sequence: LlamaContextSequence | undefined;
@@ -202,8 +241,19 @@ export class LlamaCppEngine implements Engine {
     const abort = aborted(signal);
     try {
       sequence = this.context.getSequence();
-      const grammarEvaluationState: LlamaGrammarEvaluationState | undefined = grammar ? grammarState(this.llama, this.model, grammar, already) : undefined;
-      tokens = sequence.evaluate(input, {
+      // Batch invariant: the delivered tokens are evaluated one per decode, as the worker that
+      // generated them did (a GPU's kernels differ by how many tokens a decode holds).
+      const replay = this.opts.batchInvariant === true && already.length > 0;
+      if (replay) {
+        const evaluate = (these: Token[]) => {
+          const done = (sequence as LlamaContextSequence).evaluateWithoutGeneratingNewTokens(these);
+          done.catch(() => undefined); // an abort wins the race; the sequence is disposed below
+          return Promise.race([done, abort.promise]);
+        };
+        await evaluate(prompt.tokens);
+        for (const token of already.slice(0, -1)) await evaluate([token]);
+      }
+      tokens = sequence.evaluate(replay ? already.slice(-1) : input, {
         temperature: req.temperature,
         topK: NO_TOP_K,
         topP: req.top_p ?? 1,
@@ -255,18 +305,22 @@ export class LlamaCppEngine implements Engine {
   /**
    * A continuation resumes from the exact tokens where the other worker has them, else from its
    * text. Ids come over the network: one outside the vocabulary would abort the process inside
-   * llama.cpp (detokenizing it throws a C++ exception), so they are checked first.
+   * llama.cpp (detokenizing it throws a C++ exception), so they are checked first. An
+   * end-of-generation token means that answer had ended: there is nothing to continue.
    */
   private continuationTokens(req: GenerateRequest): Token[] {
     const c = req.continuation;
     if (c === undefined) return [];
     const ids = c.token_ids;
     if (ids === undefined || this.vocabularySize === undefined) return this.model.tokenize(c.text, false);
-    const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= (this.vocabularySize as number));
-    if (bad !== undefined) throw new Error(`continuation token id ${bad} is not in this model's vocabulary (${this.vocabularySize} tokens): another model generated it`);
+    const size = this.vocabularySize;
+    const bad = ids.find((id) => !Number.isInteger(id) || id < 0 || id >= size);
+    if (bad !== undefined)
+      throw new EbbError('invalid_request', `continuation token id ${bad} is not in this model's vocabulary (${size} tokens): another model generated it`, { param: 'continuation' });
+    const end = ids.findIndex((id) => this.model.isEogToken(id as Token));
+    if (end >= 0) throw new EbbError('invalid_request', `continuation token ${end} (id ${ids[end]}) ends the answer (end of generation): there is nothing to continue`, { param: 'continuation' });
     return ids as Token[];
   }
-
 
   private notifyChange(): void {
     this.events.emit('change');

@@ -3,7 +3,7 @@ import { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 import { Agent, request } from 'undici';
 import type { WorkerMode } from '../discovery/discovery.js';
-import type { Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import type { Continuation, Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
 import { waitUntilHealthy } from './engine-health.js';
 import { describeError, getBounded } from './engine-http.js';
 import { describeExit, EngineProcess, freePort } from './engine-process.js';
@@ -182,7 +182,7 @@ export class OpenAIEngine implements Engine {
       }
       return {
         finish_reason: finish,
-        prompt_tokens: typeof usage?.prompt_tokens === 'number' ? usage.prompt_tokens : 0,
+        prompt_tokens: typeof usage?.prompt_tokens === 'number' ? promptTokensOf(usage.prompt_tokens, req.continuation) : 0,
         completion_tokens: typeof usage?.completion_tokens === 'number' ? usage.completion_tokens : pieces,
       };
     } finally {
@@ -276,6 +276,16 @@ export class OpenAIEngine implements Engine {
     await this.proc?.stop(this.opts.stopTimeoutMs);
     await this.dispatcher.destroy();
   }
+}
+
+/**
+ * The engine counts a continuation's delivered tokens as prompt (they are re-sent with it); the
+ * client's usage counts them once, as completion. Exact when they went as ids; re-sent as text,
+ * the engine re-tokenizes them, so the seam may count a token more or less than the original.
+ */
+function promptTokensOf(engineCount: number, cont: Continuation | undefined): number {
+  if (cont === undefined) return engineCount;
+  return Math.max(0, engineCount - (cont.token_ids?.length ?? cont.completion_tokens));
 }
 
 function trimSlash(url: string): string {

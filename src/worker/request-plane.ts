@@ -192,6 +192,8 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   async function serve(scope: RequestScope, gen: GenerateRequest, stream: boolean, kv: KvTransferRef | undefined): Promise<void> {
     const res = scope.res;
     try {
+      // A request the engine refuses (a continuation its grammar does not allow) is a 400, not a stream.
+      await engine.check?.(gen);
       if (kv) {
         const bytes = await pullKv(kv, scope.signal, requestToken);
         log.debug({ event: 'kv_pulled', request_id: scope.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');

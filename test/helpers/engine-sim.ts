@@ -217,7 +217,8 @@ export class EngineSim extends EventEmitter {
     const maxTokens = body.max_tokens as number;
     const stops: string[] = Array.isArray(body.stop) ? body.stop : typeof body.stop === 'string' ? [body.stop] : [];
     const prompt = chat ? (body.messages as Array<{ content: string }>).map((m) => m.content).join('\n') : String(body.prompt ?? '');
-    const promptTokens = Math.max(1, prompt.split(/\s+/).filter(Boolean).length);
+    // A word is a token; a prompt of token ids counts its ids.
+    const promptTokens = Array.isArray(body.prompt) ? body.prompt.length : Math.max(1, prompt.split(/\s+/).filter(Boolean).length);
     // vLLM's refusal of a request that does not fit the model (its 400 and wording); only with an explicit maxModelLen.
     const maxLen = this.opts.maxModelLen;
     if (typeof maxLen === 'number' && promptTokens + maxTokens > maxLen)
