@@ -111,6 +111,20 @@ describe('admin boundary: browsers (item 11)', () => {
     assert.equal(curl.body.state, 'serving');
     await fe.waitForEvent('worker_added', (l) => l.worker_id === LONG_ID, { after: back });
   });
+
+  it('with a token, answers under any Host name (pod IPs, Service names): the bearer token guards mutations', async () => {
+    const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'm1'], { EBB_ADMIN_TOKEN: 'tok', EBB_ADMIN_ORIGINS: undefined });
+    started.push(w);
+    const port = new URL(w.systemUrl).port;
+    const elsewhere = { host: `10.1.2.3:${port}` };
+    assert.equal((await raw('GET', `${w.systemUrl}/engine/status`, elsewhere)).status, 200);
+    assert.equal((await raw('POST', `${w.systemUrl}/engine/drain`, { ...elsewhere, origin: `http://10.1.2.3:${port}` })).status, 415, 'a browser POST still needs JSON');
+    const rebound = await raw('POST', `${w.systemUrl}/engine/drain`, { ...elsewhere, origin: `http://10.1.2.3:${port}`, 'content-type': 'application/json' }, '{}');
+    assert.equal(rebound.status, 401, 'and the token');
+    const drained = await raw('POST', `${w.systemUrl}/engine/drain`, { ...elsewhere, authorization: 'Bearer tok' });
+    assert.ok(drained.status === 200 || drained.status === 202, JSON.stringify(drained.body));
+    await w.stop();
+  });
 });
 
 /** Writes `head` then filler until `max` bytes went out or the reader hung up; resolves with what was written. */
