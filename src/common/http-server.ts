@@ -147,7 +147,7 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
     clientErrorHandler: answerClientError,
     return503OnClosing: false,
     // A path parameter (a worker id, up to 253 bytes, percent-encoded) fits; past it, JSON 400 (frameworkErrors).
-    maxParamLength: MAX_PARAM_LENGTH,
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     frameworkErrors: (err, _req, reply) => {
       void (reply as FastifyReply).code(400).send(errorBody('invalid_request', err.message));
     },
