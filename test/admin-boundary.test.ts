@@ -12,7 +12,7 @@ import { promisify } from 'node:util';
 import { prettyFactory } from 'pino-pretty';
 import { request } from 'undici';
 import { prettyOptions } from '../src/common/logger.js';
-import { call, fakeWorker, injectRecord, json, rawConnect, type FakeWorker, type RawConnection } from './helpers/http.js';
+import { call, fakeWorker, injectRecord, json, openLineStream, rawConnect, type FakeWorker, type RawConnection } from './helpers/http.js';
 import { bounded, CLI, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 const NO_TOKEN = { EBB_ADMIN_TOKEN: undefined, EBB_ADMIN_ORIGINS: undefined };
@@ -278,6 +278,47 @@ describe('admin boundary: connection floods (item 13)', () => {
     assert.equal(busy.body.error.code, 'listener_busy');
     assert.equal((await probe('/health')).body.state, 'serving', 'nothing was drained');
     for (const c of streams) c.socket.destroy();
+  });
+});
+
+describe("admin boundary: the frontend's own probes (item 13)", () => {
+  it("probes a silent worker's /live once for all its streams, not once per stream (a burst past the system port's budget)", async () => {
+    let live = 0;
+    let concurrent = 0;
+    let maxConcurrent = 0;
+    let onProbe: (() => void) | undefined;
+    // A worker whose streams send one token and then go quiet; its /live answers after a moment.
+    const silent = await fakeWorker((req, res) => {
+      if (req.url === '/live') {
+        live++;
+        maxConcurrent = Math.max(maxConcurrent, ++concurrent);
+        setTimeout(() => {
+          concurrent--;
+          json(res, 200, { status: 'alive', state: 'serving' });
+          onProbe?.();
+        }, 50);
+        return;
+      }
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      res.write(JSON.stringify({ text: 'a' }) + '\n');
+    });
+    fakes.push(silent);
+    const own = tempDiscoveryUrl();
+    injectRecord(own, { worker_id: 'w-silent', model: 'm-silent', request_url: silent.url, system_url: silent.url });
+    // A probe may take up to 1 s (min(idle timeout, 2 s)): the fake's 50 ms never overlaps a shared one.
+    const f = await startFrontend(own, ['--stream-idle-timeout-ms', '1000'], NO_TOKEN);
+    started.push(f);
+    await sees(f, 'w-silent');
+    const streams = await Promise.all(Array.from({ length: 100 }, () => openLineStream(`${f.url}/v1/completions`, { model: 'm-silent', prompt: 'x', max_tokens: 8, stream: true }, '\n\n')));
+    try {
+      await bounded(Promise.all(streams.map((s) => s.first)), 'the first token on every stream');
+      // Every stream went quiet at about the same time: by a second probe, each has wanted one.
+      await bounded(new Promise<void>((resolve) => (onProbe = () => live >= 2 && resolve())), 'a second probe');
+      assert.equal(maxConcurrent, 1, `${maxConcurrent} probes of one worker at once`);
+    } finally {
+      for (const s of streams) s.abort();
+      await f.stop();
+    }
   });
 });
 
