@@ -128,7 +128,7 @@ export class AdminClient {
     const records = await this.discoveryRecords();
     const entries = await Promise.all(
       records.map(async (r): Promise<FleetEntry> => {
-        const live = await fetchLiveStatus(r.system_url, this.agent, LIST_STATUS_TIMEOUT_MS);
+        const live = await fetchLiveStatus(r.system_url, r.worker_id, this.agent, LIST_STATUS_TIMEOUT_MS);
         return { ...r, in_discovery: true, state: live.reachable ? live.status.state : null, ...live };
       }),
     );
@@ -168,6 +168,9 @@ export class AdminClient {
       throw new CliError(
         `worker "${target}" is not in ${this.sourceLabel} (a draining or drained worker unregisters itself): pass its system URL, or --frontend URL, which remembers it`,
       );
+    // The URL is discovery's: it gets the operator's token only once it answers as that worker.
+    const live = await fetchLiveStatus(record.system_url, record.worker_id, this.agent, CALL_TIMEOUT_MS);
+    if (!live.reachable) throw new CliError(`worker ${record.worker_id} (${record.system_url}) from ${this.sourceLabel}: ${live.error}; nothing was sent to it`);
     return this.direct(record.system_url, record);
   }
 

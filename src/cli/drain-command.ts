@@ -1,3 +1,4 @@
+import { printable } from '../common/terminal-text.js';
 import { Command, Option } from 'commander';
 import { addSourceOptions, withClient, type SourceFlags } from './admin-client.js';
 import { waitForDrained } from './drain-wait.js';
@@ -40,7 +41,7 @@ export function drainCommand(): Command {
           }
         }
         if (flags.json) process.stdout.write(JSON.stringify(status, null, 2) + '\n');
-        else if (status.state === 'drained') process.stdout.write(`worker ${status.worker_id} drained in ${formatDuration(Date.now() - started)}\n`);
+        else if (status.state === 'drained') process.stdout.write(`worker ${printable(status.worker_id)} drained in ${formatDuration(Date.now() - started)}\n`);
         else process.stdout.write(`${summarize(status)}\n(drain started: \`ebb status\` shows its progress, \`ebb drain --wait\` follows it to drained)\n`);
       });
     });

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { Command, Option } from 'commander';
 import { LOG_FORMATS, LOG_LEVELS } from '../common/logger.js';
+import { printable } from '../common/terminal-text.js';
 import { CliError } from './cli-error.js';
 import { drainCommand } from './drain-command.js';
 import { frontendCommand } from './frontend-command.js';
@@ -38,6 +39,7 @@ program.addCommand(prestopCommand());
 
 program.parseAsync(process.argv).catch((err: unknown) => {
   // Operators get one clear line, not a stack trace; timeouts exit 2 (see CliError).
-  process.stderr.write(`ebb: ${(err as Error).message}\n`);
+  // The message may quote a worker's answer: shown escaped, one line.
+  process.stderr.write(`ebb: ${printable((err as Error).message)}\n`);
   process.exit(err instanceof CliError ? err.exitCode : 1);
 });

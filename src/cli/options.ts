@@ -1,5 +1,6 @@
 import { InvalidArgumentError } from 'commander';
 import { defaultDiscoveryDir } from '../discovery/private-dir.js';
+import { workerIdProblem } from '../discovery/worker-id.js';
 
 export function intOption(min: number) {
   return (value: string): number => {
@@ -44,4 +45,11 @@ export function msOption(min: number) {
  */
 export function discoveryDefault(): string {
   return process.env.EBB_DISCOVERY ?? `file://${defaultDiscoveryDir()}`;
+}
+
+/** --worker-id: refused at start when it is not a worker id (see discovery/worker-id). */
+export function workerIdOption(value: string): string {
+  const problem = workerIdProblem(value);
+  if (problem !== undefined) throw new InvalidArgumentError(`${problem}; got ${JSON.stringify(value.length > 300 ? `${value.slice(0, 300)}...` : value)}`);
+  return value;
 }

@@ -1,3 +1,4 @@
+import { printable } from '../common/terminal-text.js';
 import { Command, Option } from 'commander';
 import { withClient } from './admin-client.js';
 import { CliError, EXIT_TIMEOUT } from './cli-error.js';
@@ -13,7 +14,8 @@ interface PrestopFlags {
   tokenFile?: string;
 }
 
-const say = (line: string) => process.stderr.write(`${line}\n`);
+/** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
+const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
 
 /**
  * A container preStop exec hook: drain the worker in this pod through its local Admin API and
@@ -54,7 +56,7 @@ export function prestopCommand(): Command {
             if (err instanceof CliError && err.exitCode === EXIT_TIMEOUT) throw new CliError(`prestop: ${err.message}; the SIGTERM that follows hands off what still runs`, EXIT_TIMEOUT);
             throw err;
           });
-        process.stdout.write(`worker ${status.worker_id} drained in ${formatDuration(Date.now() - started)}\n`);
+        process.stdout.write(`worker ${printable(status.worker_id)} drained in ${formatDuration(Date.now() - started)}\n`);
       });
     });
 }

@@ -1,3 +1,4 @@
+import { printable } from '../common/terminal-text.js';
 import type { WorkerStatus } from '../common/worker-admin.js';
 
 /** How waiting commands show progress on stderr. */
@@ -23,7 +24,10 @@ export class ProgressLine {
   }
 
   /** `volatile` (an ETA) is shown but, like the elapsed time, does not make a new line off a terminal. */
-  update(text: string, elapsedMs: number, volatile = ''): void {
+  update(raw: string, elapsedMs: number, rawVolatile = ''): void {
+    // It quotes what a worker reports: shown escaped, so it stays this one line.
+    const text = printable(raw);
+    const volatile = printable(rawVolatile);
     if (this.tty) {
       this.out.write(`\r${text}${volatile}  ${formatDuration(elapsedMs)}\x1b[K`);
       this.drawn = true;

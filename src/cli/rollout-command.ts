@@ -1,3 +1,4 @@
+import { printable } from '../common/terminal-text.js';
 import { spawn } from 'node:child_process';
 import { Command, Option } from 'commander';
 import { addSourceOptions, withClient, type AdminClient, type FleetEntry, type SourceFlags } from './admin-client.js';
@@ -19,7 +20,8 @@ interface RolloutFlags extends SourceFlags {
   drainDeadline?: number;
 }
 
-const say = (line: string) => process.stderr.write(`${line}\n`);
+/** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
+const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /** Runs the per-worker hook through a shell; its output goes to stderr so stdout stays the command's. */
@@ -171,7 +173,7 @@ export function rolloutCommand(): Command {
           done += batch.length;
           say(`[${done}/${total}] ${model} is back to ${have} serving worker(s)`);
         }
-        process.stdout.write(`rollout of ${model} done: ${total} worker(s) in ${formatDuration(Date.now() - started)}\n`);
+        process.stdout.write(`rollout of ${printable(model)} done: ${total} worker(s) in ${formatDuration(Date.now() - started)}\n`);
       });
     });
 }

@@ -1,4 +1,5 @@
 import { Command } from 'commander';
+import { printable } from '../common/terminal-text.js';
 import type { WorkerStatus } from '../common/worker-admin.js';
 import { addSourceOptions, withClient, type SourceFlags } from './admin-client.js';
 import { formatDuration } from './progress-line.js';
@@ -7,16 +8,17 @@ interface StatusFlags extends SourceFlags {
   json?: boolean;
 }
 
-/** A few lines an operator can read at a glance; --json has everything. */
+/** A few lines an operator can read at a glance (what the worker reports, shown escaped); --json has everything. */
 export function summarize(s: WorkerStatus, now = Date.now()): string {
+  const p = (v: unknown) => printable(String(v));
   const since = Date.parse(s.state_since);
   const lines = [
-    `worker ${s.worker_id}: ${s.state}${Number.isNaN(since) ? '' : ` for ${formatDuration(Math.max(0, now - since))}`}${s.shutting_down ? ' (shutting down)' : ''}`,
-    `  in-flight ${s.inflight_requests}, admission ${s.admission_open ? 'open' : 'closed'}, in discovery: ${s.discovery_registered ? 'yes' : 'no'}, generation ${s.generation}`,
+    `worker ${p(s.worker_id)}: ${p(s.state)}${Number.isNaN(since) ? '' : ` for ${formatDuration(Math.max(0, now - since))}`}${s.shutting_down ? ' (shutting down)' : ''}`,
+    `  in-flight ${p(s.inflight_requests)}, admission ${s.admission_open ? 'open' : 'closed'}, in discovery: ${s.discovery_registered ? 'yes' : 'no'}, generation ${p(s.generation)}`,
   ];
-  if (s.waiting_for.length > 0) lines.push(`  waiting for: ${s.waiting_for.join('; ')}`);
-  if (s.drain_reason) lines.push(`  drain reason: ${s.drain_reason}`);
-  if (s.last_error) lines.push(`  last error: ${s.last_error}`);
+  if (s.waiting_for.length > 0) lines.push(`  waiting for: ${p(s.waiting_for.join('; '))}`);
+  if (s.drain_reason) lines.push(`  drain reason: ${p(s.drain_reason)}`);
+  if (s.last_error) lines.push(`  last error: ${p(s.last_error)}`);
   return lines.join('\n');
 }
 

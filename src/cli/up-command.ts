@@ -1,3 +1,4 @@
+import { printable } from '../common/terminal-text.js';
 import { Command, Option } from 'commander';
 import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
@@ -30,7 +31,8 @@ interface UpFlags {
   metricsSdFile?: string;
 }
 
-const say = (line: string) => process.stderr.write(`${line}\n`);
+/** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
+const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
 
 /** A Prometheus file-SD target list of every component, rewritten (atomically) whenever one (re)starts or exits. */
 function writeTargets(file: string, targets: Map<string, { url: string; labels: Record<string, string> }>): void {
@@ -154,7 +156,7 @@ export function upCommand(): Command {
           `  Ctrl-C drains the workers and stops everything.${flags.restart ? ' A component that exits on its own is restarted.' : ''}`,
           '',
         ];
-        say(lines.join('\n'));
+        for (const line of lines) say(line);
       } catch (err) {
         say(`ebb up: ${(err as Error).message}`);
         stopping ??= stop(1, 'a component could not start');

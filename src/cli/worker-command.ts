@@ -16,7 +16,7 @@ import { OPENAI_ENGINE_DEFAULTS } from '../engine/openai-engine.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../discovery/discovery.js';
-import { discoveryDefault, intOption, msOption } from './options.js';
+import { discoveryDefault, intOption, msOption, workerIdOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 
@@ -73,7 +73,7 @@ export function workerCommand(): Command {
     .option('--admin-token-file <path>', `file holding the admin bearer token for drain/resume (env ${ADMIN_TOKEN_ENV}); required when --system-host is not loopback`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token, shared with the fleet's frontends and workers (env ${REQUEST_TOKEN_ENV}); required when --host is not loopback`)
     .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
-    .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx)')
+    .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx; at most 253 bytes, no "/", controls or whitespace, not . or ..)', workerIdOption)
     .option('--register-timeout-ms <n>', 'at start, how long to keep retrying discovery registration before giving up', msOption(0), 30_000)
     .option('--drain-intent-ttl-ms <n>', 'etcd discovery: how long a drain outlives this process (a restart with the same --worker-id comes back drained; resume clears it)', msOption(1000), 24 * 3600_000)
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))

@@ -1,12 +1,14 @@
 import { Command } from 'commander';
+import { printable } from '../common/terminal-text.js';
 import { addSourceOptions, withClient, type FleetEntry, type SourceFlags } from './admin-client.js';
 
 interface WorkersFlags extends SourceFlags {
   json?: boolean;
 }
 
-/** A plain left-aligned table: operators read it, scripts use --json. */
-export function renderTable(rows: string[][]): string {
+/** A plain left-aligned table: operators read it, scripts use --json. Cells are shown escaped (one row per line, whatever a worker reports). */
+export function renderTable(cells: string[][]): string {
+  const rows = cells.map((r) => r.map(printable));
   const widths = rows[0]?.map((_, i) => Math.max(...rows.map((r) => (r[i] ?? '').length))) ?? [];
   return rows.map((r) => r.map((cell, i) => (i === r.length - 1 ? cell : cell.padEnd(widths[i] ?? 0))).join('  ').trimEnd()).join('\n');
 }

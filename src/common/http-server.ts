@@ -1,8 +1,16 @@
-import Fastify, { type FastifyInstance, type FastifyError } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
 import { readFileSync } from 'node:fs';
 import type { AddressInfo, Socket } from 'node:net';
 import { hostname } from 'node:os';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
+import { PROBE_PATHS } from './admin-boundary.js';
+import { applyConnectionBudget } from './connection-budget.js';
+
+/** The probes each kind of listener serves (a worker's system server: /live and /health; the frontend's OpenAI port: /health). */
+const DEFAULT_PROBES: Record<ListenerRole, readonly string[]> = { admin: PROBE_PATHS, public: ['/health'], internal: [] };
+
+/** Fits the longest worker id percent-encoded (253 bytes, 3 characters each) with room to spare. */
+const MAX_PARAM_LENGTH = 1024;
 
 const ALL_METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'] as const;
 
@@ -27,13 +35,18 @@ export interface HttpServerLimits {
    * headersTimeoutMs already bounds a connection that never sends its first bytes.
    */
   connectionTimeoutMs?: number | undefined;
-  /** Open connections past which new ones are closed at once. */
+  /**
+   * Open connections the listener serves any request on; past it, a new connection evicts an idle or
+   * slow one, or may only ask for a probe (see connection-budget).
+   */
   maxConnections?: number | undefined;
 }
 
 export interface HttpServerOptions extends HttpServerLimits {
   /** Sets the default limits; 'internal' when not given. */
   role?: ListenerRole | undefined;
+  /** Paths (GET) answered even when every connection is busy; default by role (admin: /live, /health; public: /health). */
+  probePaths?: readonly string[] | undefined;
   bodyLimit?: number | undefined;
   emptyJsonIsObject?: boolean | undefined;
   /**
@@ -133,10 +146,15 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
     http: { headersTimeout, requestTimeout, connectionsCheckingInterval: checkEvery },
     clientErrorHandler: answerClientError,
     return503OnClosing: false,
+    // A path parameter (a worker id, up to 253 bytes, percent-encoded) fits; past it, JSON 400 (frameworkErrors).
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+    frameworkErrors: (err, _req, reply) => {
+      void (reply as FastifyReply).code(400).send(errorBody('invalid_request', err.message));
+    },
     // JSON bodies are typed: "stream": "true" is a client bug to report, not a value to guess.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
   });
-  app.server.maxConnections = opts.maxConnections ?? d.maxConnections;
+  applyConnectionBudget(app.server, opts.maxConnections ?? d.maxConnections, opts.probePaths ?? DEFAULT_PROBES[role]);
   (app.server as { httpAllowHalfOpen?: boolean }).httpAllowHalfOpen = opts.allowHalfOpen ?? role === 'public';
   if (opts.emptyJsonIsObject) {
     // Admin APIs: a POST with no body (plain `curl -X POST`), or a JSON content type with an empty

@@ -1,5 +1,6 @@
 import { pino, type Logger } from 'pino';
 import pretty from 'pino-pretty';
+import { printable } from './terminal-text.js';
 
 export type { Logger };
 
@@ -20,7 +21,8 @@ export function prettyOptions(): pretty.PrettyOptions {
     colorize: process.stdout.isTTY === true,
     translateTime: 'SYS:HH:MM:ss.l',
     ignore: 'pid,hostname,component,worker_id,event',
-    messageFormat: '{component}: {msg}',
+    // A message can quote a worker id or a reason from elsewhere: shown escaped (see terminal-text).
+    messageFormat: (log, messageKey) => printable(`${String(log.component ?? '')}: ${String(log[messageKey] ?? '')}`),
     hideObject: true,
     sync: true, // a log line written before process.exit must not be lost
   };

@@ -103,12 +103,13 @@ export function parseSseFrame(frame: string): { event: string; data: unknown } |
   }
 }
 
-/** The events of an SSE response body, as they arrive. */
-export async function* readSse(body: AsyncIterable<Uint8Array | Buffer>): AsyncGenerator<{ event: string; data: unknown }, void, void> {
+/** The events of an SSE response body, as they arrive; fails once one frame is past `maxFrameChars` (an endless line). */
+export async function* readSse(body: AsyncIterable<Uint8Array | Buffer>, maxFrameChars = Infinity): AsyncGenerator<{ event: string; data: unknown }, void, void> {
   const decoder = new TextDecoder();
   let buffer = '';
   for await (const chunk of body) {
     buffer += decoder.decode(chunk, { stream: true });
+    if (buffer.length > maxFrameChars && buffer.indexOf('\n\n') < 0) throw new Error(`event stream frame over ${maxFrameChars} characters`);
     let i: number;
     while ((i = buffer.indexOf('\n\n')) >= 0) {
       const parsed = parseSseFrame(buffer.slice(0, i));

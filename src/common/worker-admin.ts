@@ -1,5 +1,6 @@
 import { Agent, request } from 'undici';
 import type { WorkerStatus } from '../protocol/admin.js';
+import { codeOf } from '../protocol/errors.js';
 
 /**
  * Plain HTTP calls to an admin API (a worker's system-status server or the frontend's admin
@@ -25,6 +26,37 @@ export interface AdminCallOptions {
   body?: unknown;
   timeoutMs: number;
   agent: Agent;
+  /** Bound on the answer's body; a longer one fails the call (Unreachable) as soon as it is past. Default: none. */
+  maxBytes?: number | undefined;
+}
+
+/**
+ * Bound on what the frontend reads from a worker's admin API per answer (a status, a drain reply) and
+ * per event of its status stream: a status is a few KiB. A record pointing at a server that answers
+ * hundreds of MB per read must not take the frontend's memory with it.
+ */
+export const WORKER_ANSWER_LIMIT = 256 * 1024;
+
+export class AnswerTooLarge extends Error {
+  constructor(readonly maxBytes: number) {
+    super(`answer over ${maxBytes} bytes`);
+    this.name = 'AnswerTooLarge';
+  }
+}
+
+/** A body's text, failing (and dropping the connection) once it is past `maxBytes`. */
+export async function readBounded(body: AsyncIterable<Uint8Array> & { destroy?: () => unknown }, maxBytes = Infinity): Promise<string> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    size += chunk.byteLength;
+    if (size > maxBytes) {
+      body.destroy?.();
+      throw new AnswerTooLarge(maxBytes);
+    }
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks).toString('utf8');
 }
 
 export class Unreachable extends Error {
@@ -44,6 +76,7 @@ export function createAdminAgent(connectTimeoutMs = 1000): Agent {
 /** A short reason for a failed call: the errno-style code when there is one, else the message. */
 export function failureReason(err: unknown, timeoutMs: number): string {
   const e = err as NodeJS.ErrnoException & { name?: string };
+  if (err instanceof AnswerTooLarge) return err.message;
   if (e?.name === 'TimeoutError' || e?.name === 'AbortError' || e?.code === 'UND_ERR_CONNECT_TIMEOUT' || e?.code === 'UND_ERR_HEADERS_TIMEOUT')
     return `timed out after ${timeoutMs} ms`;
   if (typeof e?.code === 'string' && !e.code.startsWith('UND_ERR_')) return e.code;
@@ -61,7 +94,7 @@ export async function adminCall<T = unknown>(url: string, opts: AdminCallOptions
       dispatcher: opts.agent,
       signal: AbortSignal.timeout(opts.timeoutMs),
     });
-    const text = await res.body.text();
+    const text = await readBounded(res.body, opts.maxBytes);
     let body: unknown = text;
     try {
       body = text === '' ? {} : JSON.parse(text);
@@ -87,13 +120,31 @@ function isWorkerStatus(v: unknown): v is WorkerStatus {
   return typeof s === 'object' && s !== null && typeof s.state === 'string' && typeof s.inflight_requests === 'number';
 }
 
-/** GET {systemUrl}/engine/status with a short timeout, folded into a LiveStatus. */
-export async function fetchLiveStatus(systemUrl: string, agent: Agent, timeoutMs: number): Promise<LiveStatus> {
+/**
+ * GET {systemUrl}/engine/status with a short timeout and a bounded read, folded into a LiveStatus.
+ * The URL comes from a discovery record, so the answer is trusted only as far as it proves to be
+ * worker `workerId`'s status: anything else is reported as unreachable without echoing it (the
+ * record may point at any service; its answer must not come back through the fleet view). An ebb
+ * error body (a loading worker's 503) keeps its catalogue code and message.
+ */
+export async function fetchLiveStatus(systemUrl: string, workerId: string, agent: Agent, timeoutMs: number): Promise<LiveStatus> {
   try {
-    const res = await adminCall(`${systemUrl}/engine/status`, { agent, timeoutMs });
-    if (res.statusCode !== 200 || !isWorkerStatus(res.body)) return { reachable: false, error: `HTTP ${res.statusCode}: ${errorMessageOf(res.body)}` };
+    const res = await adminCall(`${systemUrl}/engine/status`, { agent, timeoutMs, maxBytes: WORKER_ANSWER_LIMIT });
+    if (res.statusCode !== 200) {
+      const code = codeOf(res.body);
+      return { reachable: false, error: `HTTP ${res.statusCode}${code === undefined ? '' : `: ${errorMessageOf(res.body)}`}` };
+    }
+    if (!isWorkerStatus(res.body)) return { reachable: false, error: 'HTTP 200 without a worker status: not an ebb worker' };
+    const answered = res.body.worker_id;
+    if (answered !== workerId) return { reachable: false, error: identityMismatch(systemUrl, answered, workerId) };
     return { reachable: true, status: res.body };
   } catch (err) {
     return { reachable: false, error: err instanceof Unreachable ? err.reason : (err as Error).message };
   }
+}
+
+/** "http://h:p is now worker \"w-2\", not w-1": the answered id only when it is a plausible one (short, printable). */
+export function identityMismatch(systemUrl: string, answered: unknown, expected: string): string {
+  const shown = typeof answered === 'string' && answered.length <= 256 && !/[\p{Cc}]/u.test(answered) ? JSON.stringify(answered) : 'something else';
+  return `${systemUrl} answers as worker ${shown}, not ${expected} (worker_identity_mismatch)`;
 }

@@ -1,5 +1,6 @@
 import { isCapabilities, type EngineCapabilities } from '../protocol/capabilities.js';
 import type { DrainIntentStore } from './drain-intent.js';
+import { isWorkerId } from './worker-id.js';
 
 /**
  * The registry the frontend routes from. Workers register one record each; the frontend lists then
@@ -63,18 +64,27 @@ function isHttpUrl(v: unknown): boolean {
   }
 }
 
+/**
+ * A system URL is an origin (scheme://host[:port]): the admin paths are appended to it, so a path,
+ * query or credentials in it would point the frontend's admin reads at some other resource.
+ */
+function isHttpOrigin(v: unknown): boolean {
+  if (!isHttpUrl(v)) return false;
+  const u = new URL(v as string);
+  return u.pathname === '/' && u.search === '' && u.hash === '' && u.username === '' && u.password === '' && !(v as string).includes('?') && !(v as string).includes('#');
+}
+
 /** Records come from other processes (or from whoever can write the registry): check every field. */
 export function isWorkerRecord(v: unknown): v is WorkerRecord {
   if (typeof v !== 'object' || v === null) return false;
   const r = v as Record<string, unknown>;
   return (
-    typeof r.worker_id === 'string' &&
-    r.worker_id !== '' &&
+    isWorkerId(r.worker_id) &&
     typeof r.model === 'string' &&
     r.model !== '' &&
     (r.mode === 'aggregated' || r.mode === 'prefill' || r.mode === 'decode') &&
     isHttpUrl(r.request_url) &&
-    isHttpUrl(r.system_url) &&
+    isHttpOrigin(r.system_url) &&
     (r.capabilities === undefined || isCapabilities(r.capabilities)) &&
     (r.engine === undefined || typeof r.engine === 'string')
   );

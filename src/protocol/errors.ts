@@ -31,6 +31,8 @@ export const ERROR_CODES = {
   server_closing: { status: 503, type: 'service_unavailable', retryable: true },
   /** The frontend is at its file-descriptor budget (client connections and worker sockets): retry shortly. */
   frontend_overloaded: { status: 503, type: 'service_unavailable', retryable: true },
+  /** Every connection of a listener is busy: only probes are answered on the extra ones. */
+  listener_busy: { status: 503, type: 'service_unavailable', retryable: true },
   /** The worker's engine is still loading (a model can take minutes); it is not in discovery yet. */
   worker_loading: { status: 503, type: 'service_unavailable', retryable: true },
   /** A continuation (stream migration) sent to a worker whose engine cannot continue a sequence. */

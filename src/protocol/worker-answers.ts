@@ -43,6 +43,7 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   // Refusals: the work never started.
   worker_draining: { action: 'retry_elsewhere', hold: 'draining' },
   worker_overloaded: { action: 'retry_elsewhere', hold: 'overloaded' },
+  listener_busy: { action: 'retry_elsewhere', hold: 'overloaded' },
   no_serving_worker: retry,
   server_closing: retry,
   worker_loading: { action: 'retry_elsewhere', hold: 'unreachable' },

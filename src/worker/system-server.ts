@@ -1,5 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { DEFAULT_TOKEN_NAME } from '../common/admin-auth.js';
+import { addAdminBoundary } from '../common/admin-boundary.js';
 import { Gauge, Registry } from 'prom-client';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import type { LifecycleStatus } from '../lifecycle/lifecycle.js';
@@ -23,6 +24,7 @@ export interface SystemServerDeps {
  */
 export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true });
+  addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
 
   const loadingRegistry = new Registry();
   new Gauge({ name: 'ebb_worker_loading', help: '1 while the worker loads its engine (not yet in discovery)', registers: [loadingRegistry] }).set(1);

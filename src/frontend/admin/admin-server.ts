@@ -1,10 +1,11 @@
 import type { FastifyInstance } from 'fastify';
 import type { Agent } from 'undici';
 import type { AdminGuard } from '../../common/admin-auth.js';
+import { addAdminBoundary } from '../../common/admin-boundary.js';
 import { DrainBodySchema, type DrainBody } from '../../protocol/admin.js';
-import { EbbError } from '../../protocol/errors.js';
+import { codeOf, EbbError } from '../../protocol/errors.js';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
-import { adminCall, fetchLiveStatus, Unreachable, type LiveStatus } from '../../common/worker-admin.js';
+import { adminCall, errorMessageOf, fetchLiveStatus, identityMismatch, Unreachable, WORKER_ANSWER_LIMIT, type LiveStatus } from '../../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../../discovery/discovery.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import { addDashboard } from './dashboard.js';
@@ -34,7 +35,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits });
 
   const describe = async (k: Known) => {
-    const live = await fetchLiveStatus(k.record.system_url, agent, STATUS_TIMEOUT_MS);
+    const live = await fetchLiveStatus(k.record.system_url, k.record.worker_id, agent, STATUS_TIMEOUT_MS);
     const routed = pool.get(k.record.worker_id);
     const now = Date.now();
     const hold = routed?.hold && routed.hold.until > now ? routed.hold.kind : null;
@@ -63,20 +64,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
     return described.filter(({ entry, live }) => !fleet.forgetIfGone(entry.worker_id, live)).map(({ entry }) => entry);
   };
 
-  // A browser on another origin must not drive this listener (a page could POST a drain to a
-  // loopback listener without a token): mutating calls that carry a foreign Origin are refused.
-  app.addHook('onRequest', async (req) => {
-    if (req.method !== 'POST') return;
-    const origin = req.headers.origin;
-    if (origin === undefined) return;
-    let host: string | undefined;
-    try {
-      host = new URL(origin).host;
-    } catch {
-      host = undefined;
-    }
-    if (host !== req.headers.host) throw new EbbError('forbidden', `cross-origin admin call from ${origin} refused`);
-  });
+  addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
 
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
@@ -92,12 +80,21 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
     return entry;
   });
 
+  /**
+   * The system URL is whatever discovery says: before anything carrying the operator's credential
+   * goes there, whoever answers it must prove to be worker `id` (a reused port, a stale or forged
+   * record). Its answer is read bounded and never echoed unless it proves that.
+   */
   const assertIdentity = async (k: Known, id: string): Promise<void> => {
-    const live = await fetchLiveStatus(k.record.system_url, agent, STATUS_TIMEOUT_MS);
-    if (!live.reachable) throw new EbbError('worker_unreachable', `cannot reach worker ${id} at ${k.record.system_url}: ${live.error}`);
-    const answered = live.status.worker_id;
-    if (answered !== id)
-      throw new EbbError('worker_identity_mismatch', `${k.record.system_url} is now worker ${JSON.stringify(answered ?? null)}, not ${id}; nothing was forwarded`);
+    let res;
+    try {
+      res = await adminCall<{ worker_id?: unknown }>(`${k.record.system_url}/engine/status`, { agent, timeoutMs: STATUS_TIMEOUT_MS, maxBytes: WORKER_ANSWER_LIMIT });
+    } catch (err) {
+      throw new EbbError('worker_unreachable', `cannot reach worker ${id} at ${k.record.system_url}: ${err instanceof Unreachable ? err.reason : (err as Error).message}; nothing was forwarded`);
+    }
+    if (res.statusCode !== 200)
+      throw new EbbError('worker_unreachable', `worker ${id} at ${k.record.system_url} answered HTTP ${res.statusCode}${codeOf(res.body) ? `: ${errorMessageOf(res.body)}` : ''}; nothing was forwarded`);
+    if (res.body?.worker_id !== id) throw new EbbError('worker_identity_mismatch', `${identityMismatch(k.record.system_url, res.body?.worker_id, id)}; nothing was forwarded`);
   };
 
   const forward = (action: 'drain' | 'resume') => {
@@ -121,6 +118,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
             body: action === 'drain' ? req.body : undefined,
             timeoutMs: FORWARD_TIMEOUT_MS,
             agent,
+            maxBytes: WORKER_ANSWER_LIMIT,
           });
           // The worker's answer as it is: its status code, its body (a status, or its error).
           const answered = (res.body as { worker_id?: unknown } | undefined)?.worker_id;

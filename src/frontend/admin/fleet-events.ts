@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import { Agent, request } from 'undici';
 import { allowOnly } from '../../common/http-server.js';
 import { readSse, SseHub, sseFrame } from '../../common/sse-hub.js';
-import { failureReason } from '../../common/worker-admin.js';
+import { failureReason, identityMismatch, WORKER_ANSWER_LIMIT } from '../../common/worker-admin.js';
 import type { WorkerRecord } from '../../discovery/discovery.js';
 import type { FleetView } from './fleet-view.js';
 
@@ -129,17 +129,19 @@ class Subscription {
   private async readOnce(): Promise<void> {
     const res = await request(`${this.url}/engine/status/events`, { dispatcher: this.agent, signal: this.abort.signal });
     if (res.statusCode !== 200) {
-      await res.body.text().catch(() => undefined);
+      res.body.destroy();
       throw new Error(`HTTP ${res.statusCode}`);
     }
     let first = true;
-    for await (const parsed of readSse(res.body)) {
-      if (first && parsed.event === 'status') {
+    // Bounded per event: the URL is discovery's, and whoever answers it has proved nothing yet.
+    for await (const parsed of readSse(res.body, WORKER_ANSWER_LIMIT)) {
+      if (first) {
         // A system port can be reused by another worker: whoever answers must be the one asked for.
-        const answered = (parsed.data as { worker_id?: unknown } | null)?.worker_id;
+        // Nothing is passed on before that: the first event must be its status.
+        const answered = parsed.event === 'status' ? (parsed.data as { worker_id?: unknown } | null)?.worker_id : undefined;
         if (answered !== this.record.worker_id) {
           res.body.destroy();
-          const e = new Error(`${this.url} is now worker ${JSON.stringify(answered ?? null)}, not ${this.record.worker_id}`);
+          const e = new Error(identityMismatch(this.url, answered, this.record.worker_id));
           e.name = 'IdentityError';
           throw e;
         }

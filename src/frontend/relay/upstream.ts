@@ -208,6 +208,8 @@ export class Upstream {
   private readonly headersTimeoutMs: number;
   private readonly streamIdleTimeoutMs: number;
   private readonly prefillTimeoutMs: number;
+  /** One /live probe in flight per worker, shared by all its silent streams (see answersLive). */
+  private readonly liveProbes = new Map<string, Promise<boolean>>();
   private readonly headers: Record<string, string>;
   private readonly generateHeaders: Record<string, string>;
 
@@ -353,8 +355,22 @@ export class Upstream {
     return { first: first.value, call, stopWatch };
   }
 
-  /** Whether a worker that went quiet still answers its liveness probe (a SIGSTOPped process does not). */
-  private async answersLive(w: PoolWorker): Promise<boolean> {
+  /**
+   * Whether a worker that went quiet still answers its liveness probe (a SIGSTOPped process does not).
+   * Streams waiting on the same worker share one probe: hundreds of silent streams opened hundreds of
+   * probe connections at once to a system port whose budget is 64.
+   */
+  private answersLive(w: PoolWorker): Promise<boolean> {
+    const url = w.record.system_url;
+    let probe = this.liveProbes.get(url);
+    if (probe === undefined) {
+      probe = this.probeLive(w).finally(() => this.liveProbes.delete(url));
+      this.liveProbes.set(url, probe);
+    }
+    return probe;
+  }
+
+  private async probeLive(w: PoolWorker): Promise<boolean> {
     const bound = Math.min(this.streamIdleTimeoutMs, 2000);
     try {
       const res = await request(`${w.record.system_url}/live`, { dispatcher: this.agent, signal: AbortSignal.timeout(bound), headersTimeout: bound, bodyTimeout: bound });

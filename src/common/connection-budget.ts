@@ -1,0 +1,98 @@
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import { errorBody } from '../protocol/errors.js';
+
+/**
+ * A listener's connection budget that a flood of slow or idle connections cannot use to lock the
+ * listener out. Node's own `maxConnections` closes every connection past the budget at accept, so
+ * 100 slowloris connections (headers dripped a byte at a time) took every probe of an admin
+ * listener to ECONNRESET until the header timeout freed them, and a failing liveness probe gets the
+ * pod restarted. Instead, a connection past the budget:
+ *
+ * 1. evicts the oldest connection that holds nothing: idle between requests first, then one whose
+ *    request has not fully arrived (a slowloris is exactly that), so a client that sends a request
+ *    gets served and an attacker only ever displaces its own sockets;
+ * 2. when every connection is busy with a request (long event streams, say), it is still taken, as
+ *    one of PROBE_RESERVE extra connections that may only ask for a probe (answered, then closed);
+ *    anything else there gets 503 `listener_busy`. A listener without probes (a worker's request
+ *    plane) closes it, as Node would.
+ *
+ * The socket count stays bounded (budget + reserve): past that the kernel-level refusal is Node's.
+ */
+
+/** Connections past the budget kept for probes when no connection can be evicted. */
+export const PROBE_RESERVE = 8;
+
+interface Tracked {
+  /** The request in progress on it, if any. */
+  req?: IncomingMessage | undefined;
+  /** Taken from the probe reserve: serves one probe, then closes. */
+  probeOnly: boolean;
+}
+
+export interface ConnectionBudgetStats {
+  /** Connections evicted to make room. */
+  evicted: number;
+  /** Requests refused on probe-only connections. */
+  refused: number;
+}
+
+/** What a probe is: a GET/HEAD of one of these paths. */
+const isProbe = (req: IncomingMessage, probes: readonly string[]): boolean =>
+  (req.method === 'GET' || req.method === 'HEAD') && probes.includes((req.url ?? '').split('?', 1)[0] as string);
+
+/**
+ * Puts `server` under the budget. Call once the request handler is attached (fastify attaches its
+ * own at creation): it is wrapped, so a probe-only connection's other requests never reach it.
+ */
+export function applyConnectionBudget(server: Server, budget: number, probes: readonly string[]): ConnectionBudgetStats {
+  const stats: ConnectionBudgetStats = { evicted: 0, refused: 0 };
+  // Insertion order is accept order: the first evictable one found is the oldest.
+  const open = new Map<Socket, Tracked>();
+  // One past the budget at least: Node refuses at accept, before a connection could make room.
+  server.maxConnections = budget + (probes.length > 0 ? PROBE_RESERVE : 1);
+
+  const evictable = (pred: (t: Tracked) => boolean, except: Socket): Socket | undefined => {
+    for (const [socket, t] of open) if (socket !== except && pred(t)) return socket;
+    return undefined;
+  };
+
+  server.on('connection', (socket: Socket) => {
+    const tracked: Tracked = { probeOnly: false };
+    open.set(socket, tracked);
+    socket.once('close', () => open.delete(socket));
+    if (open.size <= budget) return;
+    const victim = evictable((t) => t.req === undefined, socket) ?? evictable((t) => t.req?.complete === false, socket);
+    if (victim !== undefined) {
+      open.delete(victim);
+      victim.destroy();
+      stats.evicted++;
+    } else if (probes.length > 0) tracked.probeOnly = true;
+    else socket.destroy(); // nothing to answer on it (a request plane has no probes)
+  });
+
+  const handlers = server.listeners('request') as Array<(req: IncomingMessage, res: ServerResponse) => void>;
+  server.removeAllListeners('request');
+  server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const tracked = open.get(req.socket);
+    if (tracked !== undefined) {
+      tracked.req = req;
+      res.once('finish', () => {
+        if (tracked.req === req) tracked.req = undefined;
+      });
+    }
+    if (tracked?.probeOnly) {
+      // One request, then the reserve slot is free again.
+      res.shouldKeepAlive = false;
+      if (!isProbe(req, probes)) {
+        stats.refused++;
+        const body = JSON.stringify(errorBody('listener_busy', `every connection of this listener is busy (${budget}); only ${probes.join(', ') || 'no'} probes are answered now, retry shortly`));
+        res.writeHead(503, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), 'retry-after': '1', connection: 'close' });
+        res.end(body);
+        return;
+      }
+    }
+    for (const h of handlers) h.call(server, req, res);
+  });
+  return stats;
+}
