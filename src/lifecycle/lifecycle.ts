@@ -82,8 +82,8 @@ export class Lifecycle extends EventEmitter {
    */
   private deadline: { at: number; timer: NodeJS.Timeout | undefined } | null = null;
   private handedOff = 0;
-  /** The drain under way, for the audit trail: who started it and when (performance.now / Date.now). */
-  private drainStart: { actor: string; at: number; wall: number } | null = null;
+  /** The drain under way, for the audit trail: who started it and when (performance.now). */
+  private drainStart: { actor: string; at: number } | null = null;
   private etaSource: EtaSource | undefined;
   /** Every drain, resume, shutdown and hand-off (GET /engine/events). */
   readonly audit: AuditTrail;
@@ -433,9 +433,11 @@ export class Lifecycle extends EventEmitter {
   }
 
   private async doDrain(reason: string, opts: DrainOptions, actor: string): Promise<LifecycleStatus> {
+    // Refused before any effect: a shutdown that began while this call waited its turn owns the
+    // hand-off time, and a refused drain must not move it.
+    if (this.isShuttingDown) throw new ShutdownConflict('drain');
     // A drain already under way may still be given a deadline, or an earlier one.
     if (opts.deadlineMs !== undefined && this.current !== 'serving') this.armDeadline(opts.deadlineMs);
-    if (this.isShuttingDown) throw new ShutdownConflict('drain');
     if (this.current !== 'serving') return this.status();
     this.generation++;
     const gen = this.generation;
@@ -445,7 +447,7 @@ export class Lifecycle extends EventEmitter {
     this.reason = reason;
     this.lastProbe = null;
     this.handedOff = 0;
-    this.drainStart = { actor, at: performance.now(), wall: Date.now() };
+    this.drainStart = { actor, at: performance.now() };
     this.log.info({ event: 'admission_closed', generation: gen, reason, deadline_ms: opts.deadlineMs ?? null }, 'admission closed');
     if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
     this.move('drain');
@@ -514,7 +516,9 @@ export class Lifecycle extends EventEmitter {
       this.move('idle_confirmed');
       const d = this.drainStart;
       if (d) {
-        const record = { what: 'drained' as const, reason: this.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: this.handedOff }, startedAt: d.at, startedWall: d.wall, endedAt: performance.now() };
+        // Dated when drained was reached (its duration still spans the whole drain, from the call):
+        // read by time, it comes after the hand-offs that led to it.
+        const record = { what: 'drained' as const, reason: this.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: this.handedOff }, startedAt: d.at, endedAt: performance.now(), atWall: Date.now() };
         void Promise.all([...this.auditPending]).then(() => this.audit.record(record));
       }
     } else {
