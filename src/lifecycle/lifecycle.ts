@@ -474,6 +474,14 @@ export class Lifecycle extends EventEmitter {
     } catch (err) {
       this.lastError = `register failed: ${(err as Error).message}`;
       this.log.error({ event: 'discovery_register_failed', err }, this.lastError);
+      // Out of rotation still: what discovery holds is unknown (the register may have been written,
+      // its answer lost; or an earlier unregister was not confirmed, and this call superseded its
+      // retry). Confirmed as after a failed unregister: retried until discovery answers.
+      if (previous !== 'serving') {
+        this.presence = 'unknown';
+        const gen = this.generation;
+        void this.unregisterUntilConfirmed(() => this.generation !== gen);
+      }
       throw new EbbError('discovery_unavailable', `resume failed, state stays ${previous}: ${this.lastError}`);
     } finally {
       this.resuming = false;
