@@ -39,6 +39,17 @@ export interface DrainOptions {
   deadlineMs?: number | undefined;
   /** Who asked, for the audit trail: an admin token's name, or the caller's address (default "unknown"). */
   actor?: string | undefined;
+  /**
+   * Whether the drain outlives this process (a drain intent, where discovery keeps one); default
+   * true. False for drains that something else undoes: a rollout's, a Pod annotation's.
+   */
+  persist?: boolean | undefined;
+}
+
+/** Emitted as `drain_accepted` for every drain call that was not refused (a first one, or a repeat). */
+export interface DrainAccepted {
+  reason: string;
+  persist: boolean;
 }
 
 export interface ResumeOptions {
@@ -436,9 +447,13 @@ export class Lifecycle extends EventEmitter {
     // Refused before any effect: a shutdown that began while this call waited its turn owns the
     // hand-off time, and a refused drain must not move it.
     if (this.isShuttingDown) throw new ShutdownConflict('drain');
-    // A drain already under way may still be given a deadline, or an earlier one.
-    if (opts.deadlineMs !== undefined && this.current !== 'serving') this.armDeadline(opts.deadlineMs);
-    if (this.current !== 'serving') return this.status();
+    const accepted = (): DrainAccepted => ({ reason: this.reason ?? reason, persist: opts.persist !== false });
+    if (this.current !== 'serving') {
+      // A drain already under way may still be given a deadline, or an earlier one.
+      if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
+      this.emit('drain_accepted', accepted());
+      return this.status();
+    }
     this.generation++;
     const gen = this.generation;
     // Admission closes before anything else: from here a late arrival gets a retryable 503, and
@@ -451,6 +466,7 @@ export class Lifecycle extends EventEmitter {
     this.log.info({ event: 'admission_closed', generation: gen, reason, deadline_ms: opts.deadlineMs ?? null }, 'admission closed');
     if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
     this.move('drain');
+    this.emit('drain_accepted', accepted());
     // A lost registration (lease expired) is already out of discovery: nothing to remove.
     if (this.presence !== 'unregistered' && !(await this.unregisterOnce())) {
       void this.unregisterUntilConfirmed(() => this.generation !== gen);

@@ -18,6 +18,8 @@ export const DrainBodySchema = Type.Object(
   {
     reason: Type.Optional(Type.String({ maxLength: 500 })),
     deadline_ms: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 * 1000 })),
+    /** false: the drain ends with this worker process (no drain intent kept in discovery); `ebb rollout` sends it. */
+    persist: Type.Optional(Type.Boolean()),
   },
   { additionalProperties: false },
 );

@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { connectDiscovery } from '../discovery/connect.js';
-import type { Discovery, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
+import type { Discovery, WorkerRecord } from '../discovery/discovery.js';
+import type { WorkerMode } from '../protocol/worker-mode.js';
 import { createAdminGuard } from '../common/admin-auth.js';
 import { closeBounded } from '../common/close-bounded.js';
 import { advertisedUrl, listen } from '../common/http-server.js';
@@ -17,7 +18,7 @@ import { runShutdown, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
 import { WorkerPhase } from './phase.js';
 import { DEFAULT_REGISTER_TIMEOUT_MS, registerFirst } from './first-registration.js';
-import { DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from './drain-intent-sync.js';
+import { adoptDrainIntent, DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from './drain-intent-sync.js';
 
 /** How long a worker whose engine died tries to leave discovery (its lease expires anyway). */
 const UNREGISTER_ON_FAILURE_MS = 5000;
@@ -134,19 +135,24 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   });
   phase.running({ lifecycle, engine, metrics });
   const intents = discovery.drainIntents;
+  const intentTtlMs = opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS;
   // One start attempt, retried while discovery is unreachable: an operator's drain outlives the
   // process (a Pod annotation, or an intent kept in etcd), so a restart under one comes back drained.
   await registerFirst(opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading, async () => {
     let startDrained = opts.startDrained;
     if (startDrained === undefined && intents !== undefined) {
       const intent = await intents.get(workerId);
-      if (intent) startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
+      if (intent) {
+        startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
+        await adoptDrainIntent(intents, intent, record as WorkerRecord, intentTtlMs);
+      }
     }
     if (startDrained === undefined) return lifecycle.start();
     log.info({ event: 'start_drained', reason: startDrained.reason }, `starting drained (not registered): ${startDrained.reason}`);
-    await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs });
+    // Not a new intent: the one it starts under is kept as it is (a Pod annotation keeps itself).
+    await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs, persist: false });
   });
-  if (intents !== undefined) followDrainIntent(lifecycle, intents, workerId, opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS, log);
+  if (intents !== undefined) followDrainIntent(lifecycle, intents, record, intentTtlMs, log);
 
   const cleanup = async (signal: AbortSignal) => {
     await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal)]);
