@@ -31,6 +31,7 @@ export const AUDIT_CAPACITY = 500;
 
 /** Who acts when nobody named did: a signal, or the engine failing under the worker. */
 export const SIGNAL_ACTOR = 'signal';
+export const ENGINE_ACTOR = 'engine';
 
 export class AuditTrail extends EventEmitter {
   private readonly events: AuditEvent[] = [];

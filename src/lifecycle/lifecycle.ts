@@ -5,8 +5,8 @@ import type { Engine, Quiescence } from '../engine/engine.js';
 import type { DiscoveryPresence, WorkerStatus } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
 import type { Admission } from './admission.js';
-import { AuditTrail, SIGNAL_ACTOR } from './audit.js';
-import { nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
+import { AuditTrail, ENGINE_ACTOR, SIGNAL_ACTOR } from './audit.js';
+import { canMove, nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
 
 /** The worker's presence in discovery. Drain removes it, resume puts it back. */
 export interface Registration {
@@ -244,10 +244,31 @@ export class Lifecycle extends EventEmitter {
     return confirmed ? 'completed' : 'timed_out';
   }
 
+  /**
+   * The engine died under the worker: from here it only goes down, as after SIGTERM, but nothing
+   * admitted can finish, so nothing is waited for or handed off. Synchronous, like beginShutdown.
+   * Returns false when it had already failed or stopped.
+   */
+  engineFailed(reason: string): boolean {
+    if (!canMove(this.current, 'engine_failed')) return false;
+    const wasShuttingDown = this.isShuttingDown;
+    this.admission.close();
+    this.generation++;
+    this.reason = reason;
+    this.lastProbe = null;
+    this.clearDeadline();
+    if (!wasShuttingDown) {
+      this.shutdownActor = ENGINE_ACTOR;
+      this.audit.record({ what: 'shutdown', reason, actor: ENGINE_ACTOR, generation: this.generation, result: 'started', startedAt: performance.now() });
+    }
+    this.move('engine_failed');
+    return true;
+  }
+
   /** The last stage of a shutdown is done: servers closed, nothing runs. */
   stopped(): void {
     this.clearDeadline();
-    if (this.current === 'stopping') this.move('stopped');
+    if (canMove(this.current, 'stopped')) this.move('stopped');
   }
 
   /** Who began the shutdown under way (audit trail). */

@@ -6,7 +6,8 @@ import Type, { type Static } from 'typebox';
  * looks like from outside.
  */
 
-export const WORKER_STATES = ['serving', 'draining', 'drained', 'stopping', 'stopped'] as const;
+/** `failed`: the engine died under the worker; it leaves discovery, ends what ran with an error, and exits. */
+export const WORKER_STATES = ['serving', 'draining', 'drained', 'stopping', 'failed', 'stopped'] as const;
 export type WorkerState = (typeof WORKER_STATES)[number];
 
 /**
