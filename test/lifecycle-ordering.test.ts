@@ -83,3 +83,20 @@ describe('audit order', () => {
     assert.equal(sorted.at(-1)?.what, 'drained', 'sorted by time, it is still last');
   });
 });
+
+describe('loading is a state', () => {
+  it('a worker drained before its first registration never registers; a resume before it is refused', async () => {
+    let registers = 0;
+    const { lifecycle } = setup(async () => void registers++);
+    assert.equal(lifecycle.state, 'loading');
+    await assert.rejects(lifecycle.resume(), (err: Error & { code?: string }) => err.code === 'worker_loading');
+    assert.equal(lifecycle.state, 'loading', 'refused before any effect');
+    await lifecycle.drain('drained while registering');
+    await lifecycle.start(); // the first registration's attempt comes after the drain
+    assert.equal(registers, 0, 'a drained worker is not put in discovery');
+    assert.equal(lifecycle.state, 'drained');
+    await lifecycle.resume();
+    assert.equal(registers, 1);
+    assert.equal(lifecycle.state, 'serving');
+  });
+});

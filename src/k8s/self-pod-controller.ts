@@ -11,7 +11,7 @@ const WRITE_RETRY_MIN_MS = 250;
 const WRITE_RETRY_MAX_MS = 5000;
 
 /** States in which a ReplicaSet scale-down should pick this pod first. */
-const LOW_COST_STATES: ReadonlySet<WorkerState> = new Set(['drained', 'stopping', 'stopped']);
+const LOW_COST_STATES: ReadonlySet<WorkerState> = new Set(['drained', 'stopping', 'failed', 'stopped']);
 
 /**
  * Reads the pod before the worker registers: a pod annotated for drain starts the worker drained

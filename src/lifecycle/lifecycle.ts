@@ -25,8 +25,8 @@ export interface Transition {
 }
 
 export class ShutdownConflict extends EbbError {
-  constructor(action: string) {
-    super('shutdown_in_progress', `cannot ${action}: the worker is shutting down (SIGTERM)`);
+  constructor(action: string, state: WorkerState = 'stopping') {
+    super('shutdown_in_progress', `cannot ${action}: the worker is shutting down (${state === 'failed' ? 'its engine failed' : 'SIGTERM'})`);
   }
 }
 
@@ -68,7 +68,7 @@ export type EtaSource = () => number | null;
  * admission for good and makes every later drain or resume a 409 at its entry.
  */
 export class Lifecycle extends EventEmitter {
-  private current: WorkerState = 'serving';
+  private current: WorkerState = 'loading';
   private generation = 0;
   private since = new Date();
   private chain: Promise<unknown> = Promise.resolve();
@@ -127,26 +127,41 @@ export class Lifecycle extends EventEmitter {
     return this.presence;
   }
 
-  /** First registration at start-up. A worker that cannot register does not start. */
-  async start(): Promise<void> {
-    if (!(await this.register())) throw new Error('registration was lost while it was being made');
-    this.log.info({ event: 'discovery_registered' }, 'registered in discovery');
+  /**
+   * First registration at start-up: loading -> serving. A worker that cannot register does not
+   * start. One drained meanwhile (an operator, before it ever registered) stays out of discovery.
+   */
+  start(): Promise<void> {
+    return this.serialize(async () => {
+      if (!canMove(this.current, 'start')) return;
+      if (!(await this.register())) throw new Error('registration was lost while it was being made');
+      // A shutdown that began meanwhile owns the worker now, and unregisters it again.
+      if (!canMove(this.current, 'start')) return;
+      this.move('start');
+      this.log.info({ event: 'discovery_registered' }, 'registered in discovery');
+    });
   }
 
   /** `deadlineMs`: after it, streams still running are handed off to other workers (stream migration). */
   drain(reason: string, opts: DrainOptions = {}): Promise<LifecycleStatus> {
     const actor = opts.actor ?? 'unknown';
     return this.audited('drain', reason, actor, () => {
-      if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('drain'));
+      if (!canMove(this.current, 'drain')) return Promise.reject(this.refusal('drain'));
       return this.serialize(() => this.doDrain(reason, opts, actor));
     });
   }
 
   resume(opts: ResumeOptions = {}): Promise<LifecycleStatus> {
     return this.audited('resume', null, opts.actor ?? 'unknown', () => {
-      if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('resume'));
+      if (!canMove(this.current, 'resume')) return Promise.reject(this.refusal('resume'));
       return this.serialize(() => this.doResume());
     });
+  }
+
+  /** Why the table has no such move from here: the worker is going down, or has not started. */
+  private refusal(action: 'drain' | 'resume'): EbbError {
+    if (this.isShuttingDown) return new ShutdownConflict(action, this.current);
+    return new EbbError('worker_loading', `cannot ${action}: the worker has not registered yet (state ${this.current}); retry when /health is ready`);
   }
 
   /** Runs an Admin operation and records it, whichever way it ends. */
@@ -216,7 +231,7 @@ export class Lifecycle extends EventEmitter {
    */
   /** `deadlineAt` (ms epoch): when the shutdown hands off what still runs; shown in status. `actor`: who, for the audit trail. */
   beginShutdown(reason: string, deadlineAt?: number, actor = SIGNAL_ACTOR): boolean {
-    if (this.isShuttingDown) return false;
+    if (!canMove(this.current, 'shutdown')) return false;
     this.admission.close();
     this.generation++;
     this.reason = reason;
@@ -467,9 +482,9 @@ export class Lifecycle extends EventEmitter {
   private async doDrain(reason: string, opts: DrainOptions, actor: string): Promise<LifecycleStatus> {
     // Refused before any effect: a shutdown that began while this call waited its turn owns the
     // hand-off time, and a refused drain must not move it.
-    if (this.isShuttingDown) throw new ShutdownConflict('drain');
+    if (!canMove(this.current, 'drain')) throw this.refusal('drain');
     const accepted = (): DrainAccepted => ({ reason: this.reason ?? reason, persist: opts.persist !== false });
-    if (this.current !== 'serving') {
+    if (nextState(this.current, 'drain') === this.current) {
       // A drain already under way may still be given a deadline, or an earlier one.
       if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
       this.emit('drain_accepted', accepted());
@@ -497,7 +512,7 @@ export class Lifecycle extends EventEmitter {
   }
 
   private async doResume(): Promise<LifecycleStatus> {
-    if (this.isShuttingDown) throw new ShutdownConflict('resume');
+    if (!canMove(this.current, 'resume')) throw this.refusal('resume');
     const previous = this.current;
     if (previous === 'serving' && this.presence === 'registered') return this.status();
     this.generation++;

@@ -3,10 +3,16 @@ import { WORKER_STATES, type WorkerState } from '../protocol/admin.js';
 /**
  * The worker lifecycle, as one table. Side effects belong to the controller (lifecycle.ts);
  * this file only says which moves exist. A move that is not in the table is refused at the entry
- * of the operation that asked for it (drain and resume during shutdown answer 409).
+ * of the operation that asked for it, before any effect (drain and resume during shutdown answer
+ * 409, a resume while loading 503 worker_loading).
  *
  *   from      | event          | to        | what the controller does around it
  *   ----------+----------------+-----------+---------------------------------------------------------
+ *   loading   | start          | serving   | the first registration confirmed (the worker can serve)
+ *   loading   | drain          | draining  | start drained (an intent), or drained before it registered:
+ *             |                |           |   it never registers until resumed
+ *   loading   | shutdown       | stopping  | SIGTERM before the first registration
+ *   loading   | engine_failed  | failed    |
  *   serving   | drain          | draining  | close admission FIRST, then unregister from discovery
  *   draining  | idle_confirmed | drained   | in-flight == 0 AND engine says idle, same generation
  *   draining  | resume         | serving   | register again, then reopen admission
@@ -31,9 +37,10 @@ import { WORKER_STATES, type WorkerState } from '../protocol/admin.js';
  */
 
 export { WORKER_STATES, type WorkerState };
-export type LifecycleEvent = 'drain' | 'resume' | 'idle_confirmed' | 'shutdown' | 'engine_failed' | 'stopped';
+export type LifecycleEvent = 'start' | 'drain' | 'resume' | 'idle_confirmed' | 'shutdown' | 'engine_failed' | 'stopped';
 
 export const TRANSITIONS: Readonly<Record<WorkerState, Readonly<Partial<Record<LifecycleEvent, WorkerState>>>>> = {
+  loading: { start: 'serving', drain: 'draining', shutdown: 'stopping', engine_failed: 'failed' },
   serving: { drain: 'draining', resume: 'serving', shutdown: 'stopping', engine_failed: 'failed' },
   draining: { drain: 'draining', resume: 'serving', idle_confirmed: 'drained', shutdown: 'stopping', engine_failed: 'failed' },
   drained: { drain: 'drained', resume: 'serving', shutdown: 'stopping', engine_failed: 'failed' },

@@ -6,8 +6,11 @@ import Type, { type Static } from 'typebox';
  * looks like from outside.
  */
 
-/** `failed`: the engine died under the worker; it leaves discovery, ends what ran with an error, and exits. */
-export const WORKER_STATES = ['serving', 'draining', 'drained', 'stopping', 'failed', 'stopped'] as const;
+/**
+ * `loading`: not yet in discovery (the engine loads, the first registration is under way).
+ * `failed`: the engine died under the worker; it leaves discovery, ends what ran with an error, and exits.
+ */
+export const WORKER_STATES = ['loading', 'serving', 'draining', 'drained', 'stopping', 'failed', 'stopped'] as const;
 export type WorkerState = (typeof WORKER_STATES)[number];
 
 /**
