@@ -132,6 +132,8 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   phase.running({ lifecycle, engine, metrics });
   const intents = discovery.drainIntents;
   const intentTtlMs = opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS;
+  // Followed from here: an operator may drain the worker while its first registration is retried.
+  if (intents !== undefined) followDrainIntent(lifecycle, intents, record, intentTtlMs, log);
   // One start attempt, retried while discovery is unreachable: an operator's drain outlives the
   // process (a Pod annotation, or an intent kept in etcd), so a restart under one comes back drained.
   await registerFirst(opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading, async () => {
@@ -148,7 +150,6 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     // Not a new intent: the one it starts under is kept as it is (a Pod annotation keeps itself).
     await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs, persist: false });
   });
-  if (intents !== undefined) followDrainIntent(lifecycle, intents, record, intentTtlMs, log);
 
   const cleanup = async (signal: AbortSignal) => {
     await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal)]);
