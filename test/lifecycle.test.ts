@@ -75,7 +75,11 @@ describe('state table', () => {
     assert.throws(() => nextState('serving', 'idle_confirmed'), InvalidTransition);
     assert.throws(() => nextState('drained', 'idle_confirmed'), InvalidTransition);
     assert.throws(() => nextState('serving', 'stopped'), InvalidTransition, 'only a shutdown stops');
+    assert.equal(nextState('loading', 'start'), 'serving');
+    assert.equal(nextState('loading', 'drain'), 'draining', 'drained before it ever registered');
+    assert.throws(() => nextState('loading', 'resume'), InvalidTransition, 'nothing to resume before the first registration');
     for (const s of WORKER_STATES) {
+      if (s === 'loading') continue;
       if (SHUTDOWN_STATES.has(s)) {
         assert.equal(TRANSITIONS[s].resume, undefined, `no resume from ${s}`);
         assert.equal(TRANSITIONS[s].drain, undefined, `no drain from ${s}`);

@@ -326,7 +326,8 @@ describe('operator CLI: drain --wait', () => {
 /** state_changed events of every worker, in time order; on equal timestamps, leaving rotation first (the strict reading). */
 function transitions(workers: WorkerHandle[]) {
   const events = workers.flatMap((w) =>
-    w.logs.filter((l: LogLine) => l.event === 'state_changed').map((l) => ({ worker: w.workerId, at: Date.parse(l.time as string), to: l.to as string })),
+    // From the first registration on: loading -> serving is the worker starting, not the rollout.
+    w.logs.filter((l: LogLine) => l.event === 'state_changed' && l.from !== 'loading').map((l) => ({ worker: w.workerId, at: Date.parse(l.time as string), to: l.to as string })),
   );
   return events.sort((a, b) => a.at - b.at || (a.to === 'serving' ? 1 : 0) - (b.to === 'serving' ? 1 : 0));
 }
@@ -367,7 +368,7 @@ describe('operator CLI: rollout', () => {
 
     // Each worker went serving -> draining -> drained -> serving exactly once ...
     for (const w of workers) {
-      const path = w.logs.filter((l) => l.event === 'state_changed').map((l) => l.to);
+      const path = w.logs.filter((l) => l.event === 'state_changed' && l.from !== 'loading').map((l) => l.to);
       assert.deepEqual(path, ['draining', 'drained', 'serving'], `${w.workerId}: ${path.join(' -> ')}`);
     }
     // ... one at a time, by the workers' own clocks (same host) ...

@@ -4,6 +4,7 @@ import type { DrainBody } from '../protocol/admin.js';
 import { adminCall, createAdminAgent, errorMessageOf, fetchLiveStatus, Unreachable, type AdminResponse, type WorkerStatus } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, WorkerRecord } from '../discovery/discovery.js';
+import type { DrainIntent } from '../discovery/drain-intent.js';
 import { codeOf } from '../protocol/errors.js';
 import { readSse } from '../common/sse-hub.js';
 import { request } from 'undici';
@@ -38,6 +39,8 @@ export function addSourceOptions(cmd: Command): Command {
 /** One entry of the fleet view, whichever source it came from (the shape of the frontend's GET /workers). */
 export interface FleetEntry extends WorkerRecord {
   in_discovery: boolean;
+  /** Read from discovery only: the drain intent held for this worker id (it restarts drained under it). */
+  drain_intent?: DrainIntent;
   state: string | null;
   reachable: boolean;
   status?: WorkerStatus;
@@ -125,27 +128,63 @@ export class AdminClient {
         throw new CliError(`the frontend admin API at ${this.source.url} answered HTTP ${res.statusCode} to GET /workers: ${errorMessageOf(res.body)}`);
       return res.body.workers;
     }
-    const records = await this.discoveryRecords();
+    const [records, intents] = await Promise.all([this.discoveryRecords(), this.intents()]);
+    const listed = new Set(records.map((r) => r.worker_id));
+    // A worker that started drained under an intent never registered: its intent names it.
+    const unlisted = [...(intents ?? new Map<string, DrainIntent>()).values()].flatMap((i) => (i.worker !== undefined && !listed.has(i.worker.worker_id) ? [i.worker] : []));
     const entries = await Promise.all(
-      records.map(async (r): Promise<FleetEntry> => {
+      [...records, ...unlisted].map(async (r): Promise<FleetEntry> => {
         const live = await fetchLiveStatus(r.system_url, r.worker_id, this.agent, LIST_STATUS_TIMEOUT_MS);
-        return { ...r, in_discovery: true, state: live.reachable ? live.status.state : null, ...live };
+        const intent = intents?.get(r.worker_id);
+        return { ...r, in_discovery: listed.has(r.worker_id), state: live.reachable ? live.status.state : null, ...live, ...(intent ? { drain_intent: intent } : {}) };
       }),
     );
     return entries.sort((a, b) => a.worker_id.localeCompare(b.worker_id));
   }
 
+  /** The drain intents discovery holds (undefined where the backend keeps none: file, memory). */
+  async intents(): Promise<Map<string, DrainIntent> | undefined> {
+    this.assertDiscoverySource();
+    const store = (await this.openDiscovery()).drainIntents;
+    if (store === undefined) return undefined;
+    try {
+      return await store.list();
+    } catch (err) {
+      throw new CliError(`cannot list drain intents from discovery at ${this.source.url}: ${(err as Error).message}`);
+    }
+  }
+
+  private assertDiscoverySource(): void {
+    if (this.source.kind === 'frontend') throw new CliError('drain intents are kept in discovery: pass --discovery etcd://HOST:2379 instead of --frontend');
+  }
+
+  /** Removes the drain intent of `workerId`; false where the backend keeps none. */
+  async clearIntent(workerId: string): Promise<boolean> {
+    this.assertDiscoverySource();
+    const store = (await this.openDiscovery()).drainIntents;
+    if (store === undefined) return false;
+    try {
+      await store.delete(workerId);
+      return true;
+    } catch (err) {
+      throw new CliError(`cannot remove the drain intent of ${workerId} from discovery at ${this.source.url}: ${(err as Error).message}`);
+    }
+  }
+
   /** One discovery connection per command, opened on first use (rollout lists it every poll). */
   private discovery?: Promise<Discovery>;
 
-  private async discoveryRecords(): Promise<WorkerRecord[]> {
+  private async openDiscovery(): Promise<Discovery> {
     this.discovery ??= connectDiscovery(this.source.url);
-    let discovery: Discovery;
     try {
-      discovery = await this.discovery;
+      return await this.discovery;
     } catch (err) {
       throw new CliError(`cannot open discovery at ${this.source.url}: ${(err as Error).message}`);
     }
+  }
+
+  private async discoveryRecords(): Promise<WorkerRecord[]> {
+    const discovery = await this.openDiscovery();
     try {
       return await discovery.list();
     } catch (err) {
@@ -163,7 +202,7 @@ export class AdminClient {
       if (res.statusCode !== 200) throw new CliError(`${this.sourceLabel} answered HTTP ${res.statusCode} for worker "${target}": ${errorMessageOf(res.body)}`);
       return this.viaFrontend(res.body);
     }
-    const record = (await this.discoveryRecords()).find((r) => r.worker_id === target);
+    const record = (await this.discoveryRecords()).find((r) => r.worker_id === target) ?? (await this.intents())?.get(target)?.worker;
     if (!record)
       throw new CliError(
         `worker "${target}" is not in ${this.sourceLabel} (a draining or drained worker unregisters itself): pass its system URL, or --frontend URL, which remembers it`,

@@ -34,7 +34,7 @@ export async function waitForDrained(
   const check = (status: WorkerStatus): WorkerStatus | undefined => {
     last = status;
     onProgress(status, Date.now() - started);
-    if (status.state === 'stopping' || status.state === 'stopped')
+    if (status.state === 'stopping' || status.state === 'failed' || status.state === 'stopped')
       throw new CliError(`${ref.label} is shutting down (${status.state}) while waiting for it to drain`);
     if (status.generation !== generation)
       throw new CliError(

@@ -8,6 +8,7 @@ import { frontendCommand } from './frontend-command.js';
 import { prestopCommand } from './prestop-command.js';
 import { resumeCommand } from './resume-command.js';
 import { rolloutCommand } from './rollout-command.js';
+import { intentsCommand } from './intents-command.js';
 import { statusCommand } from './status-command.js';
 import { upCommand } from './up-command.js';
 import { workerCommand } from './worker-command.js';
@@ -35,6 +36,7 @@ program.addCommand(statusCommand());
 program.addCommand(drainCommand());
 program.addCommand(resumeCommand());
 program.addCommand(rolloutCommand());
+program.addCommand(intentsCommand());
 program.addCommand(prestopCommand());
 
 program.parseAsync(process.argv).catch((err: unknown) => {

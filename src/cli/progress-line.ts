@@ -1,14 +1,10 @@
 import { printable } from '../common/terminal-text.js';
+import { formatDuration } from '../common/format-duration.js';
 import type { WorkerStatus } from '../common/worker-admin.js';
 
 /** How waiting commands show progress on stderr. */
 
-export function formatDuration(ms: number): string {
-  if (ms < 60_000) return `${(ms / 1000).toFixed(1)}s`;
-  const s = Math.round(ms / 1000);
-  if (s < 3600) return `${Math.floor(s / 60)}m${String(s % 60).padStart(2, '0')}s`;
-  return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
-}
+export { formatDuration };
 
 /**
  * A progress line on stderr: rewritten in place (\r) on a terminal; elsewhere (CI logs, pipes) one

@@ -2,7 +2,8 @@ import { printable } from '../common/terminal-text.js';
 import { spawn } from 'node:child_process';
 import { Command, Option } from 'commander';
 import { addSourceOptions, withClient, type AdminClient, type FleetEntry, type SourceFlags } from './admin-client.js';
-import { CliError, EXIT_TIMEOUT } from './cli-error.js';
+import { CliError, EXIT_FAILURE, EXIT_TIMEOUT } from './cli-error.js';
+import { K8sError } from '../k8s/k8s-error.js';
 import { POLL_INTERVAL_MS, servingOf, waitForDrained } from './drain-wait.js';
 import { describeWaiting, formatDuration } from './progress-line.js';
 import { durationOption, intOption } from './options.js';
@@ -79,7 +80,11 @@ async function rolloutPods(selector: string, flags: RolloutFlags): Promise<void>
     { namespace: flags.namespace ?? defaultNamespace(kc), selector, maxUnavailable: flags.maxUnavailable, deletePods: flags.deletePods === true, timeoutMs: flags.timeout, drainDeadlineMs: flags.drainDeadline, say },
     // Logs go to stderr with the progress lines: stdout is the command's result.
     pino({ level: process.env.EBB_LOG_LEVEL ?? 'warn', base: { component: 'rollout' } }, destination(2)),
-  );
+  ).catch((err: unknown) => {
+    // k8s/ says whether a wait ran out of time; the exit code is the CLI's to pick.
+    if (err instanceof K8sError) throw new CliError(err.message, err.kind === 'timed_out' ? EXIT_TIMEOUT : EXIT_FAILURE);
+    throw err;
+  });
   process.stdout.write(`rollout of pods ${selector} done: ${total} pod(s) in ${formatDuration(Date.now() - started)}\n`);
 }
 
@@ -132,7 +137,9 @@ export function rolloutCommand(): Command {
             refs.map(async ({ entry, ref }) => {
               say(`[${done + 1 + refs.findIndex((r) => r.entry === entry)}/${total}] ${entry.worker_id}: draining`);
               const t0 = Date.now();
-              let s = await ref.drain({ reason: `ebb rollout ${model}`, ...(flags.drainDeadline !== undefined ? { deadline_ms: flags.drainDeadline } : {}) });
+              // persist: false, the drain ends with the process: a hook that restarts the worker under
+              // the same id must get a replacement that serves, not one that starts drained.
+              let s = await ref.drain({ reason: `ebb rollout ${model}`, persist: false, ...(flags.drainDeadline !== undefined ? { deadline_ms: flags.drainDeadline } : {}) });
               let lastLine = '';
               if (s.state !== 'drained')
                 s = await waitForDrained(ref, s.generation, flags.timeout, (st) => {

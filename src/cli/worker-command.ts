@@ -15,7 +15,7 @@ import { MOCKER_DEFAULTS } from '../engine/mocker.js';
 import { OPENAI_ENGINE_DEFAULTS } from '../engine/openai-engine.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
-import type { WorkerMode } from '../discovery/discovery.js';
+import type { WorkerMode } from '../protocol/worker-mode.js';
 import { discoveryDefault, intOption, msOption, workerIdOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';

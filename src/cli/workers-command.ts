@@ -16,6 +16,7 @@ export function renderTable(cells: string[][]): string {
 function row(e: FleetEntry): string[] {
   const notes: string[] = [];
   if (!e.in_discovery) notes.push('not in discovery');
+  if (e.drain_intent) notes.push(`drain intent: ${e.drain_intent.reason}`);
   if (!e.reachable) notes.push(e.error ?? 'unreachable');
   else if (e.status?.waiting_for.length) notes.push(`waiting for: ${e.status.waiting_for.join('; ')}`);
   return [

@@ -1,4 +1,4 @@
-import { pino, type Logger } from 'pino';
+import { pino, symbols, type Logger } from 'pino';
 import pretty from 'pino-pretty';
 import { printable } from './terminal-text.js';
 
@@ -35,5 +35,22 @@ export function createLogger(component: string, bindings: Record<string, unknown
     base: { component, pid: process.pid, ...bindings },
     timestamp: pino.stdTimeFunctions.isoTime,
   };
-  return logFormat() === 'pretty' ? pino(opts, pretty(prettyOptions())) : pino(opts);
+  const log = logFormat() === 'pretty' ? pino(opts, pretty(prettyOptions())) : pino(opts);
+  dropLogsWithParent(log);
+  return log;
+}
+
+/**
+ * A process started by `ebb up` (an IPC channel to it) logs into a pipe `ebb up` reads: when the
+ * parent dies, later lines would hit a closed pipe, and the exit flush of the buffered ones retries
+ * EPIPE forever (sonic-boom's flushSync loops on any write error), so the process never exits.
+ * pino's own answer to EPIPE (stop writing to that stream) is applied as soon as the parent goes.
+ */
+function dropLogsWithParent(log: Logger): void {
+  if (process.send === undefined) return;
+  const out = (log as unknown as Record<symbol, unknown>)[symbols.streamSym] as { flushSync?: unknown; emit(event: 'error', err: Error): boolean } | undefined;
+  if (out === undefined || typeof out.flushSync !== 'function') return; // not pino's own stdout stream
+  const gone = () => void out.emit('error', Object.assign(new Error('stdout reader (the parent process) is gone'), { code: 'EPIPE' }));
+  if (!process.connected) gone();
+  else process.once('disconnect', gone);
 }

@@ -1,6 +1,10 @@
 import { isCapabilities, type EngineCapabilities } from '../protocol/capabilities.js';
+import { isWorkerMode, type WorkerMode } from '../protocol/worker-mode.js';
 import type { DrainIntentStore } from './drain-intent.js';
 import { isWorkerId } from './worker-id.js';
+
+/** Re-exported for the modules that still import it from here; it lives in protocol/. */
+export type { WorkerMode };
 
 /**
  * The registry the frontend routes from. Workers register one record each; the frontend lists then
@@ -12,7 +16,6 @@ export interface DiscoveryOptions {
   leaseTtlMs?: number | undefined;
 }
 
-export type WorkerMode = 'aggregated' | 'prefill' | 'decode';
 
 export interface WorkerRecord {
   worker_id: string;
@@ -82,7 +85,7 @@ export function isWorkerRecord(v: unknown): v is WorkerRecord {
     isWorkerId(r.worker_id) &&
     typeof r.model === 'string' &&
     r.model !== '' &&
-    (r.mode === 'aggregated' || r.mode === 'prefill' || r.mode === 'decode') &&
+    isWorkerMode(r.mode) &&
     isHttpUrl(r.request_url) &&
     isHttpOrigin(r.system_url) &&
     (r.capabilities === undefined || isCapabilities(r.capabilities)) &&

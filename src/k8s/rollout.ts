@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
-import { CliError, EXIT_TIMEOUT } from '../cli/cli-error.js';
-import { formatDuration } from '../cli/progress-line.js';
+import { formatDuration } from '../common/format-duration.js';
+import { K8sError } from './k8s-error.js';
 import { DRAIN, DRAIN_DEADLINE_MS, DRAIN_REASON, STATE } from './annotations.js';
 import { type PodApi, type V1Pod } from './client.js';
 import { annotationsOf, patchAnnotations } from './pod-patcher.js';
@@ -38,7 +38,7 @@ export async function k8sRollout(api: PodApi, opts: K8sRolloutOptions, log: Logg
   try {
     await watcher.start();
   } catch (err) {
-    throw new CliError(`cannot list pods ${opts.selector} in ${opts.namespace} at ${api.server}: ${(err as Error).message}`);
+    throw new K8sError(`cannot list pods ${opts.selector} in ${opts.namespace} at ${api.server}: ${(err as Error).message}`);
   }
   /** Resolves once `done()` holds, re-checked on every change the watch reports; rejects past the bound. */
   const until = (done: () => boolean, timeoutMs: number, what: () => string): Promise<void> =>
@@ -58,7 +58,7 @@ export async function k8sRollout(api: PodApi, opts: K8sRolloutOptions, log: Logg
       };
       const timer = setTimeout(() => {
         cleanup();
-        reject(new CliError(what(), EXIT_TIMEOUT));
+        reject(new K8sError(what(), 'timed_out'));
       }, timeoutMs);
       const cleanup = () => {
         clearTimeout(timer);
@@ -73,7 +73,7 @@ export async function k8sRollout(api: PodApi, opts: K8sRolloutOptions, log: Logg
 
   try {
     const initial = pods().filter(serving).map(nameOf).sort();
-    if (initial.length === 0) throw new CliError(`no serving pod matches ${opts.selector} in namespace ${opts.namespace} (pods report ebb.dev/state; are the workers run with --k8s-self-pod?)`);
+    if (initial.length === 0) throw new K8sError(`no serving pod matches ${opts.selector} in namespace ${opts.namespace} (pods report ebb.dev/state; are the workers run with --k8s-self-pod?)`);
     const total = initial.length;
     say(`rollout of pods ${opts.selector} in ${opts.namespace}: ${total} pod(s), at most ${opts.maxUnavailable} out of rotation at a time`);
     let done = 0;
@@ -99,7 +99,7 @@ export async function k8sRollout(api: PodApi, opts: K8sRolloutOptions, log: Logg
             await until(
               () => {
                 const p = watcher.pods.get(name);
-                if (p === undefined || terminating(p)) throw new CliError(`pod ${name} went away while draining`);
+                if (p === undefined || terminating(p)) throw new K8sError(`pod ${name} went away while draining`);
                 return stateOf(p) === 'drained';
               },
               opts.timeoutMs,
@@ -110,7 +110,7 @@ export async function k8sRollout(api: PodApi, opts: K8sRolloutOptions, log: Logg
         );
       } catch (err) {
         for (const name of batch) await patchAnnotations(api, ref(name), undrain, 'strategic-merge').catch(() => undefined);
-        throw new CliError(`rollout stopped: ${(err as Error).message}; its batch was un-annotated (resumes), ${done} of ${total} pod(s) were rolled and the rest are serving`, err instanceof CliError ? err.exitCode : 1);
+        throw new K8sError(`rollout stopped: ${(err as Error).message}; its batch was un-annotated (resumes), ${done} of ${total} pod(s) were rolled and the rest are serving`, err instanceof K8sError ? err.kind : 'failed');
       }
       for (const name of batch) {
         if (opts.deletePods) {

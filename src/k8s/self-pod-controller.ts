@@ -11,7 +11,7 @@ const WRITE_RETRY_MIN_MS = 250;
 const WRITE_RETRY_MAX_MS = 5000;
 
 /** States in which a ReplicaSet scale-down should pick this pod first. */
-const LOW_COST_STATES: ReadonlySet<WorkerState> = new Set(['drained', 'stopping', 'stopped']);
+const LOW_COST_STATES: ReadonlySet<WorkerState> = new Set(['drained', 'stopping', 'failed', 'stopped']);
 
 /**
  * Reads the pod before the worker registers: a pod annotated for drain starts the worker drained
@@ -94,8 +94,9 @@ export class SelfPodController {
     this.intent = next;
     if (this.lifecycle.isShuttingDown) return;
     if (next !== null) {
+      // persist: false, the annotation is the intent (it dies with the pod, as it should).
       this.log.info({ event: 'k8s_drain_annotation', pod: this.where, reason: next.reason, deadline_ms: next.deadlineMs ?? null }, `pod ${this.where} annotated for drain`);
-      this.lifecycle.drain(next.reason, { deadlineMs: next.deadlineMs, actor: `annotation ebb.dev/drain on pod ${this.where}` }).catch((err: Error) => this.log.warn({ event: 'k8s_drain_failed', err: err.message }, `drain from the annotation failed: ${err.message}`));
+      this.lifecycle.drain(next.reason, { deadlineMs: next.deadlineMs, actor: `annotation ebb.dev/drain on pod ${this.where}`, persist: false }).catch((err: Error) => this.log.warn({ event: 'k8s_drain_failed', err: err.message }, `drain from the annotation failed: ${err.message}`));
     } else if (before !== null) {
       this.log.info({ event: 'k8s_drain_annotation_removed', pod: this.where }, `drain annotation removed from pod ${this.where}: resuming`);
       this.lifecycle.resume({ actor: `annotation ebb.dev/drain removed from pod ${this.where}` }).catch((err: Error) => this.log.warn({ event: 'k8s_resume_failed', err: err.message }, `resume after the annotation was removed failed: ${err.message}`));

@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { CliError } from '../cli/cli-error.js';
+import { K8sError } from './k8s-error.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { DrainIntent } from './annotations.js';
 import { createPodApi, defaultNamespace, loadKubeConfig, podLabel, type PodApi, type PodRef } from './client.js';
@@ -27,15 +27,15 @@ export async function resolveSelfPod(flag: string | boolean, kubeconfig: string 
     name ||= process.env.POD_NAME;
     namespace ||= process.env.POD_NAMESPACE || defaultNamespace(kc);
   } catch (err) {
-    throw new CliError(`--k8s-self-pod: ${(err as Error).message}`);
+    throw new K8sError(`--k8s-self-pod: ${(err as Error).message}`);
   }
-  if (!name) throw new CliError('--k8s-self-pod: no pod name (pass namespace/name, or set POD_NAME from the downward API: fieldRef metadata.name)');
+  if (!name) throw new K8sError('--k8s-self-pod: no pod name (pass namespace/name, or set POD_NAME from the downward API: fieldRef metadata.name)');
   const ref = { namespace, name };
   try {
     const { intent } = await readSelfPod(api, ref);
     return { api, ref, intent };
   } catch (err) {
-    throw new CliError(`--k8s-self-pod: ${(err as Error).message}`);
+    throw new K8sError(`--k8s-self-pod: ${(err as Error).message}`);
   }
 }
 

@@ -8,12 +8,12 @@ import type { Logger } from 'pino';
  * system server's status stream.
  */
 
-/** `drained`: a drain reached drained (its duration is the whole drain, from the call). */
+/** `drained`: a drain reached drained; dated then, its duration is the whole drain (from the call). */
 export type AuditWhat = 'drain' | 'drained' | 'resume' | 'shutdown' | 'handoff';
 
 export interface AuditEvent {
   what: AuditWhat;
-  /** When the operation started (ISO 8601). */
+  /** When the operation started (ISO 8601); for `drained`, when the worker reached it. */
   at: string;
   reason: string | null;
   /** An admin token's name, "signal", "engine", or the caller's address on an open (loopback) listener. */
@@ -31,6 +31,7 @@ export const AUDIT_CAPACITY = 500;
 
 /** Who acts when nobody named did: a signal, or the engine failing under the worker. */
 export const SIGNAL_ACTOR = 'signal';
+export const ENGINE_ACTOR = 'engine';
 
 export class AuditTrail extends EventEmitter {
   private readonly events: AuditEvent[] = [];
@@ -42,11 +43,14 @@ export class AuditTrail extends EventEmitter {
     super();
   }
 
-  /** Records one finished operation; `startedAt` (and `endedAt`, default now) are performance.now() values. */
-  record(e: Omit<AuditEvent, 'at' | 'duration_ms'> & { startedAt: number; startedWall?: number; endedAt?: number }): AuditEvent {
-    const { startedAt, startedWall, endedAt, ...rest } = e;
+  /**
+   * Records one finished operation; `startedAt` (and `endedAt`, default now) are performance.now()
+   * values. `atWall` (ms epoch) dates it when that is not its start.
+   */
+  record(e: Omit<AuditEvent, 'at' | 'duration_ms'> & { startedAt: number; endedAt?: number; atWall?: number }): AuditEvent {
+    const { startedAt, endedAt, atWall, ...rest } = e;
     const duration = Math.max(0, Math.round((endedAt ?? performance.now()) - startedAt));
-    const event: AuditEvent = { ...rest, at: new Date(startedWall ?? Date.now() - duration).toISOString(), duration_ms: duration };
+    const event: AuditEvent = { ...rest, at: new Date(atWall ?? Date.now() - duration).toISOString(), duration_ms: duration };
     if (event.detail === undefined) delete event.detail;
     this.events.push(event);
     if (this.events.length > this.capacity) this.events.splice(0, this.events.length - this.capacity);

@@ -5,8 +5,8 @@ import type { Engine, Quiescence } from '../engine/engine.js';
 import type { DiscoveryPresence, WorkerStatus } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
 import type { Admission } from './admission.js';
-import { AuditTrail, SIGNAL_ACTOR } from './audit.js';
-import { nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
+import { AuditTrail, ENGINE_ACTOR, SIGNAL_ACTOR } from './audit.js';
+import { canMove, nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
 
 /** The worker's presence in discovery. Drain removes it, resume puts it back. */
 export interface Registration {
@@ -25,8 +25,8 @@ export interface Transition {
 }
 
 export class ShutdownConflict extends EbbError {
-  constructor(action: string) {
-    super('shutdown_in_progress', `cannot ${action}: the worker is shutting down (SIGTERM)`);
+  constructor(action: string, state: WorkerState = 'stopping') {
+    super('shutdown_in_progress', `cannot ${action}: the worker is shutting down (${state === 'failed' ? 'its engine failed' : 'SIGTERM'})`);
   }
 }
 
@@ -39,6 +39,17 @@ export interface DrainOptions {
   deadlineMs?: number | undefined;
   /** Who asked, for the audit trail: an admin token's name, or the caller's address (default "unknown"). */
   actor?: string | undefined;
+  /**
+   * Whether the drain outlives this process (a drain intent, where discovery keeps one); default
+   * true. False for drains that something else undoes: a rollout's, a Pod annotation's.
+   */
+  persist?: boolean | undefined;
+}
+
+/** Emitted as `drain_accepted` for every drain call that was not refused (a first one, or a repeat). */
+export interface DrainAccepted {
+  reason: string;
+  persist: boolean;
 }
 
 export interface ResumeOptions {
@@ -57,7 +68,7 @@ export type EtaSource = () => number | null;
  * admission for good and makes every later drain or resume a 409 at its entry.
  */
 export class Lifecycle extends EventEmitter {
-  private current: WorkerState = 'serving';
+  private current: WorkerState = 'loading';
   private generation = 0;
   private since = new Date();
   private chain: Promise<unknown> = Promise.resolve();
@@ -82,8 +93,8 @@ export class Lifecycle extends EventEmitter {
    */
   private deadline: { at: number; timer: NodeJS.Timeout | undefined } | null = null;
   private handedOff = 0;
-  /** The drain under way, for the audit trail: who started it and when (performance.now / Date.now). */
-  private drainStart: { actor: string; at: number; wall: number } | null = null;
+  /** The drain under way, for the audit trail: who started it and when (performance.now). */
+  private drainStart: { actor: string; at: number } | null = null;
   private etaSource: EtaSource | undefined;
   /** Every drain, resume, shutdown and hand-off (GET /engine/events). */
   readonly audit: AuditTrail;
@@ -116,26 +127,41 @@ export class Lifecycle extends EventEmitter {
     return this.presence;
   }
 
-  /** First registration at start-up. A worker that cannot register does not start. */
-  async start(): Promise<void> {
-    if (!(await this.register())) throw new Error('registration was lost while it was being made');
-    this.log.info({ event: 'discovery_registered' }, 'registered in discovery');
+  /**
+   * First registration at start-up: loading -> serving. A worker that cannot register does not
+   * start. One drained meanwhile (an operator, before it ever registered) stays out of discovery.
+   */
+  start(): Promise<void> {
+    return this.serialize(async () => {
+      if (!canMove(this.current, 'start')) return;
+      if (!(await this.register())) throw new Error('registration was lost while it was being made');
+      // A shutdown that began meanwhile owns the worker now, and unregisters it again.
+      if (!canMove(this.current, 'start')) return;
+      this.move('start');
+      this.log.info({ event: 'discovery_registered' }, 'registered in discovery');
+    });
   }
 
   /** `deadlineMs`: after it, streams still running are handed off to other workers (stream migration). */
   drain(reason: string, opts: DrainOptions = {}): Promise<LifecycleStatus> {
     const actor = opts.actor ?? 'unknown';
     return this.audited('drain', reason, actor, () => {
-      if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('drain'));
+      if (!canMove(this.current, 'drain')) return Promise.reject(this.refusal('drain'));
       return this.serialize(() => this.doDrain(reason, opts, actor));
     });
   }
 
   resume(opts: ResumeOptions = {}): Promise<LifecycleStatus> {
     return this.audited('resume', null, opts.actor ?? 'unknown', () => {
-      if (this.isShuttingDown) return Promise.reject(new ShutdownConflict('resume'));
+      if (!canMove(this.current, 'resume')) return Promise.reject(this.refusal('resume'));
       return this.serialize(() => this.doResume());
     });
+  }
+
+  /** Why the table has no such move from here: the worker is going down, or has not started. */
+  private refusal(action: 'drain' | 'resume'): EbbError {
+    if (this.isShuttingDown) return new ShutdownConflict(action, this.current);
+    return new EbbError('worker_loading', `cannot ${action}: the worker has not registered yet (state ${this.current}); retry when /health is ready`);
   }
 
   /** Runs an Admin operation and records it, whichever way it ends. */
@@ -205,7 +231,7 @@ export class Lifecycle extends EventEmitter {
    */
   /** `deadlineAt` (ms epoch): when the shutdown hands off what still runs; shown in status. `actor`: who, for the audit trail. */
   beginShutdown(reason: string, deadlineAt?: number, actor = SIGNAL_ACTOR): boolean {
-    if (this.isShuttingDown) return false;
+    if (!canMove(this.current, 'shutdown')) return false;
     this.admission.close();
     this.generation++;
     this.reason = reason;
@@ -233,10 +259,31 @@ export class Lifecycle extends EventEmitter {
     return confirmed ? 'completed' : 'timed_out';
   }
 
+  /**
+   * The engine died under the worker: from here it only goes down, as after SIGTERM, but nothing
+   * admitted can finish, so nothing is waited for or handed off. Synchronous, like beginShutdown.
+   * Returns false when it had already failed or stopped.
+   */
+  engineFailed(reason: string): boolean {
+    if (!canMove(this.current, 'engine_failed')) return false;
+    const wasShuttingDown = this.isShuttingDown;
+    this.admission.close();
+    this.generation++;
+    this.reason = reason;
+    this.lastProbe = null;
+    this.clearDeadline();
+    if (!wasShuttingDown) {
+      this.shutdownActor = ENGINE_ACTOR;
+      this.audit.record({ what: 'shutdown', reason, actor: ENGINE_ACTOR, generation: this.generation, result: 'started', startedAt: performance.now() });
+    }
+    this.move('engine_failed');
+    return true;
+  }
+
   /** The last stage of a shutdown is done: servers closed, nothing runs. */
   stopped(): void {
     this.clearDeadline();
-    if (this.current === 'stopping') this.move('stopped');
+    if (canMove(this.current, 'stopped')) this.move('stopped');
   }
 
   /** Who began the shutdown under way (audit trail). */
@@ -433,10 +480,16 @@ export class Lifecycle extends EventEmitter {
   }
 
   private async doDrain(reason: string, opts: DrainOptions, actor: string): Promise<LifecycleStatus> {
-    // A drain already under way may still be given a deadline, or an earlier one.
-    if (opts.deadlineMs !== undefined && this.current !== 'serving') this.armDeadline(opts.deadlineMs);
-    if (this.isShuttingDown) throw new ShutdownConflict('drain');
-    if (this.current !== 'serving') return this.status();
+    // Refused before any effect: a shutdown that began while this call waited its turn owns the
+    // hand-off time, and a refused drain must not move it.
+    if (!canMove(this.current, 'drain')) throw this.refusal('drain');
+    const accepted = (): DrainAccepted => ({ reason: this.reason ?? reason, persist: opts.persist !== false });
+    if (nextState(this.current, 'drain') === this.current) {
+      // A drain already under way may still be given a deadline, or an earlier one.
+      if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
+      this.emit('drain_accepted', accepted());
+      return this.status();
+    }
     this.generation++;
     const gen = this.generation;
     // Admission closes before anything else: from here a late arrival gets a retryable 503, and
@@ -445,10 +498,11 @@ export class Lifecycle extends EventEmitter {
     this.reason = reason;
     this.lastProbe = null;
     this.handedOff = 0;
-    this.drainStart = { actor, at: performance.now(), wall: Date.now() };
+    this.drainStart = { actor, at: performance.now() };
     this.log.info({ event: 'admission_closed', generation: gen, reason, deadline_ms: opts.deadlineMs ?? null }, 'admission closed');
     if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
     this.move('drain');
+    this.emit('drain_accepted', accepted());
     // A lost registration (lease expired) is already out of discovery: nothing to remove.
     if (this.presence !== 'unregistered' && !(await this.unregisterOnce())) {
       void this.unregisterUntilConfirmed(() => this.generation !== gen);
@@ -458,7 +512,7 @@ export class Lifecycle extends EventEmitter {
   }
 
   private async doResume(): Promise<LifecycleStatus> {
-    if (this.isShuttingDown) throw new ShutdownConflict('resume');
+    if (!canMove(this.current, 'resume')) throw this.refusal('resume');
     const previous = this.current;
     if (previous === 'serving' && this.presence === 'registered') return this.status();
     this.generation++;
@@ -472,6 +526,14 @@ export class Lifecycle extends EventEmitter {
     } catch (err) {
       this.lastError = `register failed: ${(err as Error).message}`;
       this.log.error({ event: 'discovery_register_failed', err }, this.lastError);
+      // Out of rotation still: what discovery holds is unknown (the register may have been written,
+      // its answer lost; or an earlier unregister was not confirmed, and this call superseded its
+      // retry). Confirmed as after a failed unregister: retried until discovery answers.
+      if (previous !== 'serving') {
+        this.presence = 'unknown';
+        const gen = this.generation;
+        void this.unregisterUntilConfirmed(() => this.generation !== gen);
+      }
       throw new EbbError('discovery_unavailable', `resume failed, state stays ${previous}: ${this.lastError}`);
     } finally {
       this.resuming = false;
@@ -514,7 +576,9 @@ export class Lifecycle extends EventEmitter {
       this.move('idle_confirmed');
       const d = this.drainStart;
       if (d) {
-        const record = { what: 'drained' as const, reason: this.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: this.handedOff }, startedAt: d.at, startedWall: d.wall, endedAt: performance.now() };
+        // Dated when drained was reached (its duration still spans the whole drain, from the call):
+        // read by time, it comes after the hand-offs that led to it.
+        const record = { what: 'drained' as const, reason: this.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: this.handedOff }, startedAt: d.at, endedAt: performance.now(), atWall: Date.now() };
         void Promise.all([...this.auditPending]).then(() => this.audit.record(record));
       }
     } else {

@@ -6,7 +6,11 @@ import Type, { type Static } from 'typebox';
  * looks like from outside.
  */
 
-export const WORKER_STATES = ['serving', 'draining', 'drained', 'stopping', 'stopped'] as const;
+/**
+ * `loading`: not yet in discovery (the engine loads, the first registration is under way).
+ * `failed`: the engine died under the worker; it leaves discovery, ends what ran with an error, and exits.
+ */
+export const WORKER_STATES = ['loading', 'serving', 'draining', 'drained', 'stopping', 'failed', 'stopped'] as const;
 export type WorkerState = (typeof WORKER_STATES)[number];
 
 /**
@@ -18,6 +22,8 @@ export const DrainBodySchema = Type.Object(
   {
     reason: Type.Optional(Type.String({ maxLength: 500 })),
     deadline_ms: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 * 1000 })),
+    /** false: the drain ends with this worker process (no drain intent kept in discovery); `ebb rollout` sends it. */
+    persist: Type.Optional(Type.Boolean()),
   },
   { additionalProperties: false },
 );

@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import type { AdminGuard } from '../common/admin-auth.js';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
 import { writeWithBackpressure } from '../common/backpressure.js';
-import type { WorkerMode } from '../discovery/discovery.js';
+import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.js';
 import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';

@@ -70,7 +70,7 @@ export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): Fas
   app.post<{ Body: DrainBody | undefined }>('/engine/drain', { schema: { body: DrainBodySchema } }, async (req, reply) => {
     const actor = actorOf(req);
     const r = runtime();
-    const status = await r.lifecycle.drain(req.body?.reason ?? 'admin', { deadlineMs: req.body?.deadline_ms, actor });
+    const status = await r.lifecycle.drain(req.body?.reason ?? 'admin', { deadlineMs: req.body?.deadline_ms, persist: req.body?.persist, actor });
     return reply.code(status.state === 'drained' ? 200 : 202).send(statusBody(r, status));
   });
 

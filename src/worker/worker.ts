@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { connectDiscovery } from '../discovery/connect.js';
-import type { Discovery, WorkerMode, WorkerRecord } from '../discovery/discovery.js';
+import type { Discovery, WorkerRecord } from '../discovery/discovery.js';
+import type { WorkerMode } from '../protocol/worker-mode.js';
 import { createAdminGuard } from '../common/admin-auth.js';
 import { closeBounded } from '../common/close-bounded.js';
 import { advertisedUrl, listen } from '../common/http-server.js';
@@ -13,14 +14,11 @@ import { Lifecycle } from '../lifecycle/lifecycle.js';
 import { createWorkerMetrics } from './metrics.js';
 import { PrefillPeers } from './prefill-peers.js';
 import { createRequestPlane } from './request-plane.js';
-import { runShutdown, type ShutdownOptions } from './shutdown.js';
+import { ENGINE_FAILED_EXIT_CODE, runShutdown, type ShutdownDeps, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
 import { WorkerPhase } from './phase.js';
 import { DEFAULT_REGISTER_TIMEOUT_MS, registerFirst } from './first-registration.js';
-import { DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from './drain-intent-sync.js';
-
-/** How long a worker whose engine died tries to leave discovery (its lease expires anyway). */
-const UNREGISTER_ON_FAILURE_MS = 5000;
+import { adoptDrainIntent, DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from './drain-intent-sync.js';
 
 export interface WorkerOptions {
   workerId?: string | undefined;
@@ -65,8 +63,7 @@ export function newWorkerId(): string {
   return `w-${randomBytes(4).toString('hex')}`;
 }
 
-/** Exit code of a worker whose engine died under it: its supervisor should restart it. */
-export const ENGINE_FAILED_EXIT_CODE = 1;
+export { ENGINE_FAILED_EXIT_CODE };
 
 /**
  * Starts a worker: the system server first (it answers while the engine loads: /live 200, /health
@@ -134,19 +131,25 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   });
   phase.running({ lifecycle, engine, metrics });
   const intents = discovery.drainIntents;
+  const intentTtlMs = opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS;
+  // Followed from here: an operator may drain the worker while its first registration is retried.
+  if (intents !== undefined) followDrainIntent(lifecycle, intents, record, intentTtlMs, log);
   // One start attempt, retried while discovery is unreachable: an operator's drain outlives the
   // process (a Pod annotation, or an intent kept in etcd), so a restart under one comes back drained.
   await registerFirst(opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading, async () => {
     let startDrained = opts.startDrained;
     if (startDrained === undefined && intents !== undefined) {
       const intent = await intents.get(workerId);
-      if (intent) startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
+      if (intent) {
+        startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
+        await adoptDrainIntent(intents, intent, record as WorkerRecord, intentTtlMs);
+      }
     }
     if (startDrained === undefined) return lifecycle.start();
     log.info({ event: 'start_drained', reason: startDrained.reason }, `starting drained (not registered): ${startDrained.reason}`);
-    await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs });
+    // Not a new intent: the one it starts under is kept as it is (a Pod annotation keeps itself).
+    await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs, persist: false });
   });
-  if (intents !== undefined) followDrainIntent(lifecycle, intents, workerId, opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS, log);
 
   const cleanup = async (signal: AbortSignal) => {
     await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal)]);
@@ -158,28 +161,39 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   const cancel = new AbortController();
   const shutdownOpts: ShutdownOptions = { watchdogMarginMs: 5000, ...opts.shutdown };
 
-  // An engine that died cannot finish what was admitted: leave discovery at once, end every stream
-  // with an explicit error, fail /live, and exit non-zero so the supervisor restarts the worker.
+  const shutdownDeps: ShutdownDeps = {
+    lifecycle,
+    admission,
+    metrics,
+    log,
+    cutInflight: (s) => requestPlane.cutAll(s),
+    handOffInflight: () => {
+      const { count, closed } = requestPlane.handOffAll();
+      lifecycle.recordHandoffs(count, closed);
+      return { count, closed };
+    },
+    cleanup,
+    exit,
+    cancel: cancel.signal,
+  };
+
+  // An engine that died cannot finish what was admitted: the one shutdown, without grace or wait
+  // (leave discovery, end every stream with an explicit error, close), /live fails, and the exit is
+  // non-zero so the supervisor restarts the worker.
   engine.onFailure?.((err) => {
     if (phase.engineFailure !== undefined) return;
     phase.engineFailure = err.message;
     log.fatal({ event: 'engine_failed', err: err.message, inflight: admission.inflightIds() }, `engine failed: ${err.message}; leaving discovery and exiting`);
     if (shuttingDown !== undefined) {
+      lifecycle.engineFailed(`engine failed: ${err.message}`);
       cancel.abort(new Error('engine failed')); // the shutdown under way cuts what is left and exits
       return;
     }
-    lifecycle.beginShutdown('engine failed', undefined, 'engine');
-    void (async () => {
-      try {
-        await lifecycle.unregisterForShutdown(AbortSignal.timeout(UNREGISTER_ON_FAILURE_MS));
-        await requestPlane.cutAll(AbortSignal.timeout(2000));
-        await cleanup(AbortSignal.timeout(5000));
-      } catch (e) {
-        log.error({ event: 'engine_failed_cleanup', err: (e as Error).message }, `cleanup after the engine failure failed: ${(e as Error).message}`);
-      } finally {
-        exit(ENGINE_FAILED_EXIT_CODE);
-      }
-    })();
+    shuttingDown = runShutdown({ engineFailure: err.message }, shutdownOpts, shutdownDeps);
+    void shuttingDown.then(exit, (e: unknown) => {
+      log.error({ event: 'engine_failed_cleanup', err: (e as Error).message }, `shutdown after the engine failure failed: ${(e as Error).message}`);
+      exit(ENGINE_FAILED_EXIT_CODE);
+    });
   });
 
   return {
@@ -188,21 +202,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     engine,
     discovery,
     shutdown(signal) {
-      shuttingDown ??= runShutdown(signal, shutdownOpts, {
-        lifecycle,
-        admission,
-        metrics,
-        log,
-        cutInflight: (s) => requestPlane.cutAll(s),
-        handOffInflight: () => {
-          const { count, closed } = requestPlane.handOffAll();
-          lifecycle.recordHandoffs(count, closed);
-          return { count, closed };
-        },
-        cleanup,
-        exit,
-        cancel: cancel.signal,
-      });
+      shuttingDown ??= runShutdown({ signal }, shutdownOpts, shutdownDeps);
       return shuttingDown;
     },
     cancelShutdown() {
