@@ -64,6 +64,10 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
     return model(req.params.id);
   });
 
+  // Liveness: the process answers. /health is 503 while no worker serves, which must not restart a frontend.
+  methods('/live', ['GET']);
+  app.get('/live', async () => ({ status: 'ok' }));
+
   methods('/health', ['GET']);
   app.get('/health', async (_req, reply) => {
     // Per model: workers in discovery, and those this frontend would route to now (not held out).
