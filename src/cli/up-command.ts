@@ -7,6 +7,7 @@ import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { intOption, msOption } from './options.js';
 import { servedModelName } from './llama-cpp-flags.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
+import { removeUpState, writeUpState } from './up-state.js';
 
 interface UpFlags {
   workers?: number;
@@ -123,6 +124,7 @@ export function upCommand(): Command {
         await frontend.stop();
         if (ownDiscovery) rmSync(fileURLToPath(discovery), { recursive: true, force: true });
         if (flags.metricsSdFile !== undefined) rmSync(flags.metricsSdFile, { force: true });
+        removeUpState(process.pid);
         say(`ebb up: stopped (${why})`);
         process.exit(code);
       };
@@ -130,6 +132,7 @@ export function upCommand(): Command {
       const onSignal = (signal: NodeJS.Signals) => {
         if (++signals > 1) {
           for (const c of all) c.kill();
+          removeUpState(process.pid);
           say('ebb up: second signal, killed everything');
           process.exit(130);
         }
@@ -147,13 +150,15 @@ export function upCommand(): Command {
           `ebb is up (discovery ${discovery})`,
           `  OpenAI API:   ${front.url}/v1   (model "${model}")`,
           `  Dashboard:    ${front.admin_url ?? '-'}/   (live fleet view: drain and resume from the browser)`,
-          `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers --frontend ${front.admin_url ?? ''})`,
+          `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers, ebb drain ID --wait: they find this fleet)`,
           ...readies.slice(0, -1).map((w) => `  ${String(w.mode)} worker ${String(w.worker_id)}: admin ${String(w.system_url)}   (curl -X POST ${String(w.system_url)}/engine/drain)`),
           ...(flags.metricsSdFile !== undefined ? [`  Prometheus targets: ${flags.metricsSdFile} (file_sd_configs)`] : []),
           `  Ctrl-C drains the workers and stops everything.${flags.restart ? ' A component that exits on its own is restarted.' : ''}`,
           '',
         ];
         say(lines.join('\n'));
+        // The operator commands without --frontend/--discovery find this fleet through it.
+        writeUpState({ pid: process.pid, discovery, frontend_url: front.url, admin_url: front.admin_url });
       } catch (err) {
         say(`ebb up: ${(err as Error).message}`);
         stopping ??= stop(1, 'a component could not start');
