@@ -14,13 +14,22 @@ export function logFormat(): 'json' | 'pretty' {
   return process.stdout.isTTY ? 'pretty' : 'json';
 }
 
-/** One line a person reads: time, level, component, message; the fields stay in the JSON form. */
+/**
+ * Who logged a line: the component, and for a worker its id (`worker w-1a2b3c4d`), so the lines of
+ * several workers interleaved by `ebb up` say whose they are.
+ */
+function source(line: Record<string, unknown>): string {
+  const component = String(line.component ?? '');
+  return component === 'worker' && typeof line.worker_id === 'string' ? `${component} ${line.worker_id}` : component;
+}
+
+/** One line a person reads: time, level, who, message; the fields stay in the JSON form. */
 export function prettyOptions(): pretty.PrettyOptions {
   return {
     colorize: process.stdout.isTTY === true,
     translateTime: 'SYS:HH:MM:ss.l',
     ignore: 'pid,hostname,component,worker_id,event',
-    messageFormat: '{component}: {msg}',
+    messageFormat: (line, messageKey) => `${source(line)}: ${String(line[messageKey] ?? '')}`,
     hideObject: true,
     sync: true, // a log line written before process.exit must not be lost
   };
