@@ -75,8 +75,6 @@ export function upCommand(): Command {
     .option('--no-restart', 'do not restart a component that exits on its own (default: restart with back-off)')
     .option('--metrics-sd-file <file>', 'write a Prometheus file-SD target list of the frontend and every worker here, kept current')
     .action(async (flags: UpFlags) => {
-      const ownDiscovery = flags.discovery === undefined;
-      const discovery = flags.discovery ?? temporaryDiscoveryUrl();
       const mocker: string[] = [];
       if (flags.mockerTtftMs !== undefined) mocker.push('--mocker-ttft-ms', String(flags.mockerTtftMs));
       if (flags.mockerItlMs !== undefined) mocker.push('--mocker-itl-ms', String(flags.mockerItlMs));
@@ -91,6 +89,9 @@ export function upCommand(): Command {
         ...Array<string>(flags.decode).fill('decode'),
       ];
       if (modes.length === 0) throw new Error('nothing to run: --workers 0 and no --prefill/--decode');
+      // Only once the flags are known good: a refused command line leaves no directory behind.
+      const ownDiscovery = flags.discovery === undefined;
+      const discovery = flags.discovery ?? temporaryDiscoveryUrl();
 
       const show = logFormat() === 'pretty' ? prettyFactory(prettyOptions()) : (line: string) => `${line}\n`;
       const targets = new Map<string, { url: string; labels: Record<string, string> }>();
