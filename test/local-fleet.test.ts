@@ -87,6 +87,20 @@ describe('operator commands without flags find the fleet `ebb up` runs', () => {
   });
 });
 
+describe('the public API says which worker answered', () => {
+  it('x-ebb-worker-id on a non-streamed answer too', async () => {
+    const res = await fetch(`${apiUrl}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'ebb-mock', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 }),
+    });
+    assert.equal(res.status, 200);
+    await res.json();
+    const id = res.headers.get('x-ebb-worker-id');
+    assert.ok(workers.some((w) => w.worker_id === id), `x-ebb-worker-id ${id} names a worker`);
+  });
+});
+
 describe('metrics an alert watches exist at 0 before their first event', () => {
   it('worker: refusals, request outcomes, transitions, shutdown stages; frontend: migrations and migration failures', async () => {
     const worker = await fetch(`${workers[1]!.system_url}/metrics`).then((r) => r.text());

@@ -7,7 +7,7 @@ import { FIELD_POLICY, RESPONSES_FIELD_POLICY, checkFields, type FieldPolicy } f
 import type { FrontendMetrics } from './metrics.js';
 import { completionResponse, SseFormatter, toGenerateBodies, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, responsesSchema, type OpenAIRequest } from './openai-schema.js';
-import { createRelay } from './relay.js';
+import { createRelay, headerValue } from './relay.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
 import { modelNotFound, unavailableModel, type Upstream } from './upstream.js';
 import type { WorkerPool } from './worker-pool.js';
@@ -106,7 +106,8 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
         await relay.stream(reply, new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true), gens, n, signal, started);
         return;
       }
-      const { choices, usage } = await relay.collect(gens, n, signal);
+      const { choices, usage, workerId } = await relay.collect(gens, n, signal);
+      void reply.header('x-ebb-worker-id', headerValue(workerId));
       return completionResponse(endpoint, id, body.model, choices, usage);
     });
   };
@@ -124,7 +125,8 @@ export function createOpenAIServer({ pool, upstream, metrics, log, limits, migra
       await relay.stream(reply, new ResponsesStream(shell), [gen], 1, signal, performance.now());
       return;
     }
-    const { choices, usage } = await relay.collect([gen], 1, signal);
+    const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
+    void reply.header('x-ebb-worker-id', headerValue(workerId));
     return responseObject(shell, choices[0]!, usage);
   });
 

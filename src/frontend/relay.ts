@@ -223,11 +223,12 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
   }
 
   /** Non-streaming: nothing reaches the client until every choice is complete. */
-  async function collect(gens: GenerateBody[], n: number, signal: AbortSignal): Promise<{ choices: CollectedChoice[]; usage: Usage }> {
+  async function collect(gens: GenerateBody[], n: number, signal: AbortSignal): Promise<{ choices: CollectedChoice[]; usage: Usage; workerId: string }> {
     const lanes = await openLanes(gens, signal);
     try {
       const results = await Promise.all(lanes.map((lane) => collectLane(lane, signal)));
-      return { choices: results, usage: sumLanes(results.map((r) => r.usage), n) };
+      // The worker that finished the (first) answer, for x-ebb-worker-id.
+      return { choices: results, usage: sumLanes(results.map((r) => r.usage), n), workerId: lanes[0]!.up.worker.record.worker_id };
     } catch (err) {
       if (err instanceof LaneFailed) throw new EbbError(err.failure.code, err.failure.message);
       throw err;
