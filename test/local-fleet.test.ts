@@ -6,7 +6,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -17,6 +17,8 @@ const run = promisify(execFile);
 // EBB_DISCOVERY and EBB_ADMIN_TOKEN unset (undefined values are left out of a child's environment).
 const runtime = mkdtempSync(join(tmpdir(), 'ebb-runtime-'));
 const env = { XDG_RUNTIME_DIR: runtime, EBB_DISCOVERY: undefined, EBB_ADMIN_TOKEN: undefined };
+const tokenFile = join(runtime, 'admin-token');
+writeFileSync(tokenFile, 'local-fleet-admin-token\n', { mode: 0o600 });
 
 /** `ebb ARGS` as an operator types it: no --frontend, no --discovery; resolves with its exit code and output. */
 async function ebb(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
@@ -60,7 +62,7 @@ let apiUrl: string;
 let workers: Array<{ worker_id: string; system_url: string; state: string }>;
 
 before(async () => {
-  up = spawnEbb(['--log-format', 'pretty', 'up', '--port', '0', '--mocker-itl-ms', '0'], 'ebb up', env);
+  up = spawnEbb(['--log-format', 'pretty', 'up', '--port', '0', '--admin-port', '0', '--admin-token-file', tokenFile, '--mocker-itl-ms', '0'], 'ebb up', env);
   const [, url] = await stderrMatch(up, /OpenAI API:\s+(\S+)\/v1/);
   apiUrl = url!;
 });
@@ -69,7 +71,7 @@ after(async () => {
 });
 
 describe('operator commands without flags find the fleet `ebb up` runs', () => {
-  it('ebb workers lists its workers; ebb status, drain --wait and resume act on them by id', async () => {
+  it('ebb workers lists its workers; ebb status, drain --wait and resume act on them by id, with the token `ebb up --admin-token-file` set', async () => {
     const listed = await ebb('workers', '--json');
     assert.equal(listed.code, 0, listed.stderr);
     workers = (JSON.parse(listed.stdout) as { workers: typeof workers }).workers;
@@ -78,10 +80,14 @@ describe('operator commands without flags find the fleet `ebb up` runs', () => {
     const status = await ebb('status', id);
     assert.equal(status.code, 0, status.stderr);
     assert.match(status.stdout, new RegExp(`^worker ${id}: serving`));
-    const drain = await ebb('drain', id, '--wait', '--timeout', '60s');
+    const refused = await ebb('drain', id);
+    assert.notEqual(refused.code, 0, 'the fleet has an admin token: a drain without it is refused');
+    assert.match(refused.stderr, /HTTP 401/);
+    // The servers' flag name works on the commands too.
+    const drain = await ebb('drain', id, '--wait', '--timeout', '60s', '--admin-token-file', tokenFile);
     assert.equal(drain.code, 0, drain.stderr);
     // Drained, it left discovery; `ebb up`'s frontend still knows it, so its id still works.
-    const resume = await ebb('resume', id);
+    const resume = await ebb('resume', id, '--token-file', tokenFile);
     assert.equal(resume.code, 0, resume.stderr);
     assert.match((await ebb('status', id)).stdout, new RegExp(`^worker ${id}: serving`));
   });

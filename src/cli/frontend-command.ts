@@ -1,9 +1,9 @@
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
 import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminTokens, loadRequestToken } from '../common/admin-auth.js';
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend } from '../frontend/frontend.js';
-import { discoveryDefault, intOption, msOption } from './options.js';
+import { discoveryDefault, discoveryOption, intOption, msOption, portOption } from './options.js';
 
 interface FrontendFlags {
   host: string;
@@ -41,22 +41,22 @@ export function frontendCommand(): Command {
   return new Command('frontend')
     .description('run the OpenAI-compatible frontend: routes requests to serving workers found through discovery')
     .option('--host <addr>', 'bind address', '127.0.0.1')
-    .option('--port <n>', 'port (0 = any free port)', intOption(0), 8000)
-    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
+    .option('--port <n>', 'port (0 = any free port)', portOption, 8000)
+    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryOption, discoveryDefault())
     .option('--admin-host <addr>', 'admin listener bind address (fleet view, drain/resume); non-loopback needs an admin token', '127.0.0.1')
-    .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', intOption(0))
+    .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', portOption)
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
     .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
     .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
     .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', msOption(1), PUBLIC.keepAliveTimeoutMs)
-    .option('--max-connections <n>', 'open connections on the public port past which new ones are closed (default: from the fd limit)', intOption(1), PUBLIC.maxConnections)
+    .addOption(new Option('--max-connections <n>', 'open connections on the public port past which new ones are closed').argParser(intOption(1)).default(PUBLIC.maxConnections, `${PUBLIC.maxConnections}, from the fd limit`))
     .option('--admin-max-connections <n>', 'open connections on the admin listener past which new ones are closed', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', msOption(1), 10_000)
     .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", msOption(0), 10_000)
     .option('--health-ready-without-workers', '/health answers 200 even when no worker can take a request (default: 503 until one can)')
     .option('--upstream-connections <n>', 'connections per worker (default: as many as requests: the worker\'s admission is the limit); requests past it wait, counted by ebb_frontend_upstream_waiting_requests', intOption(1))
-    .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any); off by default', (v: string, all: string[]) => [...all, v], [] as string[])
+    .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
     .option('--shutdown-timeout-ms <n>', 'on SIGTERM, how long open streams and admin calls may finish before they are cut (exit 1 then)', msOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {

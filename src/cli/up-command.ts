@@ -4,7 +4,7 @@ import { fileURLToPath } from 'node:url';
 import { prettyFactory } from 'pino-pretty';
 import { logFormat, prettyOptions } from '../common/logger.js';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
-import { intOption, msOption } from './options.js';
+import { discoveryOption, intOption, msOption, portOption } from './options.js';
 import { servedModelName } from './llama-cpp-flags.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
 import { removeUpState, writeUpState } from './up-state.js';
@@ -22,6 +22,8 @@ interface UpFlags {
   gpu?: string;
   host: string;
   port: number;
+  adminPort?: number;
+  adminTokenFile?: string;
   discovery?: string;
   mockerTtftMs?: number;
   mockerItlMs?: number;
@@ -66,12 +68,14 @@ export function upCommand(): Command {
     .option('--threads <n>', 'llama-cpp: CPU threads per worker (default 1)', intOption(1))
     .addOption(new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off').choices(['auto', 'cuda', 'vulkan', 'off']))
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
-    .option('--port <n>', 'frontend port', intOption(0), 8000)
-    .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)')
+    .option('--port <n>', 'frontend port', portOption, 8000)
+    .option('--admin-port <n>', "frontend admin listener port (default: --port + 1; any free port when --port is 0)", portOption)
+    .option('--admin-token-file <path>', 'admin bearer token for the frontend and every worker (env EBB_ADMIN_TOKEN); the operator commands then need it too')
+    .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)', discoveryOption)
     .option('--mocker-ttft-ms <n>', 'mocker base time to first token', msOption(0))
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0))
     .option('--mocker-max-context <n>', 'mocker model length: what a request without max_tokens may fill', intOption(1))
-    .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)', (v: string, all: string[]) => [...all, v], [] as string[])
+    .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--no-restart', 'do not restart a component that exits on its own (default: restart with back-off)')
     .option('--metrics-sd-file <file>', 'write a Prometheus file-SD target list of the frontend and every worker here, kept current')
     .action(async (flags: UpFlags) => {
@@ -81,6 +85,8 @@ export function upCommand(): Command {
       if (flags.mockerMaxContext !== undefined) mocker.push('--mocker-max-context', String(flags.mockerMaxContext));
       const model = servedModelName(flags, 'ebb-mock');
       const engine = ['--engine', flags.engine, ...llamaCppArgs(flags)];
+      const adminToken = flags.adminTokenFile === undefined ? [] : ['--admin-token-file', flags.adminTokenFile];
+      const adminPort = flags.adminPort === undefined ? [] : ['--admin-port', String(flags.adminPort)];
       const disaggregated = flags.prefill + flags.decode > 0;
       if (disaggregated && (flags.prefill === 0 || flags.decode === 0)) throw new Error('disaggregated serving needs at least one --prefill and one --decode worker');
       const modes = [
@@ -112,10 +118,10 @@ export function upCommand(): Command {
         return child;
       };
       const workers = modes.map((mode, i) =>
-        supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
+        supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker, ...adminToken], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
       );
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
-      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery, ...cors], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
+      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), ...adminPort, '--discovery', discovery, ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;
