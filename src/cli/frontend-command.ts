@@ -20,6 +20,7 @@ interface FrontendFlags {
   upstreamConnections?: number;
   healthReadyWithoutWorkers?: boolean;
   requestTokenFile?: string;
+  apiKeyFile?: string;
   requestTimeoutMs: number;
   headersTimeoutMs: number;
   keepAliveTimeoutMs: number;
@@ -47,6 +48,7 @@ export function frontendCommand(): Command {
     .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', portOption)
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
+    .option('--api-key-file <path>', 'clients must send one of these keys as Authorization: Bearer on /v1/ routes (one key, or name:key lines); default: no client authentication')
     .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
     .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
     .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', msOption(1), PUBLIC.keepAliveTimeoutMs)
@@ -63,6 +65,8 @@ export function frontendCommand(): Command {
       const token = await loadAdminTokens(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
       const requestToken = await loadRequestToken(flags.requestTokenFile);
+      // Not EBB_ADMIN_TOKEN: API keys come from their own file only.
+      const apiKeys = flags.apiKeyFile === undefined ? undefined : await loadAdminTokens(flags.apiKeyFile, {});
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
       const timeouts = { requestTimeoutMs: flags.requestTimeoutMs, headersTimeoutMs: flags.headersTimeoutMs, keepAliveTimeoutMs: flags.keepAliveTimeoutMs };
       const log = createLogger('frontend');
@@ -77,6 +81,7 @@ export function frontendCommand(): Command {
           corsOrigins: flags.corsOrigin,
           upstreamConnections: flags.upstreamConnections,
           healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
+          apiGuard: createAdminGuard(apiKeys, 'API'),
           requestToken,
           limits: { ...timeouts, maxConnections: flags.maxConnections },
           admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },

@@ -26,6 +26,8 @@ export interface FrontendOptions {
   upstreamConnections?: number | undefined;
   /** /health is 200 even with no worker to route to (default: 503 until one can take a request). */
   healthReadyWithoutWorkers?: boolean | undefined;
+  /** Client API keys for the public API (see createOpenAIServer). */
+  apiGuard?: AdminGuard | undefined;
   /** Request-plane bearer token, sent on every call to a worker's /generate, /prefill and /kv. */
   requestToken?: string | undefined;
   /** Connection bounds of the public listener (defaults: createHttpServer's for role 'public'). */
@@ -60,7 +62,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   });
   const metrics = createFrontendMetrics(pool);
   const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, connections: opts.upstreamConnections });
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, apiGuard: opts.apiGuard });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.

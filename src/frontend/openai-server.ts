@@ -2,6 +2,7 @@ import cors from '@fastify/cors';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
+import type { AdminGuard } from '../common/admin-auth.js';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../common/http-server.js';
 import { FIELD_POLICY, RESPONSES_FIELD_POLICY, checkFields, type FieldPolicy } from './field-policy.js';
 import type { FrontendMetrics } from './metrics.js';
@@ -24,6 +25,8 @@ export interface OpenAIServerDeps {
   corsOrigins?: string[] | undefined;
   /** /health answers 200 even when no worker can take a request (default: 503 until one can). */
   healthReadyWithoutWorkers?: boolean | undefined;
+  /** Client API keys (--api-key-file): every /v1/ route needs one. None: the public API is open. */
+  apiGuard?: AdminGuard | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -40,8 +43,14 @@ function clientGone(reply: FastifyReply): AbortSignal {
 const uuid = () => randomUUID().replaceAll('-', ''); // randomUUID: pooled entropy, ~20x cheaper than randomBytes
 
 /** The public OpenAI-compatible API. No admin route lives here. */
-export function createOpenAIServer({ pool, upstream, metrics, log, limits, migrationLimit = DEFAULT_MIGRATION_LIMIT, corsOrigins = [], healthReadyWithoutWorkers = false }: OpenAIServerDeps): FastifyInstance {
+export function createOpenAIServer({ pool, upstream, metrics, log, limits, migrationLimit = DEFAULT_MIGRATION_LIMIT, corsOrigins = [], healthReadyWithoutWorkers = false, apiGuard }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
+  if (apiGuard !== undefined) {
+    // /live, /health and /metrics stay open: probes and scrapers carry no key; CORS preflights neither.
+    app.addHook('onRequest', async (req) => {
+      if (req.url.startsWith('/v1/') && req.method !== 'OPTIONS') apiGuard(req.headers.authorization);
+    });
+  }
   const relay = createRelay({ pool, upstream, metrics, log, migrationLimit });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
