@@ -81,7 +81,7 @@ describe('first run: logs', () => {
     const discovery = tempDiscoveryUrl();
     const pretty = spawnEbb(['--log-format', 'pretty', 'worker', '--port', '0', '--system-port', '0', '--discovery', discovery, '--model', 'm1'], 'worker');
     started.push(pretty);
-    const line = await pretty.waitForLog((l) => typeof l.msg === 'string' && /worker: worker w-\w+ ready/.test(l.msg), 'a readable ready line');
+    const line = await pretty.waitForLog((l) => typeof l.msg === 'string' && /worker w-\w+: worker w-\w+ ready/.test(l.msg), 'a readable ready line');
     assert.doesNotMatch(String(line.msg), /^\{/, 'not JSON');
     assert.match(String(line.msg), /^\[?\d\d:\d\d:\d\d\.\d{3}\]? INFO/);
     const json = await startWorker(['--discovery', discovery, '--model', 'm1']);

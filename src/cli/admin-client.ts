@@ -9,7 +9,8 @@ import { codeOf } from '../protocol/errors.js';
 import { readSse } from '../common/sse-hub.js';
 import { request } from 'undici';
 import { CliError } from './cli-error.js';
-import { discoveryDefault } from './options.js';
+import { discoveryDefault, discoveryOption } from './options.js';
+import { runningUp } from './up-state.js';
 
 /**
  * The HTTP admin client the operator commands (workers, drain, resume, status, rollout) share: where
@@ -26,14 +27,24 @@ export interface SourceFlags {
   frontend?: string;
   discovery?: string;
   tokenFile?: string;
+  adminTokenFile?: string;
 }
 
 /** --frontend / --discovery (one or the other) and --token-file, for every operator command. */
 export function addSourceOptions(cmd: Command): Command {
   return cmd
     .addOption(new Option('--frontend <url>', "a frontend's admin API, e.g. http://127.0.0.1:8001 (its --admin-port)").conflicts('discovery'))
-    .addOption(new Option('--discovery <url>', `read the fleet from discovery instead (default: env EBB_DISCOVERY or ${discoveryDefault()})`))
-    .option('--token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`);
+    .addOption(new Option('--discovery <url>', `read the fleet from discovery instead (default: env EBB_DISCOVERY, else the running \`ebb up\`'s frontend, else ${discoveryDefault()})`).argParser(discoveryOption))
+    .option('--token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
+    // The servers' name for the same file, so either spelling works everywhere.
+    .addOption(new Option('--admin-token-file <path>', 'the same as --token-file').hideHelp().conflicts('tokenFile'));
+}
+
+/** No source given (no flag, no EBB_DISCOVERY): the frontend admin API of this user's running `ebb up`, if any. */
+function defaultSource(flags: SourceFlags): { kind: 'frontend'; url: string } | undefined {
+  if (flags.discovery !== undefined || process.env.EBB_DISCOVERY !== undefined) return undefined;
+  const up = runningUp();
+  return up?.admin_url === undefined ? undefined : { kind: 'frontend', url: trimUrl(up.admin_url) };
 }
 
 /** One entry of the fleet view, whichever source it came from (the shape of the frontend's GET /workers). */
@@ -75,8 +86,8 @@ export class AdminClient {
   ) {}
 
   static async create(flags: SourceFlags): Promise<AdminClient> {
-    const token = await loadAdminToken(flags.tokenFile);
-    const source = flags.frontend !== undefined ? { kind: 'frontend' as const, url: trimUrl(flags.frontend) } : { kind: 'discovery' as const, url: flags.discovery ?? discoveryDefault() };
+    const token = await loadAdminToken(flags.tokenFile ?? flags.adminTokenFile);
+    const source = flags.frontend !== undefined ? { kind: 'frontend' as const, url: trimUrl(flags.frontend) } : (defaultSource(flags) ?? { kind: 'discovery' as const, url: flags.discovery ?? discoveryDefault() });
     if (source.kind === 'frontend' && !isUrl(source.url)) throw new CliError(`--frontend expects the admin API URL of a frontend, like http://127.0.0.1:8001; got "${source.url}"`);
     return new AdminClient(source, token);
   }

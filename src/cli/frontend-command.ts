@@ -1,4 +1,4 @@
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
 import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminTokens, loadRequestToken } from '../common/admin-auth.js';
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
@@ -6,7 +6,7 @@ import { startFrontend } from '../frontend/frontend.js';
 import { DEFAULT_SHUTDOWN_GRACE_MS } from '../frontend/shutdown.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
-import { discoveryDefault, intOption, msOption } from './options.js';
+import { discoveryDefault, discoveryOption, intOption, msOption, portOption } from './options.js';
 
 interface FrontendFlags {
   host: string;
@@ -26,6 +26,7 @@ interface FrontendFlags {
   upstreamConnections?: number;
   healthReadyWithoutWorkers?: boolean;
   requestTokenFile?: string;
+  apiKeyFile?: string;
   requestTimeoutMs: number;
   headersTimeoutMs: number;
   keepAliveTimeoutMs: number;
@@ -47,23 +48,24 @@ export function frontendCommand(): Command {
   return new Command('frontend')
     .description('run the OpenAI-compatible frontend: routes requests to serving workers found through discovery')
     .option('--host <addr>', 'bind address', '127.0.0.1')
-    .option('--port <n>', 'port (0 = any free port)', intOption(0), 8000)
-    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
+    .option('--port <n>', 'port (0 = any free port)', portOption, 8000)
+    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryOption, discoveryDefault())
     .option('--admin-host <addr>', 'admin listener bind address (fleet view, drain/resume); non-loopback needs an admin token', '127.0.0.1')
-    .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', intOption(0))
+    .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', portOption)
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
+    .option('--api-key-file <path>', 'clients must send one of these keys as Authorization: Bearer on /v1/ routes (one key, or name:key lines); default: no client authentication')
     .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
     .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
     .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', msOption(1), PUBLIC.keepAliveTimeoutMs)
-    .option('--max-connections <n>', 'open connections on the public port; past it a new one displaces an idle or slow one, or may only ask for /health (default: from the fd limit)', intOption(1), PUBLIC.maxConnections)
+    .addOption(new Option('--max-connections <n>', 'open connections on the public port; past it a new one displaces an idle or slow one, or may only ask for /health').argParser(intOption(1)).default(PUBLIC.maxConnections, `${PUBLIC.maxConnections}, from the fd limit`))
     .option('--admin-max-connections <n>', 'open connections on the admin listener; past it a new one displaces an idle or slow one, or may only ask for a probe', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', msOption(1), 10_000)
     .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", msOption(0), 10_000)
     .option('--prefill-timeout-ms <n>', 'a prefill worker that has not answered /prefill (KV computed) after this long is treated as hung; the prefill moves to another prefill worker (0 = never)', msOption(0), DEFAULT_PREFILL_TIMEOUT_MS)
     .option('--health-ready-without-workers', '/health answers 200 even when no worker can take a request (default: 503 until one can)')
     .option('--upstream-connections <n>', 'connections per worker (default: as many as requests: the worker\'s admission is the limit); requests past it wait, counted by ebb_frontend_upstream_waiting_requests', intOption(1))
-    .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any); off by default', (v: string, all: string[]) => [...all, v], [] as string[])
+    .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--max-lanes-per-request <n>', 'sequences (prompts x n) one request may open; 400 past it. Across requests, the fd limit bounds them: 503 frontend_overloaded (retryable) past it', intOption(1), DEFAULT_MAX_LANES_PER_REQUEST)
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, /health answers 503 at once while the listeners keep accepting and serving for this long, so load balancers stop sending first (SIGINT: no grace)', msOption(0), DEFAULT_SHUTDOWN_GRACE_MS)
@@ -72,6 +74,8 @@ export function frontendCommand(): Command {
       const token = await loadAdminTokens(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
       const requestToken = await loadRequestToken(flags.requestTokenFile);
+      // Not EBB_ADMIN_TOKEN: API keys come from their own file only.
+      const apiKeys = flags.apiKeyFile === undefined ? undefined : await loadAdminTokens(flags.apiKeyFile, {});
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
       const timeouts = { requestTimeoutMs: flags.requestTimeoutMs, headersTimeoutMs: flags.headersTimeoutMs, keepAliveTimeoutMs: flags.keepAliveTimeoutMs };
       const log = createLogger('frontend');
@@ -88,6 +92,7 @@ export function frontendCommand(): Command {
           corsOrigins: flags.corsOrigin,
           upstreamConnections: flags.upstreamConnections,
           healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
+          apiGuard: createAdminGuard(apiKeys, 'API'),
           requestToken,
           limits: { ...timeouts, maxConnections: flags.maxConnections },
           admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },

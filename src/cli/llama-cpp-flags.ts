@@ -22,7 +22,7 @@ export function llamaCppOptions(): Option[] {
     new Option('--model-path <file>', 'llama-cpp: the GGUF model file to load'),
     new Option('--parallel <n>', 'llama-cpp: sequences evaluated together (continuous batching); more requests queue').argParser(intOption(1)).default(LLAMA_CPP_DEFAULTS.parallel),
     new Option('--context-size <n>', "llama-cpp: tokens per sequence, prompt + answer (default: the model's training context, as memory allows)").argParser(intOption(16)),
-    new Option('--threads <n>', 'llama-cpp: CPU threads for evaluation (default 1: more spin every core and slow a shared machine down)').argParser(intOption(1)).default(LLAMA_CPP_DEFAULTS.threads),
+    new Option('--threads <n>', 'llama-cpp: CPU threads for evaluation (more spin every core and slow a shared machine down)').argParser(intOption(1)).default(LLAMA_CPP_DEFAULTS.threads),
     new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off for CPU only').choices(['auto', 'cuda', 'vulkan', 'off']).default(LLAMA_CPP_DEFAULTS.gpu),
     new Option('--max-queue <n>', 'llama-cpp: queued requests past which the worker answers worker_overloaded').argParser(intOption(0)).default(LLAMA_CPP_DEFAULTS.maxQueue),
     new Option('--batch-invariant', 'llama-cpp: one sequence per decode, no batching: a temperature-0 answer (and a migrated one) is the same whatever else runs, at the cost of throughput'),

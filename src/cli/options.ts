@@ -53,3 +53,24 @@ export function workerIdOption(value: string): string {
   if (problem !== undefined) throw new InvalidArgumentError(`${problem}; got ${JSON.stringify(value.length > 300 ? `${value.slice(0, 300)}...` : value)}`);
   return value;
 }
+
+/** A TCP port: 0 (any free port) to 65535; said at parse time rather than as Node's listen error. */
+export function portOption(value: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value.trim()) || !Number.isInteger(n) || n > 65535) throw new InvalidArgumentError(`expected a port, an integer from 0 to 65535 (0 = any free port), got "${value}"`);
+  return n;
+}
+
+/**
+ * A discovery URL of a form ebb knows. `file://relative/dir` is the usual slip: the URL's host is
+ * then "relative" and Node's own error ("File URL host must be localhost or empty") says nothing useful.
+ */
+export function discoveryOption(value: string): string {
+  if (value === 'memory:' || value === 'memory://' || /^etcd:\/\/[^/]+/.test(value)) return value;
+  if (!value.startsWith('file://')) throw new InvalidArgumentError(`expected memory:, file:///absolute/dir or etcd://host:2379[,host:2379], got "${value}"`);
+  const url = URL.canParse(value) ? new URL(value) : undefined;
+  if (url === undefined) throw new InvalidArgumentError(`not a file URL: "${value}"`);
+  if (url.host !== '' && url.host !== 'localhost')
+    throw new InvalidArgumentError(`a file discovery URL takes an absolute path after three slashes, like file:///tmp/ebb-discovery; "${value}" names the host "${url.host}" (for ./${url.host}${url.pathname} write file://$PWD/${url.host}${url.pathname})`);
+  return value;
+}

@@ -12,6 +12,7 @@ interface PrestopFlags {
   deadline?: number;
   reason: string;
   tokenFile?: string;
+  adminTokenFile?: string;
 }
 
 /** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
@@ -31,8 +32,9 @@ export function prestopCommand(): Command {
     .addOption(new Option('--deadline <duration>', 'hand streams still running after this long off to other workers').argParser(durationOption))
     .option('--reason <text>', 'recorded by the worker as drain_reason', 'preStop hook')
     .option('--token-file <path>', 'file holding the admin bearer token (env EBB_ADMIN_TOKEN)')
+    .addOption(new Option('--admin-token-file <path>', 'the same as --token-file').hideHelp().conflicts('tokenFile'))
     .action(async (flags: PrestopFlags) => {
-      await withClient({ tokenFile: flags.tokenFile }, async (client) => {
+      await withClient({ tokenFile: flags.tokenFile ?? flags.adminTokenFile }, async (client) => {
         const started = Date.now();
         const ref = await client.resolve(flags.systemUrl);
         let status;

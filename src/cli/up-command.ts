@@ -5,9 +5,10 @@ import { fileURLToPath } from 'node:url';
 import { prettyFactory } from 'pino-pretty';
 import { logFormat, prettyOptions } from '../common/logger.js';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
-import { intOption, msOption } from './options.js';
+import { discoveryOption, intOption, msOption, portOption } from './options.js';
 import { servedModelName } from './llama-cpp-flags.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
+import { removeUpState, writeUpState } from './up-state.js';
 
 interface UpFlags {
   workers?: number;
@@ -22,6 +23,8 @@ interface UpFlags {
   gpu?: string;
   host: string;
   port: number;
+  adminPort?: number;
+  adminTokenFile?: string;
   discovery?: string;
   mockerTtftMs?: number;
   mockerItlMs?: number;
@@ -67,23 +70,25 @@ export function upCommand(): Command {
     .option('--threads <n>', 'llama-cpp: CPU threads per worker (default 1)', intOption(1))
     .addOption(new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off').choices(['auto', 'cuda', 'vulkan', 'off']))
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
-    .option('--port <n>', 'frontend port', intOption(0), 8000)
-    .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)')
+    .option('--port <n>', 'frontend port', portOption, 8000)
+    .option('--admin-port <n>', "frontend admin listener port (default: --port + 1; any free port when --port is 0)", portOption)
+    .option('--admin-token-file <path>', 'admin bearer token for the frontend and every worker (env EBB_ADMIN_TOKEN); the operator commands then need it too')
+    .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)', discoveryOption)
     .option('--mocker-ttft-ms <n>', 'mocker base time to first token', msOption(0))
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0))
     .option('--mocker-max-context <n>', 'mocker model length: what a request without max_tokens may fill', intOption(1))
-    .option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)', (v: string, all: string[]) => [...all, v], [] as string[])
+    .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--no-restart', 'do not restart a component that exits on its own (default: restart with back-off)')
     .option('--metrics-sd-file <file>', 'write a Prometheus file-SD target list of the frontend and every worker here, kept current')
     .action(async (flags: UpFlags) => {
-      const ownDiscovery = flags.discovery === undefined;
-      const discovery = flags.discovery ?? temporaryDiscoveryUrl();
       const mocker: string[] = [];
       if (flags.mockerTtftMs !== undefined) mocker.push('--mocker-ttft-ms', String(flags.mockerTtftMs));
       if (flags.mockerItlMs !== undefined) mocker.push('--mocker-itl-ms', String(flags.mockerItlMs));
       if (flags.mockerMaxContext !== undefined) mocker.push('--mocker-max-context', String(flags.mockerMaxContext));
       const model = servedModelName(flags, 'ebb-mock');
       const engine = ['--engine', flags.engine, ...llamaCppArgs(flags)];
+      const adminToken = flags.adminTokenFile === undefined ? [] : ['--admin-token-file', flags.adminTokenFile];
+      const adminPort = flags.adminPort === undefined ? [] : ['--admin-port', String(flags.adminPort)];
       const disaggregated = flags.prefill + flags.decode > 0;
       if (disaggregated && (flags.prefill === 0 || flags.decode === 0)) throw new Error('disaggregated serving needs at least one --prefill and one --decode worker');
       const modes = [
@@ -92,6 +97,9 @@ export function upCommand(): Command {
         ...Array<string>(flags.decode).fill('decode'),
       ];
       if (modes.length === 0) throw new Error('nothing to run: --workers 0 and no --prefill/--decode');
+      // Only once the flags are known good: a refused command line leaves no directory behind.
+      const ownDiscovery = flags.discovery === undefined;
+      const discovery = flags.discovery ?? temporaryDiscoveryUrl();
 
       const show = logFormat() === 'pretty' ? prettyFactory(prettyOptions()) : (line: string) => `${line}\n`;
       const targets = new Map<string, { url: string; labels: Record<string, string> }>();
@@ -112,11 +120,11 @@ export function upCommand(): Command {
         return child;
       };
       const workers = modes.map((mode, i) =>
-        supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
+        supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker, ...adminToken], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
       );
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
       // Nothing balances load onto `ebb up`'s frontend: no shutdown grace to wait out.
-      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--discovery', discovery, '--shutdown-grace-ms', '0', ...cors], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
+      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;
@@ -126,6 +134,7 @@ export function upCommand(): Command {
         await frontend.stop();
         if (ownDiscovery) rmSync(fileURLToPath(discovery), { recursive: true, force: true });
         if (flags.metricsSdFile !== undefined) rmSync(flags.metricsSdFile, { force: true });
+        removeUpState(process.pid);
         say(`ebb up: stopped (${why})`);
         process.exit(code);
       };
@@ -133,6 +142,7 @@ export function upCommand(): Command {
       const onSignal = (signal: NodeJS.Signals) => {
         if (++signals > 1) {
           for (const c of all) c.kill();
+          removeUpState(process.pid);
           say('ebb up: second signal, killed everything');
           process.exit(130);
         }
@@ -150,13 +160,15 @@ export function upCommand(): Command {
           `ebb is up (discovery ${discovery})`,
           `  OpenAI API:   ${front.url}/v1   (model "${model}")`,
           `  Dashboard:    ${front.admin_url ?? '-'}/   (live fleet view: drain and resume from the browser)`,
-          `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers --frontend ${front.admin_url ?? ''})`,
+          `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers, ebb drain ID --wait: they find this fleet)`,
           ...readies.slice(0, -1).map((w) => `  ${String(w.mode)} worker ${String(w.worker_id)}: admin ${String(w.system_url)}   (curl -X POST ${String(w.system_url)}/engine/drain)`),
           ...(flags.metricsSdFile !== undefined ? [`  Prometheus targets: ${flags.metricsSdFile} (file_sd_configs)`] : []),
           `  Ctrl-C drains the workers and stops everything.${flags.restart ? ' A component that exits on its own is restarted.' : ''}`,
           '',
         ];
         for (const line of lines) say(line);
+        // The operator commands without --frontend/--discovery find this fleet through it.
+        writeUpState({ pid: process.pid, discovery, frontend_url: front.url, admin_url: front.admin_url });
       } catch (err) {
         say(`ebb up: ${(err as Error).message}`);
         stopping ??= stop(1, 'a component could not start');

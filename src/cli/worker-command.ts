@@ -16,7 +16,7 @@ import { OPENAI_ENGINE_DEFAULTS } from '../engine/openai-engine.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
-import { discoveryDefault, intOption, msOption, workerIdOption } from './options.js';
+import { discoveryDefault, discoveryOption, intOption, msOption, portOption, workerIdOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 
@@ -66,16 +66,16 @@ export function workerCommand(): Command {
     .option('--model <name>', 'model name served (default: ebb-mock; with llama-cpp the GGUF file name)')
     .addOption(new Option('--mode <mode>', 'serving mode').choices(['aggregated', 'prefill', 'decode']).default('aggregated'))
     .option('--host <addr>', 'request-plane bind address', '127.0.0.1')
-    .option('--port <n>', 'request-plane port (0 = any free port)', intOption(0), 0)
+    .option('--port <n>', 'request-plane port (0 = any free port)', portOption, 0)
     .option('--system-host <addr>', 'system-status server bind address', '127.0.0.1')
     .option('--advertise-host <host>', 'host name or address peers use to reach this worker (default: the bound address; the hostname when bound to 0.0.0.0 or ::)')
-    .option('--system-port <n>', 'system-status server port (0 = any free port)', intOption(0), 0)
+    .option('--system-port <n>', 'system-status server port (0 = any free port)', portOption, 0)
     .option('--admin-token-file <path>', `file holding the admin bearer token for drain/resume (env ${ADMIN_TOKEN_ENV}); required when --system-host is not loopback`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token, shared with the fleet's frontends and workers (env ${REQUEST_TOKEN_ENV}); required when --host is not loopback`)
-    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryDefault())
+    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryOption, discoveryDefault())
     .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx; at most 253 bytes, no "/", controls or whitespace, not . or ..)', workerIdOption)
     .option('--register-timeout-ms <n>', 'at start, how long to keep retrying discovery registration before giving up', msOption(0), 30_000)
-    .option('--drain-intent-ttl-ms <n>', 'etcd discovery: how long a drain outlives this process (a restart with the same --worker-id comes back drained; resume clears it)', msOption(1000), 24 * 3600_000)
+    .addOption(new Option('--drain-intent-ttl-ms <n>', 'etcd discovery: how long a drain outlives this process (a restart with the same --worker-id comes back drained; resume clears it)').argParser(msOption(1000)).default(24 * 3600_000, '24h'))
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))
     .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', msOption(0), 1000)
     .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', msOption(0), 30_000)
@@ -95,7 +95,7 @@ export function workerCommand(): Command {
     )
     .option('--mocker-max-context <n>', 'mocker model length in tokens: a request without max_tokens generates until prompt + completion fill it', intOption(1), MOCKER_DEFAULTS.maxContext)
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
-    .option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)', MOCKER_DEFAULTS.failOnPrompt)
+    .addOption(new Option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)').default(MOCKER_DEFAULTS.failOnPrompt, 'never'))
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
     .option('--k8s-self-pod [namespace/name]', 'follow the ebb.dev/drain annotation of this pod and write the state back (default: env POD_NAMESPACE / POD_NAME from the downward API)')
     .option('--kubeconfig <path>', 'with --k8s-self-pod outside a cluster: the kubeconfig to use (default: in-cluster credentials, else KUBECONFIG or ~/.kube/config)')

@@ -15,14 +15,23 @@ export function logFormat(): 'json' | 'pretty' {
   return process.stdout.isTTY ? 'pretty' : 'json';
 }
 
-/** One line a person reads: time, level, component, message; the fields stay in the JSON form. */
+/**
+ * Who logged a line: the component, and for a worker its id (`worker w-1a2b3c4d`), so the lines of
+ * several workers interleaved by `ebb up` say whose they are.
+ */
+function source(line: Record<string, unknown>): string {
+  const component = String(line.component ?? '');
+  return component === 'worker' && typeof line.worker_id === 'string' ? `${component} ${line.worker_id}` : component;
+}
+
+/** One line a person reads: time, level, who, message; the fields stay in the JSON form. */
 export function prettyOptions(): pretty.PrettyOptions {
   return {
     colorize: process.stdout.isTTY === true,
     translateTime: 'SYS:HH:MM:ss.l',
     ignore: 'pid,hostname,component,worker_id,event',
     // A message can quote a worker id or a reason from elsewhere: shown escaped (see terminal-text).
-    messageFormat: (log, messageKey) => printable(`${String(log.component ?? '')}: ${String(log[messageKey] ?? '')}`),
+    messageFormat: (log, messageKey) => printable(`${source(log)}: ${String(log[messageKey] ?? '')}`),
     hideObject: true,
     sync: true, // a log line written before process.exit must not be lost
   };

@@ -31,6 +31,8 @@ export interface FrontendOptions {
   upstreamConnections?: number | undefined;
   /** /health is 200 even with no worker to route to (default: 503 until one can take a request). */
   healthReadyWithoutWorkers?: boolean | undefined;
+  /** Client API keys for the public API (see createOpenAIServer). */
+  apiGuard?: AdminGuard | undefined;
   /** Request-plane bearer token, sent on every call to a worker's /generate, /prefill and /kv. */
   requestToken?: string | undefined;
   /** Sequences (prompts x n) one request may open; 400 past it (default 128). */
@@ -86,7 +88,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.

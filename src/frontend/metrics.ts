@@ -1,6 +1,12 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { collectProcessMetrics } from '../common/process-metrics.js';
+import type { MigrationReason } from './relay/migration.js';
 import type { WorkerPool } from './routing/worker-pool.js';
+
+// Label values known up front, each list checked against its type (a value added there must be added here).
+const MIGRATION_REASONS = { worker_failed: 0, worker_unresponsive: 0, handoff: 0 } satisfies Record<MigrationReason, 0>;
+export type MigrationFailure = 'no_worker' | 'limit' | 'error';
+const MIGRATION_FAILURES = { no_worker: 0, limit: 0, error: 0 } satisfies Record<MigrationFailure, 0>;
 
 /**
  * Frontend metrics. ebb_frontend_upstream_attempts_total is the routing record: which worker each
@@ -20,10 +26,13 @@ export function createFrontendMetrics(pool: WorkerPool) {
   });
   const migrationFailures = new Counter({
     name: 'ebb_frontend_migration_failures_total',
-    help: 'Streams that needed another worker and got none, by why (no_worker, limit, not_continuable)',
+    help: 'Streams that needed another worker and got none, by why (no_worker, limit, error)',
     labelNames: ['reason'],
     registers: [registry],
   });
+  // At 0 from the start: an alert on them reads 0, not "no data", until the first event.
+  for (const reason of Object.keys(MIGRATION_REASONS)) migrations.inc({ reason }, 0);
+  for (const reason of Object.keys(MIGRATION_FAILURES)) migrationFailures.inc({ reason }, 0);
   const ttft = new Histogram({
     name: 'ebb_frontend_time_to_first_token_seconds',
     help: 'From request to first token sent, including retries',
@@ -59,8 +68,8 @@ export function createFrontendMetrics(pool: WorkerPool) {
     request: (endpoint: string, status: number) => requests.inc({ endpoint, status: String(status) }),
     attempt: (workerId: string, outcome: string) => attempts.inc({ worker_id: workerId, outcome }),
     midStreamFailure: () => midStream.inc(),
-    migrated: (reason: string) => migrations.inc({ reason }),
-    migrationFailed: (reason: string) => migrationFailures.inc({ reason }),
+    migrated: (reason: MigrationReason) => migrations.inc({ reason }),
+    migrationFailed: (reason: MigrationFailure) => migrationFailures.inc({ reason }),
     firstToken: (seconds: number) => ttft.observe(seconds),
   };
 }

@@ -2,8 +2,17 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { collectProcessMetrics } from '../common/process-metrics.js';
 import type { Admission } from '../lifecycle/admission.js';
 import type { Lifecycle, Transition } from '../lifecycle/lifecycle.js';
-import { WORKER_STATES } from '../lifecycle/states.js';
+import type { RefusalCode, ReleaseOutcome } from '../lifecycle/admission.js';
+import { TRANSITIONS, WORKER_STATES } from '../lifecycle/states.js';
+import type { StageName, StageOutcome } from './shutdown.js';
 import type { Engine } from '../engine/engine.js';
+
+// The label values, each list checked against its type: a value added to the type must be added here.
+const RELEASE_OUTCOMES = { completed: 0, errored: 0, dropped: 0, handed_off: 0 } satisfies Record<ReleaseOutcome, 0>;
+const REFUSAL_CODES = { worker_draining: 0, worker_overloaded: 0 } satisfies Record<RefusalCode, 0>;
+const STAGE_NAMES = { unregister: 0, grace: 0, wait_inflight: 0, handoff: 0, cut_inflight: 0, cleanup: 0 } satisfies Record<StageName, 0>;
+const STAGE_OUTCOMES = { completed: 0, timed_out: 0, skipped: 0, cancelled: 0, unsupported: 0 } satisfies Record<StageOutcome, 0>;
+const keys = <T extends string>(o: Record<T, 0>): T[] => Object.keys(o) as T[];
 
 /**
  * Worker metrics. Overload and drain are kept apart on purpose: a refusal counter labelled by code,
@@ -72,6 +81,13 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
     buckets: [0.01, 0.1, 0.5, 1, 5, 15, 30, 60],
     registers: [registry],
   });
+
+  // Every series whose label values are known up front exists from the start, at 0: an alert on a
+  // refusal, a transition or a timed-out shutdown stage reads 0, not "no data", until the first one.
+  for (const outcome of keys(RELEASE_OUTCOMES)) released.inc({ outcome }, 0);
+  for (const code of keys(REFUSAL_CODES)) refused.inc({ code }, 0);
+  for (const [from, events] of Object.entries(TRANSITIONS)) for (const to of new Set(Object.values(events))) if (to !== from) transitions.inc({ from, to }, 0);
+  for (const stage of keys(STAGE_NAMES)) for (const result of keys(STAGE_OUTCOMES)) shutdownStage.zero({ stage, result });
 
   const kv = engine.kvTransfers;
   new Gauge({

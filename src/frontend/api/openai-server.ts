@@ -2,12 +2,13 @@ import cors from '@fastify/cors';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
+import type { AdminGuard } from '../../common/admin-auth.js';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
 import { FIELD_POLICY, RESPONSES_FIELD_POLICY, checkFields, type FieldPolicy } from './field-policy.js';
 import type { FrontendMetrics } from '../metrics.js';
 import { completionResponse, SseFormatter, toGenerateBodies, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, responsesSchema, type OpenAIRequest } from './openai-schema.js';
-import { createRelay } from '../relay/relay.js';
+import { createRelay, headerValue } from '../relay/relay.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, LaneBudget } from './lane-budget.js';
 import { Shutdown } from '../shutdown.js';
 import { probeHalfClosedClient } from './client-gone.js';
@@ -31,6 +32,8 @@ export interface OpenAIServerDeps {
   lanes?: LaneBudget | undefined;
   /** Readiness on the way out, and what ends the requests still open at the shutdown deadline. */
   shutdown?: Shutdown | undefined;
+  /** Client API keys (--api-key-file): every /v1/ route needs one. None: the public API is open. */
+  apiGuard?: AdminGuard | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -49,9 +52,16 @@ export function createOpenAIServer({
   healthReadyWithoutWorkers = false,
   lanes = new LaneBudget(DEFAULT_MAX_LANES_PER_REQUEST, undefined),
   shutdown = new Shutdown(),
+  apiGuard,
 }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
   lanes.watch(app.server);
+  if (apiGuard !== undefined) {
+    // /live, /health and /metrics stay open: probes and scrapers carry no key; CORS preflights neither.
+    app.addHook('onRequest', async (req) => {
+      if (req.url.startsWith('/v1/') && req.method !== 'OPTIONS') apiGuard(req.headers.authorization);
+    });
+  }
   const relay = createRelay({ pool, upstream, metrics, log, migrationLimit });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
@@ -73,6 +83,10 @@ export function createOpenAIServer({
     if (!pool.hasModel(req.params.id)) throw modelNotFound(req.params.id);
     return model(req.params.id);
   });
+
+  // Liveness: the process answers. /health is 503 while no worker serves, which must not restart a frontend.
+  methods('/live', ['GET']);
+  app.get('/live', async () => ({ status: 'ok' }));
 
   methods('/health', ['GET']);
   app.get('/health', async (_req, reply) => {
@@ -125,7 +139,8 @@ export function createOpenAIServer({
           Shutdown.endCutStream(reply.raw, fmt, signal);
           return;
         }
-        const { choices, usage } = await relay.collect(gens, n, signal);
+        const { choices, usage, workerId } = await relay.collect(gens, n, signal);
+        void reply.header('x-ebb-worker-id', headerValue(workerId));
         return completionResponse(endpoint, id, body.model, choices, usage);
       } catch (err) {
         throw Shutdown.cutReason(signal) ?? err;
@@ -151,7 +166,8 @@ export function createOpenAIServer({
         Shutdown.endCutStream(reply.raw, fmt, signal);
         return;
       }
-      const { choices, usage } = await relay.collect([gen], 1, signal);
+      const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
+      void reply.header('x-ebb-worker-id', headerValue(workerId));
       return responseObject(shell, choices[0]!, usage);
     } catch (err) {
       throw Shutdown.cutReason(signal) ?? err;

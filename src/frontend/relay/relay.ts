@@ -108,7 +108,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
   }
 
   /** Non-streaming: nothing reaches the client until every choice is complete; a worker that fails half way is replaced as in a stream. */
-  async function collect(gens: GenerateBody[], n: number, signal: AbortSignal): Promise<{ choices: CollectedChoice[]; usage: Usage }> {
+  async function collect(gens: GenerateBody[], n: number, signal: AbortSignal): Promise<{ choices: CollectedChoice[]; usage: Usage; workerId: string }> {
     const lanes = await openLanes(gens, ctx, signal);
     // One lane failing stops the others, as in a stream.
     const stop = new AbortController();
@@ -127,7 +127,8 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
           }
         }),
       );
-      return { choices: results, usage: sumLanes(results.map((r) => r.usage), n) };
+      // The worker that finished the (first) answer, for x-ebb-worker-id.
+      return { choices: results, usage: sumLanes(results.map((r) => r.usage), n), workerId: lanes[0]!.workerId };
     } catch (err) {
       if (err instanceof LaneFailed) throw new EbbError(err.failure.code, err.failure.message);
       throw err;

@@ -1,0 +1,54 @@
+/**
+ * --api-key-file: the public API asks clients for a key (the OpenAI SDKs send theirs as
+ * Authorization: Bearer); probes and scrapers stay keyless. Without the flag the API is open.
+ */
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import OpenAI from 'openai';
+import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
+
+const started: EbbProcess[] = [];
+let frontend: FrontendHandle;
+
+before(async () => {
+  const keys = join(mkdtempSync(join(tmpdir(), 'ebb-keys-')), 'api-keys');
+  writeFileSync(keys, 'team-a:sk-ebb-a\nteam-b:sk-ebb-b\n', { mode: 0o600 });
+  const discovery = tempDiscoveryUrl();
+  started.push(await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0']));
+  frontend = await startFrontend(discovery, ['--api-key-file', keys]);
+  started.push(frontend);
+  await frontend.waitForLog((l) => l.event === 'worker_added' || (l.event === 'discovery_reset' && (l.workers as string[]).length > 0), 'the worker');
+});
+after(async () => {
+  await Promise.all(started.map((p) => p.terminate()));
+});
+
+describe('--api-key-file', () => {
+  it('a request without a key is 401 in OpenAI\'s error shape, a wrong key refused, a listed key served', async () => {
+    const body = JSON.stringify({ model: 'm1', prompt: 'x', max_tokens: 2 });
+    const post = (headers: Record<string, string>) => fetch(`${frontend.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+    const none = await post({});
+    assert.equal(none.status, 401);
+    const error = ((await none.json()) as { error: { code: string; message: string } }).error;
+    assert.equal(error.code, 'unauthorized');
+    assert.match(error.message, /Authorization: Bearer/);
+    const wrong = await post({ authorization: 'Bearer sk-nope' });
+    assert.ok(wrong.status === 401 || wrong.status === 403, `wrong key: ${wrong.status}`);
+    await wrong.arrayBuffer();
+    const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'sk-ebb-b', maxRetries: 0 });
+    const done = await client.completions.create({ model: 'm1', prompt: 'x', max_tokens: 2 });
+    assert.equal(done.choices.length, 1);
+    assert.equal((await client.models.list()).data[0]?.id, 'm1');
+  });
+
+  it('/live, /health and /metrics need no key', async () => {
+    for (const path of ['/live', '/health', '/metrics']) {
+      const res = await fetch(`${frontend.url}${path}`);
+      await res.arrayBuffer();
+      assert.equal(res.status, 200, path);
+    }
+  });
+});

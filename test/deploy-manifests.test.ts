@@ -1,0 +1,356 @@
+/**
+ * The Kubernetes manifests and the Dockerfile, checked offline (no cluster, no Docker engine on the
+ * test machines): every YAML document parses and is a kind we mean; every Secret, ConfigMap,
+ * Service, ServiceAccount, claim and Role it refers to exists (or README creates it, before the
+ * manifests that need it); Services select pods that expose their target ports; ebb's container args
+ * are flags `ebb` accepts; every probe path answers on the listener its port names, asked of real
+ * ebb processes started with the manifests' own args; the Dockerfile's entry point is a file the
+ * build makes.
+ */
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { loadAll } from 'js-yaml';
+import { CLI, spawnEbb, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const DEPLOY = join(ROOT, 'deploy', 'kubernetes');
+const README = readFileSync(join(ROOT, 'README.md'), 'utf8');
+const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
+
+/* eslint-disable @typescript-eslint/no-explicit-any -- manifests are untyped YAML */
+type Doc = { apiVersion: string; kind: string; metadata: { name: string; namespace?: string; labels?: Record<string, string> }; spec?: any; subjects?: any[]; roleRef?: any; rules?: any[] };
+type Container = { name: string; image: string; args?: string[]; command?: string[]; env?: Array<{ name: string; valueFrom?: any }>; ports?: Array<{ name?: string; containerPort: number }>; livenessProbe?: any; readinessProbe?: any; startupProbe?: any; lifecycle?: any; volumeMounts?: Array<{ name: string }>; resources?: any };
+type PodSpec = { containers: Container[]; initContainers?: Container[]; volumes?: any[]; serviceAccountName?: string };
+
+const KINDS: Record<string, string[]> = {
+  v1: ['Namespace', 'ServiceAccount', 'Service', 'ConfigMap', 'Secret', 'PersistentVolumeClaim'],
+  'apps/v1': ['Deployment', 'StatefulSet'],
+  'rbac.authorization.k8s.io/v1': ['Role', 'RoleBinding'],
+};
+
+const files = readdirSync(DEPLOY).filter((f) => f.endsWith('.yaml') || f.endsWith('.yml')).sort();
+const docsOf = (file: string): Doc[] => (loadAll(readFileSync(join(DEPLOY, file), 'utf8')) as unknown[]).filter((d) => d !== null && d !== undefined) as Doc[];
+const byFile = new Map(files.map((f) => [f, docsOf(f)]));
+const docs = [...byFile.values()].flat();
+const named = (kind: string, name: string) => docs.find((d) => d.kind === kind && d.metadata.name === name);
+const workloads = docs.filter((d) => d.kind === 'Deployment' || d.kind === 'StatefulSet');
+const podSpec = (w: Doc): PodSpec => w.spec.template.spec as PodSpec;
+const allContainers = (p: PodSpec): Container[] => [...(p.initContainers ?? []), ...p.containers];
+const ebbContainers = (p: PodSpec) => allContainers(p).filter((c) => /^ebb:/.test(c.image));
+
+/** The Secrets README creates with `kubectl create secret generic NAME --from-literal=KEY=...`, with their keys and line. */
+function readmeSecrets(): Map<string, { keys: string[]; line: number }> {
+  const out = new Map<string, { keys: string[]; line: number }>();
+  README.split('\n').forEach((l, line) => {
+    const m = /kubectl .*create secret generic ([a-z0-9-]+)(.*)$/.exec(l);
+    if (m) out.set(m[1]!, { keys: [...m[2]!.matchAll(/--from-(?:literal|file)=([a-z0-9-]+)[=\s]/g)].map((k) => k[1]!), line });
+  });
+  return out;
+}
+
+/** Secrets a set of documents needs, by name, with the keys they read. */
+function secretsNeeded(ds: Doc[]): Map<string, Set<string>> {
+  const need = new Map<string, Set<string>>();
+  const add = (name: string, key?: string) => {
+    const keys = need.get(name) ?? new Set<string>();
+    if (key !== undefined) keys.add(key);
+    need.set(name, keys);
+  };
+  for (const w of ds.filter((d) => workloads.includes(d))) {
+    const p = podSpec(w);
+    for (const v of p.volumes ?? []) if (v.secret) for (const item of v.secret.items ?? [undefined]) add(v.secret.secretName, item?.key);
+    for (const c of allContainers(p)) for (const e of c.env ?? []) if (e.valueFrom?.secretKeyRef) add(e.valueFrom.secretKeyRef.name, e.valueFrom.secretKeyRef.key);
+  }
+  return need;
+}
+
+/** Long flags a command's --help lists (commander prints each as "--flag <value>" or "--no-flag"). */
+const helpFlags = new Map<string, Set<string>>();
+function flagsOf(command: string): Set<string> {
+  let flags = helpFlags.get(command);
+  if (flags === undefined) {
+    const res = spawnSync(process.execPath, [CLI, command, '--help'], { encoding: 'utf8', timeout: 30_000 });
+    assert.equal(res.status, 0, `ebb ${command} --help: ${res.stderr}`);
+    flags = new Set([...res.stdout.matchAll(/(?:^|[\s,])(--[a-z0-9-]+)/g)].map((m) => m[1]!));
+    helpFlags.set(command, flags);
+  }
+  return flags;
+}
+
+/** Checks an `ebb` command line (args after the program name): a real command, only flags it accepts. */
+function checkEbbArgs(args: string[], where: string, env: string[] = []): void {
+  const [command, ...rest] = args;
+  assert.ok(command !== undefined && !command.startsWith('-'), `${where}: the first arg names an ebb command`);
+  const flags = flagsOf(command);
+  for (const a of rest) {
+    for (const v of a.matchAll(/\$\(([A-Z_]+)\)/g)) assert.ok(env.includes(v[1]!), `${where}: ${a} uses $(${v[1]}), which the container's env does not define`);
+    if (!a.startsWith('--')) continue;
+    const flag = a.split('=')[0]!;
+    assert.ok(flags.has(flag), `${where}: ebb ${command} has no flag ${flag} (ebb ${command} --help)`);
+  }
+}
+
+/** The value of `--flag=v` or `--flag v` in an arg list. */
+function argValue(args: string[], flag: string): string | undefined {
+  for (let i = 0; i < args.length; i++) {
+    if (args[i] === flag) return args[i + 1];
+    if (args[i]!.startsWith(`${flag}=`)) return args[i]!.slice(flag.length + 1);
+  }
+  return undefined;
+}
+
+describe('deploy/kubernetes: documents', () => {
+  it('every file parses; every document is a kind we mean, named, in the ebb namespace', () => {
+    assert.ok(files.length >= 5, `manifests found: ${files.join(', ')}`);
+    for (const [file, ds] of byFile) {
+      assert.ok(ds.length > 0, `${file}: no document`);
+      for (const d of ds) {
+        const where = `${file}: ${d.kind}/${d.metadata?.name}`;
+        assert.ok(KINDS[d.apiVersion]?.includes(d.kind), `${where}: unexpected apiVersion/kind ${d.apiVersion} ${d.kind}`);
+        assert.match(d.metadata?.name ?? '', /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, `${where}: a DNS-1123 name`);
+        if (d.kind !== 'Namespace') assert.equal(d.metadata.namespace, 'ebb', `${where}: namespace`);
+      }
+    }
+    assert.ok(named('Namespace', 'ebb'), 'the ebb Namespace');
+  });
+
+  it('workloads select their own pods, and every name they refer to exists', () => {
+    const secrets = readmeSecrets();
+    for (const w of workloads) {
+      const where = `${w.kind}/${w.metadata.name}`;
+      const labels = w.spec.template.metadata.labels as Record<string, string>;
+      for (const [k, v] of Object.entries(w.spec.selector.matchLabels as Record<string, string>)) assert.equal(labels[k], v, `${where}: selector ${k}=${v} matches its template`);
+      const p = podSpec(w);
+      if (p.serviceAccountName !== undefined) assert.ok(named('ServiceAccount', p.serviceAccountName), `${where}: ServiceAccount ${p.serviceAccountName}`);
+      const volumes = new Set((p.volumes ?? []).map((v: { name: string }) => v.name));
+      for (const t of w.spec.volumeClaimTemplates ?? []) volumes.add(t.metadata.name);
+      for (const c of allContainers(p)) for (const m of c.volumeMounts ?? []) assert.ok(volumes.has(m.name), `${where}/${c.name}: volume ${m.name}`);
+      for (const v of p.volumes ?? []) {
+        if (v.persistentVolumeClaim) assert.ok(named('PersistentVolumeClaim', v.persistentVolumeClaim.claimName), `${where}: claim ${v.persistentVolumeClaim.claimName}`);
+        if (v.configMap) assert.ok(named('ConfigMap', v.configMap.name), `${where}: ConfigMap ${v.configMap.name}`);
+      }
+      for (const [name, keys] of secretsNeeded([w])) {
+        const made = named('Secret', name) ? undefined : secrets.get(name);
+        assert.ok(named('Secret', name) || made, `${where}: Secret ${name} is neither a manifest nor created in README`);
+        for (const key of keys) if (made) assert.ok(made.keys.includes(key), `${where}: README's Secret ${name} has no key ${key} (it has ${made.keys.join(', ')})`);
+      }
+      if (w.kind === 'StatefulSet') {
+        const svc = named('Service', w.spec.serviceName);
+        assert.ok(svc, `${where}: serviceName ${w.spec.serviceName}`);
+        assert.equal(svc.spec.clusterIP, 'None', `${where}: its serviceName Service is headless (clusterIP: None)`);
+      }
+    }
+    for (const rb of docs.filter((d) => d.kind === 'RoleBinding')) {
+      assert.ok(named(rb.roleRef.kind, rb.roleRef.name), `RoleBinding/${rb.metadata.name}: ${rb.roleRef.kind} ${rb.roleRef.name}`);
+      for (const s of rb.subjects ?? []) assert.ok(named(s.kind, s.name), `RoleBinding/${rb.metadata.name}: ${s.kind} ${s.name}`);
+    }
+  });
+
+  it('every Service selects pods that expose its target ports', () => {
+    for (const svc of docs.filter((d) => d.kind === 'Service')) {
+      const selector = svc.spec.selector as Record<string, string>;
+      const pods = workloads.filter((w) => Object.entries(selector).every(([k, v]) => w.spec.template.metadata.labels?.[k] === v));
+      assert.ok(pods.length > 0, `Service/${svc.metadata.name}: selects no pod`);
+      for (const port of svc.spec.ports as Array<{ port: number; targetPort?: string | number }>) {
+        const target = port.targetPort ?? port.port;
+        for (const w of pods) {
+          const exposed = allContainers(podSpec(w)).flatMap((c) => c.ports ?? []);
+          assert.ok(exposed.some((p) => p.name === target || p.containerPort === target), `Service/${svc.metadata.name}: ${w.kind}/${w.metadata.name} exposes no port ${target}`);
+        }
+      }
+    }
+  });
+
+  it('README creates the Secret after the namespace and before applying any manifest that needs it', () => {
+    const lines = README.split('\n');
+    const secrets = readmeSecrets();
+    const namespaceAt = lines.findIndex((l) => /kubectl .*apply .*deploy\/kubernetes\/namespace\.yaml/.test(l));
+    assert.ok(namespaceAt >= 0, 'README applies namespace.yaml');
+    let applies = 0;
+    lines.forEach((l, at) => {
+      if (!/kubectl .*apply /.test(l)) return;
+      for (const [, path] of l.matchAll(/-f\s+(deploy\/kubernetes\/[^\s]*)/g)) {
+        const name = path!.replace('deploy/kubernetes/', '').replace(/\/$/, '');
+        const ds = name === '' ? docs : (byFile.get(name) ?? assert.fail(`README applies ${path}, which does not exist`));
+        applies++;
+        for (const secret of secretsNeeded(ds).keys()) {
+          const made = secrets.get(secret);
+          assert.ok(made !== undefined && made.line < at, `README line ${at + 1} applies ${path}, which needs Secret ${secret}, before creating it`);
+          assert.ok(namespaceAt < made.line, 'the Secret is created in a namespace that exists: after namespace.yaml');
+        }
+      }
+    });
+    assert.ok(applies > 1, 'README applies the manifests');
+  });
+});
+
+describe('deploy/kubernetes: ebb containers', () => {
+  it('run the image the Dockerfile builds, with args and preStop commands ebb accepts', () => {
+    let seen = 0;
+    for (const w of workloads) {
+      for (const c of ebbContainers(podSpec(w))) {
+        seen++;
+        const where = `${w.metadata.name}/${c.name}`;
+        const gpu = c.resources?.limits?.['nvidia.com/gpu'] !== undefined;
+        assert.equal(c.image, gpu ? `ebb:${VERSION}-cuda` : `ebb:${VERSION}`, `${where}: the image README builds (the -cuda one where the container has the GPU)`);
+        assert.equal(c.command, undefined, `${where}: the image's entry point runs ebb`);
+        const env = (c.env ?? []).map((e) => e.name);
+        checkEbbArgs(c.args ?? [], where, env);
+        if (argValue(c.args ?? [], '--gpu') === 'cuda') assert.ok(gpu, `${where}: --gpu=cuda asks for an nvidia.com/gpu`);
+        const hook = c.lifecycle?.preStop?.exec?.command as string[] | undefined;
+        if (hook?.[0] === 'ebb') checkEbbArgs(hook.slice(1), `${where} preStop`, env);
+        for (const probe of [c.livenessProbe, c.readinessProbe, c.startupProbe]) {
+          if (probe?.httpGet) assert.ok((c.ports ?? []).some((p) => p.name === probe.httpGet.port || p.containerPort === probe.httpGet.port), `${where}: probe port ${probe.httpGet.port}`);
+        }
+      }
+    }
+    assert.ok(seen >= 4, 'the frontend and the mocker, llama-cpp and vLLM workers');
+  });
+
+  it('the workers cover a llama-cpp worker on a GPU with a model volume, and an openai worker with vLLM as a sidecar', () => {
+    const pods = workloads.map(podSpec);
+    const llama = pods.find((p) => ebbContainers(p).some((c) => argValue(c.args ?? [], '--engine') === 'llama-cpp'));
+    assert.ok(llama, 'a llama-cpp worker');
+    const lc = ebbContainers(llama).find((c) => argValue(c.args ?? [], '--engine') === 'llama-cpp')!;
+    const modelPath = argValue(lc.args!, '--model-path') ?? assert.fail('--model-path');
+    const mounts = (lc.volumeMounts ?? []) as Array<{ name: string; mountPath: string }>;
+    assert.ok(mounts.some((m) => modelPath.startsWith(`${m.mountPath}/`) && llama.volumes?.some((v) => v.name === m.name && v.persistentVolumeClaim)), 'the model file is on a mounted claim');
+    const vllm = pods.find((p) => ebbContainers(p).some((c) => argValue(c.args ?? [], '--engine-kind') === 'vllm'));
+    assert.ok(vllm, 'an openai worker for vLLM');
+    // A native sidecar: started first, stopped after the worker drained.
+    const engine = vllm.initContainers?.find((c) => /vllm/.test(c.image)) as (Container & { restartPolicy?: string }) | undefined;
+    assert.equal(engine?.restartPolicy, 'Always', 'vLLM runs as a native sidecar');
+    const port = engine.ports?.[0]?.containerPort;
+    const wc = ebbContainers(vllm)[0]!;
+    assert.equal(argValue(wc.args!, '--engine-url'), `http://127.0.0.1:${port}`, "the worker calls its pod's vLLM");
+  });
+
+  describe('probe paths answer on the listeners their ports name (real processes, the manifests\' args)', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'ebb-manifests-'));
+    const discovery = tempDiscoveryUrl();
+    const procs: EbbProcess[] = [];
+    /** listener -> base URL, from the running processes' ready lines, e.g. "worker:--system-port" */
+    const listeners = new Map<string, string>();
+
+    /** The container's args made runnable here: loopback, port 0, file discovery, token files under `dir`, no Kubernetes API. */
+    const localArgs = (args: string[]) =>
+      args
+        .filter((a) => a !== '--k8s-self-pod')
+        .map((a) => {
+          const [flag] = a.split('=');
+          if (flag === '--host' || flag === '--system-host' || flag === '--admin-host') return `${flag}=127.0.0.1`;
+          if (flag === '--port' || flag === '--system-port' || flag === '--admin-port') return `${flag}=0`;
+          if (flag === '--discovery') return `--discovery=${discovery}`;
+          if (flag === '--advertise-host') return '--advertise-host=127.0.0.1';
+          if (flag === '--worker-id') return '--worker-id=manifest-worker';
+          return a.replace('/etc/ebb/', `${dir}/`);
+        });
+
+    const container = (deployment: string) => ebbContainers(podSpec(named('Deployment', deployment)!))[0]!;
+
+    before(async () => {
+      writeFileSync(join(dir, 'admin-token'), 'manifest-admin-token\n', { mode: 0o600 });
+      writeFileSync(join(dir, 'request-token'), 'manifest-request-token\n', { mode: 0o600 });
+      const worker = spawnEbb(localArgs(container('ebb-worker').args!), 'manifest worker');
+      procs.push(worker);
+      const w = await worker.waitForEvent('worker_ready');
+      listeners.set('worker:--system-port', String(w.system_url));
+      listeners.set('worker:--port', String(w.request_url));
+      const frontend = spawnEbb(localArgs(container('ebb-frontend').args!), 'manifest frontend');
+      procs.push(frontend);
+      const f = await frontend.waitForEvent('frontend_ready');
+      listeners.set('frontend:--port', String(f.url));
+      listeners.set('frontend:--admin-port', String(f.admin_url));
+      // /health is 200 once the frontend routes to the worker (registered before the frontend started).
+      await frontend.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes('manifest-worker')) || (l.event === 'worker_added' && l.worker_id === 'manifest-worker'), 'the worker in the routing view');
+    });
+    after(async () => {
+      await Promise.all(procs.map((p) => p.terminate()));
+    });
+
+    it('every httpGet probe of every ebb container answers 200', async () => {
+      let probed = 0;
+      for (const w of workloads) {
+        for (const c of ebbContainers(podSpec(w))) {
+          const args = c.args ?? [];
+          for (const [kind, probe] of [['liveness', c.livenessProbe], ['readiness', c.readinessProbe], ['startup', c.startupProbe]] as const) {
+            if (!probe?.httpGet) continue;
+            const port = (c.ports ?? []).find((p) => p.name === probe.httpGet.port || p.containerPort === probe.httpGet.port)!;
+            // Which listener the port is: the flag whose value is that port number.
+            const flag = ['--port', '--system-port', '--admin-port'].find((f) => argValue(args, f) === String(port.containerPort));
+            const base = listeners.get(`${args[0]}:${flag}`);
+            assert.ok(base, `${w.metadata.name}/${c.name}: port ${port.containerPort} is no ebb ${args[0]} listener`);
+            const res = await fetch(`${base}${probe.httpGet.path}`);
+            await res.arrayBuffer();
+            assert.equal(res.status, 200, `${w.metadata.name}/${c.name} ${kind} probe GET ${probe.httpGet.path} on ${flag}`);
+            probed++;
+          }
+        }
+      }
+      assert.ok(probed >= 8, `probes checked: ${probed}`);
+    });
+  });
+});
+
+describe('Dockerfile', () => {
+  const text = readFileSync(join(ROOT, 'Dockerfile'), 'utf8').replace(/\\\n/g, ' ');
+  const lines = text.split('\n').filter((l) => l.trim() !== '' && !l.trim().startsWith('#'));
+  const stages: Array<{ name: string; lines: string[] }> = [];
+  for (const l of lines) {
+    const from = /^FROM\s+\S+(?:\s+AS\s+(\S+))?/i.exec(l);
+    if (from) stages.push({ name: from[1] ?? '', lines: [] });
+    else stages.at(-1)?.lines.push(l);
+  }
+  const stage = (name: string) => stages.find((s) => s.name === name) ?? assert.fail(`no stage ${name}`);
+  const json = (s: { lines: string[] }, instr: string) => {
+    const l = s.lines.find((x) => x.startsWith(`${instr} `));
+    return l === undefined ? undefined : (JSON.parse(l.slice(instr.length + 1)) as string[]);
+  };
+
+  it('cpu (the default: last) and cuda targets run ebb as a non-root user, with `ebb` on the PATH', () => {
+    assert.equal(stages.at(-1)?.name, 'cpu', 'the default target is the CPU image');
+    const bin = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { bin: { ebb: string } }).bin.ebb;
+    for (const target of ['cpu', 'cuda']) {
+      const s = stage(target);
+      const entry = json(s, 'ENTRYPOINT') ?? assert.fail(`${target}: ENTRYPOINT`);
+      assert.equal(entry[0], 'node');
+      const workdir = s.lines.find((l) => l.startsWith('WORKDIR '))!.slice(8).trim();
+      const script = entry[1]!;
+      assert.ok(script.startsWith(`${workdir}/`), `${target}: the entry point is under WORKDIR ${workdir}`);
+      const inRepo = script.slice(workdir.length + 1);
+      assert.equal(inRepo, bin, `${target}: the entry point is package.json's bin`);
+      assert.ok(existsSync(join(ROOT, inRepo)), `${target}: ${inRepo} is a file the build makes`);
+      assert.ok(s.lines.some((l) => l.includes(`COPY --from=build ${workdir}/dist/src ./dist/src`)), `${target}: copies the build's dist/src`);
+      assert.ok(s.lines.some((l) => new RegExp(`ln -s ${script} /usr/local/bin/ebb`).test(l)), `${target}: ebb on the PATH (preStop runs it)`);
+      const user = s.lines.find((l) => l.startsWith('USER '))?.slice(5).trim() ?? assert.fail(`${target}: USER`);
+      assert.match(user, /^[1-9]\d*(:\d+)?$/, `${target}: a numeric non-root user (runAsNonRoot can check it)`);
+      checkEbbArgs(json(s, 'CMD') ?? [], `${target} CMD`);
+    }
+  });
+
+  it('copies only what exists and .dockerignore keeps; keeps only real node-llama-cpp prebuilt packages', () => {
+    const ignored = readFileSync(join(ROOT, '.dockerignore'), 'utf8').split('\n').map((l) => l.trim()).filter((l) => l && !l.startsWith('#'));
+    for (const s of stages) {
+      for (const l of s.lines.filter((x) => x.startsWith('COPY ') && !x.includes('--from='))) {
+        const sources = l.split(/\s+/).slice(1, -1).filter((p) => !p.startsWith('--'));
+        for (const src of sources) {
+          assert.ok(existsSync(join(ROOT, src)), `${s.name}: COPY ${src} exists`);
+          assert.ok(!ignored.includes(src), `${s.name}: COPY ${src} is not in .dockerignore`);
+        }
+      }
+    }
+    const optional = Object.keys((JSON.parse(readFileSync(join(ROOT, 'node_modules', 'node-llama-cpp', 'package.json'), 'utf8')) as { optionalDependencies: Record<string, string> }).optionalDependencies);
+    for (const target of ['deps-cpu', 'deps-cuda']) {
+      const arg = stage(target).lines.find((l) => l.startsWith('ARG LLAMA_PREBUILTS='))?.match(/"([^"]+)"/)?.[1] ?? assert.fail(`${target}: LLAMA_PREBUILTS`);
+      for (const p of arg.split(' ')) assert.ok(optional.includes(`@node-llama-cpp/${p}`), `${target}: @node-llama-cpp/${p} is a node-llama-cpp prebuilt`);
+    }
+    assert.match(stage('deps-cuda').lines.join('\n'), /linux-x64-cuda/, 'the CUDA image keeps the CUDA prebuilt');
+    assert.doesNotMatch(stage('deps-cpu').lines.join('\n'), /cuda|vulkan/, 'the CPU image keeps no GPU prebuilt');
+    assert.ok(stage('deps').lines.some((l) => /npm ci --omit=dev/.test(l)), 'production dependencies only');
+  });
+});

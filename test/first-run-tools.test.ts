@@ -1,0 +1,51 @@
+/**
+ * A new user's first commands: `npm start` does not recompile a current build, the tests' tiny
+ * model can be written with one command and loads in a llama-cpp worker, and `ebb up` refusing its
+ * flags leaves nothing behind.
+ */
+import { describe, it, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { spawnEbb, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+
+const run = promisify(execFile);
+const ROOT = fileURLToPath(new URL('../../', import.meta.url));
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.terminate()));
+});
+
+describe('first run: tools', () => {
+  it('npm run build (what npm start runs first) writes nothing when dist is current', async () => {
+    await run('npm', ['run', 'build', '--silent'], { cwd: ROOT, timeout: 280_000 }); // current from here on
+    const main = join(ROOT, 'dist', 'src', 'cli', 'main.js');
+    const before = statSync(main).mtimeMs;
+    await run('npm', ['run', 'build', '--silent'], { cwd: ROOT, timeout: 280_000 });
+    assert.equal(statSync(main).mtimeMs, before, 'dist/src/cli/main.js was not rewritten');
+  });
+
+  it('make-test-model writes a GGUF a llama-cpp worker loads and serves', async () => {
+    const file = join(mkdtempSync(join(tmpdir(), 'ebb-model-')), 'tiny.gguf');
+    const made = await run(process.execPath, [join(ROOT, 'dist', 'test', 'helpers', 'make-test-model.js'), file]);
+    assert.match(made.stdout, /^wrote .*tiny\.gguf/);
+    const w = await startWorker(['--engine', 'llama-cpp', '--model-path', file, '--gpu', 'off', '--discovery', tempDiscoveryUrl()]);
+    started.push(w);
+    assert.equal((await w.waitForEvent('worker_ready')).model, 'tiny');
+  });
+
+  it('ebb up refusing its flags leaves no temporary discovery directory', async () => {
+    const runtime = mkdtempSync(join(tmpdir(), 'ebb-runtime-'));
+    const up = spawnEbb(['up', '--engine', 'llama-cpp'], 'ebb up', { XDG_RUNTIME_DIR: runtime });
+    started.push(up);
+    assert.equal(await up.exitCode(), 1);
+    assert.match(up.stderr.join('\n'), /--engine llama-cpp needs --model-path/);
+    const dir = join(runtime, 'ebb');
+    assert.deepEqual(existsSync(dir) ? readdirSync(dir) : [], [], 'nothing left in the runtime directory');
+  });
+});
+
