@@ -16,7 +16,7 @@ function record(workerId: string, model = 'org/model-a'): WorkerRecord {
     model,
     mode: 'aggregated',
     request_url: `http://127.0.0.1:9/${workerId}`,
-    system_url: `http://127.0.0.1:9/${workerId}/system`,
+    system_url: `http://127.0.0.1:9`, // a bare origin: records whose system_url has a path are ignored
   };
 }
 
