@@ -42,8 +42,6 @@ interface LaneEnd {
   usage: Usage;
 }
 
-export type RelayEnd = { ok: true; usages: Usage[] } | { ok: false };
-
 /**
  * Moving tokens from workers to clients: opening the sequences of a response on workers, relaying
  * them into one client stream (or collecting them), and continuing any sequence whose worker fails
@@ -142,7 +140,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
    * error event saying why; nothing is ever cut without one. The headers leave with the first
    * tokens, and a single lane's last tokens with the end: one system call each.
    */
-  async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<RelayEnd> {
+  async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<void> {
     const lanes = await openLanes(gens, signal);
     const res = reply.raw;
     const out = new ClientStream(res);
@@ -175,10 +173,8 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
       out.cork();
       for (const w of writers) w.flush();
       out.end(ends.map((e) => e.tail).join('') + fmt.end(sumLanes(usages, n)));
-      return { ok: true, usages };
     } catch (err) {
       if (!signal.aborted) fail(res, lanes, err, fmt);
-      return { ok: false };
     } finally {
       for (const lane of lanes) lane.up.release();
       // The client left; releasing the upstream requests freed the workers' slots.
