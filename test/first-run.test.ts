@@ -24,20 +24,6 @@ function up(args: string[]): EbbProcess {
   return p;
 }
 
-/** `ebb up` prints its banner and its own lines on stderr; resolves once `pattern` has appeared there. */
-async function stderrMatch(p: EbbProcess, pattern: RegExp): Promise<RegExpMatchArray> {
-  for (;;) {
-    const m = p.stderr.join('\n').match(pattern);
-    if (m) return m;
-    await p.waitForLog(() => true, `stderr ${pattern}`, { after: p.mark() }).catch(() => undefined);
-    if (!p.alive) {
-      const last = p.stderr.join('\n').match(pattern);
-      if (last) return last;
-      throw new Error(`exited without ${pattern}; stderr: ${p.stderr.join('\n')}`);
-    }
-  }
-}
-
 describe('first run: durations', () => {
   it('refuses a bare number where a duration is expected, saying the form; *-ms flags take units too', () => {
     const bare = ebbSync(['drain', 'http://127.0.0.1:9', '--wait', '--timeout', '30']);
@@ -94,7 +80,7 @@ describe('first run: ebb up', () => {
   it('Ctrl-C: drains, says it stopped, exits 0, and removes its temporary discovery directory', async () => {
     const p = up(['--workers', '1']);
     await p.waitForEvent('frontend_ready');
-    const [, dir] = await stderrMatch(p, /ebb is up \(discovery (file:\/\/\S+)\)/);
+    const [, dir] = await p.waitForStderr(/ebb is up \(discovery (file:\/\/\S+)\)/);
     assert.ok(existsSync(fileURLToPath(dir!)));
     p.signal('SIGINT');
     assert.equal(await p.exitCode(), 0);
@@ -107,7 +93,7 @@ describe('first run: ebb up', () => {
     const p = up(['--workers', '1', '--metrics-sd-file', sd]);
     const first = await p.waitForEvent('worker_ready');
     const fe = await p.waitForEvent('frontend_ready');
-    await stderrMatch(p, /ebb is up/);
+    await p.waitForStderr(/ebb is up/);
     const targets = () => JSON.parse(readFileSync(sd, 'utf8')) as Array<{ targets: string[]; labels: Record<string, string> }>;
     assert.deepEqual(targets().map((t) => t.labels.job).sort(), ['ebb-frontend', 'ebb-worker']);
     const mark = p.mark();
@@ -126,9 +112,9 @@ describe('first run: ebb up', () => {
   it('--no-restart reports the exit and leaves the worker down', async () => {
     const p = up(['--workers', '1', '--no-restart']);
     const w = await p.waitForEvent('worker_ready');
-    await stderrMatch(p, /ebb is up/);
+    await p.waitForStderr(/ebb is up/);
     process.kill(w.pid as number, 'SIGKILL');
-    await stderrMatch(p, /ebb up: aggregated-0 exited \(SIGKILL\) and is not restarted \(--no-restart\)/);
+    await p.waitForStderr(/ebb up: aggregated-0 exited \(SIGKILL\) and is not restarted \(--no-restart\)/);
     assert.equal(p.alive, true, 'ebb up itself goes on');
   });
 });
