@@ -2,7 +2,7 @@ import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { call, fakeWorker, injectRecord } from './helpers/http.js';
-import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -11,13 +11,22 @@ after(async () => {
 
 const chat = (extra: Record<string, unknown>) => ({ model: 'm1', max_tokens: 3, messages: [{ role: 'user', content: 'hi' }], ...extra });
 
-describe('engine capabilities: what the fleet can honour', () => {
-  it('publishes the engine and its capabilities in the discovery record', async () => {
+/** One mocker worker behind one frontend, shared by the first two tests (neither changes it). */
+let mockerFleet: Promise<{ w: WorkerHandle; frontend: FrontendHandle }> | undefined;
+function mockerOnly() {
+  return (mockerFleet ??= (async () => {
     const discovery = tempDiscoveryUrl();
     const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
     started.push(w);
     const frontend = await startFrontend(discovery);
     started.push(frontend);
+    return { w, frontend };
+  })());
+}
+
+describe('engine capabilities: what the fleet can honour', () => {
+  it('publishes the engine and its capabilities in the discovery record', async () => {
+    const { w, frontend } = await mockerOnly();
     const adminUrl = (await frontend.waitForEvent('frontend_ready')).admin_url as string;
     const entry = (await call('GET', `${adminUrl}/workers/${w.workerId}`)).body;
     assert.equal(entry.engine, 'mocker');
@@ -25,11 +34,7 @@ describe('engine capabilities: what the fleet can honour', () => {
   });
 
   it('answers 400 unsupported_parameter naming the field when no worker of the model can honour it; never drops it silently', async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
-    started.push(w);
-    const frontend = await startFrontend(discovery);
-    started.push(frontend);
+    const { frontend } = await mockerOnly();
     const url = `${frontend.url}/v1/chat/completions`;
     const json = await call('POST', url, chat({ response_format: { type: 'json_object' } }));
     assert.equal(json.status, 400);

@@ -5,8 +5,8 @@ import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { call } from './helpers/http.js';
-import { CLI, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+import { call, type JsonResponse } from './helpers/http.js';
+import { CLI, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { skipWithout } from './helpers/required-tool.js';
 import { etcdSkipReason } from './helpers/etcd.js';
 
@@ -24,18 +24,27 @@ function up(args: string[]): EbbProcess {
   return p;
 }
 
-/** `ebb up` prints its banner and its own lines on stderr; resolves once `pattern` has appeared there. */
-async function stderrMatch(p: EbbProcess, pattern: RegExp): Promise<RegExpMatchArray> {
-  for (;;) {
-    const m = p.stderr.join('\n').match(pattern);
-    if (m) return m;
-    await p.waitForLog(() => true, `stderr ${pattern}`, { after: p.mark() }).catch(() => undefined);
-    if (!p.alive) {
-      const last = p.stderr.join('\n').match(pattern);
-      if (last) return last;
-      throw new Error(`exited without ${pattern}; stderr: ${p.stderr.join('\n')}`);
-    }
-  }
+/**
+ * One worker behind one frontend, shared by the tests below (health, metrics, log format, and last
+ * the worker's shutdown); the frontends' /health is read before the worker exists.
+ */
+let fleet: Promise<{ fe: FrontendHandle; w: WorkerHandle; empty: JsonResponse; lenient: JsonResponse }> | undefined;
+function oneWorkerFleet() {
+  return (fleet ??= (async () => {
+    const discovery = tempDiscoveryUrl();
+    const fe = await startFrontend(discovery);
+    started.push(fe);
+    const empty = await call('GET', `${fe.url}/health`);
+    const lenientFe = await startFrontend(discovery, ['--health-ready-without-workers']);
+    started.push(lenientFe);
+    const lenient = await call('GET', `${lenientFe.url}/health`);
+    await lenientFe.stop();
+    // The shutdown flags are for the last test: a *-ms flag given with a unit.
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--drain-timeout-ms', '2s', '--shutdown-grace-ms', '0s']);
+    started.push(w);
+    await fe.waitForEvent('worker_added', (l) => l.worker_id === w.workerId);
+    return { fe, w, empty, lenient };
+  })());
 }
 
 describe('first run: durations', () => {
@@ -46,26 +55,12 @@ describe('first run: durations', () => {
     const unit = ebbSync(['worker', '--drain-timeout-ms', 'soon']);
     assert.match(unit.stderr, /expected milliseconds .* or a duration like 500ms, 30s, got "soon"/);
   });
-
-  it('a *-ms flag given with a unit means what it says', async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--drain-timeout-ms', '2s', '--shutdown-grace-ms', '0s']);
-    started.push(w);
-    w.signal('SIGTERM');
-    assert.equal(await w.exitCode(), 0);
-    const stages = (await w.waitForEvent('shutdown_complete')).stages as Array<{ stage: string }>;
-    assert.ok(stages.length > 0);
-  });
 });
 
 describe('first run: metrics', () => {
   const promtool = spawnSync('promtool', ['--version']).status === 0;
   it('worker and frontend metrics pass promtool check metrics, with standard process metric names', { skip: skipWithout(promtool, 'promtool not installed: the metrics check SKIPPED; apt-get install prometheus') }, async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
-    started.push(w);
-    const fe = await startFrontend(discovery);
-    started.push(fe);
+    const { w, fe } = await oneWorkerFleet();
     await call('POST', `${fe.url}/v1/completions`, { model: 'm1', prompt: 'x', max_tokens: 2 });
     for (const url of [w.systemUrl, fe.url]) {
       const text = await fetch(`${url}/metrics`).then((r) => r.text());
@@ -84,30 +79,19 @@ describe('first run: logs', () => {
     const line = await pretty.waitForLog((l) => typeof l.msg === 'string' && /worker w-\w+: worker w-\w+ ready/.test(l.msg), 'a readable ready line');
     assert.doesNotMatch(String(line.msg), /^\{/, 'not JSON');
     assert.match(String(line.msg), /^\[?\d\d:\d\d:\d\d\.\d{3}\]? INFO/);
-    const json = await startWorker(['--discovery', discovery, '--model', 'm1']);
-    started.push(json);
+    const { w: json } = await oneWorkerFleet();
     assert.equal(json.logs[0]?.component, 'worker', 'JSON lines when stdout is a pipe');
   });
 });
 
 describe('first run: ebb up', () => {
-  it('Ctrl-C: drains, says it stopped, exits 0, and removes its temporary discovery directory', async () => {
-    const p = up(['--workers', '1']);
-    await p.waitForEvent('frontend_ready');
-    const [, dir] = await stderrMatch(p, /ebb is up \(discovery (file:\/\/\S+)\)/);
-    assert.ok(existsSync(fileURLToPath(dir!)));
-    p.signal('SIGINT');
-    assert.equal(await p.exitCode(), 0);
-    assert.match(p.stderr.join('\n'), /ebb up: stopped \(workers drained, frontend closed\)/);
-    assert.equal(existsSync(fileURLToPath(dir!)), false, 'temporary discovery directory removed');
-  });
-
-  it('restarts a worker that exits on its own, and its replacement registers; --metrics-sd-file follows it', async () => {
+  it('restarts a worker that exits on its own, and its replacement registers; --metrics-sd-file follows it; Ctrl-C then drains, says it stopped, exits 0, and removes its temporary discovery directory', async () => {
     const sd = join(mkdtempSync(join(tmpdir(), 'ebb-sd-')), 'targets.json');
     const p = up(['--workers', '1', '--metrics-sd-file', sd]);
     const first = await p.waitForEvent('worker_ready');
     const fe = await p.waitForEvent('frontend_ready');
-    await stderrMatch(p, /ebb is up/);
+    const [, dir] = await p.waitForStderr(/ebb is up \(discovery (file:\/\/\S+)\)/);
+    assert.ok(existsSync(fileURLToPath(dir!)));
     const targets = () => JSON.parse(readFileSync(sd, 'utf8')) as Array<{ targets: string[]; labels: Record<string, string> }>;
     assert.deepEqual(targets().map((t) => t.labels.job).sort(), ['ebb-frontend', 'ebb-worker']);
     const mark = p.mark();
@@ -121,32 +105,29 @@ describe('first run: ebb up', () => {
     const worker = targets().find((t) => t.labels.job === 'ebb-worker');
     assert.equal(worker?.labels.worker_id, second.worker_id);
     assert.equal(`http://${worker?.targets[0]}`, second.system_url);
+
+    p.signal('SIGINT');
+    assert.equal(await p.exitCode(), 0);
+    assert.match(p.stderr.join('\n'), /ebb up: stopped \(workers drained, frontend closed\)/);
+    assert.equal(existsSync(fileURLToPath(dir!)), false, 'temporary discovery directory removed');
   });
 
   it('--no-restart reports the exit and leaves the worker down', async () => {
     const p = up(['--workers', '1', '--no-restart']);
     const w = await p.waitForEvent('worker_ready');
-    await stderrMatch(p, /ebb is up/);
+    await p.waitForStderr(/ebb is up/);
     process.kill(w.pid as number, 'SIGKILL');
-    await stderrMatch(p, /ebb up: aggregated-0 exited \(SIGKILL\) and is not restarted \(--no-restart\)/);
+    await p.waitForStderr(/ebb up: aggregated-0 exited \(SIGKILL\) and is not restarted \(--no-restart\)/);
     assert.equal(p.alive, true, 'ebb up itself goes on');
   });
 });
 
 describe('first run: the frontend says whether it can route', () => {
   it('/health is 503 with no worker, 200 with per-model counts once one serves; --health-ready-without-workers opts out', async () => {
-    const discovery = tempDiscoveryUrl();
-    const fe = await startFrontend(discovery);
-    started.push(fe);
-    const empty = await call('GET', `${fe.url}/health`);
+    const { fe, empty, lenient } = await oneWorkerFleet();
     assert.equal(empty.status, 503);
     assert.equal(empty.body.can_route, false);
-    const lenient = await startFrontend(discovery, ['--health-ready-without-workers']);
-    started.push(lenient);
-    assert.equal((await call('GET', `${lenient.url}/health`)).status, 200);
-    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
-    started.push(w);
-    await fe.waitForEvent('worker_added', (l) => l.worker_id === w.workerId);
+    assert.equal(lenient.status, 200);
     const ready = await call('GET', `${fe.url}/health`);
     assert.equal(ready.status, 200);
     assert.deepEqual(ready.body.models, { m1: { workers: 1, serving: 1 } });
@@ -164,5 +145,16 @@ describe('first run: discovery that cannot be reached', () => {
     const stderr = w.stderr.join('\n');
     assert.match(stderr, /could not register in discovery etcd:\/\/127\.0\.0\.1:\d+ within 2 s/);
     assert.doesNotMatch(stderr, /Execution prevented/);
+  });
+});
+
+describe('first run: durations, given to a running worker', () => {
+  it('a *-ms flag given with a unit means what it says', async () => {
+    // Last: the shared worker was started with --drain-timeout-ms 2s --shutdown-grace-ms 0s.
+    const { w } = await oneWorkerFleet();
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 0);
+    const stages = (await w.waitForEvent('shutdown_complete')).stages as Array<{ stage: string }>;
+    assert.ok(stages.length > 0);
   });
 });

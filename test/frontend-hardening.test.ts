@@ -71,13 +71,25 @@ async function streamingFake(lines: unknown[], end: (res: ServerResponse) => voi
   return Object.assign(fake, { proceed });
 }
 
-describe('frontend admin: bodies', () => {
-  it('answers 400 to a drain body with an unknown field', async () => {
+/**
+ * One worker (its id not a legal header value, 20 ms a token) behind one frontend, shared by the tests
+ * that leave it serving with nothing in flight; the last one kills it.
+ */
+let shared: Promise<{ discovery: string; w: WorkerHandle; fe: Frontend }> | undefined;
+function sharedFleet() {
+  return (shared ??= (async () => {
     const discovery = tempDiscoveryUrl();
-    const w = await worker(discovery);
+    const w = await worker(discovery, ['--worker-id', 'w☃-1', '--mocker-itl-ms', '20']);
     const fe = await frontend(discovery);
     await sees(fe, w.workerId);
-    const res = await call('POST', `${fe.adminUrl}/workers/${w.workerId}/drain`, { reason: 'x', bogus: 1 });
+    return { discovery, w, fe };
+  })());
+}
+
+describe('frontend admin: bodies', () => {
+  it('answers 400 to a drain body with an unknown field', async () => {
+    const { w, fe } = await sharedFleet();
+    const res = await call('POST', `${fe.adminUrl}/workers/${encodeURIComponent(w.workerId)}/drain`, { reason: 'x', bogus: 1 });
     assert.equal(res.status, 400);
     assert.equal(res.body.error.code, 'invalid_request');
     assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving', 'nothing was forwarded');
@@ -86,11 +98,8 @@ describe('frontend admin: bodies', () => {
 
 describe('frontend: in-flight accounting', () => {
   it('streams from a worker whose id is not a legal header value, and releases it', async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await worker(discovery, ['--worker-id', 'w☃-1']);
+    const { w, fe } = await sharedFleet();
     assert.equal(w.workerId, 'w☃-1');
-    const fe = await frontend(discovery);
-    await sees(fe, w.workerId);
     const r = await bounded(streamCompletion(fe.url, { model: 'm1', max_tokens: 4 }), 'the stream');
     assert.equal(r.status, 200, r.error);
     assert.equal(r.tokens, 4);
@@ -100,53 +109,8 @@ describe('frontend: in-flight accounting', () => {
     assert.equal(list.body.workers[0].routing.inflight, 0);
   });
 
-  it('is back to 0 after every kind of ending: completed, non-streaming, client abort, worker killed, refusal', async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await worker(discovery, ['--mocker-itl-ms', '20']);
-    const refusing = await fakeWorker((_req, res) => json(res, 503, DRAINING));
-    fakes.push(refusing);
-    const fe = await frontend(discovery);
-    await sees(fe, w.workerId);
-
-    const done = await streamCompletion(fe.url, { model: 'm1', max_tokens: 3 });
-    assert.equal(done.done, true, done.error);
-    assert.equal(await inflight(fe, w.workerId), 0, 'after a completed stream');
-
-    const plain = await call('POST', `${fe.url}/v1/completions`, { model: 'm1', prompt: 'x', max_tokens: 3 });
-    assert.equal(plain.status, 200);
-    assert.equal(await inflight(fe, w.workerId), 0, 'after a non-streaming request');
-
-    const controller = new AbortController();
-    const res = await fetch(`${fe.url}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'x' }], stream: true, max_tokens: 10_000 }),
-      signal: controller.signal,
-    });
-    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
-    await reader.read();
-    assert.equal(await inflight(fe, w.workerId), 1, 'counted while open');
-    controller.abort();
-    await fe.waitForEvent('client_gone');
-    assert.equal(await inflight(fe, w.workerId), 0, 'after the client left mid-stream');
-
-    injectRecord(discovery, { worker_id: 'w-refusing', model: 'm2', request_url: refusing.url, system_url: refusing.url });
-    await sees(fe, 'w-refusing');
-    const refused = await call('POST', `${fe.url}/v1/completions`, { model: 'm2', prompt: 'x' });
-    assert.equal(refused.status, 503);
-    assert.equal(await inflight(fe, 'w-refusing'), 0, 'after a refusal');
-
-    const cut = await streamCompletion(fe.url, { model: 'm1', max_tokens: 10_000 }, () => w.signal('SIGKILL'));
-    assert.equal(cut.done, false);
-    assert.equal(cut.errorCode, 'worker_failed_mid_stream');
-    assert.equal(await inflight(fe, w.workerId), 0, 'after the worker died mid-stream');
-  });
-
   it('keeps a worker in-flight count across drain and resume (it leaves discovery and comes back)', async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await worker(discovery, ['--mocker-itl-ms', '20']);
-    const fe = await frontend(discovery);
-    await sees(fe, w.workerId);
+    const { w, fe } = await sharedFleet();
     let firsts = 0;
     let bothStarted!: () => void;
     const running = new Promise<void>((resolve) => (bothStarted = resolve));
@@ -207,10 +171,7 @@ describe('frontend: streams that break', () => {
   });
 
   it('answers a client that half-closes after sending its request', async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await worker(discovery);
-    const fe = await frontend(discovery);
-    await sees(fe, w.workerId);
+    const { fe } = await sharedFleet();
     const body = JSON.stringify({ model: 'm1', prompt: 'x', max_tokens: 3 });
     const conn = await rawConnect(fe.url);
     conn.socket.write(`POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`);
@@ -335,5 +296,49 @@ describe('frontend: SIGTERM bounds the admin listener too', () => {
     // Well under the admin request timeout (30 s), which would end it on its own.
     assert.equal(await fe.exitCode(10_000), 1, 'exit 1: a connection had to be cut');
     await bounded(stalled.closed, 'the stalled socket closed');
+  });
+});
+
+// Last: it kills the shared worker.
+describe('frontend: in-flight accounting, every ending', () => {
+  it('is back to 0 after every kind of ending: completed, non-streaming, client abort, worker killed, refusal', async () => {
+    const { discovery, w, fe } = await sharedFleet();
+    const refusing = await fakeWorker((_req, res) => json(res, 503, DRAINING));
+    fakes.push(refusing);
+
+    const done = await streamCompletion(fe.url, { model: 'm1', max_tokens: 3 });
+    assert.equal(done.done, true, done.error);
+    assert.equal(await inflight(fe, w.workerId), 0, 'after a completed stream');
+
+    const plain = await call('POST', `${fe.url}/v1/completions`, { model: 'm1', prompt: 'x', max_tokens: 3 });
+    assert.equal(plain.status, 200);
+    assert.equal(await inflight(fe, w.workerId), 0, 'after a non-streaming request');
+
+    const controller = new AbortController();
+    const res = await fetch(`${fe.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'x' }], stream: true, max_tokens: 10_000 }),
+      signal: controller.signal,
+    });
+    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+    await reader.read();
+    assert.equal(await inflight(fe, w.workerId), 1, 'counted while open');
+    // The frontend is shared: only a client_gone from now on counts.
+    const gone = fe.waitForNextEvent('client_gone');
+    controller.abort();
+    await gone;
+    assert.equal(await inflight(fe, w.workerId), 0, 'after the client left mid-stream');
+
+    injectRecord(discovery, { worker_id: 'w-refusing', model: 'm2', request_url: refusing.url, system_url: refusing.url });
+    await sees(fe, 'w-refusing');
+    const refused = await call('POST', `${fe.url}/v1/completions`, { model: 'm2', prompt: 'x' });
+    assert.equal(refused.status, 503);
+    assert.equal(await inflight(fe, 'w-refusing'), 0, 'after a refusal');
+
+    const cut = await streamCompletion(fe.url, { model: 'm1', max_tokens: 10_000 }, () => w.signal('SIGKILL'));
+    assert.equal(cut.done, false);
+    assert.equal(cut.errorCode, 'worker_failed_mid_stream');
+    assert.equal(await inflight(fe, w.workerId), 0, 'after the worker died mid-stream');
   });
 });

@@ -24,9 +24,17 @@ async function cluster(workers: number, workerArgs: string[] = [], model = 'm1')
   return { discovery, workers: ws, frontend };
 }
 
+/**
+ * One fleet (3 workers, 1 frontend) shared by every test that leaves it as it found it: serving,
+ * nothing in flight. Tests that kill or stop a process of their own, or need other flags, start
+ * their own frontend on its discovery, or their own fleet.
+ */
+let shared: ReturnType<typeof cluster> | undefined;
+const sharedFleet = () => (shared ??= cluster(3, ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']));
+
 describe('frontend: OpenAI API through the official SDK', () => {
   it('streams and non-streams chat and completions', async () => {
-    const { frontend } = await cluster(2, ['--mocker-itl-ms', '1']);
+    const { frontend } = await sharedFleet();
     const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused' });
 
     const models = await client.models.list();
@@ -77,7 +85,7 @@ describe('frontend: OpenAI API through the official SDK', () => {
   });
 
   it('answers bad input with 400 in OpenAI error shape, and wrong methods with 405', async () => {
-    const { frontend } = await cluster(1);
+    const { frontend } = await sharedFleet();
     const bad = await call('POST', `${frontend.url}/v1/chat/completions`, { model: 'm1', messages: 'hi' });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.type, 'invalid_request_error');
@@ -114,13 +122,13 @@ describe('frontend: OpenAI API through the official SDK', () => {
 
 describe('frontend: a model whose workers are all out of rotation is still a model', () => {
   it('answers 503 no_serving_worker with Retry-After while every worker is drained, and 200 once one resumes; 404 only for a model nobody serves', async () => {
-    const { frontend, workers } = await cluster(1);
-    const [w] = workers;
+    const { frontend, workers } = await sharedFleet();
+    const [w, ...others] = workers;
     const body = { model: 'm1', prompt: 'x', max_tokens: 2 };
     assert.equal((await call('POST', `${frontend.url}/v1/completions`, body)).status, 200);
     const beforeDrain = frontend.mark();
-    assert.equal((await call('POST', `${w!.systemUrl}/engine/drain`)).body.state, 'drained');
-    await frontend.waitForEvent('worker_removed', (l) => l.worker_id === w!.workerId, { after: beforeDrain });
+    for (const x of workers) assert.equal((await call('POST', `${x.systemUrl}/engine/drain`)).body.state, 'drained');
+    for (const x of workers) await frontend.waitForEvent('worker_removed', (l) => l.worker_id === x.workerId, { after: beforeDrain });
     const refused = await call('POST', `${frontend.url}/v1/completions`, body);
     assert.equal(refused.status, 503);
     assert.equal(refused.body.error.code, 'no_serving_worker');
@@ -130,52 +138,53 @@ describe('frontend: a model whose workers are all out of rotation is still a mod
     assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
     await frontend.waitForEvent('worker_added', (l) => l.worker_id === w!.workerId, { after: beforeResume });
     assert.equal((await call('POST', `${frontend.url}/v1/completions`, body)).status, 200);
+    // Back as it was, for the tests that share the fleet.
+    for (const x of others) assert.equal((await call('POST', `${x.systemUrl}/engine/resume`)).body.state, 'serving');
+    for (const x of others) await frontend.waitForEvent('worker_added', (l) => l.worker_id === x.workerId, { after: beforeResume });
   });
 });
 
 describe('frontend: hung worker', () => {
   it('moves requests off a worker that accepts connections but never answers (SIGSTOP)', async () => {
-    const discovery = tempDiscoveryUrl();
-    const hung = await startWorker(['--discovery', discovery, '--model', 'm1']);
-    started.push(hung);
-    const healthy = await startWorker(['--discovery', discovery, '--model', 'm1']);
-    started.push(healthy);
+    const { discovery, workers } = await sharedFleet();
+    const hung = workers[0]!;
     const frontend = await startFrontend(discovery, ['--upstream-headers-timeout-ms', '500']);
     started.push(frontend);
     hung.signal('SIGSTOP');
     try {
-      const results = await Promise.all([0, 1, 2, 3].map((i) => streamCompletion(frontend.url, { model: 'm1', max_tokens: 3, seed: i })));
+      // More requests than healthy workers: least-loaded routing sends some to the hung one.
+      const results = await Promise.all([0, 1, 2, 3, 4, 5].map((i) => streamCompletion(frontend.url, { model: 'm1', max_tokens: 3, seed: i })));
       for (const r of results) {
         assert.equal(r.status, 200, r.error);
         assert.equal(r.tokens, 3);
-        assert.equal(r.workerId, healthy.workerId);
+        assert.notEqual(r.workerId, hung.workerId);
       }
     } finally {
       hung.signal('SIGCONT');
     }
+    await frontend.stop();
   });
 });
 
 describe('frontend: SIGTERM', () => {
   it('lets open streams finish, then exits 0', async () => {
-    const { frontend } = await cluster(1, ['--mocker-itl-ms', '20']);
-    let started!: () => void;
-    const first = new Promise<void>((r) => (started = r));
-    const stream = streamCompletion(frontend.url, { model: 'm1', max_tokens: 40 }, () => started());
+    const frontend = await startFrontend((await sharedFleet()).discovery, ['--shutdown-grace-ms', '0']);
+    started.push(frontend);
+    let began!: () => void;
+    const first = new Promise<void>((r) => (began = r));
+    // ~1.2 s of tokens (itl 3 ms): still streaming when SIGTERM lands.
+    const stream = streamCompletion(frontend.url, { model: 'm1', max_tokens: 400 }, () => began());
     await first;
     frontend.signal('SIGTERM');
     await frontend.waitForEvent('frontend_stopping');
     const done = await stream;
-    assert.equal(done.tokens, 40, done.error);
+    assert.equal(done.tokens, 400, done.error);
     assert.equal(done.done, true);
     assert.equal(await frontend.exitCode(), 0);
   });
 
   it('cuts streams still open at --shutdown-timeout-ms and exits 1, instead of hanging', async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '50']);
-    started.push(w);
-    const frontend = await startFrontend(discovery, ['--shutdown-timeout-ms', '300', '--shutdown-grace-ms', '0']);
+    const frontend = await startFrontend((await sharedFleet()).discovery, ['--shutdown-timeout-ms', '300', '--shutdown-grace-ms', '0']);
     started.push(frontend);
     let began!: () => void;
     const first = new Promise<void>((r) => (began = r));
@@ -192,7 +201,7 @@ describe('frontend: SIGTERM', () => {
 
 describe('frontend: zero dropped requests', () => {
   it('drains one of 3 workers mid-load: every request completes, none reach it after drain returns, resume brings it back', async () => {
-    const { frontend, workers } = await cluster(3, ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']);
+    const { frontend, workers } = await sharedFleet();
     await drainOneUnderLoad(frontend, workers[1]!);
   });
 

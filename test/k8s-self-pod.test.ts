@@ -6,7 +6,7 @@ import { pino } from 'pino';
 import { call } from './helpers/http.js';
 import { annotations, APP, NO_TOKEN, NS, podWorker, startKube, stateIs, stateWrites } from './helpers/k8s-fixture.js';
 import type { FakeKubeApiServer } from './helpers/kube-apiserver.js';
-import { bounded, CLI, startFrontend, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+import { bounded, CLI, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogCursor, type WorkerHandle } from './helpers/processes.js';
 import { createPodApi, loadKubeConfig } from '../src/k8s/client.js';
 import { updateAnnotations } from '../src/k8s/pod-patcher.js';
 
@@ -26,8 +26,23 @@ async function setup() {
 }
 
 /** The frontend has the worker in its pool (added later, or there at its first discovery read). */
-const sees = (fe: EbbProcess, id: string) =>
-  fe.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === id) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(id)), `frontend sees ${id}`);
+const sees = (fe: EbbProcess, id: string, cursor: LogCursor = {}) =>
+  fe.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === id) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(id)), `frontend sees ${id}`, cursor);
+
+/** Pod worker-c (20 ms a token) behind a frontend: shared by the outage test and then the prestop test. */
+let podFleet: Promise<{ kube: FakeKubeApiServer; w: WorkerHandle; fe: FrontendHandle }> | undefined;
+function podBehindFrontend() {
+  return (podFleet ??= (async () => {
+    const { kube, kubeconfig, discovery } = await setup();
+    kube.createPod(NS, 'worker-c', APP);
+    const w = await podWorker(kubeconfig, discovery, 'worker-c', ['--mocker-itl-ms', '20']);
+    started.push(w);
+    const fe = await startFrontend(discovery);
+    started.push(fe);
+    await sees(fe, 'worker-c');
+    return { kube, w, fe };
+  })());
+}
 
 const status = async (systemUrl: string) => (await call('GET', `${systemUrl}/engine/status`)).body;
 
@@ -120,13 +135,7 @@ describe('worker --k8s-self-pod', () => {
   });
 
   it('a watch dropped, expired (410) and an API outage mid-drain flip nothing; the drain completes when the work does', async () => {
-    const { kube, kubeconfig, discovery } = await setup();
-    kube.createPod(NS, 'worker-c', APP);
-    const w = await podWorker(kubeconfig, discovery, 'worker-c', ['--mocker-itl-ms', '20']);
-    started.push(w);
-    const fe = await startFrontend(discovery);
-    started.push(fe);
-    await sees(fe, 'worker-c');
+    const { kube, w, fe } = await podBehindFrontend();
     const stream = await heldStream(fe.url);
 
     kube.annotate(NS, 'worker-c', { 'ebb.dev/drain': 'true' });
@@ -156,16 +165,15 @@ describe('worker --k8s-self-pod', () => {
     await kube.waitForPod(NS, 'worker-c', stateIs('drained'), 'drained once the stream ended');
     assert.deepEqual(stateWrites(kube, 'worker-c'), ['serving', 'draining', 'drained'], 'no state written that the worker did not have');
     assert.equal(w.indexOfEvent('resumed'), -1);
+    // Back to serving for the prestop test, which shares this pod.
+    const beforeResume = fe.mark();
+    kube.annotate(NS, 'worker-c', { 'ebb.dev/drain': null });
+    await kube.waitForPod(NS, 'worker-c', stateIs('serving'), 'serving again');
+    await sees(fe, 'worker-c', { after: beforeResume });
   });
 
   it('`ebb prestop` drains through the local Admin API and returns only once drained', async () => {
-    const { kube, kubeconfig, discovery } = await setup();
-    kube.createPod(NS, 'worker-d', APP);
-    const w = await podWorker(kubeconfig, discovery, 'worker-d', ['--mocker-itl-ms', '20']);
-    started.push(w);
-    const fe = await startFrontend(discovery);
-    started.push(fe);
-    await sees(fe, 'worker-d');
+    const { kube, w, fe } = await podBehindFrontend();
     const stream = await heldStream(fe.url);
 
     const mark = w.mark();
@@ -180,9 +188,9 @@ describe('worker --k8s-self-pod', () => {
     const result = await bounded(exited, 'prestop exit');
     assert.equal(result.code, 0);
     assert.equal(result.state, 'drained');
-    assert.match(stdout, /worker worker-d drained/);
+    assert.match(stdout, /worker worker-c drained/);
     assert.match((await status(w.systemUrl)).drain_reason, /preStop hook/);
-    await kube.waitForPod(NS, 'worker-d', stateIs('drained'), 'the pod reports drained');
+    await kube.waitForPod(NS, 'worker-c', stateIs('drained'), 'the pod reports drained');
   });
 });
 

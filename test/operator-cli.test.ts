@@ -237,11 +237,29 @@ describe('operator CLI: fleet view', () => {
   });
 });
 
+/**
+ * One worker shared by the drain --wait tests, each of which leaves it drained (or draining until its
+ * stream ends): resumed here first. 12 ms a token: a stream outlives starting the CLI by seconds.
+ */
+let drainTarget: ReturnType<typeof cluster> | undefined;
+async function servingDrainTarget() {
+  const { discovery, workers } = await (drainTarget ??= cluster(['d-1'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']));
+  const w = workers[0]!;
+  if ((await statusOf(w)).state !== 'serving') assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+  return { discovery, w };
+}
+
+/**
+ * Two workers, s-1 never idle (its engine cannot tell: fail-closed), shared by the tests of a drain
+ * and a rollout that time out.
+ */
+let stuckFleet: ReturnType<typeof cluster> | undefined;
+const stuck = () => (stuckFleet ??= cluster(['s-1', 's-2'], [], { 's-1': ['--mocker-idleness', 'unknown'] }));
+
 describe('operator CLI: drain --wait', () => {
   it('exits 0 once the worker is drained; the stream in flight finishes whole', async () => {
     // 500 tokens at 12 ms: the stream outlives starting the CLI by seconds (asserted below, not assumed).
-    const { discovery, workers } = await cluster(['d-1'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']);
-    const w = workers[0]!;
+    const { discovery, w } = await servingDrainTarget();
     const TOKENS = 500;
     const stream = await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'a long answer', max_tokens: TOKENS, stream: true });
     assert.equal(stream.status, 200);
@@ -265,13 +283,12 @@ describe('operator CLI: drain --wait', () => {
   });
 
   it('--deadline hands the stream still running off at the deadline: drained, and the stream ends with a hand-off line', async () => {
-    const { discovery, workers } = await cluster(['d-2'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']);
-    const w = workers[0]!;
+    const { discovery, w } = await servingDrainTarget();
     const TOKENS = 5000; // a minute of tokens: only a hand-off ends it within the test
     const stream = await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'a long answer', max_tokens: TOKENS, stream: true });
     assert.equal(stream.status, 200);
     await stream.first;
-    const drain = await ebb(['drain', 'd-2', '--wait', '--deadline', '300ms', '--json', '--discovery', discovery], 60_000);
+    const drain = await ebb(['drain', 'd-1', '--wait', '--deadline', '300ms', '--json', '--discovery', discovery], 60_000);
     assert.equal(drain.code, 0, drain.stderr);
     const status = JSON.parse(drain.stdout);
     assert.equal(status.state, 'drained');
@@ -284,8 +301,8 @@ describe('operator CLI: drain --wait', () => {
   });
 
   it('exits 1, naming the generation change, when someone else resumes and drains the worker meanwhile', async () => {
-    const { workers } = await cluster(['g-1'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']);
-    const w = workers[0]!;
+    const { w } = await servingDrainTarget();
+    const g = (await statusOf(w)).generation;
     const TOKENS = 500;
     const stream = await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'a long answer', max_tokens: TOKENS, stream: true });
     assert.equal(stream.status, 200);
@@ -296,30 +313,32 @@ describe('operator CLI: drain --wait', () => {
     const gate = await statusGate(w.systemUrl);
     const cli = ebb(['drain', gate.url, '--wait', '--timeout', '1m'], 60_000);
     await bounded(gate.firstHeld, 'the CLI to read status after its drain');
-    assert.equal((await statusOf(w)).generation, 1, "the CLI's drain");
+    assert.equal((await statusOf(w)).generation, g + 1, "the CLI's drain");
     assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
     const other = await call('POST', `${w.systemUrl}/engine/drain`, { reason: 'someone else' });
     assert.equal(other.status, 202, 'the stream is still in flight');
-    assert.equal(other.body.generation, 3);
+    assert.equal(other.body.generation, g + 3);
     gate.release();
 
     const res = await cli;
     assert.equal(res.code, 1, res.stderr);
     assert.equal(res.stdout, '', 'no "drained" report for a drain that is not ours');
     const last = res.stderr.trim().split('\n').at(-1) ?? '';
-    assert.match(last, /^ebb: worker at http:\/\/127\.0\.0\.1:\d+ went from generation 1 to 3 \(now draining\) while waiting for it to drain: someone else resumed or drained it/);
+    const changed = `went from generation ${g + 1} to ${g + 3} \\(now draining\\) while waiting for it to drain: someone else resumed or drained it`;
+    assert.match(last, new RegExp(`^ebb: worker at http://127\\.0\\.0\\.1:\\d+ ${changed}`));
     const lines = (await stream.done).map((l) => JSON.parse(l));
     assert.equal(lines.filter((l) => 'text' in l).length, TOKENS, 'the other drain goes on; the stream finishes whole');
   });
 
   it('exits 2 with a clear message when the worker does not drain before --timeout', async () => {
-    const { workers } = await cluster(['d-stuck'], ['--mocker-idleness', 'unknown']);
-    const w = workers[0]!;
+    const w = (await stuck()).workers[0]!;
     const drain = await ebb(['drain', w.systemUrl, '--wait', '--timeout', '1s']);
     assert.equal(drain.code, 2);
     const last = drain.stderr.trim().split('\n').at(-1) ?? '';
     assert.match(last, /^ebb: worker at http:\/\/127\.0\.0\.1:\d+ did not drain within 1\.0s \(still draining, in-flight 0, waiting for: engine idleness unknown/);
     assert.equal((await statusOf(w)).state, 'draining', 'the drain itself goes on');
+    // Back in rotation for the rollout that times out on it below.
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
   });
 });
 
@@ -332,9 +351,13 @@ function transitions(workers: WorkerHandle[]) {
   return events.sort((a, b) => a.at - b.at || (a.to === 'serving' ? 1 : 0) - (b.to === 'serving' ? 1 : 0));
 }
 
+/** Three workers: rolled under load first, then by the --then-exec tests (each leaves them serving). */
+let rolledFleet: ReturnType<typeof cluster> | undefined;
+const rolled = () => (rolledFleet ??= cluster(['r-1', 'r-2', 'r-3'], ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']));
+
 describe('operator CLI: rollout', () => {
   it('rolls 3 workers under load: no failed request, never more than one out of rotation', async () => {
-    const { discovery, workers } = await cluster(['r-1', 'r-2', 'r-3'], ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']);
+    const { discovery, workers } = await rolled();
     const fe = await frontendFor(discovery, workers);
     const MAX_TOKENS = 20;
     const outcomes: StreamOutcome[] = [];
@@ -391,7 +414,7 @@ describe('operator CLI: rollout', () => {
   });
 
   it('runs --then-exec per drained worker with its env; a failing hook stops the rollout', async () => {
-    const { discovery, workers } = await cluster(['h-1', 'h-2']);
+    const { discovery, workers } = await rolled();
     const dir = mkdtempSync(join(tmpdir(), 'ebb-test-hook-'));
     const out = join(dir, 'hook.out');
     const hook = join(dir, 'hook.mjs');
@@ -413,19 +436,22 @@ describe('operator CLI: rollout', () => {
       'the hook ran once per worker, in order, on a drained worker',
     );
 
+    const untouched = await Promise.all(workers.slice(1).map(statusOf));
     const failing = await ebb(['rollout', '--model', 'm1', '--discovery', discovery, '--then-exec', 'echo hook for $EBB_WORKER_ID; exit 3'], 60_000);
     assert.equal(failing.code, 1);
-    assert.match(failing.stderr, /hook for h-1/);
+    assert.match(failing.stderr, /hook for r-1/);
     const last = failing.stderr.trim().split('\n').at(-1) ?? '';
-    assert.match(last, /^ebb: --then-exec for worker h-1 exited with code 3; rollout stopped$/);
+    assert.match(last, /^ebb: --then-exec for worker r-1 exited with code 3; rollout stopped$/);
     assert.equal((await statusOf(workers[0]!)).state, 'drained');
-    const h2 = await statusOf(workers[1]!);
-    assert.equal(h2.state, 'serving', 'the rest are left serving');
-    assert.equal(h2.generation, 2, 'h-2 was not touched by the failed rollout (one drain + one resume before)');
+    for (const [i, w] of workers.slice(1).entries()) {
+      const now = await statusOf(w);
+      assert.equal(now.state, 'serving', 'the rest are left serving');
+      assert.equal(now.generation, untouched[i]!.generation, `${w.workerId} was not touched by the failed rollout`);
+    }
   });
 
   it('stops, exit 2, when a worker does not drain before --timeout; the rest stay serving', async () => {
-    const { discovery, workers } = await cluster(['s-1', 's-2'], [], { 's-1': ['--mocker-idleness', 'unknown'] });
+    const { discovery, workers } = await stuck();
     const res = await ebb(['rollout', '--model', 'm1', '--discovery', discovery, '--timeout', '1s']);
     assert.equal(res.code, 2, res.stderr);
     const last = res.stderr.trim().split('\n').at(-1) ?? '';

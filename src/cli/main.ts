@@ -3,16 +3,34 @@ import { Command, Option } from 'commander';
 import { LOG_FORMATS, LOG_LEVELS } from '../common/logger.js';
 import { printable } from '../common/terminal-text.js';
 import { CliError } from './cli-error.js';
-import { drainCommand } from './drain-command.js';
-import { frontendCommand } from './frontend-command.js';
-import { prestopCommand } from './prestop-command.js';
-import { resumeCommand } from './resume-command.js';
-import { rolloutCommand } from './rollout-command.js';
-import { intentsCommand } from './intents-command.js';
-import { statusCommand } from './status-command.js';
-import { upCommand } from './up-command.js';
-import { workerCommand } from './worker-command.js';
-import { workersCommand } from './workers-command.js';
+
+/**
+ * Each command's module, loaded only when that command runs (or for the full help): an operator
+ * command (status, drain) must not pay for loading the worker's and the frontend's servers.
+ */
+const COMMANDS: Record<string, () => Promise<Command>> = {
+  worker: async () => (await import('./worker-command.js')).workerCommand(),
+  frontend: async () => (await import('./frontend-command.js')).frontendCommand(),
+  up: async () => (await import('./up-command.js')).upCommand(),
+  workers: async () => (await import('./workers-command.js')).workersCommand(),
+  status: async () => (await import('./status-command.js')).statusCommand(),
+  drain: async () => (await import('./drain-command.js')).drainCommand(),
+  resume: async () => (await import('./resume-command.js')).resumeCommand(),
+  rollout: async () => (await import('./rollout-command.js')).rolloutCommand(),
+  intents: async () => (await import('./intents-command.js')).intentsCommand(),
+  prestop: async () => (await import('./prestop-command.js')).prestopCommand(),
+};
+const OPERATOR_COMMANDS = new Set(['workers', 'status', 'drain', 'resume', 'rollout', 'intents', 'prestop']);
+
+/** The command named on the command line (past the global options and their values), if any. */
+function commandNamed(argv: string[]): string | undefined {
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    if (arg === '--log-format' || arg === '--log-level') i++;
+    else if (!arg.startsWith('-')) return Object.hasOwn(COMMANDS, arg) ? arg : undefined;
+  }
+  return undefined;
+}
 
 const program = new Command('ebb')
   .description('LLM-inference serving whose workers own their lifecycle')
@@ -27,17 +45,13 @@ const program = new Command('ebb')
     if (logLevel !== undefined) process.env.EBB_LOG_LEVEL = logLevel;
   });
 
-program.addCommand(workerCommand());
-program.addCommand(frontendCommand());
-program.addCommand(upCommand());
-program.commandsGroup('Operator commands:');
-program.addCommand(workersCommand());
-program.addCommand(statusCommand());
-program.addCommand(drainCommand());
-program.addCommand(resumeCommand());
-program.addCommand(rolloutCommand());
-program.addCommand(intentsCommand());
-program.addCommand(prestopCommand());
+// One command named: only it is loaded. Otherwise (help, a typo) all are, for the help and suggestions.
+const named = commandNamed(process.argv.slice(2));
+for (const [name, load] of Object.entries(COMMANDS)) {
+  if (named !== undefined && name !== named) continue;
+  if (OPERATOR_COMMANDS.has(name)) program.commandsGroup('Operator commands:');
+  program.addCommand(await load());
+}
 
 program.parseAsync(process.argv).catch((err: unknown) => {
   // Operators get one clear line, not a stack trace; timeouts exit 2 (see CliError).

@@ -2,11 +2,12 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { EventEmitter, once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { Backoff } from '../common/backoff.js';
 
 const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
 
 /** Restart back-off: doubles from the first, capped; reset once the component is ready again. */
-export const RESTART_BACKOFF_MS = { first: 1000, max: 30_000 };
+const RESTART_BACKOFF = { minMs: 1000, maxMs: 30_000 };
 
 export type ReadyLine = Record<string, unknown>;
 
@@ -23,7 +24,7 @@ export class Supervised extends EventEmitter {
   private rejectFirst!: (err: Error) => void;
   private everReady = false;
   private stopping = false;
-  private backoff = RESTART_BACKOFF_MS.first;
+  private readonly backoff = new Backoff(RESTART_BACKOFF);
   private timer: NodeJS.Timeout | undefined;
 
   constructor(
@@ -55,7 +56,7 @@ export class Supervised extends EventEmitter {
       try {
         const parsed = JSON.parse(line) as ReadyLine;
         if (parsed.event !== this.readyEvent) return;
-        this.backoff = RESTART_BACKOFF_MS.first;
+        this.backoff.reset();
         if (!this.everReady) this.resolveFirst(parsed);
         this.everReady = true;
         this.emit('ready', parsed);
@@ -66,13 +67,13 @@ export class Supervised extends EventEmitter {
     proc.once('exit', (code, signal) => {
       const again = this.restart && this.everReady && !this.stopping;
       if (!this.everReady) this.rejectFirst(new Error(`${this.name} exited (${signal ?? `code ${code}`}) before it was ready`));
-      this.emit('exit', code, signal, again ? this.backoff : undefined);
-      if (!again) return;
+      const delay = again ? this.backoff.next() : undefined;
+      this.emit('exit', code, signal, delay);
+      if (delay === undefined) return;
       this.timer = setTimeout(() => {
         this.timer = undefined;
         if (!this.stopping) this.start();
-      }, this.backoff);
-      this.backoff = Math.min(this.backoff * 2, RESTART_BACKOFF_MS.max);
+      }, delay);
     });
   }
 

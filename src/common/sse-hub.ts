@@ -1,5 +1,6 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { ServerResponse } from 'node:http';
+import { sseEvents } from './sse-events.js';
 
 /**
  * Server-sent event streams on an admin listener (a worker's status stream, the frontend's fleet
@@ -52,11 +53,6 @@ export class SseHub {
     if (this.clients.size > 0) this.write(sseFrame(event, data));
   }
 
-  /** Writes to one client only (its snapshot, computed after it joined). */
-  sendTo(res: ServerResponse, event: string, data: unknown): void {
-    if (this.clients.has(res)) this.writeOne(res, sseFrame(event, data));
-  }
-
   closeAll(): void {
     for (const res of [...this.clients]) {
       res.end();
@@ -87,34 +83,18 @@ export class SseHub {
   }
 }
 
-/** An SSE frame's event name and JSON data; undefined for comments, retry lines and non-JSON data. */
-export function parseSseFrame(frame: string): { event: string; data: unknown } | undefined {
-  let event = 'message';
-  const data: string[] = [];
-  for (const line of frame.split('\n')) {
-    if (line.startsWith('event:')) event = line.slice(6).trim();
-    else if (line.startsWith('data:')) data.push(line.slice(5).trimStart());
-  }
-  if (data.length === 0) return undefined;
-  try {
-    return { event, data: JSON.parse(data.join('\n')) };
-  } catch {
-    return undefined;
-  }
-}
-
-/** The events of an SSE response body, as they arrive; fails once one frame is past `maxFrameChars` (an endless line). */
-export async function* readSse(body: AsyncIterable<Uint8Array | Buffer>, maxFrameChars = Infinity): AsyncGenerator<{ event: string; data: unknown }, void, void> {
-  const decoder = new TextDecoder();
-  let buffer = '';
-  for await (const chunk of body) {
-    buffer += decoder.decode(chunk, { stream: true });
-    if (buffer.length > maxFrameChars && buffer.indexOf('\n\n') < 0) throw new Error(`event stream frame over ${maxFrameChars} characters`);
-    let i: number;
-    while ((i = buffer.indexOf('\n\n')) >= 0) {
-      const parsed = parseSseFrame(buffer.slice(0, i));
-      buffer = buffer.slice(i + 2);
-      if (parsed !== undefined) yield parsed;
+/**
+ * The events of one of ebb's own SSE streams (JSON data), as they arrive; non-JSON data is skipped.
+ * Fails once one event is past `maxEventChars` (an endless line from a peer).
+ */
+export async function* readSse(body: AsyncIterable<Uint8Array | Buffer>, maxEventChars = Infinity): AsyncGenerator<{ event: string; data: unknown }, void, void> {
+  for await (const { event, data } of sseEvents(body, maxEventChars)) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(data);
+    } catch {
+      continue;
     }
+    yield { event, data: parsed };
   }
 }

@@ -1,13 +1,13 @@
 import { isRecoverableError, type Etcd3 } from 'etcd3';
+import { backoffDelay } from '../common/backoff.js';
 
-const WATCH_BACKOFF_MIN_MS = 100;
 /**
  * etcd3's default watch reconnect backoff grows to 30 s, and its WatchManager arms a (referenced)
  * reconnect timer for every stream error and end, even when the stream ended because we closed it.
  * Capping the backoff bounds both how late a frontend notices etcd is back and how long those
  * stray timers can hold the process open after close().
  */
-const WATCH_BACKOFF_MAX_MS = 2_000;
+const WATCH_BACKOFF = { minMs: 100, maxMs: 2_000, jitter: true };
 
 /** Consecutive recoverable failures of one etcd host before calls to it are refused for a while. */
 const BREAKER_THRESHOLD = 3;
@@ -21,11 +21,7 @@ export interface WatchBackoff {
 }
 
 export function watchBackoff(attempt = 0): WatchBackoff {
-  const ceiling = Math.min(WATCH_BACKOFF_MAX_MS, WATCH_BACKOFF_MIN_MS * 2 ** attempt);
-  return {
-    duration: ceiling / 2 + (Math.random() * ceiling) / 2, // jitter: frontends must not reconnect in lockstep
-    next: () => watchBackoff(Math.min(attempt + 1, 16)),
-  };
+  return { duration: backoffDelay(WATCH_BACKOFF, attempt), next: () => watchBackoff(attempt + 1) };
 }
 
 export type HostPolicy = ReturnType<NonNullable<NonNullable<NonNullable<ConstructorParameters<typeof Etcd3>[0]>['faultHandling']>['host']>>;

@@ -1,10 +1,11 @@
 import type { Etcd3, Watcher } from 'etcd3';
+import { Backoff, pause } from '../common/backoff.js';
 import { bounded, callListener, warn } from './guards.js';
 import type { DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
 import { ETCD_PREFIX, nextRevision, parseRecord, workerIdFromKey } from './etcd-keys.js';
 
-const RESYNC_RETRY_MIN_MS = 250;
-const RESYNC_RETRY_MAX_MS = 5_000;
+/** After a failed re-list; every frontend re-lists at once when etcd comes back. */
+const RESYNC_RETRY = { minMs: 250, maxMs: 5_000, jitter: true };
 /** close() must finish even when etcd is gone. */
 export const CLOSE_BOUND_MS = 2_000;
 
@@ -29,10 +30,6 @@ export interface EventContext {
 
 export type PrefixListener = (event: DiscoveryEvent, ctx: EventContext) => void;
 
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms).unref());
-}
-
 /**
  * One watch of the whole prefix. Events from a watcher are only delivered while it is the
  * current generation: a resync bumps the generation, lists, sends `reset` and starts a new
@@ -43,6 +40,8 @@ export class PrefixWatch implements DiscoveryWatch {
   private generation = 0;
   private resyncing = false;
   private closed = false;
+  /** Aborted by close(): a re-list waiting to retry stops at once. */
+  private readonly stop = new AbortController();
 
   constructor(
     private readonly client: Etcd3,
@@ -119,7 +118,7 @@ export class PrefixWatch implements DiscoveryWatch {
 
   /** Never rejects for etcd's sake: a failed list is retried, and the listener keeps its last view. */
   private async relist(): Promise<void> {
-    let delay = RESYNC_RETRY_MIN_MS;
+    const backoff = new Backoff(RESYNC_RETRY);
     try {
       while (!this.closed) {
         let snap: Snapshot;
@@ -127,8 +126,7 @@ export class PrefixWatch implements DiscoveryWatch {
           snap = await this.snapshot();
         } catch {
           // etcd is flapping or still electing: keep trying, the frontend keeps its last view.
-          await sleep(delay);
-          delay = Math.min(delay * 2, RESYNC_RETRY_MAX_MS);
+          if (!(await pause(backoff.next(), this.stop.signal))) return;
           continue;
         }
         if (this.closed) return;
@@ -144,6 +142,7 @@ export class PrefixWatch implements DiscoveryWatch {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    this.stop.abort();
     this.onClosed(this);
     const watcher = this.watcher;
     this.watcher = undefined;

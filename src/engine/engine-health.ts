@@ -1,6 +1,6 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
 import type { Dispatcher } from 'undici';
+import { Backoff, pause } from '../common/backoff.js';
 import { describeError, getBounded } from './engine-http.js';
 import { describeExit, type EngineExit } from './engine-process.js';
 
@@ -33,7 +33,8 @@ export async function waitUntilHealthy(w: HealthWait): Promise<void> {
   const gone = new AbortController();
   void w.exited?.then(() => gone.abort());
   const stop = AbortSignal.any([w.signal, gone.signal]);
-  for (let delay = 100; ; delay = Math.min(delay * 2, 1000)) {
+  const backoff = new Backoff({ minMs: 100, maxMs: 1000 });
+  for (;;) {
     if (w.signal.aborted) throw new Error(`engine start-up cancelled while waiting for ${w.url}`);
     if (exit !== undefined)
       throw new Error(exit.error !== undefined ? `the engine ${exit.error}` : `the engine exited (${describeExit(exit)}) before ${w.url} answered 200 (last: ${lastAnswer})`);
@@ -54,6 +55,6 @@ export async function waitUntilHealthy(w: HealthWait): Promise<void> {
       lastProgress = performance.now();
       w.log.info({ event: 'engine_loading', url: w.url, seconds: Math.round(waited / 1000), last: lastAnswer }, `engine loading: waited ${Math.round(waited / 1000)} s for ${w.url} (last: ${lastAnswer})`);
     }
-    await sleep(delay, undefined, { signal: stop }).catch(() => undefined);
+    await pause(backoff.next(), stop);
   }
 }

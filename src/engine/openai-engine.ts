@@ -9,7 +9,7 @@ import { describeError, getBounded } from './engine-http.js';
 import { describeExit, EngineProcess, freePort } from './engine-process.js';
 import { createIdlenessProbe, type EngineIdlenessProbe, type EngineKind, type QuiescenceMode } from './engine-quiescence.js';
 import { ReprobeBackoff } from './reprobe-backoff.js';
-import { sseData } from './sse-events.js';
+import { sseData } from '../common/sse-events.js';
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */

@@ -1,3 +1,5 @@
+import { Backoff } from '../common/backoff.js';
+
 /**
  * The one poll in ebb. An engine in its own process (vLLM, SGLang, llama-server) sends no event
  * when its last sequence ends or its queue empties: it only answers when asked. So after a probe
@@ -8,25 +10,23 @@
  */
 export class ReprobeBackoff {
   private timer: NodeJS.Timeout | undefined;
-  private delay: number;
+  private readonly backoff: Backoff;
 
   constructor(
     private readonly fire: () => void,
-    private readonly minMs = 100,
-    private readonly maxMs = 2000,
+    minMs = 100,
+    maxMs = 2000,
   ) {
-    this.delay = minMs;
+    this.backoff = new Backoff({ minMs, maxMs });
   }
 
   /** After a not-idle answer: ask again later (one pending re-probe at most). */
   schedule(): void {
     if (this.timer !== undefined) return;
-    const ms = this.delay;
-    this.delay = Math.min(this.delay * 2, this.maxMs);
     this.timer = setTimeout(() => {
       this.timer = undefined;
       this.fire();
-    }, ms);
+    }, this.backoff.next());
     this.timer.unref();
   }
 
@@ -34,6 +34,6 @@ export class ReprobeBackoff {
   reset(): void {
     if (this.timer !== undefined) clearTimeout(this.timer);
     this.timer = undefined;
-    this.delay = this.minMs;
+    this.backoff.reset();
   }
 }

@@ -1,6 +1,6 @@
 import { EventEmitter } from 'node:events';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
+import { Backoff, pause } from '../common/backoff.js';
 import { KubeError, type PodApi, type V1Pod, type WatchEvent } from './client.js';
 
 export interface PodWatcherOptions {
@@ -11,8 +11,8 @@ export interface PodWatcherOptions {
   watchTimeoutSeconds?: number;
 }
 
-const RETRY_MIN_MS = 250;
-const RETRY_MAX_MS = 5000;
+/** After a failed list or watch; every pod's watcher may fail at once when the API server does. */
+const RETRY = { minMs: 250, maxMs: 5000, jitter: true };
 /** Past the server's own timeout, silence means a half-open connection: abort it and re-watch. */
 const SILENCE_MARGIN_MS = 30_000;
 
@@ -78,7 +78,7 @@ export class PodWatcher extends EventEmitter {
 
   private async loop(): Promise<void> {
     let needList = false;
-    let backoff = RETRY_MIN_MS;
+    const backoff = new Backoff(RETRY);
     while (!this.stop.signal.aborted) {
       let err: Error | null = null;
       try {
@@ -94,17 +94,13 @@ export class PodWatcher extends EventEmitter {
       }
       if (this.stop.signal.aborted) return;
       if (err === null) {
-        backoff = RETRY_MIN_MS;
+        backoff.reset();
         continue;
       }
-      this.log.warn({ event: 'k8s_api_error', err: err.message, retry_in_ms: backoff }, `Kubernetes API: ${err.message}; retrying`);
+      const delay = backoff.next();
+      this.log.warn({ event: 'k8s_api_error', err: err.message, retry_in_ms: delay }, `Kubernetes API: ${err.message}; retrying`);
       this.emit('api_error', err);
-      try {
-        await sleep(backoff, undefined, { signal: this.stop.signal });
-      } catch {
-        return;
-      }
-      backoff = Math.min(backoff * 2, RETRY_MAX_MS);
+      if (!(await pause(delay, this.stop.signal))) return;
     }
   }
 

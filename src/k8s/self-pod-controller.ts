@@ -1,5 +1,5 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
+import { Backoff, pause } from '../common/backoff.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { WorkerState } from '../lifecycle/states.js';
 import { DRAINED_DELETION_COST, drainIntentOf, POD_DELETION_COST, PREVIOUS_DELETION_COST, STATE, STATE_SINCE, type Annotations, type DrainIntent } from './annotations.js';
@@ -7,8 +7,8 @@ import { podLabel, type PodApi, type PodRef, type V1Pod } from './client.js';
 import { annotationsOf, updateAnnotations, type AnnotationPatch } from './pod-patcher.js';
 import { PodWatcher } from './pod-watcher.js';
 
-const WRITE_RETRY_MIN_MS = 250;
-const WRITE_RETRY_MAX_MS = 5000;
+/** After a failed annotation write; every worker's write fails at once when the API server does. */
+const WRITE_RETRY = { minMs: 250, maxMs: 5000, jitter: true };
 
 /** States in which a ReplicaSet scale-down should pick this pod first. */
 const LOW_COST_STATES: ReadonlySet<WorkerState> = new Set(['drained', 'stopping', 'failed', 'stopped']);
@@ -112,7 +112,7 @@ export class SelfPodController {
     if (this.writing) return;
     this.writing = true;
     void (async () => {
-      let backoff = WRITE_RETRY_MIN_MS;
+      const backoff = new Backoff(WRITE_RETRY);
       while (this.dirty && !this.closed.signal.aborted) {
         this.dirty = false;
         const { state, state_since } = this.lifecycle.status();
@@ -120,16 +120,12 @@ export class SelfPodController {
           const pod = await updateAnnotations(this.api, this.ref, (current) => stateAnnotations(current, state, state_since), this.log);
           const a = annotationsOf(pod);
           this.log.info({ event: 'k8s_state_written', pod: this.where, state, deletion_cost: a[POD_DELETION_COST] ?? null }, `pod ${this.where}: ${STATE}=${state}`);
-          backoff = WRITE_RETRY_MIN_MS;
+          backoff.reset();
         } catch (err) {
           this.dirty = true;
-          this.log.warn({ event: 'k8s_state_write_failed', pod: this.where, state, err: (err as Error).message, retry_in_ms: backoff }, `could not write state to pod ${this.where}: ${(err as Error).message}`);
-          try {
-            await sleep(backoff, undefined, { signal: this.closed.signal });
-          } catch {
-            break;
-          }
-          backoff = Math.min(backoff * 2, WRITE_RETRY_MAX_MS);
+          const delay = backoff.next();
+          this.log.warn({ event: 'k8s_state_write_failed', pod: this.where, state, err: (err as Error).message, retry_in_ms: delay }, `could not write state to pod ${this.where}: ${(err as Error).message}`);
+          if (!(await pause(delay, this.closed.signal))) break;
         }
       }
       this.writing = false;

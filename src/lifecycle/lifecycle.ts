@@ -1,6 +1,6 @@
 import { EventEmitter } from 'node:events';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
+import { Backoff, pause } from '../common/backoff.js';
 import type { Engine, Quiescence } from '../engine/engine.js';
 import type { DiscoveryPresence, WorkerStatus } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
@@ -31,8 +31,7 @@ export class ShutdownConflict extends EbbError {
 }
 
 /** Back-off between attempts at an unconfirmed unregister: a discovery outage is waited out, not hammered. */
-const UNREGISTER_RETRY_MIN_MS = 250;
-const UNREGISTER_RETRY_MAX_MS = 5000;
+const UNREGISTER_RETRY = { minMs: 250, maxMs: 5000, jitter: true };
 
 export interface DrainOptions {
   /** After this many ms, streams still running are handed off to other workers (stream migration). */
@@ -205,7 +204,9 @@ export class Lifecycle extends EventEmitter {
     // Each attempt takes its turn in the serialised chain; the back-off waits outside it, so a drain
     // issued while discovery is down is never stuck behind the retries. The cap stays well under the
     // shortest lease TTL (2 s on etcd): after an outage, frontends must not see the fleet vanish.
-    for (let backoff = 100; ; backoff = Math.min(backoff * 2, 1000)) {
+    const backoff = new Backoff({ minMs: 100, maxMs: 1000, jitter: true });
+    for (;;) {
+      const delay = backoff.next();
       const settled = await this.serialize(async () => {
         if (this.current !== 'serving' || this.presence === 'registered') return true;
         try {
@@ -215,12 +216,12 @@ export class Lifecycle extends EventEmitter {
           return true;
         } catch (err) {
           this.lastError = `re-register failed: ${(err as Error).message}`;
-          this.log.error({ event: 'discovery_register_failed', err, retry_in_ms: backoff }, this.lastError);
+          this.log.error({ event: 'discovery_register_failed', err, retry_in_ms: delay }, this.lastError);
           return false;
         }
       });
       if (settled) return;
-      await sleep(backoff);
+      await pause(delay);
     }
   }
 
@@ -467,15 +468,12 @@ export class Lifecycle extends EventEmitter {
    * registration is gone anyway (lease lost), or `stale()` says a later operation took over.
    */
   private async unregisterUntilConfirmed(stale: () => boolean, signal?: AbortSignal): Promise<boolean> {
-    for (let backoff = UNREGISTER_RETRY_MIN_MS; ; backoff = Math.min(backoff * 2, UNREGISTER_RETRY_MAX_MS)) {
+    const backoff = new Backoff(UNREGISTER_RETRY);
+    for (;;) {
       const confirmed = await this.serialize(async () => (stale() ? false : this.presence === 'unregistered' || (await this.unregisterOnce())));
       if (confirmed) return true;
       if (stale()) return false;
-      try {
-        await sleep(backoff, undefined, { signal });
-      } catch {
-        return false;
-      }
+      if (!(await pause(backoff.next(), signal))) return false;
     }
   }
 

@@ -1,5 +1,5 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from 'pino';
+import { Backoff, pause } from '../common/backoff.js';
 
 /** How long a starting worker keeps trying to register before it gives up (--register-timeout-ms). */
 export const DEFAULT_REGISTER_TIMEOUT_MS = 30_000;
@@ -11,7 +11,9 @@ export const DEFAULT_REGISTER_TIMEOUT_MS = 30_000;
  */
 export async function registerFirst(timeoutMs: number, discoveryUrl: string, log: Logger, signal: AbortSignal, start: () => Promise<void>): Promise<void> {
   const started = Date.now();
-  for (let backoff = 100, attempt = 1; ; backoff = Math.min(backoff * 2, 2000), attempt++) {
+  // Jittered: after an etcd outage, every worker starting against it must not retry in step.
+  const backoff = new Backoff({ minMs: 100, maxMs: 2000, jitter: true });
+  for (let attempt = 1; ; attempt++) {
     try {
       await start();
       return;
@@ -19,8 +21,9 @@ export async function registerFirst(timeoutMs: number, discoveryUrl: string, log
       const cause = (err as Error).message;
       const left = timeoutMs - (Date.now() - started);
       if (left <= 0 || signal.aborted) throw new Error(`could not register in discovery ${discoveryUrl} within ${Math.round(timeoutMs / 1000)} s (${attempt} attempts): ${cause}`);
-      log.warn({ event: 'discovery_register_retry', attempt, err: cause, retry_in_ms: Math.min(backoff, left) }, `registering in ${discoveryUrl} failed (${cause}); retrying`);
-      await sleep(Math.min(backoff, left), undefined, { signal }).catch(() => undefined);
+      const delay = Math.min(backoff.next(), left);
+      log.warn({ event: 'discovery_register_retry', attempt, err: cause, retry_in_ms: delay }, `registering in ${discoveryUrl} failed (${cause}); retrying`);
+      await pause(delay, signal);
     }
   }
 }

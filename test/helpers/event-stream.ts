@@ -1,6 +1,6 @@
 import { EventEmitter } from 'node:events';
 import { bounded } from './processes.js';
-import { splitBody } from './http.js';
+import { readSse } from '../../src/common/sse-hub.js';
 
 export interface SseEvent {
   event: string;
@@ -24,15 +24,8 @@ export async function openEventStream(url: string, headers: Record<string, strin
   arrived.setMaxListeners(0); // one pair per pending wait
   void (async () => {
     try {
-      for await (const frame of splitBody(res.body as AsyncIterable<Uint8Array>, '\n\n')) {
-        let event = 'message';
-        const data: string[] = [];
-        for (const line of frame.split('\n')) {
-          if (line.startsWith('event:')) event = line.slice(6).trim();
-          else if (line.startsWith('data:')) data.push(line.slice(5).trimStart());
-        }
-        if (data.length === 0) continue;
-        events.push({ event, data: JSON.parse(data.join('\n')) });
+      for await (const e of readSse(res.body as AsyncIterable<Uint8Array>)) {
+        events.push(e);
         arrived.emit('event');
       }
     } catch {

@@ -32,6 +32,7 @@ export class EbbProcess {
   /** Resolves with the exit code (128 for a signal). */
   readonly exited: Promise<number>;
   private waiters: Array<{ pred: (l: LogLine) => boolean; what: string; after: number; resolve: (l: LogLine) => void; reject: (err: Error) => void }> = [];
+  private stderrWaiters: Array<{ pattern: RegExp; resolve: (m: RegExpMatchArray) => void; reject: (err: Error) => void }> = [];
   /** Set once both pipes are closed: "worker exited (code 1)". */
   private closed: string | undefined;
 
@@ -50,7 +51,14 @@ export class EbbProcess {
         return false;
       });
     });
-    createInterface({ input: proc.stderr! }).on('line', (line) => this.stderr.push(line));
+    createInterface({ input: proc.stderr! }).on('line', (line) => {
+      this.stderr.push(line);
+      this.stderrWaiters = this.stderrWaiters.filter((w) => {
+        const m = line.match(w.pattern);
+        if (m) w.resolve(m);
+        return !m;
+      });
+    });
     live.add(this);
     this.exited = once(proc, 'exit').then(([code, signal]) => {
       live.delete(this);
@@ -62,6 +70,8 @@ export class EbbProcess {
       this.closed = `${this.label} exited (${signal ?? `code ${code}`})`;
       for (const w of this.waiters) w.reject(this.closedError(w.what));
       this.waiters = [];
+      for (const w of this.stderrWaiters) w.reject(this.closedError(`stderr ${w.pattern}`));
+      this.stderrWaiters = [];
     });
   }
 
@@ -88,6 +98,19 @@ export class EbbProcess {
     return bounded(
       new Promise<LogLine>((resolve, reject) => this.waiters.push({ pred, what, after, resolve, reject })),
       `${this.label}: waiting for ${what}${after > 0 ? ` after log line ${after}` : ''}; stderr: ${this.stderr.join('\n')}`,
+    );
+  }
+
+  /** Resolves with the match of the first stderr line (past or future) matching `pattern`; bounded. */
+  waitForStderr(pattern: RegExp): Promise<RegExpMatchArray> {
+    for (const line of this.stderr) {
+      const m = line.match(pattern);
+      if (m) return Promise.resolve(m);
+    }
+    if (this.closed !== undefined) return Promise.reject(this.closedError(`stderr ${pattern}`));
+    return bounded(
+      new Promise<RegExpMatchArray>((resolve, reject) => this.stderrWaiters.push({ pattern, resolve, reject })),
+      `${this.label}: waiting for stderr ${pattern}; stderr: ${this.stderr.join('\n')}`,
     );
   }
 

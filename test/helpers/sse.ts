@@ -1,4 +1,4 @@
-import { splitBody } from './http.js';
+import { sseData } from '../../src/common/sse-events.js';
 
 /** A client for the frontend's SSE streams that records what a user would have seen. */
 export interface StreamOutcome {
@@ -37,9 +37,7 @@ export async function streamCompletion(
     return out;
   }
   try {
-    for await (const event of splitBody(res.body as AsyncIterable<Uint8Array>, '\n\n')) {
-      if (!event.startsWith('data: ')) continue;
-      const data = event.slice(6);
+    for await (const data of sseData(res.body as AsyncIterable<Uint8Array>)) {
       if (data === '[DONE]') {
         out.done = true;
         out.doneEvents++;

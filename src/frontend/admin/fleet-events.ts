@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { Agent, request } from 'undici';
+import { Backoff, pause } from '../../common/backoff.js';
 import { allowOnly } from '../../common/http-server.js';
 import { readSse, SseHub, sseFrame } from '../../common/sse-hub.js';
 import { failureReason, identityMismatch, WORKER_ANSWER_LIMIT } from '../../common/worker-admin.js';
@@ -7,8 +8,7 @@ import type { WorkerRecord } from '../../discovery/discovery.js';
 import type { FleetView } from './fleet-view.js';
 
 /** Reconnect back-off for a worker's status stream that ended or failed. */
-const RESUBSCRIBE_MIN_MS = 500;
-const RESUBSCRIBE_MAX_MS = 5000;
+const RESUBSCRIBE = { minMs: 500, maxMs: 5000, jitter: true };
 /** Bound on a worker's answer to the stream request (headers); the stream itself then lasts. */
 const CONNECT_TIMEOUT_MS = 2000;
 
@@ -92,7 +92,7 @@ export class FleetEvents {
 class Subscription {
   readonly url: string;
   private readonly abort = new AbortController();
-  private backoff = RESUBSCRIBE_MIN_MS;
+  private readonly backoff = new Backoff(RESUBSCRIBE);
 
   constructor(
     private readonly record: WorkerRecord,
@@ -117,12 +117,7 @@ class Subscription {
         if (this.abort.signal.aborted) return;
         this.emit('error', err instanceof Error && err.name === 'IdentityError' ? err.message : failureReason(err, CONNECT_TIMEOUT_MS));
       }
-      // Back-off between reconnects: a timer is right here, the event waited for is "time to try again".
-      await new Promise<void>((resolve) => {
-        const t = setTimeout(resolve, this.backoff);
-        this.abort.signal.addEventListener('abort', () => (clearTimeout(t), resolve()), { once: true });
-      });
-      this.backoff = Math.min(this.backoff * 2, RESUBSCRIBE_MAX_MS);
+      await pause(this.backoff.next(), this.abort.signal);
     }
   }
 
@@ -146,7 +141,7 @@ class Subscription {
           throw e;
         }
         first = false;
-        this.backoff = RESUBSCRIBE_MIN_MS;
+        this.backoff.reset();
         this.emit('connected', parsed.data);
       }
       this.emit(parsed.event, parsed.data);

@@ -19,8 +19,6 @@ export interface RelayDeps {
   migrationLimit: number;
 }
 
-export type RelayEnd = { ok: true; usages: Usage[] } | { ok: false };
-
 /**
  * Moving tokens from workers to clients: each sequence of a response is a Lane (lane.ts), which
  * owns its worker, what it delivered and its moves to other workers; the relay opens the lanes,
@@ -41,7 +39,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
    * without one. The headers leave with the first tokens, and a single lane's last tokens with the
    * end: one system call each.
    */
-  async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<RelayEnd> {
+  async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<void> {
     const lanes = await openLanes(gens, ctx, signal);
     const res = reply.raw;
     const out = new ClientStream(res);
@@ -77,10 +75,8 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
       out.cork();
       for (const lane of lanes) lane.flush();
       out.end(ends.map((e) => e.tail).join('') + fmt.end(sumLanes(usages, n)));
-      return { ok: true, usages };
     } catch (err) {
       if (!signal.aborted) fail(res, lanes, err, fmt);
-      return { ok: false };
     } finally {
       for (const lane of lanes) lane.close();
       // The client left; closing the lanes freed the workers' slots.
