@@ -1,10 +1,10 @@
-import { isCapabilities, type EngineCapabilities } from '../protocol/capabilities.js';
-import { isWorkerMode, type WorkerMode } from '../protocol/worker-mode.js';
+import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { DrainIntentStore } from './drain-intent.js';
-import { isWorkerId } from './worker-id.js';
+import type { WorkerRecord } from './worker-record.js';
 
-/** Re-exported for the modules that still import it from here; it lives in protocol/. */
+/** Re-exported for the modules that import them from here: WorkerMode lives in protocol/, the record in worker-record.ts. */
 export type { WorkerMode };
+export { isWorkerRecord, type WorkerRecord } from './worker-record.js';
 
 /**
  * The registry the frontend routes from. Workers register one record each; the frontend lists then
@@ -14,19 +14,6 @@ export type { WorkerMode };
 export interface DiscoveryOptions {
   /** Lease TTL for registrations this process makes. */
   leaseTtlMs?: number | undefined;
-}
-
-
-export interface WorkerRecord {
-  worker_id: string;
-  model: string;
-  mode: WorkerMode;
-  request_url: string;
-  system_url: string;
-  /** What the worker's engine can honour; absent in records of workers older than capabilities (they declare none). */
-  capabilities?: EngineCapabilities | undefined;
-  /** The engine kind (mocker, llama-cpp, openai/vllm...), for operators and error messages. */
-  engine?: string | undefined;
 }
 
 /**
@@ -55,40 +42,4 @@ export interface Discovery {
   /** Drain intents that survive a restart of the worker (etcd); absent for one-machine backends. */
   readonly drainIntents?: DrainIntentStore | undefined;
   close(): Promise<void>;
-}
-
-function isHttpUrl(v: unknown): boolean {
-  if (typeof v !== 'string') return false;
-  try {
-    const u = new URL(v);
-    return u.protocol === 'http:' || u.protocol === 'https:';
-  } catch {
-    return false;
-  }
-}
-
-/**
- * A system URL is an origin (scheme://host[:port]): the admin paths are appended to it, so a path,
- * query or credentials in it would point the frontend's admin reads at some other resource.
- */
-function isHttpOrigin(v: unknown): boolean {
-  if (!isHttpUrl(v)) return false;
-  const u = new URL(v as string);
-  return u.pathname === '/' && u.search === '' && u.hash === '' && u.username === '' && u.password === '' && !(v as string).includes('?') && !(v as string).includes('#');
-}
-
-/** Records come from other processes (or from whoever can write the registry): check every field. */
-export function isWorkerRecord(v: unknown): v is WorkerRecord {
-  if (typeof v !== 'object' || v === null) return false;
-  const r = v as Record<string, unknown>;
-  return (
-    isWorkerId(r.worker_id) &&
-    typeof r.model === 'string' &&
-    r.model !== '' &&
-    isWorkerMode(r.mode) &&
-    isHttpUrl(r.request_url) &&
-    isHttpOrigin(r.system_url) &&
-    (r.capabilities === undefined || isCapabilities(r.capabilities)) &&
-    (r.engine === undefined || typeof r.engine === 'string')
-  );
 }

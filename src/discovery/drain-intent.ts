@@ -1,5 +1,5 @@
 import type { Etcd3 } from 'etcd3';
-import { isWorkerRecord, type WorkerRecord } from './discovery.js';
+import { isWorkerRecord, type WorkerRecord } from './worker-record.js';
 
 /** An operator's drain that must outlive the worker process (a restart comes back drained). */
 export interface DrainIntent {

@@ -4,7 +4,7 @@ import type { Admission } from '../lifecycle/admission.js';
 import type { Lifecycle, Transition } from '../lifecycle/lifecycle.js';
 import type { RefusalCode, ReleaseOutcome } from '../lifecycle/admission.js';
 import { TRANSITIONS, WORKER_STATES } from '../lifecycle/states.js';
-import type { StageName, StageOutcome } from './shutdown.js';
+import type { StageName, StageOutcome } from './shutdown-stages.js';
 import type { Engine } from '../engine/engine.js';
 
 // The label values, each list checked against its type: a value added to the type must be added here.

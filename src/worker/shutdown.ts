@@ -5,6 +5,9 @@ import { ENGINE_ACTOR, SIGNAL_ACTOR } from '../lifecycle/audit.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { WorkerMetrics } from './metrics.js';
 import { ShutdownBudget } from './shutdown-budget.js';
+import type { StageName, StageOutcome } from './shutdown-stages.js';
+
+export type { StageName, StageOutcome };
 
 export interface ShutdownOptions {
   /** Routing convergence: how long refusals keep being answered before the wait for in-flight work. */
@@ -37,8 +40,6 @@ export const WATCHDOG_SLACK_MS = 250;
  */
 export const UNREGISTER_CAP_MS = 5000;
 
-export type StageOutcome = 'completed' | 'timed_out' | 'skipped' | 'cancelled' | 'unsupported';
-export type StageName = 'unregister' | 'grace' | 'wait_inflight' | 'handoff' | 'cut_inflight' | 'cleanup';
 export interface StageResult {
   stage: StageName;
   outcome: StageOutcome;

@@ -1,0 +1,52 @@
+import { isCapabilities, type EngineCapabilities } from '../protocol/capabilities.js';
+import { isWorkerMode, type WorkerMode } from '../protocol/worker-mode.js';
+import { isWorkerId } from './worker-id.js';
+
+/** What a worker registers in discovery: one record each. */
+export interface WorkerRecord {
+  worker_id: string;
+  model: string;
+  mode: WorkerMode;
+  request_url: string;
+  system_url: string;
+  /** What the worker's engine can honour; absent in records of workers older than capabilities (they declare none). */
+  capabilities?: EngineCapabilities | undefined;
+  /** The engine kind (mocker, llama-cpp, openai/vllm...), for operators and error messages. */
+  engine?: string | undefined;
+}
+
+function isHttpUrl(v: unknown): boolean {
+  if (typeof v !== 'string') return false;
+  try {
+    const u = new URL(v);
+    return u.protocol === 'http:' || u.protocol === 'https:';
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A system URL is an origin (scheme://host[:port]): the admin paths are appended to it, so a path,
+ * query or credentials in it would point the frontend's admin reads at some other resource.
+ */
+function isHttpOrigin(v: unknown): boolean {
+  if (!isHttpUrl(v)) return false;
+  const u = new URL(v as string);
+  return u.pathname === '/' && u.search === '' && u.hash === '' && u.username === '' && u.password === '' && !(v as string).includes('?') && !(v as string).includes('#');
+}
+
+/** Records come from other processes (or from whoever can write the registry): check every field. */
+export function isWorkerRecord(v: unknown): v is WorkerRecord {
+  if (typeof v !== 'object' || v === null) return false;
+  const r = v as Record<string, unknown>;
+  return (
+    isWorkerId(r.worker_id) &&
+    typeof r.model === 'string' &&
+    r.model !== '' &&
+    isWorkerMode(r.mode) &&
+    isHttpUrl(r.request_url) &&
+    isHttpOrigin(r.system_url) &&
+    (r.capabilities === undefined || isCapabilities(r.capabilities)) &&
+    (r.engine === undefined || typeof r.engine === 'string')
+  );
+}
