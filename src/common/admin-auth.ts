@@ -111,10 +111,8 @@ export function loadRequestToken(tokenFile: string | undefined, env: NodeJS.Proc
   return loadToken(tokenFile, REQUEST_TOKEN_ENV, 'request-plane', env);
 }
 
-/** 127.0.0.0/8, ::1 (and IPv4-mapped loopback), or the name localhost. Other names count as non-loopback. */
-export function isLoopback(host: string): boolean {
-  const h = host.trim().toLowerCase().replace(/^\[(.*)\]$/, '$1');
-  if (h === 'localhost' || h.endsWith('.localhost')) return true;
+/** 127.0.0.0/8 or ::1 (and IPv4-mapped loopback), given lower-case and without brackets; names are not addresses. */
+export function isLoopbackAddress(h: string): boolean {
   if (isIP(h) === 4) return h.startsWith('127.');
   if (isIP(h) === 6) {
     if (h === '::1' || /^0{0,4}(:0{0,4}){6}:0{0,3}1$/.test(h)) return true;
@@ -122,6 +120,12 @@ export function isLoopback(host: string): boolean {
     return mapped !== null && (mapped[1] as string).startsWith('127.');
   }
   return false;
+}
+
+/** A loopback address, or the name localhost (or a name under it). Other names count as non-loopback. */
+export function isLoopback(host: string): boolean {
+  const h = host.trim().toLowerCase().replace(/^\[(.*)\]$/, '$1');
+  return h === 'localhost' || h.endsWith('.localhost') || isLoopbackAddress(h);
 }
 
 /** Throws (one clear line) when an admin listener would bind a non-loopback address without a token. */

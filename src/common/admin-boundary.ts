@@ -1,5 +1,5 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { isIP } from 'node:net';
+import { isLoopbackAddress } from './admin-auth.js';
 import { EbbError } from '../protocol/errors.js';
 
 /**
@@ -41,10 +41,8 @@ export interface AdminBoundaryOptions {
 /** `localhost`, 127.0.0.0/8 or ::1: names only this machine resolves to itself (no `*.localhost`: a resolver may send those to DNS). */
 export function isLoopbackHostName(name: string): boolean {
   const h = name.toLowerCase().replace(/^\[(.*)\]$/, '$1');
-  if (h === 'localhost') return true;
-  if (isIP(h) === 4) return h.startsWith('127.');
-  if (isIP(h) === 6) return h === '::1' || /^0{0,4}(:0{0,4}){6}:0{0,3}1$/.test(h) || /^::ffff:127\.\d+\.\d+\.\d+$/.test(h);
-  return false;
+  // Only the name localhost itself: a Host header is what the page's origin says, not what was dialled.
+  return h === 'localhost' || isLoopbackAddress(h);
 }
 
 /** A Host header value as a URL (`[::1]:80`, `a:80`, `a`); undefined when it is not a bare host[:port]. */

@@ -30,13 +30,6 @@ interface Tracked {
   probeOnly: boolean;
 }
 
-export interface ConnectionBudgetStats {
-  /** Connections evicted to make room. */
-  evicted: number;
-  /** Requests refused on probe-only connections. */
-  refused: number;
-}
-
 /** What a probe is: a GET/HEAD of one of these paths. */
 const isProbe = (req: IncomingMessage, probes: readonly string[]): boolean =>
   (req.method === 'GET' || req.method === 'HEAD') && probes.includes((req.url ?? '').split('?', 1)[0] as string);
@@ -45,8 +38,7 @@ const isProbe = (req: IncomingMessage, probes: readonly string[]): boolean =>
  * Puts `server` under the budget. Call once the request handler is attached (fastify attaches its
  * own at creation): it is wrapped, so a probe-only connection's other requests never reach it.
  */
-export function applyConnectionBudget(server: Server, budget: number, probes: readonly string[]): ConnectionBudgetStats {
-  const stats: ConnectionBudgetStats = { evicted: 0, refused: 0 };
+export function applyConnectionBudget(server: Server, budget: number, probes: readonly string[]): void {
   // Insertion order is accept order: the first evictable one found is the oldest.
   const open = new Map<Socket, Tracked>();
   // One past the budget at least: Node refuses at accept, before a connection could make room.
@@ -66,7 +58,6 @@ export function applyConnectionBudget(server: Server, budget: number, probes: re
     if (victim !== undefined) {
       open.delete(victim);
       victim.destroy();
-      stats.evicted++;
     } else if (probes.length > 0) tracked.probeOnly = true;
     else socket.destroy(); // nothing to answer on it (a request plane has no probes)
   });
@@ -85,7 +76,6 @@ export function applyConnectionBudget(server: Server, budget: number, probes: re
       // One request, then the reserve slot is free again.
       res.shouldKeepAlive = false;
       if (!isProbe(req, probes)) {
-        stats.refused++;
         const body = JSON.stringify(errorBody('listener_busy', `every connection of this listener is busy (${budget}); only ${probes.join(', ') || 'no'} probes are answered now, retry shortly`));
         res.writeHead(503, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), 'retry-after': '1', connection: 'close' });
         res.end(body);
@@ -94,5 +84,4 @@ export function applyConnectionBudget(server: Server, budget: number, probes: re
     }
     for (const h of handlers) h.call(server, req, res);
   });
-  return stats;
 }

@@ -43,10 +43,6 @@ export class LaneBudget {
     });
   }
 
-  get inFlight(): { sockets: number; connections: number } {
-    return { sockets: this.sockets, connections: this.connections };
-  }
-
   /**
    * Takes the sockets of one request's `lanes` (`prompts` x `n`), or throws: 400 past the per-request
    * limit or past what the whole budget could ever hold, 503 (retryable) when the descriptors now
