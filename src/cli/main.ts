@@ -19,8 +19,9 @@ const COMMANDS: Record<string, () => Promise<Command>> = {
   rollout: async () => (await import('./rollout-command.js')).rolloutCommand(),
   intents: async () => (await import('./intents-command.js')).intentsCommand(),
   prestop: async () => (await import('./prestop-command.js')).prestopCommand(),
+  'eviction-guard': async () => (await import('./eviction-guard-command.js')).evictionGuardCommand(),
 };
-const OPERATOR_COMMANDS = new Set(['workers', 'status', 'drain', 'resume', 'rollout', 'intents', 'prestop']);
+const OPERATOR_COMMANDS = new Set(['workers', 'status', 'drain', 'resume', 'rollout', 'intents', 'prestop', 'eviction-guard']);
 
 /** The command named on the command line (past the global options and their values), if any. */
 function commandNamed(argv: string[]): string | undefined {
