@@ -15,7 +15,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadAll } from 'js-yaml';
+import { Agent, fetch as fetchWith } from 'undici';
 import { CLI, spawnEbb, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+import { durationOption } from '../src/cli/options.js';
+import { makeCert } from './helpers/tls.js';
+import { EVICTION_PATH } from '../src/k8s/webhook-server.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const DEPLOY = join(ROOT, 'deploy', 'kubernetes');
@@ -23,7 +27,7 @@ const README = readFileSync(join(ROOT, 'README.md'), 'utf8');
 const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
 
 /* eslint-disable @typescript-eslint/no-explicit-any -- manifests are untyped YAML */
-type Doc = { apiVersion: string; kind: string; metadata: { name: string; namespace?: string; labels?: Record<string, string> }; spec?: any; subjects?: any[]; roleRef?: any; rules?: any[] };
+type Doc = { apiVersion: string; kind: string; metadata: { name: string; namespace?: string; labels?: Record<string, string> }; spec?: any; subjects?: any[]; roleRef?: any; rules?: any[]; webhooks?: any[] };
 type Container = { name: string; image: string; args?: string[]; command?: string[]; env?: Array<{ name: string; valueFrom?: any }>; ports?: Array<{ name?: string; containerPort: number }>; livenessProbe?: any; readinessProbe?: any; startupProbe?: any; lifecycle?: any; volumeMounts?: Array<{ name: string }>; resources?: any };
 type PodSpec = { containers: Container[]; initContainers?: Container[]; volumes?: any[]; serviceAccountName?: string };
 
@@ -31,7 +35,10 @@ const KINDS: Record<string, string[]> = {
   v1: ['Namespace', 'ServiceAccount', 'Service', 'ConfigMap', 'Secret', 'PersistentVolumeClaim'],
   'apps/v1': ['Deployment', 'StatefulSet'],
   'rbac.authorization.k8s.io/v1': ['Role', 'RoleBinding'],
+  'admissionregistration.k8s.io/v1': ['ValidatingWebhookConfiguration'],
 };
+/** Kinds that live in no namespace. */
+const CLUSTER_SCOPED = new Set(['Namespace', 'ValidatingWebhookConfiguration']);
 
 const files = readdirSync(DEPLOY).filter((f) => f.endsWith('.yaml') || f.endsWith('.yml')).sort();
 const docsOf = (file: string): Doc[] => (loadAll(readFileSync(join(DEPLOY, file), 'utf8')) as unknown[]).filter((d) => d !== null && d !== undefined) as Doc[];
@@ -43,12 +50,17 @@ const podSpec = (w: Doc): PodSpec => w.spec.template.spec as PodSpec;
 const allContainers = (p: PodSpec): Container[] => [...(p.initContainers ?? []), ...p.containers];
 const ebbContainers = (p: PodSpec) => allContainers(p).filter((c) => /^ebb:/.test(c.image));
 
-/** The Secrets README creates with `kubectl create secret generic NAME --from-literal=KEY=...`, with their keys and line. */
+/**
+ * The Secrets README creates with `kubectl create secret generic NAME --from-literal=KEY=...` or
+ * `kubectl create secret tls NAME --cert=... --key=...` (keys tls.crt and tls.key), with their keys and line.
+ */
 function readmeSecrets(): Map<string, { keys: string[]; line: number }> {
   const out = new Map<string, { keys: string[]; line: number }>();
   README.split('\n').forEach((l, line) => {
     const m = /kubectl .*create secret generic ([a-z0-9-]+)(.*)$/.exec(l);
-    if (m) out.set(m[1]!, { keys: [...m[2]!.matchAll(/--from-(?:literal|file)=([a-z0-9-]+)[=\s]/g)].map((k) => k[1]!), line });
+    if (m) out.set(m[1]!, { keys: [...m[2]!.matchAll(/--from-(?:literal|file)=([a-z0-9.-]+)[=\s]/g)].map((k) => k[1]!), line });
+    const t = /kubectl .*create secret tls ([a-z0-9-]+) .*--cert[= ]\S+.*--key[= ]\S+/.exec(l);
+    if (t) out.set(t[1]!, { keys: ['tls.crt', 'tls.key'], line });
   });
   return out;
 }
@@ -113,7 +125,8 @@ describe('deploy/kubernetes: documents', () => {
         const where = `${file}: ${d.kind}/${d.metadata?.name}`;
         assert.ok(KINDS[d.apiVersion]?.includes(d.kind), `${where}: unexpected apiVersion/kind ${d.apiVersion} ${d.kind}`);
         assert.match(d.metadata?.name ?? '', /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, `${where}: a DNS-1123 name`);
-        if (d.kind !== 'Namespace') assert.equal(d.metadata.namespace, 'ebb', `${where}: namespace`);
+        if (CLUSTER_SCOPED.has(d.kind)) assert.equal(d.metadata.namespace, undefined, `${where}: cluster-scoped, no namespace`);
+        else assert.equal(d.metadata.namespace, 'ebb', `${where}: namespace`);
       }
     }
     assert.ok(named('Namespace', 'ebb'), 'the ebb Namespace');
@@ -189,6 +202,59 @@ describe('deploy/kubernetes: documents', () => {
   });
 });
 
+describe('deploy/kubernetes: the eviction guard webhook', () => {
+  const hooks = docs.filter((d) => d.kind === 'ValidatingWebhookConfiguration').flatMap((d) => (d.webhooks ?? []).map((w: any) => ({ where: `ValidatingWebhookConfiguration/${d.metadata.name} webhook ${w.name}`, w })));
+  const guard = workloads.find((w) => ebbContainers(podSpec(w)).some((c) => c.args?.[0] === 'eviction-guard')) ?? assert.fail('a workload runs `ebb eviction-guard`');
+  const guardContainer = ebbContainers(podSpec(guard)).find((c) => c.args?.[0] === 'eviction-guard')!;
+  const guardArgs = guardContainer.args!;
+
+  it("calls the guard: its Service, a Service port that reaches the guard's --port, the path the guard serves", () => {
+    assert.ok(hooks.length >= 1, 'a webhook for the guard');
+    for (const { where, w } of hooks) {
+      assert.equal(w.clientConfig.url, undefined, `${where}: called through its Service, not a URL`);
+      const ref = w.clientConfig.service;
+      const svc = named('Service', ref.name);
+      assert.ok(svc && svc.metadata.namespace === ref.namespace, `${where}: Service ${ref.namespace}/${ref.name} exists`);
+      const labels = guard.spec.template.metadata.labels as Record<string, string>;
+      assert.ok(Object.entries(svc.spec.selector as Record<string, string>).every(([k, v]) => labels[k] === v), `${where}: Service ${ref.name} selects the guard's pods`);
+      const port = (svc.spec.ports as Array<{ port: number; targetPort?: string | number }>).find((p) => p.port === (ref.port ?? 443)) ?? assert.fail(`${where}: Service ${ref.name} has port ${ref.port ?? 443}`);
+      const target = port.targetPort ?? port.port;
+      const containerPort = (guardContainer.ports ?? []).find((p) => p.name === target || p.containerPort === target) ?? assert.fail(`${where}: the guard exposes ${target}`);
+      assert.equal(String(containerPort.containerPort), argValue(guardArgs, '--port'), `${where}: the Service reaches the guard's --port`);
+      assert.equal(ref.path, EVICTION_PATH, `${where}: the path the guard serves`);
+    }
+  });
+
+  it('asks for CREATE pods/eviction in the ebb namespace only, v1 reviews, NoneOnDryRun, a timeout above the guard\'s, an explicit failurePolicy', () => {
+    const apiTimeoutS = durationOption(argValue(guardArgs, '--api-timeout') ?? '5s') / 1000;
+    for (const { where, w } of hooks) {
+      assert.ok(w.admissionReviewVersions.includes('v1'), `${where}: AdmissionReview v1`);
+      assert.deepEqual(w.rules, [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE'], resources: ['pods/eviction'], scope: 'Namespaced' }], `${where}: rules`);
+      assert.equal(w.sideEffects, 'NoneOnDryRun', `${where}: the guard annotates pods, except on a dry run`);
+      assert.ok(['Ignore', 'Fail'].includes(w.failurePolicy), `${where}: failurePolicy chosen, not defaulted`);
+      assert.ok(Number.isInteger(w.timeoutSeconds) && w.timeoutSeconds <= 30 && w.timeoutSeconds > apiTimeoutS, `${where}: timeoutSeconds ${w.timeoutSeconds} leaves room above the guard's --api-timeout (${apiTimeoutS} s)`);
+      // For pods/eviction the objectSelector sees the Eviction's labels, never the pod's.
+      assert.ok(w.objectSelector === undefined || Object.keys(w.objectSelector).length === 0, `${where}: no objectSelector (it would match the Eviction object, which carries no pod labels)`);
+      assert.equal(w.namespaceSelector?.matchLabels?.['kubernetes.io/metadata.name'], 'ebb', `${where}: only the ebb namespace`);
+    }
+  });
+
+  it('runs with RBAC to get and patch pods, and the TLS files its flags name mounted from a Secret', () => {
+    const sa = podSpec(guard).serviceAccountName ?? assert.fail('the guard has its own ServiceAccount');
+    const roles = docs.filter((d) => d.kind === 'RoleBinding' && d.subjects?.some((s) => s.kind === 'ServiceAccount' && s.name === sa)).map((rb) => named(rb.roleRef.kind, rb.roleRef.name)!);
+    const verbs = new Set(roles.flatMap((r) => (r.rules ?? []).filter((rule) => rule.apiGroups.includes('') && rule.resources.includes('pods')).flatMap((rule) => rule.verbs as string[])));
+    for (const v of ['get', 'patch']) assert.ok(verbs.has(v), `ServiceAccount ${sa} may ${v} pods`);
+    for (const flag of ['--tls-cert-file', '--tls-key-file']) {
+      const file = argValue(guardArgs, flag) ?? assert.fail(flag);
+      const mount = ((guardContainer.volumeMounts ?? []) as Array<{ name: string; mountPath: string }>).find((m) => file.startsWith(`${m.mountPath}/`)) ?? assert.fail(`${flag} ${file} is on a mount`);
+      const volume = podSpec(guard).volumes?.find((v) => v.name === mount.name);
+      assert.ok(volume?.secret, `${flag}: from a Secret`);
+      const items = (volume.secret.items ?? []) as Array<{ path: string }>;
+      assert.ok(items.length === 0 || items.some((i) => `${mount.mountPath}/${i.path}` === file), `${flag}: the Secret volume has ${file}`);
+    }
+  });
+});
+
 describe('deploy/kubernetes: ebb containers', () => {
   it('run the image the Dockerfile builds, with args and preStop commands ebb accepts', () => {
     let seen = 0;
@@ -248,13 +314,22 @@ describe('deploy/kubernetes: ebb containers', () => {
           if (flag === '--discovery') return `--discovery=${discovery}`;
           if (flag === '--advertise-host') return '--advertise-host=127.0.0.1';
           if (flag === '--worker-id') return '--worker-id=manifest-worker';
-          return a.replace('/etc/ebb/', `${dir}/`);
+          return a.replace('/etc/ebb/', `${dir}/`).replace('/etc/ebb-eviction-guard/', `${dir}/`);
         });
 
     const container = (deployment: string) => ebbContainers(podSpec(named('Deployment', deployment)!))[0]!;
 
+    let guardCa = '';
+
     before(async () => {
       writeFileSync(join(dir, 'admin-token'), 'manifest-admin-token\n', { mode: 0o600 });
+      guardCa = makeCert(dir, 'guard', 'tls').cert; // tls.crt / tls.key, as the guard's Secret mounts them
+      // The guard reads no pod until a review needs one: any cluster in its kubeconfig will do.
+      const kubeconfig = join(dir, 'kubeconfig.json');
+      writeFileSync(kubeconfig, JSON.stringify({ apiVersion: 'v1', kind: 'Config', clusters: [{ name: 'c', cluster: { server: 'https://127.0.0.1:1' } }], users: [{ name: 'u', user: { token: 't' } }], contexts: [{ name: 'c', context: { cluster: 'c', user: 'u' } }], 'current-context': 'c' }));
+      const guard = spawnEbb(localArgs(container('ebb-eviction-guard').args!), 'manifest eviction guard', { KUBECONFIG: kubeconfig });
+      procs.push(guard);
+      listeners.set('eviction-guard:--port', String((await guard.waitForEvent('eviction_guard_ready')).url));
       writeFileSync(join(dir, 'request-token'), 'manifest-request-token\n', { mode: 0o600 });
       const worker = spawnEbb(localArgs(container('ebb-worker').args!), 'manifest worker');
       procs.push(worker);
@@ -285,14 +360,29 @@ describe('deploy/kubernetes: ebb containers', () => {
             const flag = ['--port', '--system-port', '--admin-port'].find((f) => argValue(args, f) === String(port.containerPort));
             const base = listeners.get(`${args[0]}:${flag}`);
             assert.ok(base, `${w.metadata.name}/${c.name}: port ${port.containerPort} is no ebb ${args[0]} listener`);
-            const res = await fetch(`${base}${probe.httpGet.path}`);
+            const https = probe.httpGet.scheme === 'HTTPS';
+            assert.equal(new URL(base).protocol, https ? 'https:' : 'http:', `${w.metadata.name}/${c.name} ${kind} probe: scheme ${probe.httpGet.scheme ?? 'HTTP'} on a ${new URL(base).protocol} listener`);
+            const res = https ? await fetchWith(`${base}${probe.httpGet.path}`, { dispatcher: new Agent({ connect: { ca: guardCa } }) }) : await fetch(`${base}${probe.httpGet.path}`);
             await res.arrayBuffer();
             assert.equal(res.status, 200, `${w.metadata.name}/${c.name} ${kind} probe GET ${probe.httpGet.path} on ${flag}`);
             probed++;
           }
         }
       }
-      assert.ok(probed >= 8, `probes checked: ${probed}`);
+      assert.ok(probed >= 10, `probes checked: ${probed}`);
+    });
+
+    it("the guard started with its manifest's args answers an AdmissionReview at the webhook's path", async () => {
+      const hook = docs.find((d) => d.kind === 'ValidatingWebhookConfiguration')!.webhooks![0];
+      const review = { apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request: { uid: 'manifest-uid', resource: { group: '', version: 'v1', resource: 'pods' }, subResource: 'eviction', name: 'x', namespace: 'ebb', operation: 'UPDATE' } };
+      const res = await fetchWith(`${listeners.get('eviction-guard:--port')}${hook.clientConfig.service.path}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(review),
+        dispatcher: new Agent({ connect: { ca: guardCa } }),
+      });
+      assert.equal(res.status, 200);
+      assert.deepEqual(await res.json(), { apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', response: { uid: 'manifest-uid', allowed: true } });
     });
   });
 });

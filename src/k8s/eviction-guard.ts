@@ -18,7 +18,7 @@ import { annotationsOf, updateAnnotations } from './pod-patcher.js';
 export interface EvictionGuardOptions {
   /** Written as ebb.dev/drain-deadline-ms: streams still running then are handed off, so a drain cannot hold a node forever. */
   drainDeadlineMs?: number | undefined;
-  /** Bound on reading and annotating the pod; the webhook's timeoutSeconds must leave room above it. */
+  /** Bound on one review's API calls together (read, then annotate); the webhook's timeoutSeconds must leave room above it. */
   apiTimeoutMs: number;
 }
 
@@ -30,7 +30,9 @@ const RETRY = { code: 429, reason: 'TooManyRequests' };
 
 const allow: Verdict = { allowed: true };
 
-function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+/** `p`, or a KubeError once `until` (epoch ms) has passed. */
+function within<T>(p: Promise<T>, until: number, what: string): Promise<T> {
+  const ms = Math.max(0, until - Date.now());
   let timer: NodeJS.Timeout;
   const limit = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new KubeError(undefined, `${what}: no answer within ${ms} ms`)), ms);
@@ -58,12 +60,14 @@ export class EvictionGuard {
     if (req.operation !== 'CREATE' || req.resource.resource !== 'pods' || req.subResource !== 'eviction' || !req.name || !req.namespace) return allow;
     // sideEffects: NoneOnDryRun: a dry run changes nothing, and is not refused for what it would cause.
     if (req.dryRun === true) return allow;
+    // One bound for the whole review, so read + annotate together answer before the API server gives up on us.
+    const until = Date.now() + this.opts.apiTimeoutMs;
     const ref: PodRef = { namespace: req.namespace, name: req.name };
     const where = podLabel(ref);
     const who = req.userInfo?.username || 'an unknown user';
     let pod: V1Pod;
     try {
-      pod = await within(this.api.get(ref), this.opts.apiTimeoutMs, `GET pod ${where}`);
+      pod = await within(this.api.get(ref), until, `GET pod ${where}`);
     } catch (err) {
       // The eviction itself answers 404 for a pod that is not there.
       if (err instanceof KubeError && err.code === 404) return allow;
@@ -92,7 +96,7 @@ export class EvictionGuard {
           },
           this.log,
         ),
-        this.opts.apiTimeoutMs,
+        until,
         `annotating pod ${where}`,
       );
     } catch (err) {
