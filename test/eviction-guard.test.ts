@@ -11,6 +11,7 @@ import { request } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { TLSSocket } from 'node:tls';
+import { call } from './helpers/http.js';
 import { annotations, APP, NS, podWorker, startKube, stateIs } from './helpers/k8s-fixture.js';
 import type { FakeKubeApiServer } from './helpers/kube-apiserver.js';
 import { skipWithout } from './helpers/required-tool.js';
@@ -186,6 +187,22 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
     const last = evictionReview('worker-e');
     const allowed = await post(url, tls.cert, JSON.stringify(last));
     assert.deepEqual(allowed.body.response, { uid: last.request.uid, allowed: true });
+  });
+
+  it('a worker resumed through its Admin API under a standing drain annotation is drained again by the next eviction', async () => {
+    // The annotation stays; the worker acts on changes of it only, so the guard must make one.
+    assert.equal((await call('POST', `${worker.systemUrl}/engine/resume`)).status, 200);
+    await kube.waitForPod(NS, 'worker-e', stateIs('serving'), 'the worker reports serving again');
+    const before = annotations(kube.pod(NS, 'worker-e'));
+    assert.equal(before['ebb.dev/drain'], 'true', 'the drain annotation still stands');
+    // The same requester as the first time: the rewrite must still be a change the worker sees.
+    const refused = await post(url, tls.cert, JSON.stringify(evictionReview('worker-e', { username: 'system:serviceaccount:kube-system:cluster-autoscaler' })));
+    assert.equal(refused.body.response?.allowed, false);
+    const reason = String(annotations(kube.pod(NS, 'worker-e'))['ebb.dev/drain-reason']);
+    assert.match(reason, /requested by system:serviceaccount:kube-system:cluster-autoscaler at /);
+    assert.notEqual(reason, before['ebb.dev/drain-reason'], 'the annotation changed');
+    await kube.waitForPod(NS, 'worker-e', stateIs('drained'), 'the worker drains again');
+    assert.equal((await post(url, tls.cert, JSON.stringify(evictionReview('worker-e')))).body.response?.allowed, true);
   });
 
   it('a renewed certificate is served without a restart', async () => {

@@ -82,7 +82,8 @@ export class EvictionGuard {
       return allow;
     }
 
-    const reason = `eviction of pod ${where} requested by ${who}`;
+    // The time makes every write a change, which a worker resumed under a standing annotation needs.
+    const reason = `eviction of pod ${where} requested by ${who} at ${new Date().toISOString()}`;
     let annotated = 'already' as 'now' | 'already';
     try {
       await within(
@@ -90,7 +91,10 @@ export class EvictionGuard {
           this.api,
           ref,
           (current) => {
-            if (current[DRAIN] === 'true') return null; // someone's drain is under way: theirs stands
+            // Someone's drain is under way: theirs stands. But a worker resumed through its Admin API
+            // under a standing annotation serves on, and acts on a change of the annotation only:
+            // then ours replaces it, which is such a change.
+            if (current[DRAIN] === 'true' && current[STATE] !== 'serving') return null;
             annotated = 'now';
             return { [DRAIN]: 'true', [DRAIN_REASON]: reason, [DRAIN_DEADLINE_MS]: this.opts.drainDeadlineMs === undefined ? null : String(this.opts.drainDeadlineMs) };
           },
