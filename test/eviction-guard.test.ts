@@ -17,6 +17,7 @@ import type { FakeKubeApiServer } from './helpers/kube-apiserver.js';
 import { skipWithout } from './helpers/required-tool.js';
 import { spawnEbb, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { makeCert, OPENSSL, type TestCert } from './helpers/tls.js';
+import { createPodApi, loadKubeConfig } from '../src/k8s/client.js';
 
 const PATH = '/validate/pods-eviction';
 
@@ -118,6 +119,10 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
     tls = makeCert(dir, 'first', 'tls');
     kube.createPod(NS, 'worker-e', APP);
     kube.createPod(NS, 'etcd-0', { app: 'etcd' });
+    // Worker pods with nothing in flight, as their workers (or the kubelet) left them.
+    kube.createPod(NS, 'worker-failed', APP, { 'ebb.dev/state': 'failed' });
+    kube.createPod(NS, 'worker-crashloop', APP, { 'ebb.dev/state': 'serving' });
+    kube.createPod(NS, 'worker-going', APP, { 'ebb.dev/state': 'serving' });
     const discovery = tempDiscoveryUrl();
     guard = spawnEbb(['eviction-guard', '--host', '127.0.0.1', '--port', '0', '--tls-cert-file', tls.certFile, '--tls-key-file', tls.keyFile, '--kubeconfig', kubeconfig, '--api-timeout', '2s'], 'eviction-guard');
     procs.push(guard);
@@ -126,6 +131,10 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
     fe = await startFrontend(discovery);
     procs.push(fe);
     url = String((await guard.waitForEvent('eviction_guard_ready')).url);
+    // The kubelet reports the worker container restarting (CrashLoopBackOff); the other pod is being deleted.
+    const api = createPodApi(loadKubeConfig(kubeconfig));
+    await api.patch({ namespace: NS, name: 'worker-crashloop' }, { status: { containerStatuses: [{ name: 'worker', ready: false, restartCount: 4, image: 'ebb', imageID: '', state: { waiting: { reason: 'CrashLoopBackOff' } } }] } }, 'merge');
+    await api.delete({ namespace: NS, name: 'worker-going' });
     await kube.waitForPod(NS, 'worker-e', stateIs('serving'), 'the worker reports serving');
     await fe.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === 'worker-e') || (l.event === 'discovery_reset' && (l.workers as string[]).includes('worker-e')), 'frontend sees worker-e');
   });
@@ -134,7 +143,7 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
     await kube?.close();
   });
 
-  it('a non-ebb pod, a dry run, and other operations are allowed untouched', async () => {
+  it('a non-ebb pod, a dry run, other operations, and worker pods with nothing in flight (failed, not running, terminating) are allowed untouched', async () => {
     const patches = patchesOf(kube, 'worker-e');
     for (const [what, review] of [
       ['a pod with no ebb worker', evictionReview('etcd-0')],
@@ -142,12 +151,16 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
       ['an UPDATE', evictionReview('worker-e', { operation: 'UPDATE' })],
       ['another subresource', evictionReview('worker-e', { subResource: 'status' })],
       ['a pod that does not exist', evictionReview('gone-0')],
+      ['a worker pod whose worker failed', evictionReview('worker-failed')],
+      ['a worker pod whose container is not running', evictionReview('worker-crashloop')],
+      ['a worker pod already terminating', evictionReview('worker-going')],
     ] as const) {
       const a = await post(url, tls.cert, JSON.stringify(review));
       assert.equal(a.status, 200, what);
       assert.deepEqual(a.body, { apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', response: { uid: review.request.uid, allowed: true } }, what);
     }
-    assert.equal(patchesOf(kube, 'etcd-0'), 0, 'the non-ebb pod was not annotated');
+    for (const name of ['etcd-0', 'worker-failed', 'worker-going']) assert.equal(patchesOf(kube, name), 0, `${name} was not annotated`);
+    assert.equal(annotations(kube.pod(NS, 'worker-crashloop'))['ebb.dev/drain'], undefined, 'worker-crashloop was not annotated');
     assert.equal(patchesOf(kube, 'worker-e'), patches, 'the worker pod was not annotated');
     assert.equal(annotations(kube.pod(NS, 'worker-e'))['ebb.dev/drain'], undefined);
   });
