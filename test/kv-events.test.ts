@@ -136,6 +136,19 @@ describe('KV events: GET /kv/events on the worker system server', () => {
     }
   });
 
+  it('a prefill worker pays only for the uncached part of a prompt, from the same cache', async () => {
+    const pw = await worker(['--mode', 'prefill']);
+    const prompt = words(200, 'pre');
+    for (let i = 0; i < 2; i++) {
+      const t = await call('POST', `${pw.requestUrl}/prefill`, { model: 'm1', prompt });
+      assert.equal(t.status, 200, JSON.stringify(t.body));
+      assert.equal((await call('DELETE', `${pw.requestUrl}/kv/${t.body.transfer_id}`)).status, 204);
+    }
+    const status = await call('GET', `${pw.systemUrl}/engine/status`);
+    assert.equal(status.body.kv_cache.prompt_tokens_hit, 192, 'the second prefill found the first one\'s blocks');
+    assert.equal(status.body.kv_cache.prompt_tokens_missed, 208);
+  });
+
   it('is absent on a worker whose cache is off, which declares none', async () => {
     const off = await worker(['--mocker-kv-cache', 'off']);
     const res = await call('GET', `${off.systemUrl}/kv/events`);
