@@ -11,7 +11,7 @@ import { PrefixCache, type CachedSequence } from './prefix-cache.js';
 import { PrefillCompute } from './prefill-compute.js';
 
 export interface MockerOptions {
-  /** Base time to first token; grows with prompt length (see ttftFor). 0 disables the delay. */
+  /** Base time to first token; with the KV cache off it grows with prompt length (see ttftFor), on: prefill adds the uncached tokens' time. 0 disables the delay. */
   ttftMs: number;
   /** Inter-token latency. 0 yields to the event loop between tokens, for benchmarks. */
   itlMs: number;
