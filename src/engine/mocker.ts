@@ -278,6 +278,8 @@ export class MockerEngine implements Engine {
       batch_slots: this.slots.capacity,
       generated_tokens: this.generated,
       ...(this.kvTransfers ? { kv_transfers_pending: this.kvTransfers.size } : {}),
+      // Prefill load with the KV cache on: what a router may weigh against a cache hit.
+      ...(this.compute ? { prefills_running: this.compute.running, prefill_tokens_left: Math.round(this.compute.tokensLeft) } : {}),
     };
   }
 
