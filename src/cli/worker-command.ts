@@ -47,6 +47,10 @@ interface WorkerFlags extends LlamaCppFlags {
   registerTimeoutMs: number;
   drainIntentTtlMs: number;
   mockerMaxContext: number;
+  mockerKvCache: 'on' | 'off';
+  mockerKvBlocks: number;
+  mockerKvBlockSize: number;
+  mockerPrefillTokensPerS: number;
   kvTransferTtlMs: number;
   engineUrl?: string;
   engineKind: EngineKind;
@@ -79,7 +83,7 @@ export function workerCommand(): Command {
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))
     .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', msOption(0), 1000)
     .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', msOption(0), 30_000)
-    .option('--mocker-ttft-ms <n>', 'mocker base time to first token (grows with prompt length)', msOption(0), MOCKER_DEFAULTS.ttftMs)
+    .option('--mocker-ttft-ms <n>', 'mocker base time to first token (with the KV cache off it grows with prompt length; on, prefill adds the uncached tokens\' time)', msOption(0), MOCKER_DEFAULTS.ttftMs)
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0), MOCKER_DEFAULTS.itlMs)
     .option('--mocker-batch-slots <n>', 'mocker concurrent sequences; more queue', intOption(1), MOCKER_DEFAULTS.batchSlots)
     .option('--mocker-max-queue <n>', 'queued sequences past which the worker answers worker_overloaded', intOption(0), MOCKER_DEFAULTS.maxQueue)
@@ -94,6 +98,14 @@ export function workerCommand(): Command {
         .default('exact'),
     )
     .option('--mocker-max-context <n>', 'mocker model length in tokens: a request without max_tokens generates until prompt + completion fill it', intOption(1), MOCKER_DEFAULTS.maxContext)
+    .addOption(
+      new Option('--mocker-kv-cache <mode>', 'mocker prefix KV cache: on (prefill costs time per uncached prompt token; KV events on GET /kv/events), or off (the plain timing model)')
+        .choices(['on', 'off'])
+        .default(MOCKER_DEFAULTS.kvCache),
+    )
+    .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks (LRU eviction of blocks no running sequence holds)', intOption(1), MOCKER_DEFAULTS.kvBlocks)
+    .option('--mocker-kv-block-size <n>', 'mocker prefix cache tokens per block', intOption(1), MOCKER_DEFAULTS.kvBlockSize)
+    .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute with the KV cache on: uncached prompt tokens per second, shared by concurrent prefills', intOption(1), MOCKER_DEFAULTS.prefillTokensPerS)
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
     .addOption(new Option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)').default(MOCKER_DEFAULTS.failOnPrompt, 'never'))
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
@@ -252,6 +264,10 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
       loadMs: flags.mockerLoadMs,
       failOnPrompt: flags.mockerFailOnPrompt,
       maxContext: flags.mockerMaxContext,
+      kvCache: flags.mockerKvCache,
+      kvBlocks: flags.mockerKvBlocks,
+      kvBlockSize: flags.mockerKvBlockSize,
+      prefillTokensPerS: flags.mockerPrefillTokensPerS,
     },
   };
 }

@@ -3,6 +3,8 @@ import type { ChatMessage, ResponseFormat } from '../protocol/request-plane.js';
 
 export type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
+import type { KvEventLog } from './kv-event-log.js';
+import type { KvCacheDeclaration } from '../protocol/kv-events.js';
 
 /**
  * The contract between a worker and the engine it hosts. The mocker implements it today; adapters
@@ -56,6 +58,8 @@ export interface GenerateResult {
   prompt_tokens: number;
   /** Tokens this call generated (a continuation's earlier tokens are not counted again). */
   completion_tokens: number;
+  /** Prompt tokens this engine found in its prefix cache (not prefilled again); absent: it cannot tell. */
+  cached_tokens?: number | undefined;
 }
 
 /**
@@ -73,6 +77,21 @@ export interface EngineStats {
   queued_sequences: number;
   batch_slots: number;
   [extra: string]: unknown;
+}
+
+/** An engine's prefix cache as GET /engine/status shows it (`kv_cache`). */
+export interface KvCacheStats {
+  block_size: number;
+  /** null where the engine does not say. */
+  capacity_blocks: number | null;
+  /** Blocks held, pinned by running sequences or not: what a scale-down weighs as the worker's cache value. */
+  cached_blocks: number;
+  pinned_blocks?: number | undefined;
+  /** Prompt tokens found cached, and computed, since the engine started (where it counts them). */
+  prompt_tokens_hit?: number | undefined;
+  prompt_tokens_missed?: number | undefined;
+  /** prompt_tokens_hit over all prompt tokens seen; 0 before the first. */
+  hit_rate?: number | undefined;
 }
 
 export interface Engine {
@@ -96,6 +115,15 @@ export interface Engine {
   prefill?(req: GenerateRequest, signal: AbortSignal): Promise<KvTransfer>;
   /** The KV transfers a prefill engine holds for decode peers; absent where there are none. */
   readonly kvTransfers?: KvTransferStore | undefined;
+  /** An engine with a prefix cache it can report: what it stored and evicted, served as GET /kv/events. */
+  readonly kvEvents?: KvEventLog | undefined;
+  /**
+   * The prefix cache the worker's discovery record declares. Absent: the kvEvents log's declaration
+   * (exact events) where there is one, else none (the frontend then routes without cache knowledge).
+   */
+  readonly kvCache?: KvCacheDeclaration | undefined;
+  /** The prefix cache's state now. Absent: the system server shows what the kvEvents log holds. */
+  kvCacheStats?(): KvCacheStats;
   /**
    * An engine that can die on its own (a child process, a remote server) reports it here: the
    * worker leaves discovery at once, fails /live and exits non-zero so its supervisor restarts it.

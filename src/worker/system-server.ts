@@ -8,9 +8,13 @@ import { DrainBodySchema, EmptyBodySchema, type DrainBody } from '../protocol/ad
 import { EbbError } from '../protocol/errors.js';
 import type { WorkerPhase, WorkerRuntime } from './phase.js';
 import { addStatusStream } from './status-stream.js';
+import { addKvEventStream } from './kv-event-stream.js';
+import { kvCacheStatus } from './kv-cache-status.js';
 
 export interface SystemServerDeps {
   phase: WorkerPhase;
+  /** Named in the KV event stream's snapshot and batches. */
+  workerId: string;
   /** Guards mutating admin routes (drain, resume); returns the token's name (the audit actor). See admin-auth. */
   guardAdmin?: ((authorization: string | undefined) => string | void) | undefined;
 }
@@ -22,7 +26,7 @@ export interface SystemServerDeps {
  * worker. Until the engine can serve, /health says `loading` and the Admin API answers 503
  * `worker_loading`: there is nothing to drain, and the worker is not in discovery.
  */
-export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): FastifyInstance {
+export function createSystemServer({ phase, workerId, guardAdmin }: SystemServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true });
   addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
 
@@ -34,7 +38,10 @@ export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): Fas
     if (r === undefined) throw new EbbError('worker_loading', `worker is loading its engine (${phase.loadingDetail}, since ${phase.loadingSince.toISOString()}); retry when /health is ready`, { headers: { 'retry-after': '5' } });
     return r;
   };
-  const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => ({ ...s, engine: r.engine.stats() });
+  const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => {
+    const kv = kvCacheStatus(r.engine);
+    return { ...s, engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }) };
+  };
   /** Who is acting, for the audit trail: the admin token's name, or on an open listener the caller's address. */
   const actorOf = (req: FastifyRequest): string => (guardAdmin ? guardAdmin(req.headers.authorization) || DEFAULT_TOKEN_NAME : req.ip);
 
@@ -85,6 +92,7 @@ export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): Fas
   app.get('/engine/events', async () => ({ events: runtime().lifecycle.audit.list() }));
 
   addStatusStream(app, runtime, (r) => statusBody(r, r.lifecycle.status()));
+  addKvEventStream(app, workerId, runtime);
 
   return app;
 }
