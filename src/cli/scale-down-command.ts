@@ -3,38 +3,16 @@ import { printable } from '../common/terminal-text.js';
 import type { WorkerStatus } from '../common/worker-admin.js';
 import { chooseVictims, isChoiceProblem, type Candidate, type RankedWorker } from '../frontend/admin/victim-ranking.js';
 import { WORKER_MODES, type WorkerMode } from '../protocol/worker-mode.js';
-import { addSourceOptions, withClient, type AdminClient, type FleetEntry, type SourceFlags } from './admin-client.js';
+import { rankingTable, say, type ScaleDownFlags } from './scale-down-output.js';
+import { addSourceOptions, withClient, type AdminClient, type FleetEntry } from './admin-client.js';
 import { CliError, EXIT_FAILURE } from './cli-error.js';
 import { servingOf, waitForDrained } from './drain-wait.js';
 import { durationOption, intOption } from './options.js';
 import { describeWaiting, formatDuration } from './progress-line.js';
 
-export interface ScaleDownFlags extends SourceFlags {
-  model?: string;
-  count: number;
-  pool?: WorkerMode;
-  dryRun?: boolean;
-  wait?: boolean;
-  json?: boolean;
-  timeout: number;
-  drainDeadline?: number;
-  k8sSelector?: string;
-  k8sScale?: string;
-  namespace?: string;
-  kubeconfig?: string;
-}
-
-/** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
-export const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
-
 /** The serving workers of `model` as the ranking sees them (their own status reports). */
 export function candidatesOf(fleet: FleetEntry[], model: string): Candidate[] {
   return servingOf(fleet, model).flatMap((e) => (e.status ? [{ worker_id: e.worker_id, mode: e.mode, status: e.status }] : []));
-}
-
-/** The ranking as a table, victims marked: what `--dry-run` prints. */
-export function rankingTable(ranking: RankedWorker[], victims: number): string {
-  return ranking.map((r) => `${r.rank <= victims ? '*' : ' '} ${String(r.rank).padStart(2)}. ${r.worker_id} (${r.pool}): ${r.reason}`).join('\n');
 }
 
 /** Ranks the model's serving workers and picks `count`; a CliError when there is no such choice. */

@@ -5,7 +5,7 @@ import { chooseVictims, isChoiceProblem, type Candidate } from '../frontend/admi
 import { K8sError } from '../k8s/k8s-error.js';
 import { withClient, type FleetEntry } from './admin-client.js';
 import { CliError, EXIT_FAILURE, EXIT_TIMEOUT } from './cli-error.js';
-import { rankingTable, say, type ScaleDownFlags } from './scale-down-command.js';
+import { rankingTable, say, type ScaleDownFlags } from './scale-down-output.js';
 import { formatDuration } from './progress-line.js';
 
 /**
