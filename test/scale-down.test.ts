@@ -2,6 +2,9 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { EventEmitter, once } from 'node:events';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { call, openLineStream, type OpenStream } from './helpers/http.js';
 import { openEventStream } from './helpers/event-stream.js';
 import { bounded, CLI, metricValues, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
@@ -204,5 +207,28 @@ describe('frontend admin API: POST /models/{model}/scale-down under load', () =>
       stop = true;
       fleet.close();
     }
+  });
+});
+
+describe('frontend admin API: POST /models/{model}/scale-down behind an admin token', () => {
+  it('refuses without the token (401) or with a wrong one (403), and answers the dry run with it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'ebb-scale-down-token-'));
+    const tokenFile = join(dir, 'admin-token');
+    writeFileSync(tokenFile, 'sekrit-token\n', { mode: 0o600 });
+    const guarded = await startFrontend(discovery, ['--admin-port', '0', '--admin-token-file', tokenFile], NO_TOKEN);
+    started.push(guarded);
+    const admin = (await guarded.waitForEvent('frontend_ready')).admin_url as string;
+    const url = `${admin}/models/m1/scale-down`;
+    const none = await call('POST', url, { count: 1, dry_run: true });
+    assert.equal(none.status, 401);
+    assert.equal(none.body.error.code, 'unauthorized');
+    const wrong = await call('POST', url, { count: 1, dry_run: true }, { authorization: 'Bearer nope' });
+    assert.equal(wrong.status, 403);
+    for (const w of m1)
+      await guarded.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === w.workerId) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(w.workerId)), `sees ${w.workerId}`);
+    const ok = await call('POST', url, { count: 1, dry_run: true }, { authorization: 'Bearer sekrit-token' });
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
+    assert.equal(ok.body.victims.length, 1);
+    for (const w of m1) assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving', 'a dry run drains nothing');
   });
 });
