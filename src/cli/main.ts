@@ -17,11 +17,12 @@ const COMMANDS: Record<string, () => Promise<Command>> = {
   drain: async () => (await import('./drain-command.js')).drainCommand(),
   resume: async () => (await import('./resume-command.js')).resumeCommand(),
   rollout: async () => (await import('./rollout-command.js')).rolloutCommand(),
+  'scale-down': async () => (await import('./scale-down-command.js')).scaleDownCommand(),
   intents: async () => (await import('./intents-command.js')).intentsCommand(),
   prestop: async () => (await import('./prestop-command.js')).prestopCommand(),
   'eviction-guard': async () => (await import('./eviction-guard-command.js')).evictionGuardCommand(),
 };
-const OPERATOR_COMMANDS = new Set(['workers', 'status', 'drain', 'resume', 'rollout', 'intents', 'prestop', 'eviction-guard']);
+const OPERATOR_COMMANDS = new Set(['workers', 'status', 'drain', 'resume', 'rollout', 'scale-down', 'intents', 'prestop', 'eviction-guard']);
 
 /** The command named on the command line (past the global options and their values), if any. */
 function commandNamed(argv: string[]): string | undefined {

@@ -75,3 +75,53 @@ export function createFrontendMetrics(pool: WorkerPool) {
 }
 
 export type FrontendMetrics = ReturnType<typeof createFrontendMetrics>;
+
+/** One model's pool as an autoscaler needs it (see admin/fleet-capacity). */
+export interface PoolCapacity {
+  model: string;
+  mode: string;
+  serving: number;
+  draining: number;
+  inflight: number;
+  /** Serving workers that could leave now with nothing to wait for (idle), leaving at least one. */
+  drainable: number;
+  /** The drain ETA of the worker a scale-down by one would take; null when unknown or none. */
+  drainEtaMs: number | null;
+}
+
+export type ScaleDownOutcome = 'started' | 'refused' | 'dry_run';
+const SCALE_DOWN_OUTCOMES = { started: 0, refused: 0, dry_run: 0 } satisfies Record<ScaleDownOutcome, 0>;
+
+/**
+ * The fleet's capacity per model and pool, read from the workers' own status at scrape time (one
+ * read of the fleet per scrape, shared by the gauges), and the scale-downs asked of this frontend.
+ * The gauges are there for every model the fleet view knows, at 0 when it has no serving worker.
+ */
+export function registerFleetMetrics(registry: Registry, capacity: () => Promise<PoolCapacity[]>) {
+  let current: { at: number; value: Promise<PoolCapacity[]> } | undefined;
+  const snapshot = (): Promise<PoolCapacity[]> => {
+    // The gauges are collected concurrently within one scrape: they share one read.
+    if (current === undefined || Date.now() - current.at > 500) current = { at: Date.now(), value: capacity().catch(() => []) };
+    return current.value;
+  };
+  const gauge = (name: string, help: string, value: (c: PoolCapacity) => number) =>
+    new Gauge({
+      name,
+      help,
+      labelNames: ['model', 'mode'],
+      registers: [registry],
+      async collect() {
+        const pools = await snapshot();
+        this.reset();
+        for (const c of pools) this.set({ model: c.model, mode: c.mode }, value(c));
+      },
+    });
+  gauge('ebb_frontend_fleet_serving_workers', 'Workers in rotation, by model and pool (read from the workers at scrape time)', (c) => c.serving);
+  gauge('ebb_frontend_fleet_draining_workers', 'Workers draining (out of rotation, finishing their streams), by model and pool', (c) => c.draining);
+  gauge('ebb_frontend_fleet_inflight_requests', 'Requests in flight on the workers of a model and pool, as they report them', (c) => c.inflight);
+  gauge('ebb_frontend_fleet_drainable_workers', 'Serving workers that could be removed now with nothing to wait for (idle), leaving at least one', (c) => c.drainable);
+  gauge('ebb_frontend_fleet_drain_eta_seconds', 'How long a scale-down by one would wait: the drain ETA of its first victim (NaN when unknown)', (c) => (c.drainEtaMs === null ? NaN : c.drainEtaMs / 1000));
+  const scaleDowns = new Counter({ name: 'ebb_frontend_scale_downs_total', help: 'POST /models/{model}/scale-down answers, by outcome (started, refused, dry_run)', labelNames: ['outcome'], registers: [registry] });
+  for (const outcome of Object.keys(SCALE_DOWN_OUTCOMES)) scaleDowns.inc({ outcome }, 0);
+  return { scaleDown: (outcome: ScaleDownOutcome) => scaleDowns.inc({ outcome }) };
+}

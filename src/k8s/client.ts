@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { ApiException, CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, Watch, type V1Pod } from '@kubernetes/client-node';
+import { ApiException, AppsV1Api, CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, Watch, type V1Pod } from '@kubernetes/client-node';
 
 /**
  * The few Pod operations ebb needs, typed, over @kubernetes/client-node: where the credentials come
@@ -148,5 +148,35 @@ export function createPodApi(kc: KubeConfig): PodApi {
       );
       return { abort: () => controller.abort() };
     },
+  };
+}
+
+/** A Deployment's scale subresource: what `ebb scale-down --k8s-scale` reads and sets. */
+export interface DeploymentScaleApi {
+  get(ref: PodRef): Promise<{ replicas: number; resourceVersion: string }>;
+  /** Sets spec.replicas, with `resourceVersion` as a precondition (409 Conflict if it moved). */
+  set(ref: PodRef, replicas: number, resourceVersion: string): Promise<number>;
+}
+
+export function createDeploymentScaleApi(kc: KubeConfig): DeploymentScaleApi {
+  const apps = kc.makeApiClient(AppsV1Api);
+  const call = async <T>(what: string, op: () => Promise<T>): Promise<T> => {
+    try {
+      return await bounded(op(), what);
+    } catch (err) {
+      throw kubeError(err, what);
+    }
+  };
+  return {
+    get: (ref) =>
+      call(`GET deployment ${podLabel(ref)}/scale`, async () => {
+        const s = await apps.readNamespacedDeploymentScale(ref);
+        return { replicas: s.spec?.replicas ?? 0, resourceVersion: s.metadata?.resourceVersion ?? '' };
+      }),
+    set: (ref, replicas, resourceVersion) =>
+      call(`PATCH deployment ${podLabel(ref)}/scale`, async () => {
+        const s = await apps.patchNamespacedDeploymentScale({ ...ref, body: { metadata: { resourceVersion }, spec: { replicas } } }, setHeaderOptions('Content-Type', PatchStrategy.MergePatch));
+        return s.spec?.replicas ?? replicas;
+      }),
   };
 }

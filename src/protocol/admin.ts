@@ -59,6 +59,10 @@ export interface WorkerStatus {
    * Null when unknown (no estimate, or an engine that cannot tell its idleness) or nothing is waited for.
    */
   eta_ms?: number | null;
+  /** The drain ETA it would have if drained now (serving too: 0 when idle); null when unknown. What a scale-down ranks by. */
+  eta_if_drained_ms?: number | null;
+  /** When the worker process started (a scale-down takes the youngest first among equals). */
+  started_at?: string;
   state_since: string;
   last_error: string | null;
   engine?: Record<string, unknown>;

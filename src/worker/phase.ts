@@ -7,6 +7,8 @@ export interface WorkerRuntime {
   lifecycle: Lifecycle;
   engine: Engine;
   metrics: WorkerMetrics;
+  /** The drain ETA (ms) the worker would have if drained now, from its in-flight work; null when unknown. */
+  drainEta: () => number | null;
 }
 
 /**

@@ -26,7 +26,24 @@ export interface SystemServerDeps {
  * worker. Until the engine can serve, /health says `loading` and the Admin API answers 503
  * `worker_loading`: there is nothing to drain, and the worker is not in discovery.
  */
-export function createSystemServer({ phase, workerId, guardAdmin }: SystemServerDeps): FastifyInstance {
+/** When this worker process started: a scale-down takes the youngest first among equals. */
+const STARTED_AT = new Date(performance.timeOrigin).toISOString();
+
+/**
+ * What a scale-down ranks a worker by (see frontend/admin/victim-ranking): `eta_if_drained_ms` is the
+ * drain ETA it would have if drained now (serving: from its in-flight work, 0 when idle; draining:
+ * its drain ETA; null when unknown), and when it started.
+ */
+function scaleDownFacts(r: WorkerRuntime, s: LifecycleStatus): { started_at: string; eta_if_drained_ms: number | null } {
+  let eta: number | null = s.eta_ms ?? null;
+  if (s.state === 'serving') {
+    const estimate = s.inflight_requests === 0 ? 0 : r.drainEta();
+    eta = estimate === null ? null : Math.round(estimate);
+  }
+  return { started_at: STARTED_AT, eta_if_drained_ms: eta };
+}
+
+export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true });
   addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
 
@@ -40,7 +57,7 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
   };
   const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => {
     const kv = kvCacheStatus(r.engine);
-    return { ...s, engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }) };
+    return { ...s, ...scaleDownFacts(r, s), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }) };
   };
   /** Who is acting, for the audit trail: the admin token's name, or on an open listener the caller's address. */
   const actorOf = (req: FastifyRequest): string => (guardAdmin ? guardAdmin(req.headers.authorization) || DEFAULT_TOKEN_NAME : req.ip);

@@ -130,7 +130,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
   });
-  phase.running({ lifecycle, engine, metrics });
+  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta() });
   const intents = discovery.drainIntents;
   const intentTtlMs = opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS;
   // Followed from here: an operator may drain the worker while its first registration is retried.

@@ -16,6 +16,8 @@
  * - DELETE: graceful, as for a pod on a node: deletionTimestamp and deletionGracePeriodSeconds are
  *   set (MODIFIED) and the pod goes (DELETED) when the test, as the kubelet, calls finalizeDelete;
  *   gracePeriodSeconds=0 removes it at once.
+ * - apps/v1 Deployments' scale subresource (GET, merge PATCH of spec.replicas with a resourceVersion
+ *   precondition), for deployments the test creates; no ReplicaSet controller acts on it.
  * - Bearer-token authentication (401 without it).
  *
  * Knobs: dropWatches() cuts every watch connection; compact() forgets the history so older
@@ -168,6 +170,7 @@ export class FakeKubeApiServer extends EventEmitter {
   readonly token = 'test-token-' + Math.random().toString(36).slice(2);
   readonly requests: RequestRecord[] = [];
   private readonly pods = new Map<string, Pod>();
+  private readonly deployments = new Map<string, { replicas: number; rv: number }>();
   private history: HistoryEntry[] = [];
   /** Watches from a resourceVersion below this are 410 Gone. */
   private oldestRetained = 1;
@@ -221,6 +224,15 @@ export class FakeKubeApiServer extends EventEmitter {
       status: { phase: 'Running' },
     };
     return this.commit('ADDED', null, pod);
+  }
+
+  /** A Deployment, as far as its scale subresource goes. */
+  createDeployment(namespace: string, name: string, replicas: number): void {
+    this.deployments.set(`${namespace}/${name}`, { replicas, rv: ++this.rv });
+  }
+
+  replicas(namespace: string, name: string): number | undefined {
+    return this.deployments.get(`${namespace}/${name}`)?.replicas;
   }
 
   pod(namespace: string, name: string): Pod | undefined {
@@ -350,6 +362,8 @@ export class FakeKubeApiServer extends EventEmitter {
     this.requests.push(record);
     if (req.headers.authorization !== `Bearer ${this.token}`) return reply(401, status(401, 'Unauthorized', 'Unauthorized'));
     if (!this.available) return reply(503, status(503, 'ServiceUnavailable', 'the server is currently unable to handle the request'));
+    const scale = /^\/apis\/apps\/v1\/namespaces\/([^/]+)\/deployments\/([^/]+)\/scale$/.exec(url.pathname);
+    if (scale) return this.scale(decodeURIComponent(scale[1]!), decodeURIComponent(scale[2]!), req.method ?? '', contentType, record.body, reply);
     const m = /^\/api\/v1\/namespaces\/([^/]+)\/pods(?:\/([^/]+))?$/.exec(url.pathname);
     if (!m) return reply(404, status(404, 'NotFound', `the server could not find the requested resource (${url.pathname})`));
     const namespace = decodeURIComponent(m[1]!);
@@ -402,6 +416,25 @@ export class FakeKubeApiServer extends EventEmitter {
       if (err instanceof BadRequest) return reply(400, status(400, 'BadRequest', err.message));
       throw err;
     }
+  }
+
+  private scale(namespace: string, name: string, method: string, contentType: string | undefined, body: Json | undefined, reply: (code: number, body: Json) => void): void {
+    const d = this.deployments.get(`${namespace}/${name}`);
+    if (!d) return reply(404, status(404, 'NotFound', `deployments.apps "${name}" not found`));
+    const answer = () => ({ kind: 'Scale', apiVersion: 'autoscaling/v1', metadata: { name, namespace, resourceVersion: String(d.rv) }, spec: { replicas: d.replicas }, status: { replicas: d.replicas } });
+    if (method === 'GET') return reply(200, answer());
+    if (method !== 'PATCH') return reply(405, status(405, 'MethodNotAllowed', `${method} is not supported`));
+    if (contentType !== 'application/merge-patch+json') return reply(415, status(415, 'UnsupportedMediaType', 'only application/merge-patch+json here'));
+    const meta = isObj(body) && isObj(body.metadata) ? body.metadata : {};
+    if (typeof meta.resourceVersion === 'string' && meta.resourceVersion !== String(d.rv))
+      return reply(409, status(409, 'Conflict', `Operation cannot be fulfilled on deployments.apps "${name}": the object has been modified`));
+    const replicas = isObj(body) && isObj(body.spec) ? body.spec.replicas : undefined;
+    if (typeof replicas !== 'number' || !Number.isInteger(replicas) || replicas < 0) return reply(422, status(422, 'Invalid', 'spec.replicas: must be a non-negative integer'));
+    if (replicas !== d.replicas) {
+      d.replicas = replicas;
+      d.rv = ++this.rv;
+    }
+    return reply(200, answer());
   }
 
   private selectorOf(url: URL): (pod: Pod) => boolean {

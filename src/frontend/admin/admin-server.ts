@@ -11,6 +11,10 @@ import type { WorkerPool } from '../routing/worker-pool.js';
 import { addDashboard } from './dashboard.js';
 import { FleetEvents } from './fleet-events.js';
 import type { FleetView, Known } from './fleet-view.js';
+import { fleetCapacity } from './fleet-capacity.js';
+import { addScaleDownRoute } from './scale-down-route.js';
+import { registerFleetMetrics } from '../metrics.js';
+import type { Registry } from 'prom-client';
 
 /** How long the fleet view waits for one worker's /engine/status. */
 export const STATUS_TIMEOUT_MS = 1000;
@@ -24,6 +28,8 @@ export interface AdminServerDeps {
   /** Checks mutating routes when an admin token is configured. */
   guardAdmin?: AdminGuard | undefined;
   limits?: HttpServerLimits | undefined;
+  /** Where the fleet's capacity gauges (per model, for an autoscaler) and scale-down counts go: the frontend's /metrics. */
+  metricsRegistry?: Registry | undefined;
 }
 
 /**
@@ -31,7 +37,7 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: AdminServerDeps): FastifyInstance {
+export function createAdminServer({ fleet, pool, agent, guardAdmin, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits });
 
   const describe = async (k: Known) => {
@@ -65,6 +71,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
   };
 
   addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
+  const scaleDowns = metricsRegistry ? registerFleetMetrics(metricsRegistry, async () => fleetCapacity(await listWorkers())).scaleDown : undefined;
 
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
@@ -97,6 +104,37 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
     if (res.body?.worker_id !== id) throw new EbbError('worker_identity_mismatch', `${identityMismatch(k.record.system_url, res.body?.worker_id, id)}; nothing was forwarded`);
   };
 
+  /**
+   * Sends `action` to worker `id` with the caller's credential, once whoever answers at its system URL
+   * proved to be that worker. Resolves with the worker's answer as it is (status code, body).
+   */
+  const forwardAction = async (id: string, action: 'drain' | 'resume', body: DrainBody | undefined, authorization: string | undefined) => {
+    const k = lookup(id);
+    const url = `${k.record.system_url}/engine/${action}`;
+    // A system port can be reused by another worker after this one left: whoever answers there
+    // must prove it is the worker asked for before it gets the action, or the operator's token.
+    await assertIdentity(k, id);
+    const headers: Record<string, string> = {};
+    if (authorization !== undefined) headers.authorization = authorization;
+    try {
+      const res = await adminCall(url, {
+        method: 'POST',
+        headers,
+        body: action === 'drain' ? body : undefined,
+        timeoutMs: FORWARD_TIMEOUT_MS,
+        agent,
+        maxBytes: WORKER_ANSWER_LIMIT,
+      });
+      const answered = (res.body as { worker_id?: unknown } | undefined)?.worker_id;
+      if (res.statusCode < 300 && answered !== id)
+        throw new EbbError('worker_identity_mismatch', `${k.record.system_url} answered the ${action} as worker ${JSON.stringify(answered ?? null)}, not ${id}`);
+      return res;
+    } catch (err) {
+      if (err instanceof Unreachable) throw new EbbError('worker_unreachable', `cannot reach worker ${k.record.worker_id} at ${k.record.system_url}: ${err.reason}`);
+      throw err;
+    }
+  };
+
   const forward = (action: 'drain' | 'resume') => {
     allowOnly(app, `/workers/:id/${action}`, ['POST']);
     app.post<{ Params: { id: string }; Body: DrainBody | undefined }>(
@@ -104,39 +142,18 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
       { schema: action === 'drain' ? { body: DrainBodySchema } : {} },
       async (req, reply) => {
         guardAdmin?.(req.headers.authorization);
-        const k = lookup(req.params.id);
-        const url = `${k.record.system_url}/engine/${action}`;
-        // A system port can be reused by another worker after this one left: whoever answers there
-        // must prove it is the worker asked for before it gets the action, or the operator's token.
-        await assertIdentity(k, req.params.id);
-        const headers: Record<string, string> = {};
-        if (req.headers.authorization !== undefined) headers.authorization = req.headers.authorization;
-        try {
-          const res = await adminCall(url, {
-            method: 'POST',
-            headers,
-            body: action === 'drain' ? req.body : undefined,
-            timeoutMs: FORWARD_TIMEOUT_MS,
-            agent,
-            maxBytes: WORKER_ANSWER_LIMIT,
-          });
-          // The worker's answer as it is: its status code, its body (a status, or its error).
-          const answered = (res.body as { worker_id?: unknown } | undefined)?.worker_id;
-          if (res.statusCode < 300 && answered !== req.params.id)
-            throw new EbbError('worker_identity_mismatch', `${k.record.system_url} answered the ${action} as worker ${JSON.stringify(answered ?? null)}, not ${req.params.id}`);
-          const challenge = res.headers['www-authenticate'];
-          if (challenge !== undefined) void reply.header('www-authenticate', challenge);
-          return reply.code(res.statusCode).send(res.body);
-        } catch (err) {
-          if (err instanceof Unreachable)
-            throw new EbbError('worker_unreachable', `cannot reach worker ${k.record.worker_id} at ${k.record.system_url}: ${err.reason}`);
-          throw err;
-        }
+        const res = await forwardAction(req.params.id, action, req.body, req.headers.authorization);
+        // The worker's answer as it is: its status code, its body (a status, or its error).
+        const challenge = res.headers['www-authenticate'];
+        if (challenge !== undefined) void reply.header('www-authenticate', challenge);
+        return reply.code(res.statusCode).send(res.body);
       },
     );
   };
   forward('drain');
   forward('resume');
+
+  addScaleDownRoute(app, { listWorkers, forwardAction, guardAdmin, counter: scaleDowns });
 
   return app;
 }

@@ -1,0 +1,30 @@
+import { printable } from '../common/terminal-text.js';
+import type { RankedWorker } from '../frontend/admin/victim-ranking.js';
+import type { WorkerMode } from '../protocol/worker-mode.js';
+import type { SourceFlags } from './admin-client.js';
+
+/** What `ebb scale-down` is given and how it talks, shared by its fleet and Kubernetes paths. */
+
+export interface ScaleDownFlags extends SourceFlags {
+  model?: string;
+  count: number;
+  pool?: WorkerMode;
+  dryRun?: boolean;
+  wait?: boolean;
+  json?: boolean;
+  timeout: number;
+  drainDeadline?: number;
+  k8sSelector?: string;
+  k8sScale?: string;
+  namespace?: string;
+  kubeconfig?: string;
+}
+
+/** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
+export const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
+
+/** The ranking as a table, victims marked: what `--dry-run` prints. */
+export function rankingTable(ranking: RankedWorker[], victims: number): string {
+  return ranking.map((r) => `${r.rank <= victims ? '*' : ' '} ${String(r.rank).padStart(2)}. ${r.worker_id} (${r.pool}): ${r.reason}`).join('\n');
+}
+

@@ -1,0 +1,120 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { annotations, APP, NO_TOKEN, NS, podWorker, startKube, stateIs } from './helpers/k8s-fixture.js';
+import type { FakeKubeApiServer, Pod } from './helpers/kube-apiserver.js';
+import { call, openLineStream, type OpenStream } from './helpers/http.js';
+import { openEventStream } from './helpers/event-stream.js';
+import { bounded, CLI, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+
+/**
+ * `ebb scale-down --k8s-selector` against the in-test API server, one fleet for every case: four
+ * pods of a Deployment, each run by a worker bound to it (worker id = pod name, as the manifests
+ * run them); worker-a and worker-d busy with long streams, worker-d unable to ever drain.
+ */
+const started: EbbProcess[] = [];
+let kube: FakeKubeApiServer;
+let kubeconfig = '';
+let discovery = '';
+const workers = new Map<string, WorkerHandle>();
+const streams: OpenStream[] = [];
+const stateAtDelete = new Map<string, unknown>();
+
+after(async () => {
+  for (const s of streams) s.abort();
+  await Promise.all(started.map((p) => p.stop()));
+  await kube?.close();
+});
+
+function ebb(args: string[], boundMs = 60_000) {
+  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+  proc.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+  return bounded(
+    once(proc, 'close').then(([code]) => ({ code: code as number, stdout, stderr })),
+    `ebb ${args.join(' ')}`,
+    boundMs,
+  ).catch((err: Error) => {
+    proc.kill('SIGKILL');
+    throw new Error(`${err.message}\nstdout: ${stdout}\nstderr: ${stderr}`);
+  });
+}
+
+const scaleDown = (extra: string[]) => ebb(['scale-down', '--model', 'm1', '--count', '1', '--k8s-selector', 'app=ebb-worker', '--namespace', NS, '--kubeconfig', kubeconfig, '--discovery', discovery, ...extra]);
+const deletes = () => kube.requests.filter((r) => r.method === 'DELETE').map((r) => r.path.split('/').pop()?.split('?')[0]);
+
+before(async () => {
+  ({ kube, kubeconfig } = await startKube());
+  discovery = tempDiscoveryUrl();
+  kube.createDeployment(NS, 'ebb-worker', 4);
+  // Started in order: worker-d is the youngest.
+  for (const name of ['worker-a', 'worker-b', 'worker-c', 'worker-d']) {
+    kube.createPod(NS, name, APP);
+    const w = await podWorker(kubeconfig, discovery, name, ['--mocker-itl-ms', '20', ...(name === 'worker-d' ? ['--mocker-idleness', 'unknown'] : [])]);
+    started.push(w);
+    workers.set(name, w);
+  }
+  for (const name of workers.keys()) await kube.waitForPod(NS, name, stateIs('serving'), 'serving');
+  kube.on('change', (type: string, pod: Pod) => {
+    if (type === 'MODIFIED' && pod.metadata.deletionTimestamp && !stateAtDelete.has(pod.metadata.name)) stateAtDelete.set(pod.metadata.name, annotations(pod)['ebb.dev/state']);
+  });
+  for (const [name, max_tokens] of [['worker-a', 600], ['worker-d', 2000]] as const) {
+    const w = workers.get(name) as WorkerHandle;
+    await (await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'warm', max_tokens: 3, stream: true })).done;
+    const s = await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'p', max_tokens, stream: true });
+    streams.push(s);
+    await s.first;
+  }
+});
+
+describe('ebb scale-down --k8s-selector', () => {
+  it('--k8s-scale: drains the idle youngest pod, leaves it at the lowest deletion cost and scales the Deployment down by one', async () => {
+    const r = await scaleDown(['--k8s-scale', 'deployment/ebb-worker', '--json', '--timeout', '30s']);
+    assert.equal(r.code, 0, r.stderr);
+    const out = JSON.parse(r.stdout);
+    assert.deepEqual(out.victims.map((v: { worker_id: string }) => v.worker_id), ['worker-c'], r.stdout);
+    assert.deepEqual(out.ranking.map((v: { worker_id: string }) => v.worker_id), ['worker-c', 'worker-b', 'worker-a', 'worker-d'], 'idle first (youngest first), then the work that ends first');
+    assert.deepEqual(out.result, { action: 'scaled', deployment: 'ebb-worker', from: 4, to: 3 });
+    assert.equal(kube.replicas(NS, 'ebb-worker'), 3);
+    const c = annotations(kube.pod(NS, 'worker-c'));
+    assert.equal(c['ebb.dev/state'], 'drained');
+    assert.equal(c['controller.kubernetes.io/pod-deletion-cost'], String(-(2 ** 31)));
+    for (const name of ['worker-a', 'worker-b', 'worker-d']) {
+      const a = annotations(kube.pod(NS, name));
+      assert.equal(a['ebb.dev/drain'], undefined, name);
+      assert.equal(a['ebb.dev/state'], 'serving', name);
+    }
+    assert.deepEqual(deletes(), [], 'the ReplicaSet deletes, not ebb');
+  });
+
+  it('without --k8s-scale: deletes the drained victim, and only once it is drained', async () => {
+    const r = await scaleDown(['--timeout', '30s']);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /worker-b drained and deleted/);
+    assert.deepEqual(deletes(), ['worker-b']);
+    assert.equal(stateAtDelete.get('worker-b'), 'drained');
+    assert.equal((await call('GET', `${workers.get('worker-a')!.systemUrl}/engine/status`)).body.state, 'serving', 'the busy pod was left alone');
+  });
+
+  it('rolls back a victim that does not drain: un-annotated, serving, nothing deleted or scaled, exit 2', async () => {
+    // worker-d goes idle, so it is the one to take; its engine cannot tell it is idle: it never drains.
+    const d = workers.get('worker-d') as WorkerHandle;
+    const events = await openEventStream(`${d.systemUrl}/engine/status/events`);
+    streams[1]?.abort();
+    try {
+      await events.waitFor((e) => e.event === 'status' && e.data.inflight_requests === 0, 'worker-d idle');
+    } finally {
+      events.close();
+    }
+    const r = await scaleDown(['--k8s-scale', 'deployment/ebb-worker', '--timeout', '1s']);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /worker-d: draining/);
+    assert.match(r.stderr, /rolled back: pod\(s\) worker-d \(ebb\.dev\/state=draining\) did not drain within 1\.0s; every victim was un-annotated/);
+    await kube.waitForPod(NS, 'worker-d', (p) => stateIs('serving')(p) && annotations(p)['ebb.dev/drain'] === undefined, 'worker-d resumed');
+    assert.equal(kube.replicas(NS, 'ebb-worker'), 3, 'not scaled');
+    assert.deepEqual(deletes(), ['worker-b'], 'nothing more deleted');
+  });
+});

@@ -1,0 +1,234 @@
+import { after, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { EventEmitter, once } from 'node:events';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { call, openLineStream, type OpenStream } from './helpers/http.js';
+import { openEventStream } from './helpers/event-stream.js';
+import { bounded, CLI, metricValues, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
+
+/**
+ * One fleet for every case (cheap): four m1 workers and a frontend with its admin listener, plus
+ * two m2 workers, the youngest of which can never drain (its engine cannot tell it is idle).
+ */
+const NO_TOKEN = { EBB_ADMIN_TOKEN: undefined };
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+async function ebb(args: string[], boundMs = WAIT_BOUND_MS * 2): Promise<{ code: number; stdout: string; stderr: string }> {
+  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+  proc.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+  try {
+    const [code] = (await bounded(once(proc, 'close'), `ebb ${args.join(' ')}`, boundMs)) as [number | null];
+    return { code: code ?? -1, stdout, stderr };
+  } catch (err) {
+    proc.kill('SIGKILL');
+    throw new Error(`${(err as Error).message}\nstdout: ${stdout}\nstderr: ${stderr}`);
+  }
+}
+
+let discovery = '';
+let fe: FrontendHandle & { adminUrl: string };
+const m1: WorkerHandle[] = [];
+const m2: WorkerHandle[] = [];
+const byId = (id: string) => [...m1, ...m2].find((w) => w.workerId === id) as WorkerHandle;
+
+/** One short request: the drain ETA needs an observed per-token time. */
+async function warmUp(w: WorkerHandle): Promise<void> {
+  await (await openLineStream(`${w.requestUrl}/generate`, { model: w === m2[0] || w === m2[1] ? 'm2' : 'm1', prompt: 'warm', max_tokens: 3, stream: true })).done;
+}
+
+before(async () => {
+  discovery = tempDiscoveryUrl();
+  // Started one after the other: later ones are younger (started_at), the ranking's last tie-break.
+  for (const id of ['m1-a', 'm1-b', 'm1-c', 'm1-d']) {
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', id, '--mocker-itl-ms', '20'], NO_TOKEN);
+    started.push(w);
+    m1.push(w);
+  }
+  for (const [id, extra] of [['m2-ok', []], ['m2-stuck', ['--mocker-idleness', 'unknown']]] as const) {
+    const w = await startWorker(['--discovery', discovery, '--model', 'm2', '--worker-id', id, '--mocker-itl-ms', '20', ...extra], NO_TOKEN);
+    started.push(w);
+    m2.push(w);
+  }
+  await Promise.all([...m1, ...m2].map(warmUp));
+  const frontend = await startFrontend(discovery, ['--admin-port', '0'], NO_TOKEN);
+  started.push(frontend);
+  const adminUrl = (await frontend.waitForEvent('frontend_ready')).admin_url as string;
+  for (const w of [...m1, ...m2])
+    await frontend.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === w.workerId) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(w.workerId)), `frontend sees ${w.workerId}`);
+  fe = Object.assign(frontend, { adminUrl });
+});
+
+async function resume(ids: string[]): Promise<void> {
+  for (const id of ids) {
+    const mark = fe.mark();
+    const r = await call('POST', `${byId(id).systemUrl}/engine/resume`);
+    assert.equal(r.body.state, 'serving', JSON.stringify(r.body));
+    await fe.waitForLog((l) => l.event === 'worker_added' && l.worker_id === id, `frontend sees ${id} back`, { after: mark });
+  }
+}
+
+describe('ebb scale-down: the victims', () => {
+  it('takes the idle worker and the one whose work ends first, shows why, and leaves the long streams alone', async () => {
+    const [a, b, c, d] = m1 as [WorkerHandle, WorkerHandle, WorkerHandle, WorkerHandle];
+    // Uneven load: a idle; b ends in under a second; c and d run for many seconds.
+    const open = (w: WorkerHandle, max_tokens: number) => openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'p', max_tokens, stream: true });
+    const streams: OpenStream[] = [await open(b, 40), await open(c, 600), await open(d, 800)];
+    await Promise.all(streams.map((s) => s.first));
+
+    // Serving workers report the drain ETA they would have if drained now.
+    const sb = (await call('GET', `${b.systemUrl}/engine/status`)).body;
+    const sc = (await call('GET', `${c.systemUrl}/engine/status`)).body;
+    assert.equal(sb.state, 'serving');
+    assert.equal(sb.eta_ms, null, 'eta_ms stays the draining ETA');
+    assert.equal(typeof sb.eta_if_drained_ms, 'number', JSON.stringify(sb));
+    assert.ok(sb.eta_if_drained_ms < sc.eta_if_drained_ms, `b (${sb.eta_if_drained_ms}) ends before c (${sc.eta_if_drained_ms})`);
+    assert.equal((await call('GET', `${a.systemUrl}/engine/status`)).body.eta_if_drained_ms, 0, 'idle: nothing to wait for');
+    assert.match(sb.started_at, /^\d{4}-\d\d-\d\dT/);
+
+    const dry = await ebb(['scale-down', '--model', 'm1', '--count', '2', '--dry-run', '--json', '--frontend', fe.adminUrl]);
+    assert.equal(dry.code, 0, dry.stderr);
+    const plan = JSON.parse(dry.stdout);
+    assert.deepEqual(plan.victims.map((v: { worker_id: string }) => v.worker_id).sort(), ['m1-a', 'm1-b']);
+    assert.deepEqual(plan.ranking.slice(2).map((v: { worker_id: string }) => v.worker_id), ['m1-c', 'm1-d'], 'c ends before d');
+    assert.match(plan.victims.find((v: { worker_id: string }) => v.worker_id === 'm1-a').reason, /idle/);
+    const text = await ebb(['scale-down', '--model', 'm1', '--count', '2', '--dry-run', '--discovery', discovery]);
+    assert.equal(text.code, 0, text.stderr);
+    assert.match(text.stdout, /\* +\d\. m1-a \(aggregated\): /);
+    assert.match(text.stdout, /\s+4\. m1-d \(aggregated\): its work ends in/);
+    assert.equal((await call('GET', `${a.systemUrl}/engine/status`)).body.state, 'serving', 'a dry run drains nothing');
+
+    const run = await ebb(['scale-down', '--model', 'm1', '--count', '2', '--wait', '--timeout', '30s', '--json', '--frontend', fe.adminUrl]);
+    assert.equal(run.code, 0, run.stderr);
+    const out = JSON.parse(run.stdout);
+    assert.deepEqual(out.victims.map((v: { worker_id: string }) => v.worker_id).sort(), ['m1-a', 'm1-b']);
+    assert.ok(out.victims.every((v: { state: string; reason: string }) => v.state === 'drained' && v.reason.length > 0));
+    const bLines = await streams[0]!.done;
+    assert.match(bLines[bLines.length - 1] as string, /"done":true/, "b's stream finished whole before b was drained");
+    assert.equal(bLines.length, 41);
+    for (const w of [c, d]) assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving');
+    for (const s of streams.slice(1)) s.abort();
+    await resume(['m1-a', 'm1-b']);
+  });
+
+  it('takes the youngest among idle workers', async () => {
+    // c and d just lost their clients: wait until every m1 worker is idle again.
+    for (const w of m1) {
+      const events = await openEventStream(`${w.systemUrl}/engine/status/events`);
+      try {
+        await events.waitFor((e) => e.event === 'status' && e.data.inflight_requests === 0, `${w.workerId} idle`);
+      } finally {
+        events.close();
+      }
+    }
+    const dry = await ebb(['scale-down', '--model', 'm1', '--count', '1', '--dry-run', '--json', '--frontend', fe.adminUrl]);
+    assert.equal(dry.code, 0, dry.stderr);
+    const plan = JSON.parse(dry.stdout);
+    assert.deepEqual(plan.ranking.map((r: { worker_id: string }) => r.worker_id), ['m1-d', 'm1-c', 'm1-b', 'm1-a'], dry.stdout);
+  });
+
+  it('refuses to take every worker of the pool', async () => {
+    const r = await ebb(['scale-down', '--model', 'm1', '--count', '4', '--dry-run', '--frontend', fe.adminUrl]);
+    assert.equal(r.code, 1);
+    assert.match(r.stderr, /would leave none to take over their streams \(at most 3\)/);
+  });
+});
+
+describe('ebb scale-down: all or nothing', () => {
+  it('resumes a victim that does not drain within --timeout and exits 2', async () => {
+    const r = await ebb(['scale-down', '--model', 'm2', '--count', '1', '--wait', '--timeout', '1s', '--discovery', discovery]);
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, /m2-stuck: draining/, 'the youngest idle worker was the victim');
+    assert.match(r.stderr, /rolled back: .*m2-stuck.* did not drain within 1\.0s.*every victim was resumed and nothing is to be deleted/);
+    const s = (await call('GET', `${byId('m2-stuck').systemUrl}/engine/status`)).body;
+    assert.equal(s.state, 'serving');
+    assert.equal(s.discovery_registered, true, 'back in discovery');
+    assert.equal(r.stdout, '', 'no victim reported as deletable');
+  });
+});
+
+describe('frontend admin API: POST /models/{model}/scale-down under load', () => {
+  it('drains the chosen victims with no stream lost, and the fleet gauges follow', async () => {
+    const gauges = (model: string) => metricValues(fe.url, [`ebb_frontend_fleet_serving_workers{model="${model}",mode="aggregated"}`, `ebb_frontend_scale_downs_total{outcome="started"}`, `ebb_frontend_fleet_drainable_workers{model="${model}",mode="aggregated"}`]);
+    const [serving0, started0, drainable0] = await gauges('m1');
+    assert.equal(serving0, 4);
+    assert.equal(started0, 0, 'created at 0');
+    assert.equal(drainable0, 3, 'all idle: every worker but one could go now');
+
+    const refused = await call('POST', `${fe.adminUrl}/models/nope/scale-down`, { count: 1 });
+    assert.equal(refused.status, 404);
+    assert.equal(refused.body.error.code, 'model_not_found');
+
+    const outcomes: StreamOutcome[] = [];
+    const completed = new EventEmitter();
+    let stop = false;
+    const loops = Array.from({ length: 6 }, async (_, i) => {
+      while (!stop) {
+        outcomes.push(await streamCompletion(fe.url, { model: 'm1', max_tokens: 30, seed: i }));
+        completed.emit('one');
+      }
+    });
+    const completedAtLeast = (n: number, what: string) =>
+      bounded(
+        (async () => {
+          while (outcomes.length < n) await once(completed, 'one');
+        })(),
+        what,
+      );
+    const fleet = await openEventStream(`${fe.adminUrl}/workers/events`);
+    try {
+      await completedAtLeast(12, 'load under way');
+      const res = await call('POST', `${fe.adminUrl}/models/m1/scale-down`, { count: 2, deadline_ms: 200 });
+      assert.equal(res.status, 202, JSON.stringify(res.body));
+      const victims: string[] = res.body.victims.map((v: { worker_id: string }) => v.worker_id);
+      assert.equal(victims.length, 2);
+      assert.ok(res.body.victims.every((v: { worker_id: string; status_url: string; events_url: string; reason: string }) => v.status_url === `/workers/${v.worker_id}` && v.events_url === '/workers/events' && v.reason), JSON.stringify(res.body));
+      for (const id of victims) await fleet.waitFor((e) => e.event === 'status' && e.data.worker_id === id && e.data.status.state === 'drained', `${id} drained`);
+      const after = outcomes.length;
+      await completedAtLeast(after + 12, 'load goes on');
+      stop = true;
+      await Promise.all(loops);
+      const failures = outcomes.filter((o) => o.status !== 200 || !o.done || o.tokens !== 30 || o.error);
+      assert.deepEqual(failures, [], 'every stream completes with all its tokens');
+      const [serving1, started1] = await gauges('m1');
+      assert.equal(serving1, 2);
+      assert.equal(started1, 1);
+      await resume(victims);
+    } finally {
+      stop = true;
+      fleet.close();
+    }
+  });
+});
+
+describe('frontend admin API: POST /models/{model}/scale-down behind an admin token', () => {
+  it('refuses without the token (401) or with a wrong one (403), and answers the dry run with it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'ebb-scale-down-token-'));
+    const tokenFile = join(dir, 'admin-token');
+    writeFileSync(tokenFile, 'sekrit-token\n', { mode: 0o600 });
+    const guarded = await startFrontend(discovery, ['--admin-port', '0', '--admin-token-file', tokenFile], NO_TOKEN);
+    started.push(guarded);
+    const admin = (await guarded.waitForEvent('frontend_ready')).admin_url as string;
+    const url = `${admin}/models/m1/scale-down`;
+    const none = await call('POST', url, { count: 1, dry_run: true });
+    assert.equal(none.status, 401);
+    assert.equal(none.body.error.code, 'unauthorized');
+    const wrong = await call('POST', url, { count: 1, dry_run: true }, { authorization: 'Bearer nope' });
+    assert.equal(wrong.status, 403);
+    for (const w of m1)
+      await guarded.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === w.workerId) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(w.workerId)), `sees ${w.workerId}`);
+    const ok = await call('POST', url, { count: 1, dry_run: true }, { authorization: 'Bearer sekrit-token' });
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
+    assert.equal(ok.body.victims.length, 1);
+    for (const w of m1) assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving', 'a dry run drains nothing');
+  });
+});
