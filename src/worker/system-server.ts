@@ -19,13 +19,6 @@ export interface SystemServerDeps {
   guardAdmin?: ((authorization: string | undefined) => string | void) | undefined;
 }
 
-/**
- * The system-status server: probes, metrics and the Admin API, on their own port so the request
- * plane never carries them. /live stays 200 while draining (drain must not get the pod killed) and
- * while the engine loads (a model can take minutes); it fails only once the engine died under the
- * worker. Until the engine can serve, /health says `loading` and the Admin API answers 503
- * `worker_loading`: there is nothing to drain, and the worker is not in discovery.
- */
 /** When this worker process started: a scale-down takes the youngest first among equals. */
 const STARTED_AT = new Date(performance.timeOrigin).toISOString();
 
@@ -43,7 +36,14 @@ function scaleDownFacts(r: WorkerRuntime, s: LifecycleStatus): { started_at: str
   return { started_at: STARTED_AT, eta_if_drained_ms: eta };
 }
 
-export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): FastifyInstance {
+/**
+ * The system-status server: probes, metrics and the Admin API, on their own port so the request
+ * plane never carries them. /live stays 200 while draining (drain must not get the pod killed) and
+ * while the engine loads (a model can take minutes); it fails only once the engine died under the
+ * worker. Until the engine can serve, /health says `loading` and the Admin API answers 503
+ * `worker_loading`: there is nothing to drain, and the worker is not in discovery.
+ */
+export function createSystemServer({ phase, workerId, guardAdmin }: SystemServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true });
   addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
 
