@@ -1,7 +1,8 @@
 import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
-import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence, TokenizeRequest } from './engine.js';
+import { mockerTokenIds } from '../protocol/mocker-tokenizer.js';
 import { Slots } from './slots.js';
 import { KvTransferStore, type KvTransfer } from './kv-transfers.js';
 
@@ -213,6 +214,11 @@ export class MockerEngine implements Engine {
       generated_tokens: this.generated,
       ...(this.kvTransfers ? { kv_transfers_pending: this.kvTransfers.size } : {}),
     };
+  }
+
+  /** The mocker's one-id-per-word tokens of the prompt (protocol/mocker-tokenizer.ts). */
+  async tokenize(req: TokenizeRequest): Promise<number[]> {
+    return mockerTokenIds(req.prompt);
   }
 
   async close(): Promise<void> {
