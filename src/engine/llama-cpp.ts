@@ -19,6 +19,7 @@ import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
 import { PieceAssembler } from './llama-cpp-text.js';
 import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
+import { KvEventLog } from './kv-event-log.js';
 import { Slots } from './slots.js';
 import type { LlamaCppOptions } from './llama-cpp-options.js';
 
@@ -150,6 +151,8 @@ export class LlamaCppEngine implements Engine {
   private readonly grammars: GrammarCache;
   /** The context's sequences, kept with their tokens: prompt prefixes are reused (llama-cpp-prefix-reuse.ts). */
   private readonly sequences: PrefixSequences;
+  /** The blocks the sequences hold, for the frontend's router (GET /kv/events); hashed over this model's tokens. */
+  readonly kvEvents = new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
   private generated = 0;
   private cachedPromptTokens = 0;
   private closed = false;
@@ -166,7 +169,7 @@ export class LlamaCppEngine implements Engine {
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
-    this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, undefined);
+    this.sequences = new PrefixSequences(context, opts.parallel, this.kvEvents.blockSize, this.kvEvents);
     this.capabilities = {
       json_object: true,
       json_schema: true,
