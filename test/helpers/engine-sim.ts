@@ -32,6 +32,16 @@ export interface SeenEngineRequest {
   body: Record<string, any>;
 }
 
+/** The simulators' chat template: one "role: content" line per message, then the answer's opening. */
+export function simTemplate(messages: Array<{ role: string; content: string }>): string {
+  return messages.map((m) => `<${m.role}> ${m.content}\n`).join('') + '<assistant>';
+}
+
+/** The simulators' tokenizer: one id per whitespace-separated word, from its characters. */
+export function simTokenIds(text: string): number[] {
+  return text.split(/\s+/).filter(Boolean).map((w) => [...w].reduce((h, c) => (h * 31 + c.charCodeAt(0)) % 50_000, 7));
+}
+
 const WORDS = 'tide river shore harbor light quiet steady flow ebb drift wave sand gull salt moon'.split(' ');
 
 function metricsPage(kind: Exclude<SimKind, 'generic'>, model: string, running: number, waiting: number, held: { running: number; waiting: number }): string {
@@ -193,6 +203,21 @@ export class EngineSim extends EventEmitter {
         this.seen.push({ path, body });
         this.emit('request', { path, body });
         this.stream(path === '/v1/chat/completions', body, res);
+      });
+      return;
+    }
+    if (req.method === 'POST' && (path === '/tokenize' || path === '/apply-template') && this.kind !== 'generic') {
+      let raw = '';
+      req.setEncoding('utf8');
+      req.on('data', (c: string) => (raw += c));
+      req.on('end', () => {
+        const body = JSON.parse(raw) as Record<string, any>;
+        this.seen.push({ path, body });
+        if (path === '/apply-template') return this.kind === 'llamacpp' ? this.json(res, 200, { prompt: simTemplate(body.messages) }) : this.json(res, 404, {});
+        // vLLM's shape ({prompt} or {messages}) and llama-server's ({content}).
+        const text = this.kind === 'llamacpp' ? String(body.content) : body.messages ? simTemplate(body.messages) : String(body.prompt);
+        const tokens = simTokenIds(text);
+        return this.json(res, 200, this.kind === 'llamacpp' ? { tokens } : { count: tokens.length, max_model_len: 4096, tokens });
       });
       return;
     }
