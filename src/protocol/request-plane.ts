@@ -107,6 +107,8 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** Prompt tokens the engine found in its prefix cache; absent where the engine cannot tell. */
+  cached_tokens?: number;
 }
 
 /**

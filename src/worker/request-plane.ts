@@ -50,7 +50,12 @@ export interface RequestPlane {
 }
 
 function usageOf(r: GenerateResult) {
-  return { prompt_tokens: r.prompt_tokens, completion_tokens: r.completion_tokens, total_tokens: r.prompt_tokens + r.completion_tokens };
+  return {
+    prompt_tokens: r.prompt_tokens,
+    completion_tokens: r.completion_tokens,
+    total_tokens: r.prompt_tokens + r.completion_tokens,
+    ...(r.cached_tokens !== undefined ? { cached_tokens: r.cached_tokens } : {}),
+  };
 }
 
 const line = (l: StreamLine) => JSON.stringify(l) + '\n';
