@@ -31,6 +31,12 @@ function commonPrefix(a: readonly number[], b: readonly number[]): number {
   return i;
 }
 
+/** Lexicographic: the first differing entry decides. */
+function outranks(a: readonly number[], b: readonly number[]): boolean {
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return (a[i] as number) > (b[i] as number);
+  return false;
+}
+
 /**
  * Prompt caching across requests, as llama.cpp's server does with its slots: the context's
  * sequences are never disposed, a request takes the free one whose tokens share the longest
@@ -64,14 +70,20 @@ export class PrefixSequences {
    * empty sequence, as without caching. The caller holds a slot of the engine's, so one is free.
    */
   async take(input: readonly Token[], reuse: boolean): Promise<SequenceLease> {
+    // Overlap under a block (a shared BOS token) is worth nothing: an empty sequence is then taken
+    // before one whose cache would be lost, and among those the least recently used.
+    const rank = (slot: Slot, common: number) => [common >= this.blockSize ? common : 0, slot.sequence.nextTokenIndex === 0 ? 1 : 0, -slot.lastUsed];
     let best: Slot | undefined;
-    let bestCommon = -1;
+    let bestCommon = 0;
+    let bestRank: number[] = [];
     for (const slot of this.slots) {
       if (slot.busy) continue;
       const common = reuse ? commonPrefix(slot.sequence.contextTokens, input) : 0;
-      if (common > bestCommon || (common === bestCommon && best !== undefined && slot.lastUsed < best.lastUsed)) {
+      const r = rank(slot, common);
+      if (best === undefined || outranks(r, bestRank)) {
         best = slot;
         bestCommon = common;
+        bestRank = r;
       }
     }
     if (best === undefined) throw new Error('no free llama.cpp sequence (more requests than --parallel were let through)');
