@@ -49,7 +49,10 @@ class FakeVllmPublisher {
     await this.sock.send([Buffer.from(''), seqBytes, packr.pack([Date.now() / 1000, events, 0])]);
   }
 
-  close(): void {
+  /** Resolves once the endpoint is free again (closing alone lets it go later, in ZMQ's I/O thread). */
+  async close(): Promise<void> {
+    if (this.sock.closed) return;
+    await this.sock.unbind(this.endpoint);
     this.sock.close();
   }
 }
@@ -89,9 +92,9 @@ describe('--engine-kv-events: vLLM KV event batches over ZMQ into GET /kv/events
     stream = await openEventStream(`${w.systemUrl}/kv/events`);
     await stream.waitFor((e) => e.event === 'snapshot', 'the snapshot');
   });
-  after(() => {
+  after(async () => {
     stream?.close();
-    pub?.close();
+    await pub?.close();
   });
 
   it('declares the engine\'s block size, tokenized by the worker, with exact events', () => {
@@ -157,7 +160,7 @@ describe('--engine-kv-events: vLLM KV event batches over ZMQ into GET /kv/events
     await pub.send([['AllBlocksCleared']]);
     await kv(at)((e) => e.type === 'cleared', 'cleared');
     // The engine restarts: its socket goes, a new one binds the same endpoint, numbering from 0.
-    pub.close();
+    await pub.close();
     pub = await FakeVllmPublisher.bind(w.logs.find((l) => l.event === 'engine_kv_events_connected')?.endpoint as string);
     await pub.subscribed();
     await w.waitForEvent('engine_kv_events_disconnected');

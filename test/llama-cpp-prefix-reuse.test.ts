@@ -22,7 +22,7 @@ const Q2 = `${DOC}where does the harbor light shine at night?`;
 
 interface Answer {
   text: string;
-  usage: { prompt_tokens: number; completion_tokens: number; cached_tokens?: number };
+  usage: { prompt_tokens: number; completion_tokens: number; prompt_tokens_details?: { cached_tokens: number } };
 }
 
 describe('llama-cpp prefix reuse', () => {
@@ -70,20 +70,20 @@ describe('llama-cpp prefix reuse', () => {
   it('evaluates only what a sequence does not hold, and answers exactly as without reuse (temperature 0)', async () => {
     // Cold: nothing is cached, the whole prompt is evaluated.
     const cold = await generate({ prompt: Q2 });
-    assert.equal(cold.usage.cached_tokens, 0);
+    assert.equal(cold.usage.prompt_tokens_details?.cached_tokens, 0);
     // Another question on the same document reuses the document's tokens...
     const q1 = await generate({ prompt: Q1 });
     const common = (await tokenize({ prompt: DOC })).length;
-    assert.ok((q1.usage.cached_tokens ?? 0) >= common - 2, `the document's ${common} tokens were reused (${q1.usage.cached_tokens})`);
-    assert.ok((q1.usage.cached_tokens ?? 0) < q1.usage.prompt_tokens);
+    assert.ok((q1.usage.prompt_tokens_details?.cached_tokens ?? 0) >= common - 2, `the document's ${common} tokens were reused (${q1.usage.prompt_tokens_details?.cached_tokens})`);
+    assert.ok((q1.usage.prompt_tokens_details?.cached_tokens ?? 0) < q1.usage.prompt_tokens);
     // ...and Q2 again, now on a sequence whose tail was overwritten by Q1: only its question is evaluated.
     const warm = await generate({ prompt: Q2 });
-    assert.ok((warm.usage.cached_tokens ?? 0) > 0 && (warm.usage.cached_tokens ?? 0) < warm.usage.prompt_tokens, `partly cached: ${warm.usage.cached_tokens}`);
+    assert.ok((warm.usage.prompt_tokens_details?.cached_tokens ?? 0) > 0 && (warm.usage.prompt_tokens_details?.cached_tokens ?? 0) < warm.usage.prompt_tokens, `partly cached: ${warm.usage.prompt_tokens_details?.cached_tokens}`);
     assert.equal(warm.text, cold.text, 'the same answer with and without reuse');
     assert.deepEqual(warm.usage.prompt_tokens, cold.usage.prompt_tokens);
     // The very same prompt once more: all but the last token come from the cache.
     const again = await generate({ prompt: Q2 });
-    assert.equal(again.usage.cached_tokens, again.usage.prompt_tokens - 1);
+    assert.equal(again.usage.prompt_tokens_details?.cached_tokens, again.usage.prompt_tokens - 1);
     assert.equal(again.text, cold.text);
   });
 
@@ -112,6 +112,8 @@ describe('llama-cpp prefix reuse', () => {
     const q1Blocks = blockHashes(await tokenize({ prompt: Q1 }));
     assert.ok(q1Blocks.every((h) => !now.has(h) && gone.includes(h)), 'and their removal was published');
     const status = await call('GET', `${w.systemUrl}/engine/status`);
-    assert.equal(status.body.engine.cached_blocks, now.size);
+    assert.equal(status.body.kv_cache.cached_blocks, now.size);
+    assert.equal(status.body.kv_cache.block_size, 16);
+    assert.ok(status.body.kv_cache.prompt_tokens_hit > 0 && status.body.kv_cache.hit_rate > 0 && status.body.kv_cache.hit_rate < 1);
   });
 });

@@ -24,13 +24,16 @@ describe('POST /tokenize (mocker)', () => {
     await w?.stop();
   });
 
-  it('answers the mocker\'s word ids of the prompt and of chat messages as joined for the engine', async () => {
+  it('answers the mocker\'s word ids of the prompt of chat messages as joined for the engine, and of a continuation', async () => {
     const plain = await call('POST', `${w.requestUrl}/tokenize`, { model: 'm1', prompt: 'the tide  comes\nin' }, auth);
     assert.equal(plain.status, 200);
     assert.deepEqual(plain.body, { token_ids: mockerTokenIds('the tide comes in') });
     const messages = [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hello' }];
     const chat = await call('POST', `${w.requestUrl}/tokenize`, { model: 'm1', messages }, auth);
-    assert.deepEqual(chat.body.token_ids, mockerTokenIds('system: be brief\nuser: hello'));
+    // A chat's sequence also holds the opening of the answer's turn, as the mocker's cache hashes it.
+    assert.deepEqual(chat.body.token_ids, mockerTokenIds('system: be brief\nuser: hello assistant:'));
+    const cont = await call('POST', `${w.requestUrl}/tokenize`, { model: 'm1', prompt: 'the tide', continuation: { text: ' comes in', completion_tokens: 2 } }, auth);
+    assert.deepEqual(cont.body.token_ids, mockerTokenIds('the tide comes in'));
     const empty = await call('POST', `${w.requestUrl}/tokenize`, { model: 'm1' }, auth);
     assert.equal(empty.status, 400);
     assert.equal(empty.body.error.code, 'invalid_request');

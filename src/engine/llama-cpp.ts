@@ -13,7 +13,7 @@ import {
   type LlamaModel,
   type Token,
 } from 'node-llama-cpp';
-import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence, TokenizeRequest } from './engine.js';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
 import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
 import { PieceAssembler } from './llama-cpp-text.js';
@@ -154,6 +154,8 @@ export class LlamaCppEngine implements Engine {
   /** The blocks the sequences hold, for the frontend's router (GET /kv/events); hashed over this model's tokens. */
   readonly kvEvents = new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
   private generated = 0;
+  /** Prompt tokens seen, and those found in a sequence's cache (not evaluated again). */
+  private promptTokensSeen = 0;
   private cachedPromptTokens = 0;
   private closed = false;
   /** From the GGUF's vocabulary; undefined when the file does not say (continuations then use text). */
@@ -266,6 +268,7 @@ export class LlamaCppEngine implements Engine {
       sequence = lease.sequence;
       cached = lease.cached;
       this.cachedPromptTokens += Math.min(cached, promptTokens);
+      this.promptTokensSeen += promptTokens;
       const replay = this.opts.batchInvariant === true && already.length > 0;
       if (replay) {
         const evaluate = (these: Token[]) => {
@@ -376,11 +379,22 @@ export class LlamaCppEngine implements Engine {
       queued_sequences: this.slots.queued,
       batch_slots: this.slots.capacity,
       generated_tokens: this.generated,
-      cached_prompt_tokens: this.cachedPromptTokens,
-      cached_blocks: this.sequences.cachedBlocks,
       context_size: this.context.contextSize,
       sequences_free: this.slots.capacity - this.slots.running,
       threads: this.opts.threads,
+    };
+  }
+
+  /** The sequences' blocks, as GET /engine/status shows them (`kv_cache`). */
+  kvCacheStats(): KvCacheStats {
+    const seen = this.promptTokensSeen;
+    return {
+      block_size: this.sequences.blockSize,
+      capacity_blocks: this.opts.parallel * Math.floor(this.context.contextSize / this.sequences.blockSize),
+      cached_blocks: this.sequences.cachedBlocks,
+      prompt_tokens_hit: this.cachedPromptTokens,
+      prompt_tokens_missed: seen - this.cachedPromptTokens,
+      hit_rate: seen === 0 ? 0 : this.cachedPromptTokens / seen,
     };
   }
 

@@ -107,8 +107,8 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
-  /** Prompt tokens the engine found in its prefix cache; absent where the engine cannot tell. */
-  cached_tokens?: number;
+  /** As OpenAI's: prompt tokens the engine found in its prefix cache. Absent where the engine cannot tell. */
+  prompt_tokens_details?: { cached_tokens: number };
 }
 
 /**
