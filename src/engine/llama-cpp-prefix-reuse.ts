@@ -114,6 +114,15 @@ export class PrefixSequences {
     slot.busy = false;
   }
 
+  /**
+   * Empties a taken sequence (to load another state into it, or after a failed load), and publishes
+   * that its blocks are gone.
+   */
+  async clear(lease: SequenceLease): Promise<void> {
+    await lease.sequence.clearHistory();
+    this.publish(lease);
+  }
+
   /** Publishes the difference between what the sequence held and what it holds now. */
   publish(slotOrLease: Slot | SequenceLease): void {
     const slot = 'slot' in slotOrLease ? slotOrLease.slot : slotOrLease;
