@@ -11,7 +11,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Packr } from 'msgpackr';
-import { XPublisher } from 'zeromq';
+import { Router, XPublisher } from 'zeromq';
 import { blockHashes, chainHash, ROOT_BLOCK_HASH } from '../src/protocol/block-hash.js';
 import { call } from './helpers/http.js';
 import { openEventStream, type EventStream } from './helpers/event-stream.js';
@@ -21,18 +21,44 @@ import { startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/proc
 const BLOCK = 4;
 const packr = new Packr({ useRecords: false });
 
-/** vLLM's publisher: an XPUB, so the test knows when the worker's subscription has arrived. */
+/**
+ * vLLM's publisher: an XPUB, so the test knows when the worker's subscription has arrived, and
+ * optionally its replay ROUTER serving the batches it keeps (seq >= the asked start, then seq -1).
+ */
 class FakeVllmPublisher {
   private seq = 0n;
+  private readonly kept: Array<[bigint, Buffer]> = [];
+  replayEndpoint = '';
+  private replaySock: Router | undefined;
   private constructor(
     private readonly sock: XPublisher,
     readonly endpoint: string,
   ) {}
 
-  static async bind(endpoint = 'tcp://127.0.0.1:*'): Promise<FakeVllmPublisher> {
+  static async bind(endpoint = 'tcp://127.0.0.1:*', replay = false): Promise<FakeVllmPublisher> {
     const sock = new XPublisher();
     await sock.bind(endpoint);
-    return new FakeVllmPublisher(sock, sock.lastEndpoint as string);
+    const pub = new FakeVllmPublisher(sock, sock.lastEndpoint as string);
+    if (replay) await pub.serveReplay();
+    return pub;
+  }
+
+  private async serveReplay(): Promise<void> {
+    const router = new Router();
+    await router.bind('tcp://127.0.0.1:*');
+    this.replaySock = router;
+    this.replayEndpoint = router.lastEndpoint as string;
+    void (async () => {
+      try {
+        for await (const [id, , start] of router) {
+          const from = (start as Buffer).readBigInt64BE(0);
+          for (const [seq, payload] of this.kept) if (seq >= from) await router.send([id as Buffer, Buffer.alloc(0), be8(seq), payload]);
+          await router.send([id as Buffer, Buffer.alloc(0), be8(-1n), Buffer.alloc(0)]);
+        }
+      } catch {
+        /* closed */
+      }
+    })();
   }
 
   /** Resolves when a subscriber subscribes (XPUB hands the subscription frame up). */
@@ -41,12 +67,15 @@ class FakeVllmPublisher {
     assert.equal(msg?.[0], 1, 'a subscribe frame');
   }
 
-  /** One batch as vLLM's ZmqEventPublisher sends it: [topic, seq as 8 bytes big-endian, EventBatch]. */
-  async send(events: unknown[], seq = this.seq): Promise<void> {
+  /**
+   * One batch as vLLM's ZmqEventPublisher sends it: [topic, seq as 8 bytes big-endian, EventBatch],
+   * kept for replay. `lost`: kept but never delivered (a subscriber that fell behind).
+   */
+  async send(events: unknown[], seq = this.seq, lost = false): Promise<void> {
     this.seq = seq + 1n;
-    const seqBytes = Buffer.alloc(8);
-    seqBytes.writeBigInt64BE(seq);
-    await this.sock.send([Buffer.from(''), seqBytes, packr.pack([Date.now() / 1000, events, 0])]);
+    const payload = packr.pack([Date.now() / 1000, events, 0]);
+    this.kept.push([seq, payload]);
+    if (!lost) await this.sock.send([Buffer.from(''), be8(seq), payload]);
   }
 
   /** Resolves once the endpoint is free again (closing alone lets it go later, in ZMQ's I/O thread). */
@@ -54,7 +83,14 @@ class FakeVllmPublisher {
     if (this.sock.closed) return;
     await this.sock.unbind(this.endpoint);
     this.sock.close();
+    this.replaySock?.close();
   }
+}
+
+function be8(n: bigint): Buffer {
+  const b = Buffer.alloc(8);
+  b.writeBigInt64BE(n);
+  return b;
 }
 
 const stored = (hashes: unknown[], parent: unknown, tokens: number[], blockSize = BLOCK) => ['BlockStored', hashes, parent, tokens, blockSize, null, 'GPU'];
@@ -85,9 +121,9 @@ describe('--engine-kv-events: vLLM KV event batches over ZMQ into GET /kv/events
   const kv = (after: number) => (pred: (e: any) => boolean, what: string) => stream.waitFor((e) => e.event === 'kv' && e.data.events.some(pred), what, after);
 
   before(async () => {
-    pub = await FakeVllmPublisher.bind();
+    pub = await FakeVllmPublisher.bind(undefined, true);
     const subscribed = pub.subscribed();
-    w = await fronted('vllm', ['--engine-kv-events', pub.endpoint, '--engine-kv-block-size', String(BLOCK)]);
+    w = await fronted('vllm', ['--engine-kv-events', pub.endpoint, '--engine-kv-events-replay', pub.replayEndpoint, '--engine-kv-block-size', String(BLOCK)]);
     await subscribed;
     stream = await openEventStream(`${w.systemUrl}/kv/events`);
     await stream.waitFor((e) => e.event === 'snapshot', 'the snapshot');
@@ -138,7 +174,7 @@ describe('--engine-kv-events: vLLM KV event batches over ZMQ into GET /kv/events
     assert.deepEqual(status.body.engine.kv_events.skipped, { block_size: 1, unknown_parent: 1, lora: 1 });
   });
 
-  it('a sequence gap publishes cleared, then goes on from the batches that follow', async () => {
+  it('a sequence gap the replay cannot fill (its buffer lacks the lost batches) publishes cleared, then goes on from the batches that follow', async () => {
     const at = stream.events.length;
     const skipped = (status: any) => status.body.engine.kv_events.gaps as number;
     const gapsBefore = skipped(await call('GET', `${w.systemUrl}/engine/status`));
@@ -153,6 +189,21 @@ describe('--engine-kv-events: vLLM KV event batches over ZMQ into GET /kv/events
     } finally {
       fresh.close();
     }
+  });
+
+  it('a gap the replay fills: the lost batch is asked for and applied in order, nothing is cleared', async () => {
+    const at = stream.events.length;
+    const [a, b] = [[8, 8, 8, 8], [9, 9, 9, 9]];
+    await pub.send([stored([801], 601, a)], 101n, true);
+    await pub.send([stored([802], 801, b)], 102n);
+    const hA = chainHash(chainHash(ROOT_BLOCK_HASH, [6, 6, 6, 6]), a);
+    const e = await kv(at)((x) => x.type === 'stored' && x.block_hashes.includes(chainHash(hA, b)), 'the batch after the lost one');
+    const seen = stream.events.slice(at).flatMap((x) => (x.event === 'kv' ? x.data.events : []));
+    assert.deepEqual(seen, [
+      { type: 'stored', block_hashes: [hA, chainHash(hA, b)], parent_block_hash: chainHash(ROOT_BLOCK_HASH, [6, 6, 6, 6]) },
+    ], `the lost block first, chained, no cleared (${JSON.stringify(e.data)})`);
+    const status = await call('GET', `${w.systemUrl}/engine/status`);
+    assert.equal(status.body.engine.kv_events.replayed, 1);
   });
 
   it('AllBlocksCleared clears; a publisher that restarts (seq from 0 again, on a reconnect) clears too', async () => {

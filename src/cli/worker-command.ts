@@ -62,6 +62,7 @@ interface WorkerFlags extends LlamaCppFlags {
   engineModel?: string;
   engineKvEvents?: string;
   engineKvEventsTopic: string;
+  engineKvEventsReplay?: string;
   engineKvBlockSize: number;
   k8sSelfPod?: string | boolean;
   kubeconfig?: string;
@@ -128,6 +129,7 @@ export function workerCommand(): Command {
     .option('--engine-model <name>', '--engine openai: the model name the engine serves (default: the first its /v1/models lists)')
     .option('--engine-kv-events <endpoint>', '--engine openai: the engine\'s KV event publisher (vLLM --kv-events-config endpoint, SGLang\'s), e.g. tcp://127.0.0.1:5557: its cached blocks are published on GET /kv/events for the frontend\'s router')
     .option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to', '')
+    .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
     .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
@@ -253,6 +255,7 @@ function openaiEngineSpec(flags: WorkerFlags): EngineSpec {
       engineModel: flags.engineModel,
       kvEvents: flags.engineKvEvents,
       kvEventsTopic: flags.engineKvEventsTopic,
+      kvEventsReplay: flags.engineKvEventsReplay,
       kvBlockSize: flags.engineKvBlockSize,
     },
   };

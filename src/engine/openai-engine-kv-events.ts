@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import { Unpackr } from 'msgpackr';
-import { Subscriber } from 'zeromq';
+import { Dealer, Subscriber } from 'zeromq';
 import { chainHash, ROOT_BLOCK_HASH, type BlockHash } from '../protocol/block-hash.js';
 import type { KvEventLog } from './kv-event-log.js';
 
@@ -168,6 +168,9 @@ export class KvEventTranslator {
 export interface KvEventSubscriberOptions {
   endpoint: string;
   topic: string;
+  /** The publisher's replay socket (vLLM's replay_endpoint, a ROUTER), asked for lost batches. */
+  replay?: string | undefined;
+  replayTimeoutMs?: number | undefined;
   log: KvEventLog;
   logger: Logger;
   maxBlocks?: number;
@@ -176,10 +179,11 @@ export interface KvEventSubscriberOptions {
 /**
  * A ZMQ SUB on the engine's KV event publisher. ZMQ reconnects by itself; what a broken or slow
  * connection loses shows as a gap in the publisher's sequence numbers (or a restart: numbers start
- * again at 0). Then what the worker knows may be wrong: it publishes `cleared` and rebuilds from
- * the events that follow (blocks stored before the gap are not named again until the engine
- * stores them anew; chains whose parent was lost are skipped). vLLM's optional replay socket is
- * not used.
+ * again at 0). With the publisher's replay socket the lost batches are asked for (live ones are
+ * held meanwhile) and applied in order. Otherwise, or when the replay does not reach back far
+ * enough (its buffer is bounded) or does not answer, what the worker knows may be wrong: it
+ * publishes `cleared` and rebuilds from the events that follow (blocks stored before the gap are
+ * not named again until the engine stores them anew; chains whose parent was lost are skipped).
  */
 export class KvEventSubscriber {
   private readonly socket = new Subscriber();
@@ -187,9 +191,12 @@ export class KvEventSubscriber {
   private lastSeq: bigint | undefined;
   private closed = false;
   private readonly loop: Promise<void>;
-  /** Batches seen, and gaps that cleared the index (for stats). */
+  /** Live messages held while a replay runs. */
+  private held: Buffer[][] | undefined;
+  /** Batches seen, gaps that cleared the index, gaps a replay filled (for stats). */
   batches = 0;
   gaps = 0;
+  replayed = 0;
 
   constructor(private readonly opts: KvEventSubscriberOptions) {
     const warned = new Set<SkipReason>();
@@ -219,7 +226,20 @@ export class KvEventSubscriber {
       this.opts.logger.warn({ event: 'engine_kv_event_malformed', frames: frames.length }, 'a KV event message is not [topic, seq, payload]');
       return;
     }
+    if (this.held) {
+      this.held.push(frames);
+      return;
+    }
     const seq = (frames[1] as Buffer).readBigInt64BE(0);
+    if (this.lastSeq !== undefined && seq > this.lastSeq + 1n && this.opts.replay !== undefined) {
+      this.held = [frames];
+      void this.replay(this.lastSeq + 1n);
+      return;
+    }
+    this.apply(seq, frames[2] as Buffer);
+  }
+
+  private apply(seq: bigint, payload: Buffer): void {
     if (this.lastSeq !== undefined && seq !== this.lastSeq + 1n) {
       this.gaps++;
       this.opts.logger.warn(
@@ -231,7 +251,7 @@ export class KvEventSubscriber {
     this.lastSeq = seq;
     let batch: DecodedBatch;
     try {
-      batch = decodeKvBatch(frames[2] as Buffer);
+      batch = decodeKvBatch(payload);
     } catch (err) {
       this.opts.logger.warn({ event: 'engine_kv_event_malformed', err: (err as Error).message }, 'a KV event payload could not be decoded');
       return;
@@ -240,8 +260,54 @@ export class KvEventSubscriber {
     for (const e of batch.events) this.translator.apply(e);
   }
 
+  /**
+   * Asks the replay socket for every batch from `from` (vLLM: the start seq as 8 bytes big-endian;
+   * it answers [seq, payload] per buffered batch, then seq -1), applies those that fill the gap,
+   * then the live messages held meanwhile. Anything short of the whole gap: `cleared`, as without replay.
+   */
+  private async replay(from: bigint): Promise<void> {
+    const dealer = new Dealer({ receiveTimeout: this.opts.replayTimeoutMs ?? 2000, linger: 0 });
+    const got: Array<[bigint, Buffer]> = [];
+    let answered = false;
+    try {
+      dealer.connect(this.opts.replay as string);
+      const start = Buffer.alloc(8);
+      start.writeBigInt64BE(from);
+      await dealer.send([Buffer.alloc(0), start]);
+      while (!this.closed) {
+        const frames = await dealer.receive();
+        const seqFrame = frames.at(-2);
+        if (seqFrame === undefined || seqFrame.length !== 8) continue;
+        const seq = seqFrame.readBigInt64BE(0);
+        if (seq === -1n) {
+          answered = true;
+          break;
+        }
+        got.push([seq, frames.at(-1) as Buffer]);
+      }
+    } catch (err) {
+      if (!this.closed) this.opts.logger.warn({ event: 'engine_kv_events_replay_failed', err: (err as Error).message }, `the KV event replay at ${this.opts.replay} did not answer`);
+    } finally {
+      dealer.close();
+    }
+    if (this.closed) return;
+    const held = this.held ?? [];
+    this.held = undefined;
+    if (answered && got[0] !== undefined && got[0][0] <= from) {
+      this.replayed++;
+      this.opts.logger.info({ event: 'engine_kv_events_replayed', from: String(from), batches: got.length }, 'lost KV event batches replayed');
+      for (const [seq, payload] of got) if (seq === (this.lastSeq as bigint) + 1n) this.apply(seq, payload);
+    }
+    // What the replay covered is skipped; a gap left (no replay, or too short) clears in apply.
+    for (const frames of held) {
+      const seq = (frames[1] as Buffer).readBigInt64BE(0);
+      if (this.lastSeq !== undefined && seq <= this.lastSeq && seq >= from) continue;
+      this.apply(seq, frames[2] as Buffer);
+    }
+  }
+
   stats(): Record<string, unknown> {
-    return { endpoint: this.opts.endpoint, batches: this.batches, gaps: this.gaps, engine_blocks: this.translator.size, skipped: Object.fromEntries(this.translator.skipped) };
+    return { endpoint: this.opts.endpoint, batches: this.batches, gaps: this.gaps, replayed: this.replayed, engine_blocks: this.translator.size, skipped: Object.fromEntries(this.translator.skipped) };
   }
 
   async close(): Promise<void> {

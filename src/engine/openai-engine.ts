@@ -34,6 +34,8 @@ export interface OpenAIEngineOptions {
   kvEvents?: string | undefined;
   /** The ZMQ topic its batches are published on ('' : every topic). */
   kvEventsTopic?: string | undefined;
+  /** The publisher's replay socket (vLLM's replay_endpoint), asked for batches lost in a gap. */
+  kvEventsReplay?: string | undefined;
   /** Tokens per KV block: must be the engine's (vLLM's --block-size); 16 by default, vLLM's default. */
   kvBlockSize?: number | undefined;
 }
@@ -135,7 +137,7 @@ export class OpenAIEngine implements Engine {
     const blockSize = opts.kvBlockSize ?? DEFAULT_BLOCK_SIZE;
     if (opts.kvEvents !== undefined) {
       this.kvEvents = new KvEventLog(blockSize, 'worker');
-      this.kvSubscriber = new KvEventSubscriber({ endpoint: opts.kvEvents, topic: opts.kvEventsTopic ?? '', log: this.kvEvents, logger: log });
+      this.kvSubscriber = new KvEventSubscriber({ endpoint: opts.kvEvents, topic: opts.kvEventsTopic ?? '', replay: opts.kvEventsReplay, log: this.kvEvents, logger: log });
     } else if (canTokenize(opts.kind)) {
       // No events: the frontend approximates from what it sent, hashing the tokens this worker gives it.
       this.kvCache = { block_size: blockSize, tokenizer: 'worker', events: 'none' };
@@ -340,7 +342,8 @@ export async function createOpenAIEngine(opts: OpenAIEngineOptions, mode: Worker
     } else if (url === undefined) throw new Error('--engine-cmd has no {port} and no --engine-url is given: ebb cannot know where the engine listens');
   }
   if (url === undefined) throw new Error('--engine openai needs --engine-url (or --engine-cmd with {port})');
-  if (opts.kvEvents !== undefined && !/^(tcp|ipc):\/\/./.test(opts.kvEvents)) throw new Error(`--engine-kv-events is not a ZMQ endpoint (tcp://host:port or ipc://path): ${opts.kvEvents}`);
+  for (const [flag, endpoint] of [['--engine-kv-events', opts.kvEvents], ['--engine-kv-events-replay', opts.kvEventsReplay]] as const)
+    if (endpoint !== undefined && !/^(tcp|ipc):\/\/./.test(endpoint)) throw new Error(`${flag} is not a ZMQ endpoint (tcp://host:port or ipc://path): ${endpoint}`);
   const base = trimSlash(url);
   try {
     new URL(base);
