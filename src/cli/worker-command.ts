@@ -128,7 +128,7 @@ export function workerCommand(): Command {
     .option('--engine-load-timeout-ms <n>', '--engine openai: how long the engine may take to become healthy at start-up (0 = no bound)', msOption(0), OPENAI_ENGINE_DEFAULTS.loadTimeoutMs)
     .option('--engine-model <name>', '--engine openai: the model name the engine serves (default: the first its /v1/models lists)')
     .option('--engine-kv-events <endpoint>', '--engine openai: the engine\'s KV event publisher (vLLM --kv-events-config endpoint, SGLang\'s), e.g. tcp://127.0.0.1:5557: its cached blocks are published on GET /kv/events for the frontend\'s router')
-    .option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to', '')
+    .addOption(new Option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to').default('', 'every topic'))
     .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
     .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
     .action(async (flags: WorkerFlags) => {
