@@ -151,8 +151,11 @@ export class LlamaCppEngine implements Engine {
   private readonly grammars: GrammarCache;
   /** The context's sequences, kept with their tokens: prompt prefixes are reused (llama-cpp-prefix-reuse.ts). */
   private readonly sequences: PrefixSequences;
-  /** The blocks the sequences hold, for the frontend's router (GET /kv/events); hashed over this model's tokens. */
-  readonly kvEvents = new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
+  /**
+   * The blocks the sequences hold, for the frontend's router (GET /kv/events), hashed over this
+   * model's tokens. None with --batch-invariant: that mode never reuses a prefix, so it has none to offer.
+   */
+  readonly kvEvents: KvEventLog | undefined;
   private generated = 0;
   /** Prompt tokens seen, and those found in a sequence's cache (not evaluated again). */
   private promptTokensSeen = 0;
@@ -171,7 +174,8 @@ export class LlamaCppEngine implements Engine {
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
-    this.sequences = new PrefixSequences(context, opts.parallel, this.kvEvents.blockSize, this.kvEvents);
+    this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
+    this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
     this.capabilities = {
       json_object: true,
       json_schema: true,
