@@ -15,7 +15,7 @@ import { Router, XPublisher } from 'zeromq';
 import { blockHashes, chainHash, ROOT_BLOCK_HASH } from '../src/protocol/block-hash.js';
 import { call } from './helpers/http.js';
 import { openEventStream, type EventStream } from './helpers/event-stream.js';
-import { simTemplate, simTokenIds, startEngineSim, type EngineSim, type SimKind } from './helpers/engine-sim.js';
+import { simTemplate, simTokenIds, startEngineSim, type EngineSim, type EngineSimOptions, type SimKind } from './helpers/engine-sim.js';
 import { startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
 
 const BLOCK = 4;
@@ -103,8 +103,8 @@ after(async () => {
   await Promise.all(sims.map((s) => s.close()));
 });
 
-async function fronted(kind: SimKind, args: string[] = []): Promise<WorkerHandle & { discoveryDir: string; sim: EngineSim }> {
-  const sim = await startEngineSim({ kind, itlMs: 1 });
+async function fronted(kind: SimKind, args: string[] = [], simOpts: Partial<EngineSimOptions> = {}): Promise<WorkerHandle & { discoveryDir: string; sim: EngineSim }> {
+  const sim = await startEngineSim({ kind, itlMs: 1, ...simOpts });
   sims.push(sim);
   const url = tempDiscoveryUrl();
   const w = await startWorker(['--discovery', url, '--model', 'm1', '--engine', 'openai', '--engine-kind', kind, '--engine-url', sim.url, ...args]);
@@ -224,7 +224,7 @@ describe('--engine-kv-events: vLLM KV event batches over ZMQ into GET /kv/events
 
 describe('POST /tokenize through the engine server', () => {
   it('vLLM: the server\'s token ids for a prompt and for a chat (its template), continuation included; 404 for another model', async () => {
-    const w = await fronted('vllm');
+    const w = await fronted('vllm', [], { cachedTokens: 3 });
     assert.deepEqual(recordOf(w).kv_cache, { block_size: 16, tokenizer: 'worker', events: 'none' }, 'no events: the frontend approximates with these tokens');
     const plain = await call('POST', `${w.requestUrl}/tokenize`, { model: 'm1', prompt: 'the tide comes in' });
     assert.equal(plain.status, 200);
@@ -240,6 +240,10 @@ describe('POST /tokenize through the engine server', () => {
     const other = await call('POST', `${w.requestUrl}/tokenize`, { model: 'nope', prompt: 'x' });
     assert.equal(other.status, 404);
     assert.equal(other.body.error.code, 'model_not_found');
+    // What the engine's prefix cache held comes back in the usage (vLLM's prompt_tokens_details).
+    const gen = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'the tide comes in now', max_tokens: 2, stream: false });
+    assert.equal(gen.status, 200);
+    assert.deepEqual(gen.body.usage.prompt_tokens_details, { cached_tokens: 3 });
   });
 
   it('llama-server: /apply-template renders the chat, /tokenize its text', async () => {
@@ -254,6 +258,8 @@ describe('POST /tokenize through the engine server', () => {
   it('a server without /tokenize: a clear 404, and no kv_cache declared', async () => {
     const w = await fronted('generic');
     assert.equal(recordOf(w).kv_cache, undefined);
+    const gen = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'a b c', max_tokens: 2, stream: false });
+    assert.equal(gen.body.usage.prompt_tokens_details, undefined, 'an engine that does not say reports nothing, not 0');
     const res = await call('POST', `${w.requestUrl}/tokenize`, { model: 'm1', prompt: 'x' });
     assert.equal(res.status, 404);
     assert.equal(res.body.error.code, 'not_found');

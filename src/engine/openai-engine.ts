@@ -54,7 +54,7 @@ interface ModelsList {
 interface StreamChunk {
   error?: { message?: string } | string;
   choices?: Array<{ text?: string | null; delta?: { content?: string | null }; finish_reason?: string | null }>;
-  usage?: { prompt_tokens?: number; completion_tokens?: number } | null;
+  usage?: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } | null } | null;
 }
 
 /** A fixed-size read of an error answer: enough for its message, never the whole of a runaway body. */
@@ -206,10 +206,14 @@ export class OpenAIEngine implements Engine {
         this.usageMissingLogged = true;
         this.log.warn({ event: 'engine_usage_missing' }, 'the engine does not report usage (stream_options.include_usage): completion tokens are counted as stream pieces, prompt tokens as 0');
       }
+      const promptTokens = typeof usage?.prompt_tokens === 'number' ? promptTokensOf(usage.prompt_tokens, req.continuation) : 0;
+      // vLLM (--enable-prompt-tokens-details), SGLang and llama-server say what their prefix cache held.
+      const cached = usage?.prompt_tokens_details?.cached_tokens;
       return {
         finish_reason: finish,
-        prompt_tokens: typeof usage?.prompt_tokens === 'number' ? promptTokensOf(usage.prompt_tokens, req.continuation) : 0,
+        prompt_tokens: promptTokens,
         completion_tokens: typeof usage?.completion_tokens === 'number' ? usage.completion_tokens : pieces,
+        ...(typeof cached === 'number' ? { cached_tokens: Math.min(cached, promptTokens) } : {}),
       };
     } finally {
       this.inflight--;

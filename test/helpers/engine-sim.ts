@@ -23,6 +23,8 @@ export interface EngineSimOptions {
   loadMs?: number;
   /** Send the usage chunk when asked (stream_options.include_usage). */
   usage?: boolean;
+  /** Report this many prompt tokens as found in the prefix cache (usage.prompt_tokens_details, as vLLM with --enable-prompt-tokens-details). */
+  cachedTokens?: number;
   /** llamacpp: a llama-server started without --metrics (/metrics 501); /slots says which slots process. */
   slotsOnly?: boolean;
 }
@@ -290,7 +292,8 @@ export class EngineSim extends EventEmitter {
       if (!last) return void setTimeout(step, this.opts.itlMs ?? 20);
       send(chunk(null, stopped ? 'stop' : 'length'));
       const completion = stopped ? n - 1 : n;
-      if (withUsage) send({ id, object: 'text_completion', model: this.model, choices: [], usage: { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion } });
+      const details = this.opts.cachedTokens === undefined ? {} : { prompt_tokens_details: { cached_tokens: Math.min(this.opts.cachedTokens, promptTokens) } };
+      if (withUsage) send({ id, object: 'text_completion', model: this.model, choices: [], usage: { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion, ...details } });
       res.write('data: [DONE]\n\n');
       end();
       res.end();
