@@ -13,6 +13,7 @@ import type { EngineSpec } from '../engine/create-engine.js';
 import { ENGINE_KINDS, QUIESCENCE_MODES, type EngineKind, type QuiescenceMode } from '../engine/engine-quiescence.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
 import { OPENAI_ENGINE_DEFAULTS } from '../engine/openai-engine.js';
+import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
@@ -59,6 +60,10 @@ interface WorkerFlags extends LlamaCppFlags {
   engineStopTimeoutMs: number;
   engineLoadTimeoutMs: number;
   engineModel?: string;
+  engineKvEvents?: string;
+  engineKvEventsTopic: string;
+  engineKvEventsReplay?: string;
+  engineKvBlockSize: number;
   k8sSelfPod?: string | boolean;
   kubeconfig?: string;
 }
@@ -122,6 +127,10 @@ export function workerCommand(): Command {
     .option('--engine-stop-timeout-ms <n>', '--engine-cmd: after SIGTERM, how long the engine may take before SIGKILL', msOption(0), OPENAI_ENGINE_DEFAULTS.stopTimeoutMs)
     .option('--engine-load-timeout-ms <n>', '--engine openai: how long the engine may take to become healthy at start-up (0 = no bound)', msOption(0), OPENAI_ENGINE_DEFAULTS.loadTimeoutMs)
     .option('--engine-model <name>', '--engine openai: the model name the engine serves (default: the first its /v1/models lists)')
+    .option('--engine-kv-events <endpoint>', '--engine openai: the engine\'s KV event publisher (vLLM --kv-events-config endpoint, SGLang\'s), e.g. tcp://127.0.0.1:5557: its cached blocks are published on GET /kv/events for the frontend\'s router')
+    .addOption(new Option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to').default('', 'every topic'))
+    .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
+    .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
       const adminToken = await loadAdminTokens(flags.adminTokenFile);
@@ -244,6 +253,10 @@ function openaiEngineSpec(flags: WorkerFlags): EngineSpec {
       stopTimeoutMs: flags.engineStopTimeoutMs,
       loadTimeoutMs: flags.engineLoadTimeoutMs,
       engineModel: flags.engineModel,
+      kvEvents: flags.engineKvEvents,
+      kvEventsTopic: flags.engineKvEventsTopic,
+      kvEventsReplay: flags.engineKvEventsReplay,
+      kvBlockSize: flags.engineKvBlockSize,
     },
   };
 }

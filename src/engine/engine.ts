@@ -37,6 +37,9 @@ export interface GenerateRequest {
   continuation?: Continuation | undefined;
 }
 
+/** What POST /tokenize reads of a request. */
+export type TokenizeRequest = Pick<GenerateRequest, 'prompt' | 'prompt_token_ids' | 'messages' | 'continuation'>;
+
 export interface Continuation {
   text: string;
   /** Tokens already generated, as counted by the engine that generated them. */
@@ -103,6 +106,12 @@ export interface Engine {
    * of opening a stream that fails at once. Absent: generate finds every problem itself.
    */
   check?(req: GenerateRequest): Promise<void>;
+  /**
+   * The token ids this engine's prefix cache hashes for a request: for chat, the prompt as the
+   * engine renders it; a continuation's tokens follow the prompt's. Served as POST /tokenize, for
+   * the frontend to hash prompts as the worker does (kv_cache tokenizer `worker`).
+   */
+  tokenize?(req: TokenizeRequest, signal: AbortSignal): Promise<number[]>;
   /** Yields pieces (tokens); returns how the sequence ended. Aborting `signal` stops it promptly. */
   generate(req: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void>;
   /** Asked when the worker's in-flight count reaches 0 during a drain, and again on every change event. */

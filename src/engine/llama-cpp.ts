@@ -13,10 +13,13 @@ import {
   type LlamaModel,
   type Token,
 } from 'node-llama-cpp';
-import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
 import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
 import { PieceAssembler } from './llama-cpp-text.js';
+import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
+import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
+import { KvEventLog } from './kv-event-log.js';
 import { Slots } from './slots.js';
 import type { LlamaCppOptions } from './llama-cpp-options.js';
 
@@ -146,7 +149,17 @@ export class LlamaCppEngine implements Engine {
   private readonly events = new EventEmitter();
   private readonly prompts: PromptRenderer;
   private readonly grammars: GrammarCache;
+  /** The context's sequences, kept with their tokens: prompt prefixes are reused (llama-cpp-prefix-reuse.ts). */
+  private readonly sequences: PrefixSequences;
+  /**
+   * The blocks the sequences hold, for the frontend's router (GET /kv/events), hashed over this
+   * model's tokens. None with --batch-invariant: that mode never reuses a prefix, so it has none to offer.
+   */
+  readonly kvEvents: KvEventLog | undefined;
   private generated = 0;
+  /** Prompt tokens seen, and those found in a sequence's cache (not evaluated again). */
+  private promptTokensSeen = 0;
+  private cachedPromptTokens = 0;
   private closed = false;
   /** From the GGUF's vocabulary; undefined when the file does not say (continuations then use text). */
   private readonly vocabularySize: number | undefined;
@@ -161,6 +174,8 @@ export class LlamaCppEngine implements Engine {
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
+    this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
+    this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
     this.capabilities = {
       json_object: true,
       json_schema: true,
@@ -215,6 +230,12 @@ export class LlamaCppEngine implements Engine {
     return { prompt, already, input, room, grammarEvaluationState };
   }
 
+  /** The tokens generate evaluates for this request: the rendered prompt, then a continuation's tokens. */
+  async tokenize(req: TokenizeRequest): Promise<number[]> {
+    if (this.closed) throw new Error('the engine is closed');
+    return [...this.render(req).tokens, ...this.continuationTokens(req as GenerateRequest)];
+  }
+
   async check(request: GenerateRequest): Promise<void> {
     if (this.closed) throw new Error('the engine is closed');
     await this.prepare(request as LlamaRequest);
@@ -225,6 +246,7 @@ export class LlamaCppEngine implements Engine {
     if (this.closed) throw new Error('the engine is closed');
     const { prompt, already, input, room, grammarEvaluationState } = await this.prepare(req);
     const promptTokens = prompt.tokens.length;
+    let cached = 0;
     // No max_tokens (where the request plane allows that): whatever the context leaves.
     const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
     const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({
@@ -232,17 +254,25 @@ export class LlamaCppEngine implements Engine {
       finish_reason,
       prompt_tokens: promptTokens,
       completion_tokens,
+      cached_tokens: Math.min(cached, promptTokens),
     });
     if (req.max_tokens === 0) return result('length', 0);
 
     await this.slots.acquire(signal);
     let sequence: LlamaContextSequence | undefined;
+    let lease: SequenceLease | undefined;
+    let failed = false;
     let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
     const abort = aborted(signal);
     try {
-      sequence = this.context.getSequence();
       // Batch invariant: the delivered tokens are evaluated one per decode, as the worker that
-      // generated them did (a GPU's kernels differ by how many tokens a decode holds).
+      // generated them did (a GPU's kernels differ by how many tokens a decode holds). A reused
+      // prefix was evaluated in other batches, so that mode never reuses one.
+      lease = await this.sequences.take(input, this.opts.batchInvariant !== true);
+      sequence = lease.sequence;
+      cached = lease.cached;
+      this.cachedPromptTokens += Math.min(cached, promptTokens);
+      this.promptTokensSeen += promptTokens;
       const replay = this.opts.batchInvariant === true && already.length > 0;
       if (replay) {
         const evaluate = (these: Token[]) => {
@@ -253,7 +283,7 @@ export class LlamaCppEngine implements Engine {
         await evaluate(prompt.tokens);
         for (const token of already.slice(0, -1)) await evaluate([token]);
       }
-      tokens = sequence.evaluate(replay ? already.slice(-1) : input, {
+      tokens = sequence.evaluate(replay ? already.slice(-1) : input.slice(cached), {
         temperature: req.temperature,
         topK: NO_TOP_K,
         topP: req.top_p ?? 1,
@@ -267,6 +297,8 @@ export class LlamaCppEngine implements Engine {
       let next = tokens.next();
       while (true) {
         const step = await Promise.race([next, abort.promise]);
+        // The prompt is in the KV now: its blocks are news for the router.
+        if (n === 0) this.sequences.publish(lease);
         if (step.done) return result('stop', n);
         const token = step.value;
         if (this.model.isEogToken(token) || prompt.stopTokens.has(token)) {
@@ -293,11 +325,14 @@ export class LlamaCppEngine implements Engine {
         next.catch(() => undefined);
         if (piece) yield piece;
       }
+    } catch (err) {
+      failed = !signal.aborted;
+      throw err;
     } finally {
       abort.dispose();
-      // The sequence goes back to the context before the slot does: the next request gets it.
+      // The sequence goes back, with its tokens, before the slot does: the next request gets it.
       await tokens?.return().catch(() => undefined);
-      await sequence?.dispose().catch(() => undefined);
+      if (lease) await this.sequences.give(lease, failed);
       this.slots.release();
     }
   }
@@ -349,8 +384,21 @@ export class LlamaCppEngine implements Engine {
       batch_slots: this.slots.capacity,
       generated_tokens: this.generated,
       context_size: this.context.contextSize,
-      sequences_free: this.context.sequencesLeft,
+      sequences_free: this.slots.capacity - this.slots.running,
       threads: this.opts.threads,
+    };
+  }
+
+  /** The sequences' blocks, as GET /engine/status shows them (`kv_cache`). */
+  kvCacheStats(): KvCacheStats {
+    const seen = this.promptTokensSeen;
+    return {
+      block_size: this.sequences.blockSize,
+      capacity_blocks: this.opts.parallel * Math.floor(this.context.contextSize / this.sequences.blockSize),
+      cached_blocks: this.sequences.cachedBlocks,
+      prompt_tokens_hit: this.cachedPromptTokens,
+      prompt_tokens_missed: seen - this.cachedPromptTokens,
+      hit_rate: seen === 0 ? 0 : this.cachedPromptTokens / seen,
     };
   }
 

@@ -1,12 +1,12 @@
 import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
-import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence } from './engine.js';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
+import { mockerTokenIds } from '../protocol/mocker-tokenizer.js';
 import { Slots } from './slots.js';
 import { KvTransferStore, type KvTransfer } from './kv-transfers.js';
 import { KvEventLog } from './kv-event-log.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
-import { mockerTokenIds } from '../protocol/mocker-tokenizer.js';
 import { PrefixCache, type CachedSequence } from './prefix-cache.js';
 import { PrefillCompute } from './prefill-compute.js';
 
@@ -281,6 +281,11 @@ export class MockerEngine implements Engine {
       // Prefill load with the KV cache on: what a router may weigh against a cache hit.
       ...(this.compute ? { prefills_running: this.compute.running, prefill_tokens_left: Math.round(this.compute.tokensLeft) } : {}),
     };
+  }
+
+  /** The tokens its prefix cache hashes for the request (one id per word, protocol/mocker-tokenizer.ts). */
+  async tokenize(req: TokenizeRequest): Promise<number[]> {
+    return this.sequenceTokens(req as GenerateRequest);
   }
 
   async close(): Promise<void> {

@@ -10,6 +10,12 @@ import { describeExit, EngineProcess, freePort } from './engine-process.js';
 import { createIdlenessProbe, type EngineIdlenessProbe, type EngineKind, type QuiescenceMode } from './engine-quiescence.js';
 import { ReprobeBackoff } from './reprobe-backoff.js';
 import { sseData } from '../common/sse-events.js';
+import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
+import type { KvCacheDeclaration } from '../protocol/kv-events.js';
+import { KvEventLog } from './kv-event-log.js';
+import { KvEventSubscriber } from './openai-engine-kv-events.js';
+import { canTokenize, tokenizeOnEngine } from './openai-engine-tokenize.js';
+import type { TokenizeRequest } from './engine.js';
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
@@ -24,6 +30,14 @@ export interface OpenAIEngineOptions {
   loadTimeoutMs: number;
   /** The model name the engine serves; default: the first one its /v1/models lists. */
   engineModel?: string | undefined;
+  /** The engine's KV event publisher (vLLM's --kv-events-config endpoint, SGLang's), e.g. tcp://host:5557. */
+  kvEvents?: string | undefined;
+  /** The ZMQ topic its batches are published on ('' : every topic). */
+  kvEventsTopic?: string | undefined;
+  /** The publisher's replay socket (vLLM's replay_endpoint), asked for batches lost in a gap. */
+  kvEventsReplay?: string | undefined;
+  /** Tokens per KV block: must be the engine's (vLLM's --block-size); 16 by default, vLLM's default. */
+  kvBlockSize?: number | undefined;
 }
 
 export const OPENAI_ENGINE_DEFAULTS = { stopTimeoutMs: 10_000, loadTimeoutMs: 900_000 } as const;
@@ -40,7 +54,7 @@ interface ModelsList {
 interface StreamChunk {
   error?: { message?: string } | string;
   choices?: Array<{ text?: string | null; delta?: { content?: string | null }; finish_reason?: string | null }>;
-  usage?: { prompt_tokens?: number; completion_tokens?: number } | null;
+  usage?: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } | null } | null;
 }
 
 /** A fixed-size read of an error answer: enough for its message, never the whole of a runaway body. */
@@ -91,6 +105,10 @@ export class OpenAIEngine implements Engine {
   private usageMissingLogged = false;
   private failure: Error | undefined;
   private lastProbe: Quiescence | null = null;
+  /** With --engine-kv-events: the engine's blocks, translated into ebb's hashes (GET /kv/events). */
+  readonly kvEvents: KvEventLog | undefined;
+  readonly kvCache: KvCacheDeclaration | undefined;
+  private readonly kvSubscriber: KvEventSubscriber | undefined;
 
   constructor(
     private readonly opts: OpenAIEngineOptions,
@@ -116,6 +134,14 @@ export class OpenAIEngine implements Engine {
       // vLLM, SGLang and llama-server take /v1/completions prompts as token-id arrays.
       prompt_token_ids: known,
     };
+    const blockSize = opts.kvBlockSize ?? DEFAULT_BLOCK_SIZE;
+    if (opts.kvEvents !== undefined) {
+      this.kvEvents = new KvEventLog(blockSize, 'worker');
+      this.kvSubscriber = new KvEventSubscriber({ endpoint: opts.kvEvents, topic: opts.kvEventsTopic ?? '', replay: opts.kvEventsReplay, log: this.kvEvents, logger: log });
+    } else if (canTokenize(opts.kind)) {
+      // No events: the frontend approximates from what it sent, hashing the tokens this worker gives it.
+      this.kvCache = { block_size: blockSize, tokenizer: 'worker', events: 'none' };
+    }
     this.idleness = createIdlenessProbe(opts.kind, opts.quiescence, baseUrl, dispatcher);
     this.reprobe = new ReprobeBackoff(() => this.events.emit('change'));
     proc?.onFailure((err) => {
@@ -180,16 +206,25 @@ export class OpenAIEngine implements Engine {
         this.usageMissingLogged = true;
         this.log.warn({ event: 'engine_usage_missing' }, 'the engine does not report usage (stream_options.include_usage): completion tokens are counted as stream pieces, prompt tokens as 0');
       }
+      const promptTokens = typeof usage?.prompt_tokens === 'number' ? promptTokensOf(usage.prompt_tokens, req.continuation) : 0;
+      // vLLM (--enable-prompt-tokens-details), SGLang and llama-server say what their prefix cache held.
+      const cached = usage?.prompt_tokens_details?.cached_tokens;
       return {
         finish_reason: finish,
-        prompt_tokens: typeof usage?.prompt_tokens === 'number' ? promptTokensOf(usage.prompt_tokens, req.continuation) : 0,
+        prompt_tokens: promptTokens,
         completion_tokens: typeof usage?.completion_tokens === 'number' ? usage.completion_tokens : pieces,
+        ...(typeof cached === 'number' ? { cached_tokens: Math.min(cached, promptTokens) } : {}),
       };
     } finally {
       this.inflight--;
       // No event comes from the engine itself: ebb's own last call ending is when the lifecycle probes.
       if (this.inflight === 0) this.events.emit('change');
     }
+  }
+
+  /** The token ids the engine server evaluates for the request (openai-engine-tokenize.ts). */
+  tokenize(req: TokenizeRequest, signal: AbortSignal): Promise<number[]> {
+    return tokenizeOnEngine(this.opts.kind, this.baseUrl, this.model, req, this.dispatcher, signal);
   }
 
   private bodyFor(req: GenerateRequest): Record<string, unknown> {
@@ -268,11 +303,13 @@ export class OpenAIEngine implements Engine {
       batch_slots: 0,
       generated_tokens: this.generated,
       last_probe: this.lastProbe,
+      ...(this.kvSubscriber ? { kv_events: this.kvSubscriber.stats() } : {}),
     };
   }
 
   async close(): Promise<void> {
     this.reprobe.reset();
+    await this.kvSubscriber?.close();
     await this.proc?.stop(this.opts.stopTimeoutMs);
     await this.dispatcher.destroy();
   }
@@ -309,6 +346,8 @@ export async function createOpenAIEngine(opts: OpenAIEngineOptions, mode: Worker
     } else if (url === undefined) throw new Error('--engine-cmd has no {port} and no --engine-url is given: ebb cannot know where the engine listens');
   }
   if (url === undefined) throw new Error('--engine openai needs --engine-url (or --engine-cmd with {port})');
+  for (const [flag, endpoint] of [['--engine-kv-events', opts.kvEvents], ['--engine-kv-events-replay', opts.kvEventsReplay]] as const)
+    if (endpoint !== undefined && !/^(tcp|ipc):\/\/./.test(endpoint)) throw new Error(`${flag} is not a ZMQ endpoint (tcp://host:port or ipc://path): ${endpoint}`);
   const base = trimSlash(url);
   try {
     new URL(base);

@@ -111,6 +111,15 @@ export interface Usage {
   prompt_tokens_details?: { cached_tokens: number };
 }
 
+/**
+ * POST /tokenize (same body as /generate; only model, prompt, messages, prompt_token_ids and
+ * continuation are read): the token ids the worker's prefix cache hashes for that request, for the
+ * frontend's cache-aware routing. Workers whose engine cannot tokenize answer 404 not_found.
+ */
+export interface TokenizeResponse {
+  token_ids: number[];
+}
+
 /** Why a worker stopped a stream it had started, for the caller to continue elsewhere. */
 export interface Handoff {
   reason: 'drain_deadline';

@@ -9,7 +9,7 @@ import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.j
 import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
-import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine, type Usage } from '../protocol/request-plane.js';
+import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine, type TokenizeResponse, type Usage } from '../protocol/request-plane.js';
 import { KvPullError, pullKv } from './kv-pull.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
@@ -153,6 +153,21 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     reply.hijack();
     generating.add(admitted.scope);
     await serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer);
+  });
+
+  // Tokenizing is no generation: no admission, answered while draining too (a router may still ask).
+  allowOnly(app, '/tokenize', ['POST']);
+  app.post<{ Body: GenerateBody }>('/tokenize', { schema: { body: GenerateBodySchema } }, async (req, reply): Promise<TokenizeResponse> => {
+    const body = req.body;
+    if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
+    if (!engine.tokenize) throw new EbbError('not_found', `this worker's engine (${engine.kind}) cannot tokenize prompts`);
+    const prompt = promptOf(body);
+    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
+    const gone = new AbortController();
+    // The response closing before it was sent: the caller left.
+    reply.raw.once('close', () => gone.abort());
+    const ids = await engine.tokenize({ prompt, messages: body.messages, prompt_token_ids: body.prompt_token_ids, continuation: body.continuation }, gone.signal);
+    return { token_ids: ids };
   });
 
   if (engine.prefill && engine.kvTransfers) {

@@ -23,6 +23,8 @@ export interface EngineSimOptions {
   loadMs?: number;
   /** Send the usage chunk when asked (stream_options.include_usage). */
   usage?: boolean;
+  /** Report this many prompt tokens as found in the prefix cache (usage.prompt_tokens_details, as vLLM with --enable-prompt-tokens-details). */
+  cachedTokens?: number;
   /** llamacpp: a llama-server started without --metrics (/metrics 501); /slots says which slots process. */
   slotsOnly?: boolean;
 }
@@ -30,6 +32,16 @@ export interface EngineSimOptions {
 export interface SeenEngineRequest {
   path: string;
   body: Record<string, any>;
+}
+
+/** The simulators' chat template: one "role: content" line per message, then the answer's opening. */
+export function simTemplate(messages: Array<{ role: string; content: string }>): string {
+  return messages.map((m) => `<${m.role}> ${m.content}\n`).join('') + '<assistant>';
+}
+
+/** The simulators' tokenizer: one id per whitespace-separated word, from its characters. */
+export function simTokenIds(text: string): number[] {
+  return text.split(/\s+/).filter(Boolean).map((w) => [...w].reduce((h, c) => (h * 31 + c.charCodeAt(0)) % 50_000, 7));
 }
 
 const WORDS = 'tide river shore harbor light quiet steady flow ebb drift wave sand gull salt moon'.split(' ');
@@ -196,6 +208,21 @@ export class EngineSim extends EventEmitter {
       });
       return;
     }
+    if (req.method === 'POST' && (path === '/tokenize' || path === '/apply-template') && this.kind !== 'generic') {
+      let raw = '';
+      req.setEncoding('utf8');
+      req.on('data', (c: string) => (raw += c));
+      req.on('end', () => {
+        const body = JSON.parse(raw) as Record<string, any>;
+        this.seen.push({ path, body });
+        if (path === '/apply-template') return this.kind === 'llamacpp' ? this.json(res, 200, { prompt: simTemplate(body.messages) }) : this.json(res, 404, {});
+        // vLLM's shape ({prompt} or {messages}) and llama-server's ({content}).
+        const text = this.kind === 'llamacpp' ? String(body.content) : body.messages ? simTemplate(body.messages) : String(body.prompt);
+        const tokens = simTokenIds(text);
+        return this.json(res, 200, this.kind === 'llamacpp' ? { tokens } : { count: tokens.length, max_model_len: 4096, tokens });
+      });
+      return;
+    }
     this.json(res, 404, { error: { message: `no route ${req.method} ${path}` } });
   }
 
@@ -265,7 +292,8 @@ export class EngineSim extends EventEmitter {
       if (!last) return void setTimeout(step, this.opts.itlMs ?? 20);
       send(chunk(null, stopped ? 'stop' : 'length'));
       const completion = stopped ? n - 1 : n;
-      if (withUsage) send({ id, object: 'text_completion', model: this.model, choices: [], usage: { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion } });
+      const details = this.opts.cachedTokens === undefined ? {} : { prompt_tokens_details: { cached_tokens: Math.min(this.opts.cachedTokens, promptTokens) } };
+      if (withUsage) send({ id, object: 'text_completion', model: this.model, choices: [], usage: { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion, ...details } });
       res.write('data: [DONE]\n\n');
       end();
       res.end();
