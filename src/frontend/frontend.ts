@@ -11,7 +11,8 @@ import { createOpenAIServer } from './api/openai-server.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, FD_RESERVE, fdBudget, LaneBudget } from './api/lane-budget.js';
 import { Upstream } from './relay/upstream.js';
 import { Shutdown } from './shutdown.js';
-import { WorkerPool } from './routing/worker-pool.js';
+import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
+import type { Registry } from 'prom-client';
 
 export interface FrontendOptions {
   host: string;
@@ -41,6 +42,17 @@ export interface FrontendOptions {
   limits?: HttpServerLimits | undefined;
   /** The admin listener (fleet view, drain/resume forwarding); the caller checks the bind is allowed. */
   admin?: { host: string; port: number; guardAdmin?: AdminGuard | undefined; limits?: HttpServerLimits | undefined } | undefined;
+  /** Set in each process of `ebb frontend --processes N` (see cluster/child.ts). */
+  cluster?: ClusterHooks | undefined;
+}
+
+export interface ClusterHooks {
+  /** Which process (0..N-1): sent as the x-ebb-frontend-process response header. */
+  slot: number;
+  /** Told each change of this process's in-flight counts, to share with its peers. */
+  onInflight: InflightListener;
+  /** The public /metrics: every process's metrics, aggregated (this process's alone would count a share). */
+  scrape: () => Promise<string>;
 }
 
 export interface RunningFrontend {
@@ -49,6 +61,8 @@ export interface RunningFrontend {
   adminUrl?: string | undefined;
   pool: WorkerPool;
   discovery: Discovery;
+  /** This process's metrics. */
+  registry: Registry;
   /**
    * Fails readiness at once and keeps serving for `graceMs` (a load balancer notices before
    * anything is refused); then stops accepting on both listeners, lets open streams and admin calls
@@ -75,7 +89,7 @@ function laneBudget(opts: FrontendOptions, log: Logger): LaneBudget {
 
 export async function startFrontend(opts: FrontendOptions, log: Logger): Promise<RunningFrontend> {
   const discovery = await connectDiscovery(opts.discoveryUrl);
-  const pool = new WorkerPool();
+  const pool = new WorkerPool(opts.cluster?.onInflight);
   const fleet = new FleetView();
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
@@ -88,7 +102,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.
@@ -120,6 +134,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     adminUrl,
     pool,
     discovery,
+    registry: metrics.registry,
     async close(timeoutMs, graceMs = 0) {
       shutdown.notReady = true;
       if (graceMs > 0) {
