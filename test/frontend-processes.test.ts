@@ -94,12 +94,17 @@ describe('frontend: --processes 2', () => {
     const a = fresh(frontend.url, 'POST', '/v1/chat/completions', chat(150));
     const aHead = await bounded(a.first, 'stream a first token');
     // The primary knows once its admin view counts it; it told the other process in the same turn.
-    for (;;) {
-      const view = await call('GET', `${adminUrl}/workers`);
-      const entry = (view.body.workers as Array<{ worker_id: string; routing: { inflight: number } | null }>).find((w) => w.worker_id === aHead.workerId);
-      if (entry?.routing?.inflight === 1) break;
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await bounded(
+      (async () => {
+        for (;;) {
+          const view = await call('GET', `${adminUrl}/workers`);
+          const entry = (view.body.workers as Array<{ worker_id: string; routing: { inflight: number } | null }>).find((w) => w.worker_id === aHead.workerId);
+          if (entry?.routing?.inflight === 1) return;
+          await new Promise((r) => setTimeout(r, 20));
+        }
+      })(),
+      "the admin view counting stream a",
+    );
     const b = fresh(frontend.url, 'POST', '/v1/chat/completions', chat(150));
     b.done.catch(() => undefined); // cut below, with the process that relays it
     const bHead = await bounded(b.first, 'stream b first token');
