@@ -3,13 +3,14 @@
  * One fleet (two mocker workers, one frontend) for every assertion: both processes serve the port,
  * /metrics counts every request once whichever process answers the scrape, each process routes by
  * the in-flight counts of both (no herding), a killed process is replaced, and SIGTERM drains both
- * with no stream cut.
+ * with no stream cut. And the fd room a frontend process logs at start.
  */
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
 import { request } from 'node:http';
 import { call } from './helpers/http.js';
-import { bounded, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type LogLine } from './helpers/processes.js';
+import { bounded, CLI, EbbProcess, startFrontend, startWorker, tempDiscoveryUrl, type LogLine } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -142,5 +143,23 @@ describe('frontend: --processes 2', () => {
     assert.equal(await frontend.exitCode(), 0);
     const stopping = frontend.logs.slice(stopMark).filter((l) => l.event === 'frontend_process_stopping');
     assert.deepEqual(new Set(stopping.map((l) => l.frontend_process)), new Set([0, 1]), 'each process drained');
+  });
+});
+
+describe('frontend: file-descriptor room', () => {
+  it('runs at the hard fd limit even when started under a lower soft one, and logs the streams that leaves room for', async () => {
+    const hard = Number(execFileSync('sh', ['-c', 'ulimit -Hn'], { encoding: 'utf8' }).trim());
+    const soft = Math.min(hard, 512);
+    const proc = spawn('sh', ['-c', `ulimit -Sn ${soft} && exec "$0" "$@"`, process.execPath, CLI, 'frontend', '--port', '0', '--discovery', tempDiscoveryUrl()], {
+      env: { ...process.env, EBB_LOG_LEVEL: 'info', EBB_LOG_FORMAT: 'json' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const frontend = new EbbProcess(proc, 'frontend');
+    started.push(frontend);
+    const limits = await frontend.waitForEvent('frontend_limits');
+    assert.equal(limits.fd_limit, hard, `Node raised the soft limit ${soft} to the hard one`);
+    assert.equal(limits.fd_limit_hard, hard);
+    assert.equal(limits.streams_room, Math.floor((limits.fd_budget as number) / 2), 'two descriptors per stream: client connection and worker socket');
+    await frontend.terminate();
   });
 });

@@ -10,6 +10,7 @@ import { createFrontendMetrics } from './metrics.js';
 import { createOpenAIServer } from './api/openai-server.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, FD_RESERVE, fdBudget, LaneBudget } from './api/lane-budget.js';
 import { Upstream } from './relay/upstream.js';
+import { fdLimits, streamsRoom } from './fd-room.js';
 import { Shutdown } from './shutdown.js';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
 import type { Registry } from 'prom-client';
@@ -75,15 +76,30 @@ export interface RunningFrontend {
 /** The per-request and fd bounds on sequences, logged: the numbers an operator sizes `ulimit -n` by. */
 function laneBudget(opts: FrontendOptions, log: Logger): LaneBudget {
   const limit = fdLimit();
+  const hard = fdLimits()?.hard;
   const adminMax = opts.admin ? (opts.admin.limits?.maxConnections ?? ADMIN_MAX_CONNECTIONS) : 0;
   const fds = fdBudget(limit, adminMax);
   const perRequest = opts.maxLanesPerRequest ?? DEFAULT_MAX_LANES_PER_REQUEST;
+  const streams = fds === undefined ? undefined : streamsRoom(fds);
   log.info(
-    { event: 'frontend_limits', fd_limit: limit ?? null, fd_budget: fds ?? null, fd_reserve: FD_RESERVE, admin_max_connections: adminMax, max_connections: opts.limits?.maxConnections ?? defaultMaxConnections('public'), max_lanes_per_request: perRequest },
+    {
+      event: 'frontend_limits',
+      fd_limit: limit ?? null,
+      fd_limit_hard: hard ?? null,
+      fd_budget: fds ?? null,
+      fd_reserve: FD_RESERVE,
+      streams_room: streams ?? null,
+      admin_max_connections: adminMax,
+      max_connections: opts.limits?.maxConnections ?? defaultMaxConnections('public'),
+      max_lanes_per_request: perRequest,
+    },
     fds === undefined
       ? `fd limit unknown: no fd budget; at most ${perRequest} sequences per request`
-      : `fd limit ${limit}: ${fds} descriptors for client connections and worker sockets (${FD_RESERVE} reserved, ${adminMax} for the admin listener); at most ${perRequest} sequences per request`,
+      : `fd limit ${limit} (hard ${hard ?? 'unknown'}): ${fds} descriptors for client connections and worker sockets (${FD_RESERVE} reserved, ${adminMax} for the admin listener), room for about ${streams} concurrent streams in this process; at most ${perRequest} sequences per request`,
   );
+  // Node raises the soft limit to the hard one at start; below it, something stopped that (a wrapper, a sandbox).
+  if (limit !== undefined && typeof hard === 'number' && limit < hard)
+    log.warn({ event: 'fd_limit_below_hard', fd_limit: limit, fd_limit_hard: hard }, `the fd limit ${limit} is below the hard limit ${hard}: run under \`ulimit -n ${hard}\` for room for about ${streamsRoom(fdBudget(hard, adminMax) ?? 0)} streams`);
   return new LaneBudget(perRequest, fds);
 }
 
