@@ -377,7 +377,7 @@ async function main(): Promise<void> {
       const cli = p === 'ebb-base' ? resolve(opts.baseCli) : opts.ebbCli;
       const processes = p === 'ebb-2' ? ['--processes', '2'] : [];
       const fe = new EbbProcess(
-        spawn(process.execPath, [...opts.frontendNodeArgs, cli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000', ...processes], {
+        spawn(process.execPath, [...opts.frontendNodeArgs, cli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000', '--shutdown-grace-ms', '0', ...processes], {
           env: { ...process.env, EBB_LOG_LEVEL: 'info' },
           stdio: ['ignore', 'pipe', 'pipe'],
         }),
