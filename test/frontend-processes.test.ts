@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { request } from 'node:http';
 import { call } from './helpers/http.js';
-import { bounded, CLI, EbbProcess, startFrontend, startWorker, tempDiscoveryUrl, type LogLine } from './helpers/processes.js';
+import { bounded, CLI, EbbProcess, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type LogLine } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -161,5 +161,24 @@ describe('frontend: file-descriptor room', () => {
     assert.equal(limits.fd_limit_hard, hard);
     assert.equal(limits.streams_room, Math.floor((limits.fd_budget as number) / 2), 'two descriptors per stream: client connection and worker socket');
     await frontend.terminate();
+  });
+});
+
+describe('ebb up --processes', () => {
+  it('runs its frontend with that many processes, and stops them on Ctrl-C', async () => {
+    const up = spawnEbb(['up', '--port', '0', '--workers', '1', '--mocker-itl-ms', '0', '--processes', '2'], 'ebb up');
+    started.push(up);
+    const ready = await up.waitForEvent('frontend_ready');
+    assert.equal(ready.processes, 2);
+    const answers = await Promise.all(Array.from({ length: 4 }, () => fresh(ready.url as string, 'POST', '/v1/completions', { model: 'ebb-mock', prompt: 'x', max_tokens: 2 }).done));
+    assert.deepEqual(
+      answers.map((a) => a.status),
+      [200, 200, 200, 200],
+    );
+    assert.deepEqual(new Set(answers.map((a) => a.process)), new Set(['0', '1']));
+    up.signal('SIGINT');
+    assert.equal(await up.exitCode(), 0);
+    assert.match(up.stderr.join('\n'), /ebb up: stopped \(workers drained, frontend closed\)/);
+    assert.equal(up.logs.filter((l) => l.event === 'frontend_process_stopping').length, 2);
   });
 });
