@@ -144,7 +144,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     bySlotOf.delete(worker);
     table.forget(worker.id);
     changed();
-    for (const [id, w] of metricsWaits) if (w.worker === worker) w.reject(new Error(`frontend process pid ${worker.process.pid} exited during the scrape`));
+    for (const w of metricsWaits.values()) if (w.worker === worker) w.reject(new Error(`frontend process pid ${worker.process.pid} exited during the scrape`));
     if (!s || s.worker !== worker) return;
     s.worker = undefined;
     s.ready = false;
