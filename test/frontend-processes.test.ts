@@ -9,6 +9,7 @@ import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { request } from 'node:http';
+import { InflightTable } from '../src/frontend/cluster/inflight-table.js';
 import { call } from './helpers/http.js';
 import { bounded, CLI, EbbProcess, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type LogLine } from './helpers/processes.js';
 
@@ -180,5 +181,27 @@ describe('ebb up --processes', () => {
     assert.equal(await up.exitCode(), 0);
     assert.match(up.stderr.join('\n'), /ebb up: stopped \(workers drained, frontend closed\)/);
     assert.equal(up.logs.filter((l) => l.event === 'frontend_process_stopping').length, 2);
+  });
+});
+
+describe('InflightTable (the primary\'s sum of the processes\' in-flight counts)', () => {
+  it('tells each process what the others have open, and forgets a process that died', () => {
+    const t = new InflightTable();
+    t.report(1, [['a', 2], ['b', 1]]);
+    t.report(2, [['a', 1]]);
+    assert.deepEqual(new Set(t.flush()), new Set(['a', 'b']));
+    assert.deepEqual(t.peersOf(1, ['a', 'b']), [['a', 1], ['b', 0]]);
+    assert.deepEqual(t.peersOf(2, ['a', 'b']), [['a', 2], ['b', 1]]);
+    // Absolute counts: a repeated report changes nothing; a move between processes still marks the worker.
+    t.report(1, [['a', 2]]);
+    assert.deepEqual(t.flush(), []);
+    t.report(1, [['a', 1]]);
+    t.report(2, [['a', 2]]);
+    assert.deepEqual(t.flush(), ['a']);
+    assert.equal(t.total('a'), 3);
+    t.forget(2);
+    assert.equal(t.total('a'), 1);
+    assert.deepEqual(t.peersOf(1, ['a']), [['a', 0]]);
+    assert.deepEqual(t.flush(), ['a']);
   });
 });
