@@ -19,17 +19,22 @@
  * The path `node-pipe` (not in the default set) is a Node TCP pipe (bench/node-pipe-proxy.ts): no
  * HTTP at all, so its CPU per token is the floor of Node's socket layer, below which no Node
  * frontend can go.
+ * The path `ebb-2` (not in the default set) is ebb's frontend with `--processes 2` (one port, two
+ * relaying processes); its CPU is the primary's and both children's. `--upstream fake` replaces the
+ * mocker worker with bench/fake-upstream.ts (a whole answer in one write, nothing per token), so the
+ * worker's CPU is out of the way and the frontend is the bottleneck.
  */
 import { spawn } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, connect } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Agent, request } from 'undici';
 import { CLI, EbbProcess, killAllNow, startWorker, tempDiscoveryUrl } from '../test/helpers/processes.js';
+import { injectRecord } from '../test/helpers/http.js';
 
-type Path = 'direct' | 'ebb' | 'ebb-base' | 'nginx' | 'haproxy' | 'node-pipe';
+type Path = 'direct' | 'ebb' | 'ebb-2' | 'ebb-base' | 'nginx' | 'haproxy' | 'node-pipe';
 const ALL: Path[] = ['direct', 'ebb', 'nginx', 'haproxy'];
 const MODEL = 'm1';
 const NGINX = '/usr/sbin/nginx';
@@ -50,6 +55,7 @@ const opts = {
   ebbCli: resolve(arg('ebb-cli', CLI)),
   frontendNodeArgs: arg('frontend-node-args', '').split(' ').filter(Boolean),
   baseCli: arg('base-cli', ''),
+  upstream: arg('upstream', 'mocker') as 'mocker' | 'fake',
 };
 if (opts.baseCli !== '' && !opts.paths.includes('ebb-base')) opts.paths.push('ebb-base');
 
@@ -76,15 +82,30 @@ try {
   /* 100 */
 }
 
-/** utime and stime of a process in µs (all its threads). */
-function cpuOf(pid: number): { user: number; sys: number } | undefined {
+function statOf(pid: number | string): string[] | undefined {
   try {
     const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
-    return { user: (Number(f[11]) * 1e6) / clk, sys: (Number(f[12]) * 1e6) / clk };
+    return s.slice(s.lastIndexOf(')') + 2).split(' ');
   } catch {
     return undefined;
   }
+}
+
+/** utime and stime in µs of a process (all its threads) and its live children (ebb --processes N). */
+function cpuOf(pid: number): { user: number; sys: number } | undefined {
+  const f = statOf(pid);
+  if (!f) return undefined;
+  let user = Number(f[11]);
+  let sys = Number(f[12]);
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const c = statOf(entry);
+    if (c && Number(c[1]) === pid) {
+      user += Number(c[11]);
+      sys += Number(c[12]);
+    }
+  }
+  return { user: (user * 1e6) / clk, sys: (sys * 1e6) / clk };
 }
 
 function machineBusy(): { busy: number; total: number } {
@@ -191,6 +212,19 @@ backend b
 
 /** The proxies that relay /generate as it is, each started in front of the worker's port. */
 const PASS_THROUGH: Partial<Record<Path, (workerPort: number) => Promise<{ url: string; pid: number }>>> = { nginx: startNginx, haproxy: startHaproxy, 'node-pipe': startNodePipe };
+
+/** bench/fake-upstream.ts as the worker, put into file discovery by hand (it has no lifecycle of its own). */
+async function startFake(discovery: string): Promise<{ workerId: string; requestUrl: string; stop: () => Promise<void> }> {
+  const proc = spawn(process.execPath, [new URL('fake-upstream.js', import.meta.url).pathname, '0'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  children.push({ kill: () => proc.kill('SIGKILL') });
+  const port = await new Promise<number>((resolvePort, reject) => {
+    proc.once('exit', (code) => reject(new Error(`fake-upstream exited (${code})`)));
+    proc.stdout!.once('data', (d: Buffer) => resolvePort(Number(/listening (\d+)/.exec(d.toString())?.[1])));
+  });
+  const url = `http://127.0.0.1:${port}`;
+  injectRecord(discovery, { worker_id: 'fake-upstream', model: MODEL, request_url: url, system_url: url, engine: 'fake' });
+  return { workerId: 'fake-upstream', requestUrl: url, stop: async () => void proc.kill('SIGKILL') };
+}
 
 // --- load ---
 
@@ -326,7 +360,7 @@ async function main(): Promise<void> {
 
   const discovery = tempDiscoveryUrl();
   const slots = Math.max(512, 2 * Math.max(...opts.concurrency));
-  const worker = await startWorker(['--model', MODEL, '--discovery', discovery, '--mocker-ttft-ms', '0', '--mocker-itl-ms', String(opts.itlMs), '--mocker-batch-slots', String(slots)]);
+  const worker = opts.upstream === 'fake' ? await startFake(discovery) : await startWorker(['--model', MODEL, '--discovery', discovery, '--mocker-ttft-ms', '0', '--mocker-itl-ms', String(opts.itlMs), '--mocker-batch-slots', String(slots)]);
   const workerPort = Number(new URL(worker.requestUrl).port);
   const targets: Target[] = [];
   const frontends: EbbProcess[] = [];
@@ -339,10 +373,11 @@ async function main(): Promise<void> {
       const proxy = await startProxy(workerPort);
       targets.push({ path: p, url: `${proxy.url}/generate`, body: genBody, ...nd, pid: proxy.pid });
     }
-    if (p === 'ebb' || p === 'ebb-base') {
-      const cli = p === 'ebb' ? opts.ebbCli : resolve(opts.baseCli);
+    if (p === 'ebb' || p === 'ebb-2' || p === 'ebb-base') {
+      const cli = p === 'ebb-base' ? resolve(opts.baseCli) : opts.ebbCli;
+      const processes = p === 'ebb-2' ? ['--processes', '2'] : [];
       const fe = new EbbProcess(
-        spawn(process.execPath, [...opts.frontendNodeArgs, cli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000'], {
+        spawn(process.execPath, [...opts.frontendNodeArgs, cli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000', '--shutdown-grace-ms', '0', ...processes], {
           env: { ...process.env, EBB_LOG_LEVEL: 'info' },
           stdio: ['ignore', 'pipe', 'pipe'],
         }),
@@ -359,7 +394,7 @@ async function main(): Promise<void> {
   for (const t of targets) await one(agent, t); // smoke: every path streams
 
   console.log(
-    `peer proxies: 1 mocker worker (itl ${opts.itlMs} ms, ttft 0) on loopback; max_tokens ${opts.maxTokens}; ${opts.rounds} round(s) x ${opts.durationMs} ms per point and path (order rotates), ${opts.warmupMs} ms warm-up; ${cpus().length} cores shared by client, worker and proxy; node ${process.version}`,
+    `peer proxies: 1 ${opts.upstream === 'fake' ? 'fake upstream (a whole answer per write)' : `mocker worker (itl ${opts.itlMs} ms, ttft 0)`} on loopback; max_tokens ${opts.maxTokens}; ${opts.rounds} round(s) x ${opts.durationMs} ms per point and path (order rotates), ${opts.warmupMs} ms warm-up; ${cpus().length} cores shared by client, worker and proxy; node ${process.version}`,
   );
   const results: Array<{ concurrency: number; points: Point[] }> = [];
   for (const c of opts.concurrency) {

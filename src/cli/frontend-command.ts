@@ -1,8 +1,12 @@
 import { Command, Option } from 'commander';
+import cluster from 'node:cluster';
+import { availableParallelism } from 'node:os';
 import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminTokens, loadRequestToken } from '../common/admin-auth.js';
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
-import { startFrontend } from '../frontend/frontend.js';
+import { startFrontend, type FrontendOptions } from '../frontend/frontend.js';
+import { runChild } from '../frontend/cluster/child.js';
+import { runPrimary } from '../frontend/cluster/primary.js';
 import { DEFAULT_SHUTDOWN_GRACE_MS } from '../frontend/shutdown.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
@@ -32,6 +36,15 @@ interface FrontendFlags {
   keepAliveTimeoutMs: number;
   maxConnections: number;
   adminMaxConnections: number;
+  processes: number;
+}
+
+/** --processes: a count, or `auto` for one per core. */
+export function processesOption(v: string): number {
+  if (v === 'auto') return availableParallelism();
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1 || n > 1024) throw new Error(`--processes takes a count from 1 or "auto", not "${v}"`);
+  return n;
 }
 
 /** The admin port unless --admin-port says otherwise: next to the public port, or any port when that one is 0. */
@@ -69,6 +82,11 @@ export function frontendCommand(): Command {
     .option('--max-lanes-per-request <n>', 'sequences (prompts x n) one request may open; 400 past it. Across requests, the fd limit bounds them: 503 frontend_overloaded (retryable) past it', intOption(1), DEFAULT_MAX_LANES_PER_REQUEST)
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, /health answers 503 at once while the listeners keep accepting and serving for this long, so load balancers stop sending first (SIGINT: no grace)', msOption(0), DEFAULT_SHUTDOWN_GRACE_MS)
+    .addOption(
+      new Option('--processes <n>', 'relaying processes serving the one public port (node:cluster; `auto` = one per core); one admin listener and one /metrics for all of them')
+        .argParser(processesOption)
+        .default(1),
+    )
     .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
       const token = await loadAdminTokens(flags.adminTokenFile);
@@ -79,26 +97,29 @@ export function frontendCommand(): Command {
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
       const timeouts = { requestTimeoutMs: flags.requestTimeoutMs, headersTimeoutMs: flags.headersTimeoutMs, keepAliveTimeoutMs: flags.keepAliveTimeoutMs };
       const log = createLogger('frontend');
-      const frontend = await startFrontend(
-        {
-          host: flags.host,
-          port: flags.port,
-          discoveryUrl: flags.discovery,
-          upstreamHeadersTimeoutMs: flags.upstreamHeadersTimeoutMs,
-          streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
-          prefillTimeoutMs: flags.prefillTimeoutMs,
-          migrationLimit: flags.migrationLimit,
-          maxLanesPerRequest: flags.maxLanesPerRequest,
-          corsOrigins: flags.corsOrigin,
-          upstreamConnections: flags.upstreamConnections,
-          healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
-          apiGuard: createAdminGuard(apiKeys, 'API'),
-          requestToken,
-          limits: { ...timeouts, maxConnections: flags.maxConnections },
-          admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },
-        },
-        log,
-      );
+      const opts: FrontendOptions = {
+        host: flags.host,
+        port: flags.port,
+        discoveryUrl: flags.discovery,
+        upstreamHeadersTimeoutMs: flags.upstreamHeadersTimeoutMs,
+        streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
+        prefillTimeoutMs: flags.prefillTimeoutMs,
+        migrationLimit: flags.migrationLimit,
+        maxLanesPerRequest: flags.maxLanesPerRequest,
+        corsOrigins: flags.corsOrigin,
+        upstreamConnections: flags.upstreamConnections,
+        healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
+        apiGuard: createAdminGuard(apiKeys, 'API'),
+        requestToken,
+        limits: { ...timeouts, maxConnections: flags.maxConnections },
+        admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },
+      };
+      if (flags.processes > 1) {
+        const stopOpts = { shutdownTimeoutMs: flags.shutdownTimeoutMs, shutdownGraceMs: flags.shutdownGraceMs };
+        // Each child runs this same command line (node:cluster forks argv again) and lands here.
+        return cluster.isPrimary ? runPrimary(opts, flags.processes, stopOpts, log) : runChild(opts, stopOpts, log);
+      }
+      const frontend = await startFrontend(opts, log);
       const adminAuth = token === undefined ? 'none' : 'bearer';
       log.info({ event: 'admin_ready', url: frontend.adminUrl, admin_auth: adminAuth }, `admin API ready: ${frontend.adminUrl}/workers`);
       log.info(

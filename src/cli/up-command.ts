@@ -8,6 +8,7 @@ import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { discoveryOption, intOption, msOption, portOption } from './options.js';
 import { servedModelName } from './llama-cpp-flags.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
+import { processesOption } from './frontend-command.js';
 import { removeUpState, writeUpState } from './up-state.js';
 
 interface UpFlags {
@@ -33,6 +34,7 @@ interface UpFlags {
   mockerKvBlocks?: number;
   mockerPrefillTokensPerS?: number;
   corsOrigin: string[];
+  processes: number;
   restart: boolean;
   metricsSdFile?: string;
 }
@@ -74,6 +76,7 @@ export function upCommand(): Command {
     .addOption(new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off').choices(['auto', 'cuda', 'vulkan', 'off']))
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
     .option('--port <n>', 'frontend port', portOption, 8000)
+    .addOption(new Option('--processes <n>', 'frontend relaying processes on the one port (`auto` = one per core)').argParser(processesOption).default(1))
     .option('--admin-port <n>', "frontend admin listener port (default: --port + 1; any free port when --port is 0)", portOption)
     .option('--admin-token-file <path>', 'admin bearer token for the frontend and every worker (env EBB_ADMIN_TOKEN); the operator commands then need it too')
     .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)', discoveryOption)
@@ -133,7 +136,7 @@ export function upCommand(): Command {
       );
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
       // Nothing balances load onto `ebb up`'s frontend: no shutdown grace to wait out.
-      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
+      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;

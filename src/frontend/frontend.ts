@@ -10,8 +10,10 @@ import { createFrontendMetrics } from './metrics.js';
 import { createOpenAIServer } from './api/openai-server.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, FD_RESERVE, fdBudget, LaneBudget } from './api/lane-budget.js';
 import { Upstream } from './relay/upstream.js';
+import { fdLimits, streamsRoom } from './fd-room.js';
 import { Shutdown } from './shutdown.js';
-import { WorkerPool } from './routing/worker-pool.js';
+import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
+import type { Registry } from 'prom-client';
 
 export interface FrontendOptions {
   host: string;
@@ -41,6 +43,17 @@ export interface FrontendOptions {
   limits?: HttpServerLimits | undefined;
   /** The admin listener (fleet view, drain/resume forwarding); the caller checks the bind is allowed. */
   admin?: { host: string; port: number; guardAdmin?: AdminGuard | undefined; limits?: HttpServerLimits | undefined } | undefined;
+  /** Set in each process of `ebb frontend --processes N` (see cluster/child.ts). */
+  cluster?: ClusterHooks | undefined;
+}
+
+export interface ClusterHooks {
+  /** Which process (0..N-1): sent as the x-ebb-frontend-process response header. */
+  slot: number;
+  /** Told each change of this process's in-flight counts, to share with its peers. */
+  onInflight: InflightListener;
+  /** The public /metrics: every process's metrics, aggregated (this process's alone would count a share). */
+  scrape: () => Promise<string>;
 }
 
 export interface RunningFrontend {
@@ -49,6 +62,8 @@ export interface RunningFrontend {
   adminUrl?: string | undefined;
   pool: WorkerPool;
   discovery: Discovery;
+  /** This process's metrics. */
+  registry: Registry;
   /**
    * Fails readiness at once and keeps serving for `graceMs` (a load balancer notices before
    * anything is refused); then stops accepting on both listeners, lets open streams and admin calls
@@ -61,21 +76,36 @@ export interface RunningFrontend {
 /** The per-request and fd bounds on sequences, logged: the numbers an operator sizes `ulimit -n` by. */
 function laneBudget(opts: FrontendOptions, log: Logger): LaneBudget {
   const limit = fdLimit();
+  const hard = fdLimits()?.hard;
   const adminMax = opts.admin ? (opts.admin.limits?.maxConnections ?? ADMIN_MAX_CONNECTIONS) : 0;
   const fds = fdBudget(limit, adminMax);
   const perRequest = opts.maxLanesPerRequest ?? DEFAULT_MAX_LANES_PER_REQUEST;
+  const streams = fds === undefined ? undefined : streamsRoom(fds);
   log.info(
-    { event: 'frontend_limits', fd_limit: limit ?? null, fd_budget: fds ?? null, fd_reserve: FD_RESERVE, admin_max_connections: adminMax, max_connections: opts.limits?.maxConnections ?? defaultMaxConnections('public'), max_lanes_per_request: perRequest },
+    {
+      event: 'frontend_limits',
+      fd_limit: limit ?? null,
+      fd_limit_hard: hard ?? null,
+      fd_budget: fds ?? null,
+      fd_reserve: FD_RESERVE,
+      streams_room: streams ?? null,
+      admin_max_connections: adminMax,
+      max_connections: opts.limits?.maxConnections ?? defaultMaxConnections('public'),
+      max_lanes_per_request: perRequest,
+    },
     fds === undefined
       ? `fd limit unknown: no fd budget; at most ${perRequest} sequences per request`
-      : `fd limit ${limit}: ${fds} descriptors for client connections and worker sockets (${FD_RESERVE} reserved, ${adminMax} for the admin listener); at most ${perRequest} sequences per request`,
+      : `fd limit ${limit} (hard ${hard ?? 'unknown'}): ${fds} descriptors for client connections and worker sockets (${FD_RESERVE} reserved, ${adminMax} for the admin listener), room for about ${streams} concurrent streams in this process; at most ${perRequest} sequences per request`,
   );
+  // Node raises the soft limit to the hard one at start; below it, something stopped that (a wrapper, a sandbox).
+  if (limit !== undefined && typeof hard === 'number' && limit < hard)
+    log.warn({ event: 'fd_limit_below_hard', fd_limit: limit, fd_limit_hard: hard }, `the fd limit ${limit} is below the hard limit ${hard}: run under \`ulimit -n ${hard}\` for room for about ${streamsRoom(fdBudget(hard, adminMax) ?? 0)} streams`);
   return new LaneBudget(perRequest, fds);
 }
 
 export async function startFrontend(opts: FrontendOptions, log: Logger): Promise<RunningFrontend> {
   const discovery = await connectDiscovery(opts.discoveryUrl);
-  const pool = new WorkerPool();
+  const pool = new WorkerPool(opts.cluster?.onInflight);
   const fleet = new FleetView();
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
@@ -88,7 +118,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.
@@ -120,6 +150,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     adminUrl,
     pool,
     discovery,
+    registry: metrics.registry,
     async close(timeoutMs, graceMs = 0) {
       shutdown.notReady = true;
       if (graceMs > 0) {

@@ -44,6 +44,8 @@ export function createFrontendMetrics(pool: WorkerPool) {
     help: 'Workers in the routing view, by model and whether the frontend holds them out',
     labelNames: ['model', 'mode', 'hold'],
     registers: [registry],
+    // Every process of `--processes N` sees the same fleet: summing them would count each worker N times.
+    aggregator: 'max',
     collect() {
       this.reset();
       const now = Date.now();

@@ -51,8 +51,8 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits, metr
         in_discovery: k.inDiscovery,
         left_discovery_at: k.leftAt === undefined ? null : new Date(k.leftAt).toISOString(),
         state: live.reachable ? live.status.state : null,
-        // What this frontend itself has on the worker, and why it is holding it back if it is.
-        routing: routed ? { inflight: routed.inflight, hold } : null,
+        // What this frontend itself has on the worker (all its processes), and why it is holding it back if it is.
+        routing: routed ? { inflight: routed.load, hold } : null,
         ...live,
       },
       live,

@@ -15,6 +15,7 @@ import { probeHalfClosedClient } from './client-gone.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
 import { modelNotFound, unavailableModel, type Upstream } from '../relay/upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
+import type { ClusterHooks } from '../frontend.js';
 
 export interface OpenAIServerDeps {
   pool: WorkerPool;
@@ -34,6 +35,8 @@ export interface OpenAIServerDeps {
   shutdown?: Shutdown | undefined;
   /** Client API keys (--api-key-file): every /v1/ route needs one. None: the public API is open. */
   apiGuard?: AdminGuard | undefined;
+  /** One process of several serving this port: its slot goes in a header, /metrics is the whole frontend's. */
+  cluster?: Pick<ClusterHooks, 'slot' | 'scrape'> | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -53,8 +56,16 @@ export function createOpenAIServer({
   lanes = new LaneBudget(DEFAULT_MAX_LANES_PER_REQUEST, undefined),
   shutdown = new Shutdown(),
   apiGuard,
+  cluster,
 }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
+  if (cluster !== undefined) {
+    // On the raw response: streams write their head themselves, and writeHead keeps what setHeader set.
+    const slot = String(cluster.slot);
+    app.addHook('onRequest', async (_req, reply) => {
+      reply.raw.setHeader('x-ebb-frontend-process', slot);
+    });
+  }
   lanes.watch(app.server);
   if (apiGuard !== undefined) {
     // /live, /health and /metrics stay open: probes and scrapers carry no key; CORS preflights neither.
@@ -106,7 +117,8 @@ export function createOpenAIServer({
   });
 
   methods('/metrics', ['GET']);
-  app.get('/metrics', async (_req, reply) => reply.header('content-type', metrics.registry.contentType).send(await metrics.registry.metrics()));
+  const scrape = cluster?.scrape ?? (() => metrics.registry.metrics());
+  app.get('/metrics', async (_req, reply) => reply.header('content-type', metrics.registry.contentType).send(await scrape()));
 
   /** What every generating route checks first: a model somebody serves, and fields the fleet can honour. */
   const admit = (body: { model: string }, table: FieldPolicy) => {

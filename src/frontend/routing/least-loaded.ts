@@ -6,14 +6,15 @@
  * them best-first, so it costs O(k log k) in the k skipped, not O(n).
  */
 export interface Ranked {
-  readonly inflight: number;
+  /** Requests open on it, as far as this process knows (its own, plus what peer processes report). */
+  readonly load: number;
   /** When it was last picked (a pool-wide counter); the tie-break. */
   pickedAt: number;
   /** Its slot in the heap, -1 when in none; owned by the heap. */
   slot: number;
 }
 
-const before = (a: Ranked, b: Ranked): boolean => a.inflight < b.inflight || (a.inflight === b.inflight && a.pickedAt < b.pickedAt);
+const before = (a: Ranked, b: Ranked): boolean => a.load < b.load || (a.load === b.load && a.pickedAt < b.pickedAt);
 
 export class LeastLoaded<T extends Ranked> {
   private readonly heap: T[] = [];
@@ -45,7 +46,7 @@ export class LeastLoaded<T extends Ranked> {
     this.fix(i);
   }
 
-  /** Re-places `w` after its inflight or pickedAt changed. */
+  /** Re-places `w` after its load or pickedAt changed. */
   update(w: T): void {
     if (w.slot >= 0 && this.heap[w.slot] === w) this.fix(w.slot);
   }

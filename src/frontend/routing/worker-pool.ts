@@ -27,21 +27,33 @@ export interface PoolWorker {
    * registration: it survives the worker leaving discovery and coming back (drain then resume).
    */
   inflight: number;
+  /**
+   * What routing ranks by: `inflight` plus what the other processes serving the same port report
+   * on the worker (`ebb frontend --processes N`; see setPeerInflight). Equals `inflight` in one process.
+   */
+  readonly load: number;
   readonly hold?: { kind: Hold; until: number } | undefined;
 }
+
+/** Told every change of this process's in-flight count on a worker (the cluster child reports them to its peers). */
+export type InflightListener = (workerId: string, inflight: number) => void;
 
 const YES_NO: readonly Capability[] = CAPABILITIES; // every one counted per model, so declares() is O(1)
 
 /** A worker as the pool keeps it: its in-flight count re-ranks it in its (model, mode) index on every change. */
 class Member implements PoolWorker, Ranked {
   #inflight = 0;
+  #peers = 0;
   pickedAt = 0;
   slot = -1;
   hold: { kind: Hold; until: number } | undefined;
   /** The index it is ranked in while in discovery; undefined once departed. */
   index: LeastLoaded<Member> | undefined;
 
-  constructor(public record: WorkerRecord) {}
+  constructor(
+    public record: WorkerRecord,
+    private readonly listener: InflightListener | undefined,
+  ) {}
 
   get inflight(): number {
     return this.#inflight;
@@ -49,6 +61,16 @@ class Member implements PoolWorker, Ranked {
 
   set inflight(n: number) {
     this.#inflight = n;
+    this.index?.update(this);
+    this.listener?.(this.record.worker_id, n);
+  }
+
+  get load(): number {
+    return this.#inflight + this.#peers;
+  }
+
+  set peers(n: number) {
+    this.#peers = n;
     this.index?.update(this);
   }
 }
@@ -79,6 +101,19 @@ export class WorkerPool {
   private picks = 0;
   /** When the last worker of each model left discovery (see MODEL_MEMORY_MS). */
   private readonly lastServed = new Map<string, number>();
+  /** Peer processes' in-flight counts by worker id, kept for workers this view does not hold yet. */
+  private readonly peerInflight = new Map<string, number>();
+
+  /** `onInflight`: told each change of this process's own in-flight counts (to share them with peer processes). */
+  constructor(private readonly onInflight?: InflightListener) {}
+
+  /** What the other processes serving this port have open on `workerId` (their sum); it ranks the worker here too. */
+  setPeerInflight(workerId: string, n: number): void {
+    if (n === 0) this.peerInflight.delete(workerId);
+    else this.peerInflight.set(workerId, n);
+    const w = this.workers.get(workerId) ?? this.departed.get(workerId);
+    if (w) w.peers = n;
+  }
 
   apply(event: DiscoveryEvent): void {
     if (event.type === 'reset') {
@@ -137,7 +172,8 @@ export class WorkerPool {
       this.workers.set(record.worker_id, existing);
       this.enter(existing);
     } else {
-      const w = new Member(record);
+      const w = new Member(record, this.onInflight);
+      w.peers = this.peerInflight.get(record.worker_id) ?? 0;
       this.workers.set(record.worker_id, w);
       this.enter(w);
     }

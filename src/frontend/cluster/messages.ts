@@ -1,0 +1,33 @@
+/**
+ * What the processes of one `ebb frontend --processes N` say to each other over node:cluster's IPC
+ * channel. Children never talk to each other: everything goes through the primary.
+ */
+import type { Registry } from 'prom-client';
+
+/** Which child (0..N-1): stable across a replacement, so logs and the response header stay readable. */
+export const PROCESS_SLOT_ENV = 'EBB_FRONTEND_PROCESS';
+
+/** [worker id, count] pairs: only the workers whose count changed since the last message. */
+export type Counts = Array<[string, number]>;
+
+export type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
+
+/** Child to primary. */
+export type ChildMessage =
+  | { type: 'ebb:ready'; url: string; pid: number }
+  /** This child's own in-flight counts, absolute (a lost or repeated message cannot skew a sum). */
+  | { type: 'ebb:inflight'; counts: Counts }
+  /** A scrape of the public /metrics reached this child: the primary answers with every process's metrics. */
+  | { type: 'ebb:scrape'; id: number }
+  | { type: 'ebb:metrics'; id: number; metrics: MetricsJson };
+
+/** Primary to child. */
+export type PrimaryMessage =
+  /** What the other children have open on each worker (their sum, without the receiver's own). */
+  | { type: 'ebb:peer-inflight'; counts: Counts }
+  | { type: 'ebb:scraped'; id: number; text?: string; error?: string }
+  | { type: 'ebb:metrics-req'; id: number }
+  /** Drain and exit: the frontend's shutdown (grace, then the deadline) in this child. */
+  | { type: 'ebb:stop'; graceMs: number };
+
+export const isMessage = (m: unknown): m is { type: string } => typeof m === 'object' && m !== null && typeof (m as { type?: unknown }).type === 'string' && (m as { type: string }).type.startsWith('ebb:');

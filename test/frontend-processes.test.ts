@@ -1,0 +1,207 @@
+/**
+ * `ebb frontend --processes 2`: one public port served by two relaying processes (node:cluster).
+ * One fleet (two mocker workers, one frontend) for every assertion: both processes serve the port,
+ * /metrics counts every request once whichever process answers the scrape, each process routes by
+ * the in-flight counts of both (no herding), a killed process is replaced, and SIGTERM drains both
+ * with no stream cut. And the fd room a frontend process logs at start.
+ */
+import { after, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import { request } from 'node:http';
+import { InflightTable } from '../src/frontend/cluster/inflight-table.js';
+import { call } from './helpers/http.js';
+import { bounded, CLI, EbbProcess, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type LogLine } from './helpers/processes.js';
+
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+interface Answer {
+  status: number;
+  process: string | undefined;
+  workerId: string | undefined;
+  body: string;
+}
+
+/**
+ * A request on a connection of its own (no keep-alive pool): node:cluster hands each new connection
+ * to the next process, round robin. `first` resolves with the head once the body's first bytes came.
+ */
+function fresh(url: string, method: string, path: string, body?: unknown): { first: Promise<Answer>; done: Promise<Answer> } {
+  let resolveFirst!: (a: Answer) => void;
+  let rejectFirst!: (err: Error) => void;
+  const first = new Promise<Answer>((res, rej) => ((resolveFirst = res), (rejectFirst = rej)));
+  first.catch(() => undefined);
+  const done = new Promise<Answer>((resolve, reject) => {
+    const req = request(`${url}${path}`, { method, agent: false, headers: body === undefined ? {} : { 'content-type': 'application/json' } }, (res) => {
+      const answer: Answer = { status: res.statusCode ?? 0, process: res.headers['x-ebb-frontend-process'] as string | undefined, workerId: res.headers['x-ebb-worker-id'] as string | undefined, body: '' };
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => {
+        if (answer.body === '') resolveFirst({ ...answer, body: d });
+        answer.body += d;
+      });
+      res.once('end', () => (resolveFirst(answer), resolve(answer)));
+      res.once('error', reject);
+    });
+    req.once('error', (err) => (rejectFirst(err), reject(err)));
+    req.end(body === undefined ? undefined : JSON.stringify(body));
+  });
+  return { first, done };
+}
+
+const tokensIn = (sse: string) => sse.split('\n').filter((l) => l.startsWith('data: {') && l.includes('"delta":{"content":"')).length;
+const chat = (maxTokens: number) => ({ model: 'm1', messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: maxTokens, stream: true });
+
+describe('frontend: --processes 2', () => {
+  it('serves one port from two processes, counts metrics once, shares in-flight counts, replaces a dead process, drains both on SIGTERM', async () => {
+    const discovery = tempDiscoveryUrl();
+    const workers = [
+      await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '40']),
+      await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '40']),
+    ];
+    started.push(...workers);
+    const frontend = await startFrontend(discovery, ['--processes', '2', '--shutdown-grace-ms', '0', '--shutdown-timeout-ms', '20000']);
+    started.push(frontend);
+    const ready = await frontend.waitForEvent('frontend_ready');
+    assert.equal(ready.processes, 2);
+    const adminUrl = ready.admin_url as string;
+    const processReady = (slot: number, after = 0) => frontend.waitForLog((l) => l.event === 'frontend_process_ready' && l.slot === slot, `process ${slot} ready`, { after });
+    const [p0, p1] = (await Promise.all([processReady(0), processReady(1)])) as [LogLine, LogLine];
+    assert.notEqual(p0.pid, p1.pid);
+    assert.ok(p0.pid !== frontend.pid && p1.pid !== frontend.pid, 'the children are processes of their own');
+    // Each child has the fleet in its own routing view before requests are sent.
+    for (const w of workers) await frontend.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === w.workerId) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(w.workerId)), 'worker seen');
+
+    // Both processes serve the one port.
+    const answers = await Promise.all(Array.from({ length: 6 }, () => fresh(frontend.url, 'POST', '/v1/chat/completions', chat(2)).done));
+    for (const a of answers) {
+      assert.equal(a.status, 200, a.body);
+      assert.equal(tokensIn(a.body), 2);
+    }
+    assert.deepEqual(new Set(answers.map((a) => a.process)), new Set(['0', '1']), 'both processes answered');
+
+    // One /metrics for all: whichever process answers the scrape, each request is counted once.
+    const scrapes = await Promise.all(Array.from({ length: 4 }, () => fresh(frontend.url, 'GET', '/metrics').done));
+    assert.deepEqual(new Set(scrapes.map((s) => s.process)), new Set(['0', '1']), 'both processes answered a scrape');
+    for (const s of scrapes) {
+      assert.match(s.body, /^ebb_frontend_requests_total\{endpoint="\/v1\/chat\/completions",status="200"\} 6$/m, 'six requests, counted once');
+      assert.match(s.body, /^ebb_frontend_processes 2$/m);
+      assert.match(s.body, /^ebb_frontend_workers\{model="m1",mode="aggregated",hold="none"\} 2$/m, 'the fleet, not the fleet twice');
+    }
+
+    // In-flight counts are shared: a stream open through one process steers the next one, opened
+    // through the other process, to the other worker (each process alone would see both idle).
+    const a = fresh(frontend.url, 'POST', '/v1/chat/completions', chat(150));
+    const aHead = await bounded(a.first, 'stream a first token');
+    // The primary knows once its admin view counts it; it told the other process in the same turn.
+    await bounded(
+      (async () => {
+        for (;;) {
+          const view = await call('GET', `${adminUrl}/workers`);
+          const entry = (view.body.workers as Array<{ worker_id: string; routing: { inflight: number } | null }>).find((w) => w.worker_id === aHead.workerId);
+          if (entry?.routing?.inflight === 1) return;
+          await new Promise((r) => setTimeout(r, 20));
+        }
+      })(),
+      "the admin view counting stream a",
+    );
+    const b = fresh(frontend.url, 'POST', '/v1/chat/completions', chat(150));
+    b.done.catch(() => undefined); // cut below, with the process that relays it
+    const bHead = await bounded(b.first, 'stream b first token');
+    assert.notEqual(bHead.process, aHead.process, 'round robin: the second connection went to the other process');
+    assert.notEqual(bHead.workerId, aHead.workerId, "the other process counted the first process's stream");
+
+    // A killed process is replaced (with a back-off, logged), and the port keeps serving meanwhile.
+    const victim = bHead.process === '1' ? p1 : p0;
+    const slot = victim.slot as number;
+    const mark = frontend.mark();
+    process.kill(victim.pid as number, 'SIGKILL');
+    const exited = await frontend.waitForLog((l) => l.event === 'frontend_process_exited', 'the dead process logged', { after: mark });
+    assert.equal(exited.slot, slot);
+    assert.equal(exited.signal, 'SIGKILL');
+    assert.equal(typeof exited.restart_in_ms, 'number');
+    const replaced = await processReady(slot, mark);
+    assert.notEqual(replaced.pid, victim.pid);
+    assert.equal((await a.done).status, 200);
+    assert.equal(tokensIn((await a.done).body), 150, 'the surviving process finished its stream');
+    const again = await Promise.all(Array.from({ length: 4 }, () => fresh(frontend.url, 'POST', '/v1/chat/completions', chat(1)).done));
+    assert.deepEqual(new Set(again.map((x) => x.process)), new Set(['0', '1']), 'the replacement serves');
+
+    // SIGTERM drains both processes: streams open on each finish whole, then everything exits 0.
+    const s1 = fresh(frontend.url, 'POST', '/v1/chat/completions', chat(40));
+    const s2 = fresh(frontend.url, 'POST', '/v1/chat/completions', chat(40));
+    const heads = await bounded(Promise.all([s1.first, s2.first]), 'two streams started');
+    assert.deepEqual(new Set(heads.map((h) => h.process)), new Set(['0', '1']), 'one stream on each process');
+    const stopMark = frontend.mark();
+    frontend.signal('SIGTERM');
+    const [d1, d2] = await bounded(Promise.all([s1.done, s2.done]), 'both streams end');
+    for (const d of [d1, d2]) {
+      assert.equal(tokensIn(d.body), 40, 'not cut');
+      assert.match(d.body, /data: \[DONE\]/);
+    }
+    assert.equal(await frontend.exitCode(), 0);
+    const stopping = frontend.logs.slice(stopMark).filter((l) => l.event === 'frontend_process_stopping');
+    assert.deepEqual(new Set(stopping.map((l) => l.frontend_process)), new Set([0, 1]), 'each process drained');
+  });
+});
+
+describe('frontend: file-descriptor room', () => {
+  it('runs at the hard fd limit even when started under a lower soft one, and logs the streams that leaves room for', async () => {
+    const hard = Number(execFileSync('sh', ['-c', 'ulimit -Hn'], { encoding: 'utf8' }).trim());
+    const soft = Math.min(hard, 512);
+    const proc = spawn('sh', ['-c', `ulimit -Sn ${soft} && exec "$0" "$@"`, process.execPath, CLI, 'frontend', '--port', '0', '--discovery', tempDiscoveryUrl()], {
+      env: { ...process.env, EBB_LOG_LEVEL: 'info', EBB_LOG_FORMAT: 'json' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const frontend = new EbbProcess(proc, 'frontend');
+    started.push(frontend);
+    const limits = await frontend.waitForEvent('frontend_limits');
+    assert.equal(limits.fd_limit, hard, `Node raised the soft limit ${soft} to the hard one`);
+    assert.equal(limits.fd_limit_hard, hard);
+    assert.equal(limits.streams_room, Math.floor((limits.fd_budget as number) / 2), 'two descriptors per stream: client connection and worker socket');
+    await frontend.terminate();
+  });
+});
+
+describe('ebb up --processes', () => {
+  it('runs its frontend with that many processes, and stops them on Ctrl-C', async () => {
+    const up = spawnEbb(['up', '--port', '0', '--workers', '1', '--mocker-itl-ms', '0', '--processes', '2'], 'ebb up');
+    started.push(up);
+    const ready = await up.waitForEvent('frontend_ready');
+    assert.equal(ready.processes, 2);
+    const answers = await Promise.all(Array.from({ length: 4 }, () => fresh(ready.url as string, 'POST', '/v1/completions', { model: 'ebb-mock', prompt: 'x', max_tokens: 2 }).done));
+    assert.deepEqual(
+      answers.map((a) => a.status),
+      [200, 200, 200, 200],
+    );
+    assert.deepEqual(new Set(answers.map((a) => a.process)), new Set(['0', '1']));
+    up.signal('SIGINT');
+    assert.equal(await up.exitCode(), 0);
+    assert.match(up.stderr.join('\n'), /ebb up: stopped \(workers drained, frontend closed\)/);
+    assert.equal(up.logs.filter((l) => l.event === 'frontend_process_stopping').length, 2);
+  });
+});
+
+describe('InflightTable (the primary\'s sum of the processes\' in-flight counts)', () => {
+  it('tells each process what the others have open, and forgets a process that died', () => {
+    const t = new InflightTable();
+    t.report(1, [['a', 2], ['b', 1]]);
+    t.report(2, [['a', 1]]);
+    assert.deepEqual(new Set(t.flush()), new Set(['a', 'b']));
+    assert.deepEqual(t.peersOf(1, ['a', 'b']), [['a', 1], ['b', 0]]);
+    assert.deepEqual(t.peersOf(2, ['a', 'b']), [['a', 2], ['b', 1]]);
+    // Absolute counts: a repeated report changes nothing; a move between processes still marks the worker.
+    t.report(1, [['a', 2]]);
+    assert.deepEqual(t.flush(), []);
+    t.report(1, [['a', 1]]);
+    t.report(2, [['a', 2]]);
+    assert.deepEqual(t.flush(), ['a']);
+    assert.equal(t.total('a'), 3);
+    t.forget(2);
+    assert.equal(t.total('a'), 1);
+    assert.deepEqual(t.peersOf(1, ['a']), [['a', 0]]);
+    assert.deepEqual(t.flush(), ['a']);
+  });
+});
