@@ -88,6 +88,13 @@ export const GenerateBodySchema = Type.Object(
     /** Decode workers only: pull this prompt's KV from the prefill worker that computed it. */
     kv_transfer: Type.Optional(KvTransferRefSchema),
     continuation: Type.Optional(ContinuationSchema),
+    /**
+     * With a continuation after a drain-deadline hand-off: the KV state (prompt + delivered tokens)
+     * the worker that handed the stream off exported. Workers whose engine loads KV pull it from
+     * that worker (registered in their discovery view) instead of re-evaluating; the others, or a
+     * pull that fails, re-evaluate from the continuation.
+     */
+    handoff_kv: Type.Optional(KvTransferRefSchema),
     response_format: Type.Optional(ResponseFormatSchema),
   },
   { additionalProperties: false },
@@ -107,6 +114,8 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** Prompt tokens the engine did not evaluate (their KV was pulled or cached). */
+  prompt_tokens_details?: { cached_tokens: number };
 }
 
 /** Why a worker stopped a stream it had started, for the caller to continue elsewhere. */
@@ -114,6 +123,8 @@ export interface Handoff {
   reason: 'drain_deadline';
   /** Tokens this worker generated for the request (a continuation's earlier tokens not included). */
   completion_tokens: number;
+  /** Where the next worker may pull this sequence's KV state (engines that export it), so it need not re-evaluate it. */
+  kv?: KvTransferRef;
 }
 
 export type StreamLine =

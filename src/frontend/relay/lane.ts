@@ -126,7 +126,7 @@ export class Lane {
 
   /** A terminal line other than done: the error the lane's loop ends with. */
   private endOf(line: StreamLine): Error {
-    return 'handoff' in line ? new HandedOff(this.workerId) : new WorkerStreamError((line as { error: { code: never; message: string } }).error);
+    return 'handoff' in line ? new HandedOff(this.workerId, line.handoff.kv) : new WorkerStreamError((line as { error: { code: never; message: string } }).error);
   }
 
   /**
@@ -147,7 +147,10 @@ export class Lane {
     // handed the stream off while draining, then resumed) may take the stream back.
     let next: UpstreamStream;
     try {
-      next = await this.ctx.open(this.delivered.continuation(this.gen), signal, new Set([fromId]));
+      const body = this.delivered.continuation(this.gen);
+      // A hand-off's KV: the next worker loads prompt + delivered tokens instead of re-evaluating them.
+      if (err instanceof HandedOff && err.kv !== undefined) body.handoff_kv = err.kv;
+      next = await this.ctx.open(body, signal, new Set([fromId]));
     } catch (e) {
       if (signal.aborted) throw e;
       metrics.migrationFailed(e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
