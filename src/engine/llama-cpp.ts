@@ -287,7 +287,8 @@ export class LlamaCppEngine implements Engine {
       finish_reason,
       prompt_tokens: promptTokens,
       completion_tokens,
-      ...(req.kv_state !== undefined ? { cached_tokens: Math.min(loaded, promptTokens) } : {}),
+      // Prompt tokens not evaluated here: their KV came with a peer's state.
+      cached_tokens: Math.min(loaded, promptTokens),
     });
     if (req.max_tokens === 0) {
       await req.kv_state?.dispose();

@@ -68,7 +68,8 @@ export async function pullKvState(
       throw new KvStatePullError('refused', ref, (err as Error).message);
     }
   } finally {
-    res.body.destroy();
+    // What was not read (a refused state) is dropped; destroy() would emit an unhandled error.
+    await res.body.dump().catch(() => undefined);
     await releaseKvState(ref, token);
   }
 }
