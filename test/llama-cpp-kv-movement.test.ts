@@ -177,4 +177,19 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.equal(await metricValue(a.systemUrl, 'ebb_kv_state_bytes'), 0);
     assert.equal(await metricValue(b.systemUrl, 'ebb_kv_state_bytes'), 0);
   });
+
+  it('a hand-off whose KV is gone continues by re-evaluation; a source outside discovery is refused', async () => {
+    const whole = await generate(b, body(AGG, { max_tokens: 20 }));
+    const first = await openLineStream(`${b.requestUrl}/generate`, body(AGG, { max_tokens: 8 }));
+    const pieces = (await first.done).map((l) => JSON.parse(l)).filter((l) => typeof l.text === 'string');
+    const continuation = { text: pieces.map((l) => l.text).join(''), completion_tokens: 8, token_ids: pieces.flatMap((l) => l.token_ids) };
+    const gone = { transfer_id: 'kv-gone', source_url: a.requestUrl, worker_id: a.workerId };
+    const before = await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="unavailable"');
+    const rest = await generate(b, { ...body(AGG, { max_tokens: 12 }), continuation, handoff_kv: gone });
+    assert.equal(continuation.text + rest.text, whole.text, 'the stream goes on as if undisturbed');
+    assert.equal(await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="unavailable"'), before + 1);
+    const stranger = await call('POST', `${b.requestUrl}/generate`, { ...body(AGG), continuation, handoff_kv: { ...gone, source_url: 'http://127.0.0.1:9' } });
+    assert.equal(stranger.status, 403);
+    assert.equal(stranger.body.error.code, 'forbidden');
+  });
 });

@@ -219,8 +219,10 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   /** The scope owns the request from admission: every way out below ends in scope.end or scope.close. */
   async function serve(scope: RequestScope, gen: GenerateRequest, stream: boolean, kv: KvTransferRef | undefined, handoffKv?: KvTransferRef): Promise<void> {
     const res = scope.res;
-    // An engine that exports its sequences: a stream handed off at the drain deadline leaves its KV for the next worker.
-    if (engine.kvPayload)
+    // An engine that exports its sequences: a stream handed off at the drain deadline leaves its KV
+    // for the next worker. Not a non-streamed answer: its hand-off is a retry from scratch, and a
+    // state nobody pulls would hold this worker's drain until its TTL.
+    if (engine.kvPayload && stream)
       gen.kv_handoff = {
         wanted: (reason) => reason instanceof HandOff,
         exported: (t) => (scope.handoffKv = { transfer_id: t.transfer_id, source_url: selfUrl(), worker_id: workerId }),
