@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
-import { createReadStream, createWriteStream } from 'node:fs';
-import { mkdtemp, readdir, rm, stat, unlink } from 'node:fs/promises';
+import { createReadStream, createWriteStream, rmSync } from 'node:fs';
+import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
@@ -97,7 +97,7 @@ export class KvStateFiles {
   ) {
     this.transfers = new KvTransferStore(opts.ttlMs);
     // Confirmed or expired: the file goes with the ledger entry.
-    const drop = (t: KvTransfer) => void this.dropExport(t.transfer_id);
+    const drop = (t: KvTransfer) => this.dropExport(t.transfer_id);
     this.transfers.on('completed', drop);
     this.transfers.on('expired', drop);
   }
@@ -137,7 +137,7 @@ export class KvStateFiles {
     const bytes = (await stat(path)).size;
     this.used += bytes;
     if (this.used > this.opts.maxBytes) {
-      await this.remove(path, bytes);
+      this.remove(path, bytes);
       throw new KvStateRefused(`a ${bytes}-byte KV state would pass the bound of ${this.opts.maxBytes} bytes`);
     }
     const header: KvStateHeader = { format: KV_STATE_FORMAT, ...identity, tokens, state_bytes: bytes, state_sha256: await sha256File(path) };
@@ -178,7 +178,7 @@ export class KvStateFiles {
       if (received !== declared) throw new KvStateRefused(`truncated: ${received} of ${declared} bytes`);
       if (hash.digest('hex') !== header.state_sha256) throw new KvStateRefused('the bytes do not match the state hash (corrupt)');
     } catch (err) {
-      await this.remove(path, declared);
+      this.remove(path, declared);
       throw err;
     }
     let disposed = false;
@@ -188,7 +188,7 @@ export class KvStateFiles {
       dispose: async () => {
         if (disposed) return;
         disposed = true;
-        await this.remove(path, declared);
+        this.remove(path, declared);
       },
     };
   }
@@ -215,16 +215,17 @@ export class KvStateFiles {
     }
   }
 
-  private async dropExport(id: string): Promise<void> {
+  private dropExport(id: string): void {
     const entry = this.exports.get(id);
     if (!entry) return;
     this.exports.delete(id);
-    await this.remove(entry.path, entry.bytes);
+    this.remove(entry.path, entry.bytes);
   }
 
-  private async remove(path: string, bytes: number): Promise<void> {
+  /** Synchronous: the file is gone when the ledger says so (an unlink is far cheaper than what a state costs). */
+  private remove(path: string, bytes: number): void {
     this.used -= bytes;
-    await unlink(path).catch(() => undefined);
+    rmSync(path, { force: true });
   }
 
   async close(): Promise<void> {

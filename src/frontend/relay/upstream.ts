@@ -443,7 +443,7 @@ export class Upstream {
   }
 
   /** Frees a transfer nobody will pull (204, or 404 when it was pulled or expired); never throws. */
-  private async releaseKv(kv: KvTransferRef): Promise<void> {
+  async releaseKv(kv: KvTransferRef): Promise<void> {
     try {
       const res = await request(`${kv.source_url}/kv/${encodeURIComponent(kv.transfer_id)}`, {
         method: 'DELETE',
