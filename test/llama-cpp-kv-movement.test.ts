@@ -192,4 +192,26 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.equal(stranger.status, 403);
     assert.equal(stranger.body.error.code, 'forbidden');
   });
+
+  it('a hand-off nobody continues releases its KV: the draining worker does not wait for the TTL', async () => {
+    // B out, A back; a frontend that never migrates: A's hand-off ends the stream with migration_failed.
+    const bOut = { after: b.mark() };
+    assert.ok(isOk(await call('POST', `${b.systemUrl}/engine/drain`)));
+    await b.waitForEvent('state_changed', (l) => l.to === 'drained', bOut);
+    assert.ok(isOk(await call('POST', `${a.systemUrl}/engine/resume`)));
+    const noMoves = await startFrontend(discovery, ['--migration-limit', '0']);
+    started.push(noMoves);
+    await noMoves.waitForLog((l) => l.event === 'discovery_reset' && (l.workers as string[]).includes(a.workerId), 'the frontend routes to A');
+    let progressed!: () => void;
+    const streaming = new Promise<void>((resolve) => (progressed = resolve));
+    const outcome = streamCompletion(noMoves.url, { model: AGG, messages: [{ role: 'user', content: 'a long one' }], max_tokens: TOKENS, temperature: 0 }, undefined, (n) => n === 10 && progressed());
+    await streaming;
+    const cursor = { after: a.mark() };
+    assert.ok(isOk(await call('POST', `${a.systemUrl}/engine/drain`, { deadline_ms: 0 })));
+    const r = await outcome;
+    assert.equal(r.errorCode, 'migration_failed', r.error);
+    // The state's TTL (30 s) is longer than this wait's bound: drained here means it was released.
+    await a.waitForEvent('state_changed', (l) => l.to === 'drained', cursor);
+    assert.equal(await metricValue(a.systemUrl, 'ebb_kv_state_bytes'), 0);
+  });
 });
