@@ -93,9 +93,12 @@ describe('llama-cpp: KV moves between workers', () => {
   });
 
   it('a foreign state is refused, released at its source, and the request still completes', async () => {
-    const aggregated = await generate(a, body(AGG));
-    const kv = await prefillOn(foreign, body('foreign'));
-    const split = await generate(d, { ...body(SPLIT), kv_transfer: kv });
+    // A prompt the decode worker has not seen: its own prefix cache (kept sequences) has none of it,
+    // so every token it did not evaluate would have come from the refused state.
+    const fresh = { prompt: 'far from here, tell me about the tides and the moon and the sea' };
+    const aggregated = await generate(a, body(AGG, fresh));
+    const kv = await prefillOn(foreign, body('foreign', fresh));
+    const split = await generate(d, { ...body(SPLIT, fresh), kv_transfer: kv });
     assert.equal(split.text, aggregated.text, 'evaluated on the decode worker instead');
     assert.equal(split.last.usage.prompt_tokens_details.cached_tokens, 0);
     assert.equal(await metricValue(d.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="refused"'), 1);
