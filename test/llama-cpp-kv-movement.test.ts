@@ -121,6 +121,21 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.ok(isOk(await call('POST', `${p.systemUrl}/engine/resume`)));
   });
 
+  it('a prefill worker evaluates only what follows a prefix its sequences hold; that state still answers as aggregated', async () => {
+    const long = { prompt: 'the harbor light turns slowly over the water and the boats come home at dusk. '.repeat(4) };
+    const hits = async () => (await call('GET', `${p.systemUrl}/engine/status`)).body.kv_cache.prompt_tokens_hit as number;
+    const aggregated = await generate(a, body(AGG, long));
+    const cold = await prefillOn(p, body(SPLIT, long));
+    const before = await hits();
+    const warm = await prefillOn(p, body(SPLIT, long));
+    assert.equal(await hits(), before + aggregated.last.usage.prompt_tokens - 1, 'all but the last prompt token were in the prefill worker\'s cache');
+    const fromWarm = await generate(d, { ...body(SPLIT, long), kv_transfer: warm });
+    assert.equal(fromWarm.text, aggregated.text);
+    assert.equal(fromWarm.last.usage.prompt_tokens_details.cached_tokens, aggregated.last.usage.prompt_tokens - 1, 'the warm state held the whole prompt but its last token');
+    // The cold state is not pulled: released, so later drains of P do not wait for it.
+    assert.equal((await call('DELETE', `${cold.source_url}/kv/${cold.transfer_id}`)).status, 204);
+  });
+
   it('a drain with deadline hands running streams off with their KV: texts equal an undisturbed run, guided decoding included', async () => {
     const waitRouted = (w: WorkerHandle, cursor: { after: number }) =>
       frontend.waitForLog(
