@@ -330,6 +330,8 @@ export class LlamaCppEngine implements Engine {
     let lease: SequenceLease | undefined;
     let failed = false;
     let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    /** A replayed evaluation an abort may have left running: the sequence goes back only after it. */
+    let replaying: Promise<void> | undefined;
     const abort = aborted(signal);
     let n = 0;
     try {
@@ -356,7 +358,8 @@ export class LlamaCppEngine implements Engine {
       if (replay) {
         const evaluate = (these: Token[]) => {
           const done = sequence.evaluateWithoutGeneratingNewTokens(these);
-          done.catch(() => undefined); // an abort wins the race; the sequence is disposed below
+          done.catch(() => undefined); // an abort wins the race; awaited below before the sequence goes back
+          replaying = done;
           return Promise.race([done, abort.promise]);
         };
         if (skipped < prompt.tokens.length) await evaluate(prompt.tokens.slice(skipped));
@@ -410,6 +413,7 @@ export class LlamaCppEngine implements Engine {
       abort.dispose();
       // The sequence goes back, with its tokens, before the slot does: the next request gets it.
       await tokens?.return().catch(() => undefined);
+      await replaying?.catch(() => undefined);
       await req.kv_state?.dispose();
       // Handed off at a drain deadline: the next worker loads this sequence instead of re-evaluating it.
       if (lease !== undefined && n > 0 && signal.aborted && req.kv_handoff?.wanted(signal.reason)) await this.exportHandoff(lease.sequence, promptTokens, req.kv_handoff.exported);
