@@ -124,8 +124,12 @@ describe('llama-cpp worker: the worker contract with a real engine', () => {
     const s = await gen(w, { max_tokens: 2000, request_id: 'long-one' });
     await s.first;
     w.signal('SIGTERM');
-    assert.equal(await w.exitCode(), 0, 'README: a handed-off stream is not lost, the exit code is 0');
     const { tokens, last } = summarise(await s.done);
+    // The line names the sequence's exported KV, held for the next worker: a caller that does not
+    // continue the stream releases it, or the shutdown waits for it (up to --kv-transfer-ttl-ms).
+    const kv = await call('DELETE', `${w.requestUrl}/kv/${last.handoff?.kv?.transfer_id}`);
+    assert.equal(kv.status, 204, 'the hand-off named a pending KV state');
+    assert.equal(await w.exitCode(), 0, 'README: a handed-off stream is not lost, the exit code is 0');
     assert.ok(tokens > 0 && tokens < 2000, `cut short: ${tokens} tokens`);
     assert.equal(last.handoff?.reason, 'drain_deadline');
     assert.equal(last.handoff?.completion_tokens, tokens, 'naming exactly the tokens it delivered');

@@ -15,6 +15,9 @@ export interface LlamaCppFlags {
   gpu: LlamaGpu;
   maxQueue: number;
   batchInvariant?: boolean;
+  kvStateMaxMb?: number;
+  /** Shared with the mocker's prefill workers (--kv-transfer-ttl-ms). */
+  kvTransferTtlMs?: number;
 }
 
 export function llamaCppOptions(): Option[] {
@@ -25,6 +28,7 @@ export function llamaCppOptions(): Option[] {
     new Option('--threads <n>', 'llama-cpp: CPU threads for evaluation (more spin every core and slow a shared machine down)').argParser(intOption(1)).default(LLAMA_CPP_DEFAULTS.threads),
     new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off for CPU only').choices(['auto', 'cuda', 'vulkan', 'off']).default(LLAMA_CPP_DEFAULTS.gpu),
     new Option('--max-queue <n>', 'llama-cpp: queued requests past which the worker answers worker_overloaded').argParser(intOption(0)).default(LLAMA_CPP_DEFAULTS.maxQueue),
+    new Option('--kv-state-max-mb <n>', 'llama-cpp: disk bound for KV state files (prefill transfers, hand-offs, pulled states) held at once').argParser(intOption(1)).default(2048),
     new Option('--batch-invariant', 'llama-cpp: one sequence per decode, no batching: a temperature-0 answer (and a migrated one) is the same whatever else runs, at the cost of throughput'),
   ];
 }
@@ -48,6 +52,8 @@ export function llamaCppSpec(flags: LlamaCppFlags): EngineSpec {
       threads: flags.threads,
       gpu: flags.gpu,
       batchInvariant: flags.batchInvariant === true,
+      kvStateMaxBytes: flags.kvStateMaxMb === undefined ? undefined : flags.kvStateMaxMb * 1024 * 1024,
+      kvTransferTtlMs: flags.kvTransferTtlMs,
     },
   };
 }

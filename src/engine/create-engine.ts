@@ -28,7 +28,6 @@ export async function createEngine(spec: EngineSpec, mode: WorkerMode, log: Logg
     case 'openai':
       return createOpenAIEngine(spec.options, mode, log, signal);
     case 'llama-cpp': {
-      if (mode !== 'aggregated') throw new Error(`--engine llama-cpp serves aggregated workers only (not --mode ${mode}): it cannot hand KV to or take it from peers`);
       // Loaded on demand: a mocker worker never pays for the native bindings.
       const { loadLlamaCppEngine } = await import('./llama-cpp.js');
       return loadLlamaCppEngine(spec.options, log, signal);

@@ -35,6 +35,33 @@ export interface GenerateRequest {
    * continues as if it had produced it itself; `max_tokens` is what is left of the budget.
    */
   continuation?: Continuation | undefined;
+  /**
+   * KV state pulled from another worker (a prefill peer's prompt, or a hand-off's prompt + answer):
+   * the engine loads it instead of evaluating those tokens (engines with importKv only).
+   */
+  kv_state?: KvStateHandle | undefined;
+  /**
+   * Drain-deadline hand-off: asked when the generation is aborted with `reason`; an engine that can
+   * export the running sequence's KV (exportKv engines) does, and reports the transfer it holds.
+   */
+  kv_handoff?: { wanted(reason: unknown): boolean; exported(transfer: KvTransfer): void } | undefined;
+}
+
+/** A KV state received from a peer, held on this worker until the engine has loaded it. */
+export interface KvStateHandle {
+  readonly path: string;
+  /** Tokens the state holds. */
+  readonly tokens: number;
+  /** Removes the file; idempotent. */
+  dispose(): Promise<void>;
+}
+
+/** A KV transfer's payload, as served to the peer that pulls it. */
+export interface KvPayload {
+  /** Sent as the x-ebb-kv-state header: what the receiver checks before it takes the bytes. */
+  header: string;
+  bytes: number;
+  path: string;
 }
 
 /** What POST /tokenize reads of a request. */
@@ -61,7 +88,10 @@ export interface GenerateResult {
   prompt_tokens: number;
   /** Tokens this call generated (a continuation's earlier tokens are not counted again). */
   completion_tokens: number;
-  /** Prompt tokens this engine found in its prefix cache (not prefilled again); absent: it cannot tell. */
+  /**
+   * Prompt tokens this engine did not evaluate: found in its prefix cache, or loaded from a peer's KV
+   * state. Absent: it cannot tell.
+   */
   cached_tokens?: number | undefined;
 }
 
@@ -133,6 +163,13 @@ export interface Engine {
   readonly kvCache?: KvCacheDeclaration | undefined;
   /** The prefix cache's state now. Absent: the system server shows what the kvEvents log holds. */
   kvCacheStats?(): KvCacheStats;
+  /** The bytes of a pending transfer, for GET /kv/{id}; absent: the engine simulates them (mocker). */
+  kvPayload?(transferId: string): KvPayload | undefined;
+  /**
+   * Receives a peer's KV state (its x-ebb-kv-state header, then `bytes` of body), checked against
+   * this engine (model, context, integrity, size bound); rejects with KvStateRefused otherwise.
+   */
+  importKv?(header: string, bytes: number, body: AsyncIterable<Uint8Array>, signal: AbortSignal): Promise<KvStateHandle>;
   /**
    * An engine that can die on its own (a child process, a remote server) reports it here: the
    * worker leaves discovery at once, fails /live and exits non-zero so its supervisor restarts it.

@@ -29,11 +29,12 @@ export class KvTransferStore extends EventEmitter {
     return this.pending.size;
   }
 
-  create(promptTokens: number): KvTransfer {
+  /** `kvBytes`: the real size where the engine has one (simulated from the tokens otherwise). */
+  create(promptTokens: number, kvBytes = promptTokens * KV_BYTES_PER_TOKEN): KvTransfer {
     const transfer: KvTransfer = {
       transfer_id: `kv-${randomBytes(8).toString('hex')}`,
       prompt_tokens: promptTokens,
-      kv_bytes: promptTokens * KV_BYTES_PER_TOKEN,
+      kv_bytes: kvBytes,
       created_at: performance.now(),
     };
     // The TTL is the contract with the decode side, not a stand-in for an event.

@@ -20,6 +20,10 @@ export interface LlamaCppOptions {
    * longer depends on what else runs (see llama-cpp.ts), at the cost of the batching throughput.
    */
   batchInvariant?: boolean | undefined;
+  /** Bytes of KV state files (prefill transfers, hand-offs, pulled states) held at once; default 2 GiB. */
+  kvStateMaxBytes?: number | undefined;
+  /** How long an exported KV state waits for its peer to pull it; default 30 s. */
+  kvTransferTtlMs?: number | undefined;
 }
 
 export const LLAMA_CPP_DEFAULTS = {

@@ -13,7 +13,9 @@ import {
   type LlamaModel,
   type Token,
 } from 'node-llama-cpp';
-import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, KvPayload, KvStateHandle, Quiescence, TokenizeRequest } from './engine.js';
+import { KV_STATE_DEFAULTS, KvStateFiles, sha256File } from './llama-cpp-kv-state.js';
+import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
 import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
 import { PieceAssembler } from './llama-cpp-text.js';
@@ -83,7 +85,14 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
       contextSize: opts.contextSize ?? { max: model.trainContextSize },
       ...(opts.batchInvariant ? { batching: { itemPrioritizationStrategy: oneSequencePerDecode } } : {}),
     });
+    const contextSize = context.contextSize;
+    const kv = await KvStateFiles.open(
+      { maxBytes: opts.kvStateMaxBytes ?? KV_STATE_DEFAULTS.maxBytes, ttlMs: opts.kvTransferTtlMs ?? KV_STATE_DEFAULTS.ttlMs },
+      sha256File(opts.modelPath).then((model_sha256) => ({ model_sha256, context_size: contextSize })),
+      log,
+    );
     const engine = new LlamaCppEngine(llama, model, context, opts);
+    engine.attachKvState(kv);
     log.info({ event: 'engine_loaded', engine: engine.kind, ...engine.describe() }, `model ${opts.modelPath} loaded`);
     return engine;
   } catch (err) {
@@ -161,6 +170,8 @@ export class LlamaCppEngine implements Engine {
   private promptTokensSeen = 0;
   private cachedPromptTokens = 0;
   private closed = false;
+  /** KV state files: prefill transfers and hand-offs out, pulled states in (see llama-cpp-kv-state). */
+  private kv!: KvStateFiles;
   /** From the GGUF's vocabulary; undefined when the file does not say (continuations then use text). */
   private readonly vocabularySize: number | undefined;
 
@@ -185,6 +196,59 @@ export class LlamaCppEngine implements Engine {
       continuation: true,
       prompt_token_ids: this.vocabularySize !== undefined, // ids are checked against it (see render)
     };
+  }
+
+  attachKvState(kv: KvStateFiles): void {
+    this.kv = kv;
+    // Every transfer ending changes what a drain waits for.
+    kv.transfers.on('completed', () => this.notifyChange());
+    kv.transfers.on('expired', () => this.notifyChange());
+  }
+
+  get kvTransfers(): KvTransferStore {
+    return this.kv.transfers;
+  }
+
+  kvPayload(transferId: string): KvPayload | undefined {
+    return this.kv.payload(transferId);
+  }
+
+  importKv(header: string, bytes: number, body: AsyncIterable<Uint8Array>, signal: AbortSignal): Promise<KvStateHandle> {
+    return this.kv.import(header, bytes, body, signal);
+  }
+
+  /**
+   * Prefill side of disaggregated serving: evaluates the prompt but its last token (the decode
+   * worker evaluates that one, for the first token's logits) and holds the state for the peer.
+   */
+  async prefill(request: GenerateRequest, signal: AbortSignal): Promise<KvTransfer> {
+    if (this.closed) throw new Error('the engine is closed');
+    const { prompt } = await this.prepare(request as LlamaRequest);
+    await this.slots.acquire(signal);
+    const abort = aborted(signal);
+    let lease: SequenceLease | undefined;
+    let evaluating: Promise<void> | undefined;
+    let failed = false;
+    try {
+      // A prefix this worker already holds (a shared system prompt) is not evaluated again.
+      lease = await this.sequences.take(prompt.tokens, this.opts.batchInvariant !== true);
+      this.countPrompt(prompt.tokens.length, lease.cached);
+      evaluating = lease.sequence.evaluateWithoutGeneratingNewTokens(prompt.tokens.slice(lease.cached, -1));
+      evaluating.catch(() => undefined);
+      await Promise.race([evaluating, abort.promise]);
+      const transfer = await this.kv.export(lease.sequence, prompt.tokens.length);
+      this.sequences.publish(lease);
+      return transfer;
+    } catch (err) {
+      failed = !signal.aborted;
+      throw err;
+    } finally {
+      abort.dispose();
+      // The sequence is kept: it goes back only once llama.cpp is done writing to it.
+      await evaluating?.catch(() => undefined);
+      if (lease) await this.sequences.give(lease, failed);
+      this.slots.release();
+    }
   }
 
   /** What the worker's start-up line shows about the model. */
@@ -246,7 +310,8 @@ export class LlamaCppEngine implements Engine {
     if (this.closed) throw new Error('the engine is closed');
     const { prompt, already, input, room, grammarEvaluationState } = await this.prepare(req);
     const promptTokens = prompt.tokens.length;
-    let cached = 0;
+    /** Leading tokens of `input` not evaluated here: found in the sequence's cache, or loaded from a peer's state. */
+    let skipped = 0;
     // No max_tokens (where the request plane allows that): whatever the context leaves.
     const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
     const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({
@@ -254,36 +319,53 @@ export class LlamaCppEngine implements Engine {
       finish_reason,
       prompt_tokens: promptTokens,
       completion_tokens,
-      cached_tokens: Math.min(cached, promptTokens),
+      cached_tokens: Math.min(skipped, promptTokens),
     });
-    if (req.max_tokens === 0) return result('length', 0);
+    if (req.max_tokens === 0) {
+      await req.kv_state?.dispose();
+      return result('length', 0);
+    }
 
     await this.slots.acquire(signal);
-    let sequence: LlamaContextSequence | undefined;
     let lease: SequenceLease | undefined;
     let failed = false;
     let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    /** A replayed evaluation an abort may have left running: the sequence goes back only after it. */
+    let replaying: Promise<void> | undefined;
     const abort = aborted(signal);
+    let n = 0;
     try {
+      if (req.kv_state !== undefined) {
+        // A peer's state replaces whatever the sequence held: an emptied one is taken.
+        lease = await this.sequences.take(input, false);
+        const kept = await this.kv.load(lease.sequence, req.kv_state, input);
+        // A state that did not load may have left part of itself: start clean (a re-prefill).
+        if (kept === undefined) await this.sequences.clear(lease);
+        else {
+          skipped = kept;
+          this.sequences.publish(lease);
+        }
+      } else {
+        // Batch invariant: a reused prefix was evaluated in other batches, so that mode never reuses one.
+        lease = await this.sequences.take(input, this.opts.batchInvariant !== true);
+        skipped = lease.cached;
+        this.countPrompt(promptTokens, skipped);
+      }
+      const sequence = lease.sequence;
       // Batch invariant: the delivered tokens are evaluated one per decode, as the worker that
-      // generated them did (a GPU's kernels differ by how many tokens a decode holds). A reused
-      // prefix was evaluated in other batches, so that mode never reuses one.
-      lease = await this.sequences.take(input, this.opts.batchInvariant !== true);
-      sequence = lease.sequence;
-      cached = lease.cached;
-      this.cachedPromptTokens += Math.min(cached, promptTokens);
-      this.promptTokensSeen += promptTokens;
-      const replay = this.opts.batchInvariant === true && already.length > 0;
+      // generated them did (a GPU's kernels differ by how many tokens a decode holds).
+      const replay = this.opts.batchInvariant === true && already.length > 0 && skipped < input.length - 1;
       if (replay) {
         const evaluate = (these: Token[]) => {
-          const done = (sequence as LlamaContextSequence).evaluateWithoutGeneratingNewTokens(these);
-          done.catch(() => undefined); // an abort wins the race; the sequence is disposed below
+          const done = sequence.evaluateWithoutGeneratingNewTokens(these);
+          done.catch(() => undefined); // an abort wins the race; awaited below before the sequence goes back
+          replaying = done;
           return Promise.race([done, abort.promise]);
         };
-        await evaluate(prompt.tokens);
-        for (const token of already.slice(0, -1)) await evaluate([token]);
+        if (skipped < prompt.tokens.length) await evaluate(prompt.tokens.slice(skipped));
+        for (const token of already.slice(Math.max(0, skipped - prompt.tokens.length), -1)) await evaluate([token]);
       }
-      tokens = sequence.evaluate(replay ? already.slice(-1) : input.slice(cached), {
+      tokens = sequence.evaluate(replay ? already.slice(-1) : input.slice(skipped), {
         temperature: req.temperature,
         topK: NO_TOP_K,
         topP: req.top_p ?? 1,
@@ -293,7 +375,6 @@ export class LlamaCppEngine implements Engine {
         yieldEogToken: true,
       });
       const text = new PieceAssembler((ids, before) => this.model.detokenize(ids as Token[], false, before as Token[]), prompt.stopTexts, input);
-      let n = 0;
       let next = tokens.next();
       while (true) {
         const step = await Promise.race([next, abort.promise]);
@@ -332,8 +413,26 @@ export class LlamaCppEngine implements Engine {
       abort.dispose();
       // The sequence goes back, with its tokens, before the slot does: the next request gets it.
       await tokens?.return().catch(() => undefined);
+      await replaying?.catch(() => undefined);
+      await req.kv_state?.dispose();
+      // Handed off at a drain deadline: the next worker loads this sequence instead of re-evaluating it.
+      if (lease !== undefined && n > 0 && signal.aborted && req.kv_handoff?.wanted(signal.reason)) await this.exportHandoff(lease.sequence, promptTokens, req.kv_handoff.exported);
       if (lease) await this.sequences.give(lease, failed);
       this.slots.release();
+    }
+  }
+
+  /** The prefix cache's hit counts (kvCacheStats): tokens pulled from a peer are no cache hit, nor a miss. */
+  private countPrompt(promptTokens: number, cached: number): void {
+    this.cachedPromptTokens += Math.min(cached, promptTokens);
+    this.promptTokensSeen += promptTokens;
+  }
+
+  private async exportHandoff(sequence: LlamaContextSequence, promptTokens: number, exported: (t: KvTransfer) => void): Promise<void> {
+    try {
+      exported(await this.kv.export(sequence, promptTokens));
+    } catch {
+      /* no state (disk bound, closing): the next worker re-evaluates, as after a crash */
     }
   }
 
@@ -363,8 +462,12 @@ export class LlamaCppEngine implements Engine {
 
   async probeQuiescence(): Promise<Quiescence> {
     const { running, queued } = this.slots;
-    if (running === 0 && queued === 0) return { state: 'idle' };
-    return { state: 'busy', waiting_for: [`engine: ${running} running, ${queued} queued sequences`] };
+    const kv = this.kv.transfers.size;
+    const waiting: string[] = [];
+    if (running > 0 || queued > 0) waiting.push(`engine: ${running} running, ${queued} queued sequences`);
+    // A peer still pulling a prefill's or a hand-off's state: leaving now would lose it.
+    if (kv > 0) waiting.push(`${kv} pending KV transfer${kv === 1 ? '' : 's'}`);
+    return waiting.length === 0 ? { state: 'idle' } : { state: 'busy', waiting_for: waiting };
   }
 
   onQuiescenceChange(listener: () => void): () => void {
@@ -386,6 +489,8 @@ export class LlamaCppEngine implements Engine {
       context_size: this.context.contextSize,
       sequences_free: this.slots.capacity - this.slots.running,
       threads: this.opts.threads,
+      kv_transfers_pending: this.kv.transfers.size,
+      kv_state_bytes: this.kv.bytes,
     };
   }
 
@@ -405,6 +510,7 @@ export class LlamaCppEngine implements Engine {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    await this.kv.close();
     await this.context.dispose();
     await this.model.dispose();
     await this.llama.dispose();

@@ -88,6 +88,13 @@ export const GenerateBodySchema = Type.Object(
     /** Decode workers only: pull this prompt's KV from the prefill worker that computed it. */
     kv_transfer: Type.Optional(KvTransferRefSchema),
     continuation: Type.Optional(ContinuationSchema),
+    /**
+     * With a continuation after a drain-deadline hand-off: the KV state (prompt + delivered tokens)
+     * the worker that handed the stream off exported. Workers whose engine loads KV pull it from
+     * that worker (registered in their discovery view) instead of re-evaluating; the others, or a
+     * pull that fails, re-evaluate from the continuation.
+     */
+    handoff_kv: Type.Optional(KvTransferRefSchema),
     response_format: Type.Optional(ResponseFormatSchema),
   },
   { additionalProperties: false },
@@ -107,7 +114,10 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
-  /** As OpenAI's: prompt tokens the engine found in its prefix cache. Absent where the engine cannot tell. */
+  /**
+   * As OpenAI's: prompt tokens the engine did not evaluate (found in its prefix cache, or loaded from
+   * a peer's KV state). Absent where the engine cannot tell.
+   */
   prompt_tokens_details?: { cached_tokens: number };
 }
 
@@ -125,6 +135,8 @@ export interface Handoff {
   reason: 'drain_deadline';
   /** Tokens this worker generated for the request (a continuation's earlier tokens not included). */
   completion_tokens: number;
+  /** Where the next worker may pull this sequence's KV state (engines that export it), so it need not re-evaluate it. */
+  kv?: KvTransferRef;
 }
 
 export type StreamLine =

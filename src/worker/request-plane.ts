@@ -11,6 +11,8 @@ import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine, type TokenizeResponse, type Usage } from '../protocol/request-plane.js';
 import { KvPullError, pullKv } from './kv-pull.js';
+import { KV_STATE_HEADER, KvStatePullError, pullKvState, releaseKvState, type KvPullOutcome } from './kv-state-pull.js';
+import { createReadStream } from 'node:fs';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
 import { HandOff, RequestScope, ShutdownCut } from './request-scope.js';
@@ -32,6 +34,8 @@ export interface RequestPlaneDeps {
   guard?: AdminGuard | undefined;
   /** Sent to prefill peers when pulling KV. */
   requestToken?: string | undefined;
+  /** Counts each pull of a real KV state by how it ended. */
+  onKvPull?: ((outcome: KvPullOutcome) => void) | undefined;
 }
 
 export interface RequestPlane {
@@ -60,7 +64,7 @@ const line = (l: StreamLine) => JSON.stringify(l) + '\n';
 
 /** The worker's request plane: POST /generate, admission-checked before any work is done. */
 export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
-  const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken } = deps;
+  const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken, onKvPull } = deps;
   const app = createHttpServer({ role: 'internal' });
   const scopes = new Set<RequestScope>();
   /** Scopes of /generate: what a hand-off can move (a prefill is short and finishes where it runs). */
@@ -98,6 +102,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const prompt = promptOf(body);
     if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
     if (body.kv_transfer !== undefined) checkKvSource(body.kv_transfer);
+    if (body.handoff_kv !== undefined) checkHandoffSource(body);
     const lacking = missingCapability(engine.capabilities, capabilitiesNeeded(body));
     if (lacking === 'continuation')
       throw new EbbError('continuation_unsupported', `this worker's engine (${engine.kind}) cannot continue a sequence another worker started`);
@@ -141,6 +146,13 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       throw new EbbError('forbidden', `kv_transfer source is not a registered prefill worker (worker_id "${ref.worker_id}" at that URL)`);
   }
 
+  /** A hand-off's state comes with its continuation, from a worker this one has seen registered. */
+  function checkHandoffSource(body: GenerateBody): void {
+    if (body.continuation === undefined) throw new EbbError('invalid_request', 'handoff_kv is only accepted with a continuation', { param: 'handoff_kv' });
+    if (engine.importKv && !prefillPeers?.trusts(body.handoff_kv as KvTransferRef, 'any'))
+      throw new EbbError('forbidden', `handoff_kv source is not a registered worker (worker_id "${body.handoff_kv?.worker_id}" at that URL)`);
+  }
+
   function refusal(code: RefusalCode) {
     const why = code === 'worker_draining' ? 'worker is draining; retry on another worker' : 'worker is overloaded; retry shortly or elsewhere';
     return errorBody(code, why);
@@ -152,7 +164,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
     reply.hijack();
     generating.add(admitted.scope);
-    await serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer);
+    await serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, req.body.handoff_kv);
   });
 
   // Tokenizing is no generation: no admission, answered while draining too (a router may still ask).
@@ -170,7 +182,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     return { token_ids: ids };
   });
 
-  if (engine.prefill && engine.kvTransfers) {
+  if (engine.prefill && engine.kvTransfers && (mode === 'prefill' || !engine.kvPayload)) {
     const prefill = engine.prefill.bind(engine);
     const transfers = engine.kvTransfers;
     allowOnly(app, '/prefill', ['POST']);
@@ -192,13 +204,24 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         failed(scope, err);
       }
     });
+  }
 
-    // Transfers are served while draining too: the KV was computed for requests already admitted.
+  if (engine.kvTransfers) {
+    const transfers = engine.kvTransfers;
+    // Transfers are served while draining too: the KV was computed for requests already admitted
+    // (a prefill's, or a stream's handed off at the drain deadline).
     allowOnly(app, '/kv/:id', ['GET', 'DELETE']);
     app.get<{ Params: { id: string } }>('/kv/:id', async (req, reply) => {
       const t = transfers.get(req.params.id);
       if (!t) throw new EbbError('kv_transfer_not_found', `no pending KV transfer ${req.params.id} (completed or expired)`);
-      return reply.header('content-type', 'application/octet-stream').send(Buffer.alloc(t.kv_bytes, 0x6b));
+      if (!engine.kvPayload) return reply.header('content-type', 'application/octet-stream').send(Buffer.alloc(t.kv_bytes, 0x6b));
+      const payload = engine.kvPayload(req.params.id);
+      if (!payload) throw new EbbError('kv_transfer_not_found', `no pending KV transfer ${req.params.id} (completed or expired)`);
+      return reply
+        .header('content-type', 'application/octet-stream')
+        .header('content-length', payload.bytes)
+        .header(KV_STATE_HEADER, payload.header)
+        .send(createReadStream(payload.path));
     });
     app.delete<{ Params: { id: string } }>('/kv/:id', async (req, reply) => {
       if (!transfers.complete(req.params.id)) throw new EbbError('kv_transfer_not_found', `no pending KV transfer ${req.params.id}`);
@@ -207,15 +230,28 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   }
 
   /** The scope owns the request from admission: every way out below ends in scope.end or scope.close. */
-  async function serve(scope: RequestScope, gen: GenerateRequest, stream: boolean, kv: KvTransferRef | undefined): Promise<void> {
+  async function serve(scope: RequestScope, gen: GenerateRequest, stream: boolean, kv: KvTransferRef | undefined, handoffKv?: KvTransferRef): Promise<void> {
     const res = scope.res;
+    // An engine that exports its sequences: a stream handed off at the drain deadline leaves its KV
+    // for the next worker. Not a non-streamed answer: its hand-off is a retry from scratch, and a
+    // state nobody pulls would hold this worker's drain until its TTL.
+    if (engine.kvPayload && stream)
+      gen.kv_handoff = {
+        wanted: (reason) => reason instanceof HandOff,
+        exported: (t) => (scope.handoffKv = { transfer_id: t.transfer_id, source_url: selfUrl(), worker_id: workerId }),
+      };
     try {
       // A request the engine refuses (a continuation its grammar does not allow) is a 400, not a stream.
       await engine.check?.(gen);
-      if (kv) {
+      if (kv && engine.importKv) {
+        if (handoffKv) void releaseKvState(handoffKv, requestToken);
+        gen.kv_state = await takeKvState(scope, kv);
+      } else if (kv) {
         const bytes = await pullKv(kv, scope.signal, requestToken);
         log.debug({ event: 'kv_pulled', request_id: scope.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');
-      }
+      } else if (handoffKv && engine.importKv) gen.kv_state = await takeKvState(scope, handoffKv);
+      // An engine that cannot load it re-evaluates; the source must not wait for it until its TTL.
+      else if (handoffKv) void releaseKvState(handoffKv, requestToken);
       const tokens = scope.attach(engine.generate(gen, scope.signal));
       if (stream) {
         res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': scope.id });
@@ -243,7 +279,32 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         scope.end(payload, 'completed');
       }
     } catch (err) {
+      // The engine exports a handed-off sequence as its generator ends: before the hand-off line names it.
+      if (scope.signal.reason instanceof HandOff) await scope.settle();
       failed(scope, err);
+    } finally {
+      await gen.kv_state?.dispose();
+    }
+  }
+
+  /**
+   * Pulls a real KV state for this request; a state that is gone, unreachable or refused (another
+   * model, a larger context, corrupt bytes, over the size bound) leaves the engine to evaluate the
+   * prompt itself: the request still completes, only slower.
+   */
+  async function takeKvState(scope: RequestScope, ref: KvTransferRef) {
+    const importKv = engine.importKv?.bind(engine);
+    if (!importKv) return undefined;
+    try {
+      const handle = await pullKvState(ref, { importKv }, scope.signal, requestToken);
+      onKvPull?.('pulled');
+      log.debug({ event: 'kv_state_pulled', request_id: scope.id, transfer_id: ref.transfer_id, tokens: handle.tokens }, 'KV state pulled');
+      return handle;
+    } catch (err) {
+      if (!(err instanceof KvStatePullError)) throw err;
+      onKvPull?.(err.outcome);
+      log.warn({ event: 'kv_state_not_used', request_id: scope.id, transfer_id: ref.transfer_id, outcome: err.outcome, err: err.message }, `${err.message}; evaluating here instead`);
+      return undefined;
     }
   }
 
@@ -274,7 +335,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     if (!res.headersSent) {
       res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '0' });
       scope.end(JSON.stringify(errorBody('request_handed_off', 'the worker reached its drain deadline before answering; retry on another worker')), 'handed_off');
-    } else scope.end(line({ handoff: { reason: 'drain_deadline', completion_tokens: scope.generated } }), 'handed_off');
+    } else scope.end(line({ handoff: { reason: 'drain_deadline', completion_tokens: scope.generated, ...(scope.handoffKv ? { kv: scope.handoffKv } : {}) } }), 'handed_off');
   }
 
   return {

@@ -1,6 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
+import type { KvTransferRef } from '../protocol/request-plane.js';
 
 /** Why a scope was aborted: the caller left, or the worker's shutdown deadline cut it. */
 export class ShutdownCut extends Error {
@@ -51,6 +52,8 @@ export class RequestScope {
   generated = 0;
   /** Tokens this request may generate in all (max_tokens, or the context left); undefined when unbounded. */
   budget: number | undefined;
+  /** Handed off: where the next worker may pull this sequence's KV state (engines that export it). */
+  handoffKv: KvTransferRef | undefined;
   /** Admitted while a batch slot was free: its time to first token has no queueing in it. */
   admittedToFreeSlot = false;
   private readonly startedAt = performance.now();
@@ -105,6 +108,11 @@ export class RequestScope {
     void this.returnTokens();
     this.ticket.release(outcome);
     this.onClose(this);
+  }
+
+  /** Ends the engine's generator and waits for it (its cleanup, e.g. a hand-off's KV export, included). */
+  settle(): Promise<void> {
+    return this.returnTokens();
   }
 
   private async returnTokens(): Promise<void> {

@@ -13,6 +13,7 @@ import { Admission } from '../lifecycle/admission.js';
 import { Lifecycle } from '../lifecycle/lifecycle.js';
 import { createWorkerMetrics } from './metrics.js';
 import { PrefillPeers } from './prefill-peers.js';
+import { registerKvStateMetrics } from './kv-state-metrics.js';
 import { createRequestPlane } from './request-plane.js';
 import { ENGINE_FAILED_EXIT_CODE, runShutdown, type ShutdownDeps, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
@@ -101,7 +102,9 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   engine.kvTransfers?.on('expired', (t: KvTransfer) =>
     log.warn({ event: 'kv_transfer_expired', transfer_id: t.transfer_id, kv_bytes: t.kv_bytes }, `KV transfer ${t.transfer_id} expired before a decode peer took it`),
   );
-  const prefillPeers = opts.mode === 'decode' ? new PrefillPeers() : undefined;
+  // Decode workers pull prefills' KV; engines that load KV state also take hand-offs' from any worker.
+  const prefillPeers = opts.mode === 'decode' || engine.importKv ? new PrefillPeers() : undefined;
+  const kvPulls = registerKvStateMetrics(metrics.registry, engine);
   await prefillPeers?.start(discovery);
   let requestUrl = '';
   const requestPlane = createRequestPlane({
@@ -116,6 +119,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     prefillPeers,
     guard: createAdminGuard(opts.requestToken, 'request-plane'),
     requestToken: opts.requestToken,
+    onKvPull: kvPulls,
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import { EbbError } from '../../protocol/errors.js';
-import type { GenerateBody, StreamLine, Usage } from '../../protocol/request-plane.js';
+import type { GenerateBody, KvTransferRef, StreamLine, Usage } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
 import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive, type UpstreamStream } from './upstream.js';
@@ -23,6 +23,8 @@ export interface LaneContext {
   log: Logger;
   /** How many times one sequence may move to another worker mid-stream; 0 disables. */
   migrationLimit: number;
+  /** Frees a hand-off's KV state nobody will continue from (else it holds its worker's drain until its TTL). */
+  releaseKv?: ((kv: KvTransferRef) => Promise<void>) | undefined;
 }
 
 /** A lane that could not be finished: the failure the whole response ends with. */
@@ -126,7 +128,7 @@ export class Lane {
 
   /** A terminal line other than done: the error the lane's loop ends with. */
   private endOf(line: StreamLine): Error {
-    return 'handoff' in line ? new HandedOff(this.workerId) : new WorkerStreamError((line as { error: { code: never; message: string } }).error);
+    return 'handoff' in line ? new HandedOff(this.workerId, line.handoff.kv) : new WorkerStreamError((line as { error: { code: never; message: string } }).error);
   }
 
   /**
@@ -138,7 +140,9 @@ export class Lane {
     this.up.release();
     const fromId = this.workerId;
     const reason: MigrationReason = err instanceof HandedOff ? 'handoff' : err instanceof WorkerUnresponsive ? 'worker_unresponsive' : 'worker_failed';
+    const unclaimed = () => (err instanceof HandedOff && err.kv !== undefined ? this.ctx.releaseKv?.(err.kv) : undefined);
     if (this.delivered.migrations >= migrationLimit) {
+      await unclaimed();
       metrics.migrationFailed('limit');
       const why = migrationLimit === 0 ? 'migration is disabled (--migration-limit 0)' : `the request already moved ${migrationLimit} times (--migration-limit)`;
       throw new LaneFailed(new MidStreamFailure(fromId, err, why));
@@ -147,8 +151,12 @@ export class Lane {
     // handed the stream off while draining, then resumed) may take the stream back.
     let next: UpstreamStream;
     try {
-      next = await this.ctx.open(this.delivered.continuation(this.gen), signal, new Set([fromId]));
+      const body = this.delivered.continuation(this.gen);
+      // A hand-off's KV: the next worker loads prompt + delivered tokens instead of re-evaluating them.
+      if (err instanceof HandedOff && err.kv !== undefined) body.handoff_kv = err.kv;
+      next = await this.ctx.open(body, signal, new Set([fromId]));
     } catch (e) {
+      await unclaimed();
       if (signal.aborted) throw e;
       metrics.migrationFailed(e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
       throw new LaneFailed(new MidStreamFailure(fromId, err, (e as Error).message));

@@ -30,6 +30,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
     metrics,
     log,
     migrationLimit,
+    releaseKv: (kv) => upstream.releaseKv(kv),
   };
 
   /**

@@ -80,7 +80,11 @@ export class WorkerUnresponsive extends Error {
 
 /** The worker stopped at its drain deadline and said so: the request continues elsewhere. */
 export class HandedOff extends Error {
-  constructor(readonly workerId: string) {
+  constructor(
+    readonly workerId: string,
+    /** Where the next worker may pull the sequence's KV state, when the worker exported it. */
+    readonly kv?: KvTransferRef,
+  ) {
     super(`worker ${workerId} handed the stream off at its drain deadline`);
   }
 }
@@ -439,7 +443,7 @@ export class Upstream {
   }
 
   /** Frees a transfer nobody will pull (204, or 404 when it was pulled or expired); never throws. */
-  private async releaseKv(kv: KvTransferRef): Promise<void> {
+  async releaseKv(kv: KvTransferRef): Promise<void> {
     try {
       const res = await request(`${kv.source_url}/kv/${encodeURIComponent(kv.transfer_id)}`, {
         method: 'DELETE',

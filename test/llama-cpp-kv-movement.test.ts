@@ -1,0 +1,235 @@
+/**
+ * Real KV movement between llama-cpp workers, one fleet for every assertion (llama-cpp processes
+ * are slow to start): disaggregated prefill/decode answers equal aggregated ones and report the
+ * prompt tokens the decode worker did not evaluate; a foreign state is refused and the request
+ * still completes; a prefill worker drains only once its transfers are pulled; a drain with a
+ * deadline hands running streams off with their KV (guided decoding included) and the texts equal
+ * an undisturbed run.
+ */
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { call, openLineStream } from './helpers/http.js';
+import { writeTinyLlamaGguf } from './helpers/gguf.js';
+import { metricValue, spawnEbb, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
+
+const modelPath = writeTinyLlamaGguf();
+const foreignPath = writeTinyLlamaGguf({ seed: 7 });
+const COMMON = ['--threads', '1', '--gpu', 'off', '--context-size', '2048'];
+/** Aggregated model "tiny" (A, B), disaggregated "split" (P, D): the same GGUF file. */
+const AGG = 'tiny';
+const SPLIT = 'split';
+const STREAMS = 3;
+const TOKENS = 400;
+const PROMPT = 'hello world, tell me about the tides and the moon and the sea';
+
+const started: EbbProcess[] = [];
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+async function llamaWorker(discovery: string, model: string, args: string[], path = modelPath): Promise<WorkerHandle> {
+  const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, '--engine', 'llama-cpp', '--model-path', path, '--model', model, ...COMMON, ...args], 'worker');
+  started.push(p);
+  const ready = await p.waitForEvent('worker_ready');
+  return Object.assign(p, { workerId: ready.worker_id as string, requestUrl: ready.request_url as string, systemUrl: ready.system_url as string });
+}
+
+const isOk = (r: { status: number }) => r.status === 200 || r.status === 202;
+
+/** The NDJSON answer of a worker's /generate: text and terminal line. */
+async function generate(w: WorkerHandle, body: Record<string, unknown>): Promise<{ text: string; last: any }> {
+  const stream = await openLineStream(`${w.requestUrl}/generate`, body);
+  const lines = (await stream.done).map((l) => JSON.parse(l));
+  return { text: lines.filter((l) => typeof l.text === 'string').map((l) => l.text).join(''), last: lines.at(-1) };
+}
+
+async function prefillOn(p: WorkerHandle, body: Record<string, unknown>) {
+  const res = await call('POST', `${p.requestUrl}/prefill`, body);
+  assert.equal(res.status, 200, JSON.stringify(res.body));
+  const { transfer_id, source_url, worker_id } = res.body as { transfer_id: string; source_url: string; worker_id: string };
+  return { transfer_id, source_url, worker_id };
+}
+
+describe('llama-cpp: KV moves between workers', () => {
+  let discovery: string;
+  let a: WorkerHandle, b: WorkerHandle, p: WorkerHandle, d: WorkerHandle, foreign: WorkerHandle;
+  let frontend: FrontendHandle;
+  before(async () => {
+    discovery = tempDiscoveryUrl();
+    const invariant = ['--parallel', String(STREAMS), '--batch-invariant'];
+    // One after the other: five model loads at once outrun the start-up bound on a busy machine.
+    a = await llamaWorker(discovery, AGG, invariant);
+    b = await llamaWorker(discovery, AGG, invariant);
+    p = await llamaWorker(discovery, SPLIT, ['--mode', 'prefill']);
+    d = await llamaWorker(discovery, SPLIT, ['--mode', 'decode']);
+    // Another model file under another name: its states must never load into "split".
+    foreign = await llamaWorker(discovery, 'foreign', ['--mode', 'prefill'], foreignPath);
+    frontend = await startFrontend(discovery);
+    started.push(frontend);
+    await frontend.waitForLog((l) => l.event === 'discovery_reset' && (l.workers as string[]).length === 5, 'the frontend sees all five workers');
+  });
+
+  const body = (model: string, extra: Record<string, unknown> = {}) => ({ model, prompt: PROMPT, temperature: 0, max_tokens: 30, ...extra });
+
+  it('disaggregated answers equal aggregated ones, with the prompt tokens the decode worker did not evaluate', async () => {
+    const aggregated = await generate(a, body(AGG));
+    const kv = await prefillOn(p, body(SPLIT));
+    const split = await generate(d, { ...body(SPLIT), kv_transfer: kv });
+    assert.equal(split.text, aggregated.text);
+    assert.equal(split.last.usage.prompt_tokens, aggregated.last.usage.prompt_tokens);
+    assert.equal(split.last.usage.prompt_tokens_details.cached_tokens, aggregated.last.usage.prompt_tokens - 1, 'all but the last prompt token came with the KV');
+    assert.equal(aggregated.last.usage.prompt_tokens_details.cached_tokens, 0, 'no KV pulled: every prompt token evaluated');
+
+    // Through the frontend: chat requests split between P and D answer as A does.
+    const ask = (model: string) => streamCompletion(frontend.url, { model, messages: [{ role: 'user', content: 'split me' }], max_tokens: 40, temperature: 0 });
+    const [viaSplit, viaAgg] = [await ask(SPLIT), await ask(AGG)];
+    assert.equal(viaSplit.error, undefined);
+    assert.equal(viaSplit.text, viaAgg.text);
+    assert.equal(await metricValue(d.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"'), 2);
+    assert.equal(await metricValue(p.systemUrl, 'ebb_kv_pending_transfers'), 0);
+    assert.equal(await metricValue(p.systemUrl, 'ebb_kv_state_bytes'), 0, 'pulled states are removed on the prefill side');
+    assert.equal(await metricValue(d.systemUrl, 'ebb_kv_state_bytes'), 0, 'loaded states are removed on the decode side');
+  });
+
+  it('a foreign state is refused, released at its source, and the request still completes', async () => {
+    // A prompt the decode worker has not seen: its own prefix cache (kept sequences) has none of it,
+    // so every token it did not evaluate would have come from the refused state.
+    const fresh = { prompt: 'far from here, tell me about the tides and the moon and the sea' };
+    const aggregated = await generate(a, body(AGG, fresh));
+    const kv = await prefillOn(foreign, body('foreign', fresh));
+    const split = await generate(d, { ...body(SPLIT, fresh), kv_transfer: kv });
+    assert.equal(split.text, aggregated.text, 'evaluated on the decode worker instead');
+    assert.equal(split.last.usage.prompt_tokens_details.cached_tokens, 0);
+    assert.equal(await metricValue(d.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="refused"'), 1);
+    assert.equal(await metricValue(foreign.systemUrl, 'ebb_kv_pending_transfers'), 0, 'the refusing peer still released it');
+    await d.waitForLog((l) => l.event === 'kv_state_not_used' && /another model/.test(String(l.err)), 'the decode worker says why');
+  });
+
+  it('a draining prefill worker stays draining until its transfers are pulled', async () => {
+    const transfers = [await prefillOn(p, body(SPLIT)), await prefillOn(p, body(SPLIT, { prompt: `${PROMPT} again` }))];
+    const drain = await call('POST', `${p.systemUrl}/engine/drain`);
+    assert.equal(drain.status, 202);
+    assert.deepEqual(drain.body.waiting_for, ['2 pending KV transfers']);
+    await generate(d, { ...body(SPLIT), kv_transfer: transfers[0] });
+    const mid = await call('GET', `${p.systemUrl}/engine/status`);
+    assert.equal(mid.body.state, 'draining');
+    assert.deepEqual(mid.body.waiting_for, ['1 pending KV transfer']);
+    const second = await generate(d, { ...body(SPLIT, { prompt: `${PROMPT} again` }), kv_transfer: transfers[1] });
+    assert.ok(second.last.usage.prompt_tokens_details.cached_tokens > 0, 'the state pulled from a draining worker was used');
+    await p.waitForEvent('state_changed', (l) => l.to === 'drained');
+    assert.ok(isOk(await call('POST', `${p.systemUrl}/engine/resume`)));
+  });
+
+  it('a prefill worker evaluates only what follows a prefix its sequences hold; that state still answers as aggregated', async () => {
+    const long = { prompt: 'the harbor light turns slowly over the water and the boats come home at dusk. '.repeat(4) };
+    const hits = async () => (await call('GET', `${p.systemUrl}/engine/status`)).body.kv_cache.prompt_tokens_hit as number;
+    const aggregated = await generate(a, body(AGG, long));
+    const cold = await prefillOn(p, body(SPLIT, long));
+    const before = await hits();
+    const warm = await prefillOn(p, body(SPLIT, long));
+    assert.equal(await hits(), before + aggregated.last.usage.prompt_tokens - 1, 'all but the last prompt token were in the prefill worker\'s cache');
+    const fromWarm = await generate(d, { ...body(SPLIT, long), kv_transfer: warm });
+    assert.equal(fromWarm.text, aggregated.text);
+    assert.equal(fromWarm.last.usage.prompt_tokens_details.cached_tokens, aggregated.last.usage.prompt_tokens - 1, 'the warm state held the whole prompt but its last token');
+    // The cold state is not pulled: released, so later drains of P do not wait for it.
+    assert.equal((await call('DELETE', `${cold.source_url}/kv/${cold.transfer_id}`)).status, 204);
+  });
+
+  it('a drain with deadline hands running streams off with their KV: texts equal an undisturbed run, guided decoding included', async () => {
+    const waitRouted = (w: WorkerHandle, cursor: { after: number }) =>
+      frontend.waitForLog(
+        (l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(w.workerId)) || (l.event === 'worker_added' && l.worker_id === w.workerId),
+        `the frontend routes to ${w.workerId}`,
+        cursor,
+      );
+    // Stream 0 is guided (a schema long enough to outlast the move): its grammar resumes from the delivered tokens on B.
+    const schema = { type: 'object', properties: { words: { type: 'array', items: { type: 'string' }, minItems: 200 } }, required: ['words'] };
+    const ask = (i: number, onToken?: (n: number) => void): Promise<StreamOutcome> =>
+      streamCompletion(
+        frontend.url,
+        {
+          model: AGG,
+          messages: [{ role: 'user', content: `question ${i}: the tides, number ${i * 7}` }],
+          max_tokens: TOKENS,
+          temperature: 0,
+          stream_options: { include_usage: true },
+          ...(i === 0 ? { response_format: { type: 'json_schema', json_schema: { name: 'words', schema } } } : {}),
+        },
+        undefined,
+        onToken,
+      );
+
+    // Undisturbed: on A alone.
+    const gone = frontend.mark();
+    assert.ok(isOk(await call('POST', `${b.systemUrl}/engine/drain`)));
+    await frontend.waitForLog((l) => l.event === 'worker_removed' && l.worker_id === b.workerId, 'B left the routing view', { after: gone });
+    const undisturbed = await Promise.all(Array.from({ length: STREAMS }, (_, i) => ask(i)));
+    for (const r of undisturbed) assert.equal(r.usage?.completion_tokens, TOKENS, r.error);
+    assert.match(undisturbed[0]!.text, /^\{"words":\["/, 'the guided answer follows its schema');
+
+    // Moved: all start on A; once each has streamed, B comes back and A's drain deadline hands them over.
+    let progressed!: () => void;
+    const allProgressed = new Promise<void>((resolve) => (progressed = resolve));
+    let ready = 0;
+    const moved = Array.from({ length: STREAMS }, (_, i) => ask(i, (n) => n === 10 && ++ready === STREAMS && progressed()));
+    await allProgressed;
+    const back = frontend.mark();
+    assert.ok(isOk(await call('POST', `${b.systemUrl}/engine/resume`)));
+    await waitRouted(b, { after: back });
+    const pulledBefore = await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"');
+    assert.ok(isOk(await call('POST', `${a.systemUrl}/engine/drain`, { deadline_ms: 0 })));
+    const results = await Promise.all(moved);
+
+    const migrations = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId);
+    assert.equal(migrations.length, STREAMS, 'every stream moved from A to B');
+    for (const [i, r] of results.entries()) {
+      assert.equal(r.error, undefined, `stream ${i}: ${r.error}`);
+      assert.equal(r.usage?.completion_tokens, TOKENS);
+      assert.equal(r.text, undisturbed[i]!.text, `stream ${i} equals its undisturbed run`);
+    }
+    assert.equal((await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"')) - pulledBefore, STREAMS, 'B loaded every stream\'s KV');
+    // A reaches drained once B has confirmed every state; nothing stays on disk on either side.
+    await a.waitForEvent('state_changed', (l) => l.to === 'drained');
+    assert.equal(await metricValue(a.systemUrl, 'ebb_kv_pending_transfers'), 0);
+    assert.equal(await metricValue(a.systemUrl, 'ebb_kv_state_bytes'), 0);
+    assert.equal(await metricValue(b.systemUrl, 'ebb_kv_state_bytes'), 0);
+  });
+
+  it('a hand-off whose KV is gone continues by re-evaluation; a source outside discovery is refused', async () => {
+    const whole = await generate(b, body(AGG, { max_tokens: 20 }));
+    const first = await openLineStream(`${b.requestUrl}/generate`, body(AGG, { max_tokens: 8 }));
+    const pieces = (await first.done).map((l) => JSON.parse(l)).filter((l) => typeof l.text === 'string');
+    const continuation = { text: pieces.map((l) => l.text).join(''), completion_tokens: 8, token_ids: pieces.flatMap((l) => l.token_ids) };
+    const gone = { transfer_id: 'kv-gone', source_url: a.requestUrl, worker_id: a.workerId };
+    const before = await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="unavailable"');
+    const rest = await generate(b, { ...body(AGG, { max_tokens: 12 }), continuation, handoff_kv: gone });
+    assert.equal(continuation.text + rest.text, whole.text, 'the stream goes on as if undisturbed');
+    assert.equal(await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="unavailable"'), before + 1);
+    const stranger = await call('POST', `${b.requestUrl}/generate`, { ...body(AGG), continuation, handoff_kv: { ...gone, source_url: 'http://127.0.0.1:9' } });
+    assert.equal(stranger.status, 403);
+    assert.equal(stranger.body.error.code, 'forbidden');
+  });
+
+  it('a hand-off nobody continues releases its KV: the draining worker does not wait for the TTL', async () => {
+    // B out, A back; a frontend that never migrates: A's hand-off ends the stream with migration_failed.
+    const bOut = { after: b.mark() };
+    assert.ok(isOk(await call('POST', `${b.systemUrl}/engine/drain`)));
+    await b.waitForEvent('state_changed', (l) => l.to === 'drained', bOut);
+    assert.ok(isOk(await call('POST', `${a.systemUrl}/engine/resume`)));
+    const noMoves = await startFrontend(discovery, ['--migration-limit', '0']);
+    started.push(noMoves);
+    await noMoves.waitForLog((l) => l.event === 'discovery_reset' && (l.workers as string[]).includes(a.workerId), 'the frontend routes to A');
+    let progressed!: () => void;
+    const streaming = new Promise<void>((resolve) => (progressed = resolve));
+    const outcome = streamCompletion(noMoves.url, { model: AGG, messages: [{ role: 'user', content: 'a long one' }], max_tokens: TOKENS, temperature: 0 }, undefined, (n) => n === 10 && progressed());
+    await streaming;
+    const cursor = { after: a.mark() };
+    assert.ok(isOk(await call('POST', `${a.systemUrl}/engine/drain`, { deadline_ms: 0 })));
+    const r = await outcome;
+    assert.equal(r.errorCode, 'migration_failed', r.error);
+    // The state's TTL (30 s) is longer than this wait's bound: drained here means it was released.
+    await a.waitForEvent('state_changed', (l) => l.to === 'drained', cursor);
+    assert.equal(await metricValue(a.systemUrl, 'ebb_kv_state_bytes'), 0);
+  });
+});

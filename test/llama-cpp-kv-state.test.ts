@@ -1,0 +1,111 @@
+/**
+ * The llama-cpp engine's KV state files, in process: a prefill's state loads into another
+ * sequence and the answer equals a full evaluation; a corrupt, foreign or oversized state is
+ * refused before it reaches llama.cpp; files go on confirm, on expiry and on close.
+ */
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
+import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/engine/engine.js';
+import { KvStateRefused, type KvStateHeader } from '../src/engine/llama-cpp-kv-state.js';
+import { createLogger } from '../src/common/logger.js';
+import { writeTinyLlamaGguf } from './helpers/gguf.js';
+
+const modelPath = writeTinyLlamaGguf();
+const options: LlamaCppOptions = { modelPath, parallel: 2, maxQueue: 4, contextSize: 512, threads: 1, gpu: 'off', kvTransferTtlMs: 300 };
+
+async function drain(g: AsyncGenerator<GeneratedPiece, GenerateResult, void>): Promise<{ text: string; result: GenerateResult }> {
+  let text = '';
+  for (;;) {
+    const step = await g.next();
+    if (step.done) return { text, result: step.value };
+    text += step.value.text;
+  }
+}
+
+async function* chunks(buf: Buffer): AsyncGenerator<Uint8Array> {
+  yield buf.subarray(0, 100);
+  yield buf.subarray(100);
+}
+
+describe('llama-cpp KV state files', () => {
+  let engine: LlamaCppEngine;
+  const live = new AbortController().signal;
+  before(async () => {
+    engine = await loadLlamaCppEngine(options, createLogger('test'), live);
+  });
+  after(async () => {
+    await engine?.close();
+  });
+
+  const request = (extra: Partial<GenerateRequest> = {}): GenerateRequest => ({
+    request_id: 'r',
+    prompt: 'hello world, tell me about the tides and the moon',
+    max_tokens: 24,
+    temperature: 0,
+    ...extra,
+  });
+
+  it('a prefill state loads into a fresh sequence: same answer, the prompt but its last token not evaluated, files removed on confirm', async () => {
+    const full = await drain(engine.generate(request(), live));
+    const t = await engine.prefill(request(), live);
+    const payload = engine.kvPayload(t.transfer_id);
+    assert.ok(payload, 'the transfer has a payload');
+    assert.ok(existsSync(payload.path));
+    assert.equal(engine.stats().kv_state_bytes, payload.bytes);
+    const header = JSON.parse(payload.header) as KvStateHeader;
+    assert.equal(header.tokens, full.result.prompt_tokens - 1);
+    const bytes = readFileSync(payload.path);
+
+    const handle = await engine.importKv(payload.header, payload.bytes, chunks(bytes), live);
+    assert.equal(engine.stats().kv_state_bytes, 2 * payload.bytes, 'the pulled copy counts too');
+    const fromKv = await drain(engine.generate(request({ kv_state: handle }), live));
+    assert.equal(fromKv.text, full.text);
+    assert.equal(fromKv.result.cached_tokens, full.result.prompt_tokens - 1);
+    assert.equal(existsSync(handle.path), false, 'the pulled file goes once loaded');
+
+    assert.equal(engine.kvTransfers.complete(t.transfer_id), true);
+    assert.equal(existsSync(payload.path), false, 'confirmed: the file goes');
+    assert.equal(engine.stats().kv_state_bytes, 0);
+    assert.deepEqual(await engine.probeQuiescence(), { state: 'idle' });
+  });
+
+  it('refuses a corrupt, foreign, larger-context or mis-sized state before llama.cpp sees it', async () => {
+    const t = await engine.prefill(request(), live);
+    const payload = engine.kvPayload(t.transfer_id)!;
+    const bytes = readFileSync(payload.path);
+    const header = JSON.parse(payload.header) as KvStateHeader;
+    const corrupt = Buffer.from(bytes);
+    corrupt[corrupt.length >> 1]! ^= 0xff;
+    const refuse = (h: Partial<KvStateHeader>, body: Buffer, declared = body.length, why: RegExp) =>
+      assert.rejects(engine.importKv(JSON.stringify({ ...header, ...h }), declared, chunks(body), live), (err: Error) => err instanceof KvStateRefused && why.test(err.message));
+    await refuse({}, corrupt, undefined, /corrupt/);
+    await refuse({ model_sha256: '0'.repeat(64) }, bytes, undefined, /another model/);
+    await refuse({ context_size: 4096 }, bytes, undefined, /larger than this engine/);
+    await refuse({}, bytes, bytes.length + 1, /body is/);
+    await refuse({}, Buffer.concat([bytes, Buffer.alloc(8)]), bytes.length, /more than/);
+    await assert.rejects(engine.importKv('{"format":"other"}', bytes.length, chunks(bytes), live), KvStateRefused);
+    assert.equal(engine.stats().kv_state_bytes, payload.bytes, 'refused states leave no file behind');
+    assert.equal(engine.kvTransfers.complete(t.transfer_id), true);
+  });
+
+  it('an unclaimed state expires with its TTL; the drain waits for it meanwhile; close removes the folder', async () => {
+    const t = await engine.prefill(request(), live);
+    const path = engine.kvPayload(t.transfer_id)!.path;
+    assert.deepEqual(await engine.probeQuiescence(), { state: 'busy', waiting_for: ['1 pending KV transfer'] });
+    const alive = setInterval(() => undefined, 1000); // the TTL's timer does not hold the process open
+    await once(engine.kvTransfers, 'expired');
+    clearInterval(alive);
+    assert.equal(existsSync(path), false);
+    assert.equal(engine.stats().kv_state_bytes, 0);
+
+    const other = await loadLlamaCppEngine(options, createLogger('test'), live);
+    const kept = await other.prefill(request(), live);
+    const dir = dirname(other.kvPayload(kept.transfer_id)!.path);
+    await other.close();
+    assert.equal(existsSync(dir), false, 'worker stop: the state folder is gone');
+  });
+});
