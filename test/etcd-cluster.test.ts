@@ -58,6 +58,7 @@ describe('etcd cluster: drain and crash', { skip: etcdSkipReason() }, () => {
       system_url: w.systemUrl,
       engine: 'mocker',
       capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true },
+      kv_cache: { block_size: 16, tokenizer: 'mocker-words', events: 'exact' },
     });
     const leaseBefore = (await fx.raw.get(key).exec()).kvs[0]?.lease;
     assert.ok(leaseBefore && leaseBefore !== '0', 'the key is bound to a lease');

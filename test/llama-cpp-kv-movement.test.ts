@@ -1,3 +1,5 @@
+import { once } from 'node:events';
+import { request as httpRequest } from 'node:http';
 /**
  * Real KV movement between llama-cpp workers, one fleet for every assertion (llama-cpp processes
  * are slow to start): disaggregated prefill/decode answers equal aggregated ones and report the
@@ -174,11 +176,21 @@ describe('llama-cpp: KV moves between workers', () => {
     let ready = 0;
     const moved = Array.from({ length: STREAMS }, (_, i) => ask(i, (n) => n === 10 && ++ready === STREAMS && progressed()));
     await allProgressed;
-    const back = frontend.mark();
-    assert.ok(isOk(await call('POST', `${b.systemUrl}/engine/resume`)));
-    await waitRouted(b, { after: back });
-    const pulledBefore = await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"');
-    assert.ok(isOk(await call('POST', `${a.systemUrl}/engine/drain`, { deadline_ms: 0 })));
+    // A is held still (SIGSTOP) until its drain is on its socket: on a loaded machine the streams
+    // would otherwise finish while B comes back, and nothing would be left to hand off.
+    process.kill(a.pid, 'SIGSTOP');
+    let drained: { status: Promise<number> } | undefined;
+    let pulledBefore: number;
+    try {
+      const back = frontend.mark();
+      assert.ok(isOk(await call('POST', `${b.systemUrl}/engine/resume`)));
+      await waitRouted(b, { after: back });
+      pulledBefore = await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"');
+      drained = await drainWritten(a.systemUrl, { deadline_ms: 0 });
+    } finally {
+      process.kill(a.pid, 'SIGCONT');
+    }
+    assert.equal(await drained?.status, 200);
     const results = await Promise.all(moved);
 
     const migrations = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId);
@@ -233,3 +245,18 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.equal(await metricValue(a.systemUrl, 'ebb_kv_state_bytes'), 0);
   });
 });
+
+/** POST /engine/drain; resolves once the request is flushed to the kernel, with the answer's status to come. */
+async function drainWritten(systemUrl: string, body: unknown): Promise<{ status: Promise<number> }> {
+  const req = httpRequest(`${systemUrl}/engine/drain`, { method: 'POST', headers: { 'content-type': 'application/json' } });
+  const status = new Promise<number>((resolve, reject) => {
+    req.on('response', (res) => {
+      res.resume();
+      resolve(res.statusCode ?? 0);
+    });
+    req.on('error', reject);
+  });
+  req.end(JSON.stringify(body));
+  await once(req, 'finish');
+  return { status };
+}
