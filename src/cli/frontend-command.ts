@@ -6,7 +6,9 @@ import { startFrontend } from '../frontend/frontend.js';
 import { DEFAULT_SHUTDOWN_GRACE_MS } from '../frontend/shutdown.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
-import { discoveryDefault, discoveryOption, intOption, msOption, portOption } from './options.js';
+import { ROUTER_KINDS, DEFAULT_OVERLAP_WEIGHT, type RouterKind } from '../frontend/routing/router.js';
+import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
+import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
 
 interface FrontendFlags {
   host: string;
@@ -32,7 +34,10 @@ interface FrontendFlags {
   keepAliveTimeoutMs: number;
   maxConnections: number;
   adminMaxConnections: number;
+  router: RouterKind;
+  kvOverlapWeight: number;
 }
+
 
 /** The admin port unless --admin-port says otherwise: next to the public port, or any port when that one is 0. */
 export function defaultAdminPort(port: number): number {
@@ -68,6 +73,8 @@ export function frontendCommand(): Command {
     .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--max-lanes-per-request <n>', 'sequences (prompts x n) one request may open; 400 past it. Across requests, the fd limit bounds them: 503 frontend_overloaded (retryable) past it', intOption(1), DEFAULT_MAX_LANES_PER_REQUEST)
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
+    .addOption(new Option('--router <kind>', ROUTER_HELP).choices(ROUTER_KINDS).default('kv'))
+    .option('--kv-overlap-weight <w>', OVERLAP_WEIGHT_HELP, weightOption, DEFAULT_OVERLAP_WEIGHT)
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, /health answers 503 at once while the listeners keep accepting and serving for this long, so load balancers stop sending first (SIGINT: no grace)', msOption(0), DEFAULT_SHUTDOWN_GRACE_MS)
     .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
     .action(async (flags: FrontendFlags) => {
@@ -94,6 +101,8 @@ export function frontendCommand(): Command {
           healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
           apiGuard: createAdminGuard(apiKeys, 'API'),
           requestToken,
+          router: flags.router,
+          kvOverlapWeight: flags.kvOverlapWeight,
           limits: { ...timeouts, maxConnections: flags.maxConnections },
           admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },
         },
