@@ -84,7 +84,6 @@ export class KvFeed {
 
   private put(r: WorkerRecord): void {
     const id = r.worker_id;
-    const before = this.inView.get(id);
     this.inView.set(id, r);
     const timer = this.departed.get(id);
     if (timer) clearTimeout(timer);
@@ -111,7 +110,7 @@ export class KvFeed {
       this.index.drop(id);
     }
     const h = this.index.holder(id);
-    if (h && (h.incarnation !== approxIncarnation(r) || before?.model !== r.model)) this.index.drop(id);
+    if (h && (h.kind !== 'approximate' || h.incarnation !== approxIncarnation(r) || h.model !== r.model)) this.index.drop(id);
     else if (h) h.masked = false;
   }
 
