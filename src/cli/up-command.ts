@@ -33,6 +33,9 @@ interface UpFlags {
   mockerMaxContext?: number;
   router: string;
   kvOverlapWeight?: number;
+  mockerKvCache?: 'on' | 'off';
+  mockerKvBlocks?: number;
+  mockerPrefillTokensPerS?: number;
   corsOrigin: string[];
   restart: boolean;
   metricsSdFile?: string;
@@ -83,6 +86,9 @@ export function upCommand(): Command {
     .option('--mocker-max-context <n>', 'mocker model length: what a request without max_tokens may fill', intOption(1))
     .addOption(new Option('--router <kind>', ROUTER_HELP).choices(ROUTER_KINDS).default('kv'))
     .option('--kv-overlap-weight <w>', OVERLAP_WEIGHT_HELP, weightOption)
+    .addOption(new Option('--mocker-kv-cache <mode>', 'mocker prefix KV cache (default on)').choices(['on', 'off']))
+    .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks, per worker', intOption(1))
+    .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute: uncached prompt tokens per second, per worker', intOption(1))
     .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--no-restart', 'do not restart a component that exits on its own (default: restart with back-off)')
     .option('--metrics-sd-file <file>', 'write a Prometheus file-SD target list of the frontend and every worker here, kept current')
@@ -91,6 +97,9 @@ export function upCommand(): Command {
       if (flags.mockerTtftMs !== undefined) mocker.push('--mocker-ttft-ms', String(flags.mockerTtftMs));
       if (flags.mockerItlMs !== undefined) mocker.push('--mocker-itl-ms', String(flags.mockerItlMs));
       if (flags.mockerMaxContext !== undefined) mocker.push('--mocker-max-context', String(flags.mockerMaxContext));
+      if (flags.mockerKvCache !== undefined) mocker.push('--mocker-kv-cache', flags.mockerKvCache);
+      if (flags.mockerKvBlocks !== undefined) mocker.push('--mocker-kv-blocks', String(flags.mockerKvBlocks));
+      if (flags.mockerPrefillTokensPerS !== undefined) mocker.push('--mocker-prefill-tokens-per-s', String(flags.mockerPrefillTokensPerS));
       const model = servedModelName(flags, 'ebb-mock');
       const engine = ['--engine', flags.engine, ...llamaCppArgs(flags)];
       const adminToken = flags.adminTokenFile === undefined ? [] : ['--admin-token-file', flags.adminTokenFile];

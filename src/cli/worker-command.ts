@@ -47,6 +47,10 @@ interface WorkerFlags extends LlamaCppFlags {
   registerTimeoutMs: number;
   drainIntentTtlMs: number;
   mockerMaxContext: number;
+  mockerKvCache: 'on' | 'off';
+  mockerKvBlocks: number;
+  mockerKvBlockSize: number;
+  mockerPrefillTokensPerS: number;
   kvTransferTtlMs: number;
   engineUrl?: string;
   engineKind: EngineKind;
@@ -94,6 +98,14 @@ export function workerCommand(): Command {
         .default('exact'),
     )
     .option('--mocker-max-context <n>', 'mocker model length in tokens: a request without max_tokens generates until prompt + completion fill it', intOption(1), MOCKER_DEFAULTS.maxContext)
+    .addOption(
+      new Option('--mocker-kv-cache <mode>', 'mocker prefix KV cache: on (prefill costs time per uncached prompt token; KV events on GET /kv/events), or off (the plain timing model)')
+        .choices(['on', 'off'])
+        .default(MOCKER_DEFAULTS.kvCache),
+    )
+    .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks (LRU eviction of blocks no running sequence holds)', intOption(1), MOCKER_DEFAULTS.kvBlocks)
+    .option('--mocker-kv-block-size <n>', 'mocker prefix cache tokens per block', intOption(1), MOCKER_DEFAULTS.kvBlockSize)
+    .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute with the KV cache on: uncached prompt tokens per second, shared by concurrent prefills', intOption(1), MOCKER_DEFAULTS.prefillTokensPerS)
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
     .addOption(new Option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)').default(MOCKER_DEFAULTS.failOnPrompt, 'never'))
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
@@ -252,6 +264,10 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
       loadMs: flags.mockerLoadMs,
       failOnPrompt: flags.mockerFailOnPrompt,
       maxContext: flags.mockerMaxContext,
+      kvCache: flags.mockerKvCache,
+      kvBlocks: flags.mockerKvBlocks,
+      kvBlockSize: flags.mockerKvBlockSize,
+      prefillTokensPerS: flags.mockerPrefillTokensPerS,
     },
   };
 }

@@ -1,5 +1,6 @@
 import { isCapabilities, type EngineCapabilities } from '../protocol/capabilities.js';
 import { isWorkerMode, type WorkerMode } from '../protocol/worker-mode.js';
+import type { KvCacheDeclaration } from '../protocol/kv-events.js';
 import { isWorkerId } from './worker-id.js';
 
 /** What a worker registers in discovery: one record each. */
@@ -13,6 +14,17 @@ export interface WorkerRecord {
   capabilities?: EngineCapabilities | undefined;
   /** The engine kind (mocker, llama-cpp, openai/vllm...), for operators and error messages. */
   engine?: string | undefined;
+  /** The engine's prefix cache, where it has one the frontend can route by (issue 23). */
+  kv_cache?: KvCacheDeclaration | undefined;
+}
+
+const TOKENIZER_KINDS = new Set(['mocker-words', 'worker']);
+const KV_EVENT_KINDS = new Set(['exact', 'none']);
+
+function isKvCacheDeclaration(v: unknown): v is KvCacheDeclaration {
+  if (typeof v !== 'object' || v === null) return false;
+  const d = v as Record<string, unknown>;
+  return Number.isSafeInteger(d.block_size) && (d.block_size as number) >= 1 && (d.block_size as number) <= 1 << 16 && TOKENIZER_KINDS.has(d.tokenizer as string) && KV_EVENT_KINDS.has(d.events as string);
 }
 
 function isHttpUrl(v: unknown): boolean {
@@ -47,6 +59,7 @@ export function isWorkerRecord(v: unknown): v is WorkerRecord {
     isHttpUrl(r.request_url) &&
     isHttpOrigin(r.system_url) &&
     (r.capabilities === undefined || isCapabilities(r.capabilities)) &&
-    (r.engine === undefined || typeof r.engine === 'string')
+    (r.engine === undefined || typeof r.engine === 'string') &&
+    (r.kv_cache === undefined || isKvCacheDeclaration(r.kv_cache))
   );
 }

@@ -3,6 +3,8 @@ import type { ChatMessage, ResponseFormat } from '../protocol/request-plane.js';
 
 export type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
+import type { KvEventLog } from './kv-event-log.js';
+import type { KvCacheDeclaration } from '../protocol/kv-events.js';
 
 /**
  * The contract between a worker and the engine it hosts. The mocker implements it today; adapters
@@ -56,6 +58,8 @@ export interface GenerateResult {
   prompt_tokens: number;
   /** Tokens this call generated (a continuation's earlier tokens are not counted again). */
   completion_tokens: number;
+  /** Prompt tokens this engine found in its prefix cache (not prefilled again); absent: it cannot tell. */
+  cached_tokens?: number | undefined;
 }
 
 /**
@@ -96,6 +100,13 @@ export interface Engine {
   prefill?(req: GenerateRequest, signal: AbortSignal): Promise<KvTransfer>;
   /** The KV transfers a prefill engine holds for decode peers; absent where there are none. */
   readonly kvTransfers?: KvTransferStore | undefined;
+  /** An engine with a prefix cache it can report: what it stored and evicted, served as GET /kv/events. */
+  readonly kvEvents?: KvEventLog | undefined;
+  /**
+   * The prefix cache the worker's discovery record declares. Absent: the kvEvents log's declaration
+   * (exact events) where there is one, else none (the frontend then routes without cache knowledge).
+   */
+  readonly kvCache?: KvCacheDeclaration | undefined;
   /**
    * An engine that can die on its own (a child process, a remote server) reports it here: the
    * worker leaves discovery at once, fails /live and exits non-zero so its supervisor restarts it.

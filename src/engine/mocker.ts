@@ -4,6 +4,8 @@ import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/prom
 import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
 import { Slots } from './slots.js';
 import { KvTransferStore, type KvTransfer } from './kv-transfers.js';
+import { KvEventLog } from './kv-event-log.js';
+import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 
 export interface MockerOptions {
   /** Base time to first token; grows with prompt length (see ttftFor). 0 disables the delay. */
@@ -31,6 +33,18 @@ export interface MockerOptions {
   kvReporting: 'exact' | 'unsupported';
   /** How long a computed KV waits for its decode peer before it is released (and counted as expired). */
   kvTransferTtlMs: number;
+  /**
+   * The prefix KV cache: `on`, time to first token is ttftMs plus the uncached prompt tokens at
+   * prefillTokensPerS (shared by concurrent prefills), and the engine publishes KV events; `off`,
+   * ttftFor's plain model.
+   */
+  kvCache: 'on' | 'off';
+  /** Cache capacity in blocks (running sequences' blocks included). */
+  kvBlocks: number;
+  /** Tokens per block. */
+  kvBlockSize: number;
+  /** Uncached prompt tokens a worker prefills per second, all its prefills together. */
+  prefillTokensPerS: number;
 }
 
 export const MOCKER_DEFAULTS: MockerOptions = {
@@ -45,6 +59,11 @@ export const MOCKER_DEFAULTS: MockerOptions = {
   loadMs: 0,
   failOnPrompt: '',
   maxContext: 1024,
+  kvCache: 'on',
+  kvBlocks: 8192,
+  kvBlockSize: DEFAULT_BLOCK_SIZE,
+  // A 1,200-token uncached prompt: about 100 ms of prefill on an idle worker.
+  prefillTokensPerS: 12_000,
 };
 
 const VOCABULARY = (
@@ -102,8 +121,10 @@ export class MockerEngine implements Engine {
   /** Aborted when the simulated engine dies: every sequence ends with it. */
   private readonly dead = new AbortController();
   readonly kvTransfers: KvTransferStore | undefined;
+  readonly kvEvents: KvEventLog | undefined;
 
   constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
+    this.kvEvents = opts.kvCache === 'on' ? new KvEventLog(opts.kvBlockSize, 'mocker-words') : undefined;
     this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
     this.slots = new Slots(opts.batchSlots, () => this.notifyChange());
     if (opts.mode === 'prefill') {

@@ -8,9 +8,12 @@ import { DrainBodySchema, EmptyBodySchema, type DrainBody } from '../protocol/ad
 import { EbbError } from '../protocol/errors.js';
 import type { WorkerPhase, WorkerRuntime } from './phase.js';
 import { addStatusStream } from './status-stream.js';
+import { addKvEventStream } from './kv-event-stream.js';
 
 export interface SystemServerDeps {
   phase: WorkerPhase;
+  /** Named in the KV event stream's snapshot and batches. */
+  workerId: string;
   /** Guards mutating admin routes (drain, resume); returns the token's name (the audit actor). See admin-auth. */
   guardAdmin?: ((authorization: string | undefined) => string | void) | undefined;
 }
@@ -22,7 +25,7 @@ export interface SystemServerDeps {
  * worker. Until the engine can serve, /health says `loading` and the Admin API answers 503
  * `worker_loading`: there is nothing to drain, and the worker is not in discovery.
  */
-export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): FastifyInstance {
+export function createSystemServer({ phase, workerId, guardAdmin }: SystemServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true });
   addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
 
@@ -85,6 +88,7 @@ export function createSystemServer({ phase, guardAdmin }: SystemServerDeps): Fas
   app.get('/engine/events', async () => ({ events: runtime().lifecycle.audit.list() }));
 
   addStatusStream(app, runtime, (r) => statusBody(r, r.lifecycle.status()));
+  addKvEventStream(app, workerId, runtime);
 
   return app;
 }

@@ -73,7 +73,7 @@ export { ENGINE_FAILED_EXIT_CODE };
 export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code: number) => void, loading: AbortSignal = new AbortController().signal): Promise<RunningWorker> {
   const workerId = opts.workerId ?? newWorkerId();
   const phase = new WorkerPhase(opts.engine.kind);
-  const systemServer = createSystemServer({ phase, guardAdmin: opts.guardAdmin });
+  const systemServer = createSystemServer({ phase, workerId, guardAdmin: opts.guardAdmin });
   const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
   log.info({ event: 'worker_loading', worker_id: workerId, engine: opts.engine.kind, system_url: systemUrl }, `worker ${workerId} loading engine ${opts.engine.kind}; system server ${systemUrl}`);
   let engine: Engine;
@@ -125,7 +125,8 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   });
 
   requestUrl = advertisedUrl(await listen(requestPlane.app, opts.host, opts.port), opts.advertiseHost);
-  record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities };
+  const kvCache = engine.kvCache ?? engine.kvEvents?.declaration;
+  record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities, ...(kvCache ? { kv_cache: kvCache } : {}) };
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
   });

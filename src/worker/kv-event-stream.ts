@@ -1,0 +1,36 @@
+import type { FastifyInstance } from 'fastify';
+import { allowOnly } from '../common/http-server.js';
+import { SseHub, sseFrame } from '../common/sse-hub.js';
+import type { KvEventBatch, KvSnapshot } from '../protocol/kv-events.js';
+import { EbbError } from '../protocol/errors.js';
+import type { WorkerRuntime } from './phase.js';
+
+/** The frontends of a fleet subscribe once each; more than this is a misbehaving client, not a fleet. */
+export const KV_EVENT_SUBSCRIBERS_MAX = 64;
+
+/**
+ * GET /kv/events: what the worker's engine stored in and evicted from its prefix cache, as
+ * server-sent events (protocol/kv-events.ts): a `snapshot` first, then one `kv` event per batch
+ * with consecutive seq. Read-only, like /engine/status. Bounded: a subscriber that does not keep up
+ * is dropped by the hub (it reconnects for a fresh snapshot), and subscribers are capped. The log
+ * is listened to only while someone subscribes, so an unwatched worker numbers no batches.
+ */
+export function addKvEventStream(app: FastifyInstance, workerId: string, runtime: () => WorkerRuntime): void {
+  let unsubscribe: (() => void) | undefined;
+  const hub = new SseHub(app, () => {
+    unsubscribe?.();
+    unsubscribe = undefined;
+  });
+
+  allowOnly(app, '/kv/events', ['GET']);
+  app.get('/kv/events', async (_req, reply) => {
+    const log = runtime().engine.kvEvents;
+    if (log === undefined) throw new EbbError('not_found', "this worker's engine publishes no KV events (it declares no kv_cache with exact events)");
+    if (hub.size >= KV_EVENT_SUBSCRIBERS_MAX) throw new EbbError('listener_busy', `at most ${KV_EVENT_SUBSCRIBERS_MAX} KV event subscribers`, { headers: { 'retry-after': '5' } });
+    // Snapshot before subscribing: it flushes pending events to the subscribers there are, and
+    // everything after it arrives as batches from its seq + 1 on.
+    const snapshot: KvSnapshot = { worker_id: workerId, ...log.snapshot() };
+    unsubscribe ??= log.onBatch((b) => hub.send('kv', { worker_id: workerId, ...b } satisfies KvEventBatch));
+    hub.open(reply, [sseFrame('snapshot', snapshot)]);
+  });
+}
