@@ -73,7 +73,7 @@ export function createAdminServer({ fleet, pool, kv, agent, guardAdmin, limits }
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
 
-  new FleetEvents(app, fleet, listWorkers);
+  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null);
   addDashboard(app, { tokenRequired: guardAdmin !== undefined });
 
   allowOnly(app, '/workers/:id', ['GET']);

@@ -1,5 +1,4 @@
 import { blockHashes, DEFAULT_BLOCK_SIZE, type BlockHash } from '../../protocol/block-hash.js';
-import type { KvCacheDeclaration } from '../../protocol/kv-events.js';
 import { mockerTokenIds } from '../../protocol/mocker-tokenizer.js';
 import { promptOf, type GenerateBody } from '../../protocol/request-plane.js';
 import type { WorkerRecord } from '../../discovery/discovery.js';
@@ -22,13 +21,9 @@ export interface KvProfile {
   events: 'exact' | 'none';
 }
 
-function declaration(record: WorkerRecord): KvCacheDeclaration | undefined {
-  return (record as WorkerRecord & { kv_cache?: KvCacheDeclaration }).kv_cache;
-}
-
 /** A worker's prefix cache as the router sees it, from its discovery record. */
 export function kvProfile(record: WorkerRecord): KvProfile {
-  const d = declaration(record);
+  const d = record.kv_cache;
   if (d === undefined) return { space: 'chars', blockSize: CHAR_BLOCK, events: 'none' };
   return { space: d.tokenizer, blockSize: d.block_size > 0 ? d.block_size : DEFAULT_BLOCK_SIZE, events: d.events };
 }
