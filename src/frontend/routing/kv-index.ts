@@ -124,35 +124,35 @@ export class KvIndex {
   }
 
   /**
-   * How many leading blocks of `hashes` each holder of `model` has (non-expired at `now`): the
-   * walk follows only holders that had every block so far, so it stops at the first block nobody
-   * left holds. Read the answer with overlap() before the next query.
+   * How many leading blocks of `hashes` each holder of `model` has (non-expired at `now`). Block by
+   * block, each holder listed for the block advances when it held every block before it; the walk
+   * stops at the first block that advances nobody. It reads the per-block holder lists (arrays),
+   * never the holders' own maps, except for approximate entries' expiry. Read the answer with
+   * overlap() before the next query.
    */
   query(model: string, hashes: readonly BlockHash[], now = Date.now()): number {
     const q = ++this.stamp;
     const map = this.byModel.get(model);
-    if (!map || hashes.length === 0) return q;
-    const first = map.get(hashes[0] as BlockHash);
-    if (first === undefined) return q;
-    let alive: Holder[] = [];
-    const hit = (h: Holder, hash: BlockHash) => (h.blocks.get(hash) ?? 0) > now;
-    for (const h of Array.isArray(first) ? first : [first]) {
-      if (!hit(h, hashes[0] as BlockHash)) continue;
-      h.stamp = q;
-      h.depth = 1;
-      alive.push(h);
-    }
-    for (let i = 1; i < hashes.length && alive.length > 0; i++) {
+    if (!map) return q;
+    for (let i = 0; i < hashes.length; i++) {
       const hash = hashes[i] as BlockHash;
-      const next: Holder[] = [];
-      for (const h of alive) {
-        if (!hit(h, hash)) continue;
-        h.depth = i + 1;
-        next.push(h);
-      }
-      alive = next;
+      const entry = map.get(hash);
+      if (entry === undefined) break;
+      let advanced = 0;
+      if (Array.isArray(entry)) {
+        for (const h of entry) if (this.advance(h, i, q, hash, now)) advanced++;
+      } else if (this.advance(entry, i, q, hash, now)) advanced++;
+      if (advanced === 0) break;
     }
     return q;
+  }
+
+  private advance(h: Holder, i: number, q: number, hash: BlockHash, now: number): boolean {
+    if (i > 0 && (h.stamp !== q || h.depth !== i)) return false;
+    if (h.kind === 'approximate' && !((h.blocks.get(hash) ?? 0) > now)) return false;
+    h.stamp = q;
+    h.depth = i + 1;
+    return true;
   }
 
   /** Leading blocks `workerId` holds, as found by query `q`. */

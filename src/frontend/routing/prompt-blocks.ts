@@ -19,16 +19,24 @@ export interface KvProfile {
   blockSize: number;
   /** The worker publishes /kv/events (exact index) or the frontend approximates from what it sent. */
   events: 'exact' | 'none';
+  /** Space and block size: workers with equal keys share one set of prompt hashes. */
+  key: string;
 }
+
+/** Records are immutable once received (a change is a new record): each is read once, not per decision. */
+const profiles = new WeakMap<WorkerRecord, KvProfile>();
 
 /** A worker's prefix cache as the router sees it, from its discovery record. */
 export function kvProfile(record: WorkerRecord): KvProfile {
+  let p = profiles.get(record);
+  if (p !== undefined) return p;
   const d = record.kv_cache;
-  if (d === undefined) return { space: 'chars', blockSize: CHAR_BLOCK, events: 'none' };
-  return { space: d.tokenizer, blockSize: d.block_size > 0 ? d.block_size : DEFAULT_BLOCK_SIZE, events: d.events };
+  const space: TokenSpace = d === undefined ? 'chars' : d.tokenizer;
+  const blockSize = d === undefined ? CHAR_BLOCK : d.block_size > 0 ? d.block_size : DEFAULT_BLOCK_SIZE;
+  p = { space, blockSize, events: d?.events ?? 'none', key: `${space}/${blockSize}` };
+  profiles.set(record, p);
+  return p;
 }
-
-export const spaceKey = (p: KvProfile): string => `${p.space}/${p.blockSize}`;
 
 /**
  * The text a request's KV covers on the worker: its prompt, then what earlier workers delivered

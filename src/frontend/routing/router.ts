@@ -4,7 +4,7 @@ import type { GenerateBody } from '../../protocol/request-plane.js';
 import type { WorkerMode, WorkerRecord } from '../../discovery/discovery.js';
 import type { KvFeed } from './kv-feed.js';
 import type { KvRouterMetrics } from './kv-metrics.js';
-import { kvProfile, localTokens, promptBlocks, spaceKey, type KvProfile, type PromptBlocks } from './prompt-blocks.js';
+import { kvProfile, localTokens, promptBlocks, type KvProfile, type PromptBlocks } from './prompt-blocks.js';
 import type { PoolWorker, WorkerPool } from './worker-pool.js';
 
 export const ROUTER_KINDS = ['kv', 'least-loaded', 'round-robin'] as const;
@@ -95,7 +95,7 @@ export class Router {
     let asked = false;
     for (const w of eligible) {
       const p = kvProfile(w.record);
-      const key = spaceKey(p);
+      const key = p.key;
       if (spaces.has(key)) continue;
       if (p.space === 'worker') {
         if (asked || !this.opts.tokenize) continue;
@@ -137,7 +137,7 @@ export class Router {
     const scored: Scored[] | undefined = debug ? [] : undefined;
     for (const worker of eligible) {
       const p: KvProfile = kvProfile(worker.record);
-      const key = spaceKey(p);
+      const key = p.key;
       const blocks = hint.spaces.get(key);
       let cached = 0;
       if (blocks !== undefined && blocks.tokens > 0) {
@@ -198,7 +198,7 @@ export class Router {
     const cached = hint.chosen?.workerId === worker.record.worker_id ? hint.chosen.cachedTokens : 0;
     this.opts.metrics?.overlap(hint.tokens, cached);
     const p = kvProfile(worker.record);
-    const blocks = hint.spaces.get(spaceKey(p));
+    const blocks = hint.spaces.get(p.key);
     if (p.events === 'none' && blocks !== undefined) this.opts.feed?.sent(worker.record, blocks.hashes);
   }
 }
