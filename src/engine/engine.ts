@@ -79,6 +79,21 @@ export interface EngineStats {
   [extra: string]: unknown;
 }
 
+/** An engine's prefix cache as GET /engine/status shows it (`kv_cache`). */
+export interface KvCacheStats {
+  block_size: number;
+  /** null where the engine does not say. */
+  capacity_blocks: number | null;
+  /** Blocks held, pinned by running sequences or not: what a scale-down weighs as the worker's cache value. */
+  cached_blocks: number;
+  pinned_blocks?: number | undefined;
+  /** Prompt tokens found cached, and computed, since the engine started (where it counts them). */
+  prompt_tokens_hit?: number | undefined;
+  prompt_tokens_missed?: number | undefined;
+  /** prompt_tokens_hit over all prompt tokens seen; 0 before the first. */
+  hit_rate?: number | undefined;
+}
+
 export interface Engine {
   readonly kind: string;
   readonly capabilities: EngineCapabilities;
@@ -107,6 +122,8 @@ export interface Engine {
    * (exact events) where there is one, else none (the frontend then routes without cache knowledge).
    */
   readonly kvCache?: KvCacheDeclaration | undefined;
+  /** The prefix cache's state now. Absent: the system server shows what the kvEvents log holds. */
+  kvCacheStats?(): KvCacheStats;
   /**
    * An engine that can die on its own (a child process, a remote server) reports it here: the
    * worker leaves discovery at once, fails /live and exits non-zero so its supervisor restarts it.

@@ -1,11 +1,14 @@
 import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
-import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence } from './engine.js';
 import { Slots } from './slots.js';
 import { KvTransferStore, type KvTransfer } from './kv-transfers.js';
 import { KvEventLog } from './kv-event-log.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
+import { mockerTokenIds } from '../protocol/mocker-tokenizer.js';
+import { PrefixCache, type CachedSequence } from './prefix-cache.js';
+import { PrefillCompute } from './prefill-compute.js';
 
 export interface MockerOptions {
   /** Base time to first token; grows with prompt length (see ttftFor). 0 disables the delay. */
@@ -107,6 +110,9 @@ function wordAt(i: number, random: () => number): string {
   return i === 0 ? word : ` ${word}`;
 }
 
+/** A chat prompt ends where the answer starts: the engine's sequence carries the answer's role, as a chat template's generation prompt does. */
+const ASSISTANT_TURN = mockerTokenIds('assistant:');
+
 function pause(ms: number, signal: AbortSignal): Promise<unknown> {
   return ms > 0 ? sleep(ms, undefined, { signal }) : yieldTurn(undefined, { signal });
 }
@@ -122,9 +128,19 @@ export class MockerEngine implements Engine {
   private readonly dead = new AbortController();
   readonly kvTransfers: KvTransferStore | undefined;
   readonly kvEvents: KvEventLog | undefined;
+  /** The prefix cache and the prefill compute it saves, with --mocker-kv-cache on. */
+  private readonly cache: PrefixCache | undefined;
+  private readonly compute: PrefillCompute | undefined;
+  readonly kvCacheStats: (() => KvCacheStats) | undefined;
 
   constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
-    this.kvEvents = opts.kvCache === 'on' ? new KvEventLog(opts.kvBlockSize, 'mocker-words') : undefined;
+    if (opts.kvCache === 'on') {
+      this.kvEvents = new KvEventLog(opts.kvBlockSize, 'mocker-words');
+      this.cache = new PrefixCache(opts.kvBlocks, opts.kvBlockSize, this.kvEvents);
+      this.compute = new PrefillCompute(opts.prefillTokensPerS);
+      const cache = this.cache;
+      this.kvCacheStats = () => cache.stats();
+    }
     this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
     this.slots = new Slots(opts.batchSlots, () => this.notifyChange());
     if (opts.mode === 'prefill') {
@@ -145,12 +161,33 @@ export class MockerEngine implements Engine {
     if (!this.kvTransfers) throw new Error(`a ${this.opts.mode} engine does not prefill for decode peers`);
     const promptTokens = countTokens(req.prompt);
     await this.slots.acquire(signal);
+    const seq = this.cache?.begin(this.sequenceTokens(req));
     try {
-      await pause(ttftFor(this.opts.ttftMs, promptTokens), signal);
+      await this.prefillTime(promptTokens, seq, signal);
       return this.kvTransfers.create(promptTokens);
     } finally {
+      seq?.end();
       this.slots.release();
     }
+  }
+
+  /** The tokens the engine's sequence starts with: the prompt, the answer's turn for a chat, and a continuation's words. */
+  private sequenceTokens(req: GenerateRequest): number[] {
+    const tokens = mockerTokenIds(req.prompt);
+    if (req.messages !== undefined) tokens.push(...ASSISTANT_TURN);
+    if (req.continuation !== undefined) tokens.push(...mockerTokenIds(req.continuation.text));
+    return tokens;
+  }
+
+  /**
+   * Time to first token. With the cache: the base, then the tokens not found cached computed on
+   * the worker's shared prefill budget, after which the prompt's blocks are cached. Without: ttftFor.
+   */
+  private async prefillTime(promptTokens: number, seq: CachedSequence | undefined, signal: AbortSignal): Promise<void> {
+    if (seq === undefined || this.compute === undefined) return void (await pause(ttftFor(this.opts.ttftMs, promptTokens), signal));
+    await pause(this.opts.ttftMs, signal);
+    await this.compute.run(seq.tokens - seq.cachedTokens, signal);
+    seq.prefilled();
   }
 
 
@@ -166,6 +203,10 @@ export class MockerEngine implements Engine {
     if (promptTokens >= this.opts.maxContext)
       throw new EbbError('context_length_exceeded', `the prompt is ${promptTokens} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`);
     await this.slots.acquire(signal);
+    // With its KV pulled from a prefill worker, decode starts at the first token, without a prefix lookup here.
+    const seq = req.prefilled ? undefined : this.cache?.begin(this.sequenceTokens(req));
+    /** What this call delivered, cached with the prompt when the sequence ends (as vLLM keeps decoded blocks). */
+    let delivered = '';
     try {
       const random = prng(hashString(req.prompt, req.seed ?? 0));
       // A continuation replays the words already delivered (no delay), so a migrated stream goes on
@@ -175,8 +216,10 @@ export class MockerEngine implements Engine {
       for (let i = 0; i < done; i++) text += wordAt(i, random);
       if (req.continuation !== undefined && text !== req.continuation.text)
         throw new Error('continuation text does not match this request\'s generation (different prompt or seed?)');
-      // With its KV pulled from a prefill worker, decode starts at the first token.
-      await pause(req.prefilled ? this.opts.itlMs : ttftFor(this.opts.ttftMs, promptTokens), signal);
+      if (req.prefilled) await pause(this.opts.itlMs, signal);
+      else await this.prefillTime(promptTokens, seq, signal);
+      // What the client is told was cached: the prompt's share (a continuation's words are not prompt).
+      const cached = seq === undefined ? {} : { cached_tokens: Math.min(seq.cachedTokens, promptTokens) };
       // No budget: the context is the limit, as with a real model that never emits its end token.
       const budget = req.max_tokens ?? Math.max(0, this.opts.maxContext - promptTokens - done);
       for (let n = 0; n < budget; n++) {
@@ -184,12 +227,14 @@ export class MockerEngine implements Engine {
         const piece = wordAt(done + n, random);
         text += piece;
         const hit = req.stop?.find((s) => s.length > 0 && text.includes(s));
-        if (hit !== undefined) return { finish_reason: 'stop', prompt_tokens: promptTokens, completion_tokens: n };
+        if (hit !== undefined) return { finish_reason: 'stop', prompt_tokens: promptTokens, completion_tokens: n, ...cached };
         this.generated++;
+        delivered += piece;
         yield { text: piece };
       }
-      return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: budget };
+      return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: budget, ...cached };
     } finally {
+      seq?.end(mockerTokenIds(delivered));
       this.slots.release();
     }
   }

@@ -107,6 +107,8 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** As OpenAI's: prompt tokens the engine found in its prefix cache. Absent where the engine cannot tell. */
+  prompt_tokens_details?: { cached_tokens: number };
 }
 
 /** Why a worker stopped a stream it had started, for the caller to continue elsewhere. */

@@ -6,6 +6,7 @@ import type { RefusalCode, ReleaseOutcome } from '../lifecycle/admission.js';
 import { TRANSITIONS, WORKER_STATES } from '../lifecycle/states.js';
 import type { StageName, StageOutcome } from './shutdown-stages.js';
 import type { Engine } from '../engine/engine.js';
+import { kvCacheStatus } from './kv-cache-status.js';
 
 // The label values, each list checked against its type: a value added to the type must be added here.
 const RELEASE_OUTCOMES = { completed: 0, errored: 0, dropped: 0, handed_off: 0 } satisfies Record<ReleaseOutcome, 0>;
@@ -108,6 +109,25 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
   kv?.on('completed', (_t: unknown, seconds: number) => kvDuration.observe(seconds));
   kv?.on('expired', () => kvExpired.inc());
 
+  // The prefix cache: blocks held now, and prompt tokens found cached or computed, as the engine
+  // reported them per request (cached_tokens); 0 on a worker whose engine reports none.
+  new Gauge({
+    name: 'ebb_worker_kv_cached_blocks',
+    help: "Blocks held in the engine's prefix cache (pinned by running sequences or not)",
+    registers: [registry],
+    collect() {
+      this.set(kvCacheStatus(engine)?.cached_blocks ?? 0);
+    },
+  });
+  const promptTokens = new Counter({
+    name: 'ebb_worker_prompt_tokens_total',
+    help: "Prompt tokens of completed generations, by whether the engine found them in its prefix cache (hit) or computed them (miss)",
+    labelNames: ['cache'],
+    registers: [registry],
+  });
+  promptTokens.inc({ cache: 'hit' }, 0);
+  promptTokens.inc({ cache: 'miss' }, 0);
+
   admission.on('admitted', () => admitted.inc());
   admission.on('released', (outcome: string) => released.inc({ outcome }));
   let drainStarted = 0;
@@ -121,6 +141,12 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
     registry,
     refused: (code: string) => refused.inc({ code }),
     handedOff: () => handoffs.inc(),
+    /** A generation's usage: its prompt tokens counted as cache hits and misses, where the engine says. */
+    promptTokens: (prompt: number, cached: number | undefined) => {
+      if (cached === undefined) return;
+      promptTokens.inc({ cache: 'hit' }, cached);
+      promptTokens.inc({ cache: 'miss' }, Math.max(0, prompt - cached));
+    },
     shutdownStage: (stage: string, result: string, seconds: number) => shutdownStage.observe({ stage, result }, seconds),
   };
 }

@@ -9,7 +9,7 @@ import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.j
 import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
-import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from '../protocol/request-plane.js';
+import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine, type Usage } from '../protocol/request-plane.js';
 import { KvPullError, pullKv } from './kv-pull.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
@@ -49,8 +49,11 @@ export interface RequestPlane {
   drainEta(): number | null;
 }
 
-function usageOf(r: GenerateResult) {
-  return { prompt_tokens: r.prompt_tokens, completion_tokens: r.completion_tokens, total_tokens: r.prompt_tokens + r.completion_tokens };
+function usageOf(r: GenerateResult): Usage {
+  const usage: Usage = { prompt_tokens: r.prompt_tokens, completion_tokens: r.completion_tokens, total_tokens: r.prompt_tokens + r.completion_tokens };
+  // Only where the engine can tell: an engine without a prefix cache says nothing, not 0.
+  if (r.cached_tokens !== undefined) usage.prompt_tokens_details = { cached_tokens: r.cached_tokens };
+  return usage;
 }
 
 const line = (l: StreamLine) => JSON.stringify(l) + '\n';
@@ -209,6 +212,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
           await writeWithBackpressure(res, line(piece.token_ids ? { text: piece.text, token_ids: piece.token_ids } : { text: piece.text }), scope.signal);
           step = await tokens.next();
         }
+        metrics.promptTokens(step.value.prompt_tokens, step.value.cached_tokens);
         scope.end(line({ done: true, finish_reason: step.value.finish_reason, usage: usageOf(step.value) }), 'completed');
       } else {
         let text = '';
@@ -218,6 +222,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
           scope.piece(step.value.token_ids?.length ?? 1, pace);
           step = await tokens.next();
         }
+        metrics.promptTokens(step.value.prompt_tokens, step.value.cached_tokens);
         const payload = JSON.stringify({ text, finish_reason: step.value.finish_reason, usage: usageOf(step.value) });
         res.writeHead(200, { 'content-type': 'application/json', 'x-request-id': scope.id });
         scope.end(payload, 'completed');

@@ -9,6 +9,7 @@ import { EbbError } from '../protocol/errors.js';
 import type { WorkerPhase, WorkerRuntime } from './phase.js';
 import { addStatusStream } from './status-stream.js';
 import { addKvEventStream } from './kv-event-stream.js';
+import { kvCacheStatus } from './kv-cache-status.js';
 
 export interface SystemServerDeps {
   phase: WorkerPhase;
@@ -37,7 +38,10 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
     if (r === undefined) throw new EbbError('worker_loading', `worker is loading its engine (${phase.loadingDetail}, since ${phase.loadingSince.toISOString()}); retry when /health is ready`, { headers: { 'retry-after': '5' } });
     return r;
   };
-  const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => ({ ...s, engine: r.engine.stats() });
+  const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => {
+    const kv = kvCacheStatus(r.engine);
+    return { ...s, engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }) };
+  };
   /** Who is acting, for the audit trail: the admin token's name, or on an open listener the caller's address. */
   const actorOf = (req: FastifyRequest): string => (guardAdmin ? guardAdmin(req.headers.authorization) || DEFAULT_TOKEN_NAME : req.ip);
 

@@ -165,9 +165,16 @@ export function completionResponse(endpoint: Endpoint, id: string, model: string
 export function sumUsage(usages: Usage[], choicesPerPrompt: number): Usage {
   let prompt = 0;
   let completion = 0;
+  let cached: number | undefined;
   usages.forEach((u, i) => {
-    if (i % choicesPerPrompt === 0) prompt += u.prompt_tokens;
+    if (i % choicesPerPrompt === 0) {
+      prompt += u.prompt_tokens;
+      // The prompt's cached share is counted with the prompt: once, from its first choice.
+      if (u.prompt_tokens_details !== undefined) cached = (cached ?? 0) + u.prompt_tokens_details.cached_tokens;
+    }
     completion += u.completion_tokens;
   });
-  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  const sum: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  if (cached !== undefined) sum.prompt_tokens_details = { cached_tokens: cached };
+  return sum;
 }

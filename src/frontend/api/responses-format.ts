@@ -77,7 +77,7 @@ export function responsesFormatNeed(text: unknown): 'json_object' | 'json_schema
 
 const usageOf = (u: Usage) => ({
   input_tokens: u.prompt_tokens,
-  input_tokens_details: { cached_tokens: 0 },
+  input_tokens_details: { cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0 },
   output_tokens: u.completion_tokens,
   output_tokens_details: { reasoning_tokens: 0 },
   total_tokens: u.total_tokens,

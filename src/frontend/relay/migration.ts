@@ -65,6 +65,10 @@ export class Delivered {
   /** The final worker counted only its own tokens; the client is told about the whole completion. */
   usage(last: Usage): Usage {
     const completion = last.completion_tokens + this.before;
-    return { prompt_tokens: last.prompt_tokens, completion_tokens: completion, total_tokens: last.prompt_tokens + completion };
+    const usage: Usage = { prompt_tokens: last.prompt_tokens, completion_tokens: completion, total_tokens: last.prompt_tokens + completion };
+    // What the worker that finished found cached (after a migration: the new worker's), checked as it comes off the wire.
+    const cached = last.prompt_tokens_details?.cached_tokens;
+    if (Number.isSafeInteger(cached) && (cached as number) >= 0) usage.prompt_tokens_details = { cached_tokens: Math.min(cached as number, last.prompt_tokens) };
+    return usage;
   }
 }
