@@ -100,7 +100,7 @@ export class KvFeed {
       this.index.drop(id);
       this.subs.set(
         id,
-        new KvSubscription(r, this.index, this.agent, () => this.inView.has(id), (s, reason) => this.failed(s, reason)),
+        new KvSubscription(r, this.index, this.agent, () => this.inView.has(id), (s, reason) => this.failed(s, reason), (s, seq, snapshot) => this.indexed(s, seq, snapshot)),
       );
       return;
     }
@@ -138,6 +138,13 @@ export class KvFeed {
       return;
     }
     this.log.debug({ event: 'kv_stream_failed', worker_id: id, reason }, `KV event stream of ${id}: ${reason}; resubscribing`);
+  }
+
+  private indexed(sub: KvSubscription, seq: number, snapshot: boolean): void {
+    const id = sub.record.worker_id;
+    const blocks = this.index.holder(id)?.blocks.size ?? 0;
+    if (snapshot) this.log.info({ event: 'kv_stream_connected', worker_id: id, seq, cached_blocks: blocks }, `KV index: ${id}'s event stream connected (${blocks} blocks cached there)`);
+    else if (this.log.isLevelEnabled('debug')) this.log.debug({ event: 'kv_indexed', worker_id: id, seq, cached_blocks: blocks }, `KV index: ${id} batch ${seq}, ${blocks} blocks`);
   }
 
   private forget(id: string): void {

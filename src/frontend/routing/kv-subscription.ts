@@ -51,6 +51,8 @@ export class KvSubscription {
     /** Whether the worker is in the routing view now (its entries are masked while it is not). */
     private readonly inView: () => boolean,
     private readonly onError: (sub: KvSubscription, reason: string) => void,
+    /** After a snapshot (seq) or a batch was indexed: the feed's log lines. */
+    private readonly onIndexed: (sub: KvSubscription, seq: number, snapshot: boolean) => void = () => undefined,
   ) {
     this.url = record.system_url;
     void this.run();
@@ -103,6 +105,7 @@ export class KvSubscription {
           seq = data.seq;
           this.connected = true;
           this.backoff.reset();
+          this.onIndexed(this, seq, true);
           continue;
         }
         if (event !== 'kv') continue;
@@ -111,6 +114,7 @@ export class KvSubscription {
         if (data.seq !== seq + 1) throw new StreamBroken(`KV event seq gap (${seq} then ${data.seq})`);
         seq = data.seq;
         for (const e of data.events) this.apply(holder, e);
+        this.onIndexed(this, seq, false);
       }
     } finally {
       res.body.destroy();

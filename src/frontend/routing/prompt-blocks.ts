@@ -40,12 +40,13 @@ export function kvProfile(record: WorkerRecord): KvProfile {
 
 /**
  * The text a request's KV covers on the worker: its prompt, then what earlier workers delivered
- * (a migrated stream's continuation is prefilled after the prompt).
+ * (a migrated stream's continuation is prefilled after the prompt, a chat's after the answer's turn).
  */
 export function routedText(body: GenerateBody): string {
   const prompt = promptOf(body) ?? '';
   const c = body.continuation;
-  return c === undefined || c.text === '' ? prompt : `${prompt} ${c.text}`;
+  if (c === undefined || c.text === '') return prompt;
+  return body.messages !== undefined ? `${prompt} assistant: ${c.text}` : `${prompt} ${c.text}`;
 }
 
 /** The token ids of `body` in a space the frontend computes itself (not `worker`). */
