@@ -286,7 +286,7 @@ export class Upstream {
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
     // The prompt's blocks, once for every attempt (the router scores the eligible workers by them).
-    const hint = body === undefined ? undefined : await this.router.prepare(body, mode, tried, needs);
+    const hint = body === undefined || this.router.kind !== 'kv' ? undefined : await this.router.prepare(body, mode, tried, needs);
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       if (signal.aborted) throw signal.reason;
       const worker = this.router.pick(model, mode, tried, needs, hint);
