@@ -7,6 +7,7 @@ import { call } from './helpers/http.js';
 import { openEventStream } from './helpers/event-stream.js';
 import { startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
 import { KvEventLog, type EngineKvBatch } from '../src/engine/kv-event-log.js';
+import { isWorkerRecord } from '../src/discovery/worker-record.js';
 import { blockHashes } from '../src/protocol/block-hash.js';
 import { mockerTokenIds } from '../src/protocol/mocker-tokenizer.js';
 import { metricValue } from './helpers/processes.js';
@@ -160,6 +161,16 @@ describe('KV events: GET /kv/events on the worker system server', () => {
     assert.equal(status.body.kv_cache, undefined);
     const r = await generate(off, { prompt: words(50, 'x'), max_tokens: 2 });
     assert.equal(r.usage.prompt_tokens_details, undefined, 'an engine without a cache reports nothing cached, not 0');
+  });
+});
+
+describe('the kv_cache declaration in a discovery record', () => {
+  it('is checked like every other field of a record another process wrote', () => {
+    const base = { worker_id: 'w-1', model: 'm1', mode: 'aggregated', request_url: 'http://127.0.0.1:1', system_url: 'http://127.0.0.1:2' };
+    assert.ok(isWorkerRecord({ ...base, kv_cache: { block_size: 16, tokenizer: 'worker', events: 'none' } }));
+    assert.ok(isWorkerRecord(base), 'a record without one (an older worker, an engine without a cache)');
+    for (const bad of [{ block_size: 0, tokenizer: 'worker', events: 'exact' }, { block_size: 16, tokenizer: 'bpe', events: 'exact' }, { block_size: 16, tokenizer: 'worker', events: 'some' }, 'yes'])
+      assert.equal(isWorkerRecord({ ...base, kv_cache: bad }), false, JSON.stringify(bad));
   });
 });
 

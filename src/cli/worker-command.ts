@@ -83,7 +83,7 @@ export function workerCommand(): Command {
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))
     .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', msOption(0), 1000)
     .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', msOption(0), 30_000)
-    .option('--mocker-ttft-ms <n>', 'mocker base time to first token (grows with prompt length)', msOption(0), MOCKER_DEFAULTS.ttftMs)
+    .option('--mocker-ttft-ms <n>', 'mocker base time to first token (with the KV cache off it grows with prompt length; on, prefill adds the uncached tokens\' time)', msOption(0), MOCKER_DEFAULTS.ttftMs)
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0), MOCKER_DEFAULTS.itlMs)
     .option('--mocker-batch-slots <n>', 'mocker concurrent sequences; more queue', intOption(1), MOCKER_DEFAULTS.batchSlots)
     .option('--mocker-max-queue <n>', 'queued sequences past which the worker answers worker_overloaded', intOption(0), MOCKER_DEFAULTS.maxQueue)

@@ -11,7 +11,7 @@ import { PrefixCache, type CachedSequence } from './prefix-cache.js';
 import { PrefillCompute } from './prefill-compute.js';
 
 export interface MockerOptions {
-  /** Base time to first token; grows with prompt length (see ttftFor). 0 disables the delay. */
+  /** Base time to first token; with the KV cache off it grows with prompt length (see ttftFor), on: prefill adds the uncached tokens' time. 0 disables the delay. */
   ttftMs: number;
   /** Inter-token latency. 0 yields to the event loop between tokens, for benchmarks. */
   itlMs: number;
@@ -278,6 +278,8 @@ export class MockerEngine implements Engine {
       batch_slots: this.slots.capacity,
       generated_tokens: this.generated,
       ...(this.kvTransfers ? { kv_transfers_pending: this.kvTransfers.size } : {}),
+      // Prefill load with the KV cache on: what a router may weigh against a cache hit.
+      ...(this.compute ? { prefills_running: this.compute.running, prefill_tokens_left: Math.round(this.compute.tokensLeft) } : {}),
     };
   }
 
