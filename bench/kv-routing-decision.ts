@@ -44,11 +44,13 @@ export async function kvDecisionCost(workers: number, blocksPerWorker: number, d
     mode: 'aggregated',
     request_url: `http://10.0.${i >> 8}.${i & 255}:9000`,
     system_url: `http://10.0.${i >> 8}.${i & 255}:9001`,
-    kv_cache: { block_size: BS, tokenizer: 'mocker-words', events: 'exact' },
+    // Declared without events so the feed starts no subscription (these addresses answer nothing);
+    // the index is filled directly below, as snapshots would fill it.
+    kv_cache: { block_size: BS, tokenizer: 'mocker-words', events: 'none' },
   }));
   pool.apply({ type: 'reset', records });
-  // Filled directly, as a snapshot would: no subscription is started.
   const feed = new KvFeed(pino({ level: 'silent' }));
+  feed.apply({ type: 'reset', records });
   const systemWords = [0, 1, 2, 3].map(() => randomWords(SYSTEM_BLOCKS * BS));
   const systems = systemWords.map((w) => mockerTokenIds(w.join(' ')));
   const docsPerWorker = Math.max(1, Math.floor((blocksPerWorker - SYSTEM_BLOCKS) / DOC_BLOCKS));

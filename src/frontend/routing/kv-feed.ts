@@ -4,7 +4,7 @@ import type { DiscoveryEvent, WorkerRecord } from '../../discovery/discovery.js'
 import type { BlockHash } from '../../protocol/block-hash.js';
 import { KvIndex } from './kv-index.js';
 import { KV_CONNECT_TIMEOUT_MS, KvSubscription } from './kv-subscription.js';
-import { kvProfile } from './prompt-blocks.js';
+import { kvProfile, type KvProfile } from './prompt-blocks.js';
 
 export interface KvFeedOptions {
   /** How long a block the frontend sent a worker that publishes no events counts as cached (default 120 s). */
@@ -35,6 +35,8 @@ export class KvFeed {
   private readonly inView = new Map<string, WorkerRecord>();
   /** Departed workers still indexed, oldest departure first. */
   private readonly departed = new Map<string, NodeJS.Timeout | undefined>();
+  /** Per model, the distinct token spaces of its workers in discovery; rebuilt after a change. */
+  private readonly spaces = new Map<string, KvProfile[]>();
   private readonly agent = new Agent({ connect: { timeout: KV_CONNECT_TIMEOUT_MS }, headersTimeout: KV_CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
   readonly ttlMs: number;
   readonly maxBlocks: number;
@@ -50,12 +52,30 @@ export class KvFeed {
   }
 
   apply(event: DiscoveryEvent): void {
+    this.spaces.clear();
     if (event.type === 'reset') {
       const next = new Set(event.records.map((r) => r.worker_id));
       for (const id of [...this.inView.keys()]) if (!next.has(id)) this.depart(id);
       for (const r of event.records) this.put(r);
     } else if (event.type === 'put') this.put(event.record);
     else this.depart(event.worker_id);
+  }
+
+  /**
+   * The token spaces (tokenizer, block size) the workers of `model` use: what a prompt is hashed in.
+   * Read per request, computed once per discovery change, so a decision does not visit every worker for it.
+   */
+  spacesOf(model: string): readonly KvProfile[] {
+    let out = this.spaces.get(model);
+    if (out !== undefined) return out;
+    const byKey = new Map<string, KvProfile>();
+    for (const r of this.inView.values()) {
+      if (r.model !== model) continue;
+      const p = kvProfile(r);
+      byKey.set(p.key, p);
+    }
+    this.spaces.set(model, (out = [...byKey.values()]));
+    return out;
   }
 
   /** Whether a worker's stream delivered its snapshot (exact), or it is approximated; for /workers. */

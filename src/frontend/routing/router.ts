@@ -92,21 +92,18 @@ export class Router {
     const spaces = new Map<string, PromptBlocks>();
     let tokens: number | undefined;
     let chars: number | undefined;
-    let asked = false;
-    for (const w of eligible) {
-      const p = kvProfile(w.record);
-      const key = p.key;
-      if (spaces.has(key)) continue;
+    for (const p of this.opts.feed.spacesOf(body.model)) {
       if (p.space === 'worker') {
-        if (asked || !this.opts.tokenize) continue;
-        asked = true; // one worker of the model answers for all (same model, same tokenizer)
-        const ids = await this.opts.tokenize(w.record, body).catch(() => undefined);
+        // One worker answers for all (same model, same tokenizer): an eligible one that declares it.
+        const asked = this.opts.tokenize && eligible.find((w) => kvProfile(w.record).key === p.key);
+        if (!asked) continue;
+        const ids = await this.opts.tokenize!(asked.record, body).catch(() => undefined);
         if (ids === undefined) continue;
-        spaces.set(key, promptBlocks(ids, p.blockSize));
+        spaces.set(p.key, promptBlocks(ids, p.blockSize));
         tokens = ids.length;
       } else {
         const b = promptBlocks(localTokens(body, p.space), p.blockSize);
-        spaces.set(key, b);
+        spaces.set(p.key, b);
         if (p.space === 'chars') chars = b.tokens;
         else tokens ??= b.tokens;
       }
@@ -130,21 +127,21 @@ export class Router {
   private score(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint: RouteHint): PoolWorker | undefined {
     const feed = this.opts.feed!;
     const eligible = this.pool.eligible(model, mode, tried, needs);
-    const queries = new Map<string, number>();
     const now = Date.now();
+    // One walk of the index per token space (most models have one).
+    const queries = new Map<string, number>();
+    for (const [key, blocks] of hint.spaces) if (blocks.tokens > 0) queries.set(key, feed.index.query(model, blocks.hashes, now));
     let best: Scored | undefined;
     const debug = this.opts.log?.isLevelEnabled('debug') === true;
     const scored: Scored[] | undefined = debug ? [] : undefined;
     for (const worker of eligible) {
       const p: KvProfile = kvProfile(worker.record);
       const key = p.key;
-      const blocks = hint.spaces.get(key);
+      const q = queries.get(key);
       let cached = 0;
-      if (blocks !== undefined && blocks.tokens > 0) {
-        let q = queries.get(key);
-        if (q === undefined) queries.set(key, (q = feed.index.query(model, blocks.hashes, now)));
+      if (q !== undefined) {
         const overlap = feed.index.overlap(q, worker.record.worker_id);
-        cached = Math.min(hint.tokens, Math.round((overlap * p.blockSize * hint.tokens) / blocks.tokens));
+        if (overlap > 0) cached = Math.min(hint.tokens, Math.round((overlap * p.blockSize * hint.tokens) / hint.spaces.get(key)!.tokens));
       }
       const cost = this.weight * (hint.tokens - cached) + (this.queued.get(worker.record.worker_id) ?? 0) + INFLIGHT_COST_TOKENS * worker.inflight;
       const s = { worker, cached, cost };
