@@ -125,10 +125,14 @@ describe('kv routing (real processes)', () => {
     }
     await indexed(x!.workerId, 25, mark);
     await indexed(y!.workerId, 25, mark);
-    let firstWorker = '';
-    const streaming = streamCompletion(frontend.url, { model: 'm1', messages: [{ role: 'user', content: doc('e') }], max_tokens: 300 }, () => undefined);
-    const opened = await frontend.waitForEvent('route_decision', (l) => l.prompt_tokens === 401 && (l.worker_id === x!.workerId || l.worker_id === y!.workerId), { after: mark });
-    firstWorker = opened.worker_id as string;
+    // Long enough (1,000 tokens at 5 ms) that the drain's 200 ms deadline comes well before its end.
+    let streamingNow!: () => void;
+    const firstToken = new Promise<void>((resolve) => (streamingNow = resolve));
+    const streaming = streamCompletion(frontend.url, { model: 'm1', messages: [{ role: 'user', content: doc('e') }], max_tokens: 1000 }, () => streamingNow());
+    const opened = await frontend.waitForEvent('route_decision', (l) => l.prompt_tokens === 401, { after: mark });
+    const firstWorker = opened.worker_id as string;
+    assert.ok(firstWorker === x!.workerId || firstWorker === y!.workerId, 'the stream starts where its prompt is cached');
+    await firstToken;
     const from = workers.find((w) => w.workerId === firstWorker)!;
     const other = from === x ? y! : x!;
     const drain = await call('POST', `${from.systemUrl}/engine/drain`, { reason: 'kv hand-off', deadline_ms: 200 });
@@ -136,6 +140,6 @@ describe('kv routing (real processes)', () => {
     const moved = await frontend.waitForEvent('stream_migrated', (l) => l.from_worker === firstWorker, { after: mark });
     assert.equal(moved.to_worker, other.workerId, `the hand-off went to the other worker holding the prompt, not to ${z!.workerId}`);
     const outcome = await streaming;
-    assert.equal(outcome.tokens, 300);
+    assert.equal(outcome.tokens, 1000);
   });
 });
