@@ -167,3 +167,18 @@ describe('kv router', () => {
     assert.ok(again.cached > 0);
   });
 });
+
+describe('router flags', () => {
+  it('--router and --kv-overlap-weight are checked at parse time, on ebb frontend and ebb up', async () => {
+    const { spawnSync } = await import('node:child_process');
+    const { CLI } = await import('./helpers/processes.js');
+    const ebb = (args: string[]) => spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 30_000 });
+    for (const cmd of ['frontend', 'up']) {
+      const bad = ebb([cmd, '--router', 'random']);
+      assert.notEqual(bad.status, 0);
+      assert.match(bad.stderr, /Allowed choices are kv, least-loaded, round-robin/);
+      assert.match(ebb([cmd, '--kv-overlap-weight', '-1']).stderr, /expected a number >= 0, got "-1"/);
+      assert.match(ebb([cmd, '--help']).stdout, /--kv-overlap-weight <w>/);
+    }
+  });
+});
