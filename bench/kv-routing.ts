@@ -178,7 +178,7 @@ async function main(): Promise<void> {
     process.stderr.write('kv-routing: watchdog fired, stopping\n');
     killAllNow();
     process.exit(3);
-  }, 120_000 + 5 * o.seconds * 2000);
+  }, 120_000 + 6 * o.seconds * 3000);
   watchdog.unref();
   process.on('exit', killAllNow);
   const discovery = tempDiscoveryUrl();
