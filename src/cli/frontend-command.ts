@@ -10,7 +10,9 @@ import { runPrimary } from '../frontend/cluster/primary.js';
 import { DEFAULT_SHUTDOWN_GRACE_MS } from '../frontend/shutdown.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
-import { discoveryDefault, discoveryOption, intOption, msOption, portOption } from './options.js';
+import { ROUTER_KINDS, DEFAULT_OVERLAP_WEIGHT, type RouterKind } from '../frontend/routing/router.js';
+import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
+import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
 
 interface FrontendFlags {
   host: string;
@@ -37,6 +39,8 @@ interface FrontendFlags {
   maxConnections: number;
   adminMaxConnections: number;
   processes: number;
+  router: RouterKind;
+  kvOverlapWeight: number;
 }
 
 /** --processes: a count, or `auto` for one per core. */
@@ -81,6 +85,8 @@ export function frontendCommand(): Command {
     .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--max-lanes-per-request <n>', 'sequences (prompts x n) one request may open; 400 past it. Across requests, the fd limit bounds them: 503 frontend_overloaded (retryable) past it', intOption(1), DEFAULT_MAX_LANES_PER_REQUEST)
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
+    .addOption(new Option('--router <kind>', ROUTER_HELP).choices(ROUTER_KINDS).default('kv'))
+    .option('--kv-overlap-weight <w>', OVERLAP_WEIGHT_HELP, weightOption, DEFAULT_OVERLAP_WEIGHT)
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, /health answers 503 at once while the listeners keep accepting and serving for this long, so load balancers stop sending first (SIGINT: no grace)', msOption(0), DEFAULT_SHUTDOWN_GRACE_MS)
     .addOption(
       new Option('--processes <n>', 'relaying processes serving the one public port (node:cluster; `auto` = one per core); one admin listener and one /metrics for all of them')
@@ -111,6 +117,8 @@ export function frontendCommand(): Command {
         healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
         apiGuard: createAdminGuard(apiKeys, 'API'),
         requestToken,
+        router: flags.router,
+        kvOverlapWeight: flags.kvOverlapWeight,
         limits: { ...timeouts, maxConnections: flags.maxConnections },
         admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },
       };

@@ -74,3 +74,10 @@ export function discoveryOption(value: string): string {
     throw new InvalidArgumentError(`a file discovery URL takes an absolute path after three slashes, like file:///tmp/ebb-discovery; "${value}" names the host "${url.host}" (for ./${url.host}${url.pathname} write file://$PWD/${url.host}${url.pathname})`);
   return value;
 }
+
+/** A non-negative number (a weight): "0.5", "2". */
+export function weightOption(value: string): number {
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isFinite(n) || n < 0) throw new InvalidArgumentError(`expected a number >= 0, got "${value}"`);
+  return n;
+}

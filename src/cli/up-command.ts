@@ -5,7 +5,9 @@ import { fileURLToPath } from 'node:url';
 import { prettyFactory } from 'pino-pretty';
 import { logFormat, prettyOptions } from '../common/logger.js';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
-import { discoveryOption, intOption, msOption, portOption } from './options.js';
+import { discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
+import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
+import { ROUTER_KINDS } from '../frontend/routing/router.js';
 import { servedModelName } from './llama-cpp-flags.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
 import { processesOption } from './frontend-command.js';
@@ -30,6 +32,8 @@ interface UpFlags {
   mockerTtftMs?: number;
   mockerItlMs?: number;
   mockerMaxContext?: number;
+  router: string;
+  kvOverlapWeight?: number;
   mockerKvCache?: 'on' | 'off';
   mockerKvBlocks?: number;
   mockerPrefillTokensPerS?: number;
@@ -83,6 +87,8 @@ export function upCommand(): Command {
     .option('--mocker-ttft-ms <n>', 'mocker base time to first token', msOption(0))
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0))
     .option('--mocker-max-context <n>', 'mocker model length: what a request without max_tokens may fill', intOption(1))
+    .addOption(new Option('--router <kind>', ROUTER_HELP).choices(ROUTER_KINDS).default('kv'))
+    .option('--kv-overlap-weight <w>', OVERLAP_WEIGHT_HELP, weightOption)
     .addOption(new Option('--mocker-kv-cache <mode>', 'mocker prefix KV cache (default on)').choices(['on', 'off']))
     .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks, per worker', intOption(1))
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute: uncached prompt tokens per second, per worker', intOption(1))
@@ -134,9 +140,10 @@ export function upCommand(): Command {
       const workers = modes.map((mode, i) =>
         supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker, ...adminToken], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
       );
+      const overlapWeight = flags.kvOverlapWeight === undefined ? [] : ['--kv-overlap-weight', String(flags.kvOverlapWeight)];
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
       // Nothing balances load onto `ebb up`'s frontend: no shutdown grace to wait out.
-      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
+      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), '--router', flags.router, ...overlapWeight, ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;

@@ -14,6 +14,10 @@ import { fdLimits, streamsRoom } from './fd-room.js';
 import { Shutdown } from './shutdown.js';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
 import type { Registry } from 'prom-client';
+import { KvFeed } from './routing/kv-feed.js';
+import { createKvRouterMetrics } from './routing/kv-metrics.js';
+import { Router, type RouterKind } from './routing/router.js';
+import { workerTokenizer } from './routing/worker-tokenize.js';
 
 export interface FrontendOptions {
   host: string;
@@ -41,6 +45,10 @@ export interface FrontendOptions {
   maxLanesPerRequest?: number | undefined;
   /** Connection bounds of the public listener (defaults: createHttpServer's for role 'public'). */
   limits?: HttpServerLimits | undefined;
+  /** How each attempt's worker is chosen (default kv: prefix-cache overlap weighed against load). */
+  router?: RouterKind | undefined;
+  /** kv router: weight of the uncached prompt tokens against the load (default 1). */
+  kvOverlapWeight?: number | undefined;
   /** The admin listener (fleet view, drain/resume forwarding); the caller checks the bind is allowed. */
   admin?: { host: string; port: number; guardAdmin?: AdminGuard | undefined; limits?: HttpServerLimits | undefined } | undefined;
   /** Set in each process of `ebb frontend --processes N` (see cluster/child.ts). */
@@ -61,6 +69,7 @@ export interface RunningFrontend {
   /** The admin listener's base URL, when one was asked for. */
   adminUrl?: string | undefined;
   pool: WorkerPool;
+  router: Router;
   discovery: Discovery;
   /** This process's metrics. */
   registry: Registry;
@@ -107,15 +116,25 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const discovery = await connectDiscovery(opts.discoveryUrl);
   const pool = new WorkerPool(opts.cluster?.onInflight);
   const fleet = new FleetView();
+  const routerKind = opts.router ?? 'kv';
+  // The KV index follows discovery from the first event, so the first requests already find it.
+  const kvFeed = routerKind === 'kv' ? new KvFeed(log) : undefined;
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
     fleet.apply(event);
+    kvFeed?.apply(event);
     if (event.type === 'reset') log.info({ event: 'discovery_reset', workers: event.records.map((r) => r.worker_id) }, `routing view: ${event.records.length} worker(s)`);
     else if (event.type === 'put') log.info({ event: 'worker_added', worker_id: event.record.worker_id, model: event.record.model }, `worker ${event.record.worker_id} joined`);
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
   });
   const metrics = createFrontendMetrics(pool);
-  const upstream = new Upstream(pool, metrics, { headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
+  const upstreamAgentHeaders: Record<string, string> = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
+  const routerLog = log.child({ component: 'router' });
+  const router = new Router(pool, { kind: routerKind, overlapWeight: opts.kvOverlapWeight, feed: kvFeed, metrics: createKvRouterMetrics(metrics.registry, kvFeed), log: routerLog });
+  log.info({ event: 'router', router: routerKind, kv_overlap_weight: opts.kvOverlapWeight ?? 1 }, `routing: ${routerKind}`);
+  const upstream = new Upstream(pool, metrics, { router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
+  // Tokenizing through a worker shares the request plane's connections and its token.
+  router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
   const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster });
@@ -131,7 +150,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, kv: (id) => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) }), agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
@@ -140,6 +159,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     } catch (err) {
       await app.close();
       await watch.close();
+      await kvFeed?.close();
       await upstream.close();
       await discovery.close();
       throw new Error(`admin listener on ${opts.admin.host}:${opts.admin.port}: ${(err as Error).message}`);
@@ -149,6 +169,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     url,
     adminUrl,
     pool,
+    router,
     discovery,
     registry: metrics.registry,
     async close(timeoutMs, graceMs = 0) {
@@ -181,6 +202,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await Promise.all([adminApp?.close().then(() => adminAgent?.close().catch(() => undefined)), app.close()]);
       clearTimeout(deadline);
       await watch.close();
+      await kvFeed?.close();
       await upstream.close();
       await discovery.close();
       return !cut;

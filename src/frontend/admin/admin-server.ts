@@ -24,6 +24,8 @@ export const FORWARD_TIMEOUT_MS = 10_000;
 export interface AdminServerDeps {
   fleet: FleetView;
   pool: WorkerPool;
+  /** The router's view of a worker (its indexed blocks, queued prefill), for /workers and the dashboard. */
+  kv?: ((workerId: string) => Record<string, unknown>) | undefined;
   agent: Agent;
   /** Checks mutating routes when an admin token is configured. */
   guardAdmin?: AdminGuard | undefined;
@@ -37,7 +39,7 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, agent, guardAdmin, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
+export function createAdminServer({ fleet, pool, kv, agent, guardAdmin, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits });
 
   const describe = async (k: Known) => {
@@ -53,6 +55,8 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits, metr
         state: live.reachable ? live.status.state : null,
         // What this frontend itself has on the worker (all its processes), and why it is holding it back if it is.
         routing: routed ? { inflight: routed.load, hold } : null,
+        // The router's index of its prefix cache: cached_blocks, exact (KV events) or approximate; kept masked while it is out of discovery.
+        kv: kv?.(k.record.worker_id) ?? null,
         ...live,
       },
       live,
@@ -76,7 +80,7 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits, metr
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
 
-  new FleetEvents(app, fleet, listWorkers);
+  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null);
   addDashboard(app, { tokenRequired: guardAdmin !== undefined });
 
   allowOnly(app, '/workers/:id', ['GET']);

@@ -18,7 +18,7 @@ const CONNECT_TIMEOUT_MS = 2000;
  *   worker_joined {worker}           a worker entered discovery (or came back to it)
  *   worker_left {worker_id, at}      it left discovery; still shown, as a drained worker must be
  *   worker_forgotten {worker_id}     it is gone (its system server no longer answers)
- *   status {worker_id, status}       a worker's own status event (its lifecycle, in-flight, ETA)
+ *   status {worker_id, status, kv}   a worker's own status event (its lifecycle, in-flight, ETA), with the router's view of its cache
  *   audit {worker_id, event}         a worker's audit event (drain, resume, shutdown, hand-off)
  *   worker_unreachable {worker_id, error}   its status stream failed; retried with back-off
  * The frontend subscribes to each worker's /engine/status/events only while some client listens,
@@ -33,6 +33,8 @@ export class FleetEvents {
     app: FastifyInstance,
     private readonly fleet: FleetView,
     snapshot: () => Promise<unknown[]>,
+    /** The router's view of a worker's prefix cache (as in GET /workers' `kv`). */
+    private readonly kv: (workerId: string) => unknown = () => null,
   ) {
     this.hub = new SseHub(app, () => this.unsubscribeAll());
     app.addHook('onClose', async () => {
@@ -68,7 +70,7 @@ export class FleetEvents {
 
   private onWorkerEvent(id: string, sub: Subscription, event: string, data: unknown): void {
     if (this.subs.get(id) !== sub) return;
-    if (event === 'status') this.hub.send('status', { worker_id: id, status: data });
+    if (event === 'status') this.hub.send('status', { worker_id: id, status: data, kv: this.kv(id) });
     else if (event === 'audit') this.hub.send('audit', { worker_id: id, event: data });
     else if (event === 'error') {
       const error = String(data);

@@ -51,7 +51,11 @@ export class Delivered {
     this.bytes = grown;
   }
 
-  /** The request to send the next worker: the original, what it already has, and what is left of its budget. */
+  /**
+   * The request to send the next worker: the original, what it already has, and what is left of its
+   * budget. The kv router hashes its prompt and this text (routing/prompt-blocks.ts), so the stream
+   * moves to the worker that holds most of both.
+   */
   continuation(original: GenerateBody): GenerateBody {
     this.before = this.tokens;
     this.migrations++;

@@ -6,6 +6,7 @@ import type { WorkerMode } from '../../discovery/discovery.js';
 import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
 import type { Hold, PoolWorker, WorkerPool } from '../routing/worker-pool.js';
+import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
 import { WorkerCall } from './worker-call.js';
 
@@ -193,6 +194,8 @@ export interface UpstreamOptions {
    * moves to another prefill worker.
    */
   prefillTimeoutMs?: number | undefined;
+  /** Chooses the worker for each attempt (default: least in-flight). */
+  router?: Router | undefined;
 }
 
 /** A prompt's KV takes seconds on a slow engine, rarely more; a prefill silent this long is hung. */
@@ -216,6 +219,7 @@ export class Upstream {
   private readonly liveProbes = new Map<string, Promise<boolean>>();
   private readonly headers: Record<string, string>;
   private readonly generateHeaders: Record<string, string>;
+  readonly router: Router;
 
   /**
    * `headersTimeoutMs` bounds how long a worker may take to answer /generate's headers, which it
@@ -233,6 +237,7 @@ export class Upstream {
     this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
     this.generateHeaders = { 'content-type': 'application/json', ...this.headers };
     this.agent = createUpstreamAgent(opts.connections);
+    this.router = opts.router ?? new Router(pool, { kind: 'least-loaded' });
     registerWaitingGauge(metrics.registry, this.agent);
   }
 
@@ -241,14 +246,19 @@ export class Upstream {
    * classified: EbbError (the client's answer), KvTransferLost, the abort itself, or TryElsewhere
    * (with the worker held out when the failure says it should be).
    */
-  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
+  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>, hint?: RouteHint): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     const id = worker.record.worker_id;
     const release = this.pool.acquire(worker);
+    // Its uncached prompt is queued prefill on the worker until the first token (or the failure).
+    const prefilled = this.router.begin(worker, hint);
     try {
       const value = await send(worker);
+      prefilled();
+      this.router.routed(worker, hint);
       this.metrics.attempt(id, 'routed');
       return { worker, value, release };
     } catch (err) {
+      prefilled();
       release();
       if (signal.aborted) throw err;
       if (err instanceof EbbError || err instanceof KvTransferLost) {
@@ -276,15 +286,18 @@ export class Upstream {
     tried: Set<string>,
     send: (worker: PoolWorker) => Promise<T>,
     needs: readonly Capability[] = [],
+    body?: GenerateBody,
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
+    // The prompt's blocks, once for every attempt (the router scores the eligible workers by them).
+    const hint = body === undefined || this.router.kind !== 'kv' ? undefined : await this.router.prepare(body, mode, tried, needs);
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       if (signal.aborted) throw signal.reason;
-      const worker = this.pool.pick(model, mode, tried, needs);
+      const worker = this.router.pick(model, mode, tried, needs, hint);
       if (!worker) break;
       tried.add(worker.record.worker_id);
       try {
-        return await this.tryOn(worker, signal, send);
+        return await this.tryOn(worker, signal, send, hint);
       } catch (err) {
         if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
         if (!(err instanceof TryElsewhere)) throw err;
@@ -438,7 +451,7 @@ export class Upstream {
 
   /** Opens a token stream on an aggregated worker. */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const { worker, value, release } = await this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal), capabilitiesNeeded(body));
+    const { worker, value, release } = await this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal), capabilitiesNeeded(body), body);
     return this.stream(worker, value, release);
   }
 
@@ -484,7 +497,8 @@ export class Upstream {
       if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
       let kv: KvTransferRef;
       try {
-        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w) => this.prefill(w, body, signal));
+        // The prefill worker is the one that computes the prompt: chosen by what it holds, too.
+        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w) => this.prefill(w, body, signal), [], body);
         prefill.release();
         kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
       } catch (err) {

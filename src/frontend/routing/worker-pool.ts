@@ -33,6 +33,8 @@ export interface PoolWorker {
    */
   readonly load: number;
   readonly hold?: { kind: Hold; until: number } | undefined;
+  /** When it was last picked (a pool-wide counter): the round-robin order. */
+  readonly pickedAt: number;
 }
 
 /** Told every change of this process's in-flight count on a worker (the cluster child reports them to its peers). */
@@ -250,6 +252,32 @@ export class WorkerPool {
     if (this.hasModel(model)) return true;
     const left = this.lastServed.get(model);
     return left !== undefined && now - left < MODEL_MEMORY_MS;
+  }
+
+  /**
+   * Every worker of `model` in `mode` that may take this request now (in discovery, not held, not
+   * tried, declaring `needs`): what a scoring router (routing/router.ts) chooses among. Eligibility
+   * comes first, so nothing leaving is ever scored.
+   */
+  eligible(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[] = [], now = Date.now()): PoolWorker[] {
+    const index = this.indexes.get(keyOf(model, mode));
+    if (!index) return [];
+    const out: PoolWorker[] = [];
+    for (const w of index.values()) {
+      if (w.hold !== undefined && w.hold.until > now) continue;
+      if (tried.size > 0 && tried.has(w.record.worker_id)) continue;
+      if (needs.length > 0 && missingCapability(w.record.capabilities, needs) !== undefined) continue;
+      out.push(w);
+    }
+    return out;
+  }
+
+  /** Records that a router chose `worker` (the least-loaded tie-break and round-robin rotate on it). */
+  picked(worker: PoolWorker): void {
+    const w = this.workers.get(worker.record.worker_id);
+    if (w !== worker || !w.index) return;
+    w.pickedAt = ++this.picks;
+    w.index.update(w);
   }
 
   /**

@@ -1,0 +1,133 @@
+import { request, type Agent } from 'undici';
+import { Backoff, pause } from '../../common/backoff.js';
+import { readSse } from '../../common/sse-hub.js';
+import { failureReason, identityMismatch } from '../../common/worker-admin.js';
+import type { WorkerRecord } from '../../discovery/discovery.js';
+import type { KvEvent, KvEventBatch, KvSnapshot } from '../../protocol/kv-events.js';
+import type { Holder, KvIndex } from './kv-index.js';
+
+/** Reconnect back-off for a worker's KV event stream that ended, failed or skipped a seq. */
+const RESUBSCRIBE = { minMs: 250, maxMs: 5000, jitter: true };
+/** Bound on the stream request's headers; the stream itself then lasts. */
+export const KV_CONNECT_TIMEOUT_MS = 2000;
+/**
+ * Bound on one event: a snapshot lists every block a worker holds (a 100k-block cache is about
+ * 1.7 MB of JSON); a peer sending an endless event must not grow the frontend past this.
+ */
+export const KV_EVENT_MAX_CHARS = 32 * 1024 * 1024;
+
+const isHashes = (v: unknown): v is number[] => Array.isArray(v) && v.every((h) => Number.isSafeInteger(h) && h >= 0);
+
+function isSnapshot(v: unknown): v is KvSnapshot {
+  const s = v as Partial<KvSnapshot> | null;
+  return typeof s === 'object' && s !== null && typeof s.worker_id === 'string' && typeof s.incarnation === 'string' && Number.isSafeInteger(s.seq) && isHashes(s.blocks);
+}
+
+function isBatch(v: unknown): v is KvEventBatch {
+  const b = v as Partial<KvEventBatch> | null;
+  return typeof b === 'object' && b !== null && typeof b.incarnation === 'string' && Number.isSafeInteger(b.seq) && Array.isArray(b.events);
+}
+
+class StreamBroken extends Error {}
+
+/**
+ * One worker's GET /kv/events, feeding its holder in the index, reconnected with back-off until
+ * closed. The first event must be a snapshot naming the worker asked for (a system port can be
+ * reused by another process): nothing is indexed before that. A seq gap, a new incarnation, or a
+ * broken stream drops what the worker held: stale entries route worse than none. Reports each
+ * failure to `onError` (the feed decides whether a departed worker is gone).
+ */
+export class KvSubscription {
+  readonly url: string;
+  private readonly abort = new AbortController();
+  private readonly backoff = new Backoff(RESUBSCRIBE);
+  /** Set once a stream delivered its snapshot; false again after a failure. */
+  connected = false;
+
+  constructor(
+    readonly record: WorkerRecord,
+    private readonly index: KvIndex,
+    private readonly agent: Agent,
+    /** Whether the worker is in the routing view now (its entries are masked while it is not). */
+    private readonly inView: () => boolean,
+    private readonly onError: (sub: KvSubscription, reason: string) => void,
+    /** After a snapshot (seq) or a batch was indexed: the feed's log lines. */
+    private readonly onIndexed: (sub: KvSubscription, seq: number, snapshot: boolean) => void = () => undefined,
+  ) {
+    this.url = record.system_url;
+    void this.run();
+  }
+
+  close(): void {
+    this.abort.abort();
+  }
+
+  get closed(): boolean {
+    return this.abort.signal.aborted;
+  }
+
+  private async run(): Promise<void> {
+    while (!this.closed) {
+      let reason: string;
+      try {
+        await this.readOnce();
+        reason = 'KV event stream ended';
+      } catch (err) {
+        reason = err instanceof StreamBroken ? err.message : failureReason(err, KV_CONNECT_TIMEOUT_MS);
+      }
+      if (this.closed) return;
+      this.connected = false;
+      this.index.drop(this.record.worker_id);
+      this.onError(this, reason);
+      if (this.closed) return;
+      await pause(this.backoff.next(), this.abort.signal);
+    }
+  }
+
+  private async readOnce(): Promise<void> {
+    const res = await request(`${this.url}/kv/events`, { dispatcher: this.agent, signal: this.abort.signal, headersTimeout: KV_CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
+    if (res.statusCode !== 200) {
+      res.body.destroy();
+      throw new StreamBroken(`HTTP ${res.statusCode}`);
+    }
+    const id = this.record.worker_id;
+    let holder: Holder | undefined;
+    let seq = 0;
+    try {
+      for await (const { event, data } of readSse(res.body, KV_EVENT_MAX_CHARS)) {
+        if (holder === undefined) {
+          const answered = event === 'snapshot' ? (data as { worker_id?: unknown } | null)?.worker_id : undefined;
+          if (answered !== id) throw new StreamBroken(identityMismatch(this.url, answered, id));
+          if (!isSnapshot(data)) throw new StreamBroken('KV snapshot malformed');
+          holder = this.index.replace(id, this.record.model, 'exact', data.incarnation);
+          holder.masked = !this.inView();
+          for (const h of data.blocks) this.index.add(holder, h);
+          seq = data.seq;
+          this.connected = true;
+          this.backoff.reset();
+          this.onIndexed(this, seq, true);
+          continue;
+        }
+        if (event !== 'kv') continue;
+        if (!isBatch(data)) throw new StreamBroken('KV event batch malformed');
+        if (data.incarnation !== holder.incarnation) throw new StreamBroken('KV events from a new incarnation: the worker restarted');
+        if (data.seq !== seq + 1) throw new StreamBroken(`KV event seq gap (${seq} then ${data.seq})`);
+        seq = data.seq;
+        for (const e of data.events) this.apply(holder, e);
+        this.onIndexed(this, seq, false);
+      }
+    } finally {
+      res.body.destroy();
+    }
+  }
+
+  private apply(holder: Holder, e: KvEvent): void {
+    if (e.type === 'stored') {
+      if (!isHashes(e.block_hashes)) throw new StreamBroken('KV stored event malformed');
+      for (const h of e.block_hashes) this.index.add(holder, h);
+    } else if (e.type === 'removed') {
+      if (!isHashes(e.block_hashes)) throw new StreamBroken('KV removed event malformed');
+      for (const h of e.block_hashes) this.index.remove(holder, h);
+    } else if (e.type === 'cleared') this.index.clear(holder);
+  }
+}

@@ -1,0 +1,201 @@
+import type { Logger } from 'pino';
+import type { Capability } from '../../protocol/capabilities.js';
+import type { GenerateBody } from '../../protocol/request-plane.js';
+import type { WorkerMode, WorkerRecord } from '../../discovery/discovery.js';
+import type { KvFeed } from './kv-feed.js';
+import type { KvRouterMetrics } from './kv-metrics.js';
+import { kvProfile, localTokens, promptBlocks, type KvProfile, type PromptBlocks } from './prompt-blocks.js';
+import type { PoolWorker, WorkerPool } from './worker-pool.js';
+
+export const ROUTER_KINDS = ['kv', 'least-loaded', 'round-robin'] as const;
+export type RouterKind = (typeof ROUTER_KINDS)[number];
+
+/**
+ * What an in-flight request is worth in the load term, in prompt tokens: a request decoding on a
+ * worker slows its batch about as much as prefilling this many tokens would. It keeps a worker
+ * that wins every overlap from collecting every request (the sticky-routing spiral).
+ */
+export const INFLIGHT_COST_TOKENS = 64;
+
+/** The default weight of the prefill tokens a worker would have to compute, against its load. */
+export const DEFAULT_OVERLAP_WEIGHT = 1;
+
+/** Asks a worker's request plane for a prompt's token ids (POST /tokenize); undefined when it cannot. */
+export type Tokenize = (worker: WorkerRecord, body: GenerateBody) => Promise<number[] | undefined>;
+
+export interface RouterOptions {
+  kind: RouterKind;
+  /** Weight of the uncached prompt tokens against the load (queued prefill tokens, in-flight); default 1. */
+  overlapWeight?: number | undefined;
+  feed?: KvFeed | undefined;
+  metrics?: KvRouterMetrics | undefined;
+  tokenize?: Tokenize | undefined;
+  log?: Logger | undefined;
+}
+
+/** One request's prompt in the token spaces of its model's workers, computed once for all its attempts. */
+export interface RouteHint {
+  model: string;
+  /** The prompt's length in tokens (the engine's, where the frontend knows it). */
+  tokens: number;
+  spaces: Map<string, PromptBlocks>;
+  /** What the last pick predicted for the worker it chose. */
+  chosen?: { workerId: string; cachedTokens: number } | undefined;
+}
+
+interface Scored {
+  worker: PoolWorker;
+  cached: number;
+  cost: number;
+}
+
+/**
+ * Chooses the worker for each attempt. `least-loaded`: fewest in-flight (the pool's heap).
+ * `round-robin`: the one picked longest ago. `kv`: the lowest cost among the eligible workers,
+ *   cost = overlapWeight x (prompt tokens it has not cached) + its queued prefill tokens + INFLIGHT_COST_TOKENS x its in-flight,
+ * so a worker holding the prompt wins unless the work already waiting on it outweighs what it saves.
+ * Eligibility (in discovery, not held, not tried, capabilities) is the pool's and comes first:
+ * a draining or drained worker is never scored, whatever it holds.
+ */
+export class Router {
+  readonly kind: RouterKind;
+  private readonly weight: number;
+  /** Uncached prompt tokens sent to each worker whose first token has not come back yet. */
+  private readonly queued = new Map<string, number>();
+
+  constructor(
+    private readonly pool: WorkerPool,
+    private readonly opts: RouterOptions,
+  ) {
+    this.kind = opts.kind;
+    this.weight = opts.overlapWeight ?? DEFAULT_OVERLAP_WEIGHT;
+  }
+
+  /** How `worker`-tokenizer models get token ids (set once the request plane's agent exists). */
+  setTokenizer(tokenize: Tokenize): void {
+    this.opts.tokenize = tokenize;
+  }
+
+  /** Queued prefill tokens the router counts on `workerId` (for /workers and the debug line). */
+  queuedPrefill(workerId: string): number {
+    return this.queued.get(workerId) ?? 0;
+  }
+
+  /**
+   * The request's blocks in each token space its model's eligible workers use; undefined when there
+   * is nothing to score (another router, or a single eligible worker: tokenizing costs the hot path).
+   */
+  async prepare(body: GenerateBody, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[]): Promise<RouteHint | undefined> {
+    if (this.kind !== 'kv' || !this.opts.feed) return undefined;
+    const eligible = this.pool.eligible(body.model, mode, tried, needs);
+    if (eligible.length < 2) return undefined;
+    const spaces = new Map<string, PromptBlocks>();
+    let tokens: number | undefined;
+    let chars: number | undefined;
+    for (const p of this.opts.feed.spacesOf(body.model)) {
+      if (p.space === 'worker') {
+        // One worker answers for all (same model, same tokenizer): an eligible one that declares it.
+        const asked = this.opts.tokenize && eligible.find((w) => kvProfile(w.record).key === p.key);
+        if (!asked) continue;
+        const ids = await this.opts.tokenize!(asked.record, body).catch(() => undefined);
+        if (ids === undefined) continue;
+        spaces.set(p.key, promptBlocks(ids, p.blockSize));
+        tokens = ids.length;
+      } else {
+        const b = promptBlocks(localTokens(body, p.space), p.blockSize);
+        spaces.set(p.key, b);
+        if (p.space === 'chars') chars = b.tokens;
+        else tokens ??= b.tokens;
+      }
+    }
+    // Without a token count, about four characters a token.
+    return { model: body.model, tokens: tokens ?? Math.ceil((chars ?? 0) / 4), spaces };
+  }
+
+  /** The worker for the next attempt, or undefined when none is eligible. */
+  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint?: RouteHint): PoolWorker | undefined {
+    let w: PoolWorker | undefined;
+    if (this.kind === 'least-loaded' || (this.kind === 'kv' && hint === undefined)) w = this.pool.pick(model, mode, tried, needs);
+    else if (this.kind === 'round-robin') {
+      for (const c of this.pool.eligible(model, mode, tried, needs)) if (w === undefined || c.pickedAt < w.pickedAt) w = c;
+      if (w) this.pool.picked(w);
+    } else w = this.score(model, mode, tried, needs, hint!);
+    if (w) this.opts.metrics?.decision(this.kind);
+    return w;
+  }
+
+  private score(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint: RouteHint): PoolWorker | undefined {
+    const feed = this.opts.feed!;
+    const eligible = this.pool.eligible(model, mode, tried, needs);
+    const now = Date.now();
+    // One walk of the index per token space (most models have one).
+    const queries = new Map<string, number>();
+    for (const [key, blocks] of hint.spaces) if (blocks.tokens > 0) queries.set(key, feed.index.query(model, blocks.hashes, now));
+    let best: Scored | undefined;
+    const debug = this.opts.log?.isLevelEnabled('debug') === true;
+    const scored: Scored[] | undefined = debug ? [] : undefined;
+    for (const worker of eligible) {
+      const p: KvProfile = kvProfile(worker.record);
+      const key = p.key;
+      const q = queries.get(key);
+      let cached = 0;
+      if (q !== undefined) {
+        const overlap = feed.index.overlap(q, worker.record.worker_id);
+        if (overlap > 0) cached = Math.min(hint.tokens, Math.round((overlap * p.blockSize * hint.tokens) / hint.spaces.get(key)!.tokens));
+      }
+      const cost = this.weight * (hint.tokens - cached) + (this.queued.get(worker.record.worker_id) ?? 0) + INFLIGHT_COST_TOKENS * worker.load;
+      const s = { worker, cached, cost };
+      scored?.push(s);
+      if (best === undefined || cost < best.cost || (cost === best.cost && worker.pickedAt < best.worker.pickedAt)) best = s;
+    }
+    if (!best) return undefined;
+    this.pool.picked(best.worker);
+    hint.chosen = { workerId: best.worker.record.worker_id, cachedTokens: best.cached };
+    if (scored) {
+      scored.sort((a, b) => a.cost - b.cost);
+      this.opts.log?.debug(
+        {
+          event: 'route_decision',
+          router: this.kind,
+          model,
+          mode,
+          worker_id: best.worker.record.worker_id,
+          prompt_tokens: hint.tokens,
+          scores: scored.slice(0, 8).map((s) => ({ worker_id: s.worker.record.worker_id, cached_tokens: s.cached, queued_prefill_tokens: this.queued.get(s.worker.record.worker_id) ?? 0, inflight: s.worker.load, cost: s.cost })),
+        },
+        `routed to ${best.worker.record.worker_id}: ${best.cached}/${hint.tokens} prompt tokens cached there (cost ${best.cost}, ${eligible.length} eligible)`,
+      );
+    }
+    return best.worker;
+  }
+
+  /**
+   * An attempt on `worker` starts: its uncached tokens count as queued prefill there until the
+   * returned function (idempotent) says the first token came back, or the attempt failed.
+   */
+  begin(worker: PoolWorker, hint: RouteHint | undefined): () => void {
+    if (hint === undefined) return () => undefined;
+    const id = worker.record.worker_id;
+    const cached = hint.chosen?.workerId === id ? hint.chosen.cachedTokens : 0;
+    const tokens = Math.max(0, hint.tokens - cached);
+    this.queued.set(id, (this.queued.get(id) ?? 0) + tokens);
+    let ended = false;
+    return () => {
+      if (ended) return;
+      ended = true;
+      const left = (this.queued.get(id) ?? 0) - tokens;
+      if (left > 0) this.queued.set(id, left);
+      else this.queued.delete(id);
+    };
+  }
+
+  /** The attempt on `worker` was admitted: counted in the hit rate, and remembered where the worker publishes no events. */
+  routed(worker: PoolWorker, hint: RouteHint | undefined): void {
+    if (hint === undefined) return;
+    const cached = hint.chosen?.workerId === worker.record.worker_id ? hint.chosen.cachedTokens : 0;
+    this.opts.metrics?.overlap(hint.tokens, cached);
+    const p = kvProfile(worker.record);
+    const blocks = hint.spaces.get(p.key);
+    if (p.events === 'none' && blocks !== undefined) this.opts.feed?.sent(worker.record, blocks.hashes);
+  }
+}

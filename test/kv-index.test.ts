@@ -1,0 +1,184 @@
+import { describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import pino from 'pino';
+import { blockHashes } from '../src/protocol/block-hash.js';
+import { mockerTokenIds } from '../src/protocol/mocker-tokenizer.js';
+import { KvIndex } from '../src/frontend/routing/kv-index.js';
+import { KvFeed } from '../src/frontend/routing/kv-feed.js';
+import { Router } from '../src/frontend/routing/router.js';
+import { WorkerPool } from '../src/frontend/routing/worker-pool.js';
+import type { WorkerRecord } from '../src/discovery/discovery.js';
+import type { GenerateBody } from '../src/protocol/request-plane.js';
+
+const log = pino({ level: 'silent' });
+
+/** Records that declare a mocker-words cache with no events: the router approximates from what it sent. */
+const rec = (id: string, kv: 'mocker' | 'none' = 'mocker'): WorkerRecord =>
+  ({
+    worker_id: id,
+    model: 'm',
+    mode: 'aggregated',
+    request_url: `http://${id}`,
+    system_url: `http://${id}-sys`,
+    ...(kv === 'mocker' ? { kv_cache: { block_size: 16, tokenizer: 'mocker-words', events: 'none' } } : {}),
+  }) as WorkerRecord;
+
+const words = (tag: string, n: number) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(' ');
+const body = (prompt: string): GenerateBody => ({ model: 'm', prompt });
+
+function fleet(ids: string[], kv: 'mocker' | 'none' = 'mocker') {
+  const pool = new WorkerPool();
+  const feed = new KvFeed(log);
+  const event = { type: 'reset' as const, records: ids.map((id) => rec(id, kv)) };
+  pool.apply(event);
+  feed.apply(event);
+  const router = new Router(pool, { kind: 'kv', feed });
+  /** One request routed as Upstream routes it: prepare, pick, begin, admitted. */
+  const route = async (prompt: string, tried = new Set<string>()) => {
+    const hint = await router.prepare(body(prompt), 'aggregated', tried, []);
+    const w = router.pick('m', 'aggregated', tried, [], hint)!;
+    const done = router.begin(w, hint);
+    router.routed(w, hint);
+    return { id: w.record.worker_id, done, cached: hint?.chosen?.cachedTokens ?? 0, worker: w };
+  };
+  return { pool, feed, router, route };
+}
+
+describe('kv index', () => {
+  it('counts the leading blocks each worker holds, and forgets a dropped worker entirely', () => {
+    const index = new KvIndex();
+    const doc = blockHashes(mockerTokenIds(words('d', 160))); // 10 blocks
+    const a = index.replace('a', 'm', 'exact', 'i1');
+    const b = index.replace('b', 'm', 'exact', 'i1');
+    for (const h of doc.slice(0, 10)) index.add(a, h);
+    for (const h of doc.slice(0, 4)) index.add(b, h);
+    index.add(b, doc[6]!); // not contiguous: does not count
+    const q = index.query('m', doc);
+    assert.equal(index.overlap(q, 'a'), 10);
+    assert.equal(index.overlap(q, 'b'), 4);
+    assert.equal(index.overlap(q, 'c'), 0);
+    assert.equal(index.overlap(index.query('other', doc), 'a'), 0, 'per model');
+    index.remove(a, doc[2]!);
+    assert.equal(index.overlap(index.query('m', doc), 'a'), 2, 'a removed block cuts the prefix');
+    index.drop('a');
+    index.drop('b');
+    assert.equal(index.entries, 0);
+    assert.equal(index.blocksOf('m'), 0, 'no block is left behind by dropped workers');
+    // A new incarnation replaces the old one's entries.
+    const a1 = index.replace('a', 'm', 'exact', 'i1');
+    index.add(a1, doc[0]!);
+    index.replace('a', 'm', 'exact', 'i2');
+    assert.equal(index.blocksOf('m'), 0);
+    index.add(a1, doc[1]!);
+    assert.equal(index.blocksOf('m'), 0, "a replaced holder's late events are ignored");
+  });
+
+  it('expires approximate entries and bounds them, oldest first', () => {
+    const index = new KvIndex();
+    const h = index.replace('a', 'm', 'approximate', 'x');
+    const doc = blockHashes(mockerTokenIds(words('d', 64)));
+    for (const [i, hash] of doc.entries()) index.add(h, hash, 1000 + i);
+    assert.equal(index.overlap(index.query('m', doc, 999), 'a'), 4);
+    assert.equal(index.overlap(index.query('m', doc, 1001), 'a'), 0, 'the first block expired');
+    index.trim(h, 1001, 10);
+    assert.equal(h.blocks.size, 2, 'expired ones trimmed');
+    index.trim(h, 0, 1);
+    assert.equal(h.blocks.size, 1, 'bounded');
+  });
+});
+
+describe('kv router', () => {
+  it('follows the cache, spreads cold prompts, and weighs overlap against load so a hot worker does not collect everything', async () => {
+    const { route, router, pool } = fleet(['a', 'b', 'c']);
+    const docs = ['x', 'y', 'z'].map((t) => words(t, 800));
+    const first = [] as string[];
+    for (const d of docs) {
+      const r = await route(d);
+      r.done();
+      first.push(r.id);
+    }
+    assert.equal(new Set(first).size, 3, 'cold prompts on an idle fleet rotate');
+    for (const [i, d] of docs.entries()) {
+      const r = await route(`${d} follow-up ${i}`);
+      r.done();
+      assert.equal(r.id, first[i], 'a follow-up goes where its document is');
+      assert.ok(r.cached >= 784, `predicted cached tokens: ${r.cached}`);
+    }
+    // Load: pile requests on the worker holding doc x; past what the cache saves, others take it.
+    const hot = pool.get(first[0]!)!;
+    hot.inflight = 20; // 20 x 64 tokens of load > 800 tokens saved
+    const r = await route(`${docs[0]} again`);
+    r.done();
+    assert.notEqual(r.id, first[0], 'a saturated worker loses to a cold idle one');
+    hot.inflight = 0;
+    // Queued prefill counts while first tokens are awaited.
+    const pending = await route(`${docs[1]} q1`);
+    assert.equal(pending.id, first[1]);
+    assert.ok(router.queuedPrefill(first[1]!) >= 0);
+    pending.done();
+    assert.equal(router.queuedPrefill(first[1]!), 0);
+  });
+
+  it('never scores a held (draining) or tried worker, and a worker out of discovery keeps its entries masked until it returns', async () => {
+    const { route, pool, feed, router } = fleet(['a', 'b']);
+    const doc = words('d', 400);
+    const first = await route(doc);
+    first.done();
+    const home = first.id;
+    const other = home === 'a' ? 'b' : 'a';
+    pool.hold(home, 'draining');
+    const moved = await route(`${doc} 1`);
+    moved.done();
+    assert.equal(moved.id, other, 'a draining worker is never chosen, however good its overlap');
+    assert.equal(router.pick('m', 'aggregated', new Set([other]), [], await router.prepare(body(doc), 'aggregated', new Set([other]), [])), undefined, 'tried and held: nobody');
+    // It leaves discovery (drained): its entries stay, masked.
+    pool.apply({ type: 'delete', worker_id: home });
+    feed.apply({ type: 'delete', worker_id: home });
+    assert.equal(feed.describe(home)?.masked, true);
+    assert.ok((feed.describe(home)?.cached_blocks ?? 0) >= 25);
+    // Resumed: warm at once.
+    pool.apply({ type: 'put', record: rec(home) });
+    feed.apply({ type: 'put', record: rec(home) });
+    const back = await route(`${doc} 3`);
+    back.done();
+    assert.equal(back.id, home, 'a resumed worker gets its prompts back at once');
+    assert.ok(back.cached >= 384);
+    await feed.close();
+  });
+
+  it('round-robin and least-loaded ignore the cache; one routable worker skips tokenizing', async () => {
+    const pool = new WorkerPool();
+    pool.apply({ type: 'reset', records: [rec('a'), rec('b'), rec('c')] });
+    const rr = new Router(pool, { kind: 'round-robin' });
+    const seen = [0, 1, 2, 3, 4, 5].map(() => rr.pick('m', 'aggregated', new Set(), [])!.record.worker_id);
+    assert.deepEqual(seen.slice(3), seen.slice(0, 3), 'round robin repeats its order');
+    assert.equal(new Set(seen).size, 3);
+    const { router } = fleet(['solo']);
+    assert.equal(await router.prepare(body(words('d', 100)), 'aggregated', new Set(), []), undefined, 'a single worker: nothing to score');
+  });
+
+  it('approximates in character chunks for workers that declare no cache', async () => {
+    const { route } = fleet(['a', 'b'], 'none');
+    const doc = words('c', 300);
+    const first = await route(doc);
+    first.done();
+    const again = await route(`${doc} more`);
+    assert.equal(again.id, first.id);
+    assert.ok(again.cached > 0);
+  });
+});
+
+describe('router flags', () => {
+  it('--router and --kv-overlap-weight are checked at parse time, on ebb frontend and ebb up', async () => {
+    const { spawnSync } = await import('node:child_process');
+    const { CLI } = await import('./helpers/processes.js');
+    const ebb = (args: string[]) => spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 30_000 });
+    for (const cmd of ['frontend', 'up']) {
+      const bad = ebb([cmd, '--router', 'random']);
+      assert.notEqual(bad.status, 0);
+      assert.match(bad.stderr, /Allowed choices are kv, least-loaded, round-robin/);
+      assert.match(ebb([cmd, '--kv-overlap-weight', '-1']).stderr, /expected a number >= 0, got "-1"/);
+      assert.match(ebb([cmd, '--help']).stdout, /--kv-overlap-weight <w>/);
+    }
+  });
+});
