@@ -6,6 +6,7 @@ import type { DiscoveryPresence, WorkerStatus } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
 import type { Admission } from './admission.js';
 import { AuditTrail, ENGINE_ACTOR, SIGNAL_ACTOR } from './audit.js';
+import { InflightHistory } from './inflight-history.js';
 import { canMove, nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
 
 /** The worker's presence in discovery. Drain removes it, resume puts it back. */
@@ -97,6 +98,8 @@ export class Lifecycle extends EventEmitter {
   private etaSource: EtaSource | undefined;
   /** Every drain, resume, shutdown and hand-off (GET /engine/events). */
   readonly audit: AuditTrail;
+  /** The last minute of in-flight counts, for a dashboard that opens now. */
+  readonly inflightHistory = new InflightHistory();
 
   constructor(
     private readonly workerId: string,
@@ -109,8 +112,12 @@ export class Lifecycle extends EventEmitter {
     this.audit = new AuditTrail(log);
     admission.on('idle', () => void this.evaluate());
     // In-flight changes, for status streams (coalesced there).
-    admission.on('admitted', () => this.emit('inflight'));
-    admission.on('released', () => this.emit('inflight'));
+    const changed = () => {
+      this.inflightHistory.record(admission.inflight);
+      this.emit('inflight');
+    };
+    admission.on('admitted', changed);
+    admission.on('released', changed);
     engine.onQuiescenceChange(() => void this.evaluate());
   }
 

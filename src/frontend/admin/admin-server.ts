@@ -7,6 +7,7 @@ import { codeOf, EbbError } from '../../protocol/errors.js';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
 import { adminCall, errorMessageOf, fetchLiveStatus, identityMismatch, Unreachable, WORKER_ANSWER_LIMIT, type LiveStatus } from '../../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../../discovery/discovery.js';
+import type { ModelStats } from '../model-stats.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import { addDashboard } from './dashboard.js';
 import { FleetEvents } from './fleet-events.js';
@@ -20,6 +21,8 @@ export const FORWARD_TIMEOUT_MS = 10_000;
 export interface AdminServerDeps {
   fleet: FleetView;
   pool: WorkerPool;
+  /** Per-model request rate, errors and TTFT, for the dashboard. */
+  stats?: ModelStats | undefined;
   agent: Agent;
   /** Checks mutating routes when an admin token is configured. */
   guardAdmin?: AdminGuard | undefined;
@@ -31,7 +34,7 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: AdminServerDeps): FastifyInstance {
+export function createAdminServer({ fleet, pool, stats, agent, guardAdmin, limits }: AdminServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits });
 
   const describe = async (k: Known) => {
@@ -69,8 +72,8 @@ export function createAdminServer({ fleet, pool, agent, guardAdmin, limits }: Ad
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
 
-  new FleetEvents(app, fleet, listWorkers);
-  addDashboard(app, { tokenRequired: guardAdmin !== undefined });
+  new FleetEvents(app, fleet, listWorkers, stats);
+  addDashboard(app, { tokenRequired: guardAdmin !== undefined, snapshot: async () => ({ workers: await listWorkers(), models: stats?.summary() ?? [] }) });
 
   allowOnly(app, '/workers/:id', ['GET']);
   app.get<{ Params: { id: string } }>('/workers/:id', async (req) => {

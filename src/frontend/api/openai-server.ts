@@ -69,7 +69,10 @@ export function createOpenAIServer({
   }
   app.addHook('onResponse', async (req, reply) => {
     const url = req.routeOptions.url;
-    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses') metrics.request(url, reply.statusCode);
+    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses') {
+      const model = (req.body as { model?: unknown } | undefined)?.model;
+      metrics.request(url, reply.statusCode, typeof model === 'string' ? model : undefined);
+    }
   });
 
   const model = (id: string) => ({ id, object: 'model', created: 0, owned_by: 'ebb' });
