@@ -15,8 +15,8 @@ const MAX_TOKENS = 40;
 const PAGE_WAIT_MS = 20_000;
 /** The width at which a drain's longer row clipped the resume button. */
 const VIEWPORT = { width: 1400, height: 900 };
-/** Long and unbreakable, as a rollout names its drains: it widens its column. */
-const LONG_REASON = 'browser-test-rollout-2026-12-03-canary-batch-7-of-12-node-pool-gpu-a100';
+/** Long and without a break opportunity, as a rollout may name its drains: it widens its column. */
+const LONG_REASON = 'browser_test_rollout_2026_12_03_canary_batch_7_of_12_node_pool_gpu_a100';
 /** HH:MM:SS, the page's one format for a point in time. */
 const CLOCK = /^\d\d:\d\d:\d\d\b/;
 
@@ -76,14 +76,17 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
     await page.setRequestInterception(true);
     const held = (req: { url(): string; abort(): Promise<void>; continue(): Promise<void> }) => void (/workers\/events|dashboard\/info/.test(req.url()) ? req.abort() : req.continue());
     page.on('request', held);
-    await withScreenshot('dashboard-first-paint', async () => {
-      await page.goto(`${adminUrl}/`, { waitUntil: 'load' });
-      const rows = await page.$$eval('tr[data-worker-id]', (r) => r.map((e) => (e as HTMLElement).dataset.state));
-      assert.deepEqual(rows, Array(WORKERS).fill('serving'), 'the first paint shows every worker');
-      await page.screenshot({ path: join(dir, 'first-paint.png') });
-    });
-    page.off('request', held);
-    await page.setRequestInterception(false);
+    try {
+      await withScreenshot('dashboard-first-paint', async () => {
+        await page.goto(`${adminUrl}/`, { waitUntil: 'load' });
+        const rows = await page.$$eval('tr[data-worker-id]', (r) => r.map((e) => (e as HTMLElement).dataset.state));
+        assert.deepEqual(rows, Array(WORKERS).fill('serving'), 'the first paint shows every worker');
+        await page.screenshot({ path: join(dir, 'first-paint.png') });
+      });
+    } finally {
+      page.off('request', held);
+      await page.setRequestInterception(false);
+    }
 
     await withScreenshot('dashboard-history', async () => {
       await page.goto(`${adminUrl}/`);
