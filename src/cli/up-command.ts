@@ -35,6 +35,9 @@ interface UpFlags {
 }
 
 /** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
+/** How long a second Ctrl-C waits for the frontend to end its streams with an error event before killing it. */
+const FORCED_STOP_BOUND_MS = 3000;
+
 const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
 
 /** A Prometheus file-SD target list of every component, rewritten (atomically) whenever one (re)starts or exits. */
@@ -134,17 +137,26 @@ export function upCommand(): Command {
         await frontend.stop();
         if (ownDiscovery) rmSync(fileURLToPath(discovery), { recursive: true, force: true });
         if (flags.metricsSdFile !== undefined) rmSync(flags.metricsSdFile, { force: true });
+        // A second signal took over: it says how this ended, and exits 130.
+        if (signals > 1) return;
         removeUpState(process.pid);
         say(`ebb up: stopped (${why})`);
         process.exit(code);
       };
       let signals = 0;
+      const killAll = (why: string) => {
+        for (const c of all) c.kill();
+        removeUpState(process.pid);
+        say(`ebb up: ${why}`);
+        process.exit(130);
+      };
       const onSignal = (signal: NodeJS.Signals) => {
-        if (++signals > 1) {
-          for (const c of all) c.kill();
-          removeUpState(process.pid);
-          say('ebb up: second signal, killed everything');
-          process.exit(130);
+        if (++signals > 2) killAll('third signal, killed everything');
+        if (signals > 1) {
+          // Forced, yet no stream is cut silently: the frontend ends each with an error event first.
+          say('ebb up: second signal: stopping now; open streams end with an error event (a third signal kills everything at once)');
+          void frontend.interrupt(FORCED_STOP_BOUND_MS).then(() => killAll('second signal, stopped everything'));
+          return;
         }
         say(`ebb up: ${signal}: draining the workers, then stopping the frontend`);
         stopping ??= stop(0, 'workers drained, frontend closed');
