@@ -2,8 +2,7 @@ import { printable } from '../common/terminal-text.js';
 import { Command, Option } from 'commander';
 import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { prettyFactory } from 'pino-pretty';
-import { logFormat, prettyOptions } from '../common/logger.js';
+import { loadPretty, logFormat, prettyOptions } from '../common/logger.js';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { discoveryOption, intOption, msOption, portOption } from './options.js';
 import { servedModelName } from './llama-cpp-flags.js';
@@ -104,7 +103,7 @@ export function upCommand(): Command {
       const ownDiscovery = flags.discovery === undefined;
       const discovery = flags.discovery ?? temporaryDiscoveryUrl();
 
-      const show = logFormat() === 'pretty' ? prettyFactory(prettyOptions()) : (line: string) => `${line}\n`;
+      const show = logFormat() === 'pretty' ? loadPretty().prettyFactory(prettyOptions()) : (line: string) => `${line}\n`;
       const targets = new Map<string, { url: string; labels: Record<string, string> }>();
       const supervise = (name: string, args: string[], readyEvent: string, metricsUrl: (ready: ReadyLine) => string, job: string) => {
         const child = new Supervised(name, args, readyEvent, flags.restart);
