@@ -107,7 +107,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, stats: metrics.stats, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, stats: metrics.stats, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {

@@ -7,6 +7,7 @@ import { codeOf, EbbError } from '../../protocol/errors.js';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
 import { adminCall, errorMessageOf, fetchLiveStatus, identityMismatch, Unreachable, WORKER_ANSWER_LIMIT, type LiveStatus } from '../../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../../discovery/discovery.js';
+import type { DrainIntent, DrainIntentStore } from '../../discovery/drain-intent.js';
 import type { ModelStats } from '../model-stats.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import { addDashboard } from './dashboard.js';
@@ -21,6 +22,11 @@ export const FORWARD_TIMEOUT_MS = 10_000;
 export interface AdminServerDeps {
   fleet: FleetView;
   pool: WorkerPool;
+  /**
+   * Discovery's drain intents, where it keeps them (etcd): a worker that started drained under one
+   * never registered, and its intent is how the fleet view still lists and reaches it.
+   */
+  intents?: DrainIntentStore | undefined;
   /** Per-model request rate, errors and TTFT, for the dashboard. */
   stats?: ModelStats | undefined;
   agent: Agent;
@@ -34,10 +40,16 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, stats, agent, guardAdmin, limits }: AdminServerDeps): FastifyInstance {
+export function createAdminServer({ fleet, pool, intents, stats, agent, guardAdmin, limits }: AdminServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits });
 
-  const describe = async (k: Known) => {
+  /** Intents by worker id; an unreachable store lists none (the fleet view still answers). */
+  const readIntents = async (): Promise<Map<string, DrainIntent>> => (intents ? await intents.list().catch(() => new Map<string, DrainIntent>()) : new Map<string, DrainIntent>());
+  /** Workers known only from their intent's record: started drained, never registered. */
+  const unregistered = (held: Map<string, DrainIntent>): Known[] =>
+    [...held.values()].flatMap((i) => (i.worker !== undefined && !fleet.get(i.worker.worker_id) ? [{ record: i.worker, inDiscovery: false, failures: 0 }] : []));
+
+  const describe = async (k: Known, intent?: DrainIntent) => {
     const live = await fetchLiveStatus(k.record.system_url, k.record.worker_id, agent, STATUS_TIMEOUT_MS);
     const routed = pool.get(k.record.worker_id);
     const now = Date.now();
@@ -51,20 +63,31 @@ export function createAdminServer({ fleet, pool, stats, agent, guardAdmin, limit
         // What this frontend itself has on the worker, and why it is holding it back if it is.
         routing: routed ? { inflight: routed.inflight, hold } : null,
         ...live,
+        ...(intent ? { drain_intent: intent } : {}),
       },
       live,
     };
   };
 
-  const lookup = (id: string): Known => {
-    const k = fleet.get(id);
-    if (!k) throw new EbbError('worker_not_found', `no worker "${id}" is known to this frontend`);
-    return k;
+  const lookup = async (id: string): Promise<Known> => {
+    const known = fleet.get(id);
+    if (known) return known;
+    const intent = await intents?.get(id).catch(() => undefined);
+    if (intent?.worker?.worker_id === id) return { record: intent.worker, inDiscovery: false, failures: 0 };
+    throw new EbbError('worker_not_found', `no worker "${id}" is known to this frontend`);
   };
 
   const listWorkers = async () => {
-    const described = await Promise.all(fleet.all().map(describe));
-    return described.filter(({ entry, live }) => !fleet.forgetIfGone(entry.worker_id, live)).map(({ entry }) => entry);
+    const held = await readIntents();
+    const [listed, fromIntents] = await Promise.all([
+      Promise.all(fleet.all().map((k) => describe(k, held.get(k.record.worker_id)))),
+      // Shown while their system server answers as them; the fleet view does not keep them.
+      Promise.all(unregistered(held).map((k) => describe(k, held.get(k.record.worker_id)))),
+    ]);
+    return [
+      ...listed.filter(({ entry, live }) => !fleet.forgetIfGone(entry.worker_id, live)).map(({ entry }) => entry),
+      ...fromIntents.filter(({ live }) => live.reachable).map(({ entry }) => entry),
+    ].sort((a, b) => a.worker_id.localeCompare(b.worker_id));
   };
 
   addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
@@ -77,7 +100,7 @@ export function createAdminServer({ fleet, pool, stats, agent, guardAdmin, limit
 
   allowOnly(app, '/workers/:id', ['GET']);
   app.get<{ Params: { id: string } }>('/workers/:id', async (req) => {
-    const { entry, live } = await describe(lookup(req.params.id));
+    const { entry, live } = await describe(await lookup(req.params.id));
     if (fleet.forgetIfGone(entry.worker_id, live))
       throw new EbbError('worker_not_found', `worker "${entry.worker_id}" left discovery and no longer answers at ${entry.system_url}: ${live.reachable ? '' : live.error}`);
     return entry;
@@ -107,7 +130,7 @@ export function createAdminServer({ fleet, pool, stats, agent, guardAdmin, limit
       { schema: action === 'drain' ? { body: DrainBodySchema } : {} },
       async (req, reply) => {
         guardAdmin?.(req.headers.authorization);
-        const k = lookup(req.params.id);
+        const k = await lookup(req.params.id);
         const url = `${k.record.system_url}/engine/${action}`;
         // A system port can be reused by another worker after this one left: whoever answers there
         // must prove it is the worker asked for before it gets the action, or the operator's token.
