@@ -10,7 +10,7 @@ import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine } from '../protocol/request-plane.js';
-import { KvPullError, pullKv } from './kv-pull.js';
+import { KvPullError } from './kv-pull-error.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
 import { HandOff, RequestScope, ShutdownCut } from './request-scope.js';
@@ -195,6 +195,8 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       // A request the engine refuses (a continuation its grammar does not allow) is a 400, not a stream.
       await engine.check?.(gen);
       if (kv) {
+        // Loaded on the first pull: only a decode worker pulls KV, and the module brings undici.
+        const { pullKv } = await import('./kv-pull.js');
         const bytes = await pullKv(kv, scope.signal, requestToken);
         log.debug({ event: 'kv_pulled', request_id: scope.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');
       }
