@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Browser, Page } from 'puppeteer-core';
 import { browserSkipReason, launchBrowser } from './helpers/browser.js';
+import { call } from './helpers/http.js';
 import { spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type LogLine } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
@@ -12,6 +13,12 @@ const WORKERS = 3;
 const MAX_TOKENS = 40;
 /** Bound on one wait for the page; a broken page fails with a screenshot instead of hanging. */
 const PAGE_WAIT_MS = 20_000;
+/** The width at which a drain's longer row clipped the resume button. */
+const VIEWPORT = { width: 1400, height: 900 };
+/** Long and without a break opportunity, as a rollout may name its drains: it widens its column. */
+const LONG_REASON = 'browser_test_rollout_2026_12_03_canary_batch_7_of_12_node_pool_gpu_a100';
+/** HH:MM:SS, the page's one format for a point in time. */
+const CLOCK = /^\d\d:\d\d:\d\d\b/;
 
 describe('fleet dashboard in headless chromium, against ebb up', { skip: browserSkipReason() }, () => {
   let up: EbbProcess;
@@ -32,9 +39,14 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
       const w: LogLine = await up.waitForLog((l) => l.event === 'worker_ready' && !workerIds.includes(l.worker_id as string), `worker_ready #${i + 1}`);
       workerIds.push(w.worker_id as string);
     }
+    // A drain and a resume before any page is open: the page must still show them (history).
+    const early = workerIds[WORKERS - 1] as string;
+    assert.equal((await call('POST', `${adminUrl}/workers/${early}/drain`, { reason: 'before the page' })).status, 200);
+    assert.equal((await call('POST', `${adminUrl}/workers/${early}/resume`, {})).status, 200);
     ({ browser, dir } = await launchBrowser());
     page = await browser.newPage();
     page.setDefaultTimeout(PAGE_WAIT_MS);
+    await page.setViewport(VIEWPORT);
   });
 
   after(async () => {
@@ -54,6 +66,43 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
     }
   }
 
+  it('paints the fleet without its event stream (a plain screenshot), then shows the minute before it opened; favicon', async () => {
+    const favicon = await fetch(`${adminUrl}/favicon.ico`);
+    assert.equal(favicon.status, 200, 'a favicon, not a 404');
+    assert.match(favicon.headers.get('content-type') ?? '', /^image\/svg\+xml/);
+    await favicon.arrayBuffer();
+
+    // Nothing but the page itself: the stream and /dashboard/info never answer, as for a screenshot taken at load.
+    await page.setRequestInterception(true);
+    const held = (req: { url(): string; abort(): Promise<void>; continue(): Promise<void> }) => void (/workers\/events|dashboard\/info/.test(req.url()) ? req.abort() : req.continue());
+    page.on('request', held);
+    try {
+      await withScreenshot('dashboard-first-paint', async () => {
+        await page.goto(`${adminUrl}/`, { waitUntil: 'load' });
+        const rows = await page.$$eval('tr[data-worker-id]', (r) => r.map((e) => (e as HTMLElement).dataset.state));
+        assert.deepEqual(rows, Array(WORKERS).fill('serving'), 'the first paint shows every worker');
+        await page.screenshot({ path: join(dir, 'first-paint.png') });
+      });
+    } finally {
+      page.off('request', held);
+      await page.setRequestInterception(false);
+    }
+
+    await withScreenshot('dashboard-history', async () => {
+      await page.goto(`${adminUrl}/`);
+      await page.waitForFunction(() => document.querySelector('#conn')?.textContent === 'live');
+      // The drain before the page opened is in the audit trail, in the page's one time format.
+      await page.waitForFunction(() => /drain by .*\(before the page\)/.test(document.querySelector('#audit-list')?.textContent ?? ''), { polling: 'mutation' });
+      const lines = await page.$$eval('#audit-list li', (li) => li.map((e) => e.textContent ?? ''));
+      for (const line of lines) assert.match(line, CLOCK, `audit line in HH:MM:SS: ${line}`);
+      // Each chart reaches back before the page opened (the workers' own in-flight history).
+      await page.waitForFunction(
+        () => [...document.querySelectorAll('canvas')].every((c) => Number((c as HTMLCanvasElement).dataset.oldestMs) > performance.now()),
+        { polling: 200 },
+      );
+    });
+  });
+
   it('shows every worker, drains one under traffic (draining -> drained), resumes it to serving', async () => {
     const outcomes: StreamOutcome[] = [];
     let stop = false;
@@ -66,7 +115,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
         await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="serving"]').length === n, {}, WORKERS);
         const shown = await page.$$eval('tr[data-worker-id]', (rows) => rows.map((r) => (r as HTMLElement).dataset.workerId));
         assert.deepEqual([...shown].sort(), [...workerIds].sort(), 'the page lists every worker of ebb up');
-        assert.equal(await page.$eval('#conn', (e) => e.textContent), 'live', 'the page follows /workers/events');
+        await page.waitForFunction(() => document.querySelector('#conn')?.textContent === 'live');
       });
 
       const target = workerIds[0] as string;
@@ -76,25 +125,35 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
         page.waitForFunction((sel: string) => Number(document.querySelector(`${sel} [data-field=inflight]`)?.textContent) > 0, { polling: 'mutation' }, row),
       );
 
-      // Every state the row shows, in order: a quick drain must not slip between two looks.
+      // Every state the row shows, in order: a quick drain must not slip between two looks. While it
+      // drains (the row at its widest), its resume button must be inside what the section shows.
       await page.evaluate((sel: string) => {
         const r = document.querySelector(sel) as HTMLElement;
         const seen: string[] = [r.dataset.state ?? ''];
-        (window as unknown as { seenStates: string[] }).seenStates = seen;
+        const w = window as unknown as { seenStates: string[]; resumeClipped: string[] };
+        w.seenStates = seen;
+        w.resumeClipped = [];
         new MutationObserver(() => {
           if (seen.at(-1) !== r.dataset.state) seen.push(r.dataset.state ?? '');
-        }).observe(r, { attributes: true, attributeFilter: ['data-state'] });
+          if (r.dataset.state !== 'draining') return;
+          const b = (r.querySelector('button[data-action=resume]') as HTMLElement).getBoundingClientRect();
+          const box = (r.closest('section') as HTMLElement).getBoundingClientRect();
+          if (b.right > Math.min(box.right, window.innerWidth) || b.left < box.left) w.resumeClipped.push(`button ${b.left}-${b.right}, section ${box.left}-${box.right}`);
+        }).observe(r, { attributes: true, subtree: true, characterData: true, childList: true });
       }, row);
 
       await withScreenshot('dashboard-drain', async () => {
-        await page.type(`${row} input[data-input=reason]`, 'browser test');
+        await page.type(`${row} input[data-input=reason]`, LONG_REASON);
         await page.click(`${row} button[data-action=drain]`);
         await page.waitForFunction((sel: string) => (document.querySelector(sel) as HTMLElement | null)?.dataset.state === 'drained', { polling: 'mutation' }, row);
         const seen = await page.evaluate(() => (window as unknown as { seenStates: string[] }).seenStates);
         assert.deepEqual(seen, ['serving', 'draining', 'drained'], 'the row went serving -> draining -> drained');
-        assert.equal(await page.$eval(`${row} [data-field=reason]`, (e) => e.textContent), 'browser test', 'the drain reason is shown');
+        assert.deepEqual(await page.evaluate(() => (window as unknown as { resumeClipped: string[] }).resumeClipped), [], `the resume button stays in view at ${VIEWPORT.width} px`);
+        assert.equal(await page.$eval(`${row} [data-field=reason]`, (e) => e.textContent), LONG_REASON, 'the drain reason is shown');
         // The audit trail arrived through the stream: the drain, by the caller's address on this open loopback fleet.
-        await page.waitForFunction(() => /drained by .*: drained \(browser test\)/.test(document.querySelector('#audit-list')?.textContent ?? ''), { polling: 'mutation' });
+        await page.waitForFunction((r: string) => (document.querySelector('#audit-list')?.textContent ?? '').includes(`: drained (${r})`), { polling: 'mutation' }, LONG_REASON);
+        // The status line follows the worker the action was on, to its end.
+        await page.waitForFunction((id: string) => new RegExp(`^drain of ${id}: drained since \\d\\d:\\d\\d:\\d\\d$`).test(document.querySelector('#message')?.textContent ?? ''), { polling: 'mutation' }, target);
       });
 
       await withScreenshot('dashboard-resume', async () => {
@@ -102,6 +161,9 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
         await page.waitForFunction((sel: string) => (document.querySelector(sel) as HTMLElement | null)?.dataset.state === 'serving', { polling: 'mutation' }, row);
         const seen = await page.evaluate(() => (window as unknown as { seenStates: string[] }).seenStates);
         assert.deepEqual(seen, ['serving', 'draining', 'drained', 'serving']);
+        await page.waitForFunction((id: string) => new RegExp(`^resume of ${id}: serving since `).test(document.querySelector('#message')?.textContent ?? ''), { polling: 'mutation' }, target);
+        // Per model: the frontend's own minute of requests, errors and time to first token.
+        await page.waitForFunction(() => /req\/s · 0 errors of [1-9]\d* \(60 s\) · TTFT p50 \d/.test(document.querySelector('section[data-model="m1"] [data-field=model-stats]')?.textContent ?? ''), { polling: 200 });
       });
     } finally {
       stop = true;

@@ -14,7 +14,7 @@ import { INTENT_PREFIX } from '../src/discovery/drain-intent.js';
 import { etcdSkipReason } from './helpers/etcd.js';
 import { etcdFixture } from './helpers/etcd-fixture.js';
 import { call } from './helpers/http.js';
-import { CLI, spawnEbb, type WorkerHandle } from './helpers/processes.js';
+import { CLI, spawnEbb, startFrontend, type WorkerHandle } from './helpers/processes.js';
 
 const run = promisify(execFile);
 
@@ -75,6 +75,15 @@ describe('etcd: drain intents and the operator', { skip: etcdSkipReason() }, () 
     assert.equal(listed.in_discovery, false);
     assert.equal(listed.system_url, ready.system_url, 'found at the URLs of the process running now');
     assert.match(listed.drain_intent.reason, /disk swap/);
+    // Through a frontend too: it reads the intents discovery keeps, and resumes what it lists.
+    const fe = await startFrontend(fx.etcd.url, ['--admin-port', '0']);
+    fx.started.push(fe);
+    const adminUrl = (await fe.waitForEvent('frontend_ready')).admin_url as string;
+    const viaFrontend = (await run(process.execPath, [CLI, 'workers', '--json', '--frontend', adminUrl], { timeout: 30_000 })).stdout;
+    const seen = (JSON.parse(viaFrontend).workers as Array<Record<string, any>>).find((w) => w.worker_id === ID);
+    assert.ok(seen, `ebb workers --frontend lists the worker that never registered: ${viaFrontend}`);
+    assert.deepEqual([seen.state, seen.in_discovery, seen.system_url, seen.drain_intent?.reason], ['drained', false, ready.system_url, 'disk swap']);
+    assert.equal((await call('GET', `${adminUrl}/workers/${ID}`)).body.state, 'drained', 'and finds it by id');
     const intents = JSON.parse(await ebb('intents', '--json')).intents as Array<Record<string, any>>;
     assert.deepEqual(intents.map((i) => [i.worker_id, i.reason, i.worker?.system_url]), [[ID, 'disk swap', ready.system_url]]);
     assert.ok(Date.parse(intents[0]?.expires_at) > Date.now(), 'an intent says when it lapses');

@@ -33,9 +33,14 @@ describe('first run: tools', () => {
     const file = join(mkdtempSync(join(tmpdir(), 'ebb-model-')), 'tiny.gguf');
     const made = await run(process.execPath, [join(ROOT, 'dist', 'test', 'helpers', 'make-test-model.js'), file]);
     assert.match(made.stdout, /^wrote .*tiny\.gguf/);
-    const w = await startWorker(['--engine', 'llama-cpp', '--model-path', file, '--gpu', 'off', '--discovery', tempDiscoveryUrl()]);
+    // --gpu auto (the default): the worker says which backend it chose and, for the CPU, why.
+    const w = await startWorker(['--engine', 'llama-cpp', '--model-path', file, '--gpu', 'auto', '--threads', '1', '--discovery', tempDiscoveryUrl()]);
     started.push(w);
     assert.equal((await w.waitForEvent('worker_ready')).model, 'tiny');
+    const backend = await w.waitForEvent('llama_backend');
+    assert.equal(backend.requested, 'auto');
+    if (backend.backend === 'cpu') assert.match(String(backend.msg), /^llama\.cpp runs on the CPU: --gpu auto fell back, (no GPU backend has its libraries|the .* binary did not load)/);
+    else assert.match(String(backend.msg), new RegExp(`^llama\\.cpp runs on ${String(backend.backend)}: --gpu auto found`));
   });
 
   it('ebb up refusing its flags leaves no temporary discovery directory', async () => {

@@ -134,10 +134,18 @@ describe('frontend: a model whose workers are all out of rotation is still a mod
     assert.equal(refused.body.error.code, 'no_serving_worker');
     assert.equal(refused.headers.get('retry-after'), '1');
     assert.equal((await call('POST', `${frontend.url}/v1/completions`, { ...body, model: 'nobody' })).status, 404);
+    // /v1/models agrees with the 503: the model is listed (unavailable), not missing.
+    const listed = (await call('GET', `${frontend.url}/v1/models`)).body.data;
+    assert.deepEqual(listed.map((m: { id: string; status: string }) => [m.id, m.status]), [['m1', 'unavailable']]);
+    const one = await call('GET', `${frontend.url}/v1/models/m1`);
+    assert.equal(one.status, 200);
+    assert.equal(one.body.status, 'unavailable');
+    assert.equal((await call('GET', `${frontend.url}/v1/models/nobody`)).status, 404);
     const beforeResume = frontend.mark();
     assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
     await frontend.waitForEvent('worker_added', (l) => l.worker_id === w!.workerId, { after: beforeResume });
     assert.equal((await call('POST', `${frontend.url}/v1/completions`, body)).status, 200);
+    assert.deepEqual((await call('GET', `${frontend.url}/v1/models`)).body.data.map((m: { id: string; status: string }) => [m.id, m.status]), [['m1', 'available']]);
     // Back as it was, for the tests that share the fleet.
     for (const x of others) assert.equal((await call('POST', `${x.systemUrl}/engine/resume`)).body.state, 'serving');
     for (const x of others) await frontend.waitForEvent('worker_added', (l) => l.worker_id === x.workerId, { after: beforeResume });

@@ -117,6 +117,24 @@ describe('admission', () => {
 });
 
 describe('lifecycle controller', () => {
+  it('owns loading from the start: loading until the engine is loaded, no registration before it, then serving', async () => {
+    const engine = new ScriptedEngine();
+    const admission = new Admission();
+    const calls: string[] = [];
+    const lifecycle = new Lifecycle('w-test', admission, undefined, { register: async () => void calls.push('register'), unregister: async () => void calls.push('unregister') }, silent);
+    assert.equal(lifecycle.state, 'loading');
+    assert.equal(lifecycle.engineReady, false);
+    assert.equal(lifecycle.status().state, 'loading');
+    await assert.rejects(lifecycle.start(), /before the engine is loaded/);
+    assert.deepEqual(calls, [], 'never registered before the engine is loaded');
+    assert.equal(lifecycle.state, 'loading');
+    lifecycle.engineLoaded(engine);
+    assert.throws(() => lifecycle.engineLoaded(engine), /already loaded/);
+    await lifecycle.start();
+    assert.equal(lifecycle.state, 'serving');
+    assert.deepEqual(calls, ['register']);
+  });
+
   it('closes admission before unregistering, and registers before reopening it', async () => {
     const { lifecycle, calls } = setup();
     await lifecycle.start();

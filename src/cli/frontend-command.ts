@@ -135,13 +135,25 @@ export function frontendCommand(): Command {
         `frontend ready: ${frontend.url}/v1 (admin ${frontend.adminUrl})`,
       );
       let stopping = false;
+      let interrupted = false;
       // The grace is for a load balancer that routes to this frontend; Ctrl-C, or `ebb up` gone, has none to wait for.
+      // A second signal, or `ebb up`'s second Ctrl-C: stop now, yet every open stream still ends
+      // with an error event saying why, and every request not yet answered gets a 503.
+      const force = (why: string) => {
+        if (interrupted) return;
+        interrupted = true;
+        if (!stopping) {
+          stopping = true;
+          void frontend.close(flags.shutdownTimeoutMs, 0).catch(() => undefined);
+        }
+        void frontend.interrupt(`the frontend was stopped (${why}); retry`).finally(() => process.exit(130));
+      };
       const stop = (signal: NodeJS.Signals, graceMs = 0) => {
-        if (stopping) process.exit(130);
+        if (stopping) return force(`${signal} again`);
         stopping = true;
         log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs }, 'stopping: finishing open streams');
         frontend.close(flags.shutdownTimeoutMs, graceMs).then(
-          (clean) => process.exit(clean ? 0 : 1),
+          (clean) => (interrupted ? undefined : process.exit(clean ? 0 : 1)),
           (err: unknown) => {
             log.error({ err }, 'stop failed');
             process.exit(1);
@@ -151,6 +163,10 @@ export function frontendCommand(): Command {
       process.on('SIGTERM', () => stop('SIGTERM', flags.shutdownGraceMs));
       process.on('SIGINT', () => stop('SIGINT'));
       process.once('disconnect', () => stop('SIGTERM')); // started by `ebb up`, which went away
+      if (process.send !== undefined) {
+        process.on('message', (m: { type?: unknown } | null) => m?.type === 'interrupt' && force('ebb up: second Ctrl-C'));
+        process.channel?.unref(); // listening must not keep the process alive
+      }
       // It may have gone before this listener existed ('disconnect' fires once): then stop now.
       if (process.send !== undefined && !process.connected) stop('SIGTERM');
     });

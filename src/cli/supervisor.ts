@@ -92,6 +92,23 @@ export class Supervised extends EventEmitter {
     await exited;
   }
 
+  /**
+   * The forced stop of a child that must still answer its clients (the frontend): asked over the IPC
+   * channel, since a signal it already got once means "stop gently". Resolves once it exited, or after
+   * `boundMs` (the caller then kills it).
+   */
+  async interrupt(boundMs: number): Promise<void> {
+    this.stopping = true;
+    clearTimeout(this.timer);
+    const proc = this.proc;
+    if (!proc || !this.running || !proc.connected) return;
+    const exited = once(proc, 'exit');
+    proc.send({ type: 'interrupt' });
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([exited, new Promise((resolve) => (timer = setTimeout(resolve, boundMs)))]);
+    clearTimeout(timer);
+  }
+
   kill(): void {
     this.stopping = true;
     clearTimeout(this.timer);

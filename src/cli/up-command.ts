@@ -2,8 +2,7 @@ import { printable } from '../common/terminal-text.js';
 import { Command, Option } from 'commander';
 import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { prettyFactory } from 'pino-pretty';
-import { logFormat, prettyOptions } from '../common/logger.js';
+import { loadPretty, logFormat, prettyOptions } from '../common/logger.js';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
@@ -44,6 +43,9 @@ interface UpFlags {
 }
 
 /** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
+/** How long a second Ctrl-C waits for the frontend to end its streams with an error event before killing it. */
+const FORCED_STOP_BOUND_MS = 3000;
+
 const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
 
 /** A Prometheus file-SD target list of every component, rewritten (atomically) whenever one (re)starts or exits. */
@@ -119,7 +121,7 @@ export function upCommand(): Command {
       const ownDiscovery = flags.discovery === undefined;
       const discovery = flags.discovery ?? temporaryDiscoveryUrl();
 
-      const show = logFormat() === 'pretty' ? prettyFactory(prettyOptions()) : (line: string) => `${line}\n`;
+      const show = logFormat() === 'pretty' ? loadPretty().prettyFactory(prettyOptions()) : (line: string) => `${line}\n`;
       const targets = new Map<string, { url: string; labels: Record<string, string> }>();
       const supervise = (name: string, args: string[], readyEvent: string, metricsUrl: (ready: ReadyLine) => string, job: string) => {
         const child = new Supervised(name, args, readyEvent, flags.restart);
@@ -153,17 +155,26 @@ export function upCommand(): Command {
         await frontend.stop();
         if (ownDiscovery) rmSync(fileURLToPath(discovery), { recursive: true, force: true });
         if (flags.metricsSdFile !== undefined) rmSync(flags.metricsSdFile, { force: true });
+        // A second signal took over: it says how this ended, and exits 130.
+        if (signals > 1) return;
         removeUpState(process.pid);
         say(`ebb up: stopped (${why})`);
         process.exit(code);
       };
       let signals = 0;
+      const killAll = (why: string) => {
+        for (const c of all) c.kill();
+        removeUpState(process.pid);
+        say(`ebb up: ${why}`);
+        process.exit(130);
+      };
       const onSignal = (signal: NodeJS.Signals) => {
-        if (++signals > 1) {
-          for (const c of all) c.kill();
-          removeUpState(process.pid);
-          say('ebb up: second signal, killed everything');
-          process.exit(130);
+        if (++signals > 2) killAll('third signal, killed everything');
+        if (signals > 1) {
+          // Forced, yet no stream is cut silently: the frontend ends each with an error event first.
+          say('ebb up: second signal: stopping now; open streams end with an error event (a third signal kills everything at once)');
+          void frontend.interrupt(FORCED_STOP_BOUND_MS).then(() => killAll('second signal, stopped everything'));
+          return;
         }
         say(`ebb up: ${signal}: draining the workers, then stopping the frontend`);
         stopping ??= stop(0, 'workers drained, frontend closed');

@@ -10,9 +10,8 @@ import {
 } from '../common/admin-auth.js';
 import { createLogger } from '../common/logger.js';
 import type { EngineSpec } from '../engine/create-engine.js';
-import { ENGINE_KINDS, QUIESCENCE_MODES, type EngineKind, type QuiescenceMode } from '../engine/engine-quiescence.js';
+import { ENGINE_KINDS, OPENAI_ENGINE_DEFAULTS, QUIESCENCE_MODES, type EngineKind, type QuiescenceMode } from '../engine/openai-engine-options.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
-import { OPENAI_ENGINE_DEFAULTS } from '../engine/openai-engine.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';

@@ -1,6 +1,13 @@
+import { createRequire } from 'node:module';
 import { pino, symbols, type Logger } from 'pino';
-import pretty from 'pino-pretty';
+import type pretty from 'pino-pretty';
 import { printable } from './terminal-text.js';
+
+/**
+ * pino-pretty, loaded only where a person reads the lines: the processes tests and `ebb up` start
+ * log JSON, and every process start pays for what it loads.
+ */
+export const loadPretty = (): typeof pretty => createRequire(import.meta.url)('pino-pretty') as typeof pretty;
 
 export type { Logger };
 
@@ -44,7 +51,7 @@ export function createLogger(component: string, bindings: Record<string, unknown
     base: { component, pid: process.pid, ...bindings },
     timestamp: pino.stdTimeFunctions.isoTime,
   };
-  const log = logFormat() === 'pretty' ? pino(opts, pretty(prettyOptions())) : pino(opts);
+  const log = logFormat() === 'pretty' ? pino(opts, loadPretty()(prettyOptions())) : pino(opts);
   dropLogsWithParent(log);
   return log;
 }

@@ -3,7 +3,7 @@ import type { WorkerMode } from '../discovery/discovery.js';
 import type { Engine } from './engine.js';
 import type { LlamaCppOptions } from './llama-cpp-options.js';
 import { MockerEngine, type MockerOptions } from './mocker.js';
-import { createOpenAIEngine, type OpenAIEngineOptions } from './openai-engine.js';
+import type { OpenAIEngineOptions } from './openai-engine.js';
 
 /**
  * Which engine a worker hosts, and its settings. Each engine kind adds its own variant; the
@@ -26,7 +26,8 @@ export async function createEngine(spec: EngineSpec, mode: WorkerMode, log: Logg
       return engine;
     }
     case 'openai':
-      return createOpenAIEngine(spec.options, mode, log, signal);
+      // Loaded only for this engine: it brings undici and the engine's HTTP clients.
+      return (await import('./openai-engine.js')).createOpenAIEngine(spec.options, mode, log, signal);
     case 'llama-cpp': {
       // Loaded on demand: a mocker worker never pays for the native bindings.
       const { loadLlamaCppEngine } = await import('./llama-cpp.js');

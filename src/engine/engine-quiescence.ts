@@ -2,14 +2,8 @@ import type { Dispatcher } from 'undici';
 import type { Quiescence } from './engine.js';
 import { describeError, getBounded } from './engine-http.js';
 import { MetricsFormatError, readSamples, sumGauge } from './prometheus-text.js';
-
-/** The engine servers ebb knows the idleness signal of; `generic` is any other OpenAI-compatible server. */
-export const ENGINE_KINDS = ['vllm', 'sglang', 'llamacpp', 'generic'] as const;
-export type EngineKind = (typeof ENGINE_KINDS)[number];
-
-/** `probe`: the engine's own signal (fail-closed); `trust-inflight`: ebb's own count only (weaker). */
-export const QUIESCENCE_MODES = ['probe', 'trust-inflight'] as const;
-export type QuiescenceMode = (typeof QUIESCENCE_MODES)[number];
+import type { EngineKind, QuiescenceMode } from './openai-engine-options.js';
+export { ENGINE_KINDS, QUIESCENCE_MODES, type EngineKind, type QuiescenceMode } from './openai-engine-options.js';
 
 /** Bound on one metrics read: a slower answer is `unknown`, never a wait that holds the drain. */
 export const PROBE_TIMEOUT_MS = 1000;

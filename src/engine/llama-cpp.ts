@@ -4,6 +4,7 @@ import { EbbError } from '../protocol/errors.js';
 import type { Logger } from 'pino';
 import {
   getLlama,
+  getLlamaGpuTypes,
   LlamaLogLevel,
   type CustomBatchingPrioritizationStrategy,
   type Llama,
@@ -76,6 +77,7 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
         : err;
     });
     signal.throwIfAborted();
+    await logBackend(llama, opts.gpu, log);
     model = await llama.loadModel({ modelPath: opts.modelPath, loadSignal: signal, ...(opts.gpu === 'off' ? { gpuLayers: 0 } : {}) });
     const context = await model.createContext({
       sequences: opts.parallel,
@@ -101,6 +103,30 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
     if (signal.aborted) throw signal.reason instanceof Error ? signal.reason : new Error(`loading ${opts.modelPath} was aborted`);
     throw fail(err);
   }
+}
+
+/**
+ * Says which backend llama.cpp runs on and why: `--gpu auto` on a machine where no GPU backend loads
+ * runs on the CPU, and an operator who expected a GPU must learn it at start, not from the speed.
+ */
+async function logBackend(llama: Llama, requested: LlamaCppOptions['gpu'], log: Logger): Promise<void> {
+  const chosen = llama.gpu === false ? 'cpu' : llama.gpu;
+  if (requested !== 'auto') {
+    log.info({ event: 'llama_backend', requested, backend: chosen }, `llama.cpp runs on ${chosen === 'cpu' ? 'the CPU' : chosen} (--gpu ${requested})`);
+    return;
+  }
+  if (chosen !== 'cpu') {
+    log.info({ event: 'llama_backend', requested, backend: chosen }, `llama.cpp runs on ${chosen}: --gpu auto found its libraries and a binary that loads`);
+    return;
+  }
+  // Those with their libraries and drivers here (each has a prebuilt binary for this platform).
+  const usable = (await getLlamaGpuTypes('supported').catch(() => [])).filter((t) => t !== false);
+  const possible = (await getLlamaGpuTypes('allValid').catch(() => [])).filter((t) => t !== false);
+  const why =
+    usable.length > 0
+      ? `the ${usable.join(', ')} binary did not load (--gpu ${usable[0]} says why)`
+      : `no GPU backend has its libraries and drivers on this machine (looked for ${possible.join(', ') || 'none on this platform'})`;
+  log.warn({ event: 'llama_backend', requested, backend: 'cpu', why }, `llama.cpp runs on the CPU: --gpu auto fell back, ${why}`);
 }
 
 /**

@@ -40,7 +40,7 @@ export interface OpenAIEngineOptions {
   kvBlockSize?: number | undefined;
 }
 
-export const OPENAI_ENGINE_DEFAULTS = { stopTimeoutMs: 10_000, loadTimeoutMs: 900_000 } as const;
+export { OPENAI_ENGINE_DEFAULTS } from './openai-engine-options.js';
 
 /** Where each kind says it can serve: vLLM, SGLang and llama-server have /health; any OpenAI server has /v1/models. */
 function healthPath(kind: EngineKind): string {

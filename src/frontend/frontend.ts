@@ -80,6 +80,12 @@ export interface RunningFrontend {
    * SSE error event in a stream), then any connection still open. Resolves true when nothing had to be cut.
    */
   close(timeoutMs: number, graceMs?: number): Promise<boolean>;
+  /**
+   * The forced stop (a second Ctrl-C): ends every open request now as the deadline would (an SSE
+   * error event in a stream, a 503 before one), then cuts the connections. Resolves once they
+   * answered (bounded); the caller then exits.
+   */
+  interrupt(message: string): Promise<void>;
 }
 
 /** The per-request and fd bounds on sequences, logged: the numbers an operator sizes `ulimit -n` by. */
@@ -150,7 +156,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, kv: (id) => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) }), agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, stats: metrics.stats, kv: (id) => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) }), agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
@@ -165,6 +171,16 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       throw new Error(`admin listener on ${opts.admin.host}:${opts.admin.port}: ${(err as Error).message}`);
     }
   }
+  // Ends every open request with server_closing, then closes the connections: once, at the shutdown
+  // deadline or at a forced stop, whichever comes first.
+  let cutting: Promise<void> | undefined;
+  const cutAll = (message: string): Promise<void> =>
+    (cutting ??= shutdown.cutOpen(message).then(() => {
+      app.server.closeAllConnections();
+      adminApp?.server.closeAllConnections();
+      adminAgent?.destroy().catch(() => undefined); // a forward still waiting on a worker ends too
+    }));
+
   return {
     url,
     adminUrl,
@@ -184,20 +200,14 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       log.info({ event: 'shutdown_accepting_stopped', timeout_ms: timeoutMs }, `no longer accepting; open requests may finish for ${timeoutMs} ms`);
       // The routing view stays live until the last stream is done: retries still need it.
       closing = true;
-      let cut = false;
       // One deadline for both listeners: a stalled admin call (half a request, a client that never
       // reads) is cut with the streams, never waited on past it. Requests get their answer first.
       const deadline = setTimeout(() => {
-        cut = true;
         log.warn(
           { event: 'shutdown_deadline', open_requests: shutdown.openRequests, open_connections: 'cut' },
           `${shutdown.openRequests} request(s) still open after ${timeoutMs} ms: ending them with server_closing, then closing the connections`,
         );
-        void shutdown.cutOpen(`the frontend is shutting down: the request was still open at its shutdown deadline (${timeoutMs} ms); retry`).then(() => {
-          app.server.closeAllConnections();
-          adminApp?.server.closeAllConnections();
-          adminAgent?.destroy().catch(() => undefined); // a forward still waiting on a worker ends too
-        });
+        void cutAll(`the frontend is shutting down: the request was still open at its shutdown deadline (${timeoutMs} ms); retry`);
       }, timeoutMs);
       await Promise.all([adminApp?.close().then(() => adminAgent?.close().catch(() => undefined)), app.close()]);
       clearTimeout(deadline);
@@ -205,7 +215,14 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await kvFeed?.close();
       await upstream.close();
       await discovery.close();
-      return !cut;
+      return cutting === undefined;
+    },
+    async interrupt(message) {
+      shutdown.notReady = true;
+      app.server.close();
+      adminApp?.server.close();
+      log.warn({ event: 'shutdown_interrupted', open_requests: shutdown.openRequests }, `${shutdown.openRequests} request(s) still open: ending them with server_closing now (${message})`);
+      await cutAll(message);
     },
   };
 }

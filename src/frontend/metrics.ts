@@ -1,5 +1,6 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { collectProcessMetrics } from '../common/process-metrics.js';
+import { ModelStats } from './model-stats.js';
 import type { MigrationReason } from './relay/migration.js';
 import type { WorkerPool } from './routing/worker-pool.js';
 
@@ -65,14 +66,23 @@ export function createFrontendMetrics(pool: WorkerPool) {
       for (const [id, n] of pool.inflight()) this.set({ worker_id: id }, n);
     },
   });
+  // The dashboard's per-model minute (the counters above have no model label: a client names models).
+  const stats = new ModelStats();
   return {
     registry,
-    request: (endpoint: string, status: number) => requests.inc({ endpoint, status: String(status) }),
+    stats,
+    request: (endpoint: string, status: number, model?: string) => {
+      requests.inc({ endpoint, status: String(status) });
+      if (model !== undefined) stats.answered(model, status);
+    },
     attempt: (workerId: string, outcome: string) => attempts.inc({ worker_id: workerId, outcome }),
     midStreamFailure: () => midStream.inc(),
     migrated: (reason: MigrationReason) => migrations.inc({ reason }),
     migrationFailed: (reason: MigrationFailure) => migrationFailures.inc({ reason }),
-    firstToken: (seconds: number) => ttft.observe(seconds),
+    firstToken: (seconds: number, model?: string) => {
+      ttft.observe(seconds);
+      if (model !== undefined) stats.firstToken(model, seconds);
+    },
   };
 }
 

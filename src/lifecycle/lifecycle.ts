@@ -6,6 +6,7 @@ import type { DiscoveryPresence, WorkerStatus } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
 import type { Admission } from './admission.js';
 import { AuditTrail, ENGINE_ACTOR, SIGNAL_ACTOR } from './audit.js';
+import { InflightHistory } from './inflight-history.js';
 import { canMove, nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
 
 /** The worker's presence in discovery. Drain removes it, resume puts it back. */
@@ -95,13 +96,22 @@ export class Lifecycle extends EventEmitter {
   /** The drain under way, for the audit trail: who started it and when (performance.now). */
   private drainStart: { actor: string; at: number } | null = null;
   private etaSource: EtaSource | undefined;
+  /**
+   * Unset while the engine loads (`loading`, which can take minutes for a real model): the state is
+   * the lifecycle's from the process's start, and nothing that needs the engine can run before it.
+   */
+  private engine: Engine | undefined;
+  /** What loading is doing now ("starting engine llama-cpp"), while the engine loads. */
+  loadingDetail = 'starting the engine';
   /** Every drain, resume, shutdown and hand-off (GET /engine/events). */
   readonly audit: AuditTrail;
+  /** The last minute of in-flight counts, for a dashboard that opens now. */
+  readonly inflightHistory = new InflightHistory();
 
   constructor(
     private readonly workerId: string,
     private readonly admission: Admission,
-    private readonly engine: Engine,
+    engine: Engine | undefined,
     private readonly registration: Registration,
     private readonly log: Logger,
   ) {
@@ -109,9 +119,24 @@ export class Lifecycle extends EventEmitter {
     this.audit = new AuditTrail(log);
     admission.on('idle', () => void this.evaluate());
     // In-flight changes, for status streams (coalesced there).
-    admission.on('admitted', () => this.emit('inflight'));
-    admission.on('released', () => this.emit('inflight'));
+    const changed = () => {
+      this.inflightHistory.record(admission.inflight);
+      this.emit('inflight');
+    };
+    admission.on('admitted', changed);
+    admission.on('released', changed);
+    if (engine !== undefined) this.engineLoaded(engine);
+  }
+
+  /** The engine is loaded: `start` may register from now on. Once. */
+  engineLoaded(engine: Engine): void {
+    if (this.engine !== undefined) throw new Error('the engine is already loaded');
+    this.engine = engine;
     engine.onQuiescenceChange(() => void this.evaluate());
+  }
+
+  get engineReady(): boolean {
+    return this.engine !== undefined;
   }
 
   get state(): WorkerState {
@@ -132,6 +157,7 @@ export class Lifecycle extends EventEmitter {
    */
   start(): Promise<void> {
     return this.serialize(async () => {
+      if (this.engine === undefined) throw new Error('cannot register before the engine is loaded');
       if (!canMove(this.current, 'start')) return;
       if (!(await this.register())) throw new Error('registration was lost while it was being made');
       // A shutdown that began meanwhile owns the worker now, and unregisters it again.
@@ -560,7 +586,7 @@ export class Lifecycle extends EventEmitter {
     const state = this.current;
     let probe: Quiescence;
     try {
-      probe = await this.engine.probeQuiescence();
+      probe = this.engine ? await this.engine.probeQuiescence() : { state: 'unknown', reason: 'the engine is still loading' };
     } catch (err) {
       probe = { state: 'unknown', reason: `idleness probe failed: ${(err as Error).message}` };
     }

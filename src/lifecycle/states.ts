@@ -8,7 +8,9 @@ import { WORKER_STATES, type WorkerState } from '../protocol/admin.js';
  *
  *   from      | event          | to        | what the controller does around it
  *   ----------+----------------+-----------+---------------------------------------------------------
- *   loading   | start          | serving   | the first registration confirmed (the worker can serve)
+ *   loading   | start          | serving   | the first registration confirmed (the worker can serve);
+ *             |                |           |   refused before the engine is loaded (the lifecycle
+ *             |                |           |   exists, in loading, from the process's start)
  *   loading   | drain          | draining  | start drained (an intent), or drained before it registered:
  *             |                |           |   it never registers until resumed
  *   loading   | shutdown       | stopping  | SIGTERM before the first registration

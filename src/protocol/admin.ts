@@ -1,4 +1,5 @@
-import Type, { type Static } from 'typebox';
+import type { Static } from 'typebox';
+import { Type } from './schema.js';
 
 /**
  * The Admin API's wire types, shared by the worker's system-status server, the frontend's admin

@@ -1,4 +1,5 @@
-import Type, { type Static } from 'typebox';
+import type { Static } from 'typebox';
+import { Type } from './schema.js';
 import type { ErrorCode } from './errors.js';
 
 /**

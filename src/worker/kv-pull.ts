@@ -1,15 +1,11 @@
 import { Agent, request } from 'undici';
 import { bearerHeader } from '../common/admin-auth.js';
 import type { KvTransferRef } from '../protocol/request-plane.js';
+import { KvPullError } from './kv-pull-error.js';
 
 const agent = new Agent({ keepAliveTimeout: 30_000, connections: 64 });
 
-/** The message names the transfer and its prefill worker, never what the far end answered. */
-export class KvPullError extends Error {
-  constructor(ref: KvTransferRef, what: string, readonly detail: string) {
-    super(`KV transfer ${ref.transfer_id} from prefill worker ${ref.worker_id}: ${what}`);
-  }
-}
+export { KvPullError } from './kv-pull-error.js';
 
 /**
  * Decode side: fetch the prompt's KV from the prefill worker, then confirm receipt so the prefill

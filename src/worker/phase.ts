@@ -12,21 +12,17 @@ export interface WorkerRuntime {
 }
 
 /**
- * Where the worker process is before and beside its lifecycle: loading its engine (a real model
- * takes seconds to minutes, and the system server must answer meanwhile, /live 200 and /health 503,
- * without the worker being in discovery), running, and whether its engine failed under it.
+ * The worker process beside its lifecycle, which holds the state from the start (`loading` while
+ * the engine loads: a real model takes seconds to minutes, and the system server must answer
+ * meanwhile, /live 200 and /health 503, without the worker being in discovery): the parts that
+ * exist only once the engine does, and whether the engine failed under it.
  */
 export class WorkerPhase {
   private current: WorkerRuntime | undefined;
-  readonly loadingSince = new Date();
-  /** What loading is doing now ("loading model /models/x.gguf"), shown in /health while it lasts. */
-  loadingDetail: string;
   /** Set once when the engine died under the worker: /live fails from then on. */
   engineFailure: string | undefined;
 
-  constructor(readonly engineKind: string) {
-    this.loadingDetail = `starting engine ${engineKind}`;
-  }
+  constructor(readonly lifecycle: Lifecycle) {}
 
   get runtime(): WorkerRuntime | undefined {
     return this.current;

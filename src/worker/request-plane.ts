@@ -10,7 +10,7 @@ import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine, type TokenizeResponse, type Usage } from '../protocol/request-plane.js';
-import { KvPullError, pullKv } from './kv-pull.js';
+import { KvPullError } from './kv-pull-error.js';
 import { KV_STATE_HEADER, KvStatePullError, pullKvState, releaseKvState, type KvPullOutcome } from './kv-state-pull.js';
 import { createReadStream } from 'node:fs';
 import type { WorkerMetrics } from './metrics.js';
@@ -247,6 +247,8 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         if (handoffKv) void releaseKvState(handoffKv, requestToken);
         gen.kv_state = await takeKvState(scope, kv);
       } else if (kv) {
+        // Loaded on the first pull: only a mocker decode worker pulls this way, and the module brings undici.
+        const { pullKv } = await import('./kv-pull.js');
         const bytes = await pullKv(kv, scope.signal, requestToken);
         log.debug({ event: 'kv_pulled', request_id: scope.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');
       } else if (handoffKv && engine.importKv) gen.kv_state = await takeKvState(scope, handoffKv);

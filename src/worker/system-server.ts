@@ -52,7 +52,7 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
 
   const runtime = (): WorkerRuntime => {
     const r = phase.runtime;
-    if (r === undefined) throw new EbbError('worker_loading', `worker is loading its engine (${phase.loadingDetail}, since ${phase.loadingSince.toISOString()}); retry when /health is ready`, { headers: { 'retry-after': '5' } });
+    if (r === undefined) throw new EbbError('worker_loading', `worker is loading its engine (${phase.lifecycle.loadingDetail}, since ${phase.lifecycle.status().state_since}); retry when /health is ready`, { headers: { 'retry-after': '5' } });
     return r;
   };
   const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => {
@@ -64,7 +64,7 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
 
   allowOnly(app, '/live', ['GET']);
   app.get('/live', async (_req, reply) => {
-    const state = phase.runtime?.lifecycle.state ?? 'loading';
+    const state = phase.lifecycle.state;
     if (phase.engineFailure !== undefined) return reply.code(503).send({ status: 'engine_failed', state, reason: phase.engineFailure });
     return { status: 'alive', state };
   });
@@ -72,7 +72,7 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
   allowOnly(app, '/health', ['GET']);
   app.get('/health', async (_req, reply) => {
     const r = phase.runtime;
-    if (r === undefined) return reply.code(503).send({ status: 'not_ready', state: 'loading', loading: phase.loadingDetail, since: phase.loadingSince.toISOString() });
+    if (r === undefined) return reply.code(503).send({ status: 'not_ready', state: phase.lifecycle.state, loading: phase.lifecycle.loadingDetail, since: phase.lifecycle.status().state_since });
     const state = r.lifecycle.state;
     const ready = state === 'serving' && phase.engineFailure === undefined;
     return reply.code(ready ? 200 : 503).send({ status: ready ? 'ready' : 'not_ready', state, discovery: r.lifecycle.discoveryPresence });

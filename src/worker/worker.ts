@@ -73,7 +73,22 @@ export { ENGINE_FAILED_EXIT_CODE };
  */
 export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code: number) => void, loading: AbortSignal = new AbortController().signal): Promise<RunningWorker> {
   const workerId = opts.workerId ?? newWorkerId();
-  const phase = new WorkerPhase(opts.engine.kind);
+  // The lifecycle first: `loading` is its state while the engine loads, and the system server reads it.
+  let loaded: Engine | undefined;
+  const admission = new Admission(() => loaded?.isOverloaded() ?? true);
+  let record: WorkerRecord | undefined;
+  const lifecycle = new Lifecycle(
+    workerId,
+    admission,
+    undefined,
+    {
+      register: () => discovery.register(record as WorkerRecord),
+      unregister: () => discovery.unregister(workerId),
+    },
+    log,
+  );
+  lifecycle.loadingDetail = `starting engine ${opts.engine.kind}`;
+  const phase = new WorkerPhase(lifecycle);
   const systemServer = createSystemServer({ phase, workerId, guardAdmin: opts.guardAdmin });
   const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
   log.info({ event: 'worker_loading', worker_id: workerId, engine: opts.engine.kind, system_url: systemUrl }, `worker ${workerId} loading engine ${opts.engine.kind}; system server ${systemUrl}`);
@@ -84,20 +99,10 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     await closeBounded(systemServer, AbortSignal.timeout(2000));
     throw err;
   }
-  const admission = new Admission(() => engine.isOverloaded());
+  loaded = engine;
+  lifecycle.engineLoaded(engine);
   const discovery = await connectDiscovery(opts.discoveryUrl, { leaseTtlMs: opts.leaseTtlMs });
 
-  let record: WorkerRecord | undefined;
-  const lifecycle = new Lifecycle(
-    workerId,
-    admission,
-    engine,
-    {
-      register: () => discovery.register(record as WorkerRecord),
-      unregister: () => discovery.unregister(workerId),
-    },
-    log,
-  );
   const metrics = createWorkerMetrics(admission, lifecycle, engine);
   engine.kvTransfers?.on('expired', (t: KvTransfer) =>
     log.warn({ event: 'kv_transfer_expired', transfer_id: t.transfer_id, kv_bytes: t.kv_bytes }, `KV transfer ${t.transfer_id} expired before a decode peer took it`),

@@ -7,6 +7,8 @@ import { codeOf, EbbError } from '../../protocol/errors.js';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
 import { adminCall, errorMessageOf, fetchLiveStatus, identityMismatch, Unreachable, WORKER_ANSWER_LIMIT, type LiveStatus } from '../../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../../discovery/discovery.js';
+import type { DrainIntent, DrainIntentStore } from '../../discovery/drain-intent.js';
+import type { ModelStats } from '../model-stats.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import { addDashboard } from './dashboard.js';
 import { FleetEvents } from './fleet-events.js';
@@ -26,6 +28,13 @@ export interface AdminServerDeps {
   pool: WorkerPool;
   /** The router's view of a worker (its indexed blocks, queued prefill), for /workers and the dashboard. */
   kv?: ((workerId: string) => Record<string, unknown>) | undefined;
+  /**
+   * Discovery's drain intents, where it keeps them (etcd): a worker that started drained under one
+   * never registered, and its intent is how the fleet view still lists and reaches it.
+   */
+  intents?: DrainIntentStore | undefined;
+  /** Per-model request rate, errors and TTFT, for the dashboard. */
+  stats?: ModelStats | undefined;
   agent: Agent;
   /** Checks mutating routes when an admin token is configured. */
   guardAdmin?: AdminGuard | undefined;
@@ -39,10 +48,16 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, kv, agent, guardAdmin, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
+export function createAdminServer({ fleet, pool, kv, intents, stats, agent, guardAdmin, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits });
 
-  const describe = async (k: Known) => {
+  /** Intents by worker id; an unreachable store lists none (the fleet view still answers). */
+  const readIntents = async (): Promise<Map<string, DrainIntent>> => (intents ? await intents.list().catch(() => new Map<string, DrainIntent>()) : new Map<string, DrainIntent>());
+  /** Workers known only from their intent's record: started drained, never registered. */
+  const unregistered = (held: Map<string, DrainIntent>): Known[] =>
+    [...held.values()].flatMap((i) => (i.worker !== undefined && !fleet.get(i.worker.worker_id) ? [{ record: i.worker, inDiscovery: false, failures: 0 }] : []));
+
+  const describe = async (k: Known, intent?: DrainIntent) => {
     const live = await fetchLiveStatus(k.record.system_url, k.record.worker_id, agent, STATUS_TIMEOUT_MS);
     const routed = pool.get(k.record.worker_id);
     const now = Date.now();
@@ -58,20 +73,31 @@ export function createAdminServer({ fleet, pool, kv, agent, guardAdmin, limits, 
         // The router's index of its prefix cache: cached_blocks, exact (KV events) or approximate; kept masked while it is out of discovery.
         kv: kv?.(k.record.worker_id) ?? null,
         ...live,
+        ...(intent ? { drain_intent: intent } : {}),
       },
       live,
     };
   };
 
-  const lookup = (id: string): Known => {
-    const k = fleet.get(id);
-    if (!k) throw new EbbError('worker_not_found', `no worker "${id}" is known to this frontend`);
-    return k;
+  const lookup = async (id: string): Promise<Known> => {
+    const known = fleet.get(id);
+    if (known) return known;
+    const intent = await intents?.get(id).catch(() => undefined);
+    if (intent?.worker?.worker_id === id) return { record: intent.worker, inDiscovery: false, failures: 0 };
+    throw new EbbError('worker_not_found', `no worker "${id}" is known to this frontend`);
   };
 
   const listWorkers = async () => {
-    const described = await Promise.all(fleet.all().map(describe));
-    return described.filter(({ entry, live }) => !fleet.forgetIfGone(entry.worker_id, live)).map(({ entry }) => entry);
+    const held = await readIntents();
+    const [listed, fromIntents] = await Promise.all([
+      Promise.all(fleet.all().map((k) => describe(k, held.get(k.record.worker_id)))),
+      // Shown while their system server answers as them; the fleet view does not keep them.
+      Promise.all(unregistered(held).map((k) => describe(k, held.get(k.record.worker_id)))),
+    ]);
+    return [
+      ...listed.filter(({ entry, live }) => !fleet.forgetIfGone(entry.worker_id, live)).map(({ entry }) => entry),
+      ...fromIntents.filter(({ live }) => live.reachable).map(({ entry }) => entry),
+    ].sort((a, b) => a.worker_id.localeCompare(b.worker_id));
   };
 
   addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
@@ -80,12 +106,12 @@ export function createAdminServer({ fleet, pool, kv, agent, guardAdmin, limits, 
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
 
-  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null);
-  addDashboard(app, { tokenRequired: guardAdmin !== undefined });
+  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null, stats);
+  addDashboard(app, { tokenRequired: guardAdmin !== undefined, snapshot: async () => ({ workers: await listWorkers(), models: stats?.summary() ?? [] }) });
 
   allowOnly(app, '/workers/:id', ['GET']);
   app.get<{ Params: { id: string } }>('/workers/:id', async (req) => {
-    const { entry, live } = await describe(lookup(req.params.id));
+    const { entry, live } = await describe(await lookup(req.params.id));
     if (fleet.forgetIfGone(entry.worker_id, live))
       throw new EbbError('worker_not_found', `worker "${entry.worker_id}" left discovery and no longer answers at ${entry.system_url}: ${live.reachable ? '' : live.error}`);
     return entry;
@@ -113,7 +139,7 @@ export function createAdminServer({ fleet, pool, kv, agent, guardAdmin, limits, 
    * proved to be that worker. Resolves with the worker's answer as it is (status code, body).
    */
   const forwardAction = async (id: string, action: 'drain' | 'resume', body: DrainBody | undefined, authorization: string | undefined) => {
-    const k = lookup(id);
+    const k = await lookup(id);
     const url = `${k.record.system_url}/engine/${action}`;
     // A system port can be reused by another worker after this one left: whoever answers there
     // must prove it is the worker asked for before it gets the action, or the operator's token.

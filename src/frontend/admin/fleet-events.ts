@@ -5,12 +5,19 @@ import { allowOnly } from '../../common/http-server.js';
 import { readSse, SseHub, sseFrame } from '../../common/sse-hub.js';
 import { failureReason, identityMismatch, WORKER_ANSWER_LIMIT } from '../../common/worker-admin.js';
 import type { WorkerRecord } from '../../discovery/discovery.js';
+import type { ModelStats } from '../model-stats.js';
 import type { FleetView } from './fleet-view.js';
 
 /** Reconnect back-off for a worker's status stream that ended or failed. */
 const RESUBSCRIBE = { minMs: 500, maxMs: 5000, jitter: true };
 /** Bound on a worker's answer to the stream request (headers); the stream itself then lasts. */
 const CONNECT_TIMEOUT_MS = 2000;
+/** The dashboard's window: in-flight samples older than this are dropped. */
+const HISTORY_MS = 60_000;
+/** Audit events kept per worker for a dashboard that opens later. */
+const HISTORY_AUDIT = 50;
+/** How often the per-model figures go out while a dashboard listens (they are rates: time is the event). */
+const MODEL_STATS_EVERY_MS = 1000;
 
 /**
  * GET /workers/events on the frontend's admin listener: the fleet as server-sent events. A client
@@ -21,6 +28,8 @@ const CONNECT_TIMEOUT_MS = 2000;
  *   status {worker_id, status, kv}   a worker's own status event (its lifecycle, in-flight, ETA), with the router's view of its cache
  *   audit {worker_id, event}         a worker's audit event (drain, resume, shutdown, hand-off)
  *   worker_unreachable {worker_id, error}   its status stream failed; retried with back-off
+ *   history {worker_id, inflight: [[age_ms, n]...], audit: [...]}   its last minute, once followed
+ *   models {models}                  per-model request rate, errors and TTFT, every second
  * The frontend subscribes to each worker's /engine/status/events only while some client listens,
  * so an idle frontend holds no connection to any worker's admin port.
  */
@@ -28,6 +37,7 @@ export class FleetEvents {
   private readonly hub: SseHub;
   private readonly subs = new Map<string, Subscription>();
   private readonly agent = new Agent({ connect: { timeout: CONNECT_TIMEOUT_MS }, headersTimeout: CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
+  private statsTimer: NodeJS.Timeout | undefined;
 
   constructor(
     app: FastifyInstance,
@@ -35,10 +45,12 @@ export class FleetEvents {
     snapshot: () => Promise<unknown[]>,
     /** The router's view of a worker's prefix cache (as in GET /workers' `kv`). */
     private readonly kv: (workerId: string) => unknown = () => null,
+    private readonly stats?: ModelStats,
   ) {
     this.hub = new SseHub(app, () => this.unsubscribeAll());
     app.addHook('onClose', async () => {
       this.unsubscribeAll();
+      clearInterval(this.statsTimer);
       await this.agent.close().catch(() => undefined);
     });
     fleet.on('joined', (record: WorkerRecord) => {
@@ -55,8 +67,12 @@ export class FleetEvents {
     allowOnly(app, '/workers/events', ['GET']);
     app.get('/workers/events', async (_req, reply) => {
       const workers = await snapshot();
-      this.hub.open(reply, [sseFrame('snapshot', { workers })]);
+      const now = Date.now();
+      // What the frontend already holds goes first: the page draws the last minute, not an empty chart.
+      const history = [...this.subs.entries()].filter(([, sub]) => sub.hasHistory).map(([id, sub]) => sseFrame('history', { worker_id: id, ...sub.history(now) }));
+      this.hub.open(reply, [sseFrame('snapshot', { workers, models: this.stats?.summary(now) ?? [] }), ...history]);
       for (const k of this.fleet.all()) this.subscribe(k.record);
+      if (this.stats) this.statsTimer ??= setInterval(() => this.hub.send('models', { models: this.stats?.summary() ?? [] }), MODEL_STATS_EVERY_MS);
     });
   }
 
@@ -72,6 +88,7 @@ export class FleetEvents {
     if (this.subs.get(id) !== sub) return;
     if (event === 'status') this.hub.send('status', { worker_id: id, status: data, kv: this.kv(id) });
     else if (event === 'audit') this.hub.send('audit', { worker_id: id, event: data });
+    else if (event === 'history') this.hub.send('history', { worker_id: id, ...sub.history() });
     else if (event === 'error') {
       const error = String(data);
       this.hub.send('worker_unreachable', { worker_id: id, error });
@@ -83,18 +100,25 @@ export class FleetEvents {
   private unsubscribeAll(): void {
     for (const s of this.subs.values()) s.close();
     this.subs.clear();
+    clearInterval(this.statsTimer);
+    this.statsTimer = undefined;
   }
 }
 
 /**
  * One worker's status stream, reconnected with back-off until closed. Reports `status` and `audit`
- * events as they come, `connected` (with the first status) once the worker proved its identity, and
- * `error` (a reason) when the stream fails.
+ * events as they come, `history` when the worker sent its last minute, `connected` (with the first
+ * status) once the worker proved its identity, and `error` (a reason) when the stream fails. Keeps
+ * the worker's last minute (in-flight samples, recent audit events) for dashboards that open later.
  */
 class Subscription {
   readonly url: string;
   private readonly abort = new AbortController();
   private readonly backoff = new Backoff(RESUBSCRIBE);
+  /** [ms since epoch on this clock, in-flight], oldest first. */
+  private inflight: Array<[number, number]> = [];
+  private audit: unknown[] = [];
+  hasHistory = false;
 
   constructor(
     private readonly record: WorkerRecord,
@@ -107,6 +131,30 @@ class Subscription {
 
   close(): void {
     this.abort.abort();
+  }
+
+  /** The last minute as a `history` event carries it: ages, not times (the page's clock is not ours). */
+  history(now = Date.now()): { inflight: Array<[number, number]>; audit: unknown[] } {
+    while (this.inflight.length > 1 && (this.inflight[1] as [number, number])[0] <= now - HISTORY_MS) this.inflight.shift();
+    return { inflight: this.inflight.map(([t, v]) => [Math.max(0, now - t), v]), audit: [...this.audit] };
+  }
+
+  private keep(event: string, data: unknown): void {
+    const now = Date.now();
+    if (event === 'history') {
+      const h = data as { inflight?: unknown; audit?: unknown } | null;
+      // The worker's own minute replaces what we had: a reconnect must not double the audit events.
+      this.inflight = Array.isArray(h?.inflight) ? h.inflight.filter((p): p is [number, number] => Array.isArray(p) && typeof p[0] === 'number' && typeof p[1] === 'number').map(([age, v]) => [now - age, v]) : [];
+      this.audit = Array.isArray(h?.audit) ? h.audit.slice(-HISTORY_AUDIT) : [];
+      this.hasHistory = true;
+    } else if (event === 'status') {
+      const n = (data as { inflight_requests?: unknown } | null)?.inflight_requests;
+      if (typeof n === 'number') this.inflight.push([now, n]);
+      while (this.inflight.length > 1 && (this.inflight[1] as [number, number])[0] <= now - HISTORY_MS) this.inflight.shift();
+    } else if (event === 'audit') {
+      this.audit.push(data);
+      if (this.audit.length > HISTORY_AUDIT) this.audit.shift();
+    }
   }
 
   private async run(): Promise<void> {
@@ -146,6 +194,7 @@ class Subscription {
         this.backoff.reset();
         this.emit('connected', parsed.data);
       }
+      this.keep(parsed.event, parsed.data);
       this.emit(parsed.event, parsed.data);
     }
   }

@@ -80,18 +80,23 @@ export function createOpenAIServer({
   }
   app.addHook('onResponse', async (req, reply) => {
     const url = req.routeOptions.url;
-    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses') metrics.request(url, reply.statusCode);
+    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses') {
+      const model = (req.body as { model?: unknown } | undefined)?.model;
+      metrics.request(url, reply.statusCode, typeof model === 'string' ? model : undefined);
+    }
   });
 
-  const model = (id: string) => ({ id, object: 'model', created: 0, owned_by: 'ebb' });
+  // Every model a request may name without a 404: `unavailable` while none of its workers is in
+  // discovery (all drained or restarting), when a request for it gets a retryable 503.
+  const model = (id: string) => ({ id, object: 'model', created: 0, owned_by: 'ebb', status: pool.hasModel(id) ? 'available' : 'unavailable' });
   const methods = (url: string, allowed: Array<'GET' | 'POST'>) => allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed);
 
   methods('/v1/models', ['GET']);
-  app.get('/v1/models', async () => ({ object: 'list', data: pool.models().map(model) }));
+  app.get('/v1/models', async () => ({ object: 'list', data: pool.knownModels().map(model) }));
 
   methods('/v1/models/:id', ['GET']);
   app.get<{ Params: { id: string } }>('/v1/models/:id', async (req) => {
-    if (!pool.hasModel(req.params.id)) throw modelNotFound(req.params.id);
+    if (!pool.knows(req.params.id)) throw modelNotFound(req.params.id);
     return model(req.params.id);
   });
 

@@ -50,7 +50,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
     // A single lane's last tokens wait for the end, to leave with it.
     const linger = lanes.length === 1;
     try {
-      metrics.firstToken((performance.now() - started) / 1000);
+      metrics.firstToken((performance.now() - started) / 1000, gens[0]?.model);
       reply.hijack();
       out.cork();
       out.begin(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': headerValue(lanes[0]!.workerId) });

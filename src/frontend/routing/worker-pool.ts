@@ -247,6 +247,13 @@ export class WorkerPool {
     return [...this.counts.keys()].sort();
   }
 
+  /** Every model `knows`: those in discovery and those whose last worker left it lately. */
+  knownModels(now = Date.now()): string[] {
+    const known = new Set(this.counts.keys());
+    for (const [model, left] of this.lastServed) if (now - left < MODEL_MEMORY_MS) known.add(model);
+    return [...known].sort();
+  }
+
   /** A model in discovery, or one whose last worker left it less than MODEL_MEMORY_MS ago. */
   knows(model: string, now = Date.now()): boolean {
     if (this.hasModel(model)) return true;
