@@ -57,7 +57,9 @@ before(async () => {
   discovery = tempDiscoveryUrl();
   worker = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', LONG_ID], NO_TOKEN);
   started.push(worker);
-  const f = await startFrontend(discovery, ['--admin-port', '0'], NO_TOKEN);
+  // least-loaded: the kv router's KV event stream would hold one of the worker's admin connections,
+  // and the flood test below fills that budget exactly.
+  const f = await startFrontend(discovery, ['--admin-port', '0', '--router', 'least-loaded'], NO_TOKEN);
   started.push(f);
   const ready = await f.waitForEvent('frontend_ready');
   fe = Object.assign(f, { adminUrl: ready.admin_url as string });

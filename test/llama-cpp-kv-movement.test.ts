@@ -190,7 +190,8 @@ describe('llama-cpp: KV moves between workers', () => {
     } finally {
       process.kill(a.pid, 'SIGCONT');
     }
-    assert.equal(await drained?.status, 200);
+    const status = await drained?.status;
+    assert.ok(status !== undefined && status >= 200 && status < 300, `drain answered ${status}`);
     const results = await Promise.all(moved);
 
     const migrations = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId);
