@@ -1,5 +1,6 @@
 import type { Static } from 'typebox';
 import { Type } from './schema.js';
+import { WORKER_MODES } from './worker-mode.js';
 
 /**
  * The Admin API's wire types, shared by the worker's system-status server, the frontend's admin
@@ -68,3 +69,18 @@ export interface WorkerStatus {
   last_error: string | null;
   engine?: Record<string, unknown>;
 }
+
+/** POST /models/{model}/scale-down on the frontend's admin listener. */
+export const ScaleDownBodySchema = Type.Object(
+  {
+    count: Type.Integer({ minimum: 1, maximum: 10_000 }),
+    /** Hand streams still running after this long off to the workers that stay. */
+    deadline_ms: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 * 1000 })),
+    /** The pool (prefill, decode) when the model has several. */
+    pool: Type.Optional(Type.Union(WORKER_MODES.map((m) => Type.Literal(m)))),
+    /** Only answer the ranking and the victims it would take. */
+    dry_run: Type.Optional(Type.Boolean()),
+  },
+  { additionalProperties: false },
+);
+export type ScaleDownBody = Static<typeof ScaleDownBodySchema>;

@@ -1,6 +1,6 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { Engine } from '../engine/engine.js';
-import type { KvPullOutcome } from './kv-state-pull.js';
+import type { KvPullOutcome } from './kv-state-wire.js';
 
 /**
  * Real KV state on this worker: the bytes of state files it holds (bounded by the engine), and

@@ -2,24 +2,9 @@ import { Agent, request } from 'undici';
 import { bearerHeader } from '../common/admin-auth.js';
 import type { Engine, KvStateHandle } from '../engine/engine.js';
 import type { KvTransferRef } from '../protocol/request-plane.js';
+import { KV_STATE_HEADER, KvStatePullError } from './kv-state-wire.js';
 
 const agent = new Agent({ keepAliveTimeout: 30_000, connections: 64 });
-
-/** The header a KV state's checks travel in, ahead of its bytes (see engine/llama-cpp-kv-state). */
-export const KV_STATE_HEADER = 'x-ebb-kv-state';
-
-/** How a pull ended: loaded (handed to the engine), refused (checked and rejected), unavailable (gone or unreachable). */
-export type KvPullOutcome = 'pulled' | 'refused' | 'unavailable';
-
-export class KvStatePullError extends Error {
-  constructor(
-    readonly outcome: Exclude<KvPullOutcome, 'pulled'>,
-    ref: KvTransferRef,
-    what: string,
-  ) {
-    super(`KV state ${ref.transfer_id} from worker ${ref.worker_id}: ${what}`);
-  }
-}
 
 const url = (ref: KvTransferRef) => `${ref.source_url}/kv/${encodeURIComponent(ref.transfer_id)}`;
 

@@ -11,7 +11,7 @@ import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import { GenerateBodySchema, promptOf, type GenerateBody, type KvTransferRef, type PrefillResponse, type StreamLine, type TokenizeResponse, type Usage } from '../protocol/request-plane.js';
 import { KvPullError } from './kv-pull-error.js';
-import { KV_STATE_HEADER, KvStatePullError, pullKvState, releaseKvState, type KvPullOutcome } from './kv-state-pull.js';
+import { KV_STATE_HEADER, KvStatePullError, type KvPullOutcome } from './kv-state-wire.js';
 import { createReadStream } from 'node:fs';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
@@ -244,7 +244,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       // A request the engine refuses (a continuation its grammar does not allow) is a 400, not a stream.
       await engine.check?.(gen);
       if (kv && engine.importKv) {
-        if (handoffKv) void releaseKvState(handoffKv, requestToken);
+        if (handoffKv) releaseLater(handoffKv);
         gen.kv_state = await takeKvState(scope, kv);
       } else if (kv) {
         // Loaded on the first pull: only a mocker decode worker pulls this way, and the module brings undici.
@@ -253,7 +253,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
         log.debug({ event: 'kv_pulled', request_id: scope.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');
       } else if (handoffKv && engine.importKv) gen.kv_state = await takeKvState(scope, handoffKv);
       // An engine that cannot load it re-evaluates; the source must not wait for it until its TTL.
-      else if (handoffKv) void releaseKvState(handoffKv, requestToken);
+      else if (handoffKv) releaseLater(handoffKv);
       const tokens = scope.attach(engine.generate(gen, scope.signal));
       if (stream) {
         res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': scope.id });
@@ -289,6 +289,11 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     }
   }
 
+  /** Frees a hand-off's state at its source (loaded on first use: the pull module brings undici). */
+  function releaseLater(ref: KvTransferRef): void {
+    void import('./kv-state-pull.js').then(({ releaseKvState }) => releaseKvState(ref, requestToken));
+  }
+
   /**
    * Pulls a real KV state for this request; a state that is gone, unreachable or refused (another
    * model, a larger context, corrupt bytes, over the size bound) leaves the engine to evaluate the
@@ -298,6 +303,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const importKv = engine.importKv?.bind(engine);
     if (!importKv) return undefined;
     try {
+      const { pullKvState } = await import('./kv-state-pull.js');
       const handle = await pullKvState(ref, { importKv }, scope.signal, requestToken);
       onKvPull?.('pulled');
       log.debug({ event: 'kv_state_pulled', request_id: scope.id, transfer_id: ref.transfer_id, tokens: handle.tokens }, 'KV state pulled');

@@ -1,29 +1,14 @@
 import type { FastifyInstance } from 'fastify';
-import Type, { type Static } from 'typebox';
 import type { AdminGuard } from '../../common/admin-auth.js';
 import { allowOnly } from '../../common/http-server.js';
 import type { AdminResponse } from '../../common/worker-admin.js';
 import { errorMessageOf } from '../../common/worker-admin.js';
-import type { DrainBody } from '../../protocol/admin.js';
+import { ScaleDownBodySchema, type DrainBody, type ScaleDownBody } from '../../protocol/admin.js';
 import { codeOf, EbbError } from '../../protocol/errors.js';
-import { WORKER_MODES } from '../../protocol/worker-mode.js';
 import type { ScaleDownOutcome } from '../metrics.js';
 import { servingCandidates, type LiveEntry } from './fleet-capacity.js';
 import { chooseVictims, isChoiceProblem } from './victim-ranking.js';
 
-export const ScaleDownBodySchema = Type.Object(
-  {
-    count: Type.Integer({ minimum: 1, maximum: 10_000 }),
-    /** Hand streams still running after this long off to the workers that stay. */
-    deadline_ms: Type.Optional(Type.Integer({ minimum: 0, maximum: 7 * 24 * 3600 * 1000 })),
-    /** The pool (prefill, decode) when the model has several. */
-    pool: Type.Optional(Type.Union(WORKER_MODES.map((m) => Type.Literal(m)))),
-    /** Only answer the ranking and the victims it would take. */
-    dry_run: Type.Optional(Type.Boolean()),
-  },
-  { additionalProperties: false },
-);
-export type ScaleDownBody = Static<typeof ScaleDownBodySchema>;
 
 export interface ScaleDownRouteDeps {
   listWorkers: () => Promise<LiveEntry[]>;
