@@ -1,5 +1,6 @@
 import { once } from 'node:events';
-import { request as httpRequest } from 'node:http';
+import { createServer, request as httpRequest } from 'node:http';
+import type { AddressInfo } from 'node:net';
 /**
  * Real KV movement between llama-cpp workers, one fleet for every assertion (llama-cpp processes
  * are slow to start): disaggregated prefill/decode answers equal aggregated ones and report the
@@ -209,7 +210,7 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.equal(await metricValue(b.systemUrl, 'ebb_kv_state_bytes'), 0);
   });
 
-  it('a hand-off whose KV is gone continues by re-evaluation; a source outside discovery is refused', async () => {
+  it('a hand-off whose KV is gone continues by re-evaluation; a source outside discovery is never called', async () => {
     const whole = await generate(b, body(AGG, { max_tokens: 20 }));
     const first = await openLineStream(`${b.requestUrl}/generate`, body(AGG, { max_tokens: 8 }));
     const pieces = (await first.done).map((l) => JSON.parse(l)).filter((l) => typeof l.text === 'string');
@@ -219,9 +220,22 @@ describe('llama-cpp: KV moves between workers', () => {
     const rest = await generate(b, { ...body(AGG, { max_tokens: 12 }), continuation, handoff_kv: gone });
     assert.equal(continuation.text + rest.text, whole.text, 'the stream goes on as if undisturbed');
     assert.equal(await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="unavailable"'), before + 1);
-    const stranger = await call('POST', `${b.requestUrl}/generate`, { ...body(AGG), continuation, handoff_kv: { ...gone, source_url: 'http://127.0.0.1:9' } });
-    assert.equal(stranger.status, 403);
-    assert.equal(stranger.body.error.code, 'forbidden');
+    // A source B has not seen registered is never called (neither pulled from nor told to free its
+    // state), and the stream is not refused for it: it goes on by re-evaluation.
+    let strangerCalls = 0;
+    const strangerServer = createServer((_req, res) => {
+      strangerCalls++;
+      res.writeHead(404).end();
+    });
+    await new Promise<void>((resolve) => strangerServer.listen(0, '127.0.0.1', resolve));
+    try {
+      const strangerUrl = `http://127.0.0.1:${(strangerServer.address() as AddressInfo).port}`;
+      const unseen = await generate(b, { ...body(AGG, { max_tokens: 12 }), continuation, handoff_kv: { ...gone, source_url: strangerUrl } });
+      assert.equal(continuation.text + unseen.text, whole.text, 'the stream goes on as if undisturbed');
+      assert.equal(strangerCalls, 0, 'the unseen source was not called');
+    } finally {
+      strangerServer.close();
+    }
   });
 
   it('a hand-off nobody continues releases its KV: the draining worker does not wait for the TTL', async () => {

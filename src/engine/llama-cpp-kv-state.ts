@@ -133,14 +133,21 @@ export class KvStateFiles {
     const identity = await this.identity;
     const path = this.nextPath('out');
     const tokens = sequence.contextTokens.length;
-    await sequence.saveStateToFile(path);
-    const bytes = (await stat(path)).size;
-    this.used += bytes;
-    if (this.used > this.opts.maxBytes) {
-      this.remove(path, bytes);
-      throw new KvStateRefused(`a ${bytes}-byte KV state would pass the bound of ${this.opts.maxBytes} bytes`);
+    let counted = 0;
+    let header: KvStateHeader;
+    let bytes: number;
+    try {
+      await sequence.saveStateToFile(path);
+      bytes = (await stat(path)).size;
+      this.used += bytes;
+      counted = bytes;
+      if (this.used > this.opts.maxBytes) throw new KvStateRefused(`a ${bytes}-byte KV state would pass the bound of ${this.opts.maxBytes} bytes`);
+      header = { format: KV_STATE_FORMAT, ...identity, tokens, state_bytes: bytes, state_sha256: await sha256File(path) };
+    } catch (err) {
+      // A partial file (a full disk) or one past the bound: gone, and its bytes no longer counted.
+      this.remove(path, counted);
+      throw err;
     }
-    const header: KvStateHeader = { format: KV_STATE_FORMAT, ...identity, tokens, state_bytes: bytes, state_sha256: await sha256File(path) };
     const transfer = this.transfers.create(promptTokens, bytes);
     this.exports.set(transfer.transfer_id, { path, header: JSON.stringify(header), bytes });
     return transfer;

@@ -17,6 +17,8 @@ export const ERROR_CODES = {
   method_not_allowed: { status: 405, type: 'invalid_request_error' },
   request_timeout: { status: 408, type: 'invalid_request_error' },
   shutdown_in_progress: { status: 409, type: 'invalid_request_error' },
+  /** The frontend admin API: another scale-down of the model is choosing and draining its victims. */
+  scale_down_in_progress: { status: 409, type: 'invalid_request_error' },
   payload_too_large: { status: 413, type: 'invalid_request_error' },
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   header_fields_too_large: { status: 431, type: 'invalid_request_error' },

@@ -55,6 +55,8 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   discovery_unavailable: retry,
   worker_unreachable: retry,
   worker_identity_mismatch: retry,
+  // An admin-listener answer; a worker's request plane never sends it.
+  scale_down_in_progress: retry,
   worker_failed_mid_stream: retry,
   worker_shut_down: retry,
   migration_failed: retry,

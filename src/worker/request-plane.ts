@@ -146,11 +146,21 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       throw new EbbError('forbidden', `kv_transfer source is not a registered prefill worker (worker_id "${ref.worker_id}" at that URL)`);
   }
 
-  /** A hand-off's state comes with its continuation, from a worker this one has seen registered. */
+  /** A hand-off's state comes with its continuation. */
   function checkHandoffSource(body: GenerateBody): void {
     if (body.continuation === undefined) throw new EbbError('invalid_request', 'handoff_kv is only accepted with a continuation', { param: 'handoff_kv' });
-    if (engine.importKv && !prefillPeers?.trusts(body.handoff_kv as KvTransferRef, 'any'))
-      throw new EbbError('forbidden', `handoff_kv source is not a registered worker (worker_id "${body.handoff_kv?.worker_id}" at that URL)`);
+  }
+
+  /**
+   * A hand-off's state is pulled, or freed at its source, only when that source is a worker this one
+   * has seen registered: a request body must not make a worker call an arbitrary URL. A source it
+   * has not seen (one that left discovery before this worker started, say) is no reason to refuse
+   * the stream: it continues by re-evaluation, as after a crash.
+   */
+  function trustedHandoff(ref: KvTransferRef | undefined): KvTransferRef | undefined {
+    if (ref === undefined || prefillPeers?.trusts(ref, 'any')) return ref;
+    log.warn({ event: 'handoff_kv_untrusted', worker_id: ref.worker_id, source_url: ref.source_url }, `hand-off state from ${ref.worker_id} not used: no worker registered by that id at that URL in this worker's view; re-evaluating`);
+    return undefined;
   }
 
   function refusal(code: RefusalCode) {
@@ -164,7 +174,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
     reply.hijack();
     generating.add(admitted.scope);
-    await serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, req.body.handoff_kv);
+    await serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, trustedHandoff(req.body.handoff_kv));
   });
 
   // Tokenizing is no generation: no admission, answered while draining too (a router may still ask).

@@ -95,7 +95,11 @@ export class Lane {
         throw end === undefined ? new StreamCut() : this.endOf(end);
       } catch (err) {
         // Closed (the response ended: another lane failed, the client left): nothing to move.
-        if (signal.aborted || this.closed || err instanceof LaneFailed) throw err;
+        if (signal.aborted || this.closed || err instanceof LaneFailed) {
+          // A state exported for a hand-off nobody continues: free it, or its source waits out the TTL to drain.
+          if (err instanceof HandedOff && err.kv !== undefined) void this.ctx.releaseKv?.(err.kv);
+          throw err;
+        }
         // Tokens read before the break were delivered: the client gets them before the continuation.
         sink.flush?.();
         await this.moveOn(err, signal);
