@@ -37,7 +37,17 @@ class FakeVllmPublisher {
 
   static async bind(endpoint = 'tcp://127.0.0.1:*', replay = false): Promise<FakeVllmPublisher> {
     const sock = new XPublisher();
-    await sock.bind(endpoint);
+    // A restarted engine rebinds its old port, which ZMQ's I/O thread frees a moment after unbind
+    // (no event says when): retried, bounded.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await sock.bind(endpoint);
+        break;
+      } catch (err) {
+        if (attempt >= 100 || !/in use/i.test((err as Error).message)) throw err;
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+    }
     const pub = new FakeVllmPublisher(sock, sock.lastEndpoint as string);
     if (replay) await pub.serveReplay();
     return pub;
