@@ -26,6 +26,8 @@ import { call } from '../test/helpers/http.js';
 import { killAllNow, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from '../test/helpers/sse.js';
 import { chooseVictims, isChoiceProblem } from '../src/frontend/admin/victim-ranking.js';
+// The mocker's seeded generator (mulberry32): every strategy sees the same load, every run the same trials.
+import { prng } from '../src/engine/mocker.js';
 
 interface Options {
   trials: number;
@@ -55,21 +57,9 @@ function parse(argv: string[]): Options {
   return o;
 }
 
-/** A small seeded generator (mulberry32): every strategy sees the same load, every run the same trials. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /** Long-tailed lengths: most streams short, a few long (log-uniform between min and max). */
 function lengths(o: Options, seed: number): number[] {
-  const r = rng(seed);
+  const r = prng(seed);
   return Array.from({ length: o.streams }, () => Math.round(Math.exp(Math.log(o.min) + r() * (Math.log(o.max) - Math.log(o.min)))));
 }
 
@@ -167,8 +157,8 @@ async function main(): Promise<void> {
   for (let t = 0; t < o.trials; t++) {
     const load = lengths(o, 1000 + t);
     for (const s of STRATEGIES) {
-      results[s].push(await measure(frontend, workers, o, s, load, false, rng(7 + t)));
-      withDeadline[s].push(await measure(frontend, workers, o, s, load, true, rng(7 + t)));
+      results[s].push(await measure(frontend, workers, o, s, load, false, prng(7 + t)));
+      withDeadline[s].push(await measure(frontend, workers, o, s, load, true, prng(7 + t)));
       const a = results[s][t] as Point;
       const b = withDeadline[s][t] as Point;
       process.stderr.write(`trial ${t + 1} ${s}: deletable in ${Math.round(a.deletableMs)} ms (cut ${a.cut}); deadline ${o.deadlineMs} ms: ${b.handedOff} handed off, ${b.cut} cut\n`);

@@ -1,10 +1,8 @@
 import { after, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { once } from 'node:events';
 import { annotations, APP, NO_TOKEN, NS, podWorker, startKube, stateIs } from './helpers/k8s-fixture.js';
 import type { FakeKubeApiServer, Pod } from './helpers/kube-apiserver.js';
-import { bounded, CLI, startFrontend, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { runEbb, startFrontend, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const started: EbbProcess[] = [];
@@ -14,21 +12,7 @@ after(async () => {
   await Promise.all(servers.map((s) => s.close()));
 });
 
-function ebb(args: string[], boundMs = 90_000) {
-  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-  proc.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-  return bounded(
-    once(proc, 'close').then(([code]) => ({ code: code as number, stdout, stderr })),
-    `ebb ${args.join(' ')}`,
-    boundMs,
-  ).catch((err: Error) => {
-    proc.kill('SIGKILL');
-    throw new Error(`${err.message}\nstdout: ${stdout}\nstderr: ${stderr}`);
-  });
-}
+const ebb = (args: string[], boundMs = 90_000) => runEbb(args, NO_TOKEN, boundMs);
 
 describe('ebb rollout --k8s-selector', () => {
   it('drains, deletes and replaces 3 pods one at a time under load with 0 failed requests', async () => {

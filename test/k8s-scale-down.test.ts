@@ -1,12 +1,10 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { once } from 'node:events';
 import { annotations, APP, NO_TOKEN, NS, podWorker, startKube, stateIs } from './helpers/k8s-fixture.js';
 import type { FakeKubeApiServer, Pod } from './helpers/kube-apiserver.js';
 import { call, openLineStream, type OpenStream } from './helpers/http.js';
 import { openEventStream } from './helpers/event-stream.js';
-import { bounded, CLI, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { runEbb, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 
 /**
  * `ebb scale-down --k8s-selector` against the in-test API server, one fleet for every case: four
@@ -27,21 +25,7 @@ after(async () => {
   await kube?.close();
 });
 
-function ebb(args: string[], boundMs = 60_000) {
-  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-  proc.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-  return bounded(
-    once(proc, 'close').then(([code]) => ({ code: code as number, stdout, stderr })),
-    `ebb ${args.join(' ')}`,
-    boundMs,
-  ).catch((err: Error) => {
-    proc.kill('SIGKILL');
-    throw new Error(`${err.message}\nstdout: ${stdout}\nstderr: ${stderr}`);
-  });
-}
+const ebb = (args: string[], boundMs = 60_000) => runEbb(args, NO_TOKEN, boundMs);
 
 const scaleDown = (extra: string[]) => ebb(['scale-down', '--model', 'm1', '--count', '1', '--k8s-selector', 'app=ebb-worker', '--namespace', NS, '--kubeconfig', kubeconfig, '--discovery', discovery, ...extra]);
 const deletes = () => kube.requests.filter((r) => r.method === 'DELETE').map((r) => r.path.split('/').pop()?.split('?')[0]);

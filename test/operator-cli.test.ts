@@ -1,6 +1,5 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { EventEmitter, once } from 'node:events';
 import { mkdtempSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs';
 import { createServer as createHttpServer } from 'node:http';
@@ -9,7 +8,7 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { call, openLineStream } from './helpers/http.js';
-import { bounded, CLI, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type LogLine, type WorkerHandle } from './helpers/processes.js';
+import { bounded, CLI, runEbb, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type LogLine, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const started: EbbProcess[] = [];
@@ -21,27 +20,7 @@ after(async () => {
 
 const NO_TOKEN = { EBB_ADMIN_TOKEN: undefined };
 
-interface CliResult {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-/** Runs one `ebb` operator command to completion (bounded) and keeps its raw output. */
-async function ebb(args: string[], boundMs = WAIT_BOUND_MS): Promise<CliResult> {
-  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-  proc.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-  try {
-    const [code] = (await bounded(once(proc, 'close'), `ebb ${args.join(' ')}`, boundMs)) as [number | null];
-    return { code: code ?? -1, stdout, stderr };
-  } catch (err) {
-    proc.kill('SIGKILL');
-    throw new Error(`${(err as Error).message}\nstdout: ${stdout}\nstderr: ${stderr}`);
-  }
-}
+const ebb = (args: string[], boundMs = WAIT_BOUND_MS) => runEbb(args, NO_TOKEN, boundMs);
 
 function sees(fe: EbbProcess, id: string) {
   return fe.waitForLog(

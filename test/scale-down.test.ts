@@ -1,13 +1,12 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { EventEmitter, once } from 'node:events';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { call, openLineStream, type OpenStream } from './helpers/http.js';
 import { openEventStream } from './helpers/event-stream.js';
-import { bounded, CLI, metricValues, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { bounded, runEbb, metricValues, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 /**
@@ -20,20 +19,7 @@ after(async () => {
   await Promise.all(started.map((p) => p.stop()));
 });
 
-async function ebb(args: string[], boundMs = WAIT_BOUND_MS * 2): Promise<{ code: number; stdout: string; stderr: string }> {
-  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let stdout = '';
-  let stderr = '';
-  proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-  proc.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
-  try {
-    const [code] = (await bounded(once(proc, 'close'), `ebb ${args.join(' ')}`, boundMs)) as [number | null];
-    return { code: code ?? -1, stdout, stderr };
-  } catch (err) {
-    proc.kill('SIGKILL');
-    throw new Error(`${(err as Error).message}\nstdout: ${stdout}\nstderr: ${stderr}`);
-  }
-}
+const ebb = (args: string[], boundMs = WAIT_BOUND_MS * 2) => runEbb(args, NO_TOKEN, boundMs);
 
 let discovery = '';
 let fe: FrontendHandle & { adminUrl: string };

@@ -93,7 +93,7 @@ function hashString(s: string, seed: number): number {
 }
 
 /** mulberry32: small, fast, good enough to pick words reproducibly. */
-function prng(seed: number): () => number {
+export function prng(seed: number): () => number {
   let a = seed >>> 0;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;

@@ -105,17 +105,19 @@ function kubeError(err: unknown, what: string): KubeError {
   return new KubeError(undefined, `${what}: ${(err as Error).message}`);
 }
 
+/** One API call: bounded, and any failure turned into a KubeError naming what was asked. */
+async function call<T>(what: string, op: () => Promise<T>): Promise<T> {
+  try {
+    return await bounded(op(), what);
+  } catch (err) {
+    throw kubeError(err, what);
+  }
+}
+
 export function createPodApi(kc: KubeConfig): PodApi {
   const core = kc.makeApiClient(CoreV1Api);
   const watcher = new Watch(kc);
   const server = kc.getCurrentCluster()?.server ?? '(unknown)';
-  const call = async <T>(what: string, op: () => Promise<T>): Promise<T> => {
-    try {
-      return await bounded(op(), what);
-    } catch (err) {
-      throw kubeError(err, what);
-    }
-  };
   return {
     server,
     get: (ref) => call(`GET pod ${podLabel(ref)}`, () => core.readNamespacedPod(ref)),
@@ -160,13 +162,6 @@ export interface DeploymentScaleApi {
 
 export function createDeploymentScaleApi(kc: KubeConfig): DeploymentScaleApi {
   const apps = kc.makeApiClient(AppsV1Api);
-  const call = async <T>(what: string, op: () => Promise<T>): Promise<T> => {
-    try {
-      return await bounded(op(), what);
-    } catch (err) {
-      throw kubeError(err, what);
-    }
-  };
   return {
     get: (ref) =>
       call(`GET deployment ${podLabel(ref)}/scale`, async () => {

@@ -165,6 +165,28 @@ export function bounded<T>(p: Promise<T>, what: string, ms = WAIT_BOUND_MS): Pro
   return Promise.race([p, limit]).finally(() => clearTimeout(timer));
 }
 
+export interface CliResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs one `ebb` command to completion (bounded) and keeps its raw output; past the bound it is killed and its output reported. */
+export async function runEbb(args: string[], env: Record<string, string | undefined>, boundMs = WAIT_BOUND_MS): Promise<CliResult> {
+  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+  proc.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+  try {
+    const [code] = (await bounded(once(proc, 'close'), `ebb ${args.join(' ')}`, boundMs)) as [number | null];
+    return { code: code ?? -1, stdout, stderr };
+  } catch (err) {
+    proc.kill('SIGKILL');
+    throw new Error(`${(err as Error).message}\nstdout: ${stdout}\nstderr: ${stderr}`);
+  }
+}
+
 /** Extra `node` flags for the child, e.g. ['--cpu-prof', '--cpu-prof-dir=/tmp/prof'] (the bench uses them). */
 export interface SpawnOptions {
   nodeArgs?: string[];
