@@ -79,7 +79,7 @@ async function rolloutPods(selector: string, flags: RolloutFlags): Promise<void>
     createPodApi(kc),
     { namespace: flags.namespace ?? defaultNamespace(kc), selector, maxUnavailable: flags.maxUnavailable, deletePods: flags.deletePods === true, timeoutMs: flags.timeout, drainDeadlineMs: flags.drainDeadline, say },
     // Logs go to stderr with the progress lines: stdout is the command's result.
-    pino({ level: process.env.EBB_LOG_LEVEL ?? 'warn', base: { component: 'rollout' } }, destination(2)),
+    pino({ level: process.env.EBB_LOG_LEVEL ?? 'warn', base: { component: 'rollout' } }, destination({ dest: 2, sync: true })),
   ).catch((err: unknown) => {
     // k8s/ says whether a wait ran out of time; the exit code is the CLI's to pick.
     if (err instanceof K8sError) throw new CliError(err.message, err.kind === 'timed_out' ? EXIT_TIMEOUT : EXIT_FAILURE);

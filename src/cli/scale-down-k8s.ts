@@ -74,7 +74,7 @@ export async function scaleDownPods(selector: string, flags: ScaleDownFlags, mod
       scale: deployment === undefined ? undefined : { api: createDeploymentScaleApi(kc), deployment },
       say,
     },
-    pino({ level: process.env.EBB_LOG_LEVEL ?? 'warn', base: { component: 'scale-down' } }, destination(2)),
+    pino({ level: process.env.EBB_LOG_LEVEL ?? 'warn', base: { component: 'scale-down' } }, destination({ dest: 2, sync: true })),
   ).catch(toCli);
   if (flags.json) process.stdout.write(`${JSON.stringify({ ...report, result }, null, 2)}\n`);
   else

@@ -1,5 +1,5 @@
 import { createRequire } from 'node:module';
-import { pino, symbols, type Logger } from 'pino';
+import { destination, pino, symbols, type Logger } from 'pino';
 import type pretty from 'pino-pretty';
 import { printable } from './terminal-text.js';
 
@@ -51,7 +51,10 @@ export function createLogger(component: string, bindings: Record<string, unknown
     base: { component, pid: process.pid, ...bindings },
     timestamp: pino.stdTimeFunctions.isoTime,
   };
-  const log = logFormat() === 'pretty' ? pino(opts, loadPretty()(prettyOptions())) : pino(opts);
+  // Written synchronously: pino's default asynchronous stdout, flushed at exit while a write is still
+  // in flight, put the last lines of a failing worker out of order (or lost them). No hot path logs
+  // per request at info, so a write per line costs nothing that matters.
+  const log = logFormat() === 'pretty' ? pino(opts, loadPretty()(prettyOptions())) : pino(opts, destination({ dest: 1, sync: true }));
   dropLogsWithParent(log);
   return log;
 }
