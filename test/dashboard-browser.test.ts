@@ -224,6 +224,15 @@ describe('fleet dashboard with an admin token', { skip: browserSkipReason() }, (
       await page.goto(`${adminUrl}/`);
       await page.waitForSelector(`${row}[data-state="serving"]`);
       assert.equal(await page.$eval('#auth', (e) => (e as HTMLElement).hidden), false, 'the page asks for the token');
+      // The buttons stay where they are whatever the connection status says (a header that wrapped
+      // while "connecting…" moved them as the stream opened, and a click landed beside its button).
+      const drainTop = (conn: string) =>
+        page.evaluate((text, sel) => {
+          document.querySelector('#conn')!.textContent = text;
+          return document.querySelector(sel)!.getBoundingClientRect().top;
+        }, conn, `${row} button[data-action=drain]`);
+      assert.equal(await drainTop('as of 23:59:59, connecting…'), await drainTop('live'));
+      await page.waitForFunction(() => document.querySelector('#conn')?.className === 'live');
       await page.click(`${row} button[data-action=drain]`);
       await page.waitForFunction(() => /token/.test(document.querySelector('#message.error')?.textContent ?? ''), { polling: 'mutation' });
       assert.equal(await page.$eval(row, (e) => (e as HTMLElement).dataset.state), 'serving', 'nothing happened without the token');
