@@ -45,7 +45,9 @@ before(async () => {
   kube.on('change', (type: string, pod: Pod) => {
     if (type === 'MODIFIED' && pod.metadata.deletionTimestamp && !stateAtDelete.has(pod.metadata.name)) stateAtDelete.set(pod.metadata.name, annotations(pod)['ebb.dev/state']);
   });
-  for (const [name, max_tokens] of [['worker-a', 600], ['worker-d', 2000]] as const) {
+  // Longer than any run of this file, however loaded the machine: worker-a must still be busy in the
+  // last case (after() cuts both). worker-a's ends first.
+  for (const [name, max_tokens] of [['worker-a', 50_000], ['worker-d', 100_000]] as const) {
     const w = workers.get(name) as WorkerHandle;
     await (await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'warm', max_tokens: 3, stream: true })).done;
     const s = await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'p', max_tokens, stream: true });

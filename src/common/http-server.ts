@@ -5,7 +5,7 @@ import { hostname } from 'node:os';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import { PROBE_PATHS } from './admin-boundary.js';
 import { applyConnectionBudget } from './connection-budget.js';
-import { lazyValidators } from './lazy-validators.js';
+import { lazySerializers, lazyValidators } from './lazy-schema-compilers.js';
 
 /** The probes each kind of listener serves (a worker's system server: /live and /health; the frontend's OpenAI port: /health). */
 const DEFAULT_PROBES: Record<ListenerRole, readonly string[]> = { admin: PROBE_PATHS, public: ['/health'], internal: [] };
@@ -154,7 +154,7 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
     },
     // JSON bodies are typed: "stream": "true" is a client bug to report, not a value to guess.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
-    schemaController: { compilersFactory: { buildValidator: lazyValidators } },
+    schemaController: { compilersFactory: { buildValidator: lazyValidators, buildSerializer: lazySerializers } },
   });
   applyConnectionBudget(app.server, opts.maxConnections ?? d.maxConnections, opts.probePaths ?? DEFAULT_PROBES[role]);
   (app.server as { httpAllowHalfOpen?: boolean }).httpAllowHalfOpen = opts.allowHalfOpen ?? role === 'public';
