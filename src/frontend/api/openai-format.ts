@@ -84,6 +84,12 @@ export interface StreamFormat {
   error(code: string, message: string): string;
 }
 
+/** A token chunk's choice around its text's JSON string, per endpoint. */
+const TOKEN_OPEN: Record<Endpoint, string> = { chat: '"delta":{"content":', completion: '"text":' };
+const TOKEN_CLOSE: Record<Endpoint, string> = { chat: '},"logprobs":null,"finish_reason":null}]}\n\n', completion: ',"logprobs":null,"finish_reason":null}]}\n\n' };
+/** A splice frame's tail has nothing per request: one Buffer per endpoint, shared (only ever read). */
+const SPLICE_TAIL: Record<Endpoint, Buffer> = { chat: Buffer.from(`"${TOKEN_CLOSE.chat}`), completion: Buffer.from(`"${TOKEN_CLOSE.completion}`) };
+
 /**
  * Chat and completion SSE chunks. The per-token event is the hot path: everything but the token
  * text is serialised once per choice, up front.
@@ -112,14 +118,11 @@ export class SseFormatter implements StreamFormat {
   }
 
   splice(lane: number): SpliceFrame {
-    const [head, tail] = this.token(lane, '\u0000').split('"\\u0000"') as [string, string];
-    return { head: Buffer.from(`${head}"`), tail: Buffer.from(`"${tail}`) };
+    return { head: Buffer.from(`${this.heads[lane]}${TOKEN_OPEN[this.endpoint]}"`), tail: SPLICE_TAIL[this.endpoint] };
   }
 
   token(lane: number, text: string): string {
-    return this.endpoint === 'chat'
-      ? `${this.heads[lane]}"delta":{"content":${JSON.stringify(text)}},"logprobs":null,"finish_reason":null}]}\n\n`
-      : `${this.heads[lane]}"text":${JSON.stringify(text)},"logprobs":null,"finish_reason":null}]}\n\n`;
+    return `${this.heads[lane]}${TOKEN_OPEN[this.endpoint]}${JSON.stringify(text)}${TOKEN_CLOSE[this.endpoint]}`;
   }
 
   finished(lane: number, reason: string): string {

@@ -78,12 +78,14 @@ export function createOpenAIServer({
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
     void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id'] });
   }
-  app.addHook('onResponse', async (req, reply) => {
+  // A callback hook: an async one costs every request a promise for synchronous work.
+  app.addHook('onResponse', (req, reply, done) => {
     const url = req.routeOptions.url;
     if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses') {
       const model = (req.body as { model?: unknown } | undefined)?.model;
       metrics.request(url, reply.statusCode, typeof model === 'string' ? model : undefined);
     }
+    done();
   });
 
   // Every model a request may name without a 404: `unavailable` while none of its workers is in

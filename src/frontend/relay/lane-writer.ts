@@ -2,7 +2,7 @@ import type { ClientStream } from './client-stream.js';
 
 import type { Delivered } from './migration.js';
 import type { StreamFormat } from '../api/openai-format.js';
-import type { SpliceFrame } from '../api/token-splice.js';
+import { copyBytes, type SpliceFrame } from '../api/token-splice.js';
 import type { LaneSink } from './lane.js';
 import type { UpstreamStream } from './upstream.js';
 
@@ -21,8 +21,10 @@ export class LaneWriter implements LaneSink {
   /** The upstream body feeding this lane now (it changes when the lane moves to another worker). */
   private body: UpstreamStream['body'] | undefined;
   private readonly frame: SpliceFrame | undefined;
-  /** Splice: each token's JSON string content. */
-  private readonly segments: Buffer[] = [];
+  /** Splice: each token's JSON string content, as segBufs[k][segStarts[k], segEnds[k]) (no view per token). */
+  private readonly segBufs: Buffer[] = [];
+  private readonly segStarts: number[] = [];
+  private readonly segEnds: number[] = [];
   private segmentBytes = 0;
   /** No splice frame: the events, built. */
   private text = '';
@@ -49,15 +51,15 @@ export class LaneWriter implements LaneSink {
 
   plain(buf: Buffer, start: number, end: number): void {
     this.delivered.addBytes(buf, start, end);
-    if (this.frame) this.segment(buf.subarray(start, end));
+    if (this.frame) this.segment(buf, start, end);
     else this.event(this.fmt.token(this.lane, buf.toString('utf8', start, end)));
   }
 
   piece(text: string, tokenIds: number[] | undefined): void {
     this.delivered.add(text, tokenIds);
     if (this.frame) {
-      const literal = JSON.stringify(text);
-      this.segment(Buffer.from(literal.slice(1, -1)));
+      const literal = Buffer.from(JSON.stringify(text).slice(1, -1));
+      this.segment(literal, 0, literal.length);
     } else this.event(this.fmt.token(this.lane, text));
   }
 
@@ -71,19 +73,20 @@ export class LaneWriter implements LaneSink {
     this.lingering = false;
     let ok = true;
     const frame = this.frame;
-    if (frame && this.segments.length > 0) {
-      const segments = this.segments;
-      const { buf, at } = this.out.alloc(this.segmentBytes + segments.length * (frame.head.length + frame.tail.length));
+    const count = this.segBufs.length;
+    if (frame && count > 0) {
+      const { segBufs, segStarts, segEnds } = this;
+      const { buf, at } = this.out.alloc(this.segmentBytes + count * (frame.head.length + frame.tail.length));
       let pos = at;
-      for (const s of segments) {
+      for (let k = 0; k < count; k++) {
         buf.set(frame.head, pos);
-        pos += frame.head.length;
-        buf.set(s, pos);
-        pos += s.length;
+        pos = copyBytes(segBufs[k]!, segStarts[k]!, segEnds[k]!, buf, pos + frame.head.length);
         buf.set(frame.tail, pos);
         pos += frame.tail.length;
       }
-      segments.length = 0;
+      segBufs.length = 0;
+      segStarts.length = 0;
+      segEnds.length = 0;
       this.segmentBytes = 0;
       ok = this.out.send(buf);
     } else if (this.text !== '') {
@@ -96,9 +99,11 @@ export class LaneWriter implements LaneSink {
     }
   }
 
-  private segment(bytes: Buffer): void {
-    this.segments.push(bytes);
-    this.segmentBytes += bytes.length;
+  private segment(buf: Buffer, start: number, end: number): void {
+    this.segBufs.push(buf);
+    this.segStarts.push(start);
+    this.segEnds.push(end);
+    this.segmentBytes += end - start;
     this.schedule();
   }
 

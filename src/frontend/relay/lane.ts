@@ -4,7 +4,7 @@ import type { GenerateBody, KvTransferRef, StreamLine, Usage } from '../../proto
 import type { FrontendMetrics } from '../metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
 import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive, type UpstreamStream } from './upstream.js';
-import { feedLines, type TokenSink } from './worker-call.js';
+import { feedLines, type BatchLine, type TokenSink } from './worker-call.js';
 
 /** Where a lane's tokens go: the client's stream writer, or a collector for a non-streaming answer. */
 export interface LaneSink extends TokenSink {
@@ -50,7 +50,7 @@ export interface LaneDone {
 export class Lane {
   readonly delivered = new Delivered();
   /** The lines read when the worker was taken, not yet fed to a sink (its terminal line, when among them). */
-  private pending: StreamLine[];
+  private pending: BatchLine[];
   private sink: LaneSink | undefined;
   private closed = false;
 
@@ -71,6 +71,12 @@ export class Lane {
   /** The worker serving the lane now. */
   get workerId(): string {
     return this.up.worker.record.worker_id;
+  }
+
+  /** The worker's done line is already read (the answer came whole with the first read): run() finishes without waiting. */
+  get answered(): boolean {
+    const last = this.pending[this.pending.length - 1];
+    return last !== undefined && 'done' in last;
   }
 
   /** Feeds the lines read so far into `sink`, which gets the lane's tokens from now on. */

@@ -1,4 +1,5 @@
 import type { ContinuationBody, GenerateBody, Usage } from '../../protocol/request-plane.js';
+import { copyBytes } from '../api/token-splice.js';
 
 /** Why a stream moved to another worker: the label of ebb_frontend_migrations_total. */
 export type MigrationReason = 'worker_failed' | 'worker_unresponsive' | 'handoff';
@@ -26,7 +27,7 @@ export class Delivered {
   /** One token without ids whose text is the UTF-8 of buf[start, end). */
   addBytes(buf: Buffer, start: number, end: number): void {
     this.room(end - start);
-    this.length += buf.copy(this.bytes, this.length, start, end);
+    this.length = copyBytes(buf, start, end, this.bytes, this.length);
     this.tokens++;
     this.ids = undefined;
   }

@@ -38,7 +38,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
    * the lanes (each releases its worker once), however this ends. A sequence that breaks and that
    * no worker can continue ends the response with an error event saying why; nothing is ever cut
    * without one. The headers leave with the first tokens, and a single lane's last tokens with the
-   * end: one system call each.
+   * end: one system call each, or one in all when the first read held the whole answer.
    */
   async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<void> {
     const lanes = await openLanes(gens, ctx, signal);
@@ -59,7 +59,9 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
         lane.start(new LaneWriter(out, lane.index, fmt, lane.delivered));
         lane.flush();
       }
-      out.uncork();
+      // Answers that came whole (every done line already read) stay corked: the end below follows
+      // within this turn, and the whole response leaves in one system call instead of two.
+      if (!lanes.every((lane) => lane.answered)) out.uncork();
       const ends = await Promise.all(
         lanes.map(async (lane) => {
           try {

@@ -8,7 +8,7 @@ import type { FrontendMetrics } from '../metrics.js';
 import type { Hold, PoolWorker, WorkerPool } from '../routing/worker-pool.js';
 import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
-import { WorkerCall } from './worker-call.js';
+import { WorkerCall, type BatchLine } from './worker-call.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
@@ -20,7 +20,7 @@ export const MAX_ATTEMPTS = 6;
  */
 export interface UpstreamStream {
   worker: PoolWorker;
-  readonly first: StreamLine[];
+  readonly first: BatchLine[];
   /** The rest of the body: piped into a sink, held while the client is not keeping up. */
   body: Pick<WorkerCall, 'pipe' | 'holdReads' | 'resumeReads'>;
   /** Ends the frontend's accounting of this worker's in-flight request; idempotent. */
@@ -352,7 +352,7 @@ export class Upstream {
     if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json());
     // Watched from here: a worker that hangs before its first token is as hung as one after.
     const stopWatch = this.watchIdle(w, call);
-    let first: IteratorResult<StreamLine[], void>;
+    let first: IteratorResult<BatchLine[], void>;
     try {
       first = await call.next();
     } catch (err) {

@@ -8,7 +8,23 @@ const MAX_QUEUED_BATCHES = 16;
 /** Most a refusal's or an error's JSON body is read to (they are a few hundred bytes). */
 const MAX_ERROR_BODY = 64 * 1024;
 
-const isFinal = (l: StreamLine) => 'done' in l || 'error' in l || 'handoff' in l;
+/**
+ * A text line that needs no unescaping, kept as its bytes (buf[start, end) is the text's UTF-8) in a
+ * batch read before the call is piped: the first batch of a short answer holds every token, and
+ * parsing each line only to serialise its text again was most of what such a token cost.
+ */
+export class PlainLine {
+  constructor(
+    readonly buf: Buffer,
+    readonly start: number,
+    readonly end: number,
+  ) {}
+}
+
+/** One line of a batch: parsed, or a plain text line as bytes. */
+export type BatchLine = StreamLine | PlainLine;
+
+const isFinal = (l: BatchLine) => !(l instanceof PlainLine) && ('done' in l || 'error' in l || 'handoff' in l);
 
 /** Where a piped call's text lines go, synchronously, as each network read is parsed. */
 export interface TokenSink {
@@ -21,15 +37,16 @@ export interface TokenSink {
 }
 
 /** Lines already parsed into `sink`, up to the terminal line, which is returned (undefined when none is among them). */
-export function feedLines(lines: StreamLine[], sink: TokenSink): StreamLine | undefined {
+export function feedLines(lines: BatchLine[], sink: TokenSink): StreamLine | undefined {
   for (const line of lines) {
-    if (isFinal(line)) return line;
-    piece(line, sink);
+    if (line instanceof PlainLine) sink.plain(line.buf, line.start, line.end);
+    else if (isFinal(line)) return line;
+    else piece(line, sink);
   }
   return undefined;
 }
 
-/** A text line (not a terminal one) into `sink`. */
+/** A parsed text line (not a terminal one) into `sink`. */
 function piece(line: StreamLine, sink: TokenSink): void {
   const t = line as { text: string; token_ids?: number[] };
   sink.piece(t.text, t.token_ids);
@@ -45,8 +62,8 @@ export class CallReleased extends Error {
 /**
  * One POST to a worker, read through undici's dispatcher handler API: no Readable, no string
  * decoder, no async iterator. Two ways to read it:
- * - next(): each network read's complete lines parsed into one batch, handed to whoever waits or
- *   queued (up to MAX_QUEUED_BATCHES, then the socket is paused until the reader catches up). The
+ * - next(): each network read's complete lines parsed into one batch (text lines that need no
+ *   unescaping kept as their bytes), handed to whoever waits or queued (up to MAX_QUEUED_BATCHES, then the socket is paused until the reader catches up). The
  *   first batch is read so, before anything is committed to the client.
  * - pipe(sink): from then on every text line goes to the sink synchronously, while the read is
  *   parsed (plain ones as bytes, unparsed), and one promise settles with the terminal line.
@@ -71,8 +88,8 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
   /** The piped reader asked for no more reads until its client drains. */
   private held = false;
   private partial: Buffer | undefined;
-  private readonly queue: StreamLine[][] = [];
-  private waiter: { resolve: (r: IteratorResult<StreamLine[], void>) => void; reject: (err: unknown) => void } | undefined;
+  private readonly queue: BatchLine[][] = [];
+  private waiter: { resolve: (r: IteratorResult<BatchLine[], void>) => void; reject: (err: unknown) => void } | undefined;
   private sink: TokenSink | undefined;
   private piped: { resolve: (line: StreamLine | undefined) => void; reject: (err: unknown) => void } | undefined;
   private ended = false;
@@ -150,14 +167,16 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
       this.partial = undefined;
     }
     const sink = this.sink;
-    const batch: StreamLine[] | undefined = sink ? undefined : [];
+    const batch: BatchLine[] | undefined = sink ? undefined : [];
     let start = 0;
     while (start <= last) {
       const end = buf.indexOf(NEWLINE, start);
       if (end > start) {
-        const plain = sink ? plainTextStart(buf, start, end) : -1;
-        if (plain >= 0) sink!.plain(buf, plain, end - 2);
-        else {
+        const plain = plainTextStart(buf, start, end);
+        if (plain >= 0) {
+          if (sink) sink.plain(buf, plain, end - 2);
+          else batch!.push(new PlainLine(buf, plain, end - 2));
+        } else {
           let line: StreamLine;
           try {
             line = JSON.parse(buf.toString('utf8', start, end)) as StreamLine;
@@ -185,7 +204,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
     if (this.errorBody === undefined && !this.final && this.partial && this.partial.toString('utf8').trim().length > 0) {
       try {
         const line = JSON.parse(this.partial.toString('utf8')) as StreamLine;
-        const batch: StreamLine[] | undefined = this.sink ? undefined : [];
+        const batch: BatchLine[] | undefined = this.sink ? undefined : [];
         this.take(line, batch);
         if (batch) this.push(batch);
       } catch (err) {
@@ -217,7 +236,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
     }
   }
 
-  next(): Promise<IteratorResult<StreamLine[], void>> {
+  next(): Promise<IteratorResult<BatchLine[], void>> {
     const batch = this.queue.shift();
     if (batch) {
       if (this.paused && this.queue.length < MAX_QUEUED_BATCHES / 2) this.resumeReads();
@@ -263,7 +282,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
    * A parsed line into the batch being built or, when piped (no batch), to the sink; a terminal
    * line ends the body's reading and settles the pipe. True for a terminal line.
    */
-  private take(line: StreamLine, batch: StreamLine[] | undefined): boolean {
+  private take(line: StreamLine, batch: BatchLine[] | undefined): boolean {
     const final = isFinal(line);
     if (final) this.final = true;
     if (batch) batch.push(line);
@@ -280,7 +299,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
     p?.resolve(line);
   }
 
-  private push(batch: StreamLine[]): void {
+  private push(batch: BatchLine[]): void {
     const w = this.waiter;
     if (w) {
       this.waiter = undefined;
