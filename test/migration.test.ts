@@ -29,7 +29,16 @@ before(async () => {
   ({ frontend: reference } = await fleet(1, ['--mocker-itl-ms', '0', '--mocker-ttft-ms', '0']));
 });
 
-async function referenceTexts(count: number, maxTokens: number): Promise<string[]> {
+/** Each (count, tokens) once: several cases compare against the same undisturbed texts. */
+const references = new Map<string, Promise<string[]>>();
+function referenceTexts(count: number, maxTokens: number): Promise<string[]> {
+  const key = `${count}x${maxTokens}`;
+  let texts = references.get(key);
+  if (texts === undefined) references.set(key, (texts = computeReferenceTexts(count, maxTokens)));
+  return texts;
+}
+
+async function computeReferenceTexts(count: number, maxTokens: number): Promise<string[]> {
   const out: string[] = [];
   for (let seed = 0; seed < count; seed++) {
     const r = await streamCompletion(reference.url, { model: 'm1', max_tokens: maxTokens, seed });

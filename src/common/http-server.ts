@@ -153,7 +153,9 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
       void (reply as FastifyReply).code(400).send(errorBody('invalid_request', err.message));
     },
     // JSON bodies are typed: "stream": "true" is a client bug to report, not a value to guess.
-    ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
+    // validateSchema off: checking ebb's own fixed schemas against JSON Schema's meta-schema cost
+    // every process ~25 ms of CPU on its first request; test/route-schemas.test.ts checks them once.
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, validateSchema: false } },
     schemaController: { compilersFactory: { buildValidator: lazyValidators, buildSerializer: lazySerializers } },
   });
   applyConnectionBudget(app.server, opts.maxConnections ?? d.maxConnections, opts.probePaths ?? DEFAULT_PROBES[role]);
