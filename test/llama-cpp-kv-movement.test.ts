@@ -23,7 +23,8 @@ const COMMON = ['--threads', '1', '--gpu', 'off', '--context-size', '2048'];
 const AGG = 'tiny';
 const SPLIT = 'split';
 const STREAMS = 3;
-const TOKENS = 400;
+// Long enough that A cannot finish a stream while the test, slower than A on a loaded machine, reacts to its 10th token.
+const TOKENS = 1000;
 const PROMPT = 'hello world, tell me about the tides and the moon and the sea';
 
 const started: EbbProcess[] = [];
@@ -147,7 +148,7 @@ describe('llama-cpp: KV moves between workers', () => {
         cursor,
       );
     // Stream 0 is guided (a schema long enough to outlast the move): its grammar resumes from the delivered tokens on B.
-    const schema = { type: 'object', properties: { words: { type: 'array', items: { type: 'string' }, minItems: 200 } }, required: ['words'] };
+    const schema = { type: 'object', properties: { words: { type: 'array', items: { type: 'string' }, minItems: 500 } }, required: ['words'] };
     const ask = (i: number, onToken?: (n: number) => void): Promise<StreamOutcome> =>
       streamCompletion(
         frontend.url,
