@@ -18,7 +18,7 @@ COPY package.json package-lock.json ./
 RUN npm ci --omit=optional --ignore-scripts --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
 COPY src ./src
-RUN npx tsc -p tsconfig.build.json
+RUN npx tsc -p tsconfig.build.json && node dist/src/build/precompile-validators.js
 
 # --- production node_modules, all prebuilt binaries; each variant prunes to its own below
 FROM ${NODE_IMAGE} AS deps

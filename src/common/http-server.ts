@@ -5,7 +5,7 @@ import { hostname } from 'node:os';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import { PROBE_PATHS } from './admin-boundary.js';
 import { applyConnectionBudget } from './connection-budget.js';
-import { lazySerializers, lazyValidators } from './lazy-schema-compilers.js';
+import { lazySerializers, lazyValidators, SERVER_AJV_CUSTOM } from './lazy-schema-compilers.js';
 
 /** The probes each kind of listener serves (a worker's system server: /live and /health; the frontend's OpenAI port: /health). */
 const DEFAULT_PROBES: Record<ListenerRole, readonly string[]> = { admin: PROBE_PATHS, public: ['/health'], internal: [] };
@@ -153,9 +153,7 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
       void (reply as FastifyReply).code(400).send(errorBody('invalid_request', err.message));
     },
     // JSON bodies are typed: "stream": "true" is a client bug to report, not a value to guess.
-    // validateSchema off: checking ebb's own fixed schemas against JSON Schema's meta-schema cost
-    // every process ~25 ms of CPU on its first request; test/route-schemas.test.ts checks them once.
-    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, validateSchema: false } },
+    ajv: { customOptions: { ...SERVER_AJV_CUSTOM } },
     schemaController: { compilersFactory: { buildValidator: lazyValidators, buildSerializer: lazySerializers } },
   });
   applyConnectionBudget(app.server, opts.maxConnections ?? d.maxConnections, opts.probePaths ?? DEFAULT_PROBES[role]);
