@@ -4,6 +4,7 @@ import { createRequire } from 'node:module';
 import * as admin from '../src/protocol/admin.js';
 import * as requestPlane from '../src/protocol/request-plane.js';
 import * as openai from '../src/frontend/api/openai-schema.js';
+import { routeSchemas } from '../src/build/route-schemas.js';
 import { lazyValidators, PRECOMPILED_DIR, PRECOMPILED_MANIFEST, SERVER_AJV_OPTIONS } from '../src/common/lazy-schema-compilers.js';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -11,21 +12,21 @@ import { join } from 'node:path';
 /**
  * The servers compile route schemas without checking them against JSON Schema's meta-schema (that
  * check cost every process on its first request). It is made here instead, once, for
- * every schema a route validates with: those the protocol modules and the OpenAI schema module export.
+ * every schema a route validates with (routeSchemas: what the build precompiles).
  */
 type AjvLike = { compile(schema: object): unknown; validateSchema(schema: object): boolean; errorsText(errors?: unknown): string; errors?: unknown };
 const Ajv = (createRequire(import.meta.url)('ajv') as { default: new (opts: object) => AjvLike }).default;
 
 describe('route schemas', () => {
-  const modules: Record<string, Record<string, unknown>> = { admin, 'request-plane': requestPlane, 'openai-schema': openai };
-  for (const [name, mod] of Object.entries(modules)) {
-    it(`${name}: every exported schema is valid JSON Schema and compiles under ajv's default strict mode (the servers' options)`, () => {
-      const schemas = Object.entries(mod).filter(([k, v]) => /schema$/i.test(k) && typeof v === 'object' && v !== null);
-      assert.ok(schemas.length > 0, `${name} exports schemas`);
-      for (const [k, schema] of schemas) {
+  const all = routeSchemas();
+  for (const module of ['admin', 'request-plane', 'openai-schema']) {
+    it(`${module}: every exported schema is valid JSON Schema and compiles under ajv's default strict mode (the servers' options)`, () => {
+      const schemas = all.filter((s) => s.module === module);
+      assert.ok(schemas.length > 0, `${module} exports schemas`);
+      for (const { name, schema } of schemas) {
         const ajv = new Ajv({ validateSchema: true, coerceTypes: false, removeAdditional: false });
-        assert.equal(ajv.validateSchema(schema as object), true, `${name}.${k}: ${ajv.errorsText(ajv.errors)}`);
-        assert.doesNotThrow(() => ajv.compile(schema as object), `${name}.${k} compiles`);
+        assert.equal(ajv.validateSchema(schema), true, `${module}.${name}: ${ajv.errorsText(ajv.errors)}`);
+        assert.doesNotThrow(() => ajv.compile(schema), `${module}.${name} compiles`);
       }
     });
   }
@@ -37,11 +38,7 @@ describe('route schemas', () => {
 
   it('the build precompiled every one of them; the precompiled code answers as ajv does (verdict, errors, defaults)', () => {
     const manifest = JSON.parse(readFileSync(join(PRECOMPILED_DIR, PRECOMPILED_MANIFEST), 'utf8')) as Record<string, string>;
-    for (const [name, mod] of Object.entries(modules)) {
-      for (const [k, schema] of Object.entries(mod).filter(([key, v]) => /schema$/i.test(key) && typeof v === 'object' && v !== null)) {
-        assert.ok(manifest[JSON.stringify(schema)], `${name}.${k} precompiled (npm run build)`);
-      }
-    }
+    for (const { module, name, schema } of all) assert.ok(manifest[JSON.stringify(schema)], `${module}.${name} precompiled (npm run build)`);
     const route = (schema: object) => ({ schema, method: 'POST', url: '/x', httpPart: 'body' });
     const ours = lazyValidators({}, { customOptions: {} } as never);
     const bodies: Array<[object, unknown]> = [
