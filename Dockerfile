@@ -11,14 +11,16 @@ ARG NODE_IMAGE=node:20-slim
 # runtime (the host driver must support CUDA 13, i.e. >= 580; the driver itself comes from the host).
 ARG CUDA_IMAGE=nvidia/cuda:13.0.1-runtime-ubuntu24.04
 
-# --- compile: TypeScript to dist/ (dev dependencies, no prebuilt binaries needed for that)
+# --- compile: TypeScript to dist/, then the bundle dist/bin/ (dev dependencies, no llama.cpp prebuilts
+# needed for that). esbuild's binary is an optional dependency too: its install script fetches the
+# one for this platform when the optional package was omitted.
 FROM ${NODE_IMAGE} AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
-RUN npm ci --omit=optional --ignore-scripts --no-audit --no-fund
+RUN npm ci --omit=optional --ignore-scripts --no-audit --no-fund && npm rebuild esbuild
 COPY tsconfig.json tsconfig.build.json ./
 COPY src ./src
-RUN npx tsc -p tsconfig.build.json && node dist/src/build/precompile-validators.js
+RUN npx tsc -p tsconfig.build.json && node dist/src/build/precompile-validators.js && node dist/src/build/bundle.js
 
 # --- production node_modules, all prebuilt binaries; each variant prunes to its own below
 FROM ${NODE_IMAGE} AS deps
@@ -50,13 +52,14 @@ COPY package.json ./
 # src/ travels too: the dashboard's HTML is read from it at run time (a few hundred KB).
 COPY src ./src
 COPY --from=build /app/dist/src ./dist/src
+COPY --from=build /app/dist/bin ./dist/bin
 COPY --from=deps-cuda /app/node_modules ./node_modules
 # `ebb` on the PATH: the worker's preStop hook runs `ebb prestop`.
-RUN chmod 755 dist/src/cli/main.js && ln -s /app/dist/src/cli/main.js /usr/local/bin/ebb \
+RUN chmod 755 dist/bin/ebb.js && ln -s /app/dist/bin/ebb.js /usr/local/bin/ebb \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ebb
 USER 10001:10001
 EXPOSE 8000
-ENTRYPOINT ["node", "/app/dist/src/cli/main.js"]
+ENTRYPOINT ["node", "/app/dist/bin/ebb.js"]
 CMD ["up", "--host", "0.0.0.0"]
 
 # --- the CPU variant (default target)
@@ -66,10 +69,11 @@ WORKDIR /app
 COPY package.json ./
 COPY src ./src
 COPY --from=build /app/dist/src ./dist/src
+COPY --from=build /app/dist/bin ./dist/bin
 COPY --from=deps-cpu /app/node_modules ./node_modules
-RUN chmod 755 dist/src/cli/main.js && ln -s /app/dist/src/cli/main.js /usr/local/bin/ebb \
+RUN chmod 755 dist/bin/ebb.js && ln -s /app/dist/bin/ebb.js /usr/local/bin/ebb \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin ebb
 USER 10001:10001
 EXPOSE 8000
-ENTRYPOINT ["node", "/app/dist/src/cli/main.js"]
+ENTRYPOINT ["node", "/app/dist/bin/ebb.js"]
 CMD ["up", "--host", "0.0.0.0"]

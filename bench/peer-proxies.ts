@@ -10,9 +10,9 @@
  *
  *   npx tsc -p . && node dist/bench/peer-proxies.js [--concurrency 1,16,64,256] [--rounds 2]
  *     [--duration-ms 2000] [--warmup-ms 500] [--max-tokens 64] [--itl-ms 0] [--paths direct,ebb,nginx,haproxy]
- *     [--ebb-cli dist/src/cli/main.js] [--frontend-node-args "--cpu-prof ..."]
+ *     [--ebb-cli dist/bin/ebb.js] [--frontend-node-args "--cpu-prof ..."]
  *
- * `--ebb-cli` runs the frontend from another build (another checkout's dist/src/cli/main.js), so
+ * `--ebb-cli` runs the frontend from another build (another checkout's dist/bin/ebb.js), so
  * two builds can be compared on one machine; the worker always comes from this build.
  * `--base-cli <main.js>` adds the path `ebb-base`: a second frontend from that build, measured in
  * the same rounds (rotating with the others), for a before/after under the same machine load.

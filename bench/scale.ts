@@ -15,7 +15,7 @@
  *   TTFT p50/p99 of both, whether every stream reached the worker (its in-flight count), the
  *   frontend's peak RSS and its event-loop delay during the burst (p99 and max, from /metrics).
  *
- *   npx tsc -p . && node dist/bench/scale.js [--parts ...] [--ebb-cli other/dist/src/cli/main.js]
+ *   npx tsc -p . && node dist/bench/scale.js [--parts ...] [--ebb-cli other/dist/bin/ebb.js]
  *     [--frontend-node-args "--cpu-prof --cpu-prof-dir=/tmp/prof"]
  */
 import { spawn } from 'node:child_process';

@@ -415,7 +415,8 @@ describe('Dockerfile', () => {
       const inRepo = script.slice(workdir.length + 1);
       assert.equal(inRepo, bin, `${target}: the entry point is package.json's bin`);
       assert.ok(existsSync(join(ROOT, inRepo)), `${target}: ${inRepo} is a file the build makes`);
-      assert.ok(s.lines.some((l) => l.includes(`COPY --from=build ${workdir}/dist/src ./dist/src`)), `${target}: copies the build's dist/src`);
+      assert.ok(s.lines.some((l) => l.includes(`COPY --from=build ${workdir}/dist/src ./dist/src`)), `${target}: copies the build's dist/src (the precompiled validators)`);
+      assert.ok(s.lines.some((l) => l.includes(`COPY --from=build ${workdir}/dist/bin ./dist/bin`)), `${target}: copies the bundle`);
       assert.ok(s.lines.some((l) => new RegExp(`ln -s ${script} /usr/local/bin/ebb`).test(l)), `${target}: ebb on the PATH (preStop runs it)`);
       const user = s.lines.find((l) => l.startsWith('USER '))?.slice(5).trim() ?? assert.fail(`${target}: USER`);
       assert.match(user, /^[1-9]\d*(:\d+)?$/, `${target}: a numeric non-root user (runAsNonRoot can check it)`);

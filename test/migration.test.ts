@@ -83,12 +83,15 @@ function assertUndisturbed(results: StreamOutcome[], expected: string[], maxToke
 }
 
 describe('migration: a worker fails mid-stream', () => {
+  // Few tokens, slowly: each token costs CPU in three processes, and the streams only have to outlast
+  // the moment the worker is broken (10 tokens in, 1.3 s before they could finish).
   const STREAMS = 16;
-  const TOKENS = 300;
+  const TOKENS = 100;
+  const ITL = ['--mocker-itl-ms', '15', '--mocker-batch-slots', '16'];
 
   it('SIGKILL of the busiest of 3 workers: all 16 streams complete with the undisturbed text', async () => {
     const expected = await referenceTexts(STREAMS, TOKENS);
-    const { frontend, workers } = await fleet(3, ['--mocker-itl-ms', '5', '--mocker-batch-slots', '16']);
+    const { frontend, workers } = await fleet(3, ITL);
     const { streams, allProgressed } = startStreams(frontend, STREAMS, TOKENS, 10);
     await allProgressed;
     const { worker: victim, inflight } = await busiest(workers);
@@ -104,7 +107,7 @@ describe('migration: a worker fails mid-stream', () => {
 
   it('SIGSTOP (hung) of the busiest of 3 workers: all 16 streams complete with the undisturbed text', async () => {
     const expected = await referenceTexts(STREAMS, TOKENS);
-    const { frontend, workers } = await fleet(3, ['--mocker-itl-ms', '5', '--mocker-batch-slots', '16'], ['--stream-idle-timeout-ms', '500']);
+    const { frontend, workers } = await fleet(3, ITL, ['--stream-idle-timeout-ms', '500']);
     const { streams, allProgressed } = startStreams(frontend, STREAMS, TOKENS, 10);
     await allProgressed;
     const { worker: victim, inflight } = await busiest(workers);
@@ -119,7 +122,7 @@ describe('migration: a worker fails mid-stream', () => {
   });
 
   it('with no other worker, a SIGKILL mid-stream ends the stream with an explicit error event', async () => {
-    const { frontend, workers } = await fleet(1, ['--mocker-itl-ms', '5']);
+    const { frontend, workers } = await fleet(1, ['--mocker-itl-ms', '15']);
     const { streams, allProgressed } = startStreams(frontend, 1, TOKENS, 5);
     await allProgressed;
     workers[0]!.signal('SIGKILL');
@@ -134,8 +137,8 @@ describe('migration: a worker fails mid-stream', () => {
 
 describe('migration: hand-off at a drain deadline', () => {
   const STREAMS = 6;
-  const TOKENS = 400;
-  const ITL = ['--mocker-itl-ms', '20', '--mocker-batch-slots', '16'];
+  const TOKENS = 200;
+  const ITL = ['--mocker-itl-ms', '40', '--mocker-batch-slots', '16'];
 
   it('POST /engine/drain {"deadline_ms": 500}: drained while the streams still run elsewhere, texts unchanged', async () => {
     const expected = await referenceTexts(STREAMS, TOKENS);
@@ -152,7 +155,7 @@ describe('migration: hand-off at a drain deadline', () => {
     let clientsFinished = false;
     void done.then(() => (clientsFinished = true));
     await target.waitForEvent('state_changed', (l) => l.to === 'drained', { after: mark });
-    assert.equal(clientsFinished, false, 'drained before the 400-token streams could have finished: they were handed off');
+    assert.equal(clientsFinished, false, 'drained before the 8 s streams could have finished: they were handed off');
     const status = (await call('GET', `${target.systemUrl}/engine/status`)).body;
     assert.equal(status.state, 'drained');
     assert.equal(status.handed_off, inflight);
@@ -163,7 +166,7 @@ describe('migration: hand-off at a drain deadline', () => {
   });
 
   it('hands off non-streaming requests too: the client gets one whole answer', async () => {
-    const tokens = 200;
+    const tokens = 100;
     const expected = await referenceTexts(2, tokens);
     const { frontend, workers } = await fleet(2, ITL);
     const answers = [0, 1].map((seed) =>

@@ -330,9 +330,13 @@ function transitions(workers: WorkerHandle[]) {
   return events.sort((a, b) => a.at - b.at || (a.to === 'serving' ? 1 : 0) - (b.to === 'serving' ? 1 : 0));
 }
 
-/** Three workers: rolled under load first, then by the --then-exec tests (each leaves them serving). */
+/**
+ * Three workers: rolled under load first, then by the --then-exec tests (each leaves them serving).
+ * 12 ms a token: eight clients keep every worker busy through the rollout at a tenth of the tokens
+ * (and CPU) 3 ms took, and a drain still waits for streams in flight.
+ */
 let rolledFleet: ReturnType<typeof cluster> | undefined;
-const rolled = () => (rolledFleet ??= cluster(['r-1', 'r-2', 'r-3'], ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']));
+const rolled = () => (rolledFleet ??= cluster(['r-1', 'r-2', 'r-3'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']));
 
 describe('operator CLI: rollout', () => {
   it('rolls 3 workers under load: no failed request, never more than one out of rotation', async () => {

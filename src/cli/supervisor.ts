@@ -1,10 +1,10 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { EventEmitter, once } from 'node:events';
 import { createInterface } from 'node:readline';
-import { fileURLToPath } from 'node:url';
 import { Backoff } from '../common/backoff.js';
 
-const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
+/** The program this process runs (the bundle, or tsc's main.js): each component runs the same build. */
+const CLI = process.argv[1]!;
 
 /** Restart back-off: doubles from the first, capped; reset once the component is ready again. */
 const RESTART_BACKOFF = { minMs: 1000, maxMs: 30_000 };

@@ -1,9 +1,9 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import type { ValidatorFactory, ValidatorCompiler } from '@fastify/ajv-compiler';
 import type { SerializerFactory, SerializerCompiler } from '@fastify/fast-json-stringify-compiler';
+import { packageFile } from './package-files.js';
 
 /**
  * Fastify's own schema compilers (ajv for bodies, fast-json-stringify for responses), with three
@@ -23,7 +23,7 @@ export const SERVER_AJV_CUSTOM = { coerceTypes: false, removeAdditional: false, 
 export const SERVER_AJV_OPTIONS = { useDefaults: true, addUsedSchema: false, allErrors: false, ...SERVER_AJV_CUSTOM } as const;
 
 /** Where the build writes the precompiled validators, and their index (schema JSON text -> file). */
-export const PRECOMPILED_DIR = fileURLToPath(new URL('../build/validators/', import.meta.url));
+export const PRECOMPILED_DIR = packageFile('dist', 'src', 'build', 'validators');
 export const PRECOMPILED_MANIFEST = 'manifest.json';
 
 const require = createRequire(import.meta.url);

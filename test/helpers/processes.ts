@@ -6,7 +6,7 @@ import { join, dirname } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 
-export const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'src', 'cli', 'main.js');
+export const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'ebb.js');
 
 export type LogLine = Record<string, unknown> & { event?: string };
 

@@ -1,8 +1,8 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { readFileSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
 import { isLoopback } from '../../common/admin-auth.js';
 import { allowOnly } from '../../common/http-server.js';
+import { packageFile } from '../../common/package-files.js';
 
 /**
  * The fleet dashboard: one hand-written page (HTML, CSS and JS in one file, no build step, nothing
@@ -14,8 +14,8 @@ import { allowOnly } from '../../common/http-server.js';
  * shows the workers, before the stream opens.
  */
 
-/** The page, next to this file in the source tree (dist/src/frontend -> src/frontend/dashboard). */
-export const DASHBOARD_FILE = fileURLToPath(new URL('../../../../src/frontend/admin/dashboard/index.html', import.meta.url));
+/** The page, in the source tree (it has no build step). */
+export const DASHBOARD_FILE = packageFile('src', 'frontend', 'admin', 'dashboard', 'index.html');
 
 /** The placeholder the page's embedded snapshot replaces (a JSON script element, never executed). */
 const INITIAL = '<script type="application/json" id="initial">null</script>';
