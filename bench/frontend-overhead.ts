@@ -14,7 +14,6 @@
  * This is a benchmark, not a test: it prints a table and, last, one JSON line with the ratios.
  * It always stops by itself (a watchdog bounds the whole run) and kills its children on any exit.
  */
-import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -22,6 +21,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Agent, request } from 'undici';
 import { splitBody } from '../test/helpers/http.js';
 import { bounded, killAllNow, startFrontend, startWorker, type EbbProcess, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
+import { CLOCK_TICKS, procCpuMs } from './proc-cpu.js';
 
 const MODEL = 'm1';
 const CONTENT = 'tell me about tides';
@@ -160,31 +160,13 @@ function unexpectedExit(p: EbbProcess, stopping: () => boolean): Promise<never> 
 // ---------------------------------------------------------------------------------------------
 // CPU accounting (Linux /proc; absent elsewhere, which only blanks the cpu columns)
 
-let clockTicks = 100;
-try {
-  clockTicks = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
-} catch {
-  /* keep 100 */
-}
-
-/** User + system CPU time of a process, in ms; undefined where /proc is not available. */
-function procCpuMs(pid: number): number | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    // Fields after "(comm)": state is index 0, so utime (field 14) is index 11 and stime index 12.
-    return ((Number(fields[11]) + Number(fields[12])) * 1000) / clockTicks;
-  } catch {
-    return undefined;
-  }
-}
 
 /** Busy CPU time of the whole machine (all cores), in ms; undefined where /proc is not available. */
 function machineBusyMs(): number | undefined {
   try {
     const cpu = readFileSync('/proc/stat', 'utf8').split('\n', 1)[0] as string;
     const [user, nice, system, , , irq, softirq, steal] = cpu.trim().split(/\s+/).slice(1).map(Number) as number[];
-    return (((user ?? 0) + (nice ?? 0) + (system ?? 0) + (irq ?? 0) + (softirq ?? 0) + (steal ?? 0)) * 1000) / clockTicks;
+    return (((user ?? 0) + (nice ?? 0) + (system ?? 0) + (irq ?? 0) + (softirq ?? 0) + (steal ?? 0)) * 1000) / CLOCK_TICKS;
   } catch {
     return undefined;
   }

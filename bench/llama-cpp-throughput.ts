@@ -14,8 +14,6 @@
  * Prints a table and, last, one JSON line. Stops by itself (a watchdog bounds the run) and kills its
  * children on any exit.
  */
-import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { pino } from 'pino';
@@ -23,6 +21,7 @@ import { loadLlamaCppEngine, type LlamaCppEngine } from '../src/engine/llama-cpp
 import { splitBody } from '../test/helpers/http.js';
 import { writeTinyLlamaGguf } from '../test/helpers/gguf.js';
 import { killAllNow, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
+import { procCpuMs } from './proc-cpu.js';
 
 interface Options {
   concurrency: number[];
@@ -106,25 +105,10 @@ function viaFrontend(f: FrontendHandle, maxTokens: number): Send {
   };
 }
 
-let clockTicks = 100;
-try {
-  clockTicks = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
-} catch {
-  /* keep 100 */
-}
-
 /** User + system CPU ms of this process and the given children (Linux /proc; 0 for a child elsewhere). */
 function cpuMs(pids: number[]): number {
   let ms = (process.cpuUsage().user + process.cpuUsage().system) / 1000;
-  for (const pid of pids) {
-    try {
-      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      ms += ((Number(fields[11]) + Number(fields[12])) * 1000) / clockTicks; // utime, stime
-    } catch {
-      /* not Linux: wall time only */
-    }
-  }
+  for (const pid of pids) ms += procCpuMs(pid) ?? 0; // not Linux: wall time only
   return ms;
 }
 

@@ -33,6 +33,8 @@ import { join, resolve } from 'node:path';
 import { Agent, request } from 'undici';
 import { CLI, EbbProcess, killAllNow, startWorker, tempDiscoveryUrl } from '../test/helpers/processes.js';
 import { injectRecord } from '../test/helpers/http.js';
+import { arg } from './cli-arg.js';
+import { CLOCK_TICKS } from './proc-cpu.js';
 
 type Path = 'direct' | 'ebb' | 'ebb-2' | 'ebb-base' | 'nginx' | 'haproxy' | 'node-pipe';
 const ALL: Path[] = ['direct', 'ebb', 'nginx', 'haproxy'];
@@ -40,10 +42,6 @@ const MODEL = 'm1';
 const NGINX = '/usr/sbin/nginx';
 const HAPROXY = '/usr/sbin/haproxy';
 
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && process.argv[i + 1] !== undefined ? (process.argv[i + 1] as string) : dflt;
-}
 const opts = {
   concurrency: arg('concurrency', '1,16,64,256').split(',').map(Number),
   rounds: Number(arg('rounds', '2')),
@@ -75,13 +73,6 @@ setTimeout(() => {
   process.exit(2);
 }, budgetMs).unref();
 
-let clk = 100;
-try {
-  clk = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
-} catch {
-  /* 100 */
-}
-
 function statOf(pid: number | string): string[] | undefined {
   try {
     const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
@@ -105,7 +96,7 @@ function cpuOf(pid: number): { user: number; sys: number } | undefined {
       sys += Number(c[12]);
     }
   }
-  return { user: (user * 1e6) / clk, sys: (sys * 1e6) / clk };
+  return { user: (user * 1e6) / CLOCK_TICKS, sys: (sys * 1e6) / CLOCK_TICKS };
 }
 
 function machineBusy(): { busy: number; total: number } {
@@ -310,7 +301,7 @@ async function phase(agent: Agent, t: Target, c: number, ms: number, measure: bo
   const cpu1 = t.pid ? cpuOf(t.pid) : undefined;
   const m1 = machineBusy();
   const self = process.cpuUsage(self0);
-  const machineUs = ((m1.busy - m0.busy) * 1e6) / clk;
+  const machineUs = ((m1.busy - m0.busy) * 1e6) / CLOCK_TICKS;
   const proxyUs = cpu0 && cpu1 ? cpu1.user - cpu0.user + cpu1.sys - cpu0.sys : 0;
   // What else ran: the machine's busy time less this client and the proxy (the worker is in it too).
   const otherPct = Math.max(0, ((machineUs - self.user - self.system - proxyUs) / (elapsedMs * 1000)) * 100);

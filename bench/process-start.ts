@@ -10,25 +10,16 @@
  *   node dist/bench/process-start.js [--runs 10] [--programs dist/bin/ebb.js,dist/src/cli/main.js]
  */
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { createInterface } from 'node:readline';
+import { arg } from './cli-arg.js';
+import { procCpuMs } from './proc-cpu.js';
 
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && process.argv[i + 1] !== undefined ? (process.argv[i + 1] as string) : dflt;
-}
 const runs = Number(arg('runs', '10'));
 const programs = arg('programs', 'dist/bin/ebb.js,dist/src/cli/main.js').split(',').map((p) => resolve(p));
-
-const CLK = 100; // Linux USER_HZ
-function cpuMs(pid: number): number {
-  const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
-  return ((Number(f[11]) + Number(f[12])) * 1000) / CLK;
-}
 
 /** CPU to the ready line, read from /proc at that moment; then SIGTERM and wait for the exit. */
 async function toReady(program: string, args: string[], readyEvent: string): Promise<number> {
@@ -37,12 +28,12 @@ async function toReady(program: string, args: string[], readyEvent: string): Pro
   let ms = NaN;
   for await (const line of createInterface({ input: proc.stdout })) {
     if (line.includes(`"event":"${readyEvent}"`)) {
-      ms = cpuMs(proc.pid!);
+      ms = procCpuMs(proc.pid!) ?? NaN;
       proc.kill('SIGTERM');
     }
   }
   await exited;
-  if (Number.isNaN(ms)) throw new Error(`${program} ${args[0]}: no ${readyEvent} line`);
+  if (Number.isNaN(ms)) throw new Error(`${program} ${args[0]}: no ${readyEvent} line, or no /proc/${proc.pid}/stat to read at it`);
   return ms;
 }
 

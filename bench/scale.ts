@@ -28,12 +28,10 @@ import { etcdKey } from '../src/discovery/etcd-keys.js';
 import { FileDiscovery } from '../src/discovery/file.js';
 import { etcdSkipReason, startEtcd } from '../test/helpers/etcd.js';
 import { CLI, EbbProcess, killAllNow, metricValue, metricValues, startWorker } from '../test/helpers/processes.js';
+import { arg } from './cli-arg.js';
+import { procCpuMs } from './proc-cpu.js';
 import { routingCost } from './routing.js';
 
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && process.argv[i + 1] !== undefined ? (process.argv[i + 1] as string) : dflt;
-}
 const parts = arg('parts', 'routing,heartbeats,etcd,streams').split(',');
 const ebbCli = resolve(arg('ebb-cli', CLI));
 const frontendNodeArgs = arg('frontend-node-args', '').split(' ').filter(Boolean);
@@ -43,11 +41,10 @@ setTimeout(() => {
   process.exit(2);
 }, 600_000).unref();
 
-const clk = 100; // Linux USER_HZ
 function cpuMs(pid: number): number {
-  const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
-  return ((Number(f[11]) + Number(f[12])) * 1000) / clk;
+  const ms = procCpuMs(pid);
+  if (ms === undefined) throw new Error(`no /proc/${pid}/stat: this benchmark reads Linux's /proc`);
+  return ms;
 }
 function rssMb(pid: number): number {
   const m = /VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));

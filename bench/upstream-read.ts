@@ -10,11 +10,8 @@ import { setMaxListeners } from 'node:events';
 import { dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { startWorker, tempDiscoveryUrl, killAllNow } from '../test/helpers/processes.js';
+import { arg } from './cli-arg.js';
 
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 && process.argv[i + 1] !== undefined ? (process.argv[i + 1] as string) : dflt;
-}
 const concurrency = Number(arg('concurrency', '64'));
 const durationMs = Number(arg('duration-ms', '3000'));
 const maxTokens = Number(arg('max-tokens', '64'));
