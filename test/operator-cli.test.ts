@@ -332,8 +332,8 @@ function transitions(workers: WorkerHandle[]) {
 
 /**
  * Three workers: rolled under load first, then by the --then-exec tests (each leaves them serving).
- * 12 ms a token: eight clients keep every worker busy through the rollout at a tenth of the tokens
- * (and CPU) 3 ms took, and a drain still waits for streams in flight.
+ * 12 ms a token: eight clients keep every worker busy through the rollout at a quarter of the
+ * token rate (and CPU) 3 ms took, and a drain still waits for streams in flight.
  */
 let rolledFleet: ReturnType<typeof cluster> | undefined;
 const rolled = () => (rolledFleet ??= cluster(['r-1', 'r-2', 'r-3'], ['--mocker-itl-ms', '12', '--mocker-ttft-ms', '5']));

@@ -1,8 +1,8 @@
 /**
  * Build step (after tsc): the `ebb` program as one bundle, dist/bin/ebb.js, plus the chunks its
  * commands load lazily. Node resolves and reads each module file apart, about 300 files for a
- * worker (fastify, undici, ebb's own), and system calls are dear: a worker spent about 0.3 s of its
- * 0.55 s start loading modules. Bundled, a worker starts on about a quarter less CPU.
+ * worker (fastify, undici, ebb's own), and system calls are dear. Bundled, a worker reaches ready
+ * on about a third less CPU, a frontend too (bench/process-start.ts, docs/benchmarks.md).
  * tsc still type-checks and compiles; this only joins its output. Packages that load native code or
  * files of their own by path at run time stay outside, resolved from node_modules as before.
  * Only files whose bytes changed are written (a rebuild of a current tree touches nothing, so a
@@ -13,7 +13,7 @@ import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync
 import { basename, join } from 'node:path';
 import { packageFile } from '../common/package-files.js';
 
-export const BUNDLE_DIR = packageFile('dist', 'bin');
+const BUNDLE_DIR = packageFile('dist', 'bin');
 
 /** Native code, or files read from the package's own directory at run time. */
 const EXTERNAL = ['zeromq', 'node-llama-cpp', 'etcd3', 'pino', 'pino-pretty', 'msgpackr'];

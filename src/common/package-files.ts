@@ -16,6 +16,6 @@ function packageRoot(from: string): string {
   }
 }
 
-export const PACKAGE_ROOT = packageRoot(dirname(fileURLToPath(import.meta.url)));
+const PACKAGE_ROOT = packageRoot(dirname(fileURLToPath(import.meta.url)));
 
 export const packageFile = (...parts: string[]): string => join(PACKAGE_ROOT, ...parts);
