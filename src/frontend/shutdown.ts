@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import { EbbError } from '../protocol/errors.js';
-import type { StreamFormat } from './api/openai-format.js';
+import type { StreamFormat } from './wire/stream-format.js';
 
 /** Default --shutdown-grace-ms: about what endpoint controllers and proxies take to stop sending to a terminating pod. */
 export const DEFAULT_SHUTDOWN_GRACE_MS = 5_000;

@@ -1,7 +1,8 @@
 import type { GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
 import { promptShape } from './prompt-shape.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
-import type { SpliceFrame } from './token-splice.js';
+import type { SpliceFrame } from '../wire/token-splice.js';
+import type { CollectedChoice, StreamFormat } from '../wire/stream-format.js';
 
 export type Endpoint = 'chat' | 'completion';
 
@@ -67,22 +68,6 @@ function completionPrompts(prompt: OpenAIRequest['prompt']): Array<Pick<Generate
   }
 }
 
-/**
- * One streamed response's wire format, as the relay drives it: chat and completion chunks here,
- * Responses API events in responses-format.ts. `lane` is the choice index.
- */
-export interface StreamFormat {
-  /** Written with the headers, once every lane has a worker. */
-  opening(): string;
-  token(lane: number, text: string): string;
-  /** The token event as bytes around the token's JSON string content, when it has no per-event field. */
-  splice?(lane: number): SpliceFrame;
-  /** One choice ended (its finish chunk); the response goes on until every choice has. */
-  finished(lane: number, reason: string): string;
-  /** Every choice ended: the usage of the whole response and the end marker. */
-  end(usage: Usage): string;
-  error(code: string, message: string): string;
-}
 
 /** A token chunk's choice around its text's JSON string, per endpoint. */
 const TOKEN_OPEN: Record<Endpoint, string> = { chat: '"delta":{"content":', completion: '"text":' };
@@ -140,11 +125,6 @@ export class SseFormatter implements StreamFormat {
   }
 }
 
-/** One collected choice of a non-streaming response. */
-export interface CollectedChoice {
-  text: string;
-  finishReason: string;
-}
 
 export function completionResponse(endpoint: Endpoint, id: string, model: string, choices: CollectedChoice[], usage: Usage) {
   const created = Math.floor(Date.now() / 1000);
@@ -159,25 +139,4 @@ export function completionResponse(endpoint: Endpoint, id: string, model: string
     };
   }
   return { id, object: 'text_completion', created, model, choices: choices.map((c, index) => ({ index, text: c.text, logprobs: null, finish_reason: c.finishReason })), usage };
-}
-
-/**
- * The usage of a response made of several sequences: each distinct prompt counted once (choices of
- * one prompt share it), every completion counted.
- */
-export function sumUsage(usages: Usage[], choicesPerPrompt: number): Usage {
-  let prompt = 0;
-  let completion = 0;
-  let cached: number | undefined;
-  usages.forEach((u, i) => {
-    if (i % choicesPerPrompt === 0) {
-      prompt += u.prompt_tokens;
-      // The prompt's cached share is counted with the prompt: once, from its first choice.
-      if (u.prompt_tokens_details !== undefined) cached = (cached ?? 0) + u.prompt_tokens_details.cached_tokens;
-    }
-    completion += u.completion_tokens;
-  });
-  const sum: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
-  if (cached !== undefined) sum.prompt_tokens_details = { cached_tokens: cached };
-  return sum;
 }

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { EbbError } from '../../protocol/errors.js';
 import type { ChatMessage, GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
-import type { CollectedChoice, StreamFormat } from './openai-format.js';
+import type { CollectedChoice, StreamFormat } from '../wire/stream-format.js';
 
 /** The subset of OpenAI's Responses API request that ebb serves (see openai-schema.ts and field-policy.ts). */
 export interface ResponsesRequest {

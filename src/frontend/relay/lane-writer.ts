@@ -1,8 +1,8 @@
 import type { ClientStream } from './client-stream.js';
 
 import type { Delivered } from './migration.js';
-import type { StreamFormat } from '../api/openai-format.js';
-import { copyBytes, type SpliceFrame } from '../api/token-splice.js';
+import type { StreamFormat } from '../wire/stream-format.js';
+import { copyBytes, type SpliceFrame } from '../wire/token-splice.js';
 import type { LaneSink } from './lane.js';
 import type { UpstreamStream } from './upstream.js';
 

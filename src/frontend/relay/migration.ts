@@ -1,5 +1,5 @@
 import type { ContinuationBody, GenerateBody, Usage } from '../../protocol/request-plane.js';
-import { copyBytes } from '../api/token-splice.js';
+import { copyBytes } from '../wire/token-splice.js';
 
 /** Why a stream moved to another worker: the label of ebb_frontend_migrations_total. */
 export type MigrationReason = 'worker_failed' | 'worker_unresponsive' | 'handoff';

@@ -5,7 +5,7 @@ import type { GenerateBody, Usage } from '../../protocol/request-plane.js';
 import { ClientStream } from './client-stream.js';
 import { LaneWriter } from './lane-writer.js';
 import type { FrontendMetrics } from '../metrics.js';
-import { sumUsage, type CollectedChoice, type StreamFormat } from '../api/openai-format.js';
+import { sumUsage, type CollectedChoice, type StreamFormat } from '../wire/stream-format.js';
 import { Lane, LaneFailed, openLanes, type LaneContext } from './lane.js';
 import type { Upstream } from './upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';

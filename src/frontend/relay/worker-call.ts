@@ -1,6 +1,6 @@
 import type { Dispatcher } from 'undici';
 import type { StreamLine } from '../../protocol/request-plane.js';
-import { plainTextStart } from '../api/token-splice.js';
+import { plainTextStart } from '../wire/token-splice.js';
 
 const NEWLINE = 0x0a;
 /** Batches read ahead of a relay that waits on its client; past this the worker's socket is paused. */

@@ -1,0 +1,51 @@
+import type { Usage } from '../../protocol/request-plane.js';
+import type { SpliceFrame } from './token-splice.js';
+
+/*
+ * What the relay writes to a client, below both the API (which chooses a format per endpoint) and
+ * the relay (which drives it): the API's formats implement it, the relay only calls it.
+ */
+
+/**
+ * One streamed response's wire format, as the relay drives it: chat and completion chunks (api/openai-format.ts),
+ * Responses API events (api/responses-format.ts). `lane` is the choice index.
+ */
+export interface StreamFormat {
+  /** Written with the headers, once every lane has a worker. */
+  opening(): string;
+  token(lane: number, text: string): string;
+  /** The token event as bytes around the token's JSON string content, when it has no per-event field. */
+  splice?(lane: number): SpliceFrame;
+  /** One choice ended (its finish chunk); the response goes on until every choice has. */
+  finished(lane: number, reason: string): string;
+  /** Every choice ended: the usage of the whole response and the end marker. */
+  end(usage: Usage): string;
+  error(code: string, message: string): string;
+}
+
+/** One collected choice of a non-streaming response. */
+export interface CollectedChoice {
+  text: string;
+  finishReason: string;
+}
+
+/**
+ * The usage of a response made of several sequences: each distinct prompt counted once (choices of
+ * one prompt share it), every completion counted.
+ */
+export function sumUsage(usages: Usage[], choicesPerPrompt: number): Usage {
+  let prompt = 0;
+  let completion = 0;
+  let cached: number | undefined;
+  usages.forEach((u, i) => {
+    if (i % choicesPerPrompt === 0) {
+      prompt += u.prompt_tokens;
+      // The prompt's cached share is counted with the prompt: once, from its first choice.
+      if (u.prompt_tokens_details !== undefined) cached = (cached ?? 0) + u.prompt_tokens_details.cached_tokens;
+    }
+    completion += u.completion_tokens;
+  });
+  const sum: Usage = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+  if (cached !== undefined) sum.prompt_tokens_details = { cached_tokens: cached };
+  return sum;
+}
