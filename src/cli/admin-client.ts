@@ -11,6 +11,7 @@ import { request } from 'undici';
 import { CliError } from './cli-error.js';
 import { discoveryDefault, discoveryOption } from './options.js';
 import { runningUp } from './up-state.js';
+import { discardBody } from '../common/discard-body.js';
 
 /**
  * The HTTP admin client the operator commands (workers, drain, resume, status, rollout) share: where
@@ -127,7 +128,7 @@ export class AdminClient {
     try {
       yield* readSse(res.body);
     } finally {
-      res.body.destroy();
+      discardBody(res.body);
     }
   }
 

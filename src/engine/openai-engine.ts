@@ -16,6 +16,7 @@ import { KvEventLog } from './kv-event-log.js';
 import { KvEventSubscriber } from './openai-engine-kv-events.js';
 import { canTokenize, tokenizeOnEngine } from './openai-engine-tokenize.js';
 import type { TokenizeRequest } from './engine.js';
+import { discardBody } from '../common/discard-body.js';
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
@@ -200,7 +201,7 @@ export class OpenAIEngine implements Engine {
         }
       } finally {
         // The client left, the stream was cut, or the engine's answer is done with: close it now.
-        if (!res.body.destroyed) res.body.destroy();
+        discardBody(res.body);
       }
       if (typeof usage?.completion_tokens !== 'number' && !this.usageMissingLogged) {
         this.usageMissingLogged = true;

@@ -7,6 +7,7 @@ import { failureReason, identityMismatch, WORKER_ANSWER_LIMIT } from '../../comm
 import type { WorkerRecord } from '../../discovery/discovery.js';
 import type { ModelStats } from '../model-stats.js';
 import type { FleetView } from './fleet-view.js';
+import { discardBody } from '../../common/discard-body.js';
 
 /** Reconnect back-off for a worker's status stream that ended or failed. */
 const RESUBSCRIBE = { minMs: 500, maxMs: 5000, jitter: true };
@@ -174,7 +175,7 @@ class Subscription {
   private async readOnce(): Promise<void> {
     const res = await request(`${this.url}/engine/status/events`, { dispatcher: this.agent, signal: this.abort.signal });
     if (res.statusCode !== 200) {
-      res.body.destroy();
+      discardBody(res.body);
       throw new Error(`HTTP ${res.statusCode}`);
     }
     let first = true;
@@ -185,7 +186,7 @@ class Subscription {
         // Nothing is passed on before that: the first event must be its status.
         const answered = parsed.event === 'status' ? (parsed.data as { worker_id?: unknown } | null)?.worker_id : undefined;
         if (answered !== this.record.worker_id) {
-          res.body.destroy();
+          discardBody(res.body);
           const e = new Error(identityMismatch(this.url, answered, this.record.worker_id));
           e.name = 'IdentityError';
           throw e;

@@ -5,6 +5,7 @@ import { failureReason, identityMismatch } from '../../common/worker-admin.js';
 import type { WorkerRecord } from '../../discovery/discovery.js';
 import type { KvEvent, KvEventBatch, KvSnapshot } from '../../protocol/kv-events.js';
 import type { Holder, KvIndex } from './kv-index.js';
+import { discardBody } from '../../common/discard-body.js';
 
 /** Reconnect back-off for a worker's KV event stream that ended, failed or skipped a seq. */
 const RESUBSCRIBE = { minMs: 250, maxMs: 5000, jitter: true };
@@ -87,7 +88,7 @@ export class KvSubscription {
   private async readOnce(): Promise<void> {
     const res = await request(`${this.url}/kv/events`, { dispatcher: this.agent, signal: this.abort.signal, headersTimeout: KV_CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
     if (res.statusCode !== 200) {
-      res.body.destroy();
+      discardBody(res.body);
       throw new StreamBroken(`HTTP ${res.statusCode}`);
     }
     const id = this.record.worker_id;
@@ -117,7 +118,7 @@ export class KvSubscription {
         this.onIndexed(this, seq, false);
       }
     } finally {
-      res.body.destroy();
+      discardBody(res.body);
     }
   }
 
