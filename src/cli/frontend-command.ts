@@ -1,7 +1,7 @@
 import { Command, Option } from 'commander';
 import cluster from 'node:cluster';
 import { availableParallelism } from 'node:os';
-import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminTokens, loadRequestToken } from '../common/admin-auth.js';
+import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, WORKER_ADMIN_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminToken, loadAdminTokens, loadRequestToken } from '../common/admin-auth.js';
 import { defaultLimits } from '../common/http-server.js';
 import { createLogger } from '../common/logger.js';
 import { startFrontend, type FrontendOptions } from '../frontend/frontend.js';
@@ -21,6 +21,7 @@ interface FrontendFlags {
   adminHost: string;
   adminPort?: number;
   adminTokenFile?: string;
+  workerAdminTokenFile?: string;
   shutdownTimeoutMs: number;
   shutdownGraceMs: number;
   upstreamHeadersTimeoutMs: number;
@@ -71,6 +72,7 @@ export function frontendCommand(): Command {
     .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', portOption)
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
+    .option('--worker-admin-token-file <path>', `file holding the admin token presented to workers' event streams (KV events, status), which need it where a worker has an admin token (env ${WORKER_ADMIN_TOKEN_ENV}; default: the first token of --admin-token-file)`)
     .option('--api-key-file <path>', 'clients must send one of these keys as Authorization: Bearer on /v1/ routes (one key, or name:key lines); default: no client authentication')
     .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
     .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
@@ -98,6 +100,9 @@ export function frontendCommand(): Command {
       const token = await loadAdminTokens(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
       const requestToken = await loadRequestToken(flags.requestTokenFile);
+      // One token (a named file holds one: `frontend:secret`); a worker accepts it among its own.
+      const workerAdminToken =
+        flags.workerAdminTokenFile !== undefined ? await loadAdminToken(flags.workerAdminTokenFile, {}) : process.env[WORKER_ADMIN_TOKEN_ENV]?.trim() || token?.[0]?.token;
       // Not EBB_ADMIN_TOKEN: API keys come from their own file only.
       const apiKeys = flags.apiKeyFile === undefined ? undefined : await loadAdminTokens(flags.apiKeyFile, {});
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
@@ -117,6 +122,7 @@ export function frontendCommand(): Command {
         healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
         apiGuard: createAdminGuard(apiKeys, 'API'),
         requestToken,
+        workerAdminToken,
         router: flags.router,
         kvOverlapWeight: flags.kvOverlapWeight,
         limits: { ...timeouts, maxConnections: flags.maxConnections },

@@ -11,7 +11,9 @@ import { EbbError } from '../protocol/errors.js';
  *   refused at start: an open drain button on the network is a denial-of-service switch.
  * - With a token, mutating routes need `Authorization: Bearer <token>`: 401 (with
  *   `WWW-Authenticate: Bearer`) when it is missing or not Bearer, 403 when it is wrong.
- *   Read-only status and the probes (/live, /health, /metrics) stay open.
+ *   Read-only status and the probes (/live, /health, /metrics) stay open; a worker's event streams
+ *   (/kv/events, /engine/status/events) need the token, since each holds a connection for as long
+ *   as it lasts (a frontend presents it: --worker-admin-token-file, default its own admin token).
  * - The token comes from `--admin-token-file PATH` (first line, trimmed) or env EBB_ADMIN_TOKEN;
  *   the file wins when both are set.
  * - Several operators (or tools) may each have a token of their own: a file whose every non-empty
@@ -106,6 +108,8 @@ export async function loadAdminToken(tokenFile: string | undefined, env: NodeJS.
  * for decode workers, pull KV for) anyone. From --request-token-file PATH or env EBB_REQUEST_TOKEN.
  */
 export const REQUEST_TOKEN_ENV = 'EBB_REQUEST_TOKEN';
+/** The admin token a frontend presents to workers' event streams (see --worker-admin-token-file). */
+export const WORKER_ADMIN_TOKEN_ENV = 'EBB_WORKER_ADMIN_TOKEN';
 
 export function loadRequestToken(tokenFile: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
   return loadToken(tokenFile, REQUEST_TOKEN_ENV, 'request-plane', env);

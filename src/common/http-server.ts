@@ -4,7 +4,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import { hostname } from 'node:os';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
 import { PROBE_PATHS } from './admin-boundary.js';
-import { applyConnectionBudget } from './connection-budget.js';
+import { applyConnectionBudget, type StreamBudget } from './connection-budget.js';
 import { lazySerializers, lazyValidators, SERVER_AJV_CUSTOM } from './lazy-schema-compilers.js';
 
 /** The probes each kind of listener serves (a worker's system server: /live and /health; the frontend's OpenAI port: /health). */
@@ -48,6 +48,8 @@ export interface HttpServerOptions extends HttpServerLimits {
   role?: ListenerRole | undefined;
   /** Paths (GET) answered even when every connection is busy; default by role (admin: /live, /health; public: /health). */
   probePaths?: readonly string[] | undefined;
+  /** Event streams (GET paths) served from a connection budget of their own (see connection-budget). */
+  eventStreams?: StreamBudget | undefined;
   bodyLimit?: number | undefined;
   emptyJsonIsObject?: boolean | undefined;
   /**
@@ -156,7 +158,7 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
     ajv: { customOptions: { ...SERVER_AJV_CUSTOM } },
     schemaController: { compilersFactory: { buildValidator: lazyValidators, buildSerializer: lazySerializers } },
   });
-  applyConnectionBudget(app.server, opts.maxConnections ?? d.maxConnections, opts.probePaths ?? DEFAULT_PROBES[role]);
+  applyConnectionBudget(app.server, opts.maxConnections ?? d.maxConnections, opts.probePaths ?? DEFAULT_PROBES[role], opts.eventStreams);
   (app.server as { httpAllowHalfOpen?: boolean }).httpAllowHalfOpen = opts.allowHalfOpen ?? role === 'public';
   if (opts.emptyJsonIsObject) {
     // Admin APIs: a POST with no body (plain `curl -X POST`), or a JSON content type with an empty

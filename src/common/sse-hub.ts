@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import type { ServerResponse } from 'node:http';
 import { sseEvents } from './sse-events.js';
+import { EbbError } from '../protocol/errors.js';
 
 /**
  * Server-sent event streams on an admin listener (a worker's status stream, the frontend's fleet
@@ -23,16 +24,26 @@ export class SseHub {
   private readonly clients = new Set<ServerResponse>();
   private heartbeat: NodeJS.Timeout | undefined;
 
-  /** `onEmpty`: the last client left (subscriptions kept for clients can be dropped). */
+  /**
+   * `onEmpty`: the last client left (subscriptions kept for clients can be dropped). `maxClients`
+   * bounds the stream's clients; it is part of the listener's event-stream budget (see
+   * connection-budget), so it never takes the room of the listener's other calls.
+   */
   constructor(
     app: FastifyInstance,
     private readonly onEmpty: () => void = () => undefined,
+    readonly maxClients = Infinity,
   ) {
     app.addHook('preClose', async () => this.closeAll());
   }
 
   get size(): number {
     return this.clients.size;
+  }
+
+  /** Refuses a client past `maxClients` (503 listener_busy, retryable); call before any work for it. */
+  assertRoom(what: string): void {
+    if (this.clients.size >= this.maxClients) throw new EbbError('listener_busy', `at most ${this.maxClients} ${what} at once; retry shortly`, { headers: { 'retry-after': '5' } });
   }
 
   /** Takes the reply over as an event stream; `first` frames are written before any broadcast. */

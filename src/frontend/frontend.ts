@@ -41,6 +41,8 @@ export interface FrontendOptions {
   apiGuard?: AdminGuard | undefined;
   /** Request-plane bearer token, sent on every call to a worker's /generate, /prefill and /kv. */
   requestToken?: string | undefined;
+  /** Admin token presented to workers' event streams (/kv/events, /engine/status/events), which require it where a worker has one. */
+  workerAdminToken?: string | undefined;
   /** Sequences (prompts x n) one request may open; 400 past it (default 128). */
   maxLanesPerRequest?: number | undefined;
   /** Connection bounds of the public listener (defaults: createHttpServer's for role 'public'). */
@@ -124,7 +126,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const fleet = new FleetView();
   const routerKind = opts.router ?? 'kv';
   // The KV index follows discovery from the first event, so the first requests already find it.
-  const kvFeed = routerKind === 'kv' ? new KvFeed(log) : undefined;
+  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken }) : undefined;
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
     fleet.apply(event);
@@ -156,7 +158,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, stats: metrics.stats, kv: (id) => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) }), agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, stats: metrics.stats, kv: (id) => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) }), agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {

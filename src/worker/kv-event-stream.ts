@@ -7,26 +7,35 @@ import type { WorkerRuntime } from './phase.js';
 
 /** The frontends of a fleet subscribe once each; more than this is a misbehaving client, not a fleet. */
 export const KV_EVENT_SUBSCRIBERS_MAX = 64;
+export const KV_EVENTS_PATH = '/kv/events';
+
+/** Checks a read-only stream's caller: the admin token, where the worker has one (see admin-auth). */
+export type ReadGuard = (authorization: string | undefined) => void;
 
 /**
  * GET /kv/events: what the worker's engine stored in and evicted from its prefix cache, as
  * server-sent events (protocol/kv-events.ts): a `snapshot` first, then one `kv` event per batch
- * with consecutive seq. Read-only, like /engine/status. Bounded: a subscriber that does not keep up
+ * with consecutive seq. Read-only, but it needs the admin token where the worker has one. Bounded: a subscriber that does not keep up
  * is dropped by the hub (it reconnects for a fresh snapshot), and subscribers are capped. The log
  * is listened to only while someone subscribes, so an unwatched worker numbers no batches.
  */
-export function addKvEventStream(app: FastifyInstance, workerId: string, runtime: () => WorkerRuntime): void {
+export function addKvEventStream(app: FastifyInstance, workerId: string, runtime: () => WorkerRuntime, guard: ReadGuard): void {
   let unsubscribe: (() => void) | undefined;
-  const hub = new SseHub(app, () => {
-    unsubscribe?.();
-    unsubscribe = undefined;
-  });
+  const hub = new SseHub(
+    app,
+    () => {
+      unsubscribe?.();
+      unsubscribe = undefined;
+    },
+    KV_EVENT_SUBSCRIBERS_MAX,
+  );
 
-  allowOnly(app, '/kv/events', ['GET']);
-  app.get('/kv/events', async (_req, reply) => {
+  allowOnly(app, KV_EVENTS_PATH, ['GET']);
+  app.get(KV_EVENTS_PATH, async (req, reply) => {
+    guard(req.headers.authorization);
     const log = runtime().engine.kvEvents;
     if (log === undefined) throw new EbbError('not_found', "this worker's engine publishes no KV events (it declares no kv_cache with exact events)");
-    if (hub.size >= KV_EVENT_SUBSCRIBERS_MAX) throw new EbbError('listener_busy', `at most ${KV_EVENT_SUBSCRIBERS_MAX} KV event subscribers`, { headers: { 'retry-after': '5' } });
+    hub.assertRoom('KV event subscribers');
     // Snapshot before subscribing: it flushes pending events to the subscribers there are, and
     // everything after it arrives as batches from its seq + 1 on.
     const snapshot: KvSnapshot = { worker_id: workerId, ...log.snapshot() };

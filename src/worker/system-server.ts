@@ -7,8 +7,8 @@ import type { LifecycleStatus } from '../lifecycle/lifecycle.js';
 import { DrainBodySchema, EmptyBodySchema, type DrainBody } from '../protocol/admin.js';
 import { EbbError } from '../protocol/errors.js';
 import type { WorkerPhase, WorkerRuntime } from './phase.js';
-import { addStatusStream } from './status-stream.js';
-import { addKvEventStream } from './kv-event-stream.js';
+import { addStatusStream, STATUS_EVENTS_PATH, STATUS_STREAM_SUBSCRIBERS_MAX } from './status-stream.js';
+import { addKvEventStream, KV_EVENT_SUBSCRIBERS_MAX, KV_EVENTS_PATH } from './kv-event-stream.js';
 import { kvCacheStatus } from './kv-cache-status.js';
 
 export interface SystemServerDeps {
@@ -44,7 +44,9 @@ function scaleDownFacts(r: WorkerRuntime, s: LifecycleStatus): { started_at: str
  * `worker_loading`: there is nothing to drain, and the worker is not in discovery.
  */
 export function createSystemServer({ phase, workerId, guardAdmin }: SystemServerDeps): FastifyInstance {
-  const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true });
+  // Event streams have their own budget: 64 open streams took every admin connection (drain answered 503).
+  const eventStreams = { paths: [KV_EVENTS_PATH, STATUS_EVENTS_PATH], max: KV_EVENT_SUBSCRIBERS_MAX + STATUS_STREAM_SUBSCRIBERS_MAX };
+  const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, eventStreams });
   addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
 
   const loadingRegistry = new Registry();
@@ -108,8 +110,10 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
   allowOnly(app, '/engine/events', ['GET']);
   app.get('/engine/events', async () => ({ events: runtime().lifecycle.audit.list() }));
 
-  addStatusStream(app, runtime, (r) => statusBody(r, r.lifecycle.status()));
-  addKvEventStream(app, workerId, runtime);
+  // Streams hold a connection for as long as they last: with a token set, only its holders may.
+  const readGuard = (authorization: string | undefined) => void guardAdmin?.(authorization);
+  addStatusStream(app, runtime, (r) => statusBody(r, r.lifecycle.status()), readGuard);
+  addKvEventStream(app, workerId, runtime, readGuard);
 
   return app;
 }

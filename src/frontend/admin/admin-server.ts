@@ -11,7 +11,7 @@ import type { DrainIntent, DrainIntentStore } from '../../discovery/drain-intent
 import type { ModelStats } from '../model-stats.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import { addDashboard } from './dashboard.js';
-import { FleetEvents } from './fleet-events.js';
+import { FLEET_EVENTS_PATH, FLEET_STREAM_CLIENTS_MAX, FleetEvents } from './fleet-events.js';
 import type { FleetView, Known } from './fleet-view.js';
 import { fleetCapacity } from './fleet-capacity.js';
 import { addScaleDownRoute } from './scale-down-route.js';
@@ -38,6 +38,8 @@ export interface AdminServerDeps {
   agent: Agent;
   /** Checks mutating routes when an admin token is configured. */
   guardAdmin?: AdminGuard | undefined;
+  /** Presented to workers' event streams, which require the admin token where the worker has one. */
+  workerAdminToken?: string | undefined;
   limits?: HttpServerLimits | undefined;
   /** Where the fleet's capacity gauges (per model, for an autoscaler) and scale-down counts go: the frontend's /metrics. */
   metricsRegistry?: Registry | undefined;
@@ -48,8 +50,10 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, kv, intents, stats, agent, guardAdmin, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
-  const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits });
+export function createAdminServer({ fleet, pool, kv, intents, stats, agent, guardAdmin, workerAdminToken, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
+  // Dashboards' streams have their own connection budget: they never take the drain button's room.
+  const eventStreams = { paths: [FLEET_EVENTS_PATH], max: FLEET_STREAM_CLIENTS_MAX };
+  const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits, eventStreams });
 
   /** Intents by worker id; an unreachable store lists none (the fleet view still answers). */
   const readIntents = async (): Promise<Map<string, DrainIntent>> => (intents ? await intents.list().catch(() => new Map<string, DrainIntent>()) : new Map<string, DrainIntent>());
@@ -106,7 +110,7 @@ export function createAdminServer({ fleet, pool, kv, intents, stats, agent, guar
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
 
-  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null, stats);
+  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null, stats, workerAdminToken);
   addDashboard(app, { tokenRequired: guardAdmin !== undefined, snapshot: async () => ({ workers: await listWorkers(), models: stats?.summary() ?? [] }) });
 
   allowOnly(app, '/workers/:id', ['GET']);

@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { Agent, request } from 'undici';
+import { bearerHeader } from '../../common/admin-auth.js';
 import { Backoff, pause } from '../../common/backoff.js';
 import { allowOnly } from '../../common/http-server.js';
 import { readSse, SseHub, sseFrame } from '../../common/sse-hub.js';
@@ -17,6 +18,10 @@ const CONNECT_TIMEOUT_MS = 2000;
 const HISTORY_MS = 60_000;
 /** Audit events kept per worker for a dashboard that opens later. */
 const HISTORY_AUDIT = 50;
+/** Dashboards and tools following the fleet; its own connection budget on the admin listener (see connection-budget). */
+export const FLEET_STREAM_CLIENTS_MAX = 64;
+export const FLEET_EVENTS_PATH = '/workers/events';
+
 /** How often the per-model figures go out while a dashboard listens (they are rates: time is the event). */
 const MODEL_STATS_EVERY_MS = 1000;
 
@@ -39,6 +44,7 @@ export class FleetEvents {
   private readonly subs = new Map<string, Subscription>();
   private readonly agent = new Agent({ connect: { timeout: CONNECT_TIMEOUT_MS }, headersTimeout: CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
   private statsTimer: NodeJS.Timeout | undefined;
+  private readonly streamHeaders: Record<string, string>;
 
   constructor(
     app: FastifyInstance,
@@ -47,8 +53,10 @@ export class FleetEvents {
     /** The router's view of a worker's prefix cache (as in GET /workers' `kv`). */
     private readonly kv: (workerId: string) => unknown = () => null,
     private readonly stats?: ModelStats,
+    workerAdminToken?: string,
   ) {
-    this.hub = new SseHub(app, () => this.unsubscribeAll());
+    this.streamHeaders = bearerHeader(workerAdminToken);
+    this.hub = new SseHub(app, () => this.unsubscribeAll(), FLEET_STREAM_CLIENTS_MAX);
     app.addHook('onClose', async () => {
       this.unsubscribeAll();
       clearInterval(this.statsTimer);
@@ -65,8 +73,9 @@ export class FleetEvents {
       this.hub.send('worker_forgotten', { worker_id: id });
     });
 
-    allowOnly(app, '/workers/events', ['GET']);
-    app.get('/workers/events', async (_req, reply) => {
+    allowOnly(app, FLEET_EVENTS_PATH, ['GET']);
+    app.get(FLEET_EVENTS_PATH, async (_req, reply) => {
+      this.hub.assertRoom('fleet event streams');
       const workers = await snapshot();
       const now = Date.now();
       // What the frontend already holds goes first: the page draws the last minute, not an empty chart.
@@ -81,7 +90,7 @@ export class FleetEvents {
     const current = this.subs.get(record.worker_id);
     if (current && current.url === record.system_url) return;
     current?.close();
-    const sub = new Subscription(record, this.agent, (event, data) => this.onWorkerEvent(record.worker_id, sub, event, data));
+    const sub = new Subscription(record, this.agent, (event, data) => this.onWorkerEvent(record.worker_id, sub, event, data), this.streamHeaders);
     this.subs.set(record.worker_id, sub);
   }
 
@@ -125,6 +134,8 @@ class Subscription {
     private readonly record: WorkerRecord,
     private readonly agent: Agent,
     private readonly emit: (event: string, data: unknown) => void,
+    /** The admin token workers with one require on their event streams. */
+    private readonly headers: Record<string, string>,
   ) {
     this.url = record.system_url;
     void this.run();
@@ -173,7 +184,7 @@ class Subscription {
   }
 
   private async readOnce(): Promise<void> {
-    const res = await request(`${this.url}/engine/status/events`, { dispatcher: this.agent, signal: this.abort.signal });
+    const res = await request(`${this.url}/engine/status/events`, { headers: this.headers, dispatcher: this.agent, signal: this.abort.signal });
     if (res.statusCode !== 200) {
       discardBody(res.body);
       throw new Error(`HTTP ${res.statusCode}`);

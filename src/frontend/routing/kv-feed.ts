@@ -5,6 +5,7 @@ import type { BlockHash } from '../../protocol/block-hash.js';
 import { KvIndex } from './kv-index.js';
 import { KV_CONNECT_TIMEOUT_MS, KvSubscription } from './kv-subscription.js';
 import { kvProfile, type KvProfile } from './prompt-blocks.js';
+import { bearerHeader } from '../../common/admin-auth.js';
 
 export interface KvFeedOptions {
   /** How long a block the frontend sent a worker that publishes no events counts as cached (default 120 s). */
@@ -13,6 +14,8 @@ export interface KvFeedOptions {
   approximateMaxBlocks?: number | undefined;
   /** Most departed workers whose entries are kept, masked, for a warm resume (default 256). */
   departedMax?: number | undefined;
+  /** The admin token presented to workers' /kv/events (which require it where the worker has one). */
+  workerAdminToken?: string | undefined;
 }
 
 export const DEFAULT_APPROXIMATE_TTL_MS = 120_000;
@@ -41,6 +44,7 @@ export class KvFeed {
   readonly ttlMs: number;
   readonly maxBlocks: number;
   private readonly departedMax: number;
+  private readonly streamHeaders: Record<string, string>;
 
   constructor(
     private readonly log: Logger,
@@ -49,6 +53,7 @@ export class KvFeed {
     this.ttlMs = opts.approximateTtlMs ?? DEFAULT_APPROXIMATE_TTL_MS;
     this.maxBlocks = opts.approximateMaxBlocks ?? DEFAULT_APPROXIMATE_MAX_BLOCKS;
     this.departedMax = opts.departedMax ?? DEFAULT_DEPARTED_MAX;
+    this.streamHeaders = bearerHeader(opts.workerAdminToken);
   }
 
   apply(event: DiscoveryEvent): void {
@@ -120,7 +125,7 @@ export class KvFeed {
       this.index.drop(id);
       this.subs.set(
         id,
-        new KvSubscription(r, this.index, this.agent, () => this.inView.has(id), (s, reason) => this.failed(s, reason), (s, seq, snapshot) => this.indexed(s, seq, snapshot)),
+        new KvSubscription(r, this.index, this.agent, () => this.inView.has(id), (s, reason) => this.failed(s, reason), (s, seq, snapshot) => this.indexed(s, seq, snapshot), this.streamHeaders),
       );
       return;
     }

@@ -54,6 +54,8 @@ export class KvSubscription {
     private readonly onError: (sub: KvSubscription, reason: string) => void,
     /** After a snapshot (seq) or a batch was indexed: the feed's log lines. */
     private readonly onIndexed: (sub: KvSubscription, seq: number, snapshot: boolean) => void = () => undefined,
+    /** Headers of the stream request: the admin token workers with one require on their event streams. */
+    private readonly headers: Record<string, string> = {},
   ) {
     this.url = record.system_url;
     void this.run();
@@ -86,7 +88,7 @@ export class KvSubscription {
   }
 
   private async readOnce(): Promise<void> {
-    const res = await request(`${this.url}/kv/events`, { dispatcher: this.agent, signal: this.abort.signal, headersTimeout: KV_CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
+    const res = await request(`${this.url}/kv/events`, { headers: this.headers, dispatcher: this.agent, signal: this.abort.signal, headersTimeout: KV_CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
     if (res.statusCode !== 200) {
       discardBody(res.body);
       throw new StreamBroken(`HTTP ${res.statusCode}`);
