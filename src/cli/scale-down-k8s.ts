@@ -51,13 +51,13 @@ export async function scaleDownPods(selector: string, flags: ScaleDownFlags, mod
         : ({ worker_id: name, state: 'serving', inflight_requests: 0, eta_if_drained_ms: null, started_at: created === undefined ? undefined : new Date(created).toISOString() } as unknown as WorkerStatus);
     candidates.push({ worker_id: name, mode: entry?.mode ?? flags.pool ?? 'aggregated', status });
   }
-  const choice = chooseVictims(model, candidates, flags.count, flags.pool);
+  const choice = chooseVictims(model, candidates, flags.count, flags.pool, { named: flags.workers });
   if (isChoiceProblem(choice)) throw new CliError(`${choice.message} among pods ${selector} in ${namespace}`);
   const { pool, ranking, victims } = choice;
   const report = { model, pool, count: flags.count, dry_run: flags.dryRun === true, namespace, selector, victims, ranking };
   if (!hasSource) say(`no --frontend or --discovery: the pods are ranked by age only (youngest first)`);
   if (flags.dryRun) {
-    process.stdout.write(flags.json ? `${JSON.stringify(report, null, 2)}\n` : `scale-down of ${printable(model)} pods ${printable(selector)} by ${flags.count} would take:\n${printable(rankingTable(ranking, flags.count))}\n`);
+    process.stdout.write(flags.json ? `${JSON.stringify(report, null, 2)}\n` : `scale-down of ${printable(model)} pods ${printable(selector)} by ${flags.count} would take:\n${rankingTable(ranking, victims)}\n`);
     return;
   }
   const started = Date.now();
