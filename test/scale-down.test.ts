@@ -328,5 +328,14 @@ describe('ebb scale-down: every worker ranked, and exactly the victims named', (
     assert.match(again.stderr, new RegExp(`worker\\(s\\) ${last} of model "m1" no longer serving`));
     assert.deepEqual(drainedIds(await statesOf(m1)), [last], 'nothing more drained');
     await resume([last as string]);
+    // The admin API's `workers`, as the dashboard's confirm sends the victims it showed.
+    const api = await call('POST', `${fe.adminUrl}/models/m1/scale-down`, { count: 1, workers: [last] });
+    assert.equal(api.status, 202, JSON.stringify(api.body));
+    assert.deepEqual(api.body.victims.map((v: { worker_id: string }) => v.worker_id), [last]);
+    assert.equal(typeof api.body.victims[0].generation, 'number', 'the generation a waiter pins');
+    const gone = await call('POST', `${fe.adminUrl}/models/m1/scale-down`, { count: 1, workers: [last] });
+    assert.equal(gone.status, 400, JSON.stringify(gone.body));
+    assert.match(gone.body.error.message, /no longer serving/);
+    await resume([last as string]);
   });
 });
