@@ -339,3 +339,23 @@ describe('ebb scale-down: every worker ranked, and exactly the victims named', (
     await resume([last as string]);
   });
 });
+
+describe('frontend admin API: POST /models/{model}/scale-down starts whole or not at all', () => {
+  // Last in this file: it adds a fifth m1 worker.
+  it('resumes the victim that took its drain when another refuses its own, and says so', async () => {
+    // This worker wants a token the caller does not have: it refuses the drain forwarded with the caller's credential.
+    const guarded = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', 'm1-t', '--mocker-itl-ms', '20', '--mocker-kv-cache', 'off'], { EBB_ADMIN_TOKEN: 'a-token-the-caller-lacks' });
+    started.push(guarded);
+    await fe.waitForLog((l) => l.event === 'worker_added' && l.worker_id === 'm1-t', 'frontend sees m1-t');
+    const a = byId('m1-a');
+    const before = (await call('GET', `${a.systemUrl}/engine/status`)).body;
+    assert.equal(before.state, 'serving');
+    const r = await call('POST', `${fe.adminUrl}/models/m1/scale-down`, { count: 2, workers: ['m1-a', 'm1-t'] });
+    assert.equal(r.status, 401, JSON.stringify(r.body));
+    assert.match(r.body.error.message, /scale-down of m1 not started: victim m1-t refused its drain \(HTTP 401: [^)]*\); the other victims were resumed/);
+    const after = (await call('GET', `${a.systemUrl}/engine/status`)).body;
+    assert.equal(after.state, 'serving', 'm1-a resumed');
+    assert.equal(after.generation, before.generation + 2, 'm1-a took its drain, then its resume');
+    assert.equal((await call('GET', `${guarded.systemUrl}/engine/status`)).body.state, 'serving');
+  });
+});
