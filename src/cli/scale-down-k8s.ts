@@ -3,7 +3,7 @@ import { printable } from '../common/terminal-text.js';
 import type { WorkerStatus } from '../common/worker-admin.js';
 import { chooseVictims, isChoiceProblem, type Candidate } from '../frontend/admin/victim-ranking.js';
 import { K8sError } from '../k8s/k8s-error.js';
-import { withClient, type FleetEntry } from './admin-client.js';
+import { AdminClient, withClient, type FleetEntry } from './admin-client.js';
 import { CliError, EXIT_FAILURE, EXIT_TIMEOUT } from './cli-error.js';
 import { rankingTable, say, type ScaleDownFlags } from './scale-down-output.js';
 import { formatDuration } from './progress-line.js';
@@ -37,7 +37,7 @@ export async function scaleDownPods(selector: string, flags: ScaleDownFlags, mod
   };
   const pods = await servingPods(api, namespace, selector).catch(toCli);
   const hasSource = flags.frontend !== undefined || flags.discovery !== undefined || process.env.EBB_DISCOVERY !== undefined;
-  const fleet: FleetEntry[] = hasSource ? await withClient(flags, (client) => client.fleet()) : [];
+  const fleet: FleetEntry[] = hasSource ? await withClient(flags, (client) => client.fleet(AdminClient.CALL_TIMEOUT_MS)) : [];
   const byId = new Map(fleet.map((e) => [e.worker_id, e]));
   const candidates: Candidate[] = [];
   for (const pod of pods) {
