@@ -128,13 +128,14 @@ async function drainThroughFrontend(client: AdminClient, flags: ScaleDownFlags, 
   const { pool, ranking, victims } = res.body;
   say(`scale-down of ${model} (${pool}) by ${flags.count}: ${victims.map((v) => v.worker_id).join(', ')} (chosen and drained by ${client.sourceLabel})`);
   const fleet = await client.fleet();
-  const drains: Draining[] = victims.map((v) => {
-    const entry = fleet.find((e) => e.worker_id === v.worker_id) as FleetEntry;
+  const drains: Draining[] = victims.flatMap((v) => {
+    const entry = fleet.find((e) => e.worker_id === v.worker_id);
+    if (entry === undefined) return [];
     say(`${v.worker_id}: draining (rank ${v.rank}: ${v.reason})`);
-    return { victim: v, entry, ref: client.refFor(entry), ...(v.state !== null && v.generation !== null ? { answer: { state: v.state, generation: v.generation } } : {}) };
+    return [{ victim: v, entry, ref: client.refFor(entry), ...(v.state !== null && v.generation !== null ? { answer: { state: v.state, generation: v.generation } } : {}) }];
   });
-  if (stop.aborted || drains.some((d) => d.entry === undefined || d.answer === undefined))
-    await failWhole(client, drains.filter((d) => d.entry !== undefined), model, stop.aborted ? (stop.reason as Error) : new CliError(`a victim went missing from ${client.sourceLabel} as it was drained`));
+  if (stop.aborted || drains.length < victims.length || drains.some((d) => d.answer === undefined))
+    await failWhole(client, drains, model, stop.aborted ? (stop.reason as Error) : new CliError(`a victim went missing from ${client.sourceLabel} as it was drained`));
   return { pool, ranking, victims, drains };
 }
 
@@ -191,7 +192,8 @@ export function scaleDownCommand(): Command {
       .description(
         'choose --count serving workers of --model (least work to wait for, then least cache value, then youngest; ' +
           'prefill and decode pools ranked apart), drain them, and with --wait report them once drained and deletable. ' +
-          'All or nothing: a victim that does not drain within --timeout is resumed with the others, exit 2.',
+          'All or nothing: a victim that does not drain within --timeout is resumed with the others, exit 2; Ctrl-C resumes them too (exit 130). ' +
+          'One scale-down of a model at a time, across CLIs and frontends (a lock in discovery).',
       ),
   )
     .option('--model <name>', 'the model to scale down (required)')
