@@ -2,6 +2,7 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import type { Browser, Page } from 'puppeteer-core';
 import { browserSkipReason, launchBrowser } from './helpers/browser.js';
+import { openLineStream, type OpenStream } from './helpers/http.js';
 import { spawnEbb, type EbbProcess, type LogLine } from './helpers/processes.js';
 
 const WORKERS = 3;
@@ -12,13 +13,16 @@ describe('fleet dashboard: the scale-down control, in headless chromium against 
   let page: Page;
   let adminUrl: string;
   const workerIds: string[] = [];
+  const requestUrls = new Map<string, string>();
+  const streams: OpenStream[] = [];
 
   before(async () => {
-    up = spawnEbb(['up', '--port', '0', '--workers', String(WORKERS), '--model', 'm1'], 'ebb up', { EBB_ADMIN_TOKEN: undefined });
+    up = spawnEbb(['up', '--port', '0', '--workers', String(WORKERS), '--model', 'm1', '--mocker-itl-ms', '20'], 'ebb up', { EBB_ADMIN_TOKEN: undefined });
     adminUrl = (await up.waitForEvent('frontend_ready')).admin_url as string;
     for (let i = 0; workerIds.length < WORKERS; i++) {
       const w: LogLine = await up.waitForLog((l) => l.event === 'worker_ready' && !workerIds.includes(l.worker_id as string), `worker_ready #${i + 1}`);
       workerIds.push(w.worker_id as string);
+      requestUrls.set(w.worker_id as string, w.request_url as string);
     }
     ({ browser } = await launchBrowser());
     page = await browser.newPage();
@@ -26,15 +30,24 @@ describe('fleet dashboard: the scale-down control, in headless chromium against 
   });
 
   after(async () => {
+    for (const st of streams) st.abort();
     await browser?.close().catch(() => undefined);
     await up?.terminate(15_000);
   });
 
-  it('shows the victims and why before it drains, then drains exactly those', async () => {
+  it('shows the victims and why before it drains, then drains exactly those, even once the fleet ranks otherwise', async () => {
     const dialogs: string[] = [];
     page.on('dialog', (d) => {
       dialogs.push(d.message());
-      void d.accept();
+      // While the operator reads: one of the victims shown takes a stream, so a fresh ranking would
+      // put it last and take the third worker instead. The confirm drains the ones shown.
+      const shown = workerIds.find((id) => d.message().includes(`${id}: idle`)) as string;
+      void (async () => {
+        const st = await openLineStream(`${requestUrls.get(shown)}/generate`, { model: 'm1', prompt: 'p', max_tokens: 40, stream: true });
+        streams.push(st);
+        await st.first;
+        await d.accept();
+      })();
     });
     await page.goto(`${adminUrl}/`);
     await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="serving"]').length === n, {}, WORKERS);

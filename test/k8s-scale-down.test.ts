@@ -103,4 +103,37 @@ describe('ebb scale-down --k8s-selector', () => {
     assert.equal(kube.replicas(NS, 'ebb-worker'), 3, 'not scaled');
     assert.deepEqual(deletes(), ['worker-b'], 'nothing more deleted');
   });
+
+  // The victim reports drained, and is resumed before the command acts on it: the watch that tells
+  // the command "drained" is held until the resume has landed, so the destructive step runs after it.
+  for (const scale of [false, true])
+    it(`${scale ? '--k8s-scale' : 'delete'}: a victim resumed after it reported drained is neither deleted nor given the lowest deletion cost`, async () => {
+      if (!workers.has('worker-e')) {
+        kube.createPod(NS, 'worker-e', APP);
+        const e = await podWorker(kubeconfig, discovery, 'worker-e', ['--mocker-itl-ms', '20']);
+        started.push(e);
+        workers.set('worker-e', e);
+        await kube.waitForPod(NS, 'worker-e', stateIs('serving'), 'worker-e serving');
+      }
+      const e = workers.get('worker-e') as WorkerHandle;
+      const replicas = kube.replicas(NS, 'ebb-worker');
+      kube.holdWatchesFrom((p) => p.metadata.name === 'worker-e' && annotations(p)['ebb.dev/state'] === 'drained');
+      const run = scaleDown([...(scale ? ['--k8s-scale', 'deployment/ebb-worker'] : []), '--timeout', '60s']);
+      try {
+        await kube.waitForPod(NS, 'worker-e', stateIs('drained'), 'worker-e drained (the idle youngest: the victim)', 60_000);
+        const resumed = await call('POST', `${e.systemUrl}/engine/resume`);
+        assert.equal(resumed.status, 200, JSON.stringify(resumed.body));
+        await kube.waitForPod(NS, 'worker-e', stateIs('serving'), 'worker-e reporting serving again');
+      } finally {
+        kube.releaseWatches();
+      }
+      const r = await run;
+      assert.equal(r.code, 1, r.stderr);
+      assert.match(r.stderr, /pod worker-e changed after it reported drained at generation \d+ \(now ebb\.dev\/state=serving/);
+      assert.ok(!deletes().includes('worker-e'), `worker-e was deleted: ${deletes().join(', ')}`);
+      const a = annotations(kube.pod(NS, 'worker-e'));
+      assert.notEqual(a['controller.kubernetes.io/pod-deletion-cost'], String(-(2 ** 31)), 'a serving pod at the lowest deletion cost');
+      assert.equal(kube.replicas(NS, 'ebb-worker'), replicas, 'not scaled');
+      assert.equal((await call('GET', `${e.systemUrl}/engine/status`)).body.state, 'serving');
+    });
 });

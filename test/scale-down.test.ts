@@ -4,9 +4,12 @@ import { EventEmitter, once } from 'node:events';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { FileScaleDownLocks } from '../src/discovery/scale-down-lock.js';
 import { call, openLineStream, type OpenStream } from './helpers/http.js';
 import { openEventStream } from './helpers/event-stream.js';
-import { bounded, runEbb, metricValues, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { bounded, runEbb, metricValues, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, WAIT_BOUND_MS, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 /**
@@ -149,7 +152,7 @@ describe('frontend admin API: POST /models/{model}/scale-down under load', () =>
     const gauges = (model: string) => metricValues(fe.url, [`ebb_frontend_fleet_serving_workers{model="${model}",mode="aggregated"}`, `ebb_frontend_scale_downs_total{outcome="started"}`, `ebb_frontend_fleet_drainable_workers{model="${model}",mode="aggregated"}`]);
     const [serving0, started0, drainable0] = await gauges('m1');
     assert.equal(serving0, 4);
-    assert.equal(started0, 0, 'created at 0');
+    assert.equal(started0, 1, 'one so far: the first case\'s `ebb scale-down --frontend` went through this route');
     assert.equal(drainable0, 3, 'all idle: every worker but one could go now');
 
     const refused = await call('POST', `${fe.adminUrl}/models/nope/scale-down`, { count: 1 });
@@ -189,7 +192,7 @@ describe('frontend admin API: POST /models/{model}/scale-down under load', () =>
       assert.deepEqual(failures, [], 'every stream completes with all its tokens');
       const [serving1, started1] = await gauges('m1');
       assert.equal(serving1, 2);
-      assert.equal(started1, 1);
+      assert.equal(started1, 2);
       await resume(victims);
     } finally {
       stop = true;
@@ -218,5 +221,141 @@ describe('frontend admin API: POST /models/{model}/scale-down behind an admin to
     assert.equal(ok.status, 200, JSON.stringify(ok.body));
     assert.equal(ok.body.victims.length, 1);
     for (const w of m1) assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving', 'a dry run drains nothing');
+  });
+});
+
+/** The m1 workers' states, read from each worker. */
+async function statesOf(ws: WorkerHandle[]): Promise<Map<string, string>> {
+  return new Map(await Promise.all(ws.map(async (w) => [w.workerId, (await call('GET', `${w.systemUrl}/engine/status`)).body.state as string] as const)));
+}
+const drainedIds = (states: Map<string, string>) => [...states].flatMap(([id, s]) => (s === 'serving' ? [] : [id]));
+
+describe('ebb scale-down: one at a time per model, across CLIs and frontends (the lock in discovery)', () => {
+  it('refuses while another holds the lock (CLI and admin API, 409), takes over a dead holder\'s, and 4 concurrent CLIs drain distinct victims and leave one serving', async () => {
+    const dir = fileURLToPath(discovery);
+    const release = await new FileScaleDownLocks(dir).acquire('m1', 'the test, holding it');
+    try {
+      const r = await ebb(['scale-down', '--model', 'm1', '--count', '1', '--discovery', discovery]);
+      assert.equal(r.code, 1, r.stderr);
+      assert.match(r.stderr, /a scale-down of m1 is choosing and draining its victims \(the test, holding it\)/);
+      const api = await call('POST', `${fe.adminUrl}/models/m1/scale-down`, { count: 1 });
+      assert.equal(api.status, 409, JSON.stringify(api.body));
+      assert.equal(api.body.error.code, 'scale_down_in_progress');
+      const viaFrontend = await ebb(['scale-down', '--model', 'm1', '--count', '1', '--frontend', fe.adminUrl]);
+      assert.equal(viaFrontend.code, 1, viaFrontend.stderr);
+      assert.match(viaFrontend.stderr, /HTTP 409: a scale-down of m1 is choosing/);
+      assert.deepEqual(drainedIds(await statesOf(m1)), [], 'nothing drained while the lock is held');
+    } finally {
+      await release();
+    }
+    // A holder that died (its pid is gone) does not block the next one.
+    const dead = spawn(process.execPath, ['-e', '']);
+    await once(dead, 'exit');
+    writeFileSync(join(dir, '.scale-down.m1.lock'), JSON.stringify({ pid: dead.pid, holder: 'a CLI that was SIGKILLed' }), { mode: 0o600 });
+    const after = await ebb(['scale-down', '--model', 'm1', '--count', '1', '--discovery', discovery, '--json']);
+    assert.equal(after.code, 0, after.stderr);
+    await resume(JSON.parse(after.stdout).victims.map((v: { worker_id: string }) => v.worker_id));
+
+    const runs = await Promise.all(Array.from({ length: 4 }, () => ebb(['scale-down', '--model', 'm1', '--count', '1', '--discovery', discovery, '--json'])));
+    const named = runs.flatMap((r) => (r.code === 0 ? JSON.parse(r.stdout).victims.map((v: { worker_id: string }) => v.worker_id as string) : []));
+    for (const r of runs) if (r.code !== 0) assert.match(r.stderr, /is choosing and draining its victims|would leave none/, r.stderr);
+    assert.equal(new Set(named).size, named.length, `no victim named twice: ${named.join(', ')}`);
+    const drained = drainedIds(await statesOf(m1));
+    assert.deepEqual([...drained].sort(), [...named].sort(), 'the workers drained are the ones reported');
+    assert.ok(drained.length <= 3, `one serving worker left: ${drained.join(', ')}`);
+    await resume(drained);
+  });
+});
+
+describe('ebb scale-down --wait: rolled back without the frontend, and on Ctrl-C', () => {
+  it('resumes the victim at its own system URL when the frontend is SIGKILLed mid --wait', async () => {
+    const lone = await startFrontend(discovery, ['--admin-port', '0'], NO_TOKEN);
+    started.push(lone);
+    const admin = (await lone.waitForEvent('frontend_ready')).admin_url as string;
+    for (const w of m2) await lone.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === w.workerId) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(w.workerId)), `sees ${w.workerId}`);
+    const cli = spawnEbb(['scale-down', '--model', 'm2', '--count', '1', '--wait', '--timeout', '10m', '--frontend', admin], 'ebb scale-down', NO_TOKEN);
+    started.push(cli);
+    // m2-stuck never drains: the command is waiting when its progress line comes.
+    await cli.waitForStderr(/^ {2}m2-stuck: /);
+    await lone.stop();
+    assert.equal(await cli.exitCode(), 1, cli.stderr.join('\n'));
+    assert.match(cli.stderr.join('\n'), /m2-stuck: resumed at its own system URL/);
+    assert.match(cli.stderr.join('\n'), /every victim was resumed and nothing is to be deleted/);
+    const s = (await call('GET', `${byId('m2-stuck').systemUrl}/engine/status`)).body;
+    assert.equal(s.state, 'serving');
+    assert.equal(s.discovery_registered, true);
+  });
+
+  it('resumes the victim on SIGINT during --wait and exits 130', async () => {
+    const cli = spawnEbb(['scale-down', '--model', 'm2', '--count', '1', '--wait', '--timeout', '10m', '--discovery', discovery], 'ebb scale-down', NO_TOKEN);
+    started.push(cli);
+    await cli.waitForStderr(/^ {2}m2-stuck: /);
+    cli.signal('SIGINT');
+    assert.equal(await cli.exitCode(), 130, cli.stderr.join('\n'));
+    assert.match(cli.stderr.join('\n'), /rolled back: interrupted by SIGINT; every victim was resumed/);
+    assert.equal((await call('GET', `${byId('m2-stuck').systemUrl}/engine/status`)).body.state, 'serving');
+  });
+});
+
+describe('ebb scale-down: every worker ranked, and exactly the victims named', () => {
+  it('refuses, naming it, when a worker of the model does not answer its status', async () => {
+    const ok = byId('m2-ok');
+    ok.signal('SIGSTOP');
+    try {
+      const r = await ebb(['scale-down', '--model', 'm2', '--count', '1', '--dry-run', '--discovery', discovery]);
+      assert.equal(r.code, 1, r.stderr);
+      assert.match(r.stderr, /worker\(s\) m2-ok of model "m2" did not answer their status: a ranking without them could pass over the best victim/);
+    } finally {
+      ok.signal('SIGCONT');
+    }
+  });
+
+  it('prints the dry run one row a line, and --workers drains exactly the named ones (refused if one is not serving)', async () => {
+    const dry = await ebb(['scale-down', '--model', 'm1', '--count', '1', '--dry-run', '--discovery', discovery]);
+    assert.equal(dry.code, 0, dry.stderr);
+    assert.ok(!dry.stdout.includes('\\n'), dry.stdout);
+    const rows = dry.stdout.split('\n').filter((l) => /^[* ] +\d\. m1-/.test(l));
+    assert.equal(rows.length, 4, dry.stdout);
+    const [first, last] = [rows[0] as string, rows[3] as string].map((l) => /m1-\w/.exec(l)?.[0] as string);
+    assert.match(dry.stdout, new RegExp(`to drain exactly these: ebb scale-down --model m1 --workers ${first}`));
+    // The last of the ranking, named: it is the one drained.
+    const named = await ebb(['scale-down', '--model', 'm1', '--workers', last as string, '--discovery', discovery, '--json']);
+    assert.equal(named.code, 0, named.stderr);
+    assert.deepEqual(JSON.parse(named.stdout).victims.map((v: { worker_id: string }) => v.worker_id), [last]);
+    assert.deepEqual(drainedIds(await statesOf(m1)), [last]);
+    const again = await ebb(['scale-down', '--model', 'm1', '--workers', `${first},${last}`, '--discovery', discovery]);
+    assert.equal(again.code, 1, again.stderr);
+    assert.match(again.stderr, new RegExp(`worker\\(s\\) ${last} of model "m1" no longer serving`));
+    assert.deepEqual(drainedIds(await statesOf(m1)), [last], 'nothing more drained');
+    await resume([last as string]);
+    // The admin API's `workers`, as the dashboard's confirm sends the victims it showed.
+    const api = await call('POST', `${fe.adminUrl}/models/m1/scale-down`, { count: 1, workers: [last] });
+    assert.equal(api.status, 202, JSON.stringify(api.body));
+    assert.deepEqual(api.body.victims.map((v: { worker_id: string }) => v.worker_id), [last]);
+    assert.equal(typeof api.body.victims[0].generation, 'number', 'the generation a waiter pins');
+    const gone = await call('POST', `${fe.adminUrl}/models/m1/scale-down`, { count: 1, workers: [last] });
+    assert.equal(gone.status, 400, JSON.stringify(gone.body));
+    assert.match(gone.body.error.message, /no longer serving/);
+    await resume([last as string]);
+  });
+});
+
+describe('frontend admin API: POST /models/{model}/scale-down starts whole or not at all', () => {
+  // Last in this file: it adds a fifth m1 worker.
+  it('resumes the victim that took its drain when another refuses its own, and says so', async () => {
+    // This worker wants a token the caller does not have: it refuses the drain forwarded with the caller's credential.
+    const guarded = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', 'm1-t', '--mocker-itl-ms', '20', '--mocker-kv-cache', 'off'], { EBB_ADMIN_TOKEN: 'a-token-the-caller-lacks' });
+    started.push(guarded);
+    await fe.waitForLog((l) => l.event === 'worker_added' && l.worker_id === 'm1-t', 'frontend sees m1-t');
+    const a = byId('m1-a');
+    const before = (await call('GET', `${a.systemUrl}/engine/status`)).body;
+    assert.equal(before.state, 'serving');
+    const r = await call('POST', `${fe.adminUrl}/models/m1/scale-down`, { count: 2, workers: ['m1-a', 'm1-t'] });
+    assert.equal(r.status, 401, JSON.stringify(r.body));
+    assert.match(r.body.error.message, /scale-down of m1 not started: victim m1-t refused its drain \(HTTP 401: [^)]*\); the other victims were resumed/);
+    const after = (await call('GET', `${a.systemUrl}/engine/status`)).body;
+    assert.equal(after.state, 'serving', 'm1-a resumed');
+    assert.equal(after.generation, before.generation + 2, 'm1-a took its drain, then its resume');
+    assert.equal((await call('GET', `${guarded.systemUrl}/engine/status`)).body.state, 'serving');
   });
 });

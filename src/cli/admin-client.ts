@@ -5,6 +5,7 @@ import { adminCall, createAdminAgent, errorMessageOf, fetchLiveStatus, Unreachab
 import { connectDiscovery } from '../discovery/connect.js';
 import type { Discovery, WorkerRecord } from '../discovery/discovery.js';
 import type { DrainIntent } from '../discovery/drain-intent.js';
+import { lockHolder, ScaleDownLockHeld } from '../discovery/scale-down-lock.js';
 import { codeOf } from '../protocol/errors.js';
 import { readSse } from '../common/sse-hub.js';
 import { request } from 'undici';
@@ -132,8 +133,12 @@ export class AdminClient {
     }
   }
 
-  /** Every worker the source knows, with its live status (unreachable ones included, marked). */
-  async fleet(): Promise<FleetEntry[]> {
+  /**
+   * Every worker the source knows, with its live status (unreachable ones included, marked).
+   * `statusTimeoutMs`: the per-worker bound on a status read from discovery (a listing is quick; a
+   * scale-down, which must rank every worker, waits as long as a call).
+   */
+  async fleet(statusTimeoutMs = LIST_STATUS_TIMEOUT_MS): Promise<FleetEntry[]> {
     if (this.source.kind === 'frontend') {
       const res = await this.call<{ workers?: FleetEntry[] }>(`${this.source.url}/workers`, 'GET', this.sourceLabel);
       if (res.statusCode !== 200 || !Array.isArray(res.body.workers))
@@ -146,7 +151,7 @@ export class AdminClient {
     const unlisted = [...(intents ?? new Map<string, DrainIntent>()).values()].flatMap((i) => (i.worker !== undefined && !listed.has(i.worker.worker_id) ? [i.worker] : []));
     const entries = await Promise.all(
       [...records, ...unlisted].map(async (r): Promise<FleetEntry> => {
-        const live = await fetchLiveStatus(r.system_url, r.worker_id, this.agent, LIST_STATUS_TIMEOUT_MS);
+        const live = await fetchLiveStatus(r.system_url, r.worker_id, this.agent, statusTimeoutMs);
         const intent = intents?.get(r.worker_id);
         return { ...r, in_discovery: listed.has(r.worker_id), state: live.reachable ? live.status.state : null, ...live, ...(intent ? { drain_intent: intent } : {}) };
       }),
@@ -222,6 +227,25 @@ export class AdminClient {
     // The URL is discovery's: it gets the operator's token only once it answers as that worker.
     const live = await fetchLiveStatus(record.system_url, record.worker_id, this.agent, CALL_TIMEOUT_MS);
     if (!live.reachable) throw new CliError(`worker ${record.worker_id} (${record.system_url}) from ${this.sourceLabel}: ${live.error}; nothing was sent to it`);
+    return this.direct(record.system_url, record);
+  }
+
+  /** The per-call bound: what a scale-down gives each status read, so that a slow worker is ranked, not skipped. */
+  static readonly CALL_TIMEOUT_MS = CALL_TIMEOUT_MS;
+
+  /** Discovery's scale-down lock of `model` (see discovery/scale-down-lock); a CliError naming the holder when taken. */
+  async scaleDownLock(model: string): Promise<() => Promise<void>> {
+    const discovery = await this.openDiscovery();
+    try {
+      return await discovery.scaleDownLocks.acquire(model, lockHolder('ebb scale-down'));
+    } catch (err) {
+      if (err instanceof ScaleDownLockHeld) throw new CliError(err.message);
+      throw new CliError(`cannot take the scale-down lock of ${model} in discovery at ${this.source.url}: ${(err as Error).message}`);
+    }
+  }
+
+  /** A worker at its own system URL, whatever the source: what a rollback falls back to when the frontend is gone. */
+  systemRef(record: WorkerRecord): WorkerRef {
     return this.direct(record.system_url, record);
   }
 

@@ -5,6 +5,8 @@
 
 export const EXIT_FAILURE = 1;
 export const EXIT_TIMEOUT = 2;
+/** Stopped by SIGINT/SIGTERM (128 + SIGINT, as a shell reports it). */
+export const EXIT_INTERRUPTED = 130;
 
 export class CliError extends Error {
   constructor(

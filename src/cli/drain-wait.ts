@@ -1,3 +1,4 @@
+import { pause } from '../common/backoff.js';
 import type { WorkerStatus } from '../common/worker-admin.js';
 import type { FleetEntry, WorkerRef } from './admin-client.js';
 import { CliError, EXIT_TIMEOUT } from './cli-error.js';
@@ -5,8 +6,6 @@ import { describeWaiting, formatDuration } from './progress-line.js';
 
 /** How often a waiting command re-reads /engine/status. */
 export const POLL_INTERVAL_MS = 250;
-
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 /**
  * Follows the worker's status until it reports `drained` at `generation`, the one the drain call
@@ -16,14 +15,17 @@ const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve,
  * The status is pushed (the worker's status stream, or the frontend's fleet stream); only where no
  * stream can be had (an older worker or frontend) or it breaks off, GET /engine/status is read
  * every POLL_INTERVAL_MS instead. Throws CliError(EXIT_TIMEOUT) past the deadline,
- * CliError(EXIT_FAILURE) on another generation, a worker shutting down, or one that stops answering.
+ * CliError(EXIT_FAILURE) on another generation, a worker shutting down, or one that stops answering;
+ * `signal`'s reason once it aborts (an interrupted command rolls back).
  */
 export async function waitForDrained(
   ref: WorkerRef,
   generation: number,
   timeoutMs: number,
   onProgress: (status: WorkerStatus, elapsedMs: number) => void = () => undefined,
+  signal?: AbortSignal,
 ): Promise<WorkerStatus> {
+  signal?.throwIfAborted();
   const started = Date.now();
   let last: WorkerStatus | undefined;
   const timedOut = () => {
@@ -44,7 +46,8 @@ export async function waitForDrained(
     return status.state === 'drained' ? status : undefined;
   };
 
-  const deadline = AbortSignal.timeout(timeoutMs);
+  const timeout = AbortSignal.timeout(timeoutMs);
+  const deadline = signal ? AbortSignal.any([timeout, signal]) : timeout;
   try {
     for await (const status of ref.statusEvents(deadline)) {
       const done = check(status);
@@ -52,7 +55,8 @@ export async function waitForDrained(
     }
   } catch (err) {
     if (err instanceof CliError) throw err;
-    if (deadline.aborted) throw timedOut();
+    signal?.throwIfAborted();
+    if (timeout.aborted) throw timedOut();
     // No stream (or it broke off): read the status instead, below.
   }
 
@@ -70,7 +74,8 @@ export async function waitForDrained(
     if (done) return done;
     const elapsed = Date.now() - started;
     if (elapsed >= timeoutMs) throw timedOut();
-    await sleep(Math.min(POLL_INTERVAL_MS, timeoutMs - elapsed));
+    await pause(Math.min(POLL_INTERVAL_MS, timeoutMs - elapsed), signal);
+    signal?.throwIfAborted();
   }
 }
 

@@ -3,7 +3,7 @@ import { printable } from '../common/terminal-text.js';
 import type { WorkerStatus } from '../common/worker-admin.js';
 import { chooseVictims, isChoiceProblem, type Candidate } from '../frontend/admin/victim-ranking.js';
 import { K8sError } from '../k8s/k8s-error.js';
-import { withClient, type FleetEntry } from './admin-client.js';
+import { AdminClient, withClient, type FleetEntry } from './admin-client.js';
 import { CliError, EXIT_FAILURE, EXIT_TIMEOUT } from './cli-error.js';
 import { rankingTable, say, type ScaleDownFlags } from './scale-down-output.js';
 import { formatDuration } from './progress-line.js';
@@ -37,7 +37,7 @@ export async function scaleDownPods(selector: string, flags: ScaleDownFlags, mod
   };
   const pods = await servingPods(api, namespace, selector).catch(toCli);
   const hasSource = flags.frontend !== undefined || flags.discovery !== undefined || process.env.EBB_DISCOVERY !== undefined;
-  const fleet: FleetEntry[] = hasSource ? await withClient(flags, (client) => client.fleet()) : [];
+  const fleet: FleetEntry[] = hasSource ? await withClient(flags, (client) => client.fleet(AdminClient.CALL_TIMEOUT_MS)) : [];
   const byId = new Map(fleet.map((e) => [e.worker_id, e]));
   const candidates: Candidate[] = [];
   for (const pod of pods) {
@@ -51,13 +51,13 @@ export async function scaleDownPods(selector: string, flags: ScaleDownFlags, mod
         : ({ worker_id: name, state: 'serving', inflight_requests: 0, eta_if_drained_ms: null, started_at: created === undefined ? undefined : new Date(created).toISOString() } as unknown as WorkerStatus);
     candidates.push({ worker_id: name, mode: entry?.mode ?? flags.pool ?? 'aggregated', status });
   }
-  const choice = chooseVictims(model, candidates, flags.count, flags.pool);
+  const choice = chooseVictims(model, candidates, flags.count, flags.pool, { named: flags.workers });
   if (isChoiceProblem(choice)) throw new CliError(`${choice.message} among pods ${selector} in ${namespace}`);
   const { pool, ranking, victims } = choice;
   const report = { model, pool, count: flags.count, dry_run: flags.dryRun === true, namespace, selector, victims, ranking };
   if (!hasSource) say(`no --frontend or --discovery: the pods are ranked by age only (youngest first)`);
   if (flags.dryRun) {
-    process.stdout.write(flags.json ? `${JSON.stringify(report, null, 2)}\n` : `scale-down of ${printable(model)} pods ${printable(selector)} by ${flags.count} would take:\n${printable(rankingTable(ranking, flags.count))}\n`);
+    process.stdout.write(flags.json ? `${JSON.stringify(report, null, 2)}\n` : `scale-down of ${printable(model)} pods ${printable(selector)} by ${flags.count} would take:\n${rankingTable(ranking, victims)}\n`);
     return;
   }
   const started = Date.now();

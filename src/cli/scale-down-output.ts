@@ -8,6 +8,8 @@ import type { SourceFlags } from './admin-client.js';
 export interface ScaleDownFlags extends SourceFlags {
   model?: string;
   count: number;
+  /** Exactly these victims (a dry run's); count is their number. */
+  workers?: string[];
   pool?: WorkerMode;
   dryRun?: boolean;
   wait?: boolean;
@@ -23,8 +25,8 @@ export interface ScaleDownFlags extends SourceFlags {
 /** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
 export const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
 
-/** The ranking as a table, victims marked: what `--dry-run` prints. */
-export function rankingTable(ranking: RankedWorker[], victims: number): string {
-  return ranking.map((r) => `${r.rank <= victims ? '*' : ' '} ${String(r.rank).padStart(2)}. ${r.worker_id} (${r.pool}): ${r.reason}`).join('\n');
+/** The ranking as a table, victims marked, one row a line (each row escaped, not the newlines between): what `--dry-run` prints. */
+export function rankingTable(ranking: RankedWorker[], victims: readonly RankedWorker[]): string {
+  return ranking.map((r) => printable(`${victims.includes(r) ? '*' : ' '} ${String(r.rank).padStart(2)}. ${r.worker_id} (${r.pool}): ${r.reason}`)).join('\n');
 }
 

@@ -1,5 +1,6 @@
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { DrainIntentStore } from './drain-intent.js';
+import type { ScaleDownLocks } from './scale-down-lock.js';
 import type { WorkerRecord } from './worker-record.js';
 
 /** Re-exported for the modules that import them from here: WorkerMode lives in protocol/, the record in worker-record.ts. */
@@ -41,5 +42,7 @@ export interface Discovery {
   onRegistrationLost(listener: (workerId: string) => void): () => void;
   /** Drain intents that survive a restart of the worker (etcd); absent for one-machine backends. */
   readonly drainIntents?: DrainIntentStore | undefined;
+  /** One scale-down of a model at a time, across every CLI and frontend on this discovery. */
+  readonly scaleDownLocks: ScaleDownLocks;
   close(): Promise<void>;
 }

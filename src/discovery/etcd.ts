@@ -1,3 +1,4 @@
+import { EtcdScaleDownLocks } from './scale-down-lock.js';
 import { Etcd3, EtcdLeaseInvalidError, type Lease } from 'etcd3';
 import { EtcdDrainIntents } from './drain-intent.js';
 import type { Discovery, DiscoveryOptions, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
@@ -55,6 +56,7 @@ export class EtcdDiscovery implements Discovery {
   private closed = false;
 
   readonly drainIntents: EtcdDrainIntents;
+  readonly scaleDownLocks: EtcdScaleDownLocks;
 
   private constructor(
     readonly url: string,
@@ -62,6 +64,7 @@ export class EtcdDiscovery implements Discovery {
     private readonly leaseTtlS: number,
   ) {
     this.drainIntents = new EtcdDrainIntents(client);
+    this.scaleDownLocks = new EtcdScaleDownLocks(client);
   }
 
   /** Builds the client without contacting etcd: an unreachable etcd surfaces on first use. */

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
 import { entryLive, HOST, MAX_TTL_MS, MIN_TTL_MS, parseEntry, type FileEntry } from './file-record.js';
 import { FileWatch } from './file-watch.js';
+import { FileScaleDownLocks } from './scale-down-lock.js';
 import { assertPrivate, ensurePrivateDir, UnsafeDirectoryError } from './private-dir.js';
 
 /** Where records are written before the rename that publishes them. */
@@ -22,6 +23,7 @@ type Read = { name: string; state: 'live'; entry: FileEntry } | { name: string; 
  */
 export class FileDiscovery implements Discovery {
   readonly url: string;
+  readonly scaleDownLocks: FileScaleDownLocks;
   /** Per registered worker: its heartbeat timer and the beat being written, if any. */
   private readonly heartbeats = new Map<string, { timer: NodeJS.Timeout; beat: Promise<void> | undefined }>();
   private tmpSeq = 0;
@@ -35,6 +37,7 @@ export class FileDiscovery implements Discovery {
     private readonly ttlMs = 3000,
   ) {
     this.url = `file://${dir}`;
+    this.scaleDownLocks = new FileScaleDownLocks(dir);
     if (!(ttlMs >= MIN_TTL_MS && ttlMs <= MAX_TTL_MS)) {
       throw new Error(`file discovery lease TTL must be between ${MIN_TTL_MS} ms and ${MAX_TTL_MS} ms, got ${ttlMs}`);
     }

@@ -1,10 +1,12 @@
 import { EventEmitter } from 'node:events';
 import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
 import { callListener } from './guards.js';
+import { MemoryScaleDownLocks } from './scale-down-lock.js';
 
 /** In-process discovery: for tests and for components sharing one process. Nothing expires. */
 export class MemoryDiscovery implements Discovery {
   readonly url = 'memory:';
+  readonly scaleDownLocks = new MemoryScaleDownLocks();
   private readonly records = new Map<string, WorkerRecord>();
   private readonly events = new EventEmitter();
 

@@ -158,7 +158,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, stats: metrics.stats, kv: (id) => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) }), agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, stats: metrics.stats, kv: (id) => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) }), agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {

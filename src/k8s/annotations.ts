@@ -10,6 +10,8 @@ export const DRAIN_DEADLINE_MS = 'ebb.dev/drain-deadline-ms';
 
 export const STATE = 'ebb.dev/state';
 export const STATE_SINCE = 'ebb.dev/state-since';
+/** The worker's lifecycle generation (bumped by every drain and resume): a scale-down deletes a pod only at the one it saw drained. */
+export const GENERATION = 'ebb.dev/generation';
 /** The deletion cost the pod had before ebb lowered it ("" when it had none), restored on serving. */
 export const PREVIOUS_DELETION_COST = 'ebb.dev/previous-deletion-cost';
 

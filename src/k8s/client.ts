@@ -53,7 +53,8 @@ export interface PodApi {
   get(ref: PodRef): Promise<V1Pod>;
   list(namespace: string, selectors?: { labelSelector?: string | undefined; fieldSelector?: string | undefined }): Promise<PodList>;
   patch(ref: PodRef, body: object, kind: PatchKind): Promise<V1Pod>;
-  delete(ref: PodRef): Promise<void>;
+  /** With `resourceVersion`: only that version of the pod (DeleteOptions.preconditions; 409 Conflict if it changed). */
+  delete(ref: PodRef, resourceVersion?: string): Promise<void>;
   /** Opens a watch; `onDone` is called once, when it ends for any reason (an error, or null for a clean close). */
   watch(namespace: string, query: WatchQuery, onEvent: (e: WatchEvent) => void, onDone: (err: Error | null) => void): Promise<{ abort(): void }>;
 }
@@ -130,8 +131,8 @@ export function createPodApi(kc: KubeConfig): PodApi {
       call(`PATCH pod ${podLabel(ref)}`, () =>
         core.patchNamespacedPod({ ...ref, body }, setHeaderOptions('Content-Type', kind === 'merge' ? PatchStrategy.MergePatch : PatchStrategy.StrategicMergePatch)),
       ),
-    delete: async (ref) => {
-      await call(`DELETE pod ${podLabel(ref)}`, () => core.deleteNamespacedPod(ref));
+    delete: async (ref, resourceVersion) => {
+      await call(`DELETE pod ${podLabel(ref)}`, () => core.deleteNamespacedPod({ ...ref, ...(resourceVersion === undefined ? {} : { body: { preconditions: { resourceVersion } } }) }));
     },
     watch: async (namespace, query, onEvent, onDone) => {
       const params: Record<string, string | number | boolean> = { allowWatchBookmarks: true, resourceVersion: query.resourceVersion, timeoutSeconds: query.timeoutSeconds };

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino';
 import { formatDuration } from '../common/format-duration.js';
-import { DRAIN, DRAIN_DEADLINE_MS, DRAIN_REASON, DRAINED_DELETION_COST, POD_DELETION_COST, PREVIOUS_DELETION_COST, STATE } from './annotations.js';
+import { DRAIN, DRAIN_DEADLINE_MS, DRAIN_REASON, DRAINED_DELETION_COST, GENERATION, POD_DELETION_COST, PREVIOUS_DELETION_COST, STATE, type Annotations } from './annotations.js';
 import { KubeError, type DeploymentScaleApi, type PodApi, type V1Pod } from './client.js';
 import { K8sError } from './k8s-error.js';
 import { annotationsOf, patchAnnotations, updateAnnotations } from './pod-patcher.js';
@@ -25,6 +25,17 @@ export type K8sScaleDownResult = { action: 'deleted' } | { action: 'scaled'; dep
 const nameOf = (p: V1Pod): string => p.metadata?.name ?? '';
 const stateOf = (p: V1Pod): string | undefined => annotationsOf(p)[STATE];
 const terminating = (p: V1Pod): boolean => p.metadata?.deletionTimestamp != null;
+
+/**
+ * The precondition of every destructive step: the pod still reports drained, still annotated for
+ * drain, at the generation it was seen drained at (a resume, or a resume and another drain, bumps
+ * it). A K8sError saying what changed otherwise.
+ */
+function assertStillDrained(name: string, a: Annotations, deleting: boolean, drainedAt: string): void {
+  if (!deleting && a[STATE] === 'drained' && a[DRAIN] === 'true' && a[GENERATION] === drainedAt) return;
+  const now = deleting ? 'being deleted' : `ebb.dev/state=${a[STATE] ?? 'none'}, ebb.dev/drain=${a[DRAIN] ?? 'none'}, generation ${a[GENERATION] ?? 'none'}`;
+  throw new K8sError(`pod ${name} changed after it reported drained at generation ${drainedAt} (now ${now}): it was resumed or acted on by someone else`);
+}
 
 /** The pods of `selector` in rotation: reporting ebb.dev/state=serving and not being deleted. */
 export async function servingPods(api: PodApi, namespace: string, selector: string): Promise<V1Pod[]> {
@@ -68,6 +79,10 @@ export async function k8sScaleDown(api: PodApi, opts: K8sScaleDownOptions, log: 
     }
     const t0 = Date.now();
     const pending = new Set(opts.victims);
+    /** The generation each victim reported drained at: what the destructive steps require. */
+    const drainedAt = new Map<string, string>();
+    const deleted = new Set<string>();
+    const undrain = { [DRAIN]: null, [DRAIN_REASON]: null, [DRAIN_DEADLINE_MS]: null };
     try {
       await new Promise<void>((resolve, reject) => {
         const check = () => {
@@ -75,6 +90,9 @@ export async function k8sScaleDown(api: PodApi, opts: K8sScaleDownOptions, log: 
             const p = watcher.pods.get(name);
             if (p === undefined || terminating(p)) return finish(new K8sError(`pod ${name} went away while draining`));
             if (stateOf(p) !== 'drained') continue;
+            const generation = annotationsOf(p)[GENERATION];
+            if (generation === undefined) return finish(new K8sError(`pod ${name} drained but reports no ${GENERATION} (a worker older than this ebb): delete it by hand if it is to go`));
+            drainedAt.set(name, generation);
             pending.delete(name);
             say(`  ${name}: drained in ${formatDuration(Date.now() - t0)}`);
           }
@@ -93,29 +111,46 @@ export async function k8sScaleDown(api: PodApi, opts: K8sScaleDownOptions, log: 
         for (const e of ['pod', 'deleted', 'relisted']) watcher.on(e, check);
         check();
       });
+      if (opts.scale === undefined) {
+        // Checked for all before the first delete; each delete is of the version checked (409 if it changed since).
+        const checked = new Map<string, string | undefined>();
+        for (const name of opts.victims) {
+          const p = await api.get(ref(name));
+          assertStillDrained(name, annotationsOf(p), terminating(p), drainedAt.get(name) as string);
+          checked.set(name, p.metadata?.resourceVersion);
+        }
+        for (const name of opts.victims) {
+          try {
+            await api.delete(ref(name), checked.get(name));
+          } catch (err) {
+            if (err instanceof KubeError && err.code === 409) throw new K8sError(`pod ${name} changed between its check and its delete (409 Conflict): it was resumed or acted on by someone else`);
+            throw err;
+          }
+          deleted.add(name);
+          say(`  ${name}: deleted`);
+        }
+        return { action: 'deleted' };
+      }
+      // The worker lowers its own pod's cost once drained; an older worker may not: set it here too,
+      // only on the version of the pod that still reports drained at the generation seen (a precondition of the patch).
+      for (const name of opts.victims)
+        await updateAnnotations(
+          api,
+          ref(name),
+          (a) => {
+            assertStillDrained(name, a, false, drainedAt.get(name) as string);
+            return a[POD_DELETION_COST] === DRAINED_DELETION_COST ? null : { [POD_DELETION_COST]: DRAINED_DELETION_COST, ...(a[PREVIOUS_DELETION_COST] === undefined ? { [PREVIOUS_DELETION_COST]: a[POD_DELETION_COST] ?? '' } : {}) };
+          },
+          log,
+        );
     } catch (err) {
-      const undrain = { [DRAIN]: null, [DRAIN_REASON]: null, [DRAIN_DEADLINE_MS]: null };
+      // Un-annotated, each victim resumes (and its worker restores its deletion cost); a deleted one is gone.
       const failed: string[] = [];
-      for (const name of opts.victims) await patchAnnotations(api, ref(name), undrain, 'strategic-merge').catch(() => failed.push(name));
-      const after = failed.length === 0 ? 'every victim was un-annotated (resumes) and nothing was deleted' : `could not un-annotate ${failed.join(', ')} (remove ebb.dev/drain by hand); nothing was deleted`;
+      for (const name of opts.victims) if (!deleted.has(name)) await patchAnnotations(api, ref(name), undrain, 'strategic-merge').catch(() => failed.push(name));
+      const gone = deleted.size === 0 ? 'nothing was deleted' : `${[...deleted].join(', ')} already deleted`;
+      const after = failed.length === 0 ? `every victim${deleted.size === 0 ? '' : ' not deleted'} was un-annotated (resumes); ${gone}` : `could not un-annotate ${failed.join(', ')} (remove ebb.dev/drain by hand); ${gone}`;
       throw new K8sError(`scale-down rolled back: ${(err as Error).message}; ${after}`, err instanceof K8sError ? err.kind : 'failed');
     }
-
-    if (opts.scale === undefined) {
-      for (const name of opts.victims) {
-        await api.delete(ref(name));
-        say(`  ${name}: deleted`);
-      }
-      return { action: 'deleted' };
-    }
-    // The worker lowers its own pod's cost once drained; an older worker may not: set it here too.
-    for (const name of opts.victims)
-      await updateAnnotations(
-        api,
-        ref(name),
-        (a) => (a[POD_DELETION_COST] === DRAINED_DELETION_COST ? null : { [POD_DELETION_COST]: DRAINED_DELETION_COST, ...(a[PREVIOUS_DELETION_COST] === undefined ? { [PREVIOUS_DELETION_COST]: a[POD_DELETION_COST] ?? '' } : {}) }),
-        log,
-      );
     const deployment = ref(opts.scale.deployment);
     for (let attempt = 1; ; attempt++) {
       const { replicas, resourceVersion } = await opts.scale.api.get(deployment);

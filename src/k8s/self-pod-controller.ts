@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { Backoff, pause } from '../common/backoff.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { WorkerState } from '../lifecycle/states.js';
-import { DRAINED_DELETION_COST, drainIntentOf, POD_DELETION_COST, PREVIOUS_DELETION_COST, STATE, STATE_SINCE, type Annotations, type DrainIntent } from './annotations.js';
+import { DRAINED_DELETION_COST, drainIntentOf, GENERATION, POD_DELETION_COST, PREVIOUS_DELETION_COST, STATE, STATE_SINCE, type Annotations, type DrainIntent } from './annotations.js';
 import { podLabel, type PodApi, type PodRef, type V1Pod } from './client.js';
 import { annotationsOf, updateAnnotations, type AnnotationPatch } from './pod-patcher.js';
 import { PodWatcher } from './pod-watcher.js';
@@ -29,12 +29,13 @@ export async function readSelfPod(api: PodApi, ref: PodRef): Promise<{ pod: V1Po
 }
 
 /** The annotation changes that report `state`; null when the pod already says it. */
-export function stateAnnotations(current: Annotations, state: WorkerState, since: string): AnnotationPatch | null {
+export function stateAnnotations(current: Annotations, state: WorkerState, since: string, generation: number): AnnotationPatch | null {
   const patch: AnnotationPatch = {};
   if (current[STATE] !== state) {
     patch[STATE] = state;
     patch[STATE_SINCE] = since;
   }
+  if (current[GENERATION] !== String(generation)) patch[GENERATION] = String(generation);
   if (LOW_COST_STATES.has(state)) {
     // Saved once: a restarted worker finds the low cost already in force and must not save that.
     if (current[PREVIOUS_DELETION_COST] === undefined) patch[PREVIOUS_DELETION_COST] = current[POD_DELETION_COST] ?? '';
@@ -115,9 +116,9 @@ export class SelfPodController {
       const backoff = new Backoff(WRITE_RETRY);
       while (this.dirty && !this.closed.signal.aborted) {
         this.dirty = false;
-        const { state, state_since } = this.lifecycle.status();
+        const { state, state_since, generation } = this.lifecycle.status();
         try {
-          const pod = await updateAnnotations(this.api, this.ref, (current) => stateAnnotations(current, state, state_since), this.log);
+          const pod = await updateAnnotations(this.api, this.ref, (current) => stateAnnotations(current, state, state_since, generation), this.log);
           const a = annotationsOf(pod);
           this.log.info({ event: 'k8s_state_written', pod: this.where, state, deletion_cost: a[POD_DELETION_COST] ?? null }, `pod ${this.where}: ${STATE}=${state}`);
           backoff.reset();

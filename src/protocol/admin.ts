@@ -80,6 +80,8 @@ export const ScaleDownBodySchema = Type.Object(
     pool: Type.Optional(Type.Union(WORKER_MODES.map((m) => Type.Literal(m)))),
     /** Only answer the ranking and the victims it would take. */
     dry_run: Type.Optional(Type.Boolean()),
+    /** Drain exactly these (a dry run's victims; `count` of them); refused if one is no longer serving. */
+    workers: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { minItems: 1, maxItems: 10_000, uniqueItems: true })),
   },
   { additionalProperties: false },
 );

@@ -15,13 +15,16 @@
  *   timeoutSeconds ends the watch. Objects moving out of (into) a selector arrive as DELETED (ADDED).
  * - DELETE: graceful, as for a pod on a node: deletionTimestamp and deletionGracePeriodSeconds are
  *   set (MODIFIED) and the pod goes (DELETED) when the test, as the kubelet, calls finalizeDelete;
- *   gracePeriodSeconds=0 removes it at once.
+ *   gracePeriodSeconds=0 removes it at once. DeleteOptions.preconditions.resourceVersion (and uid)
+ *   that no longer match answer 409 Conflict.
  * - apps/v1 Deployments' scale subresource (GET, merge PATCH of spec.replicas with a resourceVersion
  *   precondition), for deployments the test creates; no ReplicaSet controller acts on it.
  * - Bearer-token authentication (401 without it).
  *
  * Knobs: dropWatches() cuts every watch connection; compact() forgets the history so older
- * resourceVersions are 410 Gone; bookmark() sends a bookmark now; setAvailable(false) answers 503.
+ * resourceVersions are 410 Gone; bookmark() sends a bookmark now; setAvailable(false) answers 503;
+ * holdWatchesFrom(pred) stops delivering watch events from the first change whose pod matches pred
+ * (that one included) until releaseWatches(): a watcher that is slow to hear, made to order.
  */
 import { EventEmitter } from 'node:events';
 import { writeFileSync } from 'node:fs';
@@ -177,6 +180,9 @@ export class FakeKubeApiServer extends EventEmitter {
   private rv = 1;
   private readonly watches = new Set<Watch>();
   private available = true;
+  private holdWhen: ((pod: Pod) => boolean) | undefined;
+  /** Changes not yet delivered to watches (holdWatchesFrom); undefined when delivering. */
+  private held: HistoryEntry[] | undefined;
   private server: Server | undefined;
   url = '';
 
@@ -306,6 +312,19 @@ export class FakeKubeApiServer extends EventEmitter {
     if (!available) this.dropWatches();
   }
 
+  /** From the first change whose pod matches `pred` (included), watches hear nothing until releaseWatches(). */
+  holdWatchesFrom(pred: (pod: Pod) => boolean): void {
+    this.holdWhen = pred;
+  }
+
+  /** Delivers what was held, in order, and delivers as it happens again. */
+  releaseWatches(): void {
+    const held = this.held ?? [];
+    this.held = undefined;
+    this.holdWhen = undefined;
+    for (const e of held) for (const w of this.watches) this.deliver(w, e);
+  }
+
   get watchCount(): number {
     return this.watches.size;
   }
@@ -321,7 +340,9 @@ export class FakeKubeApiServer extends EventEmitter {
     else this.pods.set(key, stored);
     const entry = { rv, type, before: before && clone(before), after: stored };
     this.history.push(entry);
-    for (const w of this.watches) this.deliver(w, entry);
+    if (this.held === undefined && this.holdWhen?.(stored)) this.held = [];
+    if (this.held !== undefined) this.held.push(entry);
+    else for (const w of this.watches) this.deliver(w, entry);
     this.emit('change', type, clone(stored));
     return clone(stored);
   }
@@ -400,6 +421,9 @@ export class FakeKubeApiServer extends EventEmitter {
         if (!pod) return notFound();
         const body = isObj(record.body) ? record.body : {};
         const grace = url.searchParams.get('gracePeriodSeconds') ?? (typeof body.gracePeriodSeconds === 'number' ? String(body.gracePeriodSeconds) : null);
+        const pre = isObj(body.preconditions) ? body.preconditions : {};
+        if ((typeof pre.resourceVersion === 'string' && pre.resourceVersion !== pod.metadata.resourceVersion) || (typeof pre.uid === 'string' && pre.uid !== pod.metadata.uid))
+          return reply(409, status(409, 'Conflict', `Operation cannot be fulfilled on pods "${name}": the object has been modified; please apply your changes to the latest version and try again`));
         if (grace === '0') {
           this.commit('DELETED', pod, pod);
           return reply(200, pod);
@@ -463,7 +487,7 @@ export class FakeKubeApiServer extends EventEmitter {
         res.end();
         return;
       }
-      for (const e of this.history) if (e.rv > since) this.deliver(w, e);
+      for (const e of this.history) if (e.rv > since && !this.held?.includes(e)) this.deliver(w, e);
     }
     this.watches.add(w);
     const timeout = Number(url.searchParams.get('timeoutSeconds') ?? '0');

@@ -8,6 +8,7 @@ import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common
 import { adminCall, errorMessageOf, fetchLiveStatus, identityMismatch, Unreachable, WORKER_ANSWER_LIMIT, type LiveStatus } from '../../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../../discovery/discovery.js';
 import type { DrainIntent, DrainIntentStore } from '../../discovery/drain-intent.js';
+import type { ScaleDownLocks } from '../../discovery/scale-down-lock.js';
 import type { ModelStats } from '../model-stats.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import { addDashboard } from './dashboard.js';
@@ -33,6 +34,8 @@ export interface AdminServerDeps {
    * never registered, and its intent is how the fleet view still lists and reaches it.
    */
   intents?: DrainIntentStore | undefined;
+  /** Discovery's scale-down lock: one scale-down of a model at a time, with every CLI and frontend on it. */
+  scaleDownLocks: ScaleDownLocks;
   /** Per-model request rate, errors and TTFT, for the dashboard. */
   stats?: ModelStats | undefined;
   agent: Agent;
@@ -50,7 +53,7 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, kv, intents, stats, agent, guardAdmin, workerAdminToken, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
+export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, stats, agent, guardAdmin, workerAdminToken, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
   // Dashboards' streams have their own connection budget: they never take the drain button's room.
   const eventStreams = { paths: [FLEET_EVENTS_PATH], max: FLEET_STREAM_CLIENTS_MAX };
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits, eventStreams });
@@ -187,7 +190,7 @@ export function createAdminServer({ fleet, pool, kv, intents, stats, agent, guar
   forward('drain');
   forward('resume');
 
-  addScaleDownRoute(app, { listWorkers, forwardAction, guardAdmin, counter: scaleDowns });
+  addScaleDownRoute(app, { listWorkers, forwardAction, locks: scaleDownLocks, guardAdmin, counter: scaleDowns });
 
   return app;
 }

@@ -13,6 +13,11 @@ export function servingCandidates(entries: readonly LiveEntry[], model?: string)
   );
 }
 
+/** The model's workers in discovery whose status could not be read: a ranking without them is partial. */
+export function unansweredWorkers(entries: readonly LiveEntry[], model: string): string[] {
+  return entries.flatMap((e) => (e.model === model && e.in_discovery && (!e.reachable || e.status === undefined) ? [e.worker_id] : []));
+}
+
 /** Per model and pool: what an autoscaler sizes by (see registerFleetMetrics). Every known model is there. */
 export function fleetCapacity(entries: readonly LiveEntry[]): PoolCapacity[] {
   const pools = new Map<string, PoolCapacity>();

@@ -6,51 +6,56 @@ import { errorMessageOf } from '../../common/worker-admin.js';
 import { ScaleDownBodySchema, type DrainBody, type ScaleDownBody } from '../../protocol/admin.js';
 import { codeOf, EbbError } from '../../protocol/errors.js';
 import type { ScaleDownOutcome } from '../metrics.js';
-import { servingCandidates, type LiveEntry } from './fleet-capacity.js';
+import { ScaleDownLockHeld, lockHolder, type ScaleDownLocks } from '../../discovery/scale-down-lock.js';
+import { servingCandidates, unansweredWorkers, type LiveEntry } from './fleet-capacity.js';
 import { chooseVictims, isChoiceProblem } from './victim-ranking.js';
 
 
 export interface ScaleDownRouteDeps {
   listWorkers: () => Promise<LiveEntry[]>;
   forwardAction: (id: string, action: 'drain' | 'resume', body: DrainBody | undefined, authorization: string | undefined) => Promise<AdminResponse<unknown>>;
+  /** Discovery's: excludes every other frontend and `ebb scale-down` on the same discovery too. */
+  locks: ScaleDownLocks;
   guardAdmin?: AdminGuard | undefined;
   counter?: ((outcome: ScaleDownOutcome) => void) | undefined;
 }
 
 /**
- * POST /models/{model}/scale-down {count, deadline_ms?, pool?, dry_run?}: the frontend ranks the
+ * POST /models/{model}/scale-down {count, deadline_ms?, pool?, dry_run?, workers?}: the frontend ranks the
  * model's serving workers as `ebb scale-down` does (victim-ranking), drains the first `count` with
  * the caller's credential, and answers 202 at once with the victims, why each was chosen, and where
  * to follow them (GET /workers/{id}, or the fleet's event stream) until they are drained and can be
- * deleted. It does not wait: the caller owns the deadline. If a victim refuses its drain, the ones
+ * deleted (`workers`: exactly those, as a dry run named them). It does not wait: the caller owns the deadline. If a victim refuses its drain, the ones
  * already draining are resumed and the refusal is the answer: a scale-down starts whole or not at all.
  */
-export function addScaleDownRoute(app: FastifyInstance, { listWorkers, forwardAction, guardAdmin, counter }: ScaleDownRouteDeps): void {
-  // One scale-down per model at a time: two running at once could each leave "one serving worker"
-  // by their own ranking, and together drain the pool (or resume each other's victims).
-  const inProgress = new Set<string>();
+export function addScaleDownRoute(app: FastifyInstance, { listWorkers, forwardAction, locks, guardAdmin, counter }: ScaleDownRouteDeps): void {
   allowOnly(app, '/models/:model/scale-down', ['POST']);
   app.post<{ Params: { model: string }; Body: ScaleDownBody }>('/models/:model/scale-down', { schema: { body: ScaleDownBodySchema } }, async (req, reply) => {
     guardAdmin?.(req.headers.authorization);
     const { model } = req.params;
     if (req.body.dry_run === true) return scaleDown(req, reply, model);
-    if (inProgress.has(model)) throw new EbbError('scale_down_in_progress', `a scale-down of ${model} is choosing and draining its victims; retry when it has answered`);
-    inProgress.add(model);
+    let release: () => Promise<void>;
+    try {
+      release = await locks.acquire(model, lockHolder(`the frontend admin API (${req.ip})`));
+    } catch (err) {
+      if (err instanceof ScaleDownLockHeld) throw new EbbError('scale_down_in_progress', err.message);
+      throw new EbbError('discovery_unavailable', `cannot take the scale-down lock of ${model} in discovery: ${(err as Error).message}`);
+    }
     try {
       return await scaleDown(req, reply, model);
     } finally {
-      inProgress.delete(model);
+      await release();
     }
   });
 
   async function scaleDown(req: FastifyRequest<{ Params: { model: string }; Body: ScaleDownBody }>, reply: FastifyReply, model: string) {
     const { count } = req.body;
     const entries = await listWorkers();
-    const choice = chooseVictims(model, servingCandidates(entries, model), count, req.body.pool);
+    const choice = chooseVictims(model, servingCandidates(entries, model), count, req.body.pool, { named: req.body.workers, unanswered: unansweredWorkers(entries, model) });
     if (isChoiceProblem(choice)) {
       counter?.('refused');
       const known = entries.some((e) => e.model === model);
-      throw new EbbError(choice.kind === 'no_workers' && !known ? 'model_not_found' : choice.kind === 'no_workers' ? 'no_serving_worker' : 'invalid_request', choice.message);
+      throw new EbbError(choice.kind === 'no_workers' && !known ? 'model_not_found' : choice.kind === 'no_workers' ? 'no_serving_worker' : choice.kind === 'unanswered' ? 'worker_unreachable' : 'invalid_request', choice.message);
     }
     const { pool, ranking, victims } = choice;
     const follow = (id: string) => ({ status_url: `/workers/${encodeURIComponent(id)}`, events_url: '/workers/events' });
@@ -88,7 +93,8 @@ export function addScaleDownRoute(app: FastifyInstance, { listWorkers, forwardAc
       );
     }
     counter?.('started');
-    const states = answers.map((a) => (a.status === 'fulfilled' ? ((a.value.body as { state?: string }).state ?? null) : null));
-    return reply.code(202).send({ model, pool, count, dry_run: false, victims: victims.map((v, i) => ({ ...v, state: states[i], ...follow(v.worker_id) })), ranking });
+    // The generation pins the drain a caller follows (another drain or a resume bumps it).
+    const answered = answers.map((a) => (a.status === 'fulfilled' ? (a.value.body as { state?: string; generation?: number }) : {}));
+    return reply.code(202).send({ model, pool, count, dry_run: false, victims: victims.map((v, i) => ({ ...v, state: answered[i]?.state ?? null, generation: answered[i]?.generation ?? null, ...follow(v.worker_id) })), ranking });
   }
 }

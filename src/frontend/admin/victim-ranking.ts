@@ -100,21 +100,32 @@ export function rankPools(candidates: readonly Candidate[]): Map<WorkerMode, Ran
   return ranked;
 }
 
-export type ChoiceProblem = { kind: 'no_workers' | 'pool_needed' | 'no_such_pool' | 'too_many'; message: string };
+export type ChoiceProblem = { kind: 'no_workers' | 'pool_needed' | 'no_such_pool' | 'too_many' | 'not_serving' | 'unanswered'; message: string };
 
 /**
- * The `count` victims of `model`'s pool `pool` (optional when the model has one pool). A scale-down
+ * The `count` victims of `model`'s pool `pool` (optional when the model has one pool), or exactly
+ * the `named` ones (what a dry run showed; refused if one is no longer serving). A scale-down
  * leaves at least one serving worker in the pool: what victims still run is handed to the rest.
+ * `unanswered`: the model's workers whose status could not be read; a ranking without them could
+ * pass over the best victim, so there is no choice until they answer (named victims need none).
  */
 export function chooseVictims(
   model: string,
   candidates: readonly Candidate[],
   count: number,
   pool?: WorkerMode,
+  { named, unanswered = [] }: { named?: readonly string[] | undefined; unanswered?: readonly string[] } = {},
 ): { pool: WorkerMode; ranking: RankedWorker[]; victims: RankedWorker[] } | ChoiceProblem {
+  if (named === undefined && unanswered.length > 0)
+    return { kind: 'unanswered', message: `worker(s) ${unanswered.join(', ')} of model "${model}" did not answer their status: a ranking without them could pass over the best victim (retry, or name the victims)` };
   const pools = rankPools(candidates);
+  if (named !== undefined) {
+    const missing = named.filter((id) => !candidates.some((c) => c.worker_id === id));
+    if (missing.length > 0) return { kind: 'not_serving', message: `worker(s) ${missing.join(', ')} of model "${model}" no longer serving (or not answering): nothing was drained` };
+    if (named.length !== count) return { kind: 'too_many', message: `${named.length} named victim(s) for a scale-down by ${count}` };
+  }
   if (pools.size === 0) return { kind: 'no_workers', message: `no serving worker of model "${model}"` };
-  let chosen = pool;
+  let chosen = pool ?? (named?.[0] === undefined ? undefined : candidates.find((c) => c.worker_id === named[0])?.mode);
   if (chosen === undefined) {
     if (pools.size > 1) return { kind: 'pool_needed', message: `model "${model}" has ${[...pools.keys()].join(' and ')} workers, ranked apart: say which pool to scale down` };
     chosen = [...pools.keys()][0] as WorkerMode;
@@ -123,7 +134,10 @@ export function chooseVictims(
   if (ranking === undefined) return { kind: 'no_such_pool', message: `model "${model}" has no serving ${chosen} worker (pools: ${[...pools.keys()].join(', ')})` };
   if (count >= ranking.length)
     return { kind: 'too_many', message: `model "${model}" has ${ranking.length} serving ${chosen} worker(s): a scale-down by ${count} would leave none to take over their streams (at most ${ranking.length - 1})` };
-  return { pool: chosen, ranking, victims: ranking.slice(0, count) };
+  if (named === undefined) return { pool: chosen, ranking, victims: ranking.slice(0, count) };
+  const victims = ranking.filter((r) => named.includes(r.worker_id));
+  if (victims.length !== named.length) return { kind: 'not_serving', message: `the named victims of model "${model}" are not all ${chosen} workers: one pool at a time` };
+  return { pool: chosen, ranking, victims };
 }
 
 export const isChoiceProblem = (v: object): v is ChoiceProblem => 'kind' in v;

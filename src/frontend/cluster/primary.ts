@@ -175,7 +175,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
 
   // --- the one admin listener ---
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: own }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: own }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
