@@ -37,6 +37,9 @@ import { WORKER_STATES, type WorkerState } from '../protocol/admin.js';
  * worker refuses new work (retried elsewhere) and the controller keeps unregistering until
  * discovery confirms. A resume whose registration fails does not move: admission stays closed.
  * `drained` is the only deletion-safety signal; `unknown` engine idleness never reaches it.
+ *
+ * The controller's state is a LifecycleState (below): one value per state of this table, holding
+ * what that state has, changed only by a move checked here (checkMove) or an update of its own fields.
  */
 
 export { WORKER_STATES, type WorkerState };
