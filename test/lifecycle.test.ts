@@ -486,6 +486,20 @@ describe('drain deadline', () => {
     assert.equal(lifecycle.status().handed_off, 1);
   });
 
+  it("handed_off is this drain's: serving after a resume holds no drain, so none of its count", async () => {
+    const { lifecycle, admission } = setup();
+    const t = admit(admission);
+    await lifecycle.drain('first');
+    lifecycle.recordHandoffs(1);
+    assert.equal(lifecycle.status().handed_off, 1);
+    t.release('handed_off');
+    await lifecycle.whenDrained();
+    const resumed = await lifecycle.resume();
+    assert.equal(resumed.state, 'serving');
+    assert.equal(resumed.handed_off, 0, 'no drain under way, nothing handed off');
+    assert.equal(resumed.drain_reason, null);
+  });
+
   it('is cleared by a resume: no hand-off after it', async () => {
     const { lifecycle, admission } = setup();
     admit(admission);
