@@ -317,8 +317,8 @@ export class Lifecycle extends EventEmitter {
   recordHandoffs(n: number, closed: Promise<void> = Promise.resolve()): void {
     if (n === 0) return;
     const s = this.current;
+    if ('drain' in s) this.set({ ...s, drain: { ...s.drain, handedOff: s.drain.handedOff + n } });
     const drain = drainOf(s);
-    if (drain !== null && 'drain' in s) this.set({ ...s, drain: { ...drain, handedOff: drain.handedOff + n } });
     const startedAt = performance.now();
     const actor = drain?.actor ?? 'unknown';
     const generation = this.generation;

@@ -126,6 +126,7 @@ export interface Draining {
   readonly drain: Drain;
   /** When the drain was called (performance.now): the `drained` audit record spans from there. */
   readonly calledAt: number;
+  /** The Admin API's `deadline_ms`: only a resume cancels it; a shutdown keeps it when it is the earlier. */
   readonly deadline: Deadline | null;
   /** The engine's last idleness answer in this drain (null until one counted). */
   readonly probe: Quiescence | null;
