@@ -4,7 +4,7 @@ import { EventEmitter, once } from 'node:events';
 import { pino } from 'pino';
 import { Admission, type Ticket } from '../src/lifecycle/admission.js';
 import { Lifecycle, type Transition } from '../src/lifecycle/lifecycle.js';
-import { nextState, InvalidTransition, TRANSITIONS, WORKER_STATES, SHUTDOWN_STATES } from '../src/lifecycle/states.js';
+import { checkMove, nextState, InvalidTransition, TRANSITIONS, WORKER_STATES, SHUTDOWN_STATES, type LifecycleEvent, type LifecycleState } from '../src/lifecycle/states.js';
 import type { Engine, EngineStats, GeneratedPiece, Quiescence } from '../src/engine/engine.js';
 
 const silent = pino({ level: 'silent' });
@@ -90,6 +90,36 @@ describe('state table', () => {
       }
     }
     assert.deepEqual(Object.keys(TRANSITIONS.stopped), [], 'stopped is final');
+  });
+
+  it('is the only way the state changes: the setter refuses a move the table lacks, and an update that renames the state', () => {
+    assert.throws(() => checkMove('serving', 'idle_confirmed', 'drained'), InvalidTransition);
+    assert.throws(() => checkMove('serving', 'drain', 'drained'), InvalidTransition, 'a drain from serving goes to draining, not further');
+    assert.throws(() => checkMove('draining', null, 'drained'), InvalidTransition, 'only a move changes the state');
+    assert.doesNotThrow(() => checkMove('draining', 'idle_confirmed', 'drained'));
+    assert.doesNotThrow(() => checkMove('draining', null, 'draining'));
+    // The setter is private, and no public operation asks it for a move the table lacks (each
+    // refuses at its entry): reached by a cast, to see that it checks all the same.
+    const { lifecycle, transitions } = setup();
+    const set = (lifecycle as unknown as { set(next: LifecycleState, event?: LifecycleEvent | null): void }).set.bind(lifecycle);
+    const drain = { reason: 'test', actor: 'test', handedOff: 0 };
+    assert.throws(() => set({ name: 'drained', drain, calledAt: 0, deadline: null }, 'idle_confirmed'), InvalidTransition, 'loading is never drained by idleness');
+    assert.throws(() => set({ name: 'serving' }), InvalidTransition, 'an update cannot move loading to serving');
+    assert.equal(lifecycle.state, 'loading');
+    assert.deepEqual(transitions, []);
+  });
+
+  it('holds each per-state field only in its state (the compiler checks the @ts-expect-error lines)', () => {
+    const drain = { reason: 'test', actor: 'test', handedOff: 0 };
+    // @ts-expect-error serving holds no drain
+    const serving: LifecycleState = { name: 'serving', drain };
+    // @ts-expect-error only failed and stopped hold an engine failure's cause
+    const draining: LifecycleState = { name: 'draining', drain, calledAt: 0, deadline: null, probe: null, resuming: false, cause: 'boom' };
+    // @ts-expect-error a drained worker waits for nothing: no idleness answer
+    const drained: LifecycleState = { name: 'drained', drain, calledAt: 0, deadline: null, probe: null };
+    // @ts-expect-error failed must say what the engine failed with
+    const failed: LifecycleState = { name: 'failed', drain };
+    assert.deepEqual([serving, draining, drained, failed].map((s) => s.name), ['serving', 'draining', 'drained', 'failed']);
   });
 });
 
@@ -324,6 +354,29 @@ describe('lifecycle controller', () => {
     assert.deepEqual(calls, ['register', 'unregister', 'register', 'unregister']);
   });
 
+  it('SIGTERM during a resume: the shutdown asks the engine for idleness at once, not held by the registration', async () => {
+    let finishRegister!: () => void;
+    let hold = false;
+    const { lifecycle, engine } = setup({
+      register: () => (hold ? new Promise<void>((resolve) => (finishRegister = resolve)) : Promise.resolve()),
+      unregister: async () => undefined,
+    });
+    await lifecycle.start();
+    await lifecycle.drain('test');
+    assert.equal(lifecycle.state, 'drained');
+    hold = true;
+    const resuming = lifecycle.resume();
+    await flush();
+    const probes = engine.probes;
+    lifecycle.beginShutdown('SIGTERM');
+    // Nothing is in flight: no release and no engine change would ask again, so a shutdown that did
+    // not ask here would wait out its whole drain timeout.
+    assert.equal(engine.probes, probes + 1, 'the shutdown asked the engine whether it is idle while the resume was still registering');
+    await lifecycle.whenQuiescent();
+    finishRegister();
+    await assert.rejects(resuming, (err: Error & { status?: number }) => err.status === 409);
+  });
+
   it('SIGTERM during a failing drain: admission stays closed and the shutdown keeps unregistering until its budget ends', async () => {
     let down = true;
     const { lifecycle, admission } = setup({
@@ -431,6 +484,20 @@ describe('drain deadline', () => {
     t.release('handed_off');
     await lifecycle.whenDrained();
     assert.equal(lifecycle.status().handed_off, 1);
+  });
+
+  it("handed_off is this drain's: serving after a resume holds no drain, so none of its count", async () => {
+    const { lifecycle, admission } = setup();
+    const t = admit(admission);
+    await lifecycle.drain('first');
+    lifecycle.recordHandoffs(1);
+    assert.equal(lifecycle.status().handed_off, 1);
+    t.release('handed_off');
+    await lifecycle.whenDrained();
+    const resumed = await lifecycle.resume();
+    assert.equal(resumed.state, 'serving');
+    assert.equal(resumed.handed_off, 0, 'no drain under way, nothing handed off');
+    assert.equal(resumed.drain_reason, null);
   });
 
   it('is cleared by a resume: no hand-off after it', async () => {

@@ -2,6 +2,12 @@ import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { pino } from 'pino';
+import { listen } from '../src/common/http-server.js';
+import { Admission } from '../src/lifecycle/admission.js';
+import { Lifecycle } from '../src/lifecycle/lifecycle.js';
+import { WorkerPhase } from '../src/worker/phase.js';
+import { createSystemServer } from '../src/worker/system-server.js';
 import { call, openLineStream } from './helpers/http.js';
 import { spawnEbb, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
 
@@ -74,5 +80,20 @@ describe('worker: its engine dies', () => {
     const lines = (await long.done).map((l) => JSON.parse(l));
     assert.ok(lines.at(-1)?.error, `the stream ends with an error line, not a silent cut: ${JSON.stringify(lines.at(-1))}`);
     assert.deepEqual(records(discovery), [], 'unregistered before exiting');
+  });
+
+  it('/live and /health read the failure from the lifecycle: 503 engine_failed with its message, from failed on', async () => {
+    const lifecycle = new Lifecycle('w-test', new Admission(), undefined, { register: async () => undefined, unregister: async () => undefined }, pino({ level: 'silent' }));
+    const app = createSystemServer({ phase: new WorkerPhase(lifecycle), workerId: 'w-test' });
+    after(() => app.close());
+    const system = await listen(app, '127.0.0.1', 0);
+    assert.equal((await call('GET', `${system}/live`)).status, 200, 'alive while loading');
+    assert.equal(lifecycle.engineFailed('the engine process exited (code 137)'), true);
+    const live = await call('GET', `${system}/live`);
+    assert.equal(live.status, 503);
+    assert.deepEqual(live.body, { status: 'engine_failed', state: 'failed', reason: 'the engine process exited (code 137)' });
+    assert.equal((await call('GET', `${system}/health`)).status, 503);
+    lifecycle.stopped();
+    assert.equal((await call('GET', `${system}/live`)).body.reason, 'the engine process exited (code 137)', 'still failed once stopped');
   });
 });

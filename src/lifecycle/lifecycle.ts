@@ -7,7 +7,7 @@ import { EbbError } from '../protocol/errors.js';
 import type { Admission } from './admission.js';
 import { AuditTrail, ENGINE_ACTOR, SIGNAL_ACTOR } from './audit.js';
 import { InflightHistory } from './inflight-history.js';
-import { canMove, nextState, SHUTDOWN_STATES, type LifecycleEvent, type WorkerState } from './states.js';
+import { canMove, checkMove, nextState, SHUTDOWN_STATES, type Deadline, type Drain, type Draining, type LifecycleEvent, type LifecycleState, type Stopping, type WorkerState } from './states.js';
 
 /** The worker's presence in discovery. Drain removes it, resume puts it back. */
 export interface Registration {
@@ -68,33 +68,25 @@ export type EtaSource = () => number | null;
  * admission for good and makes every later drain or resume a 409 at its entry.
  */
 export class Lifecycle extends EventEmitter {
-  private current: WorkerState = 'loading';
-  private generation = 0;
+  /** The whole state (see states.ts): changed only by set(). */
+  private current: LifecycleState = { name: 'loading' };
+  /** When the state's name last changed (status `state_since`): a field update does not move it. */
   private since = new Date();
+  /** Not per state: every drain, resume and shutdown bumps it, whatever the state (status `generation`). */
+  private generation = 0;
   private chain: Promise<unknown> = Promise.resolve();
   /**
+   * Discovery presence is orthogonal to the state, not part of it: a lease can be lost while
+   * serving, and an unregister can stay unconfirmed while draining, drained or stopping.
    * What discovery confirmed, never what we hope: `unknown` after an unregister that discovery did
    * not confirm (it is retried until it is). A loss bumps `lossEpoch`, and a registration only
    * counts for the epoch it started in, so a lease lost while register() is in flight still reads
-   * as not registered and the retry registers again.
+   * as not registered and the retry registers again. `lastError` is discovery's last failure,
+   * cleared by the next resume that registers, whatever the state.
    */
   private presence: DiscoveryPresence = 'unregistered';
   private lossEpoch = 0;
-  private resuming = false;
-  /** In `stopping`: nothing in flight and the engine confirmed idle. */
-  private quiescent = false;
-  private lastProbe: Quiescence | null = null;
   private lastError: string | null = null;
-  private reason: string | null = null;
-  /**
-   * The hand-off deadline of the drain under way (Admin API `deadline_ms`, or SIGTERM's drain
-   * timeout): past it, streams still running are handed off to other workers. Only a resume
-   * cancels it; a SIGTERM after a drain keeps it.
-   */
-  private deadline: { at: number; timer: NodeJS.Timeout | undefined } | null = null;
-  private handedOff = 0;
-  /** The drain under way, for the audit trail: who started it and when (performance.now). */
-  private drainStart: { actor: string; at: number } | null = null;
   private etaSource: EtaSource | undefined;
   /**
    * Unset while the engine loads (`loading`, which can take minutes for a real model): the state is
@@ -140,11 +132,17 @@ export class Lifecycle extends EventEmitter {
   }
 
   get state(): WorkerState {
-    return this.current;
+    return this.current.name;
   }
 
   get isShuttingDown(): boolean {
-    return SHUTDOWN_STATES.has(this.current);
+    return SHUTDOWN_STATES.has(this.current.name);
+  }
+
+  /** What the engine failed with, once it did (`failed`, and `stopped` after it): /live fails with it. */
+  get engineFailure(): string | undefined {
+    const s = this.current;
+    return s.name === 'failed' || s.name === 'stopped' ? s.cause : undefined;
   }
 
   get discoveryPresence(): DiscoveryPresence {
@@ -158,11 +156,11 @@ export class Lifecycle extends EventEmitter {
   start(): Promise<void> {
     return this.serialize(async () => {
       if (this.engine === undefined) throw new Error('cannot register before the engine is loaded');
-      if (!canMove(this.current, 'start')) return;
+      if (!canMove(this.current.name, 'start')) return;
       if (!(await this.register())) throw new Error('registration was lost while it was being made');
       // A shutdown that began meanwhile owns the worker now, and unregisters it again.
-      if (!canMove(this.current, 'start')) return;
-      this.move('start');
+      if (!canMove(this.current.name, 'start')) return;
+      this.set({ name: 'serving' }, 'start');
       this.log.info({ event: 'discovery_registered' }, 'registered in discovery');
     });
   }
@@ -171,22 +169,22 @@ export class Lifecycle extends EventEmitter {
   drain(reason: string, opts: DrainOptions = {}): Promise<LifecycleStatus> {
     const actor = opts.actor ?? 'unknown';
     return this.audited('drain', reason, actor, () => {
-      if (!canMove(this.current, 'drain')) return Promise.reject(this.refusal('drain'));
+      if (!canMove(this.current.name, 'drain')) return Promise.reject(this.refusal('drain'));
       return this.serialize(() => this.doDrain(reason, opts, actor));
     });
   }
 
   resume(opts: ResumeOptions = {}): Promise<LifecycleStatus> {
     return this.audited('resume', null, opts.actor ?? 'unknown', () => {
-      if (!canMove(this.current, 'resume')) return Promise.reject(this.refusal('resume'));
+      if (!canMove(this.current.name, 'resume')) return Promise.reject(this.refusal('resume'));
       return this.serialize(() => this.doResume());
     });
   }
 
   /** Why the table has no such move from here: the worker is going down, or has not started. */
   private refusal(action: 'drain' | 'resume'): EbbError {
-    if (this.isShuttingDown) return new ShutdownConflict(action, this.current);
-    return new EbbError('worker_loading', `cannot ${action}: the worker has not registered yet (state ${this.current}); retry when /health is ready`);
+    if (this.isShuttingDown) return new ShutdownConflict(action, this.current.name);
+    return new EbbError('worker_loading', `cannot ${action}: the worker has not registered yet (state ${this.current.name}); retry when /health is ready`);
   }
 
   /** Runs an Admin operation and records it, whichever way it ends. */
@@ -234,7 +232,7 @@ export class Lifecycle extends EventEmitter {
     for (;;) {
       const delay = backoff.next();
       const settled = await this.serialize(async () => {
-        if (this.current !== 'serving' || this.presence === 'registered') return true;
+        if (this.current.name !== 'serving' || this.presence === 'registered') return true;
         try {
           if (!(await this.register())) return false; // lost again while registering
           this.lastError = null;
@@ -258,19 +256,18 @@ export class Lifecycle extends EventEmitter {
    */
   /** `deadlineAt` (ms epoch): when the shutdown hands off what still runs; shown in status. `actor`: who, for the audit trail. */
   beginShutdown(reason: string, deadlineAt?: number, actor = SIGNAL_ACTOR): boolean {
-    if (!canMove(this.current, 'shutdown')) return false;
+    const from = this.current;
+    if (!canMove(from.name, 'shutdown')) return false;
     this.admission.close();
     this.generation++;
-    this.reason = reason;
-    this.shutdownActor = actor;
     this.audit.record({ what: 'shutdown', reason, actor, generation: this.generation, result: 'started', startedAt: performance.now() });
     // The shutdown runs its own hand-off stage; an earlier Admin deadline still fires first.
-    if (deadlineAt !== undefined && (this.deadline === null || deadlineAt < this.deadline.at)) {
-      if (this.deadline?.timer) clearTimeout(this.deadline.timer);
-      this.deadline = { at: deadlineAt, timer: undefined };
+    let deadline = deadlineOf(from);
+    if (deadlineAt !== undefined && (deadline === null || deadlineAt < deadline.at)) {
+      clearTimer(deadline);
+      deadline = { at: deadlineAt, timer: undefined };
     }
-    this.lastProbe = null;
-    this.move('shutdown');
+    this.set({ name: 'stopping', drain: { reason, actor, handedOff: drainOf(from)?.handedOff ?? 0 }, deadline, probe: null, quiescent: false }, 'shutdown');
     void this.evaluate();
     return true;
   }
@@ -287,46 +284,45 @@ export class Lifecycle extends EventEmitter {
   }
 
   /**
-   * The engine died under the worker: from here it only goes down, as after SIGTERM, but nothing
-   * admitted can finish, so nothing is waited for or handed off. Synchronous, like beginShutdown.
-   * Returns false when it had already failed or stopped.
+   * The engine died under the worker (`cause`: its message): from here it only goes down, as after
+   * SIGTERM, but nothing admitted can finish, so nothing is waited for or handed off. Synchronous,
+   * like beginShutdown. Returns false when it had already failed or stopped.
    */
-  engineFailed(reason: string): boolean {
-    if (!canMove(this.current, 'engine_failed')) return false;
-    const wasShuttingDown = this.isShuttingDown;
+  engineFailed(cause: string): boolean {
+    const from = this.current;
+    if (!canMove(from.name, 'engine_failed')) return false;
     this.admission.close();
     this.generation++;
-    this.reason = reason;
-    this.lastProbe = null;
-    this.clearDeadline();
-    if (!wasShuttingDown) {
-      this.shutdownActor = ENGINE_ACTOR;
-      this.audit.record({ what: 'shutdown', reason, actor: ENGINE_ACTOR, generation: this.generation, result: 'started', startedAt: performance.now() });
-    }
-    this.move('engine_failed');
+    const reason = `engine failed: ${cause}`;
+    clearTimer(deadlineOf(from));
+    // A shutdown under way stays its starter's in the audit trail.
+    const actor = from.name === 'stopping' ? from.drain.actor : ENGINE_ACTOR;
+    if (from.name !== 'stopping') this.audit.record({ what: 'shutdown', reason, actor, generation: this.generation, result: 'started', startedAt: performance.now() });
+    this.set({ name: 'failed', cause, drain: { reason, actor, handedOff: drainOf(from)?.handedOff ?? 0 } }, 'engine_failed');
     return true;
   }
 
   /** The last stage of a shutdown is done: servers closed, nothing runs. */
   stopped(): void {
-    this.clearDeadline();
-    if (canMove(this.current, 'stopped')) this.move('stopped');
+    const from = this.current;
+    if (from.name !== 'stopping' && from.name !== 'failed') return;
+    clearTimer(deadlineOf(from));
+    this.set({ name: 'stopped', drain: from.drain, cause: from.name === 'failed' ? from.cause : undefined }, 'stopped');
   }
-
-  /** Who began the shutdown under way (audit trail). */
-  private shutdownActor = SIGNAL_ACTOR;
 
   /**
    * Streams the worker handed off at the deadline: counted in status as `handed_off`, and audited
    * (on behalf of whoever set the deadline) once `closed` settles, i.e. the streams are released.
    */
   recordHandoffs(n: number, closed: Promise<void> = Promise.resolve()): void {
-    this.handedOff += n;
     if (n === 0) return;
+    const s = this.current;
+    if ('drain' in s) this.set({ ...s, drain: { ...s.drain, handedOff: s.drain.handedOff + n } });
+    const drain = drainOf(s);
     const startedAt = performance.now();
-    const actor = this.isShuttingDown ? this.shutdownActor : (this.drainStart?.actor ?? 'unknown');
+    const actor = drain?.actor ?? 'unknown';
     const generation = this.generation;
-    const reason = this.reason;
+    const reason = drain?.reason ?? null;
     const recorded = closed.then(
       () => void this.audit.record({ what: 'handoff', reason, actor, generation, result: `handed_off ${n}`, detail: { streams: n }, startedAt }),
       (err: unknown) => void this.audit.record({ what: 'handoff', reason, actor, generation, result: `failed: ${(err as Error).message}`, detail: { streams: n }, startedAt }),
@@ -336,37 +332,36 @@ export class Lifecycle extends EventEmitter {
   }
 
   /**
-   * A timer is right here: the deadline is a point in time the operator chose, not a stand-in for
-   * an event. When it passes with work still running, `handoff_due` asks the worker to hand off.
+   * The hand-off deadline `ms` from now, unless `current` is earlier (kept as it is). A timer is
+   * right here: the deadline is a point in time the operator chose, not a stand-in for an event.
+   * When it passes with work still running, `handoff_due` asks the worker to hand off.
    */
-  private armDeadline(ms: number): void {
+  private deadlineIn(ms: number, current: Deadline | null): Deadline {
     const at = Date.now() + ms;
-    if (this.deadline !== null && this.deadline.at <= at) return;
-    this.clearDeadline();
-    const timer = setTimeout(() => {
-      if (this.deadline?.timer !== timer) return;
-      this.deadline.timer = undefined;
-      if ((this.current === 'draining' || this.current === 'stopping') && this.admission.inflight > 0) {
-        this.log.info({ event: 'drain_deadline', inflight: this.admission.inflight }, `drain deadline passed with ${this.admission.inflight} request(s) in flight: handing off`);
-        this.emit('handoff_due');
-      }
-    }, ms);
-    this.deadline = { at, timer };
+    if (current !== null && current.at <= at) return current;
+    clearTimer(current);
+    const timer = setTimeout(() => this.deadlinePassed(timer), ms);
+    return { at, timer };
   }
 
-  private clearDeadline(): void {
-    if (this.deadline?.timer) clearTimeout(this.deadline.timer);
-    this.deadline = null;
+  private deadlinePassed(timer: NodeJS.Timeout): void {
+    const s = this.current;
+    if (!('deadline' in s) || s.deadline?.timer !== timer) return;
+    this.set({ ...s, deadline: { at: s.deadline.at, timer: undefined } });
+    if ((s.name === 'draining' || s.name === 'stopping') && this.admission.inflight > 0) {
+      this.log.info({ event: 'drain_deadline', inflight: this.admission.inflight }, `drain deadline passed with ${this.admission.inflight} request(s) in flight: handing off`);
+      this.emit('handoff_due');
+    }
   }
 
   /** Resolves when the worker reaches drained (in this or a later generation); rejects if `signal` aborts first. */
   whenDrained(signal?: AbortSignal): Promise<void> {
-    return this.until(() => this.current === 'drained', signal);
+    return this.until(() => this.current.name === 'drained', signal);
   }
 
   /** Shutdown: resolves once nothing is in flight and the engine confirmed idle; rejects if `signal` aborts first. */
   whenQuiescent(signal?: AbortSignal): Promise<void> {
-    return this.until(() => this.quiescent, signal);
+    return this.until(() => this.current.name === 'stopping' && this.current.quiescent, signal);
   }
 
   private until(done: () => boolean, signal?: AbortSignal): Promise<void> {
@@ -394,9 +389,11 @@ export class Lifecycle extends EventEmitter {
   }
 
   status(): LifecycleStatus {
+    const drain = drainOf(this.current);
+    const deadline = deadlineOf(this.current);
     return {
       worker_id: this.workerId,
-      state: this.current,
+      state: this.current.name,
       inflight_requests: this.admission.inflight,
       generation: this.generation,
       admission_open: this.admission.open,
@@ -404,13 +401,19 @@ export class Lifecycle extends EventEmitter {
       discovery: this.presence,
       shutting_down: this.isShuttingDown,
       waiting_for: this.waitingFor(),
-      drain_reason: this.current === 'serving' ? null : this.reason,
-      drain_deadline: this.deadline === null ? null : new Date(this.deadline.at).toISOString(),
-      handed_off: this.handedOff,
+      drain_reason: drain?.reason ?? null,
+      drain_deadline: deadline === null ? null : new Date(deadline.at).toISOString(),
+      handed_off: drain?.handedOff ?? 0,
       eta_ms: this.eta(),
       state_since: this.since.toISOString(),
       last_error: this.lastError,
     };
+  }
+
+  /** The state while it waits for in-flight work and the engine's idleness (draining, stopping not yet quiescent); else null. */
+  private waiting(): Draining | Stopping | null {
+    const s = this.current;
+    return s.name === 'draining' || (s.name === 'stopping' && !s.quiescent) ? s : null;
   }
 
   /**
@@ -420,30 +423,32 @@ export class Lifecycle extends EventEmitter {
    * such a worker never drains, so no time is honest).
    */
   private eta(): number | null {
-    if (this.current !== 'draining' && !(this.current === 'stopping' && !this.quiescent)) return null;
-    if (this.lastProbe?.state === 'unknown') return null;
-    if (this.admission.inflight === 0) return this.lastProbe?.state === 'busy' ? null : 0;
+    const w = this.waiting();
+    if (w === null || w.probe?.state === 'unknown') return null;
+    if (this.admission.inflight === 0) return w.probe?.state === 'busy' ? null : 0;
     const estimate = this.etaSource?.() ?? null;
-    const untilDeadline = this.deadline === null ? null : Math.max(0, this.deadline.at - Date.now());
+    const untilDeadline = w.deadline === null ? null : Math.max(0, w.deadline.at - Date.now());
     if (estimate === null) return untilDeadline;
     return untilDeadline === null ? Math.round(estimate) : Math.round(Math.min(estimate, untilDeadline));
   }
 
-  /** The last idleness answer of the engine, for the shutdown's report. */
+  /** The last idleness answer of the engine in this drain or shutdown, for the shutdown's report. */
   get lastQuiescence(): Quiescence | null {
-    return this.lastProbe;
+    const s = this.current;
+    return s.name === 'draining' || s.name === 'stopping' ? s.probe : null;
   }
 
   private waitingFor(): string[] {
-    if (this.current !== 'draining' && !(this.current === 'stopping' && !this.quiescent)) return [];
+    const w = this.waiting();
+    if (w === null) return [];
     const waits: string[] = [];
     const n = this.admission.inflight;
     if (n > 0) {
-      const handoff = this.deadline === null ? '' : ` (handed off to other workers at ${new Date(this.deadline.at).toISOString()})`;
+      const handoff = w.deadline === null ? '' : ` (handed off to other workers at ${new Date(w.deadline.at).toISOString()})`;
       waits.push(`${n} in-flight request${n === 1 ? '' : 's'}${handoff}`);
     }
-    else if (this.lastProbe?.state === 'busy') waits.push(...this.lastProbe.waiting_for);
-    else if (this.lastProbe?.state === 'unknown') waits.push(`engine idleness unknown (fail-closed): ${this.lastProbe.reason}`);
+    else if (w.probe?.state === 'busy') waits.push(...w.probe.waiting_for);
+    else if (w.probe?.state === 'unknown') waits.push(`engine idleness unknown (fail-closed): ${w.probe.reason}`);
     return waits;
   }
 
@@ -453,12 +458,17 @@ export class Lifecycle extends EventEmitter {
     return run;
   }
 
-  /** The one state setter: every move is checked against the table and logged. */
-  private move(event: LifecycleEvent): void {
-    const from = this.current;
-    const to = nextState(from, event);
-    if (to === from) return;
-    this.current = to;
+  /**
+   * The one state setter. With an `event`, a move: checked against the table, logged, emitted as
+   * `transition` (a move to the same state, an idempotent one, is neither). Without, an update of
+   * the fields of the state the worker is in, which must keep its name.
+   */
+  private set(next: LifecycleState, event: LifecycleEvent | null = null): void {
+    const from = this.current.name;
+    checkMove(from, event, next.name);
+    this.current = next;
+    if (event === null || next.name === from) return;
+    const to = next.name;
     this.since = new Date();
     const t: Transition = { from, to, event, generation: this.generation };
     this.log.info({ event: 'state_changed', from, to, trigger: event, generation: this.generation, inflight: this.admission.inflight }, `${from} -> ${to}`);
@@ -506,11 +516,12 @@ export class Lifecycle extends EventEmitter {
   private async doDrain(reason: string, opts: DrainOptions, actor: string): Promise<LifecycleStatus> {
     // Refused before any effect: a shutdown that began while this call waited its turn owns the
     // hand-off time, and a refused drain must not move it.
-    if (!canMove(this.current, 'drain')) throw this.refusal('drain');
-    const accepted = (): DrainAccepted => ({ reason: this.reason ?? reason, persist: opts.persist !== false });
-    if (nextState(this.current, 'drain') === this.current) {
+    const from = this.current;
+    if (!canMove(from.name, 'drain')) throw this.refusal('drain');
+    const accepted = (): DrainAccepted => ({ reason: drainOf(this.current)?.reason ?? reason, persist: opts.persist !== false });
+    if (nextState(from.name, 'drain') === from.name) {
       // A drain already under way may still be given a deadline, or an earlier one.
-      if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
+      if (opts.deadlineMs !== undefined && 'deadline' in from) this.set({ ...from, deadline: this.deadlineIn(opts.deadlineMs, from.deadline) });
       this.emit('drain_accepted', accepted());
       return this.status();
     }
@@ -519,13 +530,9 @@ export class Lifecycle extends EventEmitter {
     // Admission closes before anything else: from here a late arrival gets a retryable 503, and
     // that holds with or without discovery, so an outage never stops an operator from draining.
     this.admission.close();
-    this.reason = reason;
-    this.lastProbe = null;
-    this.handedOff = 0;
-    this.drainStart = { actor, at: performance.now() };
     this.log.info({ event: 'admission_closed', generation: gen, reason, deadline_ms: opts.deadlineMs ?? null }, 'admission closed');
-    if (opts.deadlineMs !== undefined) this.armDeadline(opts.deadlineMs);
-    this.move('drain');
+    const deadline = opts.deadlineMs === undefined ? null : this.deadlineIn(opts.deadlineMs, null);
+    this.set({ name: 'draining', drain: { reason, actor, handedOff: 0 }, calledAt: performance.now(), deadline, probe: null, resuming: false }, 'drain');
     this.emit('drain_accepted', accepted());
     // A lost registration (lease expired) is already out of discovery: nothing to remove.
     if (this.presence !== 'unregistered' && !(await this.unregisterOnce())) {
@@ -536,13 +543,14 @@ export class Lifecycle extends EventEmitter {
   }
 
   private async doResume(): Promise<LifecycleStatus> {
-    if (!canMove(this.current, 'resume')) throw this.refusal('resume');
-    const previous = this.current;
+    const from = this.current;
+    if (!canMove(from.name, 'resume')) throw this.refusal('resume');
+    const previous = from.name;
     if (previous === 'serving' && this.presence === 'registered') return this.status();
     this.generation++;
     // Register before reopening: until both are done nothing is admitted, so a failed registration
     // leaves the state exactly as it was, and no drain can complete under a half-done resume.
-    this.resuming = true;
+    if (from.name === 'draining') this.set({ ...from, resuming: true });
     try {
       // A loss during the call is not a failure here: registrationLost() is queued behind us and
       // registers again once we are serving.
@@ -560,16 +568,16 @@ export class Lifecycle extends EventEmitter {
       }
       throw new EbbError('discovery_unavailable', `resume failed, state stays ${previous}: ${this.lastError}`);
     } finally {
-      this.resuming = false;
+      const now = this.current;
+      if (now.name === 'draining' && now.resuming) this.set({ ...now, resuming: false });
       if (this.presence !== 'registered') void this.evaluate(); // the last request may have ended meanwhile
     }
     // SIGTERM arrived while registering: the shutdown owns the worker now and unregisters it again.
     if (this.isShuttingDown) throw new ShutdownConflict('resume');
     this.admission.reopen();
     this.lastError = null;
-    this.lastProbe = null;
-    this.clearDeadline();
-    this.move('resume');
+    clearTimer(deadlineOf(this.current));
+    this.set({ name: 'serving' }, 'resume');
     this.log.info({ event: 'resumed', generation: this.generation }, 'registered and admission reopened');
     return this.status();
   }
@@ -580,35 +588,51 @@ export class Lifecycle extends EventEmitter {
    * meanwhile and nothing was admitted.
    */
   private async evaluate(): Promise<void> {
-    const waiting = this.current === 'draining' || (this.current === 'stopping' && !this.quiescent);
-    if (!waiting || this.resuming || this.admission.inflight > 0) return;
+    const waiting = this.waiting();
+    if (waiting === null || (waiting.name === 'draining' && waiting.resuming) || this.admission.inflight > 0) return;
     const gen = this.generation;
-    const state = this.current;
     let probe: Quiescence;
     try {
       probe = this.engine ? await this.engine.probeQuiescence() : { state: 'unknown', reason: 'the engine is still loading' };
     } catch (err) {
       probe = { state: 'unknown', reason: `idleness probe failed: ${(err as Error).message}` };
     }
-    if (gen !== this.generation || this.current !== state || this.admission.inflight > 0 || this.resuming) return;
-    this.lastProbe = probe;
-    if (probe.state !== 'idle') {
-      this.emit('waiting', this.waitingFor());
-      return;
-    }
-    if (state === 'draining') {
-      this.move('idle_confirmed');
-      const d = this.drainStart;
-      if (d) {
-        // Dated when drained was reached (its duration still spans the whole drain, from the call):
-        // read by time, it comes after the hand-offs that led to it.
-        const record = { what: 'drained' as const, reason: this.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: this.handedOff }, startedAt: d.at, endedAt: performance.now(), atWall: Date.now() };
-        void Promise.all([...this.auditPending]).then(() => this.audit.record(record));
-      }
-    } else {
-      this.quiescent = true;
+    const now = this.current;
+    if (gen !== this.generation || now.name !== waiting.name || this.admission.inflight > 0) return;
+    if (now.name === 'draining') {
+      if (now.resuming) return;
+      if (probe.state !== 'idle') return this.stillWaiting({ ...now, probe });
+      this.set({ name: 'drained', drain: now.drain, calledAt: now.calledAt, deadline: now.deadline }, 'idle_confirmed');
+      // Dated when drained was reached (its duration still spans the whole drain, from the call):
+      // read by time, it comes after the hand-offs that led to it.
+      const d = now.drain;
+      const record = { what: 'drained' as const, reason: d.reason, actor: d.actor, generation: gen, result: 'drained', detail: { handed_off: d.handedOff }, startedAt: now.calledAt, endedAt: performance.now(), atWall: Date.now() };
+      void Promise.all([...this.auditPending]).then(() => this.audit.record(record));
+    } else if (now.name === 'stopping') {
+      if (probe.state !== 'idle') return this.stillWaiting({ ...now, probe });
+      this.set({ ...now, probe, quiescent: true });
       this.log.info({ event: 'quiescent', generation: gen }, 'nothing in flight and the engine is idle');
       this.emit('quiescent');
     }
   }
+
+  /** The engine's answer was not idle: kept (status says what is waited for) and announced. */
+  private stillWaiting(next: Draining | Stopping): void {
+    this.set(next);
+    this.emit('waiting', this.waitingFor());
+  }
+}
+
+/** The drain a state winds down under (its own, or the shutdown's); null while loading or serving. */
+function drainOf(s: LifecycleState): Drain | null {
+  return 'drain' in s ? s.drain : null;
+}
+
+/** The hand-off deadline a state holds (draining, drained, stopping); null otherwise. */
+function deadlineOf(s: LifecycleState): Deadline | null {
+  return 'deadline' in s ? s.deadline : null;
+}
+
+function clearTimer(deadline: Deadline | null): void {
+  if (deadline?.timer) clearTimeout(deadline.timer);
 }

@@ -14,13 +14,11 @@ export interface WorkerRuntime {
 /**
  * The worker process beside its lifecycle, which holds the state from the start (`loading` while
  * the engine loads: a real model takes seconds to minutes, and the system server must answer
- * meanwhile, /live 200 and /health 503, without the worker being in discovery): the parts that
- * exist only once the engine does, and whether the engine failed under it.
+ * meanwhile, /live 200 and /health 503, without the worker being in discovery; `failed` once the
+ * engine died under it): the parts that exist only once the engine does.
  */
 export class WorkerPhase {
   private current: WorkerRuntime | undefined;
-  /** Set once when the engine died under the worker: /live fails from then on. */
-  engineFailure: string | undefined;
 
   constructor(readonly lifecycle: Lifecycle) {}
 

@@ -95,7 +95,7 @@ export async function runShutdown(cause: ShutdownCause, opts: ShutdownOptions, d
   const wasDrained = lifecycle.state === 'drained';
   // The deadline as planned; the grace is skipped (and the deadline earlier) when nothing is registered.
   if (failure === undefined) lifecycle.beginShutdown(reason, Date.now() + opts.graceMs + opts.drainTimeoutMs);
-  else lifecycle.engineFailed(reason);
+  else lifecycle.engineFailed(failure);
   log.info({ event: 'shutdown_started', ...('signal' in cause ? { signal: cause.signal } : { engine_failed: failure }), already_drained: wasDrained, inflight: admission.inflight }, 'shutdown started');
   const results: StageResult[] = [];
 

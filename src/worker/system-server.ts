@@ -66,8 +66,8 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
 
   allowOnly(app, '/live', ['GET']);
   app.get('/live', async (_req, reply) => {
-    const state = phase.lifecycle.state;
-    if (phase.engineFailure !== undefined) return reply.code(503).send({ status: 'engine_failed', state, reason: phase.engineFailure });
+    const { state, engineFailure } = phase.lifecycle;
+    if (engineFailure !== undefined) return reply.code(503).send({ status: 'engine_failed', state, reason: engineFailure });
     return { status: 'alive', state };
   });
 
@@ -76,7 +76,7 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
     const r = phase.runtime;
     if (r === undefined) return reply.code(503).send({ status: 'not_ready', state: phase.lifecycle.state, loading: phase.lifecycle.loadingDetail, since: phase.lifecycle.status().state_since });
     const state = r.lifecycle.state;
-    const ready = state === 'serving' && phase.engineFailure === undefined;
+    const ready = state === 'serving'; // an engine failure has moved it to failed
     return reply.code(ready ? 200 : 503).send({ status: ready ? 'ready' : 'not_ready', state, discovery: r.lifecycle.discoveryPresence });
   });
 

@@ -191,11 +191,10 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   // (leave discovery, end every stream with an explicit error, close), /live fails, and the exit is
   // non-zero so the supervisor restarts the worker.
   engine.onFailure?.((err) => {
-    if (phase.engineFailure !== undefined) return;
-    phase.engineFailure = err.message;
+    if (lifecycle.engineFailure !== undefined) return;
     log.fatal({ event: 'engine_failed', err: err.message, inflight: admission.inflightIds() }, `engine failed: ${err.message}; leaving discovery and exiting`);
     if (shuttingDown !== undefined) {
-      lifecycle.engineFailed(`engine failed: ${err.message}`);
+      lifecycle.engineFailed(err.message);
       cancel.abort(new Error('engine failed')); // the shutdown under way cuts what is left and exits
       return;
     }
