@@ -1,4 +1,3 @@
-import { EventEmitter } from 'node:events';
 import { checkGgufHeader } from './gguf-header.js';
 import { EbbError } from '../protocol/errors.js';
 import type { Logger } from 'pino';
@@ -23,7 +22,7 @@ import { PieceAssembler } from './llama-cpp-text.js';
 import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { KvEventLog } from './kv-event-log.js';
-import { Slots } from './slots.js';
+import { slotQuiescence, Slots } from './slots.js';
 import type { LlamaCppOptions } from './llama-cpp-options.js';
 
 export { LLAMA_CPP_DEFAULTS, type LlamaCppOptions, type LlamaGpu } from './llama-cpp-options.js';
@@ -181,7 +180,6 @@ export class LlamaCppEngine implements Engine {
   readonly kind = 'llama-cpp';
   readonly capabilities: EngineCapabilities;
   private readonly slots: Slots;
-  private readonly events = new EventEmitter();
   private readonly prompts: PromptRenderer;
   private readonly grammars: GrammarCache;
   /** The context's sequences, kept with their tokens: prompt prefixes are reused (llama-cpp-prefix-reuse.ts). */
@@ -207,7 +205,7 @@ export class LlamaCppEngine implements Engine {
     private readonly context: LlamaContext,
     private readonly opts: LlamaCppOptions,
   ) {
-    this.slots = new Slots(opts.parallel, () => this.notifyChange());
+    this.slots = new Slots(opts.parallel);
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
@@ -227,8 +225,8 @@ export class LlamaCppEngine implements Engine {
   attachKvState(kv: KvStateFiles): void {
     this.kv = kv;
     // Every transfer ending changes what a drain waits for.
-    kv.transfers.on('completed', () => this.notifyChange());
-    kv.transfers.on('expired', () => this.notifyChange());
+    kv.transfers.on('completed', () => this.slots.changed());
+    kv.transfers.on('expired', () => this.slots.changed());
   }
 
   get kvTransfers(): KvTransferStore {
@@ -482,23 +480,12 @@ export class LlamaCppEngine implements Engine {
     return ids as Token[];
   }
 
-  private notifyChange(): void {
-    this.events.emit('change');
-  }
-
   async probeQuiescence(): Promise<Quiescence> {
-    const { running, queued } = this.slots;
-    const kv = this.kv.transfers.size;
-    const waiting: string[] = [];
-    if (running > 0 || queued > 0) waiting.push(`engine: ${running} running, ${queued} queued sequences`);
-    // A peer still pulling a prefill's or a hand-off's state: leaving now would lose it.
-    if (kv > 0) waiting.push(`${kv} pending KV transfer${kv === 1 ? '' : 's'}`);
-    return waiting.length === 0 ? { state: 'idle' } : { state: 'busy', waiting_for: waiting };
+    return slotQuiescence(this.slots, this.kv.transfers.size);
   }
 
   onQuiescenceChange(listener: () => void): () => void {
-    this.events.on('change', listener);
-    return () => this.events.off('change', listener);
+    return this.slots.onChange(listener);
   }
 
   isOverloaded(): boolean {
@@ -508,9 +495,7 @@ export class LlamaCppEngine implements Engine {
   stats(): EngineStats {
     return {
       kind: this.kind,
-      running_sequences: this.slots.running,
-      queued_sequences: this.slots.queued,
-      batch_slots: this.slots.capacity,
+      ...this.slots.stats,
       generated_tokens: this.generated,
       context_size: this.context.contextSize,
       sequences_free: this.slots.capacity - this.slots.running,

@@ -3,7 +3,7 @@ import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
 import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
 import { mockerTokenIds } from '../protocol/mocker-tokenizer.js';
-import { Slots } from './slots.js';
+import { slotQuiescence, Slots } from './slots.js';
 import { KvTransferStore, type KvTransfer } from './kv-transfers.js';
 import { KvEventLog } from './kv-event-log.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
@@ -142,12 +142,12 @@ export class MockerEngine implements Engine {
       this.kvCacheStats = () => cache.stats();
     }
     this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
-    this.slots = new Slots(opts.batchSlots, () => this.notifyChange());
+    this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
       // Every transfer ending changes what a drain waits for, not only the last one.
-      this.kvTransfers.on('completed', () => this.notifyChange());
-      this.kvTransfers.on('expired', () => this.notifyChange());
+      this.kvTransfers.on('completed', () => this.slots.changed());
+      this.kvTransfers.on('expired', () => this.slots.changed());
     }
   }
 
@@ -239,21 +239,12 @@ export class MockerEngine implements Engine {
     }
   }
 
-  private notifyChange(): void {
-    this.events.emit('change');
-  }
-
   async probeQuiescence(): Promise<Quiescence> {
     if (this.opts.idleness === 'unknown') return { state: 'unknown', reason: 'engine cannot report idleness (--mocker-idleness unknown)' };
     if (this.kvTransfers && this.opts.kvReporting === 'unsupported') {
       return { state: 'unknown', reason: 'engine cannot report pending KV transfers (--mocker-kv-reporting unsupported)' };
     }
-    const { running, queued } = this.slots;
-    const kv = this.kvTransfers?.size ?? 0;
-    const waiting: string[] = [];
-    if (running > 0 || queued > 0) waiting.push(`engine: ${running} running, ${queued} queued sequences`);
-    if (kv > 0) waiting.push(`${kv} pending KV transfer${kv === 1 ? '' : 's'}`);
-    return waiting.length === 0 ? { state: 'idle' } : { state: 'busy', waiting_for: waiting };
+    return slotQuiescence(this.slots, this.kvTransfers?.size ?? 0);
   }
 
   onFailure(listener: (err: Error) => void): () => void {
@@ -262,8 +253,7 @@ export class MockerEngine implements Engine {
   }
 
   onQuiescenceChange(listener: () => void): () => void {
-    this.events.on('change', listener);
-    return () => this.events.off('change', listener);
+    return this.slots.onChange(listener);
   }
 
   isOverloaded(): boolean {
@@ -273,9 +263,7 @@ export class MockerEngine implements Engine {
   stats(): EngineStats {
     return {
       kind: this.kind,
-      running_sequences: this.slots.running,
-      queued_sequences: this.slots.queued,
-      batch_slots: this.slots.capacity,
+      ...this.slots.stats,
       generated_tokens: this.generated,
       ...(this.kvTransfers ? { kv_transfers_pending: this.kvTransfers.size } : {}),
       // Prefill load with the KV cache on: what a router may weigh against a cache hit.

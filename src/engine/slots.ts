@@ -1,17 +1,34 @@
+import type { Quiescence } from './engine.js';
+
 /**
- * FIFO counting semaphore for batch slots; a waiter whose signal aborts leaves the queue.
- * `onChange` runs whenever running or queued went down (a release, a queued waiter dropped): what an
- * engine's idleness probe reads changed, and a drain may be waiting for exactly that.
+ * FIFO counting semaphore for batch slots; a waiter whose signal aborts leaves the queue. Its
+ * change listeners run whenever running or queued went down (a release, a queued waiter dropped),
+ * or the engine says something else its idleness probe reads changed (`changed`): a drain may be
+ * waiting for exactly that. What an in-process engine (mocker, llama-cpp) counts of its load.
  */
 export class Slots {
   private free: number;
   private readonly waiters: Array<{ grant: () => void }> = [];
+  private readonly listeners = new Set<() => void>();
 
-  constructor(
-    readonly capacity: number,
-    private readonly onChange: () => void = () => undefined,
-  ) {
+  constructor(readonly capacity: number) {
     this.free = capacity;
+  }
+
+  /** The engine's onQuiescenceChange: `listener` runs on each change; returns its remover. */
+  onChange(listener: () => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  /** Something else the idleness probe reads changed (a KV transfer pulled or expired). */
+  changed(): void {
+    for (const l of [...this.listeners]) l();
+  }
+
+  /** The sequence counts of EngineStats. */
+  get stats(): { running_sequences: number; queued_sequences: number; batch_slots: number } {
+    return { running_sequences: this.running, queued_sequences: this.queued, batch_slots: this.capacity };
   }
 
   get queued(): number {
@@ -39,7 +56,7 @@ export class Slots {
         const i = this.waiters.indexOf(waiter);
         if (i >= 0) this.waiters.splice(i, 1);
         reject(signal.reason);
-        this.onChange();
+        this.changed();
       };
       signal.addEventListener('abort', onAbort, { once: true });
       this.waiters.push(waiter);
@@ -50,6 +67,18 @@ export class Slots {
     const next = this.waiters.shift();
     if (next) next.grant();
     else this.free++;
-    this.onChange();
+    this.changed();
   }
+}
+
+/**
+ * An in-process engine's idleness, from what it can count itself: its sequences (running and
+ * queued) and the KV transfers peers have yet to pull (leaving before they do would lose them).
+ */
+export function slotQuiescence(slots: Slots, kvTransfersPending: number): Quiescence {
+  const { running, queued } = slots;
+  const waiting: string[] = [];
+  if (running > 0 || queued > 0) waiting.push(`engine: ${running} running, ${queued} queued sequences`);
+  if (kvTransfersPending > 0) waiting.push(`${kvTransfersPending} pending KV transfer${kvTransfersPending === 1 ? '' : 's'}`);
+  return waiting.length === 0 ? { state: 'idle' } : { state: 'busy', waiting_for: waiting };
 }
