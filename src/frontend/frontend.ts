@@ -3,7 +3,7 @@ import type { AdminGuard } from '../common/admin-auth.js';
 import { ADMIN_MAX_CONNECTIONS, defaultMaxConnections, fdLimit, listen, type HttpServerLimits } from '../common/http-server.js';
 import { createAdminAgent } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
-import type { Discovery, DiscoveryEvent } from '../discovery/discovery.js';
+import type { Discovery, DiscoveryEvent, WorkerRecord } from '../discovery/discovery.js';
 import { createAdminServer } from './admin/admin-server.js';
 import { FleetView } from './admin/fleet-view.js';
 import { createFrontendMetrics } from './metrics.js';
@@ -15,6 +15,7 @@ import { Shutdown } from './shutdown.js';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
 import type { Registry } from 'prom-client';
 import { KvFeed } from './routing/kv-feed.js';
+import type { KvEventSource } from './routing/kv-subscription.js';
 import { createKvRouterMetrics } from './routing/kv-metrics.js';
 import { Router, type RouterKind } from './routing/router.js';
 import { workerTokenizer } from './routing/worker-tokenize.js';
@@ -64,6 +65,8 @@ export interface ClusterHooks {
   onInflight: InflightListener;
   /** The public /metrics: every process's metrics, aggregated (this process's alone would count a share). */
   scrape: () => Promise<string>;
+  /** Workers' KV events through the primary's one subscription per worker (cluster/kv-follow.ts). */
+  kvSource: (record: WorkerRecord) => KvEventSource;
 }
 
 export interface RunningFrontend {
@@ -126,7 +129,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const fleet = new FleetView();
   const routerKind = opts.router ?? 'kv';
   // The KV index follows discovery from the first event, so the first requests already find it.
-  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken }) : undefined;
+  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource }) : undefined;
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
     fleet.apply(event);

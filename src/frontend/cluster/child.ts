@@ -1,5 +1,6 @@
 import type { Logger } from 'pino';
 import { startFrontend, type FrontendOptions } from '../frontend.js';
+import { KvFollower } from './kv-follow.js';
 import { isMessage, PROCESS_SLOT_ENV, type ChildMessage, type Counts, type PrimaryMessage } from './messages.js';
 
 export interface ChildStop {
@@ -46,7 +47,13 @@ export async function runChild(opts: FrontendOptions, stopOpts: ChildStop, baseL
       send({ type: 'ebb:scrape', id });
     });
 
-  const frontend = await startFrontend({ ...opts, admin: undefined, cluster: { slot, onInflight, scrape } }, log);
+  // Workers' KV events come through the primary: one subscription per worker per host, not per process.
+  // Listened to before the frontend starts: its first discovery view follows workers at once.
+  const kv = new KvFollower(send);
+  process.on('message', (m: unknown) => {
+    if (isMessage(m)) kv.onMessage(m as PrimaryMessage);
+  });
+  const frontend = await startFrontend({ ...opts, admin: undefined, cluster: { slot, onInflight, scrape, kvSource: (r) => kv.source(r) } }, log);
 
   let stopping = false;
   const stop = (why: string, graceMs: number) => {

@@ -19,7 +19,10 @@ export type ChildMessage =
   | { type: 'ebb:inflight'; counts: Counts }
   /** A scrape of the public /metrics reached this child: the primary answers with every process's metrics. */
   | { type: 'ebb:scrape'; id: number }
-  | { type: 'ebb:metrics'; id: number; metrics: MetricsJson };
+  | { type: 'ebb:metrics'; id: number; metrics: MetricsJson }
+  /** Follow a worker's KV events through the primary's one subscription (see kv-follow / kv-relay). */
+  | { type: 'ebb:kv-follow'; worker_id: string; system_url: string; follow: number }
+  | { type: 'ebb:kv-unfollow'; worker_id: string; follow: number };
 
 /** Primary to child. */
 export type PrimaryMessage =
@@ -28,6 +31,10 @@ export type PrimaryMessage =
   | { type: 'ebb:scraped'; id: number; text?: string; error?: string }
   | { type: 'ebb:metrics-req'; id: number }
   /** Drain and exit: the frontend's shutdown (grace, then the deadline) in this child. */
-  | { type: 'ebb:stop'; graceMs: number };
+  | { type: 'ebb:stop'; graceMs: number }
+  /** A followed worker's KV event (a snapshot of what the primary holds first, then its batches). */
+  | { type: 'ebb:kv-event'; worker_id: string; follow: number; event: 'snapshot' | 'kv'; data: unknown }
+  /** The primary's stream of that worker ended: follow again for a fresh snapshot. */
+  | { type: 'ebb:kv-end'; worker_id: string; follow: number; reason: string };
 
 export const isMessage = (m: unknown): m is { type: string } => typeof m === 'object' && m !== null && typeof (m as { type?: unknown }).type === 'string' && (m as { type: string }).type.startsWith('ebb:');

@@ -10,7 +10,9 @@ import type { DiscoveryEvent } from '../../discovery/discovery.js';
 import { createAdminServer } from '../admin/admin-server.js';
 import { FleetView } from '../admin/fleet-view.js';
 import type { FrontendOptions } from '../frontend.js';
+import { KvFeed } from '../routing/kv-feed.js';
 import { WorkerPool } from '../routing/worker-pool.js';
+import { KvRelay } from './kv-relay.js';
 import type { ChildStop } from './child.js';
 import { InflightTable } from './inflight-table.js';
 import { isMessage, PROCESS_SLOT_ENV, type ChildMessage, type MetricsJson, type PrimaryMessage } from './messages.js';
@@ -40,9 +42,14 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   const discovery = await connectDiscovery(opts.discoveryUrl);
   const pool = new WorkerPool(); // in-flight here is all peers': the children's sum
   const fleet = new FleetView();
+  // The one KV subscription per worker of this host (the kv router's children follow it through the relay).
+  const relay = new KvRelay((w, m) => tell(w, m));
+  const kvFeed = (opts.router ?? 'kv') === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, tap: relay.tap }) : undefined;
+  if (kvFeed) relay.attach(kvFeed);
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
     fleet.apply(event);
+    kvFeed?.apply(event);
   });
   const table = new InflightTable();
   const slots: Slot[] = Array.from({ length: processes }, (_, index) => ({ index, ready: false, backoff: new Backoff(REPLACE_BACKOFF) }));
@@ -134,6 +141,8 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
           (err: Error) => tell(worker, { type: 'ebb:scraped', id: msg.id, error: err.message }),
         );
       } else if (msg.type === 'ebb:metrics') metricsWaits.get(msg.id)?.resolve(msg.metrics);
+      else if (msg.type === 'ebb:kv-follow') relay.follow(worker, msg.worker_id, msg.system_url, msg.follow);
+      else if (msg.type === 'ebb:kv-unfollow') relay.unfollow(worker, msg.worker_id, msg.follow);
     });
   };
 
@@ -143,6 +152,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     const s = bySlotOf.get(worker);
     bySlotOf.delete(worker);
     table.forget(worker.id);
+    relay.childGone(worker);
     changed();
     for (const w of metricsWaits.values()) if (w.worker === worker) w.reject(new Error(`frontend process pid ${worker.process.pid} exited during the scrape`));
     if (!s || s.worker !== worker) return;
@@ -175,7 +185,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
 
   // --- the one admin listener ---
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: own }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, kv: kvFeed && ((id) => ({ router: 'kv', ...(kvFeed.describe(id) ?? {}) })), intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: own }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
@@ -220,6 +230,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     void Promise.all([childrenGone, adminClosed])
       .then(async ([, adminClean]) => {
         await watch.close();
+        await kvFeed?.close();
         await discovery.close();
         const clean = adminClean && [...exits.values()].every((c) => c === 0);
         log.info({ event: 'frontend_stopped', clean }, clean ? 'every process finished its streams' : 'stopped; something had to be cut');

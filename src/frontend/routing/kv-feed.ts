@@ -2,8 +2,9 @@ import type { Logger } from 'pino';
 import { Agent } from 'undici';
 import type { DiscoveryEvent, WorkerRecord } from '../../discovery/discovery.js';
 import type { BlockHash } from '../../protocol/block-hash.js';
+import type { KvSnapshot } from '../../protocol/kv-events.js';
 import { KvIndex } from './kv-index.js';
-import { KV_CONNECT_TIMEOUT_MS, KvSubscription } from './kv-subscription.js';
+import { httpKvSource, KV_CONNECT_TIMEOUT_MS, KvSubscription, type KvEventSource, type KvEventTap } from './kv-subscription.js';
 import { kvProfile, type KvProfile } from './prompt-blocks.js';
 import { bearerHeader } from '../../common/admin-auth.js';
 
@@ -16,6 +17,18 @@ export interface KvFeedOptions {
   departedMax?: number | undefined;
   /** The admin token presented to workers' /kv/events (which require it where the worker has one). */
   workerAdminToken?: string | undefined;
+  /**
+   * Where a worker's events come from; default its own /kv/events. A child of `--processes N` reads
+   * the primary's copy (cluster/kv-relay.ts): one subscription per frontend host, not per process.
+   */
+  source?: ((record: WorkerRecord) => KvEventSource) | undefined;
+  /** Told every event applied, and every stream that broke (the primary passes them on). */
+  tap?: KvFeedTap | undefined;
+}
+
+export interface KvFeedTap {
+  event: KvEventTap;
+  broken(workerId: string, reason: string): void;
 }
 
 export const DEFAULT_APPROXIMATE_TTL_MS = 120_000;
@@ -44,7 +57,8 @@ export class KvFeed {
   readonly ttlMs: number;
   readonly maxBlocks: number;
   private readonly departedMax: number;
-  private readonly streamHeaders: Record<string, string>;
+  private readonly source: (record: WorkerRecord) => KvEventSource;
+  private readonly tap: KvFeedTap | undefined;
 
   constructor(
     private readonly log: Logger,
@@ -53,7 +67,9 @@ export class KvFeed {
     this.ttlMs = opts.approximateTtlMs ?? DEFAULT_APPROXIMATE_TTL_MS;
     this.maxBlocks = opts.approximateMaxBlocks ?? DEFAULT_APPROXIMATE_MAX_BLOCKS;
     this.departedMax = opts.departedMax ?? DEFAULT_DEPARTED_MAX;
-    this.streamHeaders = bearerHeader(opts.workerAdminToken);
+    const headers = bearerHeader(opts.workerAdminToken);
+    this.source = opts.source ?? ((r) => httpKvSource(r.system_url, this.agent, headers));
+    this.tap = opts.tap;
   }
 
   apply(event: DiscoveryEvent): void {
@@ -96,6 +112,18 @@ export class KvFeed {
     };
   }
 
+  /**
+   * What a fresh subscriber of this worker's stream would be sent first, from what this feed holds
+   * now (the primary's answer to a child that follows the worker); undefined until a snapshot came.
+   */
+  snapshotOf(workerId: string): { record: WorkerRecord; snapshot: KvSnapshot } | undefined {
+    const sub = this.subs.get(workerId);
+    const h = this.index.holder(workerId);
+    if (!sub?.connected || sub.incarnation === undefined || h === undefined || h.kind !== 'exact') return undefined;
+    const snapshot = { worker_id: workerId, incarnation: sub.incarnation, seq: sub.seq, block_size: kvProfile(sub.record).blockSize, blocks: [...h.blocks.keys()] };
+    return { record: sub.record, snapshot };
+  }
+
   /** Approximate mode: `worker` was sent a prompt with these blocks; they count as cached there for the TTL. */
   sent(record: WorkerRecord, hashes: readonly BlockHash[], now = Date.now()): void {
     if (!this.inView.has(record.worker_id) || this.subs.has(record.worker_id)) return;
@@ -121,16 +149,16 @@ export class KvFeed {
         if (h) h.masked = false;
         return;
       }
-      sub?.close();
+      if (sub) this.closeSub(sub, 'the worker moved or changed model');
       this.index.drop(id);
       this.subs.set(
         id,
-        new KvSubscription(r, this.index, this.agent, () => this.inView.has(id), (s, reason) => this.failed(s, reason), (s, seq, snapshot) => this.indexed(s, seq, snapshot), this.streamHeaders),
+        new KvSubscription(r, this.index, this.source(r), () => this.inView.has(id), (s, reason) => this.failed(s, reason), (s, seq, snapshot) => this.indexed(s, seq, snapshot), this.tap?.event),
       );
       return;
     }
     if (sub) {
-      sub.close();
+      this.closeSub(sub, 'the worker no longer publishes KV events');
       this.subs.delete(id);
       this.index.drop(id);
     }
@@ -157,6 +185,7 @@ export class KvFeed {
   private failed(sub: KvSubscription, reason: string): void {
     const id = sub.record.worker_id;
     if (this.subs.get(id) !== sub) return;
+    this.tap?.broken(id, reason);
     if (!this.inView.has(id)) {
       this.log.info({ event: 'kv_index_purged', worker_id: id, reason }, `KV index: worker ${id} left discovery and its KV event stream failed (${reason}): its entries are dropped`);
       this.forget(id);
@@ -177,9 +206,16 @@ export class KvFeed {
     if (timer) clearTimeout(timer);
     this.departed.delete(id);
     if (this.inView.has(id)) return;
-    this.subs.get(id)?.close();
+    const sub = this.subs.get(id);
+    if (sub) this.closeSub(sub, 'the worker is gone');
     this.subs.delete(id);
     this.index.drop(id);
+  }
+
+  /** Closes a subscription for good; whoever follows its events through the tap is told. */
+  private closeSub(sub: KvSubscription, reason: string): void {
+    sub.close();
+    this.tap?.broken(sub.record.worker_id, reason);
   }
 
   async close(): Promise<void> {

@@ -29,11 +29,33 @@ function isBatch(v: unknown): v is KvEventBatch {
   return typeof b === 'object' && b !== null && typeof b.incarnation === 'string' && Number.isSafeInteger(b.seq) && Array.isArray(b.events);
 }
 
-class StreamBroken extends Error {}
+export class StreamBroken extends Error {}
+
+/** One worker's KV events as they arrive, until the stream ends (or throws why it broke). */
+export type KvEventSource = (signal: AbortSignal) => AsyncIterable<{ event: string; data: unknown }>;
+
+/** The worker's own GET /kv/events (with the admin token, which workers that have one require). */
+export function httpKvSource(url: string, agent: Agent, headers: Record<string, string>): KvEventSource {
+  return async function* (signal) {
+    const res = await request(`${url}/kv/events`, { headers, dispatcher: agent, signal, headersTimeout: KV_CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
+    if (res.statusCode !== 200) {
+      discardBody(res.body);
+      throw new StreamBroken(`HTTP ${res.statusCode}`);
+    }
+    try {
+      yield* readSse(res.body, KV_EVENT_MAX_CHARS);
+    } finally {
+      discardBody(res.body);
+    }
+  };
+}
+
+/** Told every event a subscription applied (the primary passes them on to its children). */
+export type KvEventTap = (sub: KvSubscription, event: 'snapshot' | 'kv', data: KvSnapshot | KvEventBatch) => void;
 
 /**
- * One worker's GET /kv/events, feeding its holder in the index, reconnected with back-off until
- * closed. The first event must be a snapshot naming the worker asked for (a system port can be
+ * One worker's KV event stream (its GET /kv/events, or the primary's copy of it in a child of
+ * `--processes N`), feeding its holder in the index, reconnected with back-off until closed. The first event must be a snapshot naming the worker asked for (a system port can be
  * reused by another process): nothing is indexed before that. A seq gap, a new incarnation, or a
  * broken stream drops what the worker held: stale entries route worse than none. Reports each
  * failure to `onError` (the feed decides whether a departed worker is gone).
@@ -44,18 +66,20 @@ export class KvSubscription {
   private readonly backoff = new Backoff(RESUBSCRIBE);
   /** Set once a stream delivered its snapshot; false again after a failure. */
   connected = false;
+  /** The worker's engine incarnation and the last seq applied, while connected. */
+  incarnation: string | undefined;
+  seq = 0;
 
   constructor(
     readonly record: WorkerRecord,
     private readonly index: KvIndex,
-    private readonly agent: Agent,
+    private readonly source: KvEventSource,
     /** Whether the worker is in the routing view now (its entries are masked while it is not). */
     private readonly inView: () => boolean,
     private readonly onError: (sub: KvSubscription, reason: string) => void,
     /** After a snapshot (seq) or a batch was indexed: the feed's log lines. */
     private readonly onIndexed: (sub: KvSubscription, seq: number, snapshot: boolean) => void = () => undefined,
-    /** Headers of the stream request: the admin token workers with one require on their event streams. */
-    private readonly headers: Record<string, string> = {},
+    private readonly tap?: KvEventTap,
   ) {
     this.url = record.system_url;
     void this.run();
@@ -88,39 +112,33 @@ export class KvSubscription {
   }
 
   private async readOnce(): Promise<void> {
-    const res = await request(`${this.url}/kv/events`, { headers: this.headers, dispatcher: this.agent, signal: this.abort.signal, headersTimeout: KV_CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
-    if (res.statusCode !== 200) {
-      discardBody(res.body);
-      throw new StreamBroken(`HTTP ${res.statusCode}`);
-    }
     const id = this.record.worker_id;
     let holder: Holder | undefined;
-    let seq = 0;
-    try {
-      for await (const { event, data } of readSse(res.body, KV_EVENT_MAX_CHARS)) {
-        if (holder === undefined) {
-          const answered = event === 'snapshot' ? (data as { worker_id?: unknown } | null)?.worker_id : undefined;
-          if (answered !== id) throw new StreamBroken(identityMismatch(this.url, answered, id));
-          if (!isSnapshot(data)) throw new StreamBroken('KV snapshot malformed');
-          holder = this.index.replace(id, this.record.model, 'exact', data.incarnation);
-          holder.masked = !this.inView();
-          for (const h of data.blocks) this.index.add(holder, h);
-          seq = data.seq;
-          this.connected = true;
-          this.backoff.reset();
-          this.onIndexed(this, seq, true);
-          continue;
-        }
-        if (event !== 'kv') continue;
-        if (!isBatch(data)) throw new StreamBroken('KV event batch malformed');
-        if (data.incarnation !== holder.incarnation) throw new StreamBroken('KV events from a new incarnation: the worker restarted');
-        if (data.seq !== seq + 1) throw new StreamBroken(`KV event seq gap (${seq} then ${data.seq})`);
-        seq = data.seq;
-        for (const e of data.events) this.apply(holder, e);
-        this.onIndexed(this, seq, false);
+    this.incarnation = undefined;
+    for await (const { event, data } of this.source(this.abort.signal)) {
+      if (holder === undefined) {
+        const answered = event === 'snapshot' ? (data as { worker_id?: unknown } | null)?.worker_id : undefined;
+        if (answered !== id) throw new StreamBroken(identityMismatch(this.url, answered, id));
+        if (!isSnapshot(data)) throw new StreamBroken('KV snapshot malformed');
+        holder = this.index.replace(id, this.record.model, 'exact', data.incarnation);
+        holder.masked = !this.inView();
+        for (const h of data.blocks) this.index.add(holder, h);
+        this.seq = data.seq;
+        this.incarnation = data.incarnation;
+        this.connected = true;
+        this.backoff.reset();
+        this.tap?.(this, 'snapshot', data);
+        this.onIndexed(this, this.seq, true);
+        continue;
       }
-    } finally {
-      discardBody(res.body);
+      if (event !== 'kv') continue;
+      if (!isBatch(data)) throw new StreamBroken('KV event batch malformed');
+      if (data.incarnation !== holder.incarnation) throw new StreamBroken('KV events from a new incarnation: the worker restarted');
+      if (data.seq !== this.seq + 1) throw new StreamBroken(`KV event seq gap (${this.seq} then ${data.seq})`);
+      this.seq = data.seq;
+      for (const e of data.events) this.apply(holder, e);
+      this.tap?.(this, 'kv', data);
+      this.onIndexed(this, this.seq, false);
     }
   }
 
