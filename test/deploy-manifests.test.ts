@@ -360,7 +360,7 @@ describe('deploy/kubernetes: ebb containers', () => {
       writeFileSync(join(dir, 'admin-token'), 'manifest-admin-token\n', { mode: 0o600 });
       guardCa = makeCert(dir, 'guard', 'tls').cert; // tls.crt / tls.key, as the guard's Secret mounts them
       const client = makeCert(dir, 'apiserver-client', 'ca'); // ca.crt, as the client CA Secret mounts it
-      apiServerClient = { cert: client.cert, key: readFileSync(client.keyFile, 'utf8') };
+      apiServerClient = { cert: client.cert, key: client.key };
       // The guard reads no pod until a review needs one: any cluster in its kubeconfig will do.
       const kubeconfig = join(dir, 'kubeconfig.json');
       writeFileSync(kubeconfig, JSON.stringify({ apiVersion: 'v1', kind: 'Config', clusters: [{ name: 'c', cluster: { server: 'https://127.0.0.1:1' } }], users: [{ name: 'u', user: { token: 't' } }], contexts: [{ name: 'c', context: { cluster: 'c', user: 'u' } }], 'current-context': 'c' }));
@@ -422,7 +422,7 @@ describe('deploy/kubernetes: ebb containers', () => {
         });
       for (const [what, client, status] of [
         ['no client certificate', {}, 401],
-        ['a client certificate of another CA', { cert: other.cert, key: readFileSync(other.keyFile, 'utf8') }, 403],
+        ['a client certificate of another CA', { cert: other.cert, key: other.key }, 403],
       ] as const) {
         const refused = await postAs(client);
         assert.equal(refused.status, status, what);

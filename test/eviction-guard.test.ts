@@ -6,7 +6,7 @@
  */
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync } from 'node:fs';
 import { request } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -126,7 +126,7 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
     dir = mkdtempSync(join(tmpdir(), 'ebb-guard-tls-'));
     tls = makeCert(dir, 'first', 'tls');
     const client = makeCert(dir, 'apiserver-client'); // self-signed: it is its own client CA
-    apiServerCert = { cert: client.cert, key: readFileSync(client.keyFile, 'utf8') };
+    apiServerCert = { cert: client.cert, key: client.key };
     kube.createPod(NS, 'worker-e', APP);
     kube.createPod(NS, 'etcd-0', { app: 'etcd' });
     // Worker pods with nothing in flight, as their workers (or the kubelet) left them.
@@ -158,7 +158,7 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
     const patches = patchesOf(kube, 'worker-e');
     for (const [what, client, status, code] of [
       ['no client certificate', null, 401, 'unauthorized'],
-      ['a client certificate of another CA', { cert: other.cert, key: readFileSync(other.keyFile, 'utf8') }, 403, 'forbidden'],
+      ['a client certificate of another CA', { cert: other.cert, key: other.key }, 403, 'forbidden'],
     ] as const) {
       const a = await post(url, tls.cert, JSON.stringify(evictionReview('worker-e', { username: 'system:serviceaccount:kube-system:cluster-autoscaler' })), PATH, client);
       assert.equal(a.status, status, what);
