@@ -36,6 +36,7 @@ const KINDS: Record<string, string[]> = {
   'apps/v1': ['Deployment', 'StatefulSet'],
   'rbac.authorization.k8s.io/v1': ['Role', 'RoleBinding'],
   'admissionregistration.k8s.io/v1': ['ValidatingWebhookConfiguration'],
+  'networking.k8s.io/v1': ['NetworkPolicy'],
 };
 /** Kinds that live in no namespace. */
 const CLUSTER_SCOPED = new Set(['Namespace', 'ValidatingWebhookConfiguration']);
@@ -239,12 +240,44 @@ describe('deploy/kubernetes: the eviction guard webhook', () => {
     }
   });
 
+  it("admits only the API server: a NetworkPolicy on the guard's pods lets in ipBlocks alone, on the webhook port", () => {
+    const labels = guard.spec.template.metadata.labels as Record<string, string>;
+    const policies = docs.filter((d) => d.kind === 'NetworkPolicy' && Object.entries((d.spec.podSelector?.matchLabels ?? {}) as Record<string, string>).every(([k, v]) => labels[k] === v));
+    assert.ok(policies.length >= 1, "a NetworkPolicy selects the guard's pods");
+    const webhookPorts = (guardContainer.ports ?? []).flatMap((p) => [p.name, p.containerPort]);
+    for (const np of policies) {
+      const where = `NetworkPolicy/${np.metadata.name}`;
+      assert.ok(Object.keys(np.spec.podSelector.matchLabels).length > 0, `${where}: selects by label, not every pod`);
+      assert.ok((np.spec.policyTypes as string[]).includes('Ingress'), `${where}: restricts ingress`);
+      assert.ok(np.spec.ingress.length > 0, `${where}: lets the API server in`);
+      for (const rule of np.spec.ingress) {
+        assert.ok(rule.from?.length > 0 && rule.from.every((f: any) => f.ipBlock?.cidr && !f.podSelector && !f.namespaceSelector), `${where}: from the API server's addresses only (ipBlock), no pod`);
+        assert.ok(rule.ports?.length > 0 && rule.ports.every((p: any) => webhookPorts.includes(p.port)), `${where}: the guard's webhook port only`);
+      }
+    }
+  });
+
+  it("the API server's admission config presents a client certificate to the webhook's Service name", () => {
+    const dir = join(DEPLOY, 'apiserver');
+    const [config] = loadAll(readFileSync(join(dir, 'admission-config.yaml'), 'utf8')) as any[];
+    assert.equal(config.kind, 'AdmissionConfiguration');
+    const plugin = config.plugins.find((p: any) => p.name === 'ValidatingAdmissionWebhook') ?? assert.fail('a ValidatingAdmissionWebhook plugin configuration');
+    const kubeconfigFile = plugin.configuration.kubeConfigFile as string;
+    const [kubeconfig] = loadAll(readFileSync(join(dir, kubeconfigFile.slice(kubeconfigFile.lastIndexOf('/') + 1)), 'utf8')) as any[];
+    for (const { where, w } of hooks) {
+      const ref = w.clientConfig.service;
+      const name = `${ref.name}.${ref.namespace}.svc${(ref.port ?? 443) === 443 ? '' : `:${ref.port}`}`;
+      const user = kubeconfig.users.find((u: any) => u.name === name) ?? assert.fail(`${where}: the kubeconfig has a user named ${name}, which the API server matches to the webhook`);
+      assert.ok((user.user['client-certificate'] || user.user['client-certificate-data']) && (user.user['client-key'] || user.user['client-key-data']), `${where}: ${name} presents a client certificate`);
+    }
+  });
+
   it('runs with RBAC to get and patch pods, and the TLS files its flags name mounted from a Secret', () => {
     const sa = podSpec(guard).serviceAccountName ?? assert.fail('the guard has its own ServiceAccount');
     const roles = docs.filter((d) => d.kind === 'RoleBinding' && d.subjects?.some((s) => s.kind === 'ServiceAccount' && s.name === sa)).map((rb) => named(rb.roleRef.kind, rb.roleRef.name)!);
     const verbs = new Set(roles.flatMap((r) => (r.rules ?? []).filter((rule) => rule.apiGroups.includes('') && rule.resources.includes('pods')).flatMap((rule) => rule.verbs as string[])));
     for (const v of ['get', 'patch']) assert.ok(verbs.has(v), `ServiceAccount ${sa} may ${v} pods`);
-    for (const flag of ['--tls-cert-file', '--tls-key-file']) {
+    for (const flag of ['--tls-cert-file', '--tls-key-file', '--client-ca-file']) {
       const file = argValue(guardArgs, flag) ?? assert.fail(flag);
       const mount = ((guardContainer.volumeMounts ?? []) as Array<{ name: string; mountPath: string }>).find((m) => file.startsWith(`${m.mountPath}/`)) ?? assert.fail(`${flag} ${file} is on a mount`);
       const volume = podSpec(guard).volumes?.find((v) => v.name === mount.name);
@@ -314,16 +347,20 @@ describe('deploy/kubernetes: ebb containers', () => {
           if (flag === '--discovery') return `--discovery=${discovery}`;
           if (flag === '--advertise-host') return '--advertise-host=127.0.0.1';
           if (flag === '--worker-id') return '--worker-id=manifest-worker';
-          return a.replace('/etc/ebb/', `${dir}/`).replace('/etc/ebb-eviction-guard/', `${dir}/`);
+          return a.replace('/etc/ebb/', `${dir}/`).replace(/\/etc\/ebb-eviction-guard(?:-client-ca)?\//, `${dir}/`);
         });
 
     const container = (deployment: string) => ebbContainers(podSpec(named('Deployment', deployment)!))[0]!;
 
     let guardCa = '';
+    /** The API server's client certificate, signed by (here: itself) the CA the guard's --client-ca-file names. */
+    let apiServerClient = { cert: '', key: '' };
 
     before(async () => {
       writeFileSync(join(dir, 'admin-token'), 'manifest-admin-token\n', { mode: 0o600 });
       guardCa = makeCert(dir, 'guard', 'tls').cert; // tls.crt / tls.key, as the guard's Secret mounts them
+      const client = makeCert(dir, 'apiserver-client', 'ca'); // ca.crt, as the client CA Secret mounts it
+      apiServerClient = { cert: client.cert, key: client.key };
       // The guard reads no pod until a review needs one: any cluster in its kubeconfig will do.
       const kubeconfig = join(dir, 'kubeconfig.json');
       writeFileSync(kubeconfig, JSON.stringify({ apiVersion: 'v1', kind: 'Config', clusters: [{ name: 'c', cluster: { server: 'https://127.0.0.1:1' } }], users: [{ name: 'u', user: { token: 't' } }], contexts: [{ name: 'c', context: { cluster: 'c', user: 'u' } }], 'current-context': 'c' }));
@@ -372,15 +409,26 @@ describe('deploy/kubernetes: ebb containers', () => {
       assert.ok(probed >= 10, `probes checked: ${probed}`);
     });
 
-    it("the guard started with its manifest's args answers an AdmissionReview at the webhook's path", async () => {
+    it("the guard started with its manifest's args answers an AdmissionReview at the webhook's path from the API server's client certificate only (401, 403 otherwise)", async () => {
       const hook = docs.find((d) => d.kind === 'ValidatingWebhookConfiguration')!.webhooks![0];
       const review = { apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request: { uid: 'manifest-uid', resource: { group: '', version: 'v1', resource: 'pods' }, subResource: 'eviction', name: 'x', namespace: 'ebb', operation: 'UPDATE' } };
-      const res = await fetchWith(`${listeners.get('eviction-guard:--port')}${hook.clientConfig.service.path}`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify(review),
-        dispatcher: new Agent({ connect: { ca: guardCa } }),
-      });
+      const other = makeCert(dir, 'forger');
+      const postAs = (client: { cert: string; key: string } | Record<string, never>) =>
+        fetchWith(`${listeners.get('eviction-guard:--port')}${hook.clientConfig.service.path}`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify(review),
+          dispatcher: new Agent({ connect: { ca: guardCa, ...client } }),
+        });
+      for (const [what, client, status] of [
+        ['no client certificate', {}, 401],
+        ['a client certificate of another CA', { cert: other.cert, key: other.key }, 403],
+      ] as const) {
+        const refused = await postAs(client);
+        assert.equal(refused.status, status, what);
+        assert.equal(((await refused.json()) as { response?: unknown }).response, undefined, `${what}: no verdict`);
+      }
+      const res = await postAs(apiServerClient);
       assert.equal(res.status, 200);
       assert.deepEqual(await res.json(), { apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', response: { uid: 'manifest-uid', allowed: true } });
     });

@@ -8,7 +8,8 @@ import { INTENT_PREFIX } from '../src/discovery/drain-intent.js';
 import { etcdSkipReason } from './helpers/etcd.js';
 import { etcdFixture } from './helpers/etcd-fixture.js';
 import { call } from './helpers/http.js';
-import { spawnEbb, type WorkerHandle } from './helpers/processes.js';
+import { NO_TOKEN } from './helpers/k8s-fixture.js';
+import { runEbb, spawnEbb, type WorkerHandle } from './helpers/processes.js';
 
 describe('etcd: a drain intent survives a restart', { skip: etcdSkipReason() }, () => {
   const fx = etcdFixture();
@@ -52,6 +53,21 @@ describe('etcd: a drain intent survives a restart', { skip: etcdSkipReason() }, 
     const third = await worker('w-intent');
     assert.equal((await call('GET', `${third.systemUrl}/engine/status`)).body.state, 'serving');
     assert.equal(third.indexOfEvent('start_drained'), -1);
+  });
+
+  it('a preStop drain (`ebb prestop`, then SIGTERM) leaves no intent: the worker restarted under the same id serves', async () => {
+    const w = await worker('w-prestop');
+    const hook = await runEbb(['prestop', '--system-url', w.systemUrl, '--timeout', '30s'], NO_TOKEN);
+    assert.equal(hook.code, 0, `ebb prestop: ${hook.stderr}`);
+    assert.match(hook.stdout, /worker w-prestop drained/);
+    w.signal('SIGTERM');
+    assert.equal(await w.exitCode(), 0);
+    assert.equal(await intent('w-prestop'), null, 'no drain intent outlives the terminated process');
+    // As a StatefulSet's pod or a systemd unit comes back: the same worker id.
+    const again = await worker('w-prestop');
+    assert.equal(again.indexOfEvent('start_drained'), -1, 'the restarted worker did not start drained');
+    assert.equal((await call('GET', `${again.systemUrl}/engine/status`)).body.state, 'serving');
+    assert.ok((await registered()).includes('w-prestop'), 'the restarted worker is in discovery');
   });
 
   it('a SIGTERM shutdown leaves no intent: the replacement serves', async () => {

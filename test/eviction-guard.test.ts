@@ -27,10 +27,16 @@ interface Answer {
   fingerprint: string;
 }
 
-/** POST to the guard over TLS, trusting only `ca` (as the API server trusts the webhook's caBundle). */
-function post(url: string, ca: string, body: string, path = PATH): Promise<Answer> {
+/** The client certificate the API server presents (its AdmissionConfiguration kubeconfig), or none. */
+type ClientCert = { cert: string; key: string } | null;
+
+/**
+ * POST to the guard over TLS, trusting only `ca` (as the API server trusts the webhook's caBundle)
+ * and presenting `client` (by default the API server's certificate, set in before()).
+ */
+function post(url: string, ca: string, body: string, path = PATH, client: ClientCert = apiServerCert): Promise<Answer> {
   return new Promise((resolve, reject) => {
-    const req = request(`${url}${path}`, { method: 'POST', ca, headers: { 'content-type': 'application/json' }, agent: false }, (res) => {
+    const req = request(`${url}${path}`, { method: 'POST', ca, ...(client ?? {}), headers: { 'content-type': 'application/json' }, agent: false }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('end', () => {
@@ -46,6 +52,8 @@ function post(url: string, ca: string, body: string, path = PATH): Promise<Answe
     req.end(body);
   });
 }
+
+let apiServerCert: ClientCert = null;
 
 let uids = 0;
 /** The review the API server sends for `kubectl drain` evicting `name` (policy/v1 Eviction). */
@@ -117,6 +125,8 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
     ({ kube, kubeconfig } = await startKube());
     dir = mkdtempSync(join(tmpdir(), 'ebb-guard-tls-'));
     tls = makeCert(dir, 'first', 'tls');
+    const client = makeCert(dir, 'apiserver-client'); // self-signed: it is its own client CA
+    apiServerCert = { cert: client.cert, key: client.key };
     kube.createPod(NS, 'worker-e', APP);
     kube.createPod(NS, 'etcd-0', { app: 'etcd' });
     // Worker pods with nothing in flight, as their workers (or the kubelet) left them.
@@ -124,7 +134,7 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
     kube.createPod(NS, 'worker-crashloop', APP, { 'ebb.dev/state': 'serving' });
     kube.createPod(NS, 'worker-going', APP, { 'ebb.dev/state': 'serving' });
     const discovery = tempDiscoveryUrl();
-    guard = spawnEbb(['eviction-guard', '--host', '127.0.0.1', '--port', '0', '--tls-cert-file', tls.certFile, '--tls-key-file', tls.keyFile, '--kubeconfig', kubeconfig, '--api-timeout', '2s'], 'eviction-guard');
+    guard = spawnEbb(['eviction-guard', '--host', '127.0.0.1', '--port', '0', '--tls-cert-file', tls.certFile, '--tls-key-file', tls.keyFile, '--client-ca-file', client.certFile, '--kubeconfig', kubeconfig, '--api-timeout', '2s'], 'eviction-guard');
     procs.push(guard);
     worker = await podWorker(kubeconfig, discovery, 'worker-e', ['--mocker-itl-ms', '20']);
     procs.push(worker);
@@ -141,6 +151,23 @@ describe('ebb eviction-guard (admission webhook for pods/eviction)', { skip: ski
   after(async () => {
     await Promise.all(procs.map((p) => p.stop()));
     await kube?.close();
+  });
+
+  it('a review from a caller without the API server\'s client certificate is refused (401, 403) and annotates nothing', async () => {
+    const other = makeCert(dir, 'forger'); // a certificate the client CA did not sign
+    const patches = patchesOf(kube, 'worker-e');
+    for (const [what, client, status, code] of [
+      ['no client certificate', null, 401, 'unauthorized'],
+      ['a client certificate of another CA', { cert: other.cert, key: other.key }, 403, 'forbidden'],
+    ] as const) {
+      const a = await post(url, tls.cert, JSON.stringify(evictionReview('worker-e', { username: 'system:serviceaccount:kube-system:cluster-autoscaler' })), PATH, client);
+      assert.equal(a.status, status, what);
+      assert.equal(a.body.error?.code, code, what);
+      assert.equal(a.body.response, undefined, `${what}: no verdict`);
+    }
+    assert.equal(patchesOf(kube, 'worker-e'), patches, 'the worker pod was not patched');
+    assert.equal(annotations(kube.pod(NS, 'worker-e'))['ebb.dev/drain'], undefined, 'worker-e was not annotated');
+    assert.equal((await call('GET', `${worker.systemUrl}/engine/status`)).body.state, 'serving', 'worker-e still serves');
   });
 
   it('a non-ebb pod, a dry run, other operations, and worker pods with nothing in flight (failed, not running, terminating) are allowed untouched', async () => {

@@ -8,6 +8,7 @@ interface EvictionGuardFlags {
   port: number;
   tlsCertFile: string;
   tlsKeyFile: string;
+  clientCaFile: string;
   kubeconfig?: string;
   drainDeadline?: number;
   apiTimeout: number;
@@ -25,6 +26,7 @@ export function evictionGuardCommand(): Command {
     .option('--port <n>', 'HTTPS port the API server calls (0 = any free port)', portOption, 8443)
     .requiredOption('--tls-cert-file <path>', 'PEM certificate (chain) served to the API server; re-read when the file changes')
     .requiredOption('--tls-key-file <path>', 'PEM private key of the certificate; re-read when the file changes')
+    .requiredOption('--client-ca-file <path>', "PEM CA that signs the API server's client certificate (AdmissionConfiguration kubeConfigFile); reviews from any other caller get 401/403. Re-read when the file changes")
     .option('--kubeconfig <path>', 'Kubernetes credentials (default: in-cluster service account, else KUBECONFIG / ~/.kube/config)')
     .addOption(new Option('--drain-deadline <duration>', 'written with the drain annotation: streams still running after this long are handed off to other workers (default: none, the drain waits for them)').argParser(durationOption))
     .addOption(
@@ -49,7 +51,7 @@ export function evictionGuardCommand(): Command {
       const guard = new EvictionGuard(api, { drainDeadlineMs: flags.drainDeadline, apiTimeoutMs: flags.apiTimeout }, log);
       let server;
       try {
-        server = await startWebhookServer({ host: flags.host, port: flags.port, certFile: flags.tlsCertFile, keyFile: flags.tlsKeyFile, review: (r) => guard.review(r) }, log);
+        server = await startWebhookServer({ host: flags.host, port: flags.port, certFile: flags.tlsCertFile, keyFile: flags.tlsKeyFile, clientCaFile: flags.clientCaFile, review: (r) => guard.review(r) }, log);
       } catch (err) {
         throw new CliError(`eviction-guard: ${(err as Error).message}`);
       }

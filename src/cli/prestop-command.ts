@@ -39,7 +39,9 @@ export function prestopCommand(): Command {
         const ref = await client.resolve(flags.systemUrl);
         let status;
         try {
-          status = await ref.drain({ reason: flags.reason, ...(flags.deadline !== undefined ? { deadline_ms: flags.deadline } : {}) });
+          // persist: false, the first half of this container's termination, as a SIGTERM is: no
+          // drain intent, so a worker restarted under the same id (StatefulSet, systemd) serves.
+          status = await ref.drain({ reason: flags.reason, persist: false, ...(flags.deadline !== undefined ? { deadline_ms: flags.deadline } : {}) });
         } catch (err) {
           // Already shutting down (a SIGTERM came first): that shutdown drains; nothing to add.
           if (err instanceof CliError && /shutting down/.test(err.message)) {

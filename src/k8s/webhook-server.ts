@@ -1,10 +1,10 @@
-import Fastify, { type FastifyError, type FastifyInstance, type FastifyReply } from 'fastify';
+import Fastify, { type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { watch, type FSWatcher } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import type { Server as HttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { dirname } from 'node:path';
-import { createSecureContext } from 'node:tls';
+import { createSecureContext, type TLSSocket } from 'node:tls';
 import type { Logger } from 'pino';
 import { answerClientError } from '../common/http-server.js';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
@@ -15,6 +15,12 @@ import { admissionResponse, parseAdmissionReview, type AdmissionRequest, type Ve
  * EVICTION_PATH, get the verdict; /live and /health for the kubelet's probes. The certificate and
  * key are read again when their files change (a Secret volume swaps its files on renewal, e.g. by
  * cert-manager), so a renewed certificate is served without a restart.
+ *
+ * Only the API server may post reviews: a review names the requester and makes the guard annotate
+ * pods, so a forged one from any pod could drain workers. The API server presents a client
+ * certificate (its AdmissionConfiguration's kubeconfig for this webhook); the review path answers
+ * 401 without one and 403 with one the client CA did not sign, before the body is read. The probes
+ * stay open: the kubelet has no client certificate.
  */
 
 export const EVICTION_PATH = '/validate/pods-eviction';
@@ -24,6 +30,8 @@ export interface WebhookServerOptions {
   port: number;
   certFile: string;
   keyFile: string;
+  /** PEM CA(s) that sign the API server's client certificate; re-read with the certificate. */
+  clientCaFile: string;
   review: (req: AdmissionRequest) => Promise<Verdict>;
 }
 
@@ -35,21 +43,42 @@ export interface WebhookServer {
 /** AdmissionReviews for an eviction are a few KB; the API server never sends more than an object's 3 MiB. */
 const BODY_LIMIT = 3 * 1024 * 1024;
 
-async function readPair(certFile: string, keyFile: string): Promise<{ cert: Buffer; key: Buffer }> {
-  const [cert, key] = await Promise.all([readFile(certFile), readFile(keyFile)]);
-  return { cert, key };
+interface TlsFiles {
+  cert: Buffer;
+  key: Buffer;
+  ca: Buffer;
+}
+
+async function readTls(opts: WebhookServerOptions): Promise<TlsFiles> {
+  const [cert, key, ca] = await Promise.all([readFile(opts.certFile), readFile(opts.keyFile), readFile(opts.clientCaFile)]);
+  return { cert, key, ca };
+}
+
+const sameTls = (a: TlsFiles, b: TlsFiles) => a.cert.equals(b.cert) && a.key.equals(b.key) && a.ca.equals(b.ca);
+
+/** 401 without a client certificate, 403 with one the client CA did not sign: the review is never read. */
+async function requireClientCert(req: FastifyRequest, reply: FastifyReply): Promise<void> {
+  const socket = req.raw.socket as TLSSocket;
+  if (socket.authorized) return;
+  const presented = Object.keys(socket.getPeerCertificate()).length > 0;
+  const [status, code, message]: [number, ErrorCode, string] = presented
+    ? [403, 'forbidden', `client certificate not accepted: ${String(socket.authorizationError)}`]
+    : [401, 'unauthorized', 'a client certificate signed by the --client-ca-file CA is required (the API server presents one)'];
+  await reply.code(status).send(errorBody(code, message));
 }
 
 export async function startWebhookServer(opts: WebhookServerOptions, log: Logger): Promise<WebhookServer> {
-  let pair: { cert: Buffer; key: Buffer };
+  let pair: TlsFiles;
   try {
-    pair = await readPair(opts.certFile, opts.keyFile);
-    createSecureContext(pair); // a key that does not match its certificate fails here, not at the first handshake
+    pair = await readTls(opts);
+    createSecureContext(pair); // a key that does not match its certificate, or a CA file that is no PEM, fails here, not at the first handshake
   } catch (err) {
-    throw new Error(`cannot load the TLS certificate ${opts.certFile} and key ${opts.keyFile}: ${(err as Error).message}`);
+    throw new Error(`cannot load the TLS certificate ${opts.certFile}, key ${opts.keyFile} and client CA ${opts.clientCaFile}: ${(err as Error).message}`);
   }
   const app: FastifyInstance<HttpsServer> = Fastify({
-    https: pair,
+    // The client certificate is asked for, not required by the handshake: the probes have none,
+    // and a caller without one gets a 401 it can read rather than a reset connection.
+    https: { ...pair, requestCert: true, rejectUnauthorized: false },
     logger: false,
     bodyLimit: BODY_LIMIT,
     requestTimeout: 30_000,
@@ -66,7 +95,7 @@ export async function startWebhookServer(opts: WebhookServerOptions, log: Logger
   });
   app.get('/live', async () => ({ status: 'ok' }));
   app.get('/health', async () => ({ status: 'ok' }));
-  app.post(EVICTION_PATH, async (req) => {
+  app.post(EVICTION_PATH, { onRequest: requireClientCert }, async (req) => {
     const request = parseAdmissionReview(req.body);
     return admissionResponse(request.uid, await opts.review(request));
   });
@@ -84,13 +113,13 @@ export async function startWebhookServer(opts: WebhookServerOptions, log: Logger
     try {
       do {
         again = false;
-        let next: { cert: Buffer; key: Buffer };
+        let next: TlsFiles;
         try {
-          next = await readPair(opts.certFile, opts.keyFile);
+          next = await readTls(opts);
         } catch {
           continue; // mid-swap: the next change event comes
         }
-        if (next.cert.equals(pair.cert) && next.key.equals(pair.key)) continue;
+        if (sameTls(next, pair)) continue;
         try {
           app.server.setSecureContext(next);
           pair = next;
@@ -104,7 +133,7 @@ export async function startWebhookServer(opts: WebhookServerOptions, log: Logger
       reloading = false;
     }
   };
-  const watchers: FSWatcher[] = [...new Set([dirname(opts.certFile), dirname(opts.keyFile)])].map((dir) =>
+  const watchers: FSWatcher[] = [...new Set([opts.certFile, opts.keyFile, opts.clientCaFile].map((f) => dirname(f)))].map((dir) =>
     watch(dir, () => void reload()).on('error', (err) => log.warn({ event: 'tls_watch_failed', dir, err: err.message }, `cannot watch ${dir} for certificate renewals: ${err.message}`)),
   );
 

@@ -11,6 +11,8 @@ export interface TestCert {
   keyFile: string;
   /** The PEM certificate: self-signed, so it is also the CA a client trusts. */
   cert: string;
+  /** The PEM private key, for a test that presents the certificate as a client. */
+  key: string;
   fingerprint: string;
 }
 
@@ -24,7 +26,7 @@ export function makeCert(dir: string, name: string, as?: string): TestCert {
   const certFile = join(dir, `${name}.crt`);
   execFileSync(OPENSSL, ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '1', '-subj', `/CN=ebb-test-${name}`, '-addext', 'subjectAltName=DNS:localhost,IP:127.0.0.1', '-keyout', keyFile, '-out', certFile], { stdio: 'ignore' });
   const cert = readFileSync(certFile, 'utf8');
-  const out = { certFile, keyFile, cert, fingerprint: new X509Certificate(cert).fingerprint256 };
+  const out = { certFile, keyFile, cert, key: readFileSync(keyFile, 'utf8'), fingerprint: new X509Certificate(cert).fingerprint256 };
   if (as === undefined) return out;
   const target = { keyFile: join(dir, `${as}.key`), certFile: join(dir, `${as}.crt`) };
   renameSync(keyFile, target.keyFile);
