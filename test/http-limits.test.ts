@@ -1,6 +1,6 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { call, parseRawResponse, rawConnect } from './helpers/http.js';
+import { call, dripHeaders, parseRawResponse, rawConnect } from './helpers/http.js';
 import { bounded, startFrontend, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
@@ -30,6 +30,15 @@ describe('http limits: every listener bounds its connections', () => {
       assert.equal(res.status, 408, res.headers);
       assert.equal(res.body.error.code, 'request_timeout');
       assert.equal(typeof res.body.error.message, 'string');
+    }
+  });
+
+  it('closes a non-reading socket that drips its headers a byte at a time, past the headers timeout, on both listeners', async () => {
+    const fe = await frontend(['--headers-timeout-ms', '300', '--request-timeout-ms', '600']);
+    for (const url of [fe.url, fe.adminUrl]) {
+      const drip = await dripHeaders(url);
+      // Answered 408 at the headers timeout, then closed although it keeps sending and never reads.
+      await bounded(drip.closed, `${url}: the server closing a socket that drips headers and never reads`);
     }
   });
 

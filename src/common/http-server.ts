@@ -101,6 +101,9 @@ const CLIENT_ERRORS: Record<string, { status: number; code: ErrorCode; message: 
   HPE_HEADER_OVERFLOW: { status: 431, code: 'header_fields_too_large', message: 'the request headers are too large' },
 };
 
+/** How long a connection answered with a parser-level error may take to read that answer before it is closed. */
+const CLIENT_ERROR_LINGER_MS = 5_000;
+
 /**
  * Parser-level failures (garbage, smuggling attempts, oversized headers, timeouts) answered in ebb's
  * JSON error shape, then the connection is closed: after a parse error nothing else on it can be
@@ -119,8 +122,10 @@ export function answerClientError(err: NodeJS.ErrnoException, socket: Socket): v
     `HTTP/1.1 ${known.status} ${known.status === 408 ? 'Request Timeout' : known.status === 431 ? 'Request Header Fields Too Large' : 'Bad Request'}\r\n` +
       `content-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
   );
-  // A peer that never reads must not keep the half-written socket alive.
-  socket.setTimeout(5_000, () => socket.destroy());
+  // A deadline, not an idle timeout: a peer that never reads but keeps dripping bytes (a slowloris
+  // past its headers timeout) reset the idle timer with every byte and held its socket for good.
+  const linger = setTimeout(() => socket.destroy(), CLIENT_ERROR_LINGER_MS).unref();
+  socket.once('close', () => clearTimeout(linger));
 }
 
 /**

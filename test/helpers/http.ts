@@ -188,3 +188,18 @@ export function parseRawResponse(text: string): { status: number; headers: strin
   }
   return { status, headers: head, body };
 }
+
+/**
+ * A slowloris that never reads: request headers sent a byte every `everyMs`, never finished, while
+ * the socket's receive side stays paused. Resolves once the server closed the connection.
+ */
+export async function dripHeaders(url: string, everyMs = 50): Promise<{ closed: Promise<void> }> {
+  const { socket, closed } = await rawConnect(url);
+  socket.pause();
+  const text = `GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nx-drip: ${'a'.repeat(100_000)}`;
+  let i = 0;
+  const drip = setInterval(() => {
+    if (socket.writable) socket.write(text[i++ % text.length]!);
+  }, everyMs);
+  return { closed: closed.then(() => clearInterval(drip)) };
+}
