@@ -190,6 +190,10 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
       return reply.code(err.status).send(err.body());
     }
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
+    // A body over the limit is answered before it is read: fastify's `connection: close` closed the
+    // socket on the unread rest, and the kernel's reset reached the client before the 413 did. Kept
+    // alive, Node reads the rest and drops it (within the request timeout), and the client gets its 413.
+    if (status === 413) reply.removeHeader('connection');
     const code: ErrorCode =
       status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'internal_error';
     return reply.code(status).send(errorBody(code, err.message));
