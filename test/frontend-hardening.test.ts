@@ -170,6 +170,45 @@ describe('frontend: streams that break', () => {
     assert.ok(r.error?.startsWith('worker w-f closed the stream before it finished; no other worker continued it: '), r.error);
   });
 
+  it('ends a stream whose worker sends a line past the line bound without a newline, and keeps serving others', async () => {
+    const discovery = tempDiscoveryUrl();
+    // 2 MiB with no newline, in 64 KiB writes, then the connection stays open: only the bound ends it.
+    const endless = Buffer.alloc(64 * 1024, 'x');
+    const fake = await streamingFake([{ text: 'a' }], (res) => {
+      for (let i = 0; i < 32; i++) res.write(endless);
+    });
+    injectRecord(discovery, { worker_id: 'w-f', model: 'm1', request_url: fake.url, system_url: fake.url });
+    const fe = await frontend(discovery);
+    await sees(fe, 'w-f');
+    const r = await bounded(streamCompletion(fe.url, { model: 'm1' }, () => fake.proceed()), 'the stream ended by the frontend once the line passed its bound');
+    assert.equal(r.tokens, 1);
+    assert.equal(r.errorCode, 'worker_failed_mid_stream');
+    assert.ok(r.error?.startsWith('worker w-f failed mid-stream: a stream line over 1048576 bytes without a newline'), r.error);
+    assert.equal((await call('GET', `${fe.url}/health`)).status, 200, 'another client is still answered');
+  });
+
+  it('disconnects a streaming client that reads nothing past --client-write-timeout-ms, and frees its worker', async () => {
+    const discovery = tempDiscoveryUrl();
+    const w = await worker(discovery, ['--mocker-itl-ms', '0', '--mocker-max-context', '10000000']);
+    const fe = await frontend(discovery, ['--client-write-timeout-ms', '300']);
+    await sees(fe, w.workerId);
+    const conn = await rawConnect(fe.url);
+    // Never read: the answer (far more than the socket buffers hold) fills them, then nothing moves.
+    conn.socket.pause();
+    const body = JSON.stringify({ model: 'm1', prompt: 'x', max_tokens: 1_000_000, stream: true });
+    conn.socket.write(`POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body}`);
+    await bounded(
+      (async () => {
+        while ((await inflight(fe, w.workerId)) !== 1);
+        while ((await inflight(fe, w.workerId)) !== 0);
+      })(),
+      'the request taken, then its worker released by the frontend',
+    );
+    // What the kernel still holds for it is finite now: read, it ends in the close.
+    conn.socket.resume();
+    await bounded(conn.closed, 'the frontend having closed the connection');
+  });
+
   it('answers a client that half-closes after sending its request', async () => {
     const { fe } = await sharedFleet();
     const body = JSON.stringify({ model: 'm1', prompt: 'x', max_tokens: 3 });

@@ -1,7 +1,7 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { call, parseRawResponse, rawConnect } from './helpers/http.js';
-import { bounded, startFrontend, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
+import { call, dripHeaders, parseRawResponse, postOversize, rawConnect } from './helpers/http.js';
+import { bounded, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -30,6 +30,33 @@ describe('http limits: every listener bounds its connections', () => {
       assert.equal(res.status, 408, res.headers);
       assert.equal(res.body.error.code, 'request_timeout');
       assert.equal(typeof res.body.error.message, 'string');
+    }
+  });
+
+  it('closes a non-reading socket that drips its headers a byte at a time, past the headers timeout, on both listeners', async () => {
+    const fe = await frontend(['--headers-timeout-ms', '300', '--request-timeout-ms', '600']);
+    for (const url of [fe.url, fe.adminUrl]) {
+      const drip = await dripHeaders(url);
+      // Answered 408 at the headers timeout, then closed although it keeps sending and never reads.
+      await bounded(drip.closed, `${url}: the server closing a socket that drips headers and never reads`);
+    }
+  });
+
+  it('answers a body over the limit with a 413 the client reads, not a reset, on the frontend and on a worker\'s request plane', async () => {
+    const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'm1']);
+    started.push(w);
+    const fe = await frontend([]);
+    // 32 MiB, 8 times the 4 MiB limit: more than the kernel buffers, so most of it is unread when the server answers.
+    for (const [url, path] of [
+      [fe.url, '/v1/completions'],
+      [w.requestUrl, '/generate'],
+      [w.requestUrl, '/tokenize'],
+    ] as const) {
+      const sent = await bounded(postOversize(url, path, 32 << 20), `${url}${path}: the answer to an oversize body`);
+      assert.equal(sent.socketError, undefined, `${url}${path}: the connection was reset (${sent.socketError}); received: ${sent.answer.slice(0, 200)}`);
+      const res = parseRawResponse(sent.answer);
+      assert.equal(res.status, 413, res.headers);
+      assert.equal(res.body.error.code, 'payload_too_large');
     }
   });
 

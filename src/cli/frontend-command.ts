@@ -12,6 +12,7 @@ import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
 import { ROUTER_KINDS, DEFAULT_OVERLAP_WEIGHT, type RouterKind } from '../frontend/routing/router.js';
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
+import { DEFAULT_CLIENT_WRITE_TIMEOUT_MS } from '../frontend/relay/client-stream.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
 
 interface FrontendFlags {
@@ -28,6 +29,7 @@ interface FrontendFlags {
   streamIdleTimeoutMs: number;
   prefillTimeoutMs: number;
   migrationLimit: number;
+  clientWriteTimeoutMs: number;
   maxLanesPerRequest: number;
   corsOrigin: string[];
   upstreamConnections?: number;
@@ -76,6 +78,7 @@ export function frontendCommand(): Command {
     .option('--api-key-file <path>', 'clients must send one of these keys as Authorization: Bearer on /v1/ routes (one key, or name:key lines); default: no client authentication')
     .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
     .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
+    .option('--client-write-timeout-ms <n>', 'a streaming client that reads none of its answer for this long (its socket full) is disconnected, freeing its worker (0 = never)', msOption(0), DEFAULT_CLIENT_WRITE_TIMEOUT_MS)
     .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', msOption(1), PUBLIC.keepAliveTimeoutMs)
     .addOption(new Option('--max-connections <n>', 'open connections on the public port; past it a new one displaces an idle or slow one, or may only ask for /health').argParser(intOption(1)).default(PUBLIC.maxConnections, `${PUBLIC.maxConnections}, from the fd limit`))
     .option('--admin-max-connections <n>', 'open connections on the admin listener; past it a new one displaces an idle or slow one, or may only ask for a probe', intOption(1), ADMIN.maxConnections)
@@ -116,6 +119,7 @@ export function frontendCommand(): Command {
         streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
         prefillTimeoutMs: flags.prefillTimeoutMs,
         migrationLimit: flags.migrationLimit,
+        clientWriteTimeoutMs: flags.clientWriteTimeoutMs,
         maxLanesPerRequest: flags.maxLanesPerRequest,
         corsOrigins: flags.corsOrigin,
         upstreamConnections: flags.upstreamConnections,

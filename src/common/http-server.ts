@@ -103,6 +103,9 @@ const CLIENT_ERRORS: Record<string, { status: number; code: ErrorCode; message: 
   HPE_HEADER_OVERFLOW: { status: 431, code: 'header_fields_too_large', message: 'the request headers are too large' },
 };
 
+/** How long a connection answered with a parser-level error may take to read that answer before it is closed. */
+const CLIENT_ERROR_LINGER_MS = 5_000;
+
 /**
  * Parser-level failures (garbage, smuggling attempts, oversized headers, timeouts) answered in ebb's
  * JSON error shape, then the connection is closed: after a parse error nothing else on it can be
@@ -121,8 +124,10 @@ export function answerClientError(err: NodeJS.ErrnoException, socket: Socket): v
     `HTTP/1.1 ${known.status} ${known.status === 408 ? 'Request Timeout' : known.status === 431 ? 'Request Header Fields Too Large' : 'Bad Request'}\r\n` +
       `content-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
   );
-  // A peer that never reads must not keep the half-written socket alive.
-  socket.setTimeout(5_000, () => socket.destroy());
+  // A deadline, not an idle timeout: a peer that never reads but keeps dripping bytes (a slowloris
+  // past its headers timeout) reset the idle timer with every byte and held its socket for good.
+  const linger = setTimeout(() => socket.destroy(), CLIENT_ERROR_LINGER_MS).unref();
+  socket.once('close', () => clearTimeout(linger));
 }
 
 /**
@@ -187,6 +192,10 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
       return reply.code(err.status).send(err.body());
     }
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
+    // A body over the limit is answered before it is read: fastify's `connection: close` closed the
+    // socket on the unread rest, and the kernel's reset reached the client before the 413 did. Kept
+    // alive, Node reads the rest and drops it (within the request timeout), and the client gets its 413.
+    if (status === 413) reply.removeHeader('connection');
     const code: ErrorCode =
       status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'internal_error';
     return reply.code(status).send(errorBody(code, err.message));

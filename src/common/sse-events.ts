@@ -54,6 +54,6 @@ export async function* sseEvents(body: AsyncIterable<Uint8Array | Buffer | strin
 }
 
 /** The `data:` payloads only: OpenAI-compatible servers send data events, ending with `data: [DONE]`. */
-export async function* sseData(body: AsyncIterable<Uint8Array | Buffer | string>): AsyncGenerator<string, void, void> {
-  for await (const e of sseEvents(body)) yield e.data;
+export async function* sseData(body: AsyncIterable<Uint8Array | Buffer | string>, maxEventChars = Infinity): AsyncGenerator<string, void, void> {
+  for await (const e of sseEvents(body, maxEventChars)) yield e.data;
 }

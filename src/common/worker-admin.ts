@@ -1,6 +1,7 @@
 import { Agent, request } from 'undici';
 import type { WorkerStatus } from '../protocol/admin.js';
 import { codeOf } from '../protocol/errors.js';
+import { AnswerTooLarge, readBounded } from './bounded-read.js';
 
 /**
  * Plain HTTP calls to an admin API (a worker's system-status server or the frontend's admin
@@ -37,28 +38,6 @@ export interface AdminCallOptions {
  */
 export const WORKER_ANSWER_LIMIT = 256 * 1024;
 
-export class AnswerTooLarge extends Error {
-  constructor(readonly maxBytes: number) {
-    super(`answer over ${maxBytes} bytes`);
-    this.name = 'AnswerTooLarge';
-  }
-}
-
-/** A body's text, failing (and dropping the connection) once it is past `maxBytes`. */
-export async function readBounded(body: AsyncIterable<Uint8Array> & { destroy?: () => unknown }, maxBytes = Infinity): Promise<string> {
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for await (const chunk of body) {
-    size += chunk.byteLength;
-    if (size > maxBytes) {
-      body.destroy?.();
-      throw new AnswerTooLarge(maxBytes);
-    }
-    chunks.push(chunk);
-  }
-  return Buffer.concat(chunks).toString('utf8');
-}
-
 export class Unreachable extends Error {
   constructor(
     readonly url: string,
@@ -94,7 +73,7 @@ export async function adminCall<T = unknown>(url: string, opts: AdminCallOptions
       dispatcher: opts.agent,
       signal: AbortSignal.timeout(opts.timeoutMs),
     });
-    const text = await readBounded(res.body, opts.maxBytes);
+    const text = await readBounded(res.body, opts.maxBytes ?? Infinity);
     let body: unknown = text;
     try {
       body = text === '' ? {} : JSON.parse(text);

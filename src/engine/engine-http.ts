@@ -1,4 +1,5 @@
 import { request, type Dispatcher } from 'undici';
+import { readBounded } from '../common/bounded-read.js';
 
 /** What a bounded GET read: the status and the body text (cut at the limit). */
 export interface BoundedAnswer {
@@ -18,18 +19,7 @@ export async function getBounded(url: string, dispatcher: Dispatcher, timeoutMs:
   const all = signal ? AbortSignal.any([bound, signal]) : bound;
   try {
     const res = await request(url, { method: 'GET', dispatcher, signal: all, headersTimeout: timeoutMs, bodyTimeout: timeoutMs });
-    let text = '';
-    let bytes = 0;
-    const decoder = new TextDecoder();
-    for await (const chunk of res.body as AsyncIterable<Buffer>) {
-      bytes += chunk.length;
-      if (bytes > maxBytes) {
-        res.body.destroy();
-        break;
-      }
-      text += decoder.decode(chunk, { stream: true });
-    }
-    return { status: res.statusCode, text: text + decoder.decode() };
+    return { status: res.statusCode, text: await readBounded(res.body, maxBytes, { cut: true }) };
   } catch (err) {
     if (bound.aborted) throw new EngineTimeout(`GET ${url} did not answer within ${timeoutMs} ms`);
     throw err;

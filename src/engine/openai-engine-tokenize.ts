@@ -1,4 +1,5 @@
 import { request, type Dispatcher } from 'undici';
+import { readBounded } from '../common/bounded-read.js';
 import { EbbError } from '../protocol/errors.js';
 import type { TokenizeRequest } from './engine.js';
 import type { EngineKind } from './engine-quiescence.js';
@@ -20,14 +21,7 @@ async function postJson(base: string, path: string, body: unknown, dispatcher: D
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify(body),
   });
-  let text = '';
-  for await (const chunk of res.body as AsyncIterable<Buffer>) {
-    text += chunk.toString('utf8');
-    if (text.length > MAX_ANSWER_BYTES) {
-      res.body.destroy();
-      throw new Error(`POST ${base}${path}: the answer is over ${MAX_ANSWER_BYTES} bytes`);
-    }
-  }
+  const text = await readBounded(res.body, MAX_ANSWER_BYTES, { what: `the answer to POST ${base}${path}` });
   if (res.statusCode === 404 || res.statusCode === 405)
     throw new EbbError('not_found', `the engine server at ${base} has no POST ${path} (answered ${res.statusCode}): this worker cannot tokenize prompts`);
   if (res.statusCode !== 200) throw new Error(`the engine answered ${res.statusCode} to POST ${path}: ${text.slice(0, 300)}`);

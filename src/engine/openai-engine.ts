@@ -10,6 +10,7 @@ import { describeExit, EngineProcess, freePort } from './engine-process.js';
 import { createIdlenessProbe, type EngineIdlenessProbe, type EngineKind, type QuiescenceMode } from './engine-quiescence.js';
 import { ReprobeBackoff } from './reprobe-backoff.js';
 import { sseData } from '../common/sse-events.js';
+import { readBounded } from '../common/bounded-read.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import type { KvCacheDeclaration } from '../protocol/kv-events.js';
 import { KvEventLog } from './kv-event-log.js';
@@ -58,7 +59,6 @@ interface StreamChunk {
   usage?: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } | null } | null;
 }
 
-/** A fixed-size read of an error answer: enough for its message, never the whole of a runaway body. */
 /**
  * An engine's non-200 answer: a 400/413/422 is about the request (a prompt over the context, a field
  * it rejects) and keeps that meaning, so the client gets it once instead of every worker retrying
@@ -70,15 +70,13 @@ function engineAnswer(status: number, message: string): Error {
   return new EbbError(/context (length|size|window)|maximum context|exceeds? .*context/i.test(message) ? 'context_length_exceeded' : 'invalid_request', message);
 }
 
+/** A fixed-size read of an error answer: enough for its message, never the whole of a runaway body. */
+const ERROR_TEXT_LIMIT = 2000;
+/** One event of an engine's token stream is a chunk of a few tokens; one past this is a broken engine. */
+const ENGINE_EVENT_LIMIT = 1 << 20;
+
 async function errorText(body: AsyncIterable<Buffer> & { destroy(): void }): Promise<string> {
-  let text = '';
-  for await (const chunk of body) {
-    text += chunk.toString('utf8');
-    if (text.length > 2000) {
-      body.destroy();
-      break;
-    }
-  }
+  const text = await readBounded(body, ERROR_TEXT_LIMIT, { cut: true });
   try {
     const parsed = JSON.parse(text) as { error?: { message?: string } | string; message?: string; detail?: unknown };
     const e = parsed.error;
@@ -180,7 +178,7 @@ export class OpenAIEngine implements Engine {
       let usage: StreamChunk['usage'];
       let pieces = 0;
       try {
-        for await (const data of sseData(res.body as AsyncIterable<Buffer>)) {
+        for await (const data of sseData(res.body as AsyncIterable<Buffer>, ENGINE_EVENT_LIMIT)) {
           if (data === '[DONE]') break;
           let chunk: StreamChunk;
           try {

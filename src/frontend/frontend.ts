@@ -32,6 +32,8 @@ export interface FrontendOptions {
   streamIdleTimeoutMs?: number | undefined;
   /** How many times one request may move to another worker mid-stream (default 3). */
   migrationLimit?: number | undefined;
+  /** A streaming client that reads nothing this long is disconnected (default 30 s; 0: never). */
+  clientWriteTimeoutMs?: number | undefined;
   /** Origins browsers may call the API from (CORS); none by default. */
   corsOrigins?: string[] | undefined;
   /** Connections per worker (undefined: as many as requests; the worker's admission is the limit). */
@@ -148,7 +150,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.

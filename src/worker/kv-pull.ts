@@ -1,9 +1,12 @@
 import { Agent, request } from 'undici';
 import { bearerHeader } from '../common/admin-auth.js';
+import { countBounded } from '../common/bounded-read.js';
 import type { KvTransferRef } from '../protocol/request-plane.js';
 import { KvPullError } from './kv-pull-error.js';
 
 const agent = new Agent({ keepAliveTimeout: 30_000, connections: 64 });
+/** A simulated KV payload is its kv_bytes of filler: far below this. */
+const MAX_KV_BYTES = 1 << 30;
 
 export { KvPullError } from './kv-pull-error.js';
 
@@ -21,8 +24,8 @@ export async function pullKv(ref: KvTransferRef, signal: AbortSignal, token?: st
     throw new KvPullError(ref, 'unavailable (completed, expired or never made)', `HTTP ${res.statusCode}`);
   }
   const expected = Number(res.headers['content-length']);
-  let received = 0;
-  for await (const chunk of res.body) received += (chunk as Buffer).length;
+  // No more than the source said it would send (a source that did not say: a mocker payload's bound).
+  const received = await countBounded(res.body, Number.isFinite(expected) ? expected : MAX_KV_BYTES, 'KV payload');
   if (Number.isFinite(expected) && received !== expected) throw new KvPullError(ref, 'truncated', `${received}/${expected} bytes`);
   const ack = await request(url, { method: 'DELETE', dispatcher: agent, signal, headers });
   await ack.body.dump();

@@ -188,3 +188,51 @@ export function parseRawResponse(text: string): { status: number; headers: strin
   }
   return { status, headers: head, body };
 }
+
+/**
+ * A slowloris that never reads: request headers sent a byte every `everyMs`, never finished, while
+ * the socket's receive side stays paused. Resolves once the server closed the connection.
+ */
+export async function dripHeaders(url: string, everyMs = 50): Promise<{ closed: Promise<void> }> {
+  const { socket, closed } = await rawConnect(url);
+  socket.pause();
+  const text = `GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\nx-drip: ${'a'.repeat(100_000)}`;
+  let i = 0;
+  const drip = setInterval(() => {
+    if (socket.writable) socket.write(text[i++ % text.length]!);
+  }, everyMs);
+  return { closed: closed.then(() => clearInterval(drip)) };
+}
+
+/**
+ * POSTs `bytes` of body to `url` on a raw socket, all at once (more than the kernel buffers hold),
+ * and reads the answer while still sending. Resolves with the answer once it is whole (by its
+ * content-length), and with the socket error when the server reset the connection instead.
+ */
+export async function postOversize(url: string, path: string, bytes: number): Promise<{ answer: string; socketError?: string }> {
+  const { hostname: host, port } = new URL(url);
+  const socket = connect(Number(port), host.replace(/^\[|\]$/g, ''));
+  let received = '';
+  let socketError: string | undefined;
+  const whole = new Promise<void>((resolve) => {
+    socket.setEncoding('utf8');
+    socket.on('data', (c: string) => {
+      received += c;
+      const split = received.indexOf('\r\n\r\n');
+      const length = /content-length: (\d+)/i.exec(received.slice(0, split))?.[1];
+      if (split >= 0 && length !== undefined && Buffer.byteLength(received.slice(split + 4)) >= Number(length)) resolve();
+    });
+    socket.on('error', (err: NodeJS.ErrnoException) => {
+      socketError = err.code ?? err.message;
+      resolve();
+    });
+    socket.on('close', () => resolve());
+  });
+  socket.write(`POST ${path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: ${bytes}\r\n\r\n`);
+  socket.write(Buffer.alloc(bytes, 'a'));
+  await whole;
+  // Written out, or failed: a reset surfaces on the write side too.
+  await new Promise<void>((resolve) => (socket.writableLength === 0 || socket.destroyed ? resolve() : socket.once('drain', resolve).once('close', resolve)));
+  socket.destroy();
+  return { answer: received, ...(socketError === undefined ? {} : { socketError }) };
+}

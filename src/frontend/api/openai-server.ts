@@ -25,6 +25,8 @@ export interface OpenAIServerDeps {
   limits?: HttpServerLimits | undefined;
   /** How many times one request may move to another worker mid-stream (default 3; 0 disables). */
   migrationLimit?: number | undefined;
+  /** A streaming client that reads nothing this long is disconnected (default 30 s; 0: never). */
+  clientWriteTimeoutMs?: number | undefined;
   /** Origins browsers may call from (CORS); none by default. `*` allows any. */
   corsOrigins?: string[] | undefined;
   /** /health answers 200 even when no worker can take a request (default: 503 until one can). */
@@ -51,6 +53,7 @@ export function createOpenAIServer({
   log,
   limits,
   migrationLimit = DEFAULT_MIGRATION_LIMIT,
+  clientWriteTimeoutMs,
   corsOrigins = [],
   healthReadyWithoutWorkers = false,
   lanes = new LaneBudget(DEFAULT_MAX_LANES_PER_REQUEST, undefined),
@@ -73,7 +76,7 @@ export function createOpenAIServer({
       if (req.url.startsWith('/v1/') && req.method !== 'OPTIONS') apiGuard(req.headers.authorization);
     });
   }
-  const relay = createRelay({ pool, upstream, metrics, log, migrationLimit });
+  const relay = createRelay({ pool, upstream, metrics, log, migrationLimit, clientWriteTimeoutMs });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
     void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id'] });

@@ -3,6 +3,9 @@ import type { Socket } from 'node:net';
 
 const CRLF = 0x0d0a;
 
+/** How long a streaming client may leave its socket full (reading nothing) before it is disconnected. */
+export const DEFAULT_CLIENT_WRITE_TIMEOUT_MS = 30_000;
+
 /**
  * A streamed response's body, once its headers are out. Each write is one Buffer written straight
  * to the socket, with its HTTP/1.1 chunk framing built in: ServerResponse.write would cork the
@@ -15,13 +18,19 @@ export class ClientStream {
   private readonly socket: Socket | null;
   private chunked = false;
   private drainWaiters: Array<() => void> = [];
+  /** Armed while the socket is full: a client that reads nothing for writeTimeoutMs is cut. */
+  private stall: NodeJS.Timeout | undefined;
   private readonly onDrain = () => {
+    clearTimeout(this.stall);
     const waiters = this.drainWaiters;
     this.drainWaiters = [];
     for (const w of waiters) w();
   };
 
-  constructor(readonly res: ServerResponse) {
+  constructor(
+    readonly res: ServerResponse,
+    private readonly writeTimeoutMs = DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
+  ) {
     this.socket = res.socket;
   }
 
@@ -68,9 +77,18 @@ export class ClientStream {
     return this.send(buf);
   }
 
-  /** Runs `fn` once the socket drained (never, when it closes first: the relay's signal covers that). */
+  /**
+   * Runs `fn` once the socket drained (never, when it closes first: the relay's signal covers that).
+   * A client that takes nothing for writeTimeoutMs is disconnected: its request ends as a client that
+   * left, and its worker's slot is freed (it held both for as long as it did not read). Armed once
+   * per full socket, not per write.
+   */
   whenDrained(fn: () => void): void {
-    if (this.drainWaiters.push(fn) === 1) this.socket?.once('drain', this.onDrain);
+    if (this.drainWaiters.push(fn) !== 1) return;
+    const socket = this.socket;
+    socket?.once('drain', this.onDrain);
+    // Cleared by the drain; after a close, destroying again is a no-op.
+    if (socket && this.writeTimeoutMs > 0) this.stall = setTimeout(() => socket.destroy(), this.writeTimeoutMs).unref();
   }
 
   /** Ends the response; ServerResponse.end also fully uncorks the socket. */

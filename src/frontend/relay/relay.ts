@@ -17,6 +17,8 @@ export interface RelayDeps {
   log: Logger;
   /** How many times one sequence may move to another worker mid-stream; 0 disables. */
   migrationLimit: number;
+  /** A streaming client that reads nothing this long is disconnected (see ClientStream). */
+  clientWriteTimeoutMs?: number | undefined;
 }
 
 /**
@@ -24,7 +26,7 @@ export interface RelayDeps {
  * owns its worker, what it delivered and its moves to other workers; the relay opens the lanes,
  * gives them one client stream (or collects them), and ends the response once.
  */
-export function createRelay({ pool, upstream, metrics, log, migrationLimit }: RelayDeps) {
+export function createRelay({ pool, upstream, metrics, log, migrationLimit, clientWriteTimeoutMs }: RelayDeps) {
   const ctx: LaneContext = {
     open: (gen, signal, tried) => (pool.servingPath(gen.model) === 'disaggregated' ? upstream.openDisaggregated(gen, signal, tried) : upstream.open(gen, 'aggregated', signal, tried)),
     metrics,
@@ -43,7 +45,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit }: Re
   async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<void> {
     const lanes = await openLanes(gens, ctx, signal);
     const res = reply.raw;
-    const out = new ClientStream(res);
+    const out = new ClientStream(res, clientWriteTimeoutMs);
     // One lane failing stops the others: the response ends once, with the error.
     const stop = new AbortController();
     const laneSignal = lanes.length === 1 ? signal : AbortSignal.any([signal, stop.signal]);

@@ -8,7 +8,8 @@ import type { FrontendMetrics } from '../metrics.js';
 import type { Hold, PoolWorker, WorkerPool } from '../routing/worker-pool.js';
 import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
-import { WorkerCall, type BatchLine } from './worker-call.js';
+import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
+import { readBounded } from '../../common/bounded-read.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
@@ -201,6 +202,17 @@ export interface UpstreamOptions {
 /** A prompt's KV takes seconds on a slow engine, rarely more; a prefill silent this long is hung. */
 export const DEFAULT_PREFILL_TIMEOUT_MS = 30_000;
 
+/** A prefill's answer names a transfer: a few hundred bytes. */
+const MAX_PREFILL_ANSWER = 64 * 1024;
+
+function parseOr(fallback: unknown, text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return fallback;
+  }
+}
+
 /** How long releasing an unclaimed KV transfer may take; it expires on the prefill side anyway. */
 const KV_RELEASE_TIMEOUT_MS = 2000;
 
@@ -324,8 +336,8 @@ export class Upstream {
         headersTimeout: timeout,
         bodyTimeout: timeout,
       });
-      if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, await res.body.json().catch(() => ({})));
-      return (await res.body.json()) as PrefillResponse;
+      if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, parseOr({}, await readBounded(res.body, MAX_ERROR_BODY, { cut: true })));
+      return JSON.parse(await readBounded(res.body, MAX_PREFILL_ANSWER, { what: `worker ${w.record.worker_id}'s prefill answer` })) as PrefillResponse;
     } catch (err) {
       if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) throw new TryElsewhere('prefill_timeout', 'unreachable');
       throw err;

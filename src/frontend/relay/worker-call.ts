@@ -1,12 +1,25 @@
 import type { Dispatcher } from 'undici';
 import type { StreamLine } from '../../protocol/request-plane.js';
 import { plainTextStart } from '../wire/token-splice.js';
+import { BoundedBytes } from '../../common/bounded-read.js';
 
 const NEWLINE = 0x0a;
 /** Batches read ahead of a relay that waits on its client; past this the worker's socket is paused. */
 const MAX_QUEUED_BATCHES = 16;
 /** Most a refusal's or an error's JSON body is read to (they are a few hundred bytes). */
-const MAX_ERROR_BODY = 64 * 1024;
+export const MAX_ERROR_BODY = 64 * 1024;
+/**
+ * Longest stream line a worker may send: its lines are a token or a terminal line, well under a
+ * KiB. A worker past it without a newline is broken (or not a worker): its request ends.
+ */
+export const MAX_LINE_BYTES = 1024 * 1024;
+
+/** A worker's stream line ran past MAX_LINE_BYTES without its newline. */
+export class StreamLineTooLong extends Error {
+  constructor() {
+    super(`a stream line over ${MAX_LINE_BYTES} bytes without a newline`);
+  }
+}
 
 /**
  * A text line that needs no unescaping, kept as its bytes (buf[start, end) is the text's UTF-8) in a
@@ -87,15 +100,15 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
   private paused = false;
   /** The piped reader asked for no more reads until its client drains. */
   private held = false;
-  private partial: Buffer | undefined;
+  /** The start of a line whose newline has not come yet. */
+  private readonly partial = new BoundedBytes(MAX_LINE_BYTES);
   private readonly queue: BatchLine[][] = [];
   private waiter: { resolve: (r: IteratorResult<BatchLine[], void>) => void; reject: (err: unknown) => void } | undefined;
   private sink: TokenSink | undefined;
   private piped: { resolve: (line: StreamLine | undefined) => void; reject: (err: unknown) => void } | undefined;
   private ended = false;
   private failure: unknown;
-  private errorBody: Buffer[] | undefined;
-  private errorBodySize = 0;
+  private errorBody: BoundedBytes | undefined;
   private settleClosed!: (ended: boolean) => void;
   private headResolve!: (status: number) => void;
   private headReject!: (err: unknown) => void;
@@ -140,31 +153,26 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
   onHeaders(statusCode: number, _headers: Buffer[] | string[] | null, resume: () => void): boolean {
     this.statusCode = statusCode;
     this.resumeFn = resume;
-    if (statusCode !== 200) this.errorBody = [];
+    if (statusCode !== 200) this.errorBody = new BoundedBytes(MAX_ERROR_BODY);
     this.headResolve(statusCode);
     return true;
   }
 
   onData(chunk: Buffer): boolean {
     if (this.errorBody) {
-      if (this.errorBodySize < MAX_ERROR_BODY) {
-        this.errorBody.push(chunk);
-        this.errorBodySize += chunk.length;
-      }
+      this.errorBody.push(chunk, true);
       return true;
     }
     this.sawBytes = true;
     if (this.final) return true; // after the terminal line: nothing the relay wants; let the body end
     let buf = chunk;
     let last = buf.lastIndexOf(NEWLINE);
-    if (last < 0) {
-      this.partial = this.partial ? Buffer.concat([this.partial, buf]) : buf;
-      return true;
-    }
-    if (this.partial) {
-      last += this.partial.length;
-      buf = Buffer.concat([this.partial, buf]);
-      this.partial = undefined;
+    if (last < 0) return this.partial.push(buf) || this.lineTooLong();
+    if (this.partial.size > 0) {
+      // The held start and this read joined once, when its line is complete.
+      if (this.partial.size + buf.indexOf(NEWLINE) > MAX_LINE_BYTES) return this.lineTooLong();
+      last += this.partial.size;
+      buf = Buffer.concat([this.partial.take(), buf]);
     }
     const sink = this.sink;
     const batch: BatchLine[] | undefined = sink ? undefined : [];
@@ -189,7 +197,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
       }
       start = end + 1;
     }
-    if (!this.final && last + 1 < buf.length) this.partial = buf.subarray(last + 1);
+    if (!this.final && last + 1 < buf.length && !this.partial.push(buf.subarray(last + 1))) return this.lineTooLong();
     if (batch && batch.length > 0) this.push(batch);
     if (this.held || this.queue.length >= MAX_QUEUED_BATCHES) {
       this.paused = true;
@@ -201,9 +209,10 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
   onComplete(): void {
     this.ended = true;
     this.detach();
-    if (this.errorBody === undefined && !this.final && this.partial && this.partial.toString('utf8').trim().length > 0) {
+    const rest = this.partial.take().toString('utf8');
+    if (this.errorBody === undefined && !this.final && rest.trim().length > 0) {
       try {
-        const line = JSON.parse(this.partial.toString('utf8')) as StreamLine;
+        const line = JSON.parse(rest) as StreamLine;
         const batch: BatchLine[] | undefined = this.sink ? undefined : [];
         this.take(line, batch);
         if (batch) this.push(batch);
@@ -211,7 +220,6 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
         this.failure = err;
       }
     }
-    this.partial = undefined;
     this.settleClosed(true);
     this.wake();
   }
@@ -230,7 +238,7 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
   async json(): Promise<unknown> {
     await this.closed;
     try {
-      return JSON.parse(Buffer.concat(this.errorBody ?? []).toString('utf8'));
+      return JSON.parse(this.errorBody?.take().toString('utf8') ?? '');
     } catch {
       return {};
     }
@@ -305,6 +313,13 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
       this.waiter = undefined;
       w.resolve({ value: batch, done: false });
     } else this.queue.push(batch);
+  }
+
+  /** Ends the call: the line being read has no end in sight. */
+  private lineTooLong(): false {
+    this.partial.take();
+    this.fail(new StreamLineTooLong());
+    return false;
   }
 
   private fail(err: unknown): void {

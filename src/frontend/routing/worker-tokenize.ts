@@ -1,5 +1,5 @@
 import { request, type Agent } from 'undici';
-import { readBounded } from '../../common/worker-admin.js';
+import { readBounded } from '../../common/bounded-read.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import type { Tokenize } from './router.js';
 
