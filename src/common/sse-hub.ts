@@ -6,7 +6,10 @@ import { EbbError } from '../protocol/errors.js';
 /**
  * Server-sent event streams on an admin listener (a worker's status stream, the frontend's fleet
  * stream). Every client gets every event; a client that does not keep up (SSE_MAX_BUFFERED bytes
- * unread) is dropped, since EventSource reconnects and starts again from a fresh snapshot. A comment
+ * unread) is dropped, since EventSource reconnects and starts again from a fresh snapshot. The
+ * opening frames (a snapshot, which can be megabytes) are not counted: they are written once,
+ * under the socket's own backpressure, so a reader that is slow to take them is not cut at the
+ * first live event and reconnected into the same cut. A comment
  * line every SSE_HEARTBEAT_MS keeps the stream inside the admin listener's idle-socket bound and lets
  * proxies see it alive. The streams end when the server closes, so they never hold a shutdown up.
  */
@@ -21,7 +24,8 @@ export function sseFrame(event: string, data: unknown): string {
 }
 
 export class SseHub {
-  private readonly clients = new Set<ServerResponse>();
+  /** Each client, with the bytes of its opening frames still unsent when it opened (0 once they drained). */
+  private readonly clients = new Map<ServerResponse, number>();
   private heartbeat: NodeJS.Timeout | undefined;
 
   /**
@@ -52,8 +56,9 @@ export class SseHub {
     const res = reply.raw;
     res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-accel-buffering': 'no' });
     // Browsers reconnect after `retry` ms when a stream ends (a restarted frontend).
-    res.write(`retry: 1000\n\n${first.join('')}`);
-    this.clients.add(res);
+    const flushed = res.write(`retry: 1000\n\n${first.join('')}`);
+    this.clients.set(res, flushed ? 0 : res.writableLength);
+    if (!flushed) res.once('drain', () => this.clients.has(res) && this.clients.set(res, 0));
     res.once('close', () => this.drop(res));
     // A timer is right for the heartbeat: its point is the passing of time with nothing to say.
     this.heartbeat ??= setInterval(() => this.write(': keep-alive\n\n'), SSE_HEARTBEAT_MS).unref();
@@ -65,18 +70,19 @@ export class SseHub {
   }
 
   closeAll(): void {
-    for (const res of [...this.clients]) {
+    for (const res of [...this.clients.keys()]) {
       res.end();
       this.drop(res);
     }
   }
 
   private write(frame: string): void {
-    for (const res of [...this.clients]) this.writeOne(res, frame);
+    for (const [res, opening] of [...this.clients]) this.writeOne(res, opening, frame);
   }
 
-  private writeOne(res: ServerResponse, frame: string): void {
-    if (res.writableLength > SSE_MAX_BUFFERED) {
+  /** `opening`: unsent bytes of the opening frames, ahead of every live one in the buffer. */
+  private writeOne(res: ServerResponse, opening: number, frame: string): void {
+    if (res.writableLength - opening > SSE_MAX_BUFFERED) {
       res.destroy();
       this.drop(res);
       return;
