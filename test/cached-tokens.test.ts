@@ -55,6 +55,14 @@ describe('cached_tokens in OpenAI usage (openai SDK, real processes)', () => {
     assert.equal((r.usage as OpenAI.CompletionUsage & { prompt_tokens_details?: { cached_tokens?: number } }).prompt_tokens_details?.cached_tokens, 96);
   });
 
+  it("completions: a prompt of whole blocks never hits its last block (its last token is always computed)", async () => {
+    const prompt = words(32, 'whole'); // exactly 2 blocks of 16
+    await client.completions.create({ model: 'm1', prompt, max_tokens: 2 });
+    const r = await client.completions.create({ model: 'm1', prompt, max_tokens: 2 });
+    assert.equal(r.usage?.prompt_tokens, 32);
+    assert.equal((r.usage as OpenAI.CompletionUsage & { prompt_tokens_details?: { cached_tokens?: number } }).prompt_tokens_details?.cached_tokens, 16);
+  });
+
   it('Responses API: input_tokens_details.cached_tokens, plain and streamed', async () => {
     const input = words(120, 'resp');
     await client.responses.create({ model: 'm1', input, max_output_tokens: 2 });

@@ -4,8 +4,8 @@ import { once } from 'node:events';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import OpenAI from 'openai';
-import { call, openLineStream } from './helpers/http.js';
-import { metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { call, fakeWorker, injectRecord, openLineStream } from './helpers/http.js';
+import { bounded, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
 
 const started: EbbProcess[] = [];
@@ -207,5 +207,62 @@ describe('disaggregated prefill/decode', () => {
       assert.equal(r.done, true);
     }
     await d1.waitForEvent('state_changed', (l) => l.to === 'drained');
+  });
+  it('answers headers before pulling the KV: a transfer slower than the frontend\'s patience is no hung worker', async () => {
+    const discovery = tempDiscoveryUrl();
+    // A prefill source that holds its KV until told: the pull takes as long as the test wants.
+    let pullSeen!: () => void;
+    const pulling = new Promise<void>((resolve) => (pullSeen = resolve));
+    let serveKv!: () => void;
+    const kvReleased = new Promise<void>((resolve) => (serveKv = resolve));
+    const source = await fakeWorker((req, res) => {
+      if (req.method === 'DELETE') return void res.writeHead(204).end();
+      pullSeen();
+      void kvReleased.then(() => res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': '64' }).end(Buffer.alloc(64, 0x6b)));
+    });
+    try {
+      injectRecord(discovery, { worker_id: 'w-slow-source', model: 'm1', mode: 'prefill', request_url: source.url, system_url: source.url });
+      const d = await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
+      const kv = { transfer_id: 'kv-slow', source_url: source.url, worker_id: 'w-slow-source' };
+      const opening = openLineStream(`${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', max_tokens: 3, kv_transfer: kv });
+      await bounded(pulling, 'the decode worker to start pulling the KV');
+      const s = await bounded(opening, 'the decode worker to answer headers while its KV pull is still in flight');
+      assert.equal(s.status, 200);
+      serveKv();
+      const lines = (await s.done).map((l) => JSON.parse(l));
+      assert.equal(lines.length, 4, JSON.stringify(lines));
+      assert.equal(lines[3].done, true);
+      assert.deepEqual(source.seen.map((r) => r.method), ['GET', 'DELETE'], 'pulled once, then released at the source');
+    } finally {
+      await source.close();
+    }
+  });
+
+  it('with no prefill worker serving (drained, then killed), decode workers evaluate the prompt themselves', async () => {
+    const discovery = tempDiscoveryUrl();
+    const p = await worker(discovery, 'prefill', ['--mocker-itl-ms', '1']);
+    const d = await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
+    const fe = await startFrontend(discovery);
+    started.push(fe);
+    const ask = async (what: string) => {
+      const r = await streamCompletion(fe.url, { model: 'm1', max_tokens: 4 });
+      assert.equal(r.status, 200, `${what}: ${r.error}`);
+      assert.equal(r.tokens, 4, what);
+      assert.equal(r.workerId, d.workerId, what);
+    };
+    await ask('both serving');
+    // Drained: the prefill worker leaves discovery, only the decode worker is left.
+    let mark = fe.mark();
+    // 200: idle, drained at once.
+    assert.equal((await call('POST', `${p.systemUrl}/engine/drain`)).status, 200);
+    await fe.waitForEvent('worker_removed', (l) => l.worker_id === p.workerId, { after: mark });
+    await ask('prefill worker drained');
+    // Killed: still in discovery, unreachable.
+    mark = fe.mark();
+    assert.equal((await call('POST', `${p.systemUrl}/engine/resume`)).status, 200);
+    await fe.waitForEvent('worker_added', (l) => l.worker_id === p.workerId, { after: mark });
+    p.signal('SIGKILL');
+    await p.exitCode();
+    await ask('prefill worker killed');
   });
 });

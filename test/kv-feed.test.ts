@@ -85,6 +85,30 @@ describe('KV event subscriptions', () => {
     assert.equal(feed.index.blocksOf('m'), 1);
   });
 
+  it('a batch from a new incarnation on the same stream drops the old one\'s blocks and indexes nothing of it', async () => {
+    const w = await fake([
+      (res) => {
+        res.write(frame('snapshot', { worker_id: 'w4', incarnation: 'i1', seq: 5, block_size: 16, blocks: [21, 22] }));
+        // The engine restarted behind the same stream: seq goes on, the incarnation does not.
+        res.write(frame('kv', { worker_id: 'w4', incarnation: 'i2', seq: 6, ts: 0, events: [{ type: 'stored', block_hashes: [23], parent_block_hash: 22 }] }));
+      },
+      (res) => res.write(frame('snapshot', { worker_id: 'w4', incarnation: 'i2', seq: 6, block_size: 16, blocks: [29] })),
+    ]);
+    const feed = new KvFeed(log);
+    closers.push(() => feed.close());
+    const first = Promise.race([
+      logged('kv_stream_failed', (l) => l.worker_id === 'w4').then((l) => ({ failed: String(l.reason) })),
+      logged('kv_indexed', (l) => l.worker_id === 'w4' && l.seq === 6).then(() => ({ failed: undefined })),
+    ]);
+    const again = logged('kv_stream_connected', (l) => l.worker_id === 'w4' && l.seq === 6);
+    feed.apply({ type: 'put', record: rec('w4', w.url) });
+    assert.match((await first).failed ?? 'the batch of incarnation i2 was indexed under i1', /new incarnation/);
+    await again;
+    const h = feed.index.holder('w4')!;
+    assert.equal(h.incarnation, 'i2');
+    assert.deepEqual([...h.blocks.keys()], [29], 'only the new snapshot is held');
+  });
+
   it('indexes nothing from a stream that answers as another worker', async () => {
     const w = await fake([(res) => res.write(frame('snapshot', { worker_id: 'intruder', incarnation: 'x', seq: 0, block_size: 16, blocks: [7, 8] }))]);
     const feed = new KvFeed(log);

@@ -34,8 +34,8 @@ function fleet(ids: string[], kv: 'mocker' | 'none' = 'mocker') {
   feed.apply(event);
   const router = new Router(pool, { kind: 'kv', feed });
   /** One request routed as Upstream routes it: prepare, pick, begin, admitted. */
-  const route = async (prompt: string, tried = new Set<string>()) => {
-    const hint = await router.prepare(body(prompt), 'aggregated', tried, []);
+  const route = async (prompt: string | GenerateBody, tried = new Set<string>()) => {
+    const hint = await router.prepare(typeof prompt === 'string' ? body(prompt) : prompt, 'aggregated', tried, []);
     const w = router.pick('m', 'aggregated', tried, [], hint)!;
     const done = router.begin(w, hint);
     router.routed(w, hint);
@@ -117,6 +117,21 @@ describe('kv router', () => {
     assert.ok(router.queuedPrefill(first[1]!) >= 0);
     pending.done();
     assert.equal(router.queuedPrefill(first[1]!), 0);
+  });
+
+  it('moves a continuation to the worker holding its prompt and what was delivered, not only its prompt', async () => {
+    const { route, pool, feed } = fleet(['a', 'b', 'c']);
+    const prompt = words('p', 400); // 25 whole blocks
+    const delivered = words('w', 40); // 2 more blocks after the prompt
+    // c holds the prompt; b holds the prompt and the delivered words, and was picked last (c wins a tie).
+    feed.sent(pool.get('c')!.record, blockHashes(mockerTokenIds(prompt)));
+    feed.sent(pool.get('b')!.record, blockHashes(mockerTokenIds(`${prompt} ${delivered}`)));
+    pool.picked(pool.get('b')!);
+    // The stream leaves a: its continuation is hashed with what it delivered.
+    const moved = await route({ model: 'm', prompt, continuation: { text: delivered, completion_tokens: 40 } }, new Set(['a']));
+    moved.done();
+    assert.equal(moved.id, 'b', 'the continuation goes where prompt + delivered are cached');
+    assert.equal(moved.cached, 432, 'predicted: 27 blocks');
   });
 
   it('never scores a held (draining) or tried worker, and a worker out of discovery keeps its entries masked until it returns', async () => {

@@ -203,6 +203,8 @@ describe('llama-cpp: KV moves between workers', () => {
     const seen = () => JSON.stringify({ frontend: frontend.logs.filter((l) => /migrat|hand/.test(String(l.event))), streams: results.map((r) => ({ error: r.error, done: r.done, usage: r.usage })) });
     assert.ok(handedOff >= 1, `A handed a stream off; ${seen()}`);
     assert.equal(migrations.length, handedOff, `every stream handed off moved from A to B; ${seen()}`);
+    // The guided stream is the case's point: it must have been one of them (its grammar resumed on B).
+    assert.ok(migrations.some((l) => l.request_id === results[0]!.chunkIds[0]), `the guided stream ${results[0]!.chunkIds[0]} was handed off from A to B; ${seen()}`);
     for (const [i, r] of results.entries()) {
       assert.equal(r.error, undefined, `stream ${i}: ${r.error}`);
       assert.equal(r.usage?.completion_tokens, TOKENS);

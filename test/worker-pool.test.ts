@@ -59,6 +59,8 @@ describe('worker pool routing', () => {
     assert.equal(pool.servingPath('m'), 'disaggregated');
     pool.apply({ type: 'put', record: rec('e') });
     assert.equal(pool.servingPath('m'), 'aggregated', 'aggregated workers win when present');
+    pool.apply({ type: 'reset', records: [rec('d', 'm', 'decode')] });
+    assert.equal(pool.servingPath('m'), 'disaggregated', 'decode workers alone still serve (evaluating the prompt themselves)');
   });
 
   it('keeps in-flight counts across a delete and re-put, and across a reset that drops and re-adds a worker', () => {

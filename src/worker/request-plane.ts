@@ -265,6 +265,13 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     try {
       // A request the engine refuses (a continuation its grammar does not allow) is a 400, not a stream.
       await engine.check?.(gen);
+      // Admitted and alive reaches the caller before any KV pull: a transfer slower than the
+      // frontend's headers timeout must not make this worker look hung (a 503 after seconds, for a
+      // request the worker completes).
+      if (stream) {
+        res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': scope.id });
+        res.flushHeaders();
+      }
       if (kv && engine.importKv) {
         if (handoffKv) releaseLater(handoffKv);
         gen.kv_state = await takeKvState(scope, kv);
@@ -278,8 +285,6 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
       else if (handoffKv) releaseLater(handoffKv);
       const tokens = scope.attach(engine.generate(gen, scope.signal));
       if (stream) {
-        res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-cache', 'x-request-id': scope.id });
-        res.flushHeaders(); // "admitted and alive" reaches the caller now, not with the first token
         let step = await tokens.next();
         while (!step.done) {
           const piece = step.value;

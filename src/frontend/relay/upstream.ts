@@ -314,6 +314,13 @@ export class Upstream {
         if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
         if (!(err instanceof TryElsewhere)) throw err;
         if (err.said !== undefined) lastRefusal = err.said;
+        // Handed off before its first token (its worker reached a drain deadline with it queued): the
+        // request starts afresh from that worker, as a migration does, so a worker passed over earlier
+        // (the one it left, serving again after a restart) may take it.
+        if (err.outcome === 'handed_off' || err.outcome === 'request_handed_off') {
+          tried.clear();
+          tried.add(worker.record.worker_id);
+        }
       }
     }
     throw this.noWorker(model, mode, lastRefusal);
@@ -497,7 +504,9 @@ export class Upstream {
    * worker gets the same transfer; when no decode worker takes it (or the client left), the transfer
    * is released on the prefill worker at once, so it never holds that worker's drain until its TTL.
    * A decode worker that lost the KV (died after pulling it, or it expired) leaves nothing for the
-   * next one, so the pair is redone (a fresh prefill).
+   * next one, so the pair is redone (a fresh prefill). With no prefill worker that can take it
+   * (drained, gone, all refusing), the decode worker evaluates the prompt itself, as it does when a
+   * pull fails: slower, never a 503 while a decode worker serves.
    */
   async openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
@@ -507,22 +516,25 @@ export class Upstream {
       if (signal.aborted) throw signal.reason;
       let decode = this.reserveDecode(body.model, tried, needs);
       if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
-      let kv: KvTransferRef;
+      let kv: KvTransferRef | undefined;
       try {
         // The prefill worker is the one that computes the prompt: chosen by what it holds, too.
         const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w) => this.prefill(w, body, signal), [], body);
         prefill.release();
         kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
       } catch (err) {
-        decode.release();
-        throw err;
+        if (!(err instanceof EbbError && err.code === 'no_serving_worker')) {
+          decode.release();
+          throw err;
+        }
       }
+      const sent = kv === undefined ? body : { ...body, kv_transfer: kv };
       let lost = false;
       for (let attempt = 1; decode; attempt++) {
         const { worker, release: reserved } = decode;
         decode = undefined;
         try {
-          const { value, release } = await this.tryOn(worker, signal, (w) => this.generate(w, { ...body, kv_transfer: kv }, signal));
+          const { value, release } = await this.tryOn(worker, signal, (w) => this.generate(w, sent, signal));
           return this.stream(worker, value, release);
         } catch (err) {
           if (err instanceof KvTransferLost) {
@@ -532,7 +544,7 @@ export class Upstream {
             if (err.said !== undefined) lastRefusal = err.said;
             if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs);
           }
-          if (!decode) await this.releaseKv(kv);
+          if (!decode && kv !== undefined) await this.releaseKv(kv);
           if (!(err instanceof TryElsewhere) && !lost) throw err;
         } finally {
           reserved();

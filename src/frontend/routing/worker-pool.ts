@@ -237,9 +237,12 @@ export class WorkerPool {
     return [...kinds].sort();
   }
 
-  /** Aggregated workers when there are any; prefill+decode pairs otherwise. */
+  /**
+   * Aggregated workers when there are any; prefill+decode pairs otherwise, also when no prefill
+   * worker is left in discovery (drained, gone): decode workers then evaluate the prompt themselves.
+   */
   servingPath(model: string): 'aggregated' | 'disaggregated' {
-    return !this.hasModel(model, 'aggregated') && this.hasModel(model, 'prefill') ? 'disaggregated' : 'aggregated';
+    return !this.hasModel(model, 'aggregated') && (this.hasModel(model, 'prefill') || this.hasModel(model, 'decode')) ? 'disaggregated' : 'aggregated';
   }
 
   /** Models with at least one worker in discovery, whatever its state: a draining model is still a model. */
