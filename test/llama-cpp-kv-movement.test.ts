@@ -139,6 +139,22 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.equal((await call('DELETE', `${cold.source_url}/kv/${cold.transfer_id}`)).status, 204);
   });
 
+  it('with its only prefill worker drained, the decode worker evaluates the prompt itself and answers as aggregated', async () => {
+    const left = frontend.mark();
+    const drain = await call('POST', `${p.systemUrl}/engine/drain`);
+    assert.ok(isOk(drain), JSON.stringify(drain.body));
+    await frontend.waitForLog((l) => l.event === 'worker_removed' && l.worker_id === p.workerId, 'P left the routing view', { after: left });
+    const ask = (model: string) => streamCompletion(frontend.url, { model, messages: [{ role: 'user', content: 'no prefill worker' }], max_tokens: 20, temperature: 0 });
+    const pulled = await metricValue(d.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"');
+    const [viaDecode, viaAgg] = [await ask(SPLIT), await ask(AGG)];
+    assert.equal(viaDecode.status, 200, viaDecode.error);
+    assert.equal(viaDecode.workerId, d.workerId);
+    assert.equal(viaDecode.text, viaAgg.text);
+    assert.equal(await metricValue(d.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"'), pulled, 'nothing was pulled');
+    if (drain.body.state !== 'drained') await p.waitForEvent('state_changed', (l) => l.to === 'drained');
+    assert.ok(isOk(await call('POST', `${p.systemUrl}/engine/resume`)));
+  });
+
   it('a drain with deadline hands running streams off with their KV: texts equal an undisturbed run, guided decoding included', async () => {
     const waitRouted = (w: WorkerHandle, cursor: { after: number }) =>
       frontend.waitForLog(
