@@ -13,7 +13,8 @@ import { DEFAULT_MAX_LANES_PER_REQUEST, LaneBudget } from './lane-budget.js';
 import { Shutdown } from '../shutdown.js';
 import { probeHalfClosedClient } from './client-gone.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
-import { modelNotFound, unavailableModel, type Upstream } from '../relay/upstream.js';
+import type { Upstream } from '../relay/upstream.js';
+import { modelNotFound, unavailableModel } from '../relay/worker-answer.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 

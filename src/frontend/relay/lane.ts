@@ -3,7 +3,8 @@ import { EbbError } from '../../protocol/errors.js';
 import type { GenerateBody, KvTransferRef, StreamLine, Usage } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
-import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive, type UpstreamStream } from './upstream.js';
+import type { UpstreamStream } from './upstream.js';
+import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive } from './worker-answer.js';
 import { feedLines, type BatchLine, type TokenSink } from './worker-call.js';
 
 /** Where a lane's tokens go: the client's stream writer, or a collector for a non-streaming answer. */

@@ -1,14 +1,15 @@
 import { request, errors as undiciErrors, type Agent } from 'undici';
 import { capabilitiesNeeded, type Capability } from '../../protocol/capabilities.js';
-import { EbbError, isErrorCode, type ErrorCode } from '../../protocol/errors.js';
-import { workerAnswer } from '../../protocol/worker-answers.js';
+import { EbbError } from '../../protocol/errors.js';
 import type { WorkerMode } from '../../discovery/discovery.js';
 import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
-import type { Hold, PoolWorker, WorkerPool } from '../routing/worker-pool.js';
+import type { PoolWorker, WorkerPool } from '../routing/worker-pool.js';
 import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
 import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
+import { IdleWatch } from './idle-watch.js';
+import { actOn, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
 import { readBounded } from '../../common/bounded-read.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
@@ -28,130 +29,6 @@ export interface UpstreamStream {
   release(): void;
   /** Settles once the worker's response body is done with: true when it ended normally, false when it was cut. */
   closed: Promise<boolean>;
-}
-
-/** A terminal error line a worker sent inside a stream it had started. */
-export class WorkerStreamError extends Error {
-  constructor(readonly line: { code: ErrorCode; message: string }) {
-    super(line.message);
-  }
-}
-
-/**
- * A stream that broke after tokens reached the client: what the client is told. A worker that said
- * why (worker_shut_down at its shutdown deadline) is relayed as it said it; a connection that just
- * closed is named as such, not as the transport's "other side closed".
- */
-export class MidStreamFailure extends Error {
-  readonly code: ErrorCode;
-  constructor(
-    readonly workerId: string,
-    cause: unknown,
-    /** Why no other worker continued it, when that was tried. */
-    notContinued?: string,
-  ) {
-    const said = cause instanceof WorkerStreamError ? cause.line : undefined;
-    const what =
-      said?.code === 'worker_shut_down'
-        ? said.message
-        : said
-          ? `worker ${workerId} failed mid-stream: ${said.message}`
-          : cause instanceof WorkerUnresponsive || cause instanceof HandedOff
-            ? cause.message
-            : cause instanceof StreamCut || isTransportError(cause)
-              ? `worker ${workerId} closed the stream before it finished`
-              : `worker ${workerId} failed mid-stream: ${(cause as Error)?.message ?? String(cause)}`;
-    super(notContinued === undefined ? what : `${what}; no other worker continued it: ${notContinued}`);
-    this.code = cause instanceof HandedOff ? 'migration_failed' : said?.code === 'worker_shut_down' ? 'worker_shut_down' : 'worker_failed_mid_stream';
-  }
-}
-
-/** The worker's body ended without a terminal line. */
-export class StreamCut extends Error {
-  constructor() {
-    super('stream ended without a final line');
-  }
-}
-
-/** No bytes for the idle timeout, and the worker's /live did not answer either: hung (stopped, wedged). */
-export class WorkerUnresponsive extends Error {
-  constructor(workerId: string, idleMs: number) {
-    super(`worker ${workerId} stopped answering (no bytes for ${idleMs} ms and /live did not answer)`);
-  }
-}
-
-/** The worker stopped at its drain deadline and said so: the request continues elsewhere. */
-export class HandedOff extends Error {
-  constructor(
-    readonly workerId: string,
-    /** Where the next worker may pull the sequence's KV state, when the worker exported it. */
-    readonly kv?: KvTransferRef,
-  ) {
-    super(`worker ${workerId} handed the stream off at its drain deadline`);
-  }
-}
-
-function isTransportError(err: unknown): boolean {
-  const code = (err as NodeJS.ErrnoException | undefined)?.code;
-  return err instanceof undiciErrors.SocketError || code === 'UND_ERR_SOCKET' || code === 'ECONNRESET' || code === 'EPIPE' || code === 'ERR_STREAM_PREMATURE_CLOSE';
-}
-
-/** This attempt failed in a way another worker may not: try the next one. */
-class TryElsewhere extends Error {
-  constructor(
-    readonly outcome: string,
-    readonly hold?: Hold,
-    /** What the worker said, for the client's message when no worker takes the request. */
-    readonly said?: string,
-  ) {
-    super(said ?? outcome);
-  }
-}
-
-export function modelNotFound(model: string): EbbError {
-  return new EbbError('model_not_found', `the model "${model}" does not exist (no worker serves it)`);
-}
-
-/** A known model that no worker can take right now (draining, drained, overloaded): SDKs retry a 503. */
-export function noServingWorker(message: string): EbbError {
-  return new EbbError('no_serving_worker', message, { headers: { 'retry-after': '1' } });
-}
-
-/** 404 for a model nobody serves; 503 for one whose workers are all out of rotation for now. */
-export function unavailableModel(pool: WorkerPool, model: string): EbbError {
-  return pool.knows(model) ? noServingWorker(`no worker of "${model}" is serving right now (draining, drained or restarting); retry shortly`) : modelNotFound(model);
-}
-
-/** A decode worker could not get the prompt's KV (another decode took it, or it expired): prefill again. */
-class KvTransferLost extends Error {}
-
-function isConnectFailure(err: unknown): boolean {
-  const code = (err as NodeJS.ErrnoException).code;
-  return (
-    err instanceof undiciErrors.ConnectTimeoutError ||
-    err instanceof undiciErrors.HeadersTimeoutError || // accepted the connection, then never answered: hung
-    code === 'ECONNREFUSED' ||
-    code === 'UND_ERR_SOCKET' ||
-    code === 'ECONNRESET'
-  );
-}
-
-/**
- * A worker's error answer, as a non-200 body or as the terminal line of a stream with no token
- * yet, acted on as WORKER_ANSWERS says: passed to the client, re-routed, or turned into a 502.
- */
-function actOn(workerId: string, status: number, said: { code?: unknown; message?: unknown } | undefined): never {
-  const code = said?.code;
-  const message = typeof said?.message === 'string' ? said.message : `worker ${workerId} answered HTTP ${status}`;
-  const row = workerAnswer(code);
-  if (row.action === 'pass_to_client') throw new EbbError(code as ErrorCode, message);
-  if (row.action === 'bad_gateway') throw new EbbError('worker_protocol_error', `worker ${workerId} answered ${String(code)} (HTTP ${status}), which the request plane does not allow: ${message}`);
-  if (row.keep) throw new KvTransferLost(message);
-  throw new TryElsewhere(isErrorCode(code) ? code : 'worker_error', row.hold, `worker ${workerId}: ${message}`);
-}
-
-function rejectNon200(workerId: string, statusCode: number, body: unknown): never {
-  actOn(workerId, statusCode, (body as { error?: { code?: unknown; message?: unknown } } | null)?.error);
 }
 
 const generateUrls = new Map<string, { origin: string; path: string }>();
@@ -225,10 +102,8 @@ const KV_RELEASE_TIMEOUT_MS = 2000;
 export class Upstream {
   readonly agent: Agent;
   private readonly headersTimeoutMs: number;
-  private readonly streamIdleTimeoutMs: number;
   private readonly prefillTimeoutMs: number;
-  /** One /live probe in flight per worker, shared by all its silent streams (see answersLive). */
-  private readonly liveProbes = new Map<string, Promise<boolean>>();
+  private readonly idle: IdleWatch;
   private readonly headers: Record<string, string>;
   private readonly generateHeaders: Record<string, string>;
   readonly router: Router;
@@ -244,13 +119,13 @@ export class Upstream {
     opts: UpstreamOptions = {},
   ) {
     this.headersTimeoutMs = opts.headersTimeoutMs ?? 10_000;
-    this.streamIdleTimeoutMs = opts.streamIdleTimeoutMs ?? 10_000;
     this.prefillTimeoutMs = opts.prefillTimeoutMs ?? DEFAULT_PREFILL_TIMEOUT_MS;
     this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
     this.generateHeaders = { 'content-type': 'application/json', ...this.headers };
     this.agent = createUpstreamAgent(opts.connections);
     this.router = opts.router ?? new Router(pool, { kind: 'least-loaded' });
     registerWaitingGauge(metrics.registry, this.agent);
+    this.idle = new IdleWatch(this.agent, pool, opts.streamIdleTimeoutMs ?? 10_000);
   }
 
   /**
@@ -370,7 +245,7 @@ export class Upstream {
     const status = await call.head;
     if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json());
     // Watched from here: a worker that hangs before its first token is as hung as one after.
-    const stopWatch = this.watchIdle(w, call);
+    const stopWatch = this.idle.watch(w, call);
     let first: IteratorResult<BatchLine[], void>;
     try {
       first = await call.next();
@@ -389,65 +264,6 @@ export class Upstream {
       throw new TryElsewhere(first.value?.some((line) => 'handoff' in line) ? 'handed_off' : 'failed_before_first_token');
     }
     return { first: first.value, call, stopWatch };
-  }
-
-  /**
-   * Whether a worker that went quiet still answers its liveness probe (a SIGSTOPped process does not).
-   * Streams waiting on the same worker share one probe: hundreds of silent streams opened hundreds of
-   * probe connections at once to a system port whose budget is 64.
-   */
-  private answersLive(w: PoolWorker): Promise<boolean> {
-    const url = w.record.system_url;
-    let probe = this.liveProbes.get(url);
-    if (probe === undefined) {
-      probe = this.probeLive(w).finally(() => this.liveProbes.delete(url));
-      this.liveProbes.set(url, probe);
-    }
-    return probe;
-  }
-
-  private async probeLive(w: PoolWorker): Promise<boolean> {
-    const bound = Math.min(this.streamIdleTimeoutMs, 2000);
-    try {
-      const res = await request(`${w.record.system_url}/live`, { dispatcher: this.agent, signal: AbortSignal.timeout(bound), headersTimeout: bound, bodyTimeout: bound });
-      await res.body.dump();
-      return res.statusCode === 200;
-    } catch {
-      return false;
-    }
-  }
-
-  /**
-   * Silence is not failure: a stream may wait long between tokens. Only silence from a worker that
-   * no longer answers /live is, and then the stream is destroyed so the relay moves it on.
-   */
-  private watchIdle(worker: PoolWorker, call: WorkerCall): () => void {
-    const ms = this.streamIdleTimeoutMs;
-    if (ms <= 0) return () => undefined;
-    let stopped = false;
-    const timer = setTimeout(() => {
-      // Bytes since the last look: not idle; look again in `ms` (so silence is seen within 2 x ms).
-      if (call.sawBytes) {
-        call.sawBytes = false;
-        timer.refresh();
-        return;
-      }
-      void this.answersLive(worker).then((live) => {
-        if (stopped) return;
-        if (live) {
-          timer.refresh();
-          return;
-        }
-        stopped = true;
-        this.pool.hold(worker.record.worker_id, 'unreachable');
-        call.abort(new WorkerUnresponsive(worker.record.worker_id, ms));
-      });
-    }, ms);
-    call.sawBytes = false;
-    return () => {
-      stopped = true;
-      clearTimeout(timer);
-    };
   }
 
   /**

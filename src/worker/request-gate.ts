@@ -1,0 +1,106 @@
+import { randomUUID } from 'node:crypto';
+import type { Logger } from 'pino';
+import type { Engine, GenerateRequest } from '../engine/engine.js';
+import type { Admission, RefusalCode } from '../lifecycle/admission.js';
+import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';
+import { EbbError, errorBody } from '../protocol/errors.js';
+import { promptOf, type GenerateBody, type KvTransferRef } from '../protocol/request-plane.js';
+import type { WorkerMode } from '../protocol/worker-mode.js';
+import type { WorkerMetrics } from './metrics.js';
+import type { OpenRequests } from './open-requests.js';
+import type { PrefillPeers } from './prefill-peers.js';
+import { RequestScope } from './request-scope.js';
+
+export interface RequestGateDeps {
+  model: string;
+  mode: WorkerMode;
+  engine: Engine;
+  admission: Admission;
+  metrics: WorkerMetrics;
+  log: Logger;
+  prefillPeers?: PrefillPeers | undefined;
+}
+
+/** A refusal's body: the caller retries elsewhere (draining) or shortly (overloaded). */
+export function refusal(code: RefusalCode) {
+  const why = code === 'worker_draining' ? 'worker is draining; retry on another worker' : 'worker is overloaded; retry shortly or elsewhere';
+  return errorBody(code, why);
+}
+
+/**
+ * What a /generate or /prefill must be to be admitted, and the one admission point: a request this
+ * worker cannot serve is refused with its reason before admission; an admitted one gets its scope
+ * (which owns it from here until its stream ends) and the engine's request.
+ */
+export class RequestGate {
+  constructor(
+    private readonly deps: RequestGateDeps,
+    private readonly open: OpenRequests,
+  ) {}
+
+  admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode } {
+    const { model, engine, admission, metrics } = this.deps;
+    if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
+    const prompt = promptOf(body);
+    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
+    if (body.kv_transfer !== undefined) this.checkKvSource(body.kv_transfer);
+    // A hand-off's state comes with its continuation.
+    if (body.handoff_kv !== undefined && body.continuation === undefined) throw new EbbError('invalid_request', 'handoff_kv is only accepted with a continuation', { param: 'handoff_kv' });
+    const lacking = missingCapability(engine.capabilities, capabilitiesNeeded(body));
+    if (lacking === 'continuation')
+      throw new EbbError('continuation_unsupported', `this worker's engine (${engine.kind}) cannot continue a sequence another worker started`);
+    // The frontend routes only to workers that declare it; a direct caller gets the same answer.
+    if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour response_format ${lacking}`, { param: 'response_format' });
+    const requestId = body.request_id ?? randomUUID();
+    const admitted = admission.admit(requestId);
+    if (!admitted.admitted) {
+      metrics.refused(admitted.code);
+      return { refused: admitted.code };
+    }
+    const scope = new RequestScope(admitted.ticket, res, this.open.onClose);
+    // What the drain ETA counts down from: the budget, or the context left where the engine has one
+    // (an upper bound: the prompt's share of it is the engine's to count).
+    const maxContext = engine.capabilities.max_context;
+    scope.budget = body.max_tokens ?? (maxContext === null ? undefined : Math.max(0, maxContext - (body.continuation?.completion_tokens ?? 0)));
+    scope.admittedToFreeSlot = this.open.size < engine.stats().batch_slots;
+    this.open.add(scope);
+    const gen: GenerateRequest = {
+      request_id: requestId,
+      prompt,
+      messages: body.messages,
+      prompt_token_ids: body.prompt_token_ids,
+      // Absent: until the model stops or its context is full (the engine knows its context).
+      max_tokens: body.max_tokens,
+      temperature: body.temperature ?? 1,
+      top_p: body.top_p,
+      seed: body.seed,
+      stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
+      prefilled: body.kv_transfer !== undefined,
+      continuation: body.continuation,
+      response_format: body.response_format?.type === 'text' ? undefined : body.response_format,
+    };
+    return { gen, scope };
+  }
+
+  /**
+   * A hand-off's state is pulled, or freed at its source, only when that source is a worker this one
+   * has seen registered: a request body must not make a worker call an arbitrary URL. A source it
+   * has not seen (one that left discovery before this worker started, say) is no reason to refuse
+   * the stream: it continues by re-evaluation, as after a crash.
+   */
+  trustedHandoff(ref: KvTransferRef | undefined): KvTransferRef | undefined {
+    if (ref === undefined || this.deps.prefillPeers?.trusts(ref, 'any')) return ref;
+    this.deps.log.warn(
+      { event: 'handoff_kv_untrusted', worker_id: ref.worker_id, source_url: ref.source_url },
+      `hand-off state from ${ref.worker_id} not used: no worker registered by that id at that URL in this worker's view; re-evaluating`,
+    );
+    return undefined;
+  }
+
+  /** Only decode workers pull KV, and only from a prefill worker registered in their discovery view. */
+  private checkKvSource(ref: KvTransferRef): void {
+    const { mode, prefillPeers } = this.deps;
+    if (mode !== 'decode') throw new EbbError('invalid_request', `kv_transfer is only accepted by decode workers; this worker is ${mode}`);
+    if (!prefillPeers?.trusts(ref)) throw new EbbError('forbidden', `kv_transfer source is not a registered prefill worker (worker_id "${ref.worker_id}" at that URL)`);
+  }
+}
