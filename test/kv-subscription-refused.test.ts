@@ -1,8 +1,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { FileDiscovery } from '../src/discovery/file.js';
-import { fakeWorker, type FakeWorker } from './helpers/http.js';
+import { fakeWorker, injectRecord, type FakeWorker } from './helpers/http.js';
 import { bounded, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { openEventStream } from './helpers/event-stream.js';
 
@@ -16,7 +15,6 @@ import { openEventStream } from './helpers/event-stream.js';
 const started: EbbProcess[] = [];
 let refusing: FakeWorker;
 let discoveryUrl: string;
-let registry: FileDiscovery;
 /** Resolves once the refusing worker was asked for its status stream (and so refused it). */
 let statusStreamAsked: Promise<void>;
 
@@ -32,11 +30,9 @@ before(async () => {
     res.end(JSON.stringify({ error: { code: busy ? 'listener_busy' : 'not_found', message: 'refused by the test' } }));
   });
   discoveryUrl = tempDiscoveryUrl();
-  registry = new FileDiscovery(discoveryUrl.slice('file://'.length));
-  await registry.register({
+  injectRecord(discoveryUrl, {
     worker_id: 'w-refusing',
     model: 'ghost',
-    mode: 'aggregated',
     request_url: 'http://127.0.0.1:1',
     system_url: refusing.url,
     kv_cache: { block_size: 16, tokenizer: 'mocker-words', events: 'exact' },
@@ -46,7 +42,6 @@ before(async () => {
 
 after(async () => {
   await Promise.all(started.map((p) => p.stop()));
-  await registry.unregister('w-refusing');
   await refusing.close();
 });
 

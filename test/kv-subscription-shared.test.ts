@@ -1,8 +1,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ServerResponse } from 'node:http';
-import { FileDiscovery } from '../src/discovery/file.js';
-import { fakeWorker, type FakeWorker } from './helpers/http.js';
+import { fakeWorker, injectRecord, type FakeWorker } from './helpers/http.js';
 import { startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
 import { call } from './helpers/http.js';
 
@@ -15,7 +14,6 @@ import { call } from './helpers/http.js';
 const PROCESSES = 3;
 const started: EbbProcess[] = [];
 let worker: FakeWorker;
-let registry: FileDiscovery;
 let frontend: FrontendHandle;
 /** The open /kv/events responses, in arrival order. */
 const streams: ServerResponse[] = [];
@@ -34,11 +32,9 @@ before(async () => {
     res.write(frame('snapshot', { worker_id: 'w-kv', incarnation, seq: 10, block_size: 16, blocks: [1, 2, 3] }));
   });
   const discovery = tempDiscoveryUrl();
-  registry = new FileDiscovery(discovery.slice('file://'.length));
-  await registry.register({
+  injectRecord(discovery, {
     worker_id: 'w-kv',
     model: 'm1',
-    mode: 'aggregated',
     request_url: 'http://127.0.0.1:1',
     system_url: worker.url,
     kv_cache: { block_size: 16, tokenizer: 'mocker-words', events: 'exact' },
@@ -49,7 +45,6 @@ before(async () => {
 
 after(async () => {
   await Promise.all(started.map((p) => p.stop()));
-  await registry.unregister('w-kv');
   await worker.close();
 });
 

@@ -139,7 +139,7 @@ export function json(res: ServerResponse, status: number, body: unknown): void {
  */
 export function injectRecord(
   discoveryUrl: string,
-  record: { worker_id: string; model: string; mode?: string; request_url: string; system_url: string; engine?: string; capabilities?: Record<string, unknown> },
+  record: { worker_id: string; model: string; mode?: string; request_url: string; system_url: string; engine?: string; capabilities?: Record<string, unknown>; kv_cache?: Record<string, unknown> },
 ): void {
   const dir = fileURLToPath(discoveryUrl);
   const path = join(dir, `${encodeURIComponent(record.worker_id)}.json`);
