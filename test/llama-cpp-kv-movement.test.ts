@@ -187,12 +187,13 @@ describe('llama-cpp: KV moves between workers', () => {
     for (const r of undisturbed) assert.equal(r.usage?.completion_tokens, TOKENS, r.error);
     assert.match(undisturbed[0]!.text, /^\{"words":\["/, 'the guided answer follows its schema');
 
-    // Moved: all start on A; once each has streamed, B comes back and A's drain deadline hands them over.
+    // Moved: all start on A; once the guided stream has streamed, B comes back and A's drain deadline
+    // hands over what A still runs. The trigger is the guided stream's own progress: waiting for all
+    // three let it finish on a loaded machine (the streams do not progress evenly on A) before the drain.
     let progressed!: () => void;
-    const allProgressed = new Promise<void>((resolve) => (progressed = resolve));
-    let ready = 0;
-    const moved = Array.from({ length: STREAMS }, (_, i) => ask(i, (n) => n === 10 && ++ready === STREAMS && progressed()));
-    await allProgressed;
+    const guidedProgressed = new Promise<void>((resolve) => (progressed = resolve));
+    const moved = Array.from({ length: STREAMS }, (_, i) => ask(i, i === 0 ? (n) => n === 10 && progressed() : undefined));
+    await guidedProgressed;
     // A is held still (SIGSTOP) until its drain is on its socket: on a loaded machine the streams
     // would otherwise finish while B comes back, and nothing would be left to hand off.
     process.kill(a.pid, 'SIGSTOP');
@@ -212,13 +213,12 @@ describe('llama-cpp: KV moves between workers', () => {
     const results = await Promise.all(moved);
 
     const migrations = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId);
-    // What A still ran at its deadline is handed off. The three streams do not progress evenly on A (one
-    // can wait behind the others' prefill and grammar), so on a loaded machine one or two may have
-    // finished by then: every stream handed off must have moved, and at least one must have been.
+    // What A still ran at its deadline is handed off: the guided stream surely (10 of its 400 tokens
+    // were out when A was stopped); the others may have finished on A by then, or not have started
+    // (handed off before their first token, they start afresh elsewhere: no migration, no KV).
     const handedOff = (await call('GET', `${a.systemUrl}/engine/status`)).body.handed_off as number;
     const seen = () => JSON.stringify({ frontend: frontend.logs.filter((l) => /migrat|hand/.test(String(l.event))), streams: results.map((r) => ({ error: r.error, done: r.done, usage: r.usage })) });
-    assert.ok(handedOff >= 1, `A handed a stream off; ${seen()}`);
-    assert.equal(migrations.length, handedOff, `every stream handed off moved from A to B; ${seen()}`);
+    assert.ok(migrations.length >= 1 && migrations.length <= handedOff, `A handed ${handedOff} stream(s) off, ${migrations.length} moved to B mid-stream; ${seen()}`);
     // The guided stream is the case's point: it must have been one of them (its grammar resumed on B).
     assert.ok(migrations.some((l) => l.request_id === results[0]!.chunkIds[0]), `the guided stream ${results[0]!.chunkIds[0]} was handed off from A to B; ${seen()}`);
     for (const [i, r] of results.entries()) {
@@ -226,7 +226,7 @@ describe('llama-cpp: KV moves between workers', () => {
       assert.equal(r.usage?.completion_tokens, TOKENS);
       assert.equal(r.text, undisturbed[i]!.text, `stream ${i} equals its undisturbed run`);
     }
-    assert.equal((await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"')) - pulledBefore, handedOff, 'B loaded every handed-off stream\'s KV');
+    assert.equal((await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"')) - pulledBefore, migrations.length, 'B loaded every moved stream\'s KV');
     // A reaches drained once B has confirmed every state; nothing stays on disk on either side.
     await a.waitForEvent('state_changed', (l) => l.to === 'drained');
     assert.equal(await metricValue(a.systemUrl, 'ebb_kv_pending_transfers'), 0);
