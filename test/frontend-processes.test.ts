@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { request } from 'node:http';
 import { InflightTable } from '../src/frontend/cluster/inflight-table.js';
+import { openEventStream } from './helpers/event-stream.js';
 import { call } from './helpers/http.js';
 import { bounded, CLI, EbbProcess, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type LogLine } from './helpers/processes.js';
 
@@ -159,13 +160,13 @@ describe('frontend: --processes 2', () => {
 });
 
 describe('frontend: --processes 2 with one process wedged', () => {
-  it('answers /metrics with the other process and the wedged one marked, kills and replaces the wedged one, keeps its counts', async () => {
+  it('shows the processes\' routing view and model figures on the admin API; answers /metrics with the other process and the wedged one marked, kills and replaces the wedged one, keeps its counts', async () => {
     const discovery = tempDiscoveryUrl();
     const worker = await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0']);
     started.push(worker);
     const frontend = await startFrontend(discovery, ['--processes', '2', '--shutdown-grace-ms', '0']);
     started.push(frontend);
-    await frontend.waitForEvent('frontend_ready');
+    const ready = await frontend.waitForEvent('frontend_ready');
     const processReady = (slot: number, after = 0) => frontend.waitForLog((l) => l.event === 'frontend_process_ready' && l.slot === slot, `process ${slot} ready`, { after });
     const [, p1] = (await Promise.all([processReady(0), processReady(1)])) as [LogLine, LogLine];
     await frontend.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === worker.workerId) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)), 'worker seen');
@@ -173,6 +174,16 @@ describe('frontend: --processes 2 with one process wedged', () => {
     assert.deepEqual(new Set(answers.map((a) => a.process)), new Set(['0', '1']), 'both processes answered');
     // Both processes' figures are in a scrape before process 1 stops answering (its latest are kept).
     assert.equal(requestsTotal((await fresh(frontend.url, 'GET', '/metrics').done).body), 4);
+    // The primary's admin API shows the processes' routing view and traffic (from that answer).
+    const view = await call('GET', `${ready.admin_url as string}/workers`);
+    const entry = (view.body.workers as Array<{ worker_id: string; kv: { router?: string; queued_prefill_tokens?: number } | null }>).find((w) => w.worker_id === worker.workerId);
+    assert.equal(entry?.kv?.router, 'kv', `GET /workers has the routing view: ${JSON.stringify(entry)}`);
+    assert.equal(entry?.kv?.queued_prefill_tokens, 0);
+    const events = await openEventStream(`${ready.admin_url as string}/workers/events`);
+    const snapshot = await events.waitFor((e) => e.event === 'snapshot', 'the fleet events snapshot');
+    events.close();
+    const m1 = (snapshot.data.models as Array<{ model: string; requests: number }>).find((m) => m.model === 'm1');
+    assert.equal(m1?.requests, 4, `the dashboard's model figures count both processes' requests: ${JSON.stringify(snapshot.data.models)}`);
 
     const mark = frontend.mark();
     process.kill(p1.pid as number, 'SIGSTOP');

@@ -12,6 +12,7 @@ import { FleetView } from '../admin/fleet-view.js';
 import type { FrontendOptions } from '../frontend.js';
 import { WorkerPool } from '../routing/worker-pool.js';
 import type { ChildStop } from './child.js';
+import { mergeKv, mergeModels, type AdminView } from './admin-view.js';
 import { InflightTable } from './inflight-table.js';
 import { RetiredCounters } from './retired-counters.js';
 import { isMessage, PROCESS_SLOT_ENV, type ChildMessage, type MetricsJson, type PrimaryMessage } from './messages.js';
@@ -42,7 +43,11 @@ interface Slot {
   answeredAt: number;
   /** Its latest metrics: kept as its figures if it stops answering or dies. */
   metrics?: MetricsJson | undefined;
+  /** Its latest admin view (routing and traffic figures), for the one admin API. */
+  view?: AdminView | undefined;
 }
+
+type Answer = { metrics: MetricsJson; view: AdminView };
 
 /**
  * The primary of `ebb frontend --processes N`: it serves no API request itself. It forks N children
@@ -106,9 +111,9 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     },
   });
   let nextMetrics = 0;
-  const metricsWaits = new Map<number, { worker: Worker; resolve: (m: MetricsJson) => void; reject: (err: Error) => void }>();
+  const metricsWaits = new Map<number, { worker: Worker; resolve: (m: Answer) => void; reject: (err: Error) => void }>();
   const childMetrics = (worker: Worker) =>
-    new Promise<MetricsJson>((resolve, reject) => {
+    new Promise<Answer>((resolve, reject) => {
       const id = nextMetrics++;
       const timer = setTimeout(() => {
         metricsWaits.delete(id);
@@ -124,12 +129,13 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     });
   /** A live child's metrics, now; kept as its latest. */
   const askSlot = async (s: Slot, worker: Worker): Promise<MetricsJson> => {
-    const m = await childMetrics(worker);
+    const { metrics, view } = await childMetrics(worker);
     if (s.worker === worker) {
       s.answeredAt = performance.now();
-      s.metrics = m;
+      s.metrics = metrics;
+      s.view = view;
     }
-    return m;
+    return metrics;
   };
   // One scrape at a time: `answering` is the figure of the scrape being rendered.
   let scraping: Promise<string> = Promise.resolve('');
@@ -194,7 +200,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
           (text) => tell(worker, { type: 'ebb:scraped', id: msg.id, text }),
           (err: Error) => tell(worker, { type: 'ebb:scraped', id: msg.id, error: err.message }),
         );
-      } else if (msg.type === 'ebb:metrics') metricsWaits.get(msg.id)?.resolve(msg.metrics);
+      } else if (msg.type === 'ebb:metrics') metricsWaits.get(msg.id)?.resolve(msg);
     });
   };
 
@@ -211,6 +217,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     s.worker = undefined;
     s.ready = false;
     s.metrics = undefined;
+    s.view = undefined;
     if (stopping) {
       exits.set(s.index, code);
       if (slots.every((x) => x.worker === undefined)) lastExit?.();
@@ -236,9 +243,10 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   }
   everAllReady = true;
 
-  // --- the one admin listener ---
+  // --- the one admin listener: the processes' routing and traffic figures from their latest heartbeat ---
+  const views = () => slots.flatMap((s) => (s.view ? [s.view] : []));
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits, metricsRegistry: own }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, kv: (id) => mergeKv(views(), id), stats: { summary: () => mergeModels(views()) }, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, limits: opts.admin.limits, metricsRegistry: own }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
