@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { request } from 'node:http';
 import { InflightTable } from '../src/frontend/cluster/inflight-table.js';
+import { openEventStream } from './helpers/event-stream.js';
 import { call } from './helpers/http.js';
 import { bounded, CLI, EbbProcess, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type LogLine } from './helpers/processes.js';
 
@@ -51,6 +52,22 @@ function fresh(url: string, method: string, path: string, body?: unknown): { fir
   return { first, done };
 }
 
+/** Waits until the primary's admin view counts `n` streams open on `workerId` (all processes' sum). */
+async function adminInflight(adminUrl: string, workerId: string, n: number, what: string): Promise<void> {
+  await bounded(
+    (async () => {
+      for (;;) {
+        const view = await call('GET', `${adminUrl}/workers`);
+        const entry = (view.body.workers as Array<{ worker_id: string; routing: { inflight: number } | null }>).find((w) => w.worker_id === workerId);
+        if (entry?.routing?.inflight === n) return;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    })(),
+    what,
+  );
+}
+
+const requestsTotal = (page: string) => Number(/^ebb_frontend_requests_total\{endpoint="\/v1\/chat\/completions",status="200"\} (\d+)$/m.exec(page)?.[1] ?? NaN);
 const tokensIn = (sse: string) => sse.split('\n').filter((l) => l.startsWith('data: {') && l.includes('"delta":{"content":"')).length;
 const chat = (maxTokens: number) => ({ model: 'm1', messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: maxTokens, stream: true });
 
@@ -96,17 +113,7 @@ describe('frontend: --processes 2', () => {
     const a = fresh(frontend.url, 'POST', '/v1/chat/completions', chat(150));
     const aHead = await bounded(a.first, 'stream a first token');
     // The primary knows once its admin view counts it; it told the other process in the same turn.
-    await bounded(
-      (async () => {
-        for (;;) {
-          const view = await call('GET', `${adminUrl}/workers`);
-          const entry = (view.body.workers as Array<{ worker_id: string; routing: { inflight: number } | null }>).find((w) => w.worker_id === aHead.workerId);
-          if (entry?.routing?.inflight === 1) return;
-          await new Promise((r) => setTimeout(r, 20));
-        }
-      })(),
-      "the admin view counting stream a",
-    );
+    await adminInflight(adminUrl, aHead.workerId!, 1, 'the admin view counting stream a');
     const b = fresh(frontend.url, 'POST', '/v1/chat/completions', chat(150));
     b.done.catch(() => undefined); // cut below, with the process that relays it
     const bHead = await bounded(b.first, 'stream b first token');
@@ -124,8 +131,13 @@ describe('frontend: --processes 2', () => {
     assert.equal(typeof exited.restart_in_ms, 'number');
     const replaced = await processReady(slot, mark);
     assert.notEqual(replaced.pid, victim.pid);
+    // The dead process's open stream is no longer counted on its worker (the primary forgot it).
+    await adminInflight(adminUrl, bHead.workerId!, 0, "the admin view dropping the dead process's stream b");
     assert.equal((await a.done).status, 200);
     assert.equal(tokensIn((await a.done).body), 150, 'the surviving process finished its stream');
+    // What the dead process counted stays counted: the six requests (half of them its own) and stream a.
+    const afterDeath = (await fresh(frontend.url, 'GET', '/metrics').done).body;
+    assert.ok(requestsTotal(afterDeath) >= 7, `ebb_frontend_requests_total did not go backwards when a process died: ${requestsTotal(afterDeath)}`);
     const again = await Promise.all(Array.from({ length: 4 }, () => fresh(frontend.url, 'POST', '/v1/chat/completions', chat(1)).done));
     assert.deepEqual(new Set(again.map((x) => x.process)), new Set(['0', '1']), 'the replacement serves');
 
@@ -144,6 +156,57 @@ describe('frontend: --processes 2', () => {
     assert.equal(await frontend.exitCode(), 0);
     const stopping = frontend.logs.slice(stopMark).filter((l) => l.event === 'frontend_process_stopping');
     assert.deepEqual(new Set(stopping.map((l) => l.frontend_process)), new Set([0, 1]), 'each process drained');
+  });
+});
+
+describe('frontend: --processes 2 with one process wedged', () => {
+  it('shows the processes\' routing view and model figures on the admin API; answers /metrics with the other process and the wedged one marked, kills and replaces the wedged one, keeps its counts', async () => {
+    const discovery = tempDiscoveryUrl();
+    const worker = await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0']);
+    started.push(worker);
+    const frontend = await startFrontend(discovery, ['--processes', '2', '--shutdown-grace-ms', '0']);
+    started.push(frontend);
+    const ready = await frontend.waitForEvent('frontend_ready');
+    const processReady = (slot: number, after = 0) => frontend.waitForLog((l) => l.event === 'frontend_process_ready' && l.slot === slot, `process ${slot} ready`, { after });
+    const [, p1] = (await Promise.all([processReady(0), processReady(1)])) as [LogLine, LogLine];
+    await frontend.waitForLog((l) => (l.event === 'worker_added' && l.worker_id === worker.workerId) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)), 'worker seen');
+    const answers = await Promise.all(Array.from({ length: 4 }, () => fresh(frontend.url, 'POST', '/v1/chat/completions', chat(1)).done));
+    assert.deepEqual(new Set(answers.map((a) => a.process)), new Set(['0', '1']), 'both processes answered');
+    // Both processes' figures are in a scrape before process 1 stops answering (its latest are kept).
+    assert.equal(requestsTotal((await fresh(frontend.url, 'GET', '/metrics').done).body), 4);
+    // The primary's admin API shows the processes' routing view and traffic (from that answer).
+    const view = await call('GET', `${ready.admin_url as string}/workers`);
+    const entry = (view.body.workers as Array<{ worker_id: string; kv: { router?: string; queued_prefill_tokens?: number } | null }>).find((w) => w.worker_id === worker.workerId);
+    assert.equal(entry?.kv?.router, 'kv', `GET /workers has the routing view: ${JSON.stringify(entry)}`);
+    assert.equal(entry?.kv?.queued_prefill_tokens, 0);
+    const events = await openEventStream(`${ready.admin_url as string}/workers/events`);
+    const snapshot = await events.waitFor((e) => e.event === 'snapshot', 'the fleet events snapshot');
+    events.close();
+    const m1 = (snapshot.data.models as Array<{ model: string; requests: number }>).find((m) => m.model === 'm1');
+    assert.equal(m1?.requests, 4, `the dashboard's model figures count both processes' requests: ${JSON.stringify(snapshot.data.models)}`);
+
+    const mark = frontend.mark();
+    process.kill(p1.pid as number, 'SIGSTOP');
+    // Two new connections: round robin hands one to process 0, which answers the scrape.
+    const tries = [fresh(frontend.url, 'GET', '/metrics'), fresh(frontend.url, 'GET', '/metrics')];
+    for (const t of tries) t.done.catch(() => undefined); // the one handed to the stopped process is cut when it is killed
+    const scrape = await bounded(Promise.any(tries.map((t) => t.done)), 'a scrape answered while process 1 is stopped');
+    assert.equal(scrape.status, 200, scrape.body);
+    assert.equal(scrape.process, '0');
+    assert.match(scrape.body, /^ebb_frontend_processes_answering 1$/m, 'the stopped process is marked missing');
+    assert.equal(requestsTotal(scrape.body), 4, "the stopped process's requests are still counted");
+
+    const wedged = await frontend.waitForLog((l) => l.event === 'frontend_process_wedged', 'the primary detecting the stopped process', { after: mark });
+    assert.equal(wedged.pid, p1.pid);
+    const exited = await frontend.waitForLog((l) => l.event === 'frontend_process_exited', 'the stopped process killed', { after: mark });
+    assert.equal(exited.signal, 'SIGKILL');
+    const replaced = await processReady(1, mark);
+    assert.notEqual(replaced.pid, p1.pid);
+    const again = await Promise.all(Array.from({ length: 4 }, () => fresh(frontend.url, 'POST', '/v1/chat/completions', chat(1)).done));
+    assert.deepEqual(new Set(again.map((x) => x.process)), new Set(['0', '1']), 'new connections are served by both processes again');
+    const after = (await fresh(frontend.url, 'GET', '/metrics').done).body;
+    assert.match(after, /^ebb_frontend_processes_answering 2$/m);
+    assert.equal(requestsTotal(after), 8, "the killed process's counts stay in the totals");
   });
 });
 

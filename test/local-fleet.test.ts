@@ -134,7 +134,7 @@ describe('when `ebb up` stops', () => {
       const own = lines.filter((l) => l.includes(` worker ${w.worker_id}: `));
       assert.ok(own.some((l) => /shutdown/.test(l)), `${w.worker_id}'s shutdown lines name it: ${own.join('\n')}`);
     }
-    assert.equal(existsSync(join(runtime, 'ebb', 'up.json')), false, 'its state file is gone');
+    assert.equal(existsSync(join(runtime, 'ebb', `up-${up.pid}.json`)), false, 'its state file is gone');
     const after = await ebb('workers');
     assert.equal(after.code, 0, after.stderr);
     assert.match(after.stdout, /^no workers in discovery at file:\/\//);

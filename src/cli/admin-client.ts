@@ -10,8 +10,8 @@ import { codeOf } from '../protocol/errors.js';
 import { readSse } from '../common/sse-hub.js';
 import { request } from 'undici';
 import { CliError } from './cli-error.js';
-import { discoveryDefault, discoveryOption } from './options.js';
-import { runningUp } from './up-state.js';
+import { discoveryDefault, discoveryOption, fleetNameOption } from './options.js';
+import { runningUps } from './up-state.js';
 import { discardBody } from '../common/discard-body.js';
 
 /**
@@ -30,22 +30,37 @@ export interface SourceFlags {
   discovery?: string;
   tokenFile?: string;
   adminTokenFile?: string;
+  fleet?: string;
 }
 
 /** --frontend / --discovery (one or the other) and --token-file, for every operator command. */
 export function addSourceOptions(cmd: Command): Command {
   return cmd
-    .addOption(new Option('--frontend <url>', "a frontend's admin API, e.g. http://127.0.0.1:8001 (its --admin-port)").conflicts('discovery'))
+    .addOption(new Option('--frontend <url>', "a frontend's admin API, e.g. http://127.0.0.1:8001 (its --admin-port)").conflicts(['discovery', 'fleet']))
+    .addOption(new Option('--fleet <name>', 'the running `ebb up` named so (its --name, else its pid), when several run').argParser(fleetNameOption).conflicts('discovery'))
     .addOption(new Option('--discovery <url>', `read the fleet from discovery instead (default: env EBB_DISCOVERY, else the running \`ebb up\`'s frontend, else ${discoveryDefault()})`).argParser(discoveryOption))
     .option('--token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     // The servers' name for the same file, so either spelling works everywhere.
     .addOption(new Option('--admin-token-file <path>', 'the same as --token-file').hideHelp().conflicts('tokenFile'));
 }
 
-/** No source given (no flag, no EBB_DISCOVERY): the frontend admin API of this user's running `ebb up`, if any. */
+/**
+ * --fleet, or no source given (no flag, no EBB_DISCOVERY): the frontend admin API of this user's
+ * running `ebb up`, if any. Several running and none named is refused: acting on the wrong fleet, or
+ * saying "no workers" about a default that none of them uses, would mislead.
+ */
 function defaultSource(flags: SourceFlags): { kind: 'frontend'; url: string } | undefined {
-  if (flags.discovery !== undefined || process.env.EBB_DISCOVERY !== undefined) return undefined;
-  const up = runningUp();
+  if (flags.fleet === undefined && (flags.discovery !== undefined || process.env.EBB_DISCOVERY !== undefined)) return undefined;
+  const ups = runningUps();
+  const list = () => ups.map((u) => `${u.name} (${u.frontend_url}, ebb up pid ${u.pid})`).join(', ');
+  if (flags.fleet !== undefined) {
+    const named = ups.find((u) => u.name === flags.fleet);
+    if (named === undefined) throw new CliError(ups.length === 0 ? `no \`ebb up\` named "${flags.fleet}" is running (none is)` : `no \`ebb up\` named "${flags.fleet}" is running; running: ${list()}`);
+    if (named.admin_url === undefined) throw new CliError(`the \`ebb up\` named "${named.name}" has no admin listener`);
+    return { kind: 'frontend', url: trimUrl(named.admin_url) };
+  }
+  if (ups.length > 1) throw new CliError(`${ups.length} \`ebb up\` fleets are running: ${list()}; say which with --fleet NAME (or --frontend URL)`);
+  const up = ups[0];
   return up?.admin_url === undefined ? undefined : { kind: 'frontend', url: trimUrl(up.admin_url) };
 }
 

@@ -1,4 +1,5 @@
 import { InvalidArgumentError } from 'commander';
+import { FLEET_NAME } from './up-state.js';
 import { defaultDiscoveryDir } from '../discovery/private-dir.js';
 import { workerIdProblem } from '../discovery/worker-id.js';
 
@@ -80,4 +81,10 @@ export function weightOption(value: string): number {
   const n = Number(value);
   if (value.trim() === '' || !Number.isFinite(n) || n < 0) throw new InvalidArgumentError(`expected a number >= 0, got "${value}"`);
   return n;
+}
+
+/** A fleet name (`ebb up --name`, the operator commands' --fleet): it becomes part of a file name. */
+export function fleetNameOption(value: string): string {
+  if (!FLEET_NAME.test(value)) throw new InvalidArgumentError(`expected letters, digits, ".", "_" or "-" (at most 64), got "${value}"`);
+  return value;
 }

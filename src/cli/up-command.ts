@@ -4,13 +4,13 @@ import { renameSync, rmSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { loadPretty, logFormat, prettyOptions } from '../common/logger.js';
 import { temporaryDiscoveryUrl } from '../discovery/connect.js';
-import { discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
+import { discoveryOption, fleetNameOption, intOption, msOption, portOption, weightOption } from './options.js';
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { ROUTER_KINDS } from '../frontend/routing/router.js';
 import { servedModelName } from './llama-cpp-flags.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
 import { processesOption } from './frontend-command.js';
-import { removeUpState, writeUpState } from './up-state.js';
+import { removeUpState, runningUps, writeUpState } from './up-state.js';
 
 interface UpFlags {
   workers?: number;
@@ -40,6 +40,7 @@ interface UpFlags {
   processes: number;
   restart: boolean;
   metricsSdFile?: string;
+  name?: string;
 }
 
 /** One line on stderr; it may quote what a worker reports, so it is shown escaped. */
@@ -96,8 +97,12 @@ export function upCommand(): Command {
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute: uncached prompt tokens per second, per worker', intOption(1))
     .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--no-restart', 'do not restart a component that exits on its own (default: restart with back-off)')
+    .option('--name <name>', 'name of this fleet, for the operator commands\' --fleet when several `ebb up` run (default: its pid)', fleetNameOption)
     .option('--metrics-sd-file <file>', 'write a Prometheus file-SD target list of the frontend and every worker here, kept current')
     .action(async (flags: UpFlags) => {
+      const name = flags.name ?? String(process.pid);
+      const taken = runningUps().find((u) => u.name === name);
+      if (taken !== undefined) throw new Error(`a fleet named "${name}" is already running (ebb up pid ${taken.pid}, ${taken.frontend_url}); choose another --name`);
       const mocker: string[] = [];
       if (flags.mockerTtftMs !== undefined) mocker.push('--mocker-ttft-ms', String(flags.mockerTtftMs));
       if (flags.mockerItlMs !== undefined) mocker.push('--mocker-itl-ms', String(flags.mockerItlMs));
@@ -157,14 +162,14 @@ export function upCommand(): Command {
         if (flags.metricsSdFile !== undefined) rmSync(flags.metricsSdFile, { force: true });
         // A second signal took over: it says how this ended, and exits 130.
         if (signals > 1) return;
-        removeUpState(process.pid);
+        removeUpState(name, process.pid);
         say(`ebb up: stopped (${why})`);
         process.exit(code);
       };
       let signals = 0;
       const killAll = (why: string) => {
         for (const c of all) c.kill();
-        removeUpState(process.pid);
+        removeUpState(name, process.pid);
         say(`ebb up: ${why}`);
         process.exit(130);
       };
@@ -188,6 +193,7 @@ export function upCommand(): Command {
         const lines = [
           '',
           `ebb is up (discovery ${discovery})`,
+          `  Fleet name:   ${name}   (the operator commands' --fleet ${name} when several \`ebb up\` run)`,
           `  OpenAI API:   ${front.url}/v1   (model "${model}")`,
           `  Dashboard:    ${front.admin_url ?? '-'}/   (live fleet view: drain and resume from the browser)`,
           `  Fleet admin:  ${front.admin_url ?? '-'}/workers   (ebb workers, ebb drain ID --wait: they find this fleet)`,
@@ -196,9 +202,9 @@ export function upCommand(): Command {
           `  Ctrl-C drains the workers and stops everything.${flags.restart ? ' A component that exits on its own is restarted.' : ''}`,
           '',
         ];
+        // The operator commands without --frontend/--discovery find this fleet through it (before the banner says so).
+        writeUpState({ name, pid: process.pid, discovery, frontend_url: front.url, admin_url: front.admin_url });
         for (const line of lines) say(line);
-        // The operator commands without --frontend/--discovery find this fleet through it.
-        writeUpState({ pid: process.pid, discovery, frontend_url: front.url, admin_url: front.admin_url });
       } catch (err) {
         say(`ebb up: ${(err as Error).message}`);
         stopping ??= stop(1, 'a component could not start');

@@ -14,6 +14,7 @@ import { fdLimits, streamsRoom } from './fd-room.js';
 import { Shutdown } from './shutdown.js';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
 import type { Registry } from 'prom-client';
+import type { AdminView, KvView } from './cluster/admin-view.js';
 import { KvFeed } from './routing/kv-feed.js';
 import type { KvEventSource } from './routing/kv-subscription.js';
 import { createKvRouterMetrics } from './routing/kv-metrics.js';
@@ -80,6 +81,8 @@ export interface RunningFrontend {
   discovery: Discovery;
   /** This process's metrics. */
   registry: Registry;
+  /** What the admin API shows of this process's routing and traffic (a `--processes` child sends it to the primary). */
+  adminView(): AdminView;
   /**
    * Fails readiness at once and keeps serving for `graceMs` (a load balancer notices before
    * anything is refused); then stops accepting on both listeners, lets open streams and admin calls
@@ -163,7 +166,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, stats: metrics.stats, kv: (id) => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) }), agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
+  const kvView = (id: string): KvView => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) });
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, stats: metrics.stats, kv: kvView, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
@@ -195,6 +199,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     router,
     discovery,
     registry: metrics.registry,
+    adminView: () => ({ kv: Object.fromEntries(pool.all().map((w) => [w.record.worker_id, kvView(w.record.worker_id)])), models: metrics.stats.summary() }),
     async close(timeoutMs, graceMs = 0) {
       shutdown.notReady = true;
       if (graceMs > 0) {

@@ -28,7 +28,7 @@ export interface AdminServerDeps {
   fleet: FleetView;
   pool: WorkerPool;
   /** The router's view of a worker (its indexed blocks, queued prefill), for /workers and the dashboard. */
-  kv?: ((workerId: string) => Record<string, unknown>) | undefined;
+  kv?: ((workerId: string) => Record<string, unknown> | null) | undefined;
   /**
    * Discovery's drain intents, where it keeps them (etcd): a worker that started drained under one
    * never registered, and its intent is how the fleet view still lists and reaches it.
@@ -37,7 +37,7 @@ export interface AdminServerDeps {
   /** Discovery's scale-down lock: one scale-down of a model at a time, with every CLI and frontend on it. */
   scaleDownLocks: ScaleDownLocks;
   /** Per-model request rate, errors and TTFT, for the dashboard. */
-  stats?: ModelStats | undefined;
+  stats?: Pick<ModelStats, 'summary'> | undefined;
   agent: Agent;
   /** Checks mutating routes when an admin token is configured. */
   guardAdmin?: AdminGuard | undefined;

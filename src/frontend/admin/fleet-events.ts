@@ -52,7 +52,7 @@ export class FleetEvents {
     snapshot: () => Promise<unknown[]>,
     /** The router's view of a worker's prefix cache (as in GET /workers' `kv`). */
     private readonly kv: (workerId: string) => unknown = () => null,
-    private readonly stats?: ModelStats,
+    private readonly stats?: Pick<ModelStats, 'summary'>,
     workerAdminToken?: string,
   ) {
     this.streamHeaders = bearerHeader(workerAdminToken);

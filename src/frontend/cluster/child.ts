@@ -78,7 +78,7 @@ export async function runChild(opts: FrontendOptions, stopOpts: ChildStop, baseL
       scrapes.delete(msg.id);
       if (msg.text !== undefined) waiting?.resolve(msg.text);
       else waiting?.reject(new Error(`metrics of the other frontend processes: ${msg.error ?? 'no answer'}`));
-    } else if (msg.type === 'ebb:metrics-req') void frontend.registry.getMetricsAsJSON().then((metrics) => send({ type: 'ebb:metrics', id: msg.id, metrics }));
+    } else if (msg.type === 'ebb:metrics-req') void frontend.registry.getMetricsAsJSON().then((metrics) => send({ type: 'ebb:metrics', id: msg.id, metrics, view: frontend.adminView() }));
     else if (msg.type === 'ebb:stop') stop('primary', msg.graceMs);
   });
   process.on('SIGTERM', () => stop('SIGTERM', stopOpts.shutdownGraceMs));

@@ -3,6 +3,7 @@
  * channel. Children never talk to each other: everything goes through the primary.
  */
 import type { Registry } from 'prom-client';
+import type { AdminView } from './admin-view.js';
 
 /** Which child (0..N-1): stable across a replacement, so logs and the response header stay readable. */
 export const PROCESS_SLOT_ENV = 'EBB_FRONTEND_PROCESS';
@@ -19,7 +20,8 @@ export type ChildMessage =
   | { type: 'ebb:inflight'; counts: Counts }
   /** A scrape of the public /metrics reached this child: the primary answers with every process's metrics. */
   | { type: 'ebb:scrape'; id: number }
-  | { type: 'ebb:metrics'; id: number; metrics: MetricsJson }
+  /** The answer to a metrics request (the heartbeat too): its metrics and its admin view. */
+  | { type: 'ebb:metrics'; id: number; metrics: MetricsJson; view: AdminView }
   /** Follow a worker's KV events through the primary's one subscription (see kv-follow / kv-relay). */
   | { type: 'ebb:kv-follow'; worker_id: string; system_url: string; follow: number }
   | { type: 'ebb:kv-unfollow'; worker_id: string; follow: number };

@@ -14,13 +14,26 @@ import { KvFeed } from '../routing/kv-feed.js';
 import { WorkerPool } from '../routing/worker-pool.js';
 import { KvRelay } from './kv-relay.js';
 import type { ChildStop } from './child.js';
+import { mergeKv, mergeModels, type AdminView } from './admin-view.js';
 import { InflightTable } from './inflight-table.js';
+import { RetiredCounters } from './retired-counters.js';
 import { isMessage, PROCESS_SLOT_ENV, type ChildMessage, type MetricsJson, type PrimaryMessage } from './messages.js';
 
 /** A dead child is replaced after this back-off (doubling while it keeps dying; reset once one is ready). */
 const REPLACE_BACKOFF = { minMs: 250, maxMs: 30_000 };
-/** How long a scrape waits for a child's metrics. */
-const METRICS_TIMEOUT_MS = 5_000;
+/**
+ * How long a scrape waits for a child's fresh metrics before it uses the child's last answer instead
+ * (well within Prometheus's default 10 s scrape timeout, with the scrape's own round trips).
+ */
+const METRICS_TIMEOUT_MS = 2_000;
+/** Every child is asked for its metrics this often: its heartbeat, and its latest figures kept. */
+const HEARTBEAT_MS = 1_000;
+/**
+ * A child that has answered nothing for this long is wedged (stopped, or its event loop stuck): it
+ * still holds its share of the public port's new connections, which would hang, so it is killed
+ * and replaced. Far above any event-loop stall of a loaded but working process.
+ */
+const WEDGED_MS = 5_000;
 
 interface Slot {
   index: number;
@@ -28,7 +41,15 @@ interface Slot {
   ready: boolean;
   backoff: Backoff;
   timer?: NodeJS.Timeout | undefined;
+  /** When the child last answered anything (its heartbeat); 0 until it is ready. */
+  answeredAt: number;
+  /** Its latest metrics: kept as its figures if it stops answering or dies. */
+  metrics?: MetricsJson | undefined;
+  /** Its latest admin view (routing and traffic figures), for the one admin API. */
+  view?: AdminView | undefined;
 }
+
+type Answer = { metrics: MetricsJson; view: AdminView };
 
 /**
  * The primary of `ebb frontend --processes N`: it serves no API request itself. It forks N children
@@ -52,7 +73,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     kvFeed?.apply(event);
   });
   const table = new InflightTable();
-  const slots: Slot[] = Array.from({ length: processes }, (_, index) => ({ index, ready: false, backoff: new Backoff(REPLACE_BACKOFF) }));
+  const slots: Slot[] = Array.from({ length: processes }, (_, index) => ({ index, ready: false, backoff: new Backoff(REPLACE_BACKOFF), answeredAt: 0 }));
   const bySlotOf = new Map<Worker, Slot>();
   let stopping = false;
 
@@ -78,6 +99,16 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   // --- metrics: every child's registry plus this process's, aggregated once per scrape ---
   const own = new Registry();
   collectProcessMetrics(own);
+  const retired = new RetiredCounters();
+  let answering = 0;
+  new Gauge({
+    name: 'ebb_frontend_processes_answering',
+    help: 'Relaying processes whose own figures are in this scrape; one that did not answer in time is counted with its last figures',
+    registers: [own],
+    collect() {
+      this.set(answering);
+    },
+  });
   new Gauge({
     name: 'ebb_frontend_processes',
     help: 'Relaying processes of this frontend serving the public port (--processes)',
@@ -87,9 +118,9 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     },
   });
   let nextMetrics = 0;
-  const metricsWaits = new Map<number, { worker: Worker; resolve: (m: MetricsJson) => void; reject: (err: Error) => void }>();
+  const metricsWaits = new Map<number, { worker: Worker; resolve: (m: Answer) => void; reject: (err: Error) => void }>();
   const childMetrics = (worker: Worker) =>
-    new Promise<MetricsJson>((resolve, reject) => {
+    new Promise<Answer>((resolve, reject) => {
       const id = nextMetrics++;
       const timer = setTimeout(() => {
         metricsWaits.delete(id);
@@ -103,11 +134,46 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
       metricsWaits.set(id, { worker, resolve: done(resolve), reject: done(reject) });
       tell(worker, { type: 'ebb:metrics-req', id });
     });
-  const scrape = async (): Promise<string> => {
-    const live = slots.flatMap((s) => (s.ready && s.worker?.isConnected() ? [s.worker] : []));
-    const all = await Promise.all([...live.map(childMetrics), own.getMetricsAsJSON()]);
-    return AggregatorRegistry.aggregate(all).metrics();
+  /** A live child's metrics, now; kept as its latest. */
+  const askSlot = async (s: Slot, worker: Worker): Promise<MetricsJson> => {
+    const { metrics, view } = await childMetrics(worker);
+    if (s.worker === worker) {
+      s.answeredAt = performance.now();
+      s.metrics = metrics;
+      s.view = view;
+    }
+    return metrics;
   };
+  // One scrape at a time: `answering` is the figure of the scrape being rendered.
+  let scraping: Promise<string> = Promise.resolve('');
+  const scrape = (): Promise<string> => (scraping = scraping.catch(() => '').then(scrapeNow));
+  const scrapeNow = async (): Promise<string> => {
+    const live = slots.flatMap((s) => (s.ready && s.worker?.isConnected() ? [{ s, worker: s.worker }] : []));
+    // A child that does not answer in time is counted with its last figures, so no counter dips.
+    const fresh = await Promise.allSettled(live.map(({ s, worker }) => askSlot(s, worker)));
+    const children = fresh.flatMap((r, i) => (r.status === 'fulfilled' ? [r.value] : (live[i]!.s.metrics ? [live[i]!.s.metrics!] : [])));
+    answering = fresh.filter((r) => r.status === 'fulfilled').length;
+    const all = await Promise.all([own.getMetricsAsJSON(), retired.metrics()]);
+    return AggregatorRegistry.aggregate([...children, ...all]).metrics();
+  };
+
+  // --- liveness: the heartbeat is a metrics request; a child silent for WEDGED_MS is killed (and replaced on its exit) ---
+  const heartbeat = setInterval(() => {
+    if (stopping) return;
+    const now = performance.now();
+    for (const s of slots) {
+      const worker = s.worker;
+      if (!worker || !s.ready) continue;
+      if (now - s.answeredAt > WEDGED_MS) {
+        log.warn({ event: 'frontend_process_wedged', slot: s.index, pid: worker.process.pid, silent_ms: Math.round(now - s.answeredAt) }, `frontend process ${s.index} (pid ${worker.process.pid}) answered nothing for ${WEDGED_MS} ms; killing it`);
+        s.ready = false; // no longer asked, nor counted as serving
+        worker.process.kill('SIGKILL');
+        continue;
+      }
+      askSlot(s, worker).catch(() => undefined); // a missed beat is judged on the next one
+    }
+  }, HEARTBEAT_MS);
+  heartbeat.unref();
 
   // --- children ---
   let resolveReady!: (url: string) => void;
@@ -130,6 +196,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
         changed();
       } else if (msg.type === 'ebb:ready') {
         s.ready = true;
+        s.answeredAt = performance.now();
         s.backoff.reset();
         url ??= msg.url;
         tell(worker, { type: 'ebb:peer-inflight', counts: table.peersOf(worker.id) }); // it starts knowing its peers' load
@@ -140,7 +207,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
           (text) => tell(worker, { type: 'ebb:scraped', id: msg.id, text }),
           (err: Error) => tell(worker, { type: 'ebb:scraped', id: msg.id, error: err.message }),
         );
-      } else if (msg.type === 'ebb:metrics') metricsWaits.get(msg.id)?.resolve(msg.metrics);
+      } else if (msg.type === 'ebb:metrics') metricsWaits.get(msg.id)?.resolve(msg);
       else if (msg.type === 'ebb:kv-follow') relay.follow(worker, msg.worker_id, msg.system_url, msg.follow);
       else if (msg.type === 'ebb:kv-unfollow') relay.unfollow(worker, msg.worker_id, msg.follow);
     });
@@ -156,8 +223,11 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
     changed();
     for (const w of metricsWaits.values()) if (w.worker === worker) w.reject(new Error(`frontend process pid ${worker.process.pid} exited during the scrape`));
     if (!s || s.worker !== worker) return;
+    if (s.metrics) retired.retire(s.metrics);
     s.worker = undefined;
     s.ready = false;
+    s.metrics = undefined;
+    s.view = undefined;
     if (stopping) {
       exits.set(s.index, code);
       if (slots.every((x) => x.worker === undefined)) lastExit?.();
@@ -183,9 +253,16 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   }
   everAllReady = true;
 
-  // --- the one admin listener ---
+  // --- the one admin listener: the processes' routing and traffic figures from their latest heartbeat ---
+  const views = () => slots.flatMap((s) => (s.view ? [s.view] : []));
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, kv: kvFeed && ((id) => ({ router: 'kv', ...(kvFeed.describe(id) ?? {}) })), intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: own }) : undefined;
+  // The router's view: the children's queued prefill summed, the KV feed's fields from the primary's own (it holds the streams).
+  const kvView = (id: string) => {
+    const merged = mergeKv(views(), id);
+    const own = kvFeed?.describe(id) ?? null;
+    return merged === null && own === null ? null : { router: 'kv', ...merged, ...own };
+  };
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, kv: kvView, stats: { summary: () => mergeModels(views()) }, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: own }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
@@ -205,6 +282,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   const stop = (signal: string, graceMs: number) => {
     if (stopping) process.exit(130);
     stopping = true;
+    clearInterval(heartbeat);
     log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs, processes: slots.filter((s) => s.worker).length }, 'stopping: every process finishes its open streams');
     for (const s of slots) {
       clearTimeout(s.timer);
