@@ -13,7 +13,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { call, openLineStream } from './helpers/http.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
-import { metricValue, spawnEbb, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { metricValue, spawnEbb, startFrontend, tempDiscoveryUrl, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const modelPath = writeTinyLlamaGguf();
@@ -34,8 +34,7 @@ after(async () => {
 async function llamaWorker(discovery: string, model: string, args: string[], path = modelPath): Promise<WorkerHandle> {
   const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, '--engine', 'llama-cpp', '--model-path', path, '--model', model, ...COMMON, ...args], 'worker');
   started.push(p);
-  const ready = await p.waitForEvent('worker_ready');
-  return Object.assign(p, { workerId: ready.worker_id as string, requestUrl: ready.request_url as string, systemUrl: ready.system_url as string });
+  return workerReady(p);
 }
 
 const isOk = (r: { status: number }) => r.status === 200 || r.status === 202;

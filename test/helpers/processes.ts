@@ -13,9 +13,16 @@ export type LogLine = Record<string, unknown> & { event?: string };
 /** Bound on any single wait in tests, so a broken behaviour fails instead of hanging. */
 export const WAIT_BOUND_MS = 20_000;
 
-/** Where a wait starts matching: log lines at index >= after (see EbbProcess.mark). */
+/**
+ * Bound on a process's start (worker_ready, frontend_ready): a fresh node process loading its
+ * modules, and a llama.cpp model, takes several times longer on a machine other suites load.
+ */
+export const START_BOUND_MS = 90_000;
+
+/** Where a wait starts matching: log lines at index >= after (see EbbProcess.mark); boundMs replaces WAIT_BOUND_MS. */
 export interface LogCursor {
   after?: number;
+  boundMs?: number;
 }
 
 /** Every EbbProcess not yet exited, for killAllNow. */
@@ -89,7 +96,7 @@ export class EbbProcess {
   }
 
   /** Resolves with the first log line at index >= `after` (default 0: past or future) matching `pred`. */
-  waitForLog(pred: (l: LogLine) => boolean, what = 'log line', { after = 0 }: LogCursor = {}): Promise<LogLine> {
+  waitForLog(pred: (l: LogLine) => boolean, what = 'log line', { after = 0, boundMs = WAIT_BOUND_MS }: LogCursor = {}): Promise<LogLine> {
     for (let i = after; i < this.logs.length; i++) {
       const seen = this.logs[i] as LogLine;
       if (pred(seen)) return Promise.resolve(seen);
@@ -98,6 +105,7 @@ export class EbbProcess {
     return bounded(
       new Promise<LogLine>((resolve, reject) => this.waiters.push({ pred, what, after, resolve, reject })),
       `${this.label}: waiting for ${what}${after > 0 ? ` after log line ${after}` : ''}; stderr: ${this.stderr.join('\n')}`,
+      boundMs,
     );
   }
 
@@ -211,8 +219,12 @@ export function tempDiscoveryUrl(): string {
 }
 
 export async function startWorker(args: string[], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): Promise<WorkerHandle> {
-  const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args], 'worker', env, opts);
-  const ready = await p.waitForEvent('worker_ready');
+  return workerReady(spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args], 'worker', env, opts));
+}
+
+/** A spawned worker, once ready (bounded by START_BOUND_MS), with its id and URLs. */
+export async function workerReady(p: EbbProcess): Promise<WorkerHandle> {
+  const ready = await p.waitForEvent('worker_ready', undefined, { boundMs: START_BOUND_MS });
   return Object.assign(p, {
     workerId: ready.worker_id as string,
     requestUrl: ready.request_url as string,
@@ -226,7 +238,7 @@ export interface FrontendHandle extends EbbProcess {
 
 export async function startFrontend(discoveryUrl: string, args: string[] = [], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): Promise<FrontendHandle> {
   const p = spawnEbb(['frontend', '--port', '0', '--discovery', discoveryUrl, ...args], 'frontend', env, opts);
-  const ready = await p.waitForEvent('frontend_ready');
+  const ready = await p.waitForEvent('frontend_ready', undefined, { boundMs: START_BOUND_MS });
   return Object.assign(p, { url: ready.url as string }) as FrontendHandle;
 }
 
