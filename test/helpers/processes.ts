@@ -36,7 +36,7 @@ export function killAllNow(): void {
 export class EbbProcess {
   readonly logs: LogLine[] = [];
   readonly stderr: string[] = [];
-  /** Resolves with the exit code (128 for a signal). */
+  /** Resolves with the exit code (128 for a signal), once every line the process wrote to stdout is in `logs`. */
   readonly exited: Promise<number>;
   private waiters: Array<{ pred: (l: LogLine) => boolean; what: string; after: number; resolve: (l: LogLine) => void; reject: (err: Error) => void }> = [];
   private stderrWaiters: Array<{ pattern: RegExp; resolve: (m: RegExpMatchArray) => void; reject: (err: Error) => void }> = [];
@@ -44,7 +44,11 @@ export class EbbProcess {
   private closed: string | undefined;
 
   constructor(readonly proc: ChildProcess, readonly label: string) {
-    createInterface({ input: proc.stdout! }).on('line', (line) => {
+    const stdout = createInterface({ input: proc.stdout! });
+    // 'exit' can come before the last lines are read on a loaded machine; only this process holds its
+    // stdout (children get pipes of their own), so it ends with the process.
+    const stdoutRead = once(stdout, 'close');
+    stdout.on('line', (line) => {
       let parsed: LogLine;
       try {
         parsed = JSON.parse(line) as LogLine;
@@ -67,8 +71,9 @@ export class EbbProcess {
       });
     });
     live.add(this);
-    this.exited = once(proc, 'exit').then(([code, signal]) => {
+    this.exited = once(proc, 'exit').then(async ([code, signal]) => {
       live.delete(this);
+      await stdoutRead;
       return (code ?? (signal ? 128 : -1)) as number;
     });
     // On 'close' every line of both pipes has been handled: a wait still pending can never be
