@@ -2,7 +2,7 @@ import { before, after } from 'node:test';
 import { Etcd3 } from 'etcd3';
 import { ETCD_PREFIX } from '../../src/discovery/etcd.js';
 import { startEtcd, type EtcdServer } from './etcd.js';
-import { startFrontend, startWorker, type EbbProcess, type FrontendHandle, type WorkerHandle } from './processes.js';
+import { spawnWorker, startFrontend, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './processes.js';
 
 /** One etcd per describe block, a raw client to read it, and the processes started against it, all torn down in after(). */
 export function etcdFixture() {
@@ -10,10 +10,11 @@ export function etcdFixture() {
     etcd: undefined as unknown as EtcdServer,
     raw: undefined as unknown as Etcd3,
     started: [] as EbbProcess[],
+    /** Kept before it is ready: one that never gets there (a loaded machine) is still stopped in after(). */
     async worker(args: string[]): Promise<WorkerHandle> {
-      const w = await startWorker(['--discovery', fx.etcd.url, ...args]);
-      fx.started.push(w);
-      return w;
+      const p = spawnWorker(['--discovery', fx.etcd.url, ...args]);
+      fx.started.push(p);
+      return workerReady(p);
     },
     async frontend(): Promise<FrontendHandle> {
       const f = await startFrontend(fx.etcd.url);

@@ -224,7 +224,12 @@ export function tempDiscoveryUrl(): string {
 }
 
 export async function startWorker(args: string[], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): Promise<WorkerHandle> {
-  return workerReady(spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args], 'worker', env, opts));
+  return workerReady(spawnWorker(args, env, opts));
+}
+
+/** `ebb worker` on free ports, not yet ready (see workerReady). */
+export function spawnWorker(args: string[], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): EbbProcess {
+  return spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args], 'worker', env, opts);
 }
 
 /** A spawned worker, once ready (bounded by START_BOUND_MS), with its id and URLs. */
