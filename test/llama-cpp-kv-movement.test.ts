@@ -194,11 +194,11 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.ok(status !== undefined && status >= 200 && status < 300, `drain answered ${status}`);
     const results = await Promise.all(moved);
 
-    const migrations = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId);
     // What A still ran at its deadline is handed off. The three streams do not progress evenly on A (one
     // can wait behind the others' prefill and grammar), so on a loaded machine one or two may have
     // finished by then: every stream handed off must have moved, and at least one must have been.
     const handedOff = (await call('GET', `${a.systemUrl}/engine/status`)).body.handed_off as number;
+    const migrations = await frontend.waitForCount((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId, handedOff, 'stream_migrated from A to B');
     const seen = () => JSON.stringify({ frontend: frontend.logs.filter((l) => /migrat|hand/.test(String(l.event))), streams: results.map((r) => ({ error: r.error, done: r.done, usage: r.usage })) });
     assert.ok(handedOff >= 1, `A handed a stream off; ${seen()}`);
     assert.equal(migrations.length, handedOff, `every stream handed off moved from A to B; ${seen()}`);

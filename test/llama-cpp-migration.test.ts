@@ -91,7 +91,7 @@ describe('llama-cpp migration at temperature 0 (--batch-invariant)', () => {
     assert.ok(isOk(await call('POST', `${a.systemUrl}/engine/drain`, { deadline_ms: 0 })));
     const results = await Promise.all(migrated);
 
-    const moved = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId);
+    const moved = await frontend.waitForCount((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId, ANSWERS, 'stream_migrated from A to B');
     assert.equal(moved.length, ANSWERS, 'every answer moved from A to B');
     const diverged: number[] = [];
     for (const [i, r] of results.entries()) {

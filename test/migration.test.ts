@@ -123,10 +123,7 @@ describe('migration: a worker fails mid-stream', () => {
     assert.ok(inflight > 0);
     const results = await Promise.all(streams);
     assertUndisturbed(results, expected, TOKENS);
-    const fromVictim = () => frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === victim.workerId);
-    // The streams can end before the frontend's stdout carrying those lines is read.
-    await frontend.waitForLog(() => fromVictim().length >= inflight, `${inflight} stream_migrated lines from ${victim.workerId}`);
-    const moved = fromVictim();
+    const moved = await frontend.waitForCount((l) => l.event === 'stream_migrated' && l.from_worker === victim.workerId, inflight, `stream_migrated from ${victim.workerId}`);
     assert.equal(moved.length, inflight, 'one migration log line per stream the victim was serving');
     for (const l of moved) assert.ok((l.tokens_delivered as number) >= 10 && l.to_worker !== victim.workerId);
     assert.equal(await metricValue(frontend.url, 'ebb_frontend_migrations_total', 'reason="worker_failed"'), inflight);

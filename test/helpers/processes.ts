@@ -127,6 +127,16 @@ export class EbbProcess {
     );
   }
 
+  /**
+   * Every line matching `pred`, once there are at least `n`: log lines travel a pipe and can trail
+   * what the test saw over HTTP (a stream that ended), so a count is read only once it is there.
+   */
+  async waitForCount(pred: (l: LogLine) => boolean, n: number, what: string): Promise<LogLine[]> {
+    const matching = () => this.logs.filter(pred);
+    await this.waitForLog(() => matching().length >= n, `${n} lines: ${what}`);
+    return matching();
+  }
+
   waitForEvent(event: string, extra: (l: LogLine) => boolean = () => true, cursor: LogCursor = {}): Promise<LogLine> {
     return this.waitForLog((l) => l.event === event && extra(l), `event ${event}`, cursor);
   }
