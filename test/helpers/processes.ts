@@ -40,6 +40,8 @@ export class EbbProcess {
   readonly exited: Promise<number>;
   private waiters: Array<{ pred: (l: LogLine) => boolean; what: string; after: number; resolve: (l: LogLine) => void; reject: (err: Error) => void }> = [];
   private stderrWaiters: Array<{ pattern: RegExp; resolve: (m: RegExpMatchArray) => void; reject: (err: Error) => void }> = [];
+  /** Every stderr line is in `stderr` (children of `ebb up` share the pipe: it can outlive the process). */
+  private readonly stderrRead: Promise<void>;
   /** Set once both pipes are closed: "worker exited (code 1)". */
   private closed: string | undefined;
 
@@ -62,7 +64,9 @@ export class EbbProcess {
         return false;
       });
     });
-    createInterface({ input: proc.stderr! }).on('line', (line) => {
+    const stderr = createInterface({ input: proc.stderr! });
+    this.stderrRead = once(stderr, 'close').then(() => undefined);
+    stderr.on('line', (line) => {
       this.stderr.push(line);
       this.stderrWaiters = this.stderrWaiters.filter((w) => {
         const m = line.match(w.pattern);
@@ -146,8 +150,16 @@ export class EbbProcess {
     return this.waitForEvent(event, extra, { after: this.mark() });
   }
 
+  /** The exit code, once the process has exited and its stdout and stderr are read to the end. */
   exitCode(boundMs = WAIT_BOUND_MS): Promise<number> {
-    return bounded(this.exited, `${this.label}: waiting for exit`, boundMs);
+    return bounded(
+      this.exited.then(async (code) => {
+        await this.stderrRead;
+        return code;
+      }),
+      `${this.label}: waiting for exit and the end of its output`,
+      boundMs,
+    );
   }
 
   signal(sig: NodeJS.Signals): void {
