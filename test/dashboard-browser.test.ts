@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import type { Browser, Page } from 'puppeteer-core';
 import { browserSkipReason, launchBrowser } from './helpers/browser.js';
 import { call } from './helpers/http.js';
-import { spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type LogLine } from './helpers/processes.js';
+import { spawnEbb, START_BOUND_MS, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type LogLine } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const WORKERS = 3;
@@ -32,11 +32,11 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
   before(async () => {
     // 20 ms per token, 40 tokens: a request runs about 0.8 s, so a drain under load is seen draining.
     up = spawnEbb(['up', '--port', '0', '--workers', String(WORKERS), '--model', 'm1', '--mocker-itl-ms', '20'], 'ebb up', { EBB_ADMIN_TOKEN: undefined });
-    const ready = await up.waitForEvent('frontend_ready');
+    const ready = await up.waitForEvent('frontend_ready', undefined, { boundMs: START_BOUND_MS });
     adminUrl = ready.admin_url as string;
     apiUrl = ready.url as string;
     for (let i = 0; workerIds.length < WORKERS; i++) {
-      const w: LogLine = await up.waitForLog((l) => l.event === 'worker_ready' && !workerIds.includes(l.worker_id as string), `worker_ready #${i + 1}`);
+      const w: LogLine = await up.waitForLog((l) => l.event === 'worker_ready' && !workerIds.includes(l.worker_id as string), `worker_ready #${i + 1}`, { boundMs: START_BOUND_MS });
       workerIds.push(w.worker_id as string);
     }
     // A drain and a resume before any page is open: the page must still show them (history).

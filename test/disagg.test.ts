@@ -77,7 +77,8 @@ describe('disaggregated prefill/decode', () => {
 
   it('releases and counts a transfer whose decode peer never came', async () => {
     const discovery = tempDiscoveryUrl();
-    const p = await worker(discovery, 'prefill', ['--kv-transfer-ttl-ms', '300']);
+    // Long enough that the drain call comes before the expiry on a loaded machine.
+    const p = await worker(discovery, 'prefill', ['--kv-transfer-ttl-ms', '3000']);
     const t = await prefill(p);
     const drain = await call('POST', `${p.systemUrl}/engine/drain`);
     assert.equal(drain.body.state, 'draining');

@@ -24,9 +24,7 @@ describe('etcd: a drain intent survives a restart', { skip: etcdSkipReason() }, 
     assert.equal((await call('POST', `${first.systemUrl}/engine/drain`, { reason: 'disk swap' })).body.state, 'drained');
     await first.waitForEvent('state_changed', (l) => l.to === 'drained', { after: mark });
     // The intent is written as the drain begins; wait for etcd to hold it rather than assume.
-    const watcher = await fx.raw.watch().key(`${INTENT_PREFIX}w-intent`).create();
-    if ((await intent('w-intent')) === null) await new Promise((resolve) => watcher.once('put', resolve));
-    await watcher.cancel();
+    await fx.keyIs(`${INTENT_PREFIX}w-intent`, true);
     assert.match((await intent('w-intent')) ?? '', /disk swap/);
     first.signal('SIGKILL');
     await first.exitCode();
@@ -43,9 +41,7 @@ describe('etcd: a drain intent survives a restart', { skip: etcdSkipReason() }, 
 
     assert.equal((await call('POST', `${ready.system_url as string}/engine/resume`)).body.state, 'serving');
     assert.deepEqual(await registered(), ['w-intent']);
-    const gone = await fx.raw.watch().key(`${INTENT_PREFIX}w-intent`).create();
-    if ((await intent('w-intent')) !== null) await new Promise((resolve) => gone.once('delete', resolve));
-    await gone.cancel();
+    await fx.keyIs(`${INTENT_PREFIX}w-intent`, false);
     assert.equal(await intent('w-intent'), null, 'resume removed the intent');
     second.signal('SIGKILL');
     await second.exitCode();

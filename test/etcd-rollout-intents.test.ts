@@ -25,12 +25,7 @@ describe('etcd: drain intents and the operator', { skip: etcdSkipReason() }, () 
   let current: WorkerHandle;
   const ebb = async (...a: string[]) => (await run(process.execPath, [CLI, ...a, '--discovery', fx.etcd.url], { timeout: 30_000 })).stdout;
   /** Resolves once etcd holds (or no longer holds) the intent of ID: written after the drain answered. */
-  const intentIs = async (present: boolean) => {
-    const key = `${INTENT_PREFIX}${ID}`;
-    const watcher = await fx.raw.watch().key(key).create();
-    if (((await fx.raw.get(key).string()) !== null) !== present) await once(watcher, present ? 'put' : 'delete');
-    await watcher.cancel();
-  };
+  const intentIs = (present: boolean) => fx.keyIs(`${INTENT_PREFIX}${ID}`, present);
 
   it('a rollout whose hook restarts the worker under the same id finishes: the replacement serves', async () => {
     current = await fx.worker(args);

@@ -108,7 +108,8 @@ describe('file discovery', () => {
     const { dir } = fresh();
     const reader = new FileDiscovery(dir);
     dirs.push(reader);
-    writeFileSync(join(dir, 'quiet.json'), JSON.stringify({ record: record('quiet'), pid: process.pid, hostname: 'elsewhere', heartbeat_at: Date.now(), ttl_ms: 300 }));
+    // A TTL the first read cannot miss on a loaded machine (at 300 ms the record could be gone before it).
+    writeFileSync(join(dir, 'quiet.json'), JSON.stringify({ record: record('quiet'), pid: process.pid, hostname: 'elsewhere', heartbeat_at: Date.now(), ttl_ms: 2000 }));
     const c = collector();
     await reader.watch(c.listener);
     assert.deepEqual(c.events[0], { type: 'reset', records: [record('quiet')] });

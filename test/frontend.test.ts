@@ -156,7 +156,8 @@ describe('frontend: hung worker', () => {
   it('moves requests off a worker that accepts connections but never answers (SIGSTOP)', async () => {
     const { discovery, workers } = await sharedFleet();
     const hung = workers[0]!;
-    const frontend = await startFrontend(discovery, ['--upstream-headers-timeout-ms', '500']);
+    // Past any stall of a healthy worker on a loaded machine, so only the hung one times out.
+    const frontend = await startFrontend(discovery, ['--upstream-headers-timeout-ms', '2000']);
     started.push(frontend);
     hung.signal('SIGSTOP');
     try {

@@ -7,6 +7,7 @@ import pino from 'pino';
 import { KvFeed } from '../src/frontend/routing/kv-feed.js';
 import type { WorkerRecord } from '../src/discovery/discovery.js';
 import { fakeWorker, type FakeWorker } from './helpers/http.js';
+import { bounded } from './helpers/processes.js';
 
 /**
  * The KV event subscriptions against a fake worker's /kv/events: what the frontend indexes, and
@@ -23,15 +24,20 @@ const log = pino(
     },
   }),
 );
-const logged = (event: string, pred: (l: Record<string, unknown>) => boolean = () => true) =>
-  new Promise<Record<string, unknown>>((resolve) => {
-    const on = (l: Record<string, unknown>) => {
+/** The next log line of `event` matching `pred`; bounded, so a missing one fails naming what was awaited. */
+const logged = (event: string, pred: (l: Record<string, unknown>) => boolean = () => true, what = '') => {
+  let on!: (l: Record<string, unknown>) => void;
+  const seen = new Promise<Record<string, unknown>>((resolve) => {
+    on = (l) => {
       if (l.event !== event || !pred(l)) return;
       logs.off('line', on);
       resolve(l);
     };
     logs.on('line', on);
   });
+  seen.catch(() => undefined);
+  return bounded(seen, `the frontend's log line ${event}${what ? ` (${what})` : ''}`).finally(() => logs.off('line', on));
+};
 
 const frame = (event: string, data: unknown) => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`;
 const rec = (id: string, systemUrl: string): WorkerRecord => ({
@@ -61,22 +67,26 @@ async function fake(script: Array<(res: ServerResponse) => void>): Promise<FakeW
 
 describe('KV event subscriptions', () => {
   it('indexes the snapshot and batches; a seq gap drops everything and a fresh snapshot (new incarnation) replaces it', async () => {
+    // The gap is sent once the first batch's index has been checked (one read could carry both).
+    let sendGap!: () => void;
+    const checked = new Promise<void>((resolve) => (sendGap = resolve));
     const w = await fake([
       (res) => {
         res.write(frame('snapshot', { worker_id: 'w1', incarnation: 'i1', seq: 5, block_size: 16, blocks: [1, 2, 3] }));
         res.write(frame('kv', { worker_id: 'w1', incarnation: 'i1', seq: 6, ts: 0, events: [{ type: 'stored', block_hashes: [4], parent_block_hash: 3 }, { type: 'removed', block_hashes: [1] }] }));
-        setTimeout(() => res.write(frame('kv', { worker_id: 'w1', incarnation: 'i1', seq: 8, ts: 0, events: [{ type: 'stored', block_hashes: [5], parent_block_hash: 4 }] })), 50);
+        void checked.then(() => res.write(frame('kv', { worker_id: 'w1', incarnation: 'i1', seq: 8, ts: 0, events: [{ type: 'stored', block_hashes: [5], parent_block_hash: 4 }] })));
       },
       (res) => res.write(frame('snapshot', { worker_id: 'w1', incarnation: 'i2', seq: 0, block_size: 16, blocks: [9] })),
     ]);
     const feed = new KvFeed(log);
     closers.push(() => feed.close());
-    const batch = logged('kv_indexed', (l) => l.worker_id === 'w1' && l.seq === 6);
-    const gap = logged('kv_stream_failed', (l) => l.worker_id === 'w1');
-    const second = logged('kv_stream_connected', (l) => l.worker_id === 'w1' && l.seq === 0);
+    const batch = logged('kv_indexed', (l) => l.worker_id === 'w1' && l.seq === 6, 'w1 seq 6');
+    const gap = logged('kv_stream_failed', (l) => l.worker_id === 'w1', 'w1 after the seq gap');
+    const second = logged('kv_stream_connected', (l) => l.worker_id === 'w1' && l.seq === 0, "w1's second incarnation");
     feed.apply({ type: 'put', record: rec('w1', w.url) });
     await batch;
     assert.deepEqual([...feed.index.holder('w1')!.blocks.keys()].sort(), [2, 3, 4]);
+    sendGap();
     assert.match(String((await gap).reason), /seq gap \(6 then 8\)/);
     await second;
     const h = feed.index.holder('w1')!;
@@ -113,7 +123,7 @@ describe('KV event subscriptions', () => {
     const w = await fake([(res) => res.write(frame('snapshot', { worker_id: 'intruder', incarnation: 'x', seq: 0, block_size: 16, blocks: [7, 8] }))]);
     const feed = new KvFeed(log);
     closers.push(() => feed.close());
-    const refused = logged('kv_stream_failed', (l) => l.worker_id === 'w2');
+    const refused = logged('kv_stream_failed', (l) => l.worker_id === 'w2', 'w2 answered as another worker');
     feed.apply({ type: 'put', record: rec('w2', w.url) });
     assert.match(String((await refused).reason), /answers as worker "intruder", not w2/);
     assert.equal(feed.index.holder('w2'), undefined);
@@ -130,12 +140,12 @@ describe('KV event subscriptions', () => {
     ]);
     const feed = new KvFeed(log);
     closers.push(() => feed.close());
-    const connected = logged('kv_stream_connected', (l) => l.worker_id === 'w3');
+    const connected = logged('kv_stream_connected', (l) => l.worker_id === 'w3', 'w3');
     feed.apply({ type: 'put', record: rec('w3', w.url) });
     await connected;
     feed.apply({ type: 'delete', worker_id: 'w3' });
     assert.deepEqual(feed.describe('w3'), { mode: 'exact', cached_blocks: 2, masked: true, stream: 'connected' });
-    const purged = logged('kv_index_purged', (l) => l.worker_id === 'w3');
+    const purged = logged('kv_index_purged', (l) => l.worker_id === 'w3', 'w3 after its stream failed');
     await w.close(); // the worker stopped
     live?.destroy();
     await purged;

@@ -39,7 +39,7 @@ function fleet(ids: string[], kv: 'mocker' | 'none' = 'mocker') {
     const w = router.pick('m', 'aggregated', tried, [], hint)!;
     const done = router.begin(w, hint);
     router.routed(w, hint);
-    return { id: w.record.worker_id, done, cached: hint?.chosen?.cachedTokens ?? 0, worker: w };
+    return { id: w.record.worker_id, done, cached: hint?.chosen?.cachedTokens ?? 0, tokens: hint?.tokens ?? 0, worker: w };
   };
   return { pool, feed, router, route };
 }
@@ -114,9 +114,15 @@ describe('kv router', () => {
     // Queued prefill counts while first tokens are awaited.
     const pending = await route(`${docs[1]} q1`);
     assert.equal(pending.id, first[1]);
-    assert.ok(router.queuedPrefill(first[1]!) >= 0);
+    // Its uncached tokens, no more: what the worker must still prefill.
+    assert.ok(pending.cached > 0 && pending.tokens > pending.cached, `the follow-up is partly cached (${pending.cached}/${pending.tokens} cached)`);
+    assert.equal(router.queuedPrefill(first[1]!), pending.tokens - pending.cached);
+    const other = await route(words('w', 40));
+    assert.notEqual(other.id, first[1], 'a cold prompt goes where no prefill is queued');
+    assert.equal(router.queuedPrefill(first[1]!), pending.tokens - pending.cached, "another worker's attempt does not count here");
+    other.done();
     pending.done();
-    assert.equal(router.queuedPrefill(first[1]!), 0);
+    assert.equal(router.queuedPrefill(first[1]!), 0, 'the first token takes it off');
   });
 
   it('moves a continuation to the worker holding its prompt and what was delivered, not only its prompt', async () => {

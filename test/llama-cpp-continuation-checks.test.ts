@@ -8,7 +8,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { call, openLineStream } from './helpers/http.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
-import { spawnEbb, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { spawnEbb, tempDiscoveryUrl, workerReady, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 
 const modelPath = writeTinyLlamaGguf();
 const MODEL = 'tiny';
@@ -21,8 +21,7 @@ let p: EbbProcess | undefined;
 before(async () => {
   // Started, then waited for: a worker that never gets ready is still stopped at the end.
   p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', tempDiscoveryUrl(), '--engine', 'llama-cpp', '--model-path', modelPath, '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '1024', '--parallel', '1'], 'worker');
-  const ready = await p.waitForEvent('worker_ready');
-  w = Object.assign(p, { workerId: ready.worker_id as string, requestUrl: ready.request_url as string, systemUrl: ready.system_url as string });
+  w = await workerReady(p);
 });
 after(async () => {
   await p?.stop();

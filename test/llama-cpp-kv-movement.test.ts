@@ -13,7 +13,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { call, openLineStream } from './helpers/http.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
-import { metricValue, spawnEbb, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { metricValue, spawnEbb, startFrontend, tempDiscoveryUrl, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const modelPath = writeTinyLlamaGguf();
@@ -34,8 +34,7 @@ after(async () => {
 async function llamaWorker(discovery: string, model: string, args: string[], path = modelPath): Promise<WorkerHandle> {
   const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, '--engine', 'llama-cpp', '--model-path', path, '--model', model, ...COMMON, ...args], 'worker');
   started.push(p);
-  const ready = await p.waitForEvent('worker_ready');
-  return Object.assign(p, { workerId: ready.worker_id as string, requestUrl: ready.request_url as string, systemUrl: ready.system_url as string });
+  return workerReady(p);
 }
 
 const isOk = (r: { status: number }) => r.status === 200 || r.status === 202;
@@ -212,13 +211,16 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.ok(status !== undefined && status >= 200 && status < 300, `drain answered ${status}`);
     const results = await Promise.all(moved);
 
-    const migrations = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId);
     // What A still ran at its deadline is handed off: the guided stream surely (10 of its 400 tokens
     // were out when A was stopped); the others may have finished on A by then, or not have started
-    // (handed off before their first token, they start afresh elsewhere: no migration, no KV).
+    // (handed off before their first token, they start afresh elsewhere: no migration, no KV). B's
+    // pulls count the streams that moved with their KV; their log lines may still be on their way.
     const handedOff = (await call('GET', `${a.systemUrl}/engine/status`)).body.handed_off as number;
+    const pulled = (await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"')) - pulledBefore;
     const seen = () => JSON.stringify({ frontend: frontend.logs.filter((l) => /migrat|hand/.test(String(l.event))), streams: results.map((r) => ({ error: r.error, done: r.done, usage: r.usage })) });
-    assert.ok(migrations.length >= 1 && migrations.length <= handedOff, `A handed ${handedOff} stream(s) off, ${migrations.length} moved to B mid-stream; ${seen()}`);
+    assert.ok(pulled >= 1 && pulled <= handedOff, `A handed ${handedOff} stream(s) off, B loaded ${pulled} KV state(s); ${seen()}`);
+    const migrations = await frontend.waitForCount((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId, pulled, 'stream_migrated from A to B');
+    assert.equal(migrations.length, pulled, `every stream that moved mid-stream moved with its KV; ${seen()}`);
     // The guided stream is the case's point: it must have been one of them (its grammar resumed on B).
     assert.ok(migrations.some((l) => l.request_id === results[0]!.chunkIds[0]), `the guided stream ${results[0]!.chunkIds[0]} was handed off from A to B; ${seen()}`);
     for (const [i, r] of results.entries()) {
@@ -226,7 +228,6 @@ describe('llama-cpp: KV moves between workers', () => {
       assert.equal(r.usage?.completion_tokens, TOKENS);
       assert.equal(r.text, undisturbed[i]!.text, `stream ${i} equals its undisturbed run`);
     }
-    assert.equal((await metricValue(b.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"')) - pulledBefore, migrations.length, 'B loaded every moved stream\'s KV');
     // A reaches drained once B has confirmed every state; nothing stays on disk on either side.
     await a.waitForEvent('state_changed', (l) => l.to === 'drained');
     assert.equal(await metricValue(a.systemUrl, 'ebb_kv_pending_transfers'), 0);

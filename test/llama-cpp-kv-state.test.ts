@@ -1,7 +1,7 @@
 /**
  * The llama-cpp engine's KV state files, in process: a prefill's state loads into another
  * sequence and the answer equals a full evaluation; a corrupt, foreign or oversized state is
- * refused before it reaches llama.cpp; files go on confirm, on expiry and on close.
+ * refused (an oversized one before a byte is read) before it reaches llama.cpp; files go on confirm, on expiry and on close.
  */
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -13,9 +13,13 @@ import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/eng
 import { KvStateRefused, type KvStateHeader } from '../src/engine/llama-cpp-kv-state.js';
 import { createLogger } from '../src/common/logger.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
+import { bounded } from './helpers/processes.js';
 
 const modelPath = writeTinyLlamaGguf();
-const options: LlamaCppOptions = { modelPath, parallel: 2, maxQueue: 4, contextSize: 512, threads: 1, gpu: 'off', kvTransferTtlMs: 300 };
+// The default TTL (30 s): a state a test still holds must not expire under a loaded machine.
+const options: LlamaCppOptions = { modelPath, parallel: 2, maxQueue: 4, contextSize: 512, threads: 1, gpu: 'off' };
+/** Short enough to wait for, long enough that the check before it cannot miss it on a loaded machine. */
+const SHORT_TTL_MS = 5000;
 
 async function drain(g: AsyncGenerator<GeneratedPiece, GenerateResult, void>): Promise<{ text: string; result: GenerateResult }> {
   let text = '';
@@ -92,17 +96,48 @@ describe('llama-cpp KV state files', () => {
     assert.equal(engine.kvTransfers.complete(t.transfer_id), true);
   });
 
-  it('an unclaimed state expires with its TTL; the drain waits for it meanwhile; close removes the folder', async () => {
+  it('refuses a state over the size bound, counting the states already held, before it reads a byte', async () => {
     const t = await engine.prefill(request(), live);
-    const path = engine.kvPayload(t.transfer_id)!.path;
-    assert.deepEqual(await engine.probeQuiescence(), { state: 'busy', waiting_for: ['1 pending KV transfer'] });
+    const payload = engine.kvPayload(t.transfer_id)!;
+    const bytes = readFileSync(payload.path);
+    // Room for one state, not two: the bound counts what the receiver already holds.
+    const receiver = await loadLlamaCppEngine({ ...options, kvStateMaxBytes: Math.floor(payload.bytes * 1.5) }, createLogger('test'), live);
+    try {
+      let read = false;
+      async function* watched(): AsyncGenerator<Uint8Array> {
+        read = true;
+        yield* chunks(bytes);
+      }
+      const held = await receiver.importKv(payload.header, payload.bytes, chunks(bytes), live);
+      assert.equal(receiver.stats().kv_state_bytes, payload.bytes);
+      await assert.rejects(receiver.importKv(payload.header, payload.bytes, watched(), live), (err: Error) => {
+        assert.ok(err instanceof KvStateRefused, `refused as KvStateRefused, got ${err.name}: ${err.message}`);
+        assert.match(err.message, new RegExp(`a ${payload.bytes}-byte state would pass the bound of ${Math.floor(payload.bytes * 1.5)} bytes \\(${payload.bytes} in use\\)`));
+        return true;
+      });
+      assert.equal(read, false, 'not a byte of a refused state is read');
+      assert.equal(receiver.stats().kv_state_bytes, payload.bytes, 'the refused state is not counted and leaves no file');
+      await held.dispose();
+      const again = await receiver.importKv(payload.header, payload.bytes, chunks(bytes), live);
+      assert.equal(receiver.stats().kv_state_bytes, payload.bytes, 'once the first is gone, the same state fits');
+      await again.dispose();
+    } finally {
+      await receiver.close();
+    }
+    assert.equal(engine.kvTransfers.complete(t.transfer_id), true);
+  });
+
+  it('an unclaimed state expires with its TTL; the drain waits for it meanwhile; close removes the folder', async () => {
+    const other = await loadLlamaCppEngine({ ...options, kvTransferTtlMs: SHORT_TTL_MS }, createLogger('test'), live);
+    const t = await other.prefill(request(), live);
+    const path = other.kvPayload(t.transfer_id)!.path;
+    assert.deepEqual(await other.probeQuiescence(), { state: 'busy', waiting_for: ['1 pending KV transfer'] });
     const alive = setInterval(() => undefined, 1000); // the TTL's timer does not hold the process open
-    await once(engine.kvTransfers, 'expired');
+    await bounded(once(other.kvTransfers, 'expired'), `the state's expiry (TTL ${SHORT_TTL_MS} ms)`);
     clearInterval(alive);
     assert.equal(existsSync(path), false);
-    assert.equal(engine.stats().kv_state_bytes, 0);
+    assert.equal(other.stats().kv_state_bytes, 0);
 
-    const other = await loadLlamaCppEngine(options, createLogger('test'), live);
     const kept = await other.prefill(request(), live);
     const dir = dirname(other.kvPayload(kept.transfer_id)!.path);
     await other.close();

@@ -10,7 +10,7 @@ import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { call } from './helpers/http.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
-import { spawnEbb, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { spawnEbb, startFrontend, tempDiscoveryUrl, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const modelPath = writeTinyLlamaGguf();
@@ -30,8 +30,7 @@ after(async () => {
 async function llamaWorker(discovery: string): Promise<WorkerHandle> {
   const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, ...LLAMA], 'worker');
   started.push(p);
-  const ready = await p.waitForEvent('worker_ready');
-  return Object.assign(p, { workerId: ready.worker_id as string, requestUrl: ready.request_url as string, systemUrl: ready.system_url as string });
+  return workerReady(p);
 }
 
 /** Drain answers 202 while requests run, 200 when the worker is drained at once; resume 200. */
@@ -92,7 +91,7 @@ describe('llama-cpp migration at temperature 0 (--batch-invariant)', () => {
     assert.ok(isOk(await call('POST', `${a.systemUrl}/engine/drain`, { deadline_ms: 0 })));
     const results = await Promise.all(migrated);
 
-    const moved = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId);
+    const moved = await frontend.waitForCount((l) => l.event === 'stream_migrated' && l.from_worker === a.workerId && l.to_worker === b.workerId, ANSWERS, 'stream_migrated from A to B');
     assert.equal(moved.length, ANSWERS, 'every answer moved from A to B');
     const diverged: number[] = [];
     for (const [i, r] of results.entries()) {

@@ -14,7 +14,7 @@ import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/eng
 import { createLogger } from '../src/common/logger.js';
 import { call, openLineStream } from './helpers/http.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
-import { spawnEbb, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { spawnEbb, START_BOUND_MS, tempDiscoveryUrl, workerReady, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 
 const modelPath = writeTinyLlamaGguf();
 const MODEL = 'tiny';
@@ -31,8 +31,7 @@ after(async () => {
 async function llamaWorker(args: string[] = [], discovery = tempDiscoveryUrl()): Promise<WorkerHandle> {
   const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, ...LLAMA, ...args], 'worker');
   started.push(p);
-  const ready = await p.waitForEvent('worker_ready');
-  return Object.assign(p, { workerId: ready.worker_id as string, requestUrl: ready.request_url as string, systemUrl: ready.system_url as string });
+  return workerReady(p);
 }
 
 const gen = (w: WorkerHandle, body: Record<string, unknown> = {}) =>
@@ -362,8 +361,8 @@ describe('ebb up --engine llama-cpp: the whole system through the openai SDK', (
       'up',
     );
     started.push(up);
-    const worker = await up.waitForEvent('worker_ready');
-    const front = await up.waitForEvent('frontend_ready');
+    const worker = await up.waitForEvent('worker_ready', undefined, { boundMs: START_BOUND_MS });
+    const front = await up.waitForEvent('frontend_ready', undefined, { boundMs: START_BOUND_MS });
     await up.waitForLog(
       (l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.worker_id as string)) || (l.event === 'worker_added' && l.worker_id === worker.worker_id),
       'the frontend routes to the worker',

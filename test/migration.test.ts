@@ -2,7 +2,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as delay } from 'node:timers/promises';
 import { call } from './helpers/http.js';
-import { metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { bounded, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const started: EbbProcess[] = [];
@@ -50,18 +50,39 @@ async function computeReferenceTexts(count: number, maxTokens: number): Promise<
 
 /**
  * Starts `count` streams (seed i) and resolves `progressed` once every one has streamed `atLeast`
- * tokens: the moment to break a worker under them.
+ * tokens: the moment to break a worker under them. `onProgressed` runs at that very token, with the
+ * worker serving each stream: a worker broken there cannot have finished a stream meanwhile (as it
+ * could while its status is read on a loaded machine). A stream that ends before then fails the wait.
  */
-function startStreams(frontend: FrontendHandle, count: number, maxTokens: number, atLeast: number) {
+function startStreams(frontend: FrontendHandle, count: number, maxTokens: number, atLeast: number, onProgressed: (servedBy: Array<string | null>) => void = () => undefined) {
   let ready = 0;
   let progressed!: () => void;
-  const allProgressed = new Promise<void>((resolve) => (progressed = resolve));
+  let ended!: (err: Error) => void;
+  const allProgressed = new Promise<void>((resolve, reject) => ((progressed = resolve), (ended = reject)));
+  const servedBy: Array<string | null> = [];
   const streams = Array.from({ length: count }, (_, seed) =>
-    streamCompletion(frontend.url, { model: 'm1', max_tokens: maxTokens, seed, stream_options: { include_usage: true } }, undefined, (n) => {
-      if (n === atLeast && ++ready === count) progressed();
+    streamCompletion(frontend.url, { model: 'm1', max_tokens: maxTokens, seed, stream_options: { include_usage: true } }, undefined, (n, seen) => {
+      if (n !== atLeast) return;
+      servedBy[seed] = seen.workerId;
+      if (++ready !== count) return;
+      onProgressed(servedBy);
+      progressed();
+    }).then((o) => {
+      if (o.tokens < atLeast) ended(new Error(`stream ${seed} ended at ${o.tokens} tokens, before ${atLeast}: HTTP ${o.status} ${o.error ?? ''}`));
+      return o;
     }),
   );
-  return { streams, allProgressed };
+  const waited = bounded(allProgressed, `all ${count} streams to reach ${atLeast} tokens`).catch((err: Error) => {
+    throw new Error(`${err.message} (${ready} did)`);
+  });
+  return { streams, allProgressed: waited };
+}
+
+/** The worker serving most of `servedBy`, and how many it serves. */
+function mostServing(workers: WorkerHandle[], servedBy: Array<string | null>): { worker: WorkerHandle; inflight: number } {
+  const counts = workers.map((w) => servedBy.filter((id) => id === w.workerId).length);
+  const i = counts.indexOf(Math.max(...counts));
+  return { worker: workers[i]!, inflight: counts[i]! };
 }
 
 async function busiest(workers: WorkerHandle[]): Promise<{ worker: WorkerHandle; inflight: number }> {
@@ -92,14 +113,17 @@ describe('migration: a worker fails mid-stream', () => {
   it('SIGKILL of the busiest of 3 workers: all 16 streams complete with the undisturbed text', async () => {
     const expected = await referenceTexts(STREAMS, TOKENS);
     const { frontend, workers } = await fleet(3, ITL);
-    const { streams, allProgressed } = startStreams(frontend, STREAMS, TOKENS, 10);
+    let broken!: { worker: WorkerHandle; inflight: number };
+    const { streams, allProgressed } = startStreams(frontend, STREAMS, TOKENS, 10, (servedBy) => {
+      broken = mostServing(workers, servedBy);
+      broken.worker.signal('SIGKILL');
+    });
     await allProgressed;
-    const { worker: victim, inflight } = await busiest(workers);
+    const { worker: victim, inflight } = broken;
     assert.ok(inflight > 0);
-    victim.signal('SIGKILL');
     const results = await Promise.all(streams);
     assertUndisturbed(results, expected, TOKENS);
-    const moved = frontend.logs.filter((l) => l.event === 'stream_migrated' && l.from_worker === victim.workerId);
+    const moved = await frontend.waitForCount((l) => l.event === 'stream_migrated' && l.from_worker === victim.workerId, inflight, `stream_migrated from ${victim.workerId}`);
     assert.equal(moved.length, inflight, 'one migration log line per stream the victim was serving');
     for (const l of moved) assert.ok((l.tokens_delivered as number) >= 10 && l.to_worker !== victim.workerId);
     assert.equal(await metricValue(frontend.url, 'ebb_frontend_migrations_total', 'reason="worker_failed"'), inflight);
@@ -107,11 +131,15 @@ describe('migration: a worker fails mid-stream', () => {
 
   it('SIGSTOP (hung) of the busiest of 3 workers: all 16 streams complete with the undisturbed text', async () => {
     const expected = await referenceTexts(STREAMS, TOKENS);
-    const { frontend, workers } = await fleet(3, ITL, ['--stream-idle-timeout-ms', '500']);
-    const { streams, allProgressed } = startStreams(frontend, STREAMS, TOKENS, 10);
+    // Long past any stall of a healthy worker on a loaded machine: only the stopped one is unresponsive.
+    const { frontend, workers } = await fleet(3, ITL, ['--stream-idle-timeout-ms', '2000']);
+    let broken!: { worker: WorkerHandle; inflight: number };
+    const { streams, allProgressed } = startStreams(frontend, STREAMS, TOKENS, 10, (servedBy) => {
+      broken = mostServing(workers, servedBy);
+      broken.worker.signal('SIGSTOP');
+    });
     await allProgressed;
-    const { worker: victim, inflight } = await busiest(workers);
-    victim.signal('SIGSTOP');
+    const { worker: victim, inflight } = broken;
     try {
       const results = await Promise.all(streams);
       assertUndisturbed(results, expected, TOKENS);

@@ -19,7 +19,8 @@ describe('frontend: a prefill worker that never answers', () => {
     fakes.push(hung);
     injectRecord(discovery, { worker_id: 'w-hung-prefill', model: 'm1', mode: 'prefill', request_url: hung.url, system_url: hung.url });
     for (const mode of ['prefill', 'decode']) started.push(await startWorker(['--discovery', discovery, '--model', 'm1', '--mode', mode, '--mocker-itl-ms', '1']));
-    const frontend = await startFrontend(discovery, ['--prefill-timeout-ms', '500']);
+    // Past any stall of a healthy prefill worker on a loaded machine, so only the hung one times out.
+    const frontend = await startFrontend(discovery, ['--prefill-timeout-ms', '2000']);
     started.push(frontend);
 
     // Least in-flight routing spreads concurrent prefills over both prefill workers: some land on the hung one.

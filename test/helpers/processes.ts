@@ -13,9 +13,16 @@ export type LogLine = Record<string, unknown> & { event?: string };
 /** Bound on any single wait in tests, so a broken behaviour fails instead of hanging. */
 export const WAIT_BOUND_MS = 20_000;
 
-/** Where a wait starts matching: log lines at index >= after (see EbbProcess.mark). */
+/**
+ * Bound on a process's start (worker_ready, frontend_ready): a fresh node process loading its
+ * modules, and a llama.cpp model, takes several times longer on a machine other suites load.
+ */
+export const START_BOUND_MS = 90_000;
+
+/** Where a wait starts matching: log lines at index >= after (see EbbProcess.mark); boundMs replaces WAIT_BOUND_MS. */
 export interface LogCursor {
   after?: number;
+  boundMs?: number;
 }
 
 /** Every EbbProcess not yet exited, for killAllNow. */
@@ -29,15 +36,21 @@ export function killAllNow(): void {
 export class EbbProcess {
   readonly logs: LogLine[] = [];
   readonly stderr: string[] = [];
-  /** Resolves with the exit code (128 for a signal). */
+  /** Resolves with the exit code (128 for a signal), once every line the process wrote to stdout is in `logs`. */
   readonly exited: Promise<number>;
   private waiters: Array<{ pred: (l: LogLine) => boolean; what: string; after: number; resolve: (l: LogLine) => void; reject: (err: Error) => void }> = [];
   private stderrWaiters: Array<{ pattern: RegExp; resolve: (m: RegExpMatchArray) => void; reject: (err: Error) => void }> = [];
+  /** Every stderr line is in `stderr` (children of `ebb up` share the pipe: it can outlive the process). */
+  private readonly stderrRead: Promise<void>;
   /** Set once both pipes are closed: "worker exited (code 1)". */
   private closed: string | undefined;
 
   constructor(readonly proc: ChildProcess, readonly label: string) {
-    createInterface({ input: proc.stdout! }).on('line', (line) => {
+    const stdout = createInterface({ input: proc.stdout! });
+    // 'exit' can come before the last lines are read on a loaded machine; only this process holds its
+    // stdout (children get pipes of their own), so it ends with the process.
+    const stdoutRead = once(stdout, 'close');
+    stdout.on('line', (line) => {
       let parsed: LogLine;
       try {
         parsed = JSON.parse(line) as LogLine;
@@ -51,7 +64,9 @@ export class EbbProcess {
         return false;
       });
     });
-    createInterface({ input: proc.stderr! }).on('line', (line) => {
+    const stderr = createInterface({ input: proc.stderr! });
+    this.stderrRead = once(stderr, 'close').then(() => undefined);
+    stderr.on('line', (line) => {
       this.stderr.push(line);
       this.stderrWaiters = this.stderrWaiters.filter((w) => {
         const m = line.match(w.pattern);
@@ -60,8 +75,9 @@ export class EbbProcess {
       });
     });
     live.add(this);
-    this.exited = once(proc, 'exit').then(([code, signal]) => {
+    this.exited = once(proc, 'exit').then(async ([code, signal]) => {
       live.delete(this);
+      await stdoutRead;
       return (code ?? (signal ? 128 : -1)) as number;
     });
     // On 'close' every line of both pipes has been handled: a wait still pending can never be
@@ -89,7 +105,7 @@ export class EbbProcess {
   }
 
   /** Resolves with the first log line at index >= `after` (default 0: past or future) matching `pred`. */
-  waitForLog(pred: (l: LogLine) => boolean, what = 'log line', { after = 0 }: LogCursor = {}): Promise<LogLine> {
+  waitForLog(pred: (l: LogLine) => boolean, what = 'log line', { after = 0, boundMs = WAIT_BOUND_MS }: LogCursor = {}): Promise<LogLine> {
     for (let i = after; i < this.logs.length; i++) {
       const seen = this.logs[i] as LogLine;
       if (pred(seen)) return Promise.resolve(seen);
@@ -98,6 +114,7 @@ export class EbbProcess {
     return bounded(
       new Promise<LogLine>((resolve, reject) => this.waiters.push({ pred, what, after, resolve, reject })),
       `${this.label}: waiting for ${what}${after > 0 ? ` after log line ${after}` : ''}; stderr: ${this.stderr.join('\n')}`,
+      boundMs,
     );
   }
 
@@ -114,6 +131,16 @@ export class EbbProcess {
     );
   }
 
+  /**
+   * Every line matching `pred`, once there are at least `n`: log lines travel a pipe and can trail
+   * what the test saw over HTTP (a stream that ended), so a count is read only once it is there.
+   */
+  async waitForCount(pred: (l: LogLine) => boolean, n: number, what: string): Promise<LogLine[]> {
+    const matching = () => this.logs.filter(pred);
+    await this.waitForLog(() => matching().length >= n, `${n} lines: ${what}`);
+    return matching();
+  }
+
   waitForEvent(event: string, extra: (l: LogLine) => boolean = () => true, cursor: LogCursor = {}): Promise<LogLine> {
     return this.waitForLog((l) => l.event === event && extra(l), `event ${event}`, cursor);
   }
@@ -123,8 +150,16 @@ export class EbbProcess {
     return this.waitForEvent(event, extra, { after: this.mark() });
   }
 
+  /** The exit code, once the process has exited and its stdout and stderr are read to the end. */
   exitCode(boundMs = WAIT_BOUND_MS): Promise<number> {
-    return bounded(this.exited, `${this.label}: waiting for exit`, boundMs);
+    return bounded(
+      this.exited.then(async (code) => {
+        await this.stderrRead;
+        return code;
+      }),
+      `${this.label}: waiting for exit and the end of its output`,
+      boundMs,
+    );
   }
 
   signal(sig: NodeJS.Signals): void {
@@ -211,8 +246,17 @@ export function tempDiscoveryUrl(): string {
 }
 
 export async function startWorker(args: string[], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): Promise<WorkerHandle> {
-  const p = spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args], 'worker', env, opts);
-  const ready = await p.waitForEvent('worker_ready');
+  return workerReady(spawnWorker(args, env, opts));
+}
+
+/** `ebb worker` on free ports, not yet ready (see workerReady). */
+export function spawnWorker(args: string[], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): EbbProcess {
+  return spawnEbb(['worker', '--port', '0', '--system-port', '0', ...args], 'worker', env, opts);
+}
+
+/** A spawned worker, once ready (bounded by START_BOUND_MS), with its id and URLs. */
+export async function workerReady(p: EbbProcess): Promise<WorkerHandle> {
+  const ready = await p.waitForEvent('worker_ready', undefined, { boundMs: START_BOUND_MS });
   return Object.assign(p, {
     workerId: ready.worker_id as string,
     requestUrl: ready.request_url as string,
@@ -226,7 +270,7 @@ export interface FrontendHandle extends EbbProcess {
 
 export async function startFrontend(discoveryUrl: string, args: string[] = [], env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): Promise<FrontendHandle> {
   const p = spawnEbb(['frontend', '--port', '0', '--discovery', discoveryUrl, ...args], 'frontend', env, opts);
-  const ready = await p.waitForEvent('frontend_ready');
+  const ready = await p.waitForEvent('frontend_ready', undefined, { boundMs: START_BOUND_MS });
   return Object.assign(p, { url: ready.url as string }) as FrontendHandle;
 }
 

@@ -24,7 +24,8 @@ export async function streamCompletion(
   frontendUrl: string,
   body: Record<string, unknown>,
   onFirstToken: () => void = () => undefined,
-  onToken: (tokens: number) => void = () => undefined,
+  /** Called as each token is read, with what the stream has shown so far (its worker among it). */
+  onToken: (tokens: number, seen: StreamOutcome) => void = () => undefined,
 ): Promise<StreamOutcome> {
   const res = await fetch(`${frontendUrl}/v1/chat/completions`, {
     method: 'POST',
@@ -59,7 +60,7 @@ export async function streamCompletion(
         }
         out.tokens++;
         out.text += content;
-        onToken(out.tokens);
+        onToken(out.tokens, out);
       }
     }
   } catch (err) {
