@@ -103,3 +103,22 @@ describe("the frontend's fleet event streams", () => {
     assert.ok(drained.status === 200 || drained.status === 202, `drain through the frontend: ${drained.status} ${JSON.stringify(drained.body)}`);
   });
 });
+
+describe('a fleet whose frontend holds only the request-plane token', () => {
+  it("opens the workers' event streams with it; a stranger's token is refused", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'ebb-test-token-'));
+    const adminFile = join(dir, 'admin-token');
+    const requestFile = join(dir, 'request-token');
+    writeFileSync(adminFile, `${TOKEN}\n`, { mode: 0o600 });
+    writeFileSync(requestFile, 'tok-request-plane\n', { mode: 0o600 });
+    const discovery = tempDiscoveryUrl();
+    const env = { EBB_ADMIN_TOKEN: undefined, EBB_REQUEST_TOKEN: undefined, EBB_WORKER_ADMIN_TOKEN: undefined };
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--admin-token-file', adminFile, '--request-token-file', requestFile], env);
+    started.push(w);
+    assert.deepEqual(await answer(`${w.systemUrl}/kv/events`, { authorization: 'Bearer tok-request-plane' }), { status: 200 }, 'the request-plane token opens a stream');
+    assert.deepEqual(await answer(`${w.systemUrl}/kv/events`, { authorization: 'Bearer someone-else' }), { status: 403, code: 'forbidden' }, "a stranger's token");
+    const fe = await startFrontend(discovery, ['--router', 'kv', '--request-token-file', requestFile], env);
+    started.push(fe);
+    await fe.waitForEvent('kv_stream_connected', (l) => l.worker_id === w.workerId);
+  });
+});

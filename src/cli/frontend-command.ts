@@ -105,7 +105,7 @@ export function frontendCommand(): Command {
       const requestToken = await loadRequestToken(flags.requestTokenFile);
       // One token (a named file holds one: `frontend:secret`); a worker accepts it among its own.
       const workerAdminToken =
-        flags.workerAdminTokenFile !== undefined ? await loadAdminToken(flags.workerAdminTokenFile, {}) : process.env[WORKER_ADMIN_TOKEN_ENV]?.trim() || token?.[0]?.token;
+        flags.workerAdminTokenFile !== undefined ? await loadAdminToken(flags.workerAdminTokenFile, {}) : process.env[WORKER_ADMIN_TOKEN_ENV]?.trim() || token?.[0]?.token || requestToken;
       // Not EBB_ADMIN_TOKEN: API keys come from their own file only.
       const apiKeys = flags.apiKeyFile === undefined ? undefined : await loadAdminTokens(flags.apiKeyFile, {});
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);

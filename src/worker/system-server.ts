@@ -1,5 +1,5 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { DEFAULT_TOKEN_NAME } from '../common/admin-auth.js';
+import { createAdminGuard, DEFAULT_TOKEN_NAME } from '../common/admin-auth.js';
 import { addAdminBoundary } from '../common/admin-boundary.js';
 import { Gauge, Registry } from 'prom-client';
 import { allowOnly, createHttpServer } from '../common/http-server.js';
@@ -17,6 +17,8 @@ export interface SystemServerDeps {
   workerId: string;
   /** Guards mutating admin routes (drain, resume); returns the token's name (the audit actor). See admin-auth. */
   guardAdmin?: ((authorization: string | undefined) => string | void) | undefined;
+  /** The fleet's request-plane token: it opens the event streams too (a frontend may hold only it). */
+  requestToken?: string | undefined;
 }
 
 /** When this worker process started: a scale-down takes the youngest first among equals. */
@@ -43,7 +45,7 @@ function scaleDownFacts(r: WorkerRuntime, s: LifecycleStatus): { started_at: str
  * worker. Until the engine can serve, /health says `loading` and the Admin API answers 503
  * `worker_loading`: there is nothing to drain, and the worker is not in discovery.
  */
-export function createSystemServer({ phase, workerId, guardAdmin }: SystemServerDeps): FastifyInstance {
+export function createSystemServer({ phase, workerId, guardAdmin, requestToken }: SystemServerDeps): FastifyInstance {
   // Event streams have their own budget: 64 open streams took every admin connection (drain answered 503).
   const eventStreams = { paths: [KV_EVENTS_PATH, STATUS_EVENTS_PATH], max: KV_EVENT_SUBSCRIBERS_MAX + STATUS_STREAM_SUBSCRIBERS_MAX };
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, eventStreams });
@@ -110,8 +112,19 @@ export function createSystemServer({ phase, workerId, guardAdmin }: SystemServer
   allowOnly(app, '/engine/events', ['GET']);
   app.get('/engine/events', async () => ({ events: runtime().lifecycle.audit.list() }));
 
-  // Streams hold a connection for as long as they last: with a token set, only its holders may.
-  const readGuard = (authorization: string | undefined) => void guardAdmin?.(authorization);
+  // Streams hold a connection for as long as they last: with an admin token set, only the fleet's
+  // token holders may (the admin token, or the request-plane token every frontend holds).
+  const requestGuard = createAdminGuard(requestToken, 'request-plane');
+  const readGuard = (authorization: string | undefined): void => {
+    if (guardAdmin === undefined) return;
+    try {
+      requestGuard?.(authorization);
+      if (requestGuard !== undefined) return;
+    } catch {
+      /* not the request token: the admin token's answer (401 or 403) is the one to give */
+    }
+    guardAdmin(authorization);
+  };
   addStatusStream(app, runtime, (r) => statusBody(r, r.lifecycle.status()), readGuard);
   addKvEventStream(app, workerId, runtime, readGuard);
 

@@ -89,7 +89,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   );
   lifecycle.loadingDetail = `starting engine ${opts.engine.kind}`;
   const phase = new WorkerPhase(lifecycle);
-  const systemServer = createSystemServer({ phase, workerId, guardAdmin: opts.guardAdmin });
+  const systemServer = createSystemServer({ phase, workerId, guardAdmin: opts.guardAdmin, requestToken: opts.requestToken });
   const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
   log.info({ event: 'worker_loading', worker_id: workerId, engine: opts.engine.kind, system_url: systemUrl }, `worker ${workerId} loading engine ${opts.engine.kind}; system server ${systemUrl}`);
   let engine: Engine;
