@@ -115,15 +115,15 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
   // Streams hold a connection for as long as they last: with an admin token set, only the fleet's
   // token holders may (the admin token, or the request-plane token every frontend holds).
   const requestGuard = createAdminGuard(requestToken, 'request-plane');
-  const readGuard = (authorization: string | undefined): void => {
-    if (guardAdmin === undefined) return;
+  const isRequestToken = (authorization: string | undefined): boolean => {
     try {
-      requestGuard?.(authorization);
-      if (requestGuard !== undefined) return;
+      return requestGuard?.(authorization) !== undefined;
     } catch {
-      /* not the request token: the admin token's answer (401 or 403) is the one to give */
+      return false; // then the admin token's answer (401 or 403) is the one to give
     }
-    guardAdmin(authorization);
+  };
+  const readGuard = (authorization: string | undefined): void => {
+    if (guardAdmin !== undefined && !isRequestToken(authorization)) guardAdmin(authorization);
   };
   addStatusStream(app, runtime, (r) => statusBody(r, r.lifecycle.status()), readGuard);
   addKvEventStream(app, workerId, runtime, readGuard);
