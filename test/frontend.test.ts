@@ -32,6 +32,27 @@ async function cluster(workers: number, workerArgs: string[] = [], model = 'm1')
 let shared: ReturnType<typeof cluster> | undefined;
 const sharedFleet = () => (shared ??= cluster(3, ['--mocker-itl-ms', '3', '--mocker-ttft-ms', '5']));
 
+describe('frontend: every answer names its request (x-request-id)', () => {
+  it("carries one on streams, JSON answers and errors; a caller's own is kept, a malformed one replaced", async () => {
+    const { frontend } = await sharedFleet();
+    const chat = { model: 'm1', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 };
+    const ids: string[] = [];
+    for (const [body, status] of [[chat, 200], [{ ...chat, stream: true }, 200], [{ ...chat, model: 'nope' }, 404]] as const) {
+      const res = await fetch(`${frontend.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      await res.text();
+      assert.equal(res.status, status);
+      const id = res.headers.get('x-request-id') ?? '';
+      assert.match(id, /^req_[0-9a-f]{32}$/, `x-request-id of a ${status}`);
+      ids.push(id);
+    }
+    assert.equal(new Set(ids).size, ids.length, 'each request its own id');
+    const kept = await fetch(`${frontend.url}/v1/models`, { headers: { 'x-request-id': 'gw-1234.abc' } });
+    assert.equal(kept.headers.get('x-request-id'), 'gw-1234.abc');
+    const replaced = await fetch(`${frontend.url}/v1/models`, { headers: { 'x-request-id': 'two words' } });
+    assert.match(replaced.headers.get('x-request-id') ?? '', /^req_/);
+  });
+});
+
 describe('frontend: OpenAI API through the official SDK', () => {
   it('streams and non-streams chat and completions', async () => {
     const { frontend } = await sharedFleet();

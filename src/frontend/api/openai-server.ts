@@ -15,6 +15,7 @@ import { probeHalfClosedClient } from './client-gone.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
 import type { Upstream } from '../relay/upstream.js';
 import { modelNotFound, unavailableModel } from '../relay/worker-answer.js';
+import { requestIdOf } from './request-id.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -63,13 +64,14 @@ export function createOpenAIServer({
   cluster,
 }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
-  if (cluster !== undefined) {
-    // On the raw response: streams write their head themselves, and writeHead keeps what setHeader set.
-    const slot = String(cluster.slot);
-    app.addHook('onRequest', async (_req, reply) => {
-      reply.raw.setHeader('x-ebb-frontend-process', slot);
-    });
-  }
+  // On the raw response: streams write their head themselves, and writeHead keeps what setHeader set.
+  // A callback hook: an async one costs every request a promise for synchronous work.
+  const slot = cluster === undefined ? undefined : String(cluster.slot);
+  app.addHook('onRequest', (req, reply, done) => {
+    reply.raw.setHeader('x-request-id', requestIdOf(req.headers['x-request-id']));
+    if (slot !== undefined) reply.raw.setHeader('x-ebb-frontend-process', slot);
+    done();
+  });
   lanes.watch(app.server);
   if (apiGuard !== undefined) {
     // /live, /health and /metrics stay open: probes and scrapers carry no key; CORS preflights neither.
