@@ -158,6 +158,10 @@ describe('operator CLI: fleet view', () => {
     assert.match(rows[0] ?? '', /^ID\s+MODEL\s+MODE\s+STATE\s+IN-FLIGHT/);
     assert.match(rows.find((r) => r.startsWith('f-1 ')) ?? '', /^f-1\s+m1\s+aggregated\s+serving\s+0\s/);
     assert.match(rows.find((r) => r.startsWith('f-refused')) ?? '', /unreachable\s+-\s.*ECONNREFUSED/);
+    // Pointed at the OpenAI port instead of the admin listener: said so, with the port to use.
+    const publicPort = await ebb(['workers', '--frontend', fe.url]);
+    assert.equal(publicPort.code, 1, publicPort.stdout);
+    assert.match(publicPort.stderr, new RegExp(`is a frontend's OpenAI port, not its admin API, which listens on --admin-port .*try --frontend http://127\\.0\\.0\\.1:${Number(new URL(fe.url).port) + 1}`));
     // From discovery, the CLI reads each status itself.
     const fromDiscovery = await ebb(['workers', '--discovery', discovery]);
     assert.equal(fromDiscovery.code, 0, fromDiscovery.stderr);
@@ -195,7 +199,11 @@ describe('operator CLI: fleet view', () => {
     // Only the admin API's worker_not_found means "unknown worker": a 404 from the wrong port is not that.
     const wrongPort = await ebb(['status', 'f-1', '--frontend', fe.url]);
     assert.equal(wrongPort.code, 1);
-    assert.equal(wrongPort.stderr, `ebb: the frontend admin API at ${fe.url} answered HTTP 404 for worker "f-1": no route for GET /workers/f-1\n`);
+    const adminPort = `http://127.0.0.1:${Number(new URL(fe.url).port) + 1}`;
+    assert.equal(
+      wrongPort.stderr,
+      `ebb: the frontend admin API at ${fe.url} answered HTTP 404 for worker "f-1": no route for GET /workers/f-1; ${fe.url} is a frontend's OpenAI port, not its admin API, which listens on --admin-port (default: --port + 1: try --frontend ${adminPort})\n`,
+    );
 
     unlinkSync(hungFile);
     for (const s of hungSockets) s.destroy();

@@ -157,7 +157,7 @@ export class AdminClient {
     if (this.source.kind === 'frontend') {
       const res = await this.call<{ workers?: FleetEntry[] }>(`${this.source.url}/workers`, 'GET', this.sourceLabel);
       if (res.statusCode !== 200 || !Array.isArray(res.body.workers))
-        throw new CliError(`the frontend admin API at ${this.source.url} answered HTTP ${res.statusCode} to GET /workers: ${errorMessageOf(res.body)}`);
+        throw new CliError(`the frontend admin API at ${this.source.url} answered HTTP ${res.statusCode} to GET /workers: ${errorMessageOf(res.body)}${await this.publicPortHint(res.statusCode)}`);
       return res.body.workers;
     }
     const [records, intents] = await Promise.all([this.discoveryRecords(), this.intents()]);
@@ -224,6 +224,20 @@ export class AdminClient {
     }
   }
 
+  /**
+   * A 404 from a frontend's public (OpenAI) port rather than its admin listener, a common slip: said
+   * so, with the admin port to use when the OpenAI port answers /v1/models there. Empty otherwise.
+   */
+  private async publicPortHint(status: number): Promise<string> {
+    if (status !== 404 || this.source.kind !== 'frontend') return '';
+    const models = await this.call<{ object?: unknown }>(`${this.source.url}/v1/models`, 'GET', this.sourceLabel).catch(() => undefined);
+    if (models?.statusCode !== 200 || models.body.object !== 'list') return '';
+    const admin = new URL(this.source.url);
+    const next = admin.port === '' ? undefined : Number(admin.port) + 1;
+    if (next !== undefined) admin.port = String(next);
+    return `; ${this.source.url} is a frontend's OpenAI port, not its admin API, which listens on --admin-port (default: --port + 1${next !== undefined ? `: try --frontend ${admin.origin}` : ''})`;
+  }
+
   /** A worker id (looked up through the source) or a system URL (used as it is). */
   async resolve(target: string): Promise<WorkerRef> {
     if (isUrl(target)) return this.direct(trimUrl(target));
@@ -231,7 +245,7 @@ export class AdminClient {
       const url = `${this.source.url}/workers/${encodeURIComponent(target)}`;
       const res = await this.call<FleetEntry>(url, 'GET', this.sourceLabel);
       if (codeOf(res.body) === 'worker_not_found') throw new CliError(`no worker "${target}" is known to ${this.sourceLabel}`);
-      if (res.statusCode !== 200) throw new CliError(`${this.sourceLabel} answered HTTP ${res.statusCode} for worker "${target}": ${errorMessageOf(res.body)}`);
+      if (res.statusCode !== 200) throw new CliError(`${this.sourceLabel} answered HTTP ${res.statusCode} for worker "${target}": ${errorMessageOf(res.body)}${await this.publicPortHint(res.statusCode)}`);
       return this.viaFrontend(res.body);
     }
     const record = (await this.discoveryRecords()).find((r) => r.worker_id === target) ?? (await this.intents())?.get(target)?.worker;
