@@ -19,6 +19,13 @@ describe('flags', () => {
     }
   });
 
+  it('ebb up --admin-host off loopback without an admin token is refused before anything starts', () => {
+    const res = spawnSync(process.execPath, [CLI, 'up', '--port', '0', '--admin-host', '0.0.0.0'], { encoding: 'utf8', timeout: 30_000, env: { ...process.env, EBB_LOG_FORMAT: 'json', EBB_ADMIN_TOKEN: '' } });
+    assert.notEqual(res.status, 0);
+    assert.match(res.stderr, /refusing to serve the admin API on non-loopback address 0\.0\.0\.0 \(--admin-host\) without an admin token/);
+    assert.doesNotMatch(res.stdout, /worker_ready|frontend_ready/, 'nothing started');
+  });
+
   it('file://relative/dir is refused with the absolute form to use', () => {
     for (const cmd of [['worker'], ['frontend'], ['up'], ['workers']]) {
       const res = ebb([...cmd, '--discovery', 'file://relative/dir']);

@@ -62,9 +62,12 @@ let apiUrl: string;
 let workers: Array<{ worker_id: string; system_url: string; state: string }>;
 
 before(async () => {
-  up = spawnEbb(['--log-format', 'pretty', 'up', '--port', '0', '--admin-port', '0', '--admin-token-file', tokenFile, '--mocker-itl-ms', '0'], 'ebb up', env);
+  // --admin-host off loopback (a container's published port), which the token allows.
+  up = spawnEbb(['--log-format', 'pretty', 'up', '--port', '0', '--admin-host', '0.0.0.0', '--admin-port', '0', '--admin-token-file', tokenFile, '--mocker-itl-ms', '0'], 'ebb up', env);
   const [, url] = await stderrMatch(up, /OpenAI API:\s+(\S+)\/v1/);
   apiUrl = url!;
+  // The banner's dashboard is the address the admin listener was asked to bind.
+  await stderrMatch(up, /Dashboard:\s+http:\/\/0\.0\.0\.0:\d+\//);
 });
 after(async () => {
   await up.terminate();

@@ -11,6 +11,7 @@ import { servedModelName } from './llama-cpp-flags.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
 import { processesOption } from './frontend-command.js';
 import { removeUpState, runningUps, writeUpState } from './up-state.js';
+import { assertAdminBindAllowed, loadAdminTokens } from '../common/admin-auth.js';
 
 interface UpFlags {
   workers?: number;
@@ -24,6 +25,7 @@ interface UpFlags {
   threads?: number;
   gpu?: string;
   host: string;
+  adminHost: string;
   port: number;
   adminPort?: number;
   adminTokenFile?: string;
@@ -84,6 +86,7 @@ export function upCommand(): Command {
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
     .option('--port <n>', 'frontend port', portOption, 8000)
     .addOption(new Option('--processes <n>', 'frontend relaying processes on the one port (`auto` = one per core)').argParser(processesOption).default(1))
+    .option('--admin-host <addr>', "frontend admin listener (dashboard, fleet admin) bind address; off loopback (a container's published port) it needs --admin-token-file", '127.0.0.1')
     .option('--admin-port <n>', "frontend admin listener port (default: --port + 1; any free port when --port is 0)", portOption)
     .option('--admin-token-file <path>', 'admin bearer token for the frontend and every worker (env EBB_ADMIN_TOKEN); the operator commands then need it too')
     .option('--discovery <url>', 'discovery URL (default: a fresh temporary directory)', discoveryOption)
@@ -114,6 +117,8 @@ export function upCommand(): Command {
       const engine = ['--engine', flags.engine, ...llamaCppArgs(flags)];
       const adminToken = flags.adminTokenFile === undefined ? [] : ['--admin-token-file', flags.adminTokenFile];
       const adminPort = flags.adminPort === undefined ? [] : ['--admin-port', String(flags.adminPort)];
+      // Refused here, before anything starts, rather than by the frontend it would start.
+      assertAdminBindAllowed(flags.adminHost, await loadAdminTokens(flags.adminTokenFile), '--admin-host');
       const disaggregated = flags.prefill + flags.decode > 0;
       if (disaggregated && (flags.prefill === 0 || flags.decode === 0)) throw new Error('disaggregated serving needs at least one --prefill and one --decode worker');
       const modes = [
@@ -150,7 +155,7 @@ export function upCommand(): Command {
       const overlapWeight = flags.kvOverlapWeight === undefined ? [] : ['--kv-overlap-weight', String(flags.kvOverlapWeight)];
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
       // Nothing balances load onto `ebb up`'s frontend: no shutdown grace to wait out.
-      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), '--router', flags.router, ...overlapWeight, ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
+      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--admin-host', flags.adminHost, ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), '--router', flags.router, ...overlapWeight, ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;
