@@ -253,8 +253,9 @@ export class Lifecycle extends EventEmitter {
    * SIGTERM: from here the worker only goes down. Synchronous, so no drain, resume or admission can
    * slip in after it; a resume already registering finds the state moved and does not reopen.
    * Returns false when shutdown had already begun (shutdown refuses unless it is not running yet).
+   * `deadlineAt` (ms epoch): when the shutdown hands off what still runs; shown in status. `actor`:
+   * who, for the audit trail.
    */
-  /** `deadlineAt` (ms epoch): when the shutdown hands off what still runs; shown in status. `actor`: who, for the audit trail. */
   beginShutdown(reason: string, deadlineAt?: number, actor = SIGNAL_ACTOR): boolean {
     const from = this.current;
     if (!canMove(from.name, 'shutdown')) return false;
