@@ -30,7 +30,16 @@ describe('engine capabilities: what the fleet can honour', () => {
     const adminUrl = (await frontend.waitForEvent('frontend_ready')).admin_url as string;
     const entry = (await call('GET', `${adminUrl}/workers/${w.workerId}`)).body;
     assert.equal(entry.engine, 'mocker');
-    assert.deepEqual(entry.capabilities, { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true });
+    assert.deepEqual(entry.capabilities, {
+      json_object: false,
+      json_schema: false,
+      logprobs: false,
+      tools: true,
+      tool_syntax: { prefix: '<tool_call>\n{"name": "', params_prefix: '", "arguments": ', suffix: '}\n</tool_call>' },
+      max_context: 1024,
+      continuation: true,
+      prompt_token_ids: true,
+    });
   });
 
   it('answers 400 unsupported_parameter naming the field when no worker of the model can honour it; never drops it silently', async () => {
@@ -41,7 +50,7 @@ describe('engine capabilities: what the fleet can honour', () => {
     assert.equal(json.body.error.code, 'unsupported_parameter');
     assert.equal(json.body.error.param, 'response_format');
     assert.match(json.body.error.message, /json_object is not supported by any worker of model "m1" \(engines: mocker\)/);
-    for (const [field, value] of [['logprobs', true], ['tools', [{ type: 'function', function: { name: 'f' } }]], ['presence_penalty', 0.5], ['logit_bias', { '1': 5 }]] as const) {
+    for (const [field, value] of [['logprobs', true], ['presence_penalty', 0.5], ['logit_bias', { '1': 5 }]] as const) {
       const res = await call('POST', url, chat({ [field]: value }));
       assert.equal(res.status, 400, field);
       assert.equal(res.body.error.param, field);
@@ -86,5 +95,15 @@ describe('engine capabilities: what the fleet can honour', () => {
     const schemaReq = await call('POST', `${frontend.url}/v1/chat/completions`, chat({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }));
     assert.equal(schemaReq.status, 400, 'json_schema: declared by nobody');
     assert.match(schemaReq.body.error.message, /engines: fake, mocker/);
+    // A model none of whose workers calls tools: tools is refused, naming it (the mocker's model calls them).
+    injectRecord(discovery, { worker_id: 'w-plain', model: 'm2', request_url: capable.url, system_url: capable.url, engine: 'fake', capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 4096, continuation: false } });
+    await frontend.waitForEvent('worker_added', (l) => l.worker_id === 'w-plain');
+    const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
+    const noTools = await call('POST', `${frontend.url}/v1/chat/completions`, { ...chat({ tools }), model: 'm2' });
+    assert.equal(noTools.status, 400);
+    assert.equal(noTools.body.error.param, 'tools');
+    assert.match(noTools.body.error.message, /tools is not supported by any worker of model "m2" \(engines: fake\)/);
+    // tool_choice none: the tools are only rendered, which any worker does.
+    assert.equal((await call('POST', `${frontend.url}/v1/chat/completions`, { ...chat({ tools, tool_choice: 'none' }), model: 'm2' })).status, 200);
   });
 });

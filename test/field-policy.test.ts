@@ -39,11 +39,11 @@ const CHAT: Examples = {
   metadata: { ok: [{ k: 'v' }], refused: [] },
   store: { ok: [false, true], refused: [] },
   service_tier: { ok: ['auto'], refused: [] },
-  parallel_tool_calls: { ok: [false], refused: [] },
+  parallel_tool_calls: { ok: [false, true], refused: [] },
   logprobs: { ok: [false], refused: [true] },
   top_logprobs: { ok: [0], refused: [2] },
-  tools: { ok: [[]], refused: [tools] },
-  tool_choice: { ok: ['none', 'auto'], refused: ['required'] },
+  tools: { ok: [[], tools], refused: [] }, // the mocker calls tools; a model whose workers do not: capabilities.test.ts
+  tool_choice: { ok: ['none', 'auto'], refused: ['required', { type: 'function', function: { name: 'f' } }] }, // without tools to choose from
   functions: { ok: [[]], refused: [[{ name: 'f' }]] },
   function_call: { ok: ['none'], refused: ['auto'] },
   presence_penalty: { ok: [0], refused: [0.5] },

@@ -5,7 +5,7 @@ import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, streamText } from 'ai';
 import { ChatOpenAI } from '@langchain/openai';
 import { call } from './helpers/http.js';
-import { metricValue, spawnEbb, type EbbProcess } from './helpers/processes.js';
+import { frontendSeesWorkers, metricValue, spawnEbb, type EbbProcess } from './helpers/processes.js';
 
 /** `ebb up` as a new user runs it: a frontend and two mocker workers, found through its own discovery. */
 let up: EbbProcess;
@@ -13,13 +13,7 @@ let base: string;
 before(async () => {
   up = spawnEbb(['up', '--port', '0', '--workers', '2', '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-max-context', '64', '--cors-origin', 'http://app.example'], 'ebb up');
   base = (await up.waitForEvent('frontend_ready')).url as string;
-  // Ready workers are registered; the frontend routes once its discovery watch has seen both.
-  const seen = new Set<string>();
-  await up.waitForLog((l) => {
-    if (l.event === 'discovery_reset') for (const id of l.workers as string[]) seen.add(id);
-    if (l.event === 'worker_added') seen.add(l.worker_id as string);
-    return seen.size === 2;
-  }, 'the frontend to see both workers');
+  await frontendSeesWorkers(up, 2);
 });
 after(async () => {
   await up.terminate();

@@ -1,5 +1,6 @@
 import type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { ChatMessage, ResponseFormat } from '../protocol/request-plane.js';
+import type { ToolChoice, ToolSpec } from '../protocol/tools.js';
 
 export type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
@@ -28,6 +29,13 @@ export interface GenerateRequest {
   stop?: string[] | undefined;
   /** Structured output; only sent to engines whose capabilities declare the format (json_object, json_schema). */
   response_format?: ResponseFormat | undefined;
+  /**
+   * Functions the model may call (only sent to engines that declare `tools`): rendered into the
+   * prompt; a call is written in the engine's declared tool_syntax, in its raw text.
+   */
+  tools?: ToolSpec[] | undefined;
+  tool_choice?: ToolChoice | undefined;
+  parallel_tool_calls?: boolean | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
   /**

@@ -9,6 +9,8 @@ import { KvEventLog } from './kv-event-log.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { PrefixCache, type CachedSequence } from './prefix-cache.js';
 import { PrefillCompute } from './prefill-compute.js';
+import { mockerToolScript } from './mocker-tools.js';
+import { HERMES_SYNTAX } from '../protocol/tools.js';
 
 export interface MockerOptions {
   /** Base time to first token; with the KV cache off it grows with prompt length (see ttftFor), on: prefill adds the uncached tokens' time. 0 disables the delay. */
@@ -141,7 +143,7 @@ export class MockerEngine implements Engine {
       const cache = this.cache;
       this.kvCacheStats = () => cache.stats();
     }
-    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
+    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
@@ -209,11 +211,14 @@ export class MockerEngine implements Engine {
     let delivered = '';
     try {
       const random = prng(hashString(req.prompt, req.seed ?? 0));
+      // With tools: the answer may be calls instead of words (its own draw, so words stay as they were).
+      const script = req.tools === undefined ? undefined : mockerToolScript(req, prng(hashString(JSON.stringify(req.tools), hashString(req.prompt, req.seed ?? 0))));
+      const pieceAt = script === undefined ? (i: number) => wordAt(i, random) : (i: number) => script[i] ?? '';
       // A continuation replays the words already delivered (no delay), so a migrated stream goes on
       // exactly as the same request would have on one worker.
       const done = req.continuation?.completion_tokens ?? 0;
       let text = '';
-      for (let i = 0; i < done; i++) text += wordAt(i, random);
+      for (let i = 0; i < done; i++) text += pieceAt(i);
       if (req.continuation !== undefined && text !== req.continuation.text)
         throw new Error('continuation text does not match this request\'s generation (different prompt or seed?)');
       if (req.prefilled) await pause(this.opts.itlMs, signal);
@@ -222,17 +227,20 @@ export class MockerEngine implements Engine {
       const cached = seq === undefined ? {} : { cached_tokens: Math.min(seq.cachedTokens, promptTokens) };
       // No budget: the context is the limit, as with a real model that never emits its end token.
       const budget = req.max_tokens ?? Math.max(0, this.opts.maxContext - promptTokens - done);
-      for (let n = 0; n < budget; n++) {
+      // Calls end where their text does: the model stops after its last call.
+      const left = script === undefined ? Infinity : Math.max(0, script.length - done);
+      const steps = Math.min(budget, left);
+      for (let n = 0; n < steps; n++) {
         if (n > 0) await pause(this.opts.itlMs, signal);
-        const piece = wordAt(done + n, random);
+        const piece = pieceAt(done + n);
         text += piece;
-        const hit = req.stop?.find((s) => s.length > 0 && text.includes(s));
+        const hit = script === undefined ? req.stop?.find((s) => s.length > 0 && text.includes(s)) : undefined;
         if (hit !== undefined) return { finish_reason: 'stop', prompt_tokens: promptTokens, completion_tokens: n, ...cached };
         this.generated++;
         delivered += piece;
         yield { text: piece };
       }
-      return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: budget, ...cached };
+      return { finish_reason: left <= budget ? 'stop' : 'length', prompt_tokens: promptTokens, completion_tokens: steps, ...cached };
     } finally {
       seq?.end(mockerTokenIds(delivered));
       this.slots.release();

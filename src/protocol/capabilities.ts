@@ -1,4 +1,5 @@
 import type { GenerateBody } from './request-plane.js';
+import { isToolCallSyntax, toolsActive, type ToolCallSyntax } from './tools.js';
 
 /**
  * What an engine can honour beyond plain text generation. Each worker publishes its engine's in its
@@ -18,6 +19,8 @@ export interface EngineCapabilities {
   continuation: boolean;
   /** Takes a prompt as token ids of its own tokenizer (completions with `prompt: [1, 2, 3]`). */
   prompt_token_ids: boolean;
+  /** With `tools`: how the model writes a call in its raw text, which the frontend parses (tools.ts). */
+  tool_syntax?: ToolCallSyntax | null | undefined;
 }
 
 /** The yes/no capabilities, in one list: routing indexes and record checks iterate it. */
@@ -30,9 +33,11 @@ const NONE: readonly Capability[] = [];
 export function capabilitiesNeeded(body: GenerateBody): readonly Capability[] {
   const format = body.response_format?.type;
   const structured = format === 'json_object' || format === 'json_schema';
-  if (!structured && body.continuation === undefined && body.prompt_token_ids === undefined) return NONE;
+  const tools = body.tools !== undefined && toolsActive(body.tools, body.tool_choice);
+  if (!structured && !tools && body.continuation === undefined && body.prompt_token_ids === undefined) return NONE;
   const out: Capability[] = [];
   if (structured) out.push(format);
+  if (tools) out.push('tools');
   if (body.continuation !== undefined) out.push('continuation');
   if (body.prompt_token_ids !== undefined) out.push('prompt_token_ids');
   return out;
@@ -52,6 +57,7 @@ export function isCapabilities(v: unknown): v is EngineCapabilities {
     // A capability added after a worker was built is absent from its record: it declares it false
     // (missingCapability reads absent as no).
     CAPABILITIES.every((k) => c[k] === undefined || typeof c[k] === 'boolean') &&
+    (c.tool_syntax === undefined || c.tool_syntax === null || isToolCallSyntax(c.tool_syntax)) &&
     (c.max_context === null || (typeof c.max_context === 'number' && Number.isInteger(c.max_context) && c.max_context > 0))
   );
 }

@@ -1,6 +1,7 @@
 import type { Static } from 'typebox';
 import { Type } from './schema.js';
 import type { ErrorCode } from './errors.js';
+import { ToolCallSchema, ToolChoiceSchema, ToolSpecSchema } from './tools.js';
 
 /**
  * The request plane: the internal protocol between frontend and worker (docs/request-plane.md).
@@ -14,7 +15,14 @@ import type { ErrorCode } from './errors.js';
  * doing any work, so the caller can retry elsewhere.
  */
 
-export const ChatMessageSchema = Type.Object({ role: Type.String(), content: Type.String() });
+/** A chat message; an assistant turn may carry its tool calls, a `tool` turn answers one (`tool_call_id`). */
+export const ChatMessageSchema = Type.Object({
+  role: Type.String(),
+  content: Type.String(),
+  tool_calls: Type.Optional(Type.Array(ToolCallSchema, { maxItems: 128 })),
+  tool_call_id: Type.Optional(Type.String({ maxLength: 200 })),
+  name: Type.Optional(Type.String({ maxLength: 200 })),
+});
 export type ChatMessage = Static<typeof ChatMessageSchema>;
 
 /**
@@ -97,6 +105,11 @@ export const GenerateBodySchema = Type.Object(
      */
     handoff_kv: Type.Optional(KvTransferRefSchema),
     response_format: Type.Optional(ResponseFormatSchema),
+    /** Functions the model may call: rendered into its prompt; the calls come back in its raw text (tools.ts). */
+    tools: Type.Optional(Type.Array(ToolSpecSchema, { maxItems: 128 })),
+    tool_choice: Type.Optional(ToolChoiceSchema),
+    /** false: at most one call per answer. */
+    parallel_tool_calls: Type.Optional(Type.Boolean()),
   },
   { additionalProperties: false },
 );
@@ -150,8 +163,14 @@ export type StreamLine =
 /** Chat messages become one prompt; the mocker only needs its length and content for the seed. */
 export function promptOf(body: GenerateBody): string | undefined {
   if (body.prompt !== undefined) return body.prompt;
-  if (body.messages !== undefined) return body.messages.map((m) => `${m.role}: ${m.content}`).join('\n');
+  if (body.messages !== undefined) return body.messages.map(messageLine).join('\n');
   // Engines that declare prompt_token_ids read the ids; the text is for logs and for the mocker, which counts one token per id.
   if (body.prompt_token_ids !== undefined) return body.prompt_token_ids.join(' ');
   return undefined;
+}
+
+/** One message of a chat prompt as the mocker reads it (and as the frontend hashes it for routing): its calls included. */
+function messageLine(m: ChatMessage): string {
+  const calls = m.tool_calls === undefined ? '' : m.tool_calls.map((c) => ` {"name": "${c.function.name}", "arguments": ${c.function.arguments}}`).join('');
+  return `${m.role}: ${m.content}${calls}`;
 }

@@ -274,6 +274,16 @@ export async function startFrontend(discoveryUrl: string, args: string[] = [], e
   return Object.assign(p, { url: ready.url as string }) as FrontendHandle;
 }
 
+/** Resolves once the frontend's discovery view holds `count` workers (ready workers are registered; its watch sees them). */
+export async function frontendSeesWorkers(frontend: EbbProcess, count: number): Promise<void> {
+  const seen = new Set<string>();
+  await frontend.waitForLog((l) => {
+    if (l.event === 'discovery_reset') for (const id of l.workers as string[]) seen.add(id);
+    if (l.event === 'worker_added') seen.add(l.worker_id as string);
+    return seen.size === count;
+  }, `the frontend to see ${count} workers`);
+}
+
 /** Reads one counter or gauge sample from a Prometheus text page; 0 when absent. */
 export async function metricValue(url: string, name: string, labels = ''): Promise<number> {
   return (await metricValues(url, [labels ? `${name}{${labels}}` : name]))[0] ?? 0;

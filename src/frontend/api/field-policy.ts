@@ -19,7 +19,7 @@ import type { WorkerPool } from '../routing/worker-pool.js';
  */
 type Policy =
   | { kind: 'carried'; check?: (value: unknown, body: Record<string, unknown>) => void }
-  | { kind: 'capability'; needs: (value: unknown) => Capability | undefined }
+  | { kind: 'capability'; needs: (value: unknown) => Capability | undefined; check?: (value: unknown, body: Record<string, unknown>) => void }
   | { kind: 'ignored' }
   | { kind: 'refused'; isDefault: (value: unknown) => boolean; why: string };
 
@@ -41,6 +41,23 @@ function textOnlyMessages(messages: unknown): void {
 function promptNeeds(prompt: unknown): Capability | undefined {
   const shape = promptShape(prompt);
   return shape === 'ids' || shape === 'id_batch' ? 'prompt_token_ids' : undefined;
+}
+
+/** Tools are a chat field: a completions prompt has no turn to answer them in. */
+function chatTools(value: unknown, body: Record<string, unknown>): void {
+  if (Array.isArray(value) && value.length > 0 && body.messages === undefined) throw unsupported('tools', 'tools is not supported on /v1/completions: use /v1/chat/completions');
+}
+
+/** A named function must be one of tools; `required` needs tools to choose from (OpenAI answers 400 to both). */
+function toolChoiceFits(value: unknown, body: Record<string, unknown>): void {
+  if (value == null || value === 'none' || value === 'auto') return;
+  const tools = Array.isArray(body.tools) ? (body.tools as Array<{ function?: { name?: string } }>) : [];
+  if (value === 'required') {
+    if (tools.length === 0) throw new EbbError('invalid_request', 'tool_choice "required" needs tools', { param: 'tool_choice' });
+    return;
+  }
+  const name = (value as { function?: { name?: unknown } }).function?.name;
+  if (!tools.some((t) => t.function?.name === name)) throw new EbbError('invalid_request', `tool_choice names function "${String(name)}", which is not in tools`, { param: 'tool_choice' });
 }
 
 /** OpenAI and vLLM answer 400 to stream_options on a request that does not stream. */
@@ -79,11 +96,11 @@ export const FIELD_POLICY: FieldPolicy = {
   metadata: ignored,
   store: ignored,
   service_tier: ignored,
-  parallel_tool_calls: ignored, // meaningless without tools, which are refused
+  parallel_tool_calls: carried,
   logprobs: refused((v) => v === false || v === 0, NOT_CARRIED),
   top_logprobs: refused((v) => v === 0, NOT_CARRIED),
-  tools: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
-  tool_choice: refused((v) => v === 'none' || v === 'auto', NOT_CARRIED), // either is a no-op without tools
+  tools: { kind: 'capability', needs: (v) => (Array.isArray(v) && v.length > 0 ? 'tools' : undefined), check: chatTools },
+  tool_choice: checked(toolChoiceFits),
   functions: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
   function_call: refused((v) => v === 'none', NOT_CARRIED),
   presence_penalty: refused((v) => v === 0, NOT_CARRIED),
@@ -140,7 +157,9 @@ export function checkFields(body: Record<string, unknown>, table: FieldPolicy, p
       if (!policy.isDefault(value)) throw unsupported(field, `${field} is not supported: ${policy.why}`);
       continue;
     }
-    const need = policy.needs(value);
+    policy.check?.(value, body);
+    // tools with tool_choice none are only rendered: no call to parse, nothing a worker must declare.
+    const need = field === 'tools' && body.tool_choice === 'none' ? undefined : policy.needs(value);
     if (need === undefined) continue;
     const model = body.model as string;
     if (!pool.declares(model, need)) {

@@ -1,4 +1,4 @@
-import type { GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
+import type { ChatMessage, GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
 import { promptShape } from './prompt-shape.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 import type { SpliceFrame } from '../wire/token-splice.js';
@@ -45,12 +45,25 @@ export function toGenerateBodies(endpoint: Endpoint, req: OpenAIRequest, request
   if (format !== undefined) base.response_format = format;
   const n = req.n ?? 1;
   const prompts: Array<Pick<GenerateBody, 'prompt' | 'messages' | 'prompt_token_ids'>> =
-    endpoint === 'chat' ? [{ messages: (req.messages ?? []).map((m) => ({ role: m.role, content: messageText(m.content) })) }] : completionPrompts(req.prompt);
+    endpoint === 'chat' ? [{ messages: (req.messages ?? []).map(chatMessage) }] : completionPrompts(req.prompt);
+  if (req.tools != null && req.tools.length > 0) {
+    base.tools = req.tools;
+    if (req.tool_choice != null) base.tool_choice = req.tool_choice;
+    if (req.parallel_tool_calls != null) base.parallel_tool_calls = req.parallel_tool_calls;
+  }
   if (prompts.length === 1 && n === 1) return [{ ...base, ...prompts[0], ...(req.seed != null && { seed: req.seed }) }];
   const out: GenerateBody[] = [];
   for (const prompt of prompts)
     for (let i = 0; i < n; i++)
       out.push({ ...base, ...prompt, request_id: `${requestId}-${out.length}`, ...(req.seed != null && { seed: req.seed + i }) });
+  return out;
+}
+
+/** A chat message as the request plane carries it: text content, and an assistant's calls or a tool's answer. */
+function chatMessage(m: ChatMessageIn): ChatMessage {
+  const out: ChatMessage = { role: m.role, content: messageText(m.content) };
+  if (m.tool_calls != null && m.tool_calls.length > 0) out.tool_calls = m.tool_calls;
+  if (m.tool_call_id !== undefined) out.tool_call_id = m.tool_call_id;
   return out;
 }
 
@@ -102,6 +115,11 @@ export class SseFormatter implements StreamFormat {
     return this.heads.map((h) => `${h}"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`).join('');
   }
 
+  /** A chunk with its own delta (a tool call's pieces): `delta` is its JSON. */
+  delta(lane: number, delta: string): string {
+    return `${this.heads[lane]}"delta":${delta},"logprobs":null,"finish_reason":null}]}\n\n`;
+  }
+
   splice(lane: number): SpliceFrame {
     return { head: Buffer.from(`${this.heads[lane]}${TOKEN_OPEN[this.endpoint]}"`), tail: SPLICE_TAIL[this.endpoint] };
   }
@@ -134,9 +152,15 @@ export function completionResponse(endpoint: Endpoint, id: string, model: string
       object: 'chat.completion',
       created,
       model,
-      choices: choices.map((c, index) => ({ index, message: { role: 'assistant', content: c.text, refusal: null }, logprobs: null, finish_reason: c.finishReason })),
+      choices: choices.map((c, index) => ({ index, message: chatAnswer(c), logprobs: null, finish_reason: c.finishReason })),
       usage,
     };
   }
   return { id, object: 'text_completion', created, model, choices: choices.map((c, index) => ({ index, text: c.text, logprobs: null, finish_reason: c.finishReason })), usage };
+}
+
+/** A chat choice's message: its text, or its parsed tool calls (content null when only calls). */
+function chatAnswer(c: CollectedChoice) {
+  if (c.tools === undefined || c.tools.calls.length === 0) return { role: 'assistant', content: c.tools?.content ?? c.text, refusal: null };
+  return { role: 'assistant', content: c.tools.content, refusal: null, tool_calls: c.tools.calls };
 }

@@ -1,4 +1,6 @@
 /** Request schemas for the OpenAI-compatible routes, validated by fastify's ajv before any routing. */
+import { ToolCallSchema, ToolChoiceSchema, ToolSpecSchema } from '../../protocol/tools.js';
+import type { ToolCall, ToolChoice, ToolSpec } from '../../protocol/tools.js';
 
 /** Choices per request (n) and prompts per completions batch: each is a sequence on a worker. */
 export const MAX_CHOICES = 16;
@@ -64,9 +66,14 @@ export const chatCompletionSchema = {
           role: { type: 'string', enum: ['system', 'developer', 'user', 'assistant', 'tool'] },
           content: { anyOf: [{ type: 'string' }, { type: 'array', items: contentPart }, { type: 'null' }] },
           name: { type: 'string' },
+          tool_calls: { anyOf: [{ type: 'array', items: ToolCallSchema, maxItems: 128 }, { type: 'null' }] },
+          tool_call_id: { type: 'string', maxLength: 200 },
         },
       },
     },
+    tools: { anyOf: [{ type: 'array', items: ToolSpecSchema, maxItems: 128 }, { type: 'null' }] },
+    tool_choice: { anyOf: [ToolChoiceSchema, { type: 'null' }] },
+    parallel_tool_calls: { type: ['boolean', 'null'] },
   },
 } as const;
 
@@ -133,6 +140,8 @@ export const responsesSchema = {
 export interface ChatMessageIn {
   role: string;
   content?: string | Array<{ type: string; text?: string }> | null;
+  tool_calls?: ToolCall[] | null;
+  tool_call_id?: string;
 }
 
 export interface OpenAIRequest {
@@ -149,4 +158,7 @@ export interface OpenAIRequest {
   stop?: string | string[] | null;
   stream?: boolean | null;
   stream_options?: { include_usage?: boolean } | null;
+  tools?: ToolSpec[] | null;
+  tool_choice?: ToolChoice | null;
+  parallel_tool_calls?: boolean | null;
 }

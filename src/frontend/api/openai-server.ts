@@ -16,6 +16,9 @@ import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, ty
 import type { Upstream } from '../relay/upstream.js';
 import { modelNotFound, unavailableModel } from '../relay/worker-answer.js';
 import { requestIdOf } from './request-id.js';
+import { HERMES_SYNTAX, toolsActive } from '../../protocol/tools.js';
+import { callIds, parseToolCalls } from '../wire/tool-call-parser.js';
+import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -145,6 +148,13 @@ export function createOpenAIServer({
     reply.raw.once('close', release);
   };
 
+  /** How a tool request's answers are parsed: the model's call syntax, and call ids from the request's content. */
+  const toolParsing = (body: OpenAIRequest) => {
+    const syntax = pool.toolSyntax(body.model) ?? HERMES_SYNTAX;
+    const key = JSON.stringify([body.model, body.messages, body.tools, body.tool_choice, body.seed ?? null]);
+    return { syntax, idsFor: (lane: number) => callIds(key, lane) };
+  };
+
   const route = (endpoint: Endpoint, url: string, schema: object) => {
     methods(url, ['POST']);
     app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
@@ -157,15 +167,23 @@ export function createOpenAIServer({
       const signal = shutdown.requestSignal(reply.raw);
       probeHalfClosedClient(req, reply);
       const started = performance.now();
+      // With tools: the answers' raw text is parsed into calls, in the syntax the model's workers declare.
+      const tools = endpoint === 'chat' && toolsActive(body.tools ?? undefined, body.tool_choice ?? undefined) ? toolParsing(body) : undefined;
       try {
         if (body.stream) {
-          const fmt = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true);
+          const sse = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true);
+          const fmt = tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, tools.idsFor, gens.length);
           await relay.stream(reply, fmt, gens, n, signal, started);
           Shutdown.endCutStream(reply.raw, fmt, signal);
           return;
         }
         const { choices, usage, workerId } = await relay.collect(gens, n, signal);
         void reply.header('x-ebb-worker-id', headerValue(workerId));
+        if (tools !== undefined)
+          for (const [lane, c] of choices.entries()) {
+            c.tools = parseToolCalls(c.text, tools.syntax, tools.idsFor(lane));
+            c.finishReason = finishWithCalls(c.finishReason, c.tools.calls.length);
+          }
         return completionResponse(endpoint, id, body.model, choices, usage);
       } catch (err) {
         throw Shutdown.cutReason(signal) ?? err;

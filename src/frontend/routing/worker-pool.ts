@@ -1,3 +1,4 @@
+import type { ToolCallSyntax } from '../../protocol/tools.js';
 import { CAPABILITIES, missingCapability, type Capability } from '../../protocol/capabilities.js';
 import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../../discovery/discovery.js';
 import { LeastLoaded, type Ranked } from './least-loaded.js';
@@ -228,6 +229,18 @@ export class WorkerPool {
   /** Does some worker of `model` in discovery declare `capability`? (Its state does not matter: that is routing's business.) */
   declares(model: string, capability: Capability): boolean {
     return (this.counts.get(model)?.declaring.get(capability) ?? 0) > 0;
+  }
+
+  /**
+   * How the workers of `model` that call tools write a call (their declared tool_syntax): the first
+   * found; a model's workers run one model, so they agree. Undefined: none declares tools.
+   */
+  toolSyntax(model: string): ToolCallSyntax | undefined {
+    for (const w of this.workers.values()) {
+      const c = w.record.capabilities;
+      if (w.record.model === model && c?.tools === true && c.tool_syntax) return c.tool_syntax;
+    }
+    return undefined;
   }
 
   /** The engine kinds serving `model`, for error messages. */

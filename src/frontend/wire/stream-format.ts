@@ -1,5 +1,6 @@
 import type { Usage } from '../../protocol/request-plane.js';
 import type { SpliceFrame } from './token-splice.js';
+import type { ParsedCalls } from './tool-call-parser.js';
 
 /*
  * What the relay writes to a client, below both the API (which chooses a format per endpoint) and
@@ -27,6 +28,8 @@ export interface StreamFormat {
 export interface CollectedChoice {
   text: string;
   finishReason: string;
+  /** With tools: the text parsed into content and calls. */
+  tools?: ParsedCalls | undefined;
 }
 
 /**

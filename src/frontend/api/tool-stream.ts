@@ -1,0 +1,65 @@
+import type { Usage } from '../../protocol/request-plane.js';
+import type { ToolCallSyntax } from '../../protocol/tools.js';
+import { ToolCallParser, type ToolEvent } from '../wire/tool-call-parser.js';
+import type { StreamFormat } from '../wire/stream-format.js';
+import type { SseFormatter } from './openai-format.js';
+
+/**
+ * A chat stream whose request has tools: each choice's raw text goes through a ToolCallParser, and
+ * comes out as content deltas and `delta.tool_calls` pieces (index, id, name, then arguments), as
+ * the openai SDK and the Vercel AI SDK assemble them. A choice that called a tool and stopped
+ * finishes with `tool_calls`. No splice frame: every piece is parsed.
+ */
+export class ToolCallStream implements StreamFormat {
+  private readonly parsers: ToolCallParser[];
+
+  constructor(
+    private readonly inner: SseFormatter,
+    syntax: ToolCallSyntax,
+    idsFor: (lane: number) => (index: number) => string,
+    lanes: number,
+  ) {
+    this.parsers = Array.from({ length: lanes }, (_, lane) => new ToolCallParser(syntax, idsFor(lane)));
+  }
+
+  opening(): string {
+    return this.inner.opening();
+  }
+
+  token(lane: number, text: string): string {
+    const events: ToolEvent[] = [];
+    this.parsers[lane]!.feed(text, events);
+    return this.render(lane, events);
+  }
+
+  finished(lane: number, reason: string): string {
+    const parser = this.parsers[lane]!;
+    const events: ToolEvent[] = [];
+    parser.end(events);
+    return this.render(lane, events) + this.inner.finished(lane, finishWithCalls(reason, parser.called));
+  }
+
+  end(usage: Usage): string {
+    return this.inner.end(usage);
+  }
+
+  error(code: string, message: string): string {
+    return this.inner.error(code, message);
+  }
+
+  private render(lane: number, events: ToolEvent[]): string {
+    let out = '';
+    for (const e of events) {
+      if (e.kind === 'content') out += this.inner.token(lane, e.text);
+      else if (e.kind === 'call')
+        out += this.inner.delta(lane, `{"tool_calls":[{"index":${e.index},"id":${JSON.stringify(e.id)},"type":"function","function":{"name":${JSON.stringify(e.name)},"arguments":""}}]}`);
+      else out += this.inner.delta(lane, `{"tool_calls":[{"index":${e.index},"function":{"arguments":${JSON.stringify(e.text)}}}]}`);
+    }
+    return out;
+  }
+}
+
+/** An answer that called a tool and then stopped asks for the results: OpenAI's `tool_calls`. */
+export function finishWithCalls(reason: string, calls: number): string {
+  return calls > 0 && reason === 'stop' ? 'tool_calls' : reason;
+}

@@ -1,0 +1,176 @@
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import type { ChatCompletionTool, ChatCompletionMessageParam } from 'openai/resources/chat/completions';
+import { createOpenAI } from '@ai-sdk/openai';
+import { generateText, jsonSchema, tool } from 'ai';
+import { ChatOpenAI } from '@langchain/openai';
+import { call } from './helpers/http.js';
+import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+
+/** Tool calling through ebb as agents use it: a fleet of mocker workers (Hermes call syntax), the official SDKs. */
+const started: EbbProcess[] = [];
+let frontend: FrontendHandle;
+let workers: WorkerHandle[];
+before(async () => {
+  const discovery = tempDiscoveryUrl();
+  // A pace slow enough that a worker can be killed in the middle of a call's arguments.
+  workers = await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '25', '--mocker-ttft-ms', '0', '--mocker-max-context', '4096'])));
+  started.push(...workers);
+  frontend = await startFrontend(discovery);
+  started.push(frontend);
+  await frontendSeesWorkers(frontend, 2);
+});
+after(async () => {
+  await Promise.all(started.map((p) => p.stop()));
+});
+
+const client = () => new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+
+const weather: ChatCompletionTool = {
+  type: 'function',
+  function: {
+    name: 'get_weather',
+    description: 'The weather in a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer', minimum: 1, maximum: 7 }, unit: { type: 'string', enum: ['c', 'f'] } }, required: ['city', 'days', 'unit'] },
+  },
+};
+const time: ChatCompletionTool = { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: { tz: { type: 'string', enum: ['UTC', 'CET'] } }, required: ['tz'] } } };
+const ask: ChatCompletionMessageParam[] = [{ role: 'user', content: 'what is the weather in Paris, and the time?' }];
+
+type Call = { id: string; name: string; arguments: string };
+const callsOf = (m: { tool_calls?: Array<{ id: string; type: string; function?: { name: string; arguments: string } }> | null }): Call[] =>
+  (m.tool_calls ?? []).map((c) => ({ id: c.id, name: c.function!.name, arguments: c.function!.arguments }));
+
+/** A call's arguments as the schema wants them: JSON, with every required property of the right kind. */
+function assertWeatherArgs(args: string): void {
+  const parsed = JSON.parse(args) as { city: unknown; days: unknown; unit: unknown };
+  assert.equal(typeof parsed.city, 'string');
+  assert.ok(Number.isInteger(parsed.days) && (parsed.days as number) >= 1 && (parsed.days as number) <= 7, `days within 1..7: ${args}`);
+  assert.ok(parsed.unit === 'c' || parsed.unit === 'f', `unit from its enum: ${args}`);
+}
+
+describe('tool calling: the openai SDK', () => {
+  it('required: parallel calls, the same streamed and not, then the tool results answered in text', async () => {
+    const c = client();
+    const plain = await c.chat.completions.create({ model: 'm1', messages: ask, tools: [weather, time], tool_choice: 'required', temperature: 0 });
+    const choice = plain.choices[0]!;
+    assert.equal(choice.finish_reason, 'tool_calls');
+    assert.equal(choice.message.content, null, 'only calls: content is null');
+    const calls = callsOf(choice.message);
+    assert.equal(calls.length, 2, 'parallel calls: two tools, two calls');
+    assert.deepEqual(calls.map((x) => x.name).sort(), ['get_time', 'get_weather']);
+    assertWeatherArgs(calls.find((x) => x.name === 'get_weather')!.arguments);
+    assert.match(calls[0]!.id, /^call_[0-9a-f]{24}$/);
+    assert.notEqual(calls[0]!.id, calls[1]!.id);
+
+    // Streamed: the SDK assembles the delta.tool_calls pieces into the same calls, ids included.
+    const stream = c.chat.completions.stream({ model: 'm1', messages: ask, tools: [weather, time], tool_choice: 'required', temperature: 0 });
+    let argumentPieces = 0;
+    stream.on('chunk', (chunk) => {
+      for (const d of chunk.choices[0]?.delta.tool_calls ?? []) if (d.function?.arguments) argumentPieces++;
+    });
+    const final = await stream.finalChatCompletion();
+    assert.deepEqual(callsOf(final.choices[0]!.message), calls);
+    assert.equal(final.choices[0]!.finish_reason, 'tool_calls');
+    assert.ok(argumentPieces > 2, `arguments stream in pieces (${argumentPieces})`);
+
+    // The results go back as tool messages; the mocker answers a tool's result in text.
+    const answer = await c.chat.completions.create({
+      model: 'm1',
+      messages: [...ask, choice.message, ...calls.map((x) => ({ role: 'tool' as const, tool_call_id: x.id, content: '12 degrees' }))],
+      tools: [weather, time],
+      max_tokens: 5,
+    });
+    assert.equal(answer.choices[0]!.message.tool_calls, undefined);
+    assert.ok((answer.choices[0]!.message.content ?? '').length > 0);
+  });
+
+  it('tool_choice: a named function, parallel_tool_calls false, none', async () => {
+    const c = client();
+    const named = await c.chat.completions.create({ model: 'm1', messages: ask, tools: [weather, time], tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+    assert.deepEqual(callsOf(named.choices[0]!.message).map((x) => x.name), ['get_weather']);
+    assertWeatherArgs(named.choices[0]!.message.tool_calls![0]!.type === 'function' ? callsOf(named.choices[0]!.message)[0]!.arguments : '');
+    const single = await c.chat.completions.create({ model: 'm1', messages: ask, tools: [weather, time], tool_choice: 'required', parallel_tool_calls: false });
+    assert.equal(callsOf(single.choices[0]!.message).length, 1);
+    const none = await c.chat.completions.create({ model: 'm1', messages: ask, tools: [weather, time], tool_choice: 'none', max_tokens: 4 });
+    assert.equal(none.choices[0]!.message.tool_calls, undefined);
+    assert.equal(none.choices[0]!.finish_reason, 'length');
+    await assert.rejects(
+      c.chat.completions.create({ model: 'm1', messages: ask, tools: [weather], tool_choice: { type: 'function', function: { name: 'nope' } } }),
+      (err: unknown) => err instanceof OpenAI.BadRequestError && /tool_choice names function "nope"/.test(err.message),
+    );
+    const completions = await call('POST', `${frontend.url}/v1/completions`, { model: 'm1', prompt: 'x', tools: [weather] });
+    assert.equal(completions.status, 400);
+    assert.match(JSON.stringify(completions.body), /tools is not supported on \/v1\/completions/);
+  });
+
+  it('a worker SIGKILLed in the middle of a call\'s arguments: the call comes out the same as undisturbed', async () => {
+    const c = client();
+    const request = { model: 'm1', messages: ask, tools: [weather], tool_choice: 'required' as const, temperature: 0, stream: true as const };
+    const undisturbed = await c.chat.completions.stream(request).finalChatCompletion();
+    const reference = callsOf(undisturbed.choices[0]!.message);
+    assert.equal(reference.length, 1);
+
+    const mark = frontend.mark();
+    const { data, response } = await c.chat.completions.create(request).withResponse();
+    const servedBy = workers.find((w) => w.workerId === response.headers.get('x-ebb-worker-id'));
+    assert.ok(servedBy, `x-ebb-worker-id names a worker: ${response.headers.get('x-ebb-worker-id')}`);
+    const got: Call[] = [];
+    let finish: string | null = null;
+    let killed = false;
+    for await (const chunk of data) {
+      const ch = chunk.choices[0];
+      for (const d of ch?.delta.tool_calls ?? []) {
+        if (d.id !== undefined) got[d.index] = { id: d.id, name: d.function?.name ?? '', arguments: '' };
+        got[d.index]!.arguments += d.function?.arguments ?? '';
+        // Some of the arguments are out: the worker dies under the call.
+        if (!killed && got[d.index]!.arguments.length > 0) {
+          killed = true;
+          servedBy.proc.kill('SIGKILL');
+        }
+      }
+      if (ch?.finish_reason) finish = ch.finish_reason;
+    }
+    assert.ok(killed, 'the worker was killed mid-arguments');
+    await frontend.waitForEvent('stream_migrated', () => true, { after: mark });
+    assert.deepEqual(got, reference, 'ids, names and arguments byte-identical');
+    assert.equal(finish, 'tool_calls');
+  });
+});
+
+describe('tool calling: other agent SDKs', () => {
+  it('the Vercel AI SDK: generateText with a tool, executed, then answered', async () => {
+    const provider = createOpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused' });
+    const executed: unknown[] = [];
+    const result = await generateText({
+      model: provider.chat('m1'),
+      prompt: 'what is the weather in Paris?',
+      toolChoice: 'required',
+      maxOutputTokens: 64,
+      tools: {
+        get_weather: tool({
+          description: 'The weather in a city',
+          inputSchema: jsonSchema<{ city: string }>({ type: 'object', properties: { city: { type: 'string' } }, required: ['city'] }),
+          execute: async (input) => {
+            executed.push(input);
+            return { temperature: 12 };
+          },
+        }),
+      },
+    });
+    assert.equal(executed.length, 1, 'the SDK ran the tool the model called');
+    assert.equal(typeof (executed[0] as { city: unknown }).city, 'string');
+    assert.equal(result.toolCalls.length, 1);
+    assert.equal(result.toolCalls[0]!.toolName, 'get_weather');
+  });
+
+  it('LangChain: bindTools', async () => {
+    const model = new ChatOpenAI({ model: 'm1', apiKey: 'unused', configuration: { baseURL: `${frontend.url}/v1` }, maxRetries: 0 });
+    const bound = model.bindTools([weather], { tool_choice: 'required' });
+    const message = await bound.invoke('what is the weather in Paris?');
+    assert.equal(message.tool_calls?.length, 1);
+    assert.equal(message.tool_calls![0]!.name, 'get_weather');
+    assertWeatherArgs(JSON.stringify(message.tool_calls![0]!.args));
+  });
+});
