@@ -6,6 +6,7 @@ import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, jsonSchema, tool } from 'ai';
 import { ChatOpenAI } from '@langchain/openai';
 import { call } from './helpers/http.js';
+import { startEngineSim, type EngineSim } from './helpers/engine-sim.js';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 /** Tool calling through ebb as agents use it: a fleet of mocker workers (Hermes call syntax), the official SDKs. */
@@ -172,5 +173,84 @@ describe('tool calling: other agent SDKs', () => {
     assert.equal(message.tool_calls?.length, 1);
     assert.equal(message.tool_calls![0]!.name, 'get_weather');
     assertWeatherArgs(JSON.stringify(message.tool_calls![0]!.args));
+  });
+});
+
+/** `--engine openai` in front of simulated vLLM servers that speak Hermes tool calls (test/helpers/engine-sim.ts). */
+describe('tool calling: in front of vLLM (simulated)', () => {
+  let vllm: FrontendHandle;
+  let vllmWorkers: WorkerHandle[];
+  const sims: EngineSim[] = [];
+  before(async () => {
+    const discovery = tempDiscoveryUrl();
+    for (let i = 0; i < 2; i++) sims.push(await startEngineSim({ kind: 'vllm', itlMs: 25 }));
+    vllmWorkers = await Promise.all(
+      sims.map((sim) => startWorker(['--discovery', discovery, '--model', 'v1', '--engine', 'openai', '--engine-kind', 'vllm', '--engine-url', sim.url, '--engine-tool-syntax', 'hermes'])),
+    );
+    started.push(...vllmWorkers);
+    vllm = await startFrontend(discovery);
+    started.push(vllm);
+    await frontendSeesWorkers(vllm, 2);
+  });
+  after(async () => {
+    await Promise.all(sims.map((s) => s.close()));
+  });
+  const vclient = () => new OpenAI({ baseURL: `${vllm.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  /** What the engines were sent with tools, since the last call (each case reads only its own). */
+  const toolRequests = () => sims.flatMap((s) => s.seen.splice(0)).filter((r) => Array.isArray(r.body.tools));
+
+  it('auto: the engine renders the tools and answers raw (tool_choice none to vLLM); ebb parses the call', async () => {
+    toolRequests();
+    const r = await vclient().chat.completions.create({ model: 'v1', messages: ask, tools: [weather] });
+    assert.equal(r.choices[0]!.finish_reason, 'tool_calls');
+    assert.deepEqual(callsOf(r.choices[0]!.message).map((x) => [x.name, JSON.parse(x.arguments)]), [['get_weather', { city: 'harbor town', days: 3, unit: 'c' }]]);
+    const sent = toolRequests();
+    assert.equal(sent.length, 1);
+    assert.equal(sent[0]!.body.tool_choice, 'none', "vLLM's parser is not asked: the text stays raw");
+    assert.equal(sent[0]!.body.tools[0].function.name, 'get_weather');
+    // The round trip: the call and its result go back to the engine as history; it answers in text.
+    const calls = callsOf(r.choices[0]!.message);
+    const answer = await vclient().chat.completions.create({ model: 'v1', messages: [...ask, r.choices[0]!.message, { role: 'tool', tool_call_id: calls[0]!.id, content: '12 degrees' }], tools: [weather], max_tokens: 3 });
+    assert.ok(answer.choices[0]!.message.content);
+    const history = toolRequests().at(-1)!.body.messages as Array<{ role: string; tool_calls?: unknown[]; tool_call_id?: string }>;
+    assert.equal(history[1]!.tool_calls?.length, 1, 'the assistant turn carries its call');
+    assert.equal(history[2]!.tool_call_id, calls[0]!.id);
+  });
+
+  it('a forced call: vLLM answers it structured, ebb writes it as raw text and parses the same call, streamed too', async () => {
+    const named = { type: 'function' as const, function: { name: 'get_weather' } };
+    toolRequests();
+    const plain = await vclient().chat.completions.create({ model: 'v1', messages: ask, tools: [weather, time], tool_choice: named });
+    assert.deepEqual(callsOf(plain.choices[0]!.message).map((x) => [x.name, JSON.parse(x.arguments)]), [['get_weather', { city: 'harbor town', days: 3, unit: 'c' }]]);
+    assert.equal(plain.choices[0]!.finish_reason, 'tool_calls');
+    assert.deepEqual(toolRequests().at(-1)!.body.tool_choice, named);
+    const streamed = await vclient().chat.completions.stream({ model: 'v1', messages: ask, tools: [weather, time], tool_choice: named }).finalChatCompletion();
+    assert.deepEqual(callsOf(streamed.choices[0]!.message), callsOf(plain.choices[0]!.message));
+  });
+
+  it("a worker SIGKILLed in the middle of a forced call's arguments: the next engine continues the raw call, the same call comes out", async () => {
+    const request = { model: 'v1', messages: ask, tools: [weather], tool_choice: 'required' as const, temperature: 0, stream: true as const };
+    const reference = callsOf((await vclient().chat.completions.stream(request).finalChatCompletion()).choices[0]!.message);
+    toolRequests();
+    const mark = vllm.mark();
+    const { data, response } = await vclient().chat.completions.create(request).withResponse();
+    const servedBy = vllmWorkers.find((w) => w.workerId === response.headers.get('x-ebb-worker-id'))!;
+    const got: Call[] = [];
+    let killed = false;
+    for await (const chunk of data)
+      for (const d of chunk.choices[0]?.delta.tool_calls ?? []) {
+        if (d.id !== undefined) got[d.index] = { id: d.id, name: d.function?.name ?? '', arguments: '' };
+        got[d.index]!.arguments += d.function?.arguments ?? '';
+        if (!killed && got[d.index]!.arguments.length > 0) {
+          killed = true;
+          servedBy.proc.kill('SIGKILL');
+        }
+      }
+    await vllm.waitForEvent('stream_migrated', () => true, { after: mark });
+    assert.deepEqual(got, reference);
+    const continued = toolRequests().find((r) => r.body.continue_final_message === true)!.body;
+    assert.equal(continued.tool_choice, 'none', 'a continuation is not forced again: the call is half written');
+    assert.equal(continued.continue_final_message, true);
+    assert.match(continued.messages.at(-1).content, /^<tool_call>\n\{"name": "get_weather", "arguments": /);
   });
 });

@@ -1,4 +1,6 @@
-import { Command, Option } from 'commander';
+import { parseToolSyntax } from '../engine/openai-engine-tools.js';
+import type { ToolCallSyntax } from '../protocol/tools.js';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import {
   ADMIN_TOKEN_ENV,
   assertAdminBindAllowed,
@@ -63,6 +65,7 @@ interface WorkerFlags extends LlamaCppFlags {
   engineKvEventsTopic: string;
   engineKvEventsReplay?: string;
   engineKvBlockSize: number;
+  engineToolSyntax?: ToolCallSyntax;
   k8sSelfPod?: string | boolean;
   kubeconfig?: string;
 }
@@ -130,6 +133,7 @@ export function workerCommand(): Command {
     .addOption(new Option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to').default('', 'every topic'))
     .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
     .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
+    .option('--engine-tool-syntax <syntax>', '--engine openai: how the served model writes a tool call, which ebb parses from its raw text: hermes (Qwen 2.5/3, Hermes) or JSON {"prefix","params_prefix","suffix"}; unset: no tools', toolSyntaxOption)
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
       const adminToken = await loadAdminTokens(flags.adminTokenFile);
@@ -256,6 +260,7 @@ function openaiEngineSpec(flags: WorkerFlags): EngineSpec {
       kvEventsTopic: flags.engineKvEventsTopic,
       kvEventsReplay: flags.engineKvEventsReplay,
       kvBlockSize: flags.engineKvBlockSize,
+      toolSyntax: flags.engineToolSyntax,
     },
   };
 }
@@ -282,4 +287,13 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
       prefillTokensPerS: flags.mockerPrefillTokensPerS,
     },
   };
+}
+
+/** --engine-tool-syntax, refused as commander refuses a bad value. */
+function toolSyntaxOption(value: string): ToolCallSyntax {
+  try {
+    return parseToolSyntax(value);
+  } catch (err) {
+    throw new InvalidArgumentError((err as Error).message);
+  }
 }

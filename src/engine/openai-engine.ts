@@ -18,6 +18,8 @@ import { KvEventSubscriber } from './openai-engine-kv-events.js';
 import { canTokenize, tokenizeOnEngine } from './openai-engine-tokenize.js';
 import type { TokenizeRequest } from './engine.js';
 import { discardBody } from '../common/discard-body.js';
+import type { ToolCallSyntax } from '../protocol/tools.js';
+import { CallWriter, engineToolFields } from './openai-engine-tools.js';
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
@@ -40,6 +42,8 @@ export interface OpenAIEngineOptions {
   kvEventsReplay?: string | undefined;
   /** Tokens per KV block: must be the engine's (vLLM's --block-size); 16 by default, vLLM's default. */
   kvBlockSize?: number | undefined;
+  /** How the served model writes a tool call (--engine-tool-syntax); unset: the worker does not offer tools. */
+  toolSyntax?: ToolCallSyntax | undefined;
 }
 
 export { OPENAI_ENGINE_DEFAULTS } from './openai-engine-options.js';
@@ -55,7 +59,7 @@ interface ModelsList {
 
 interface StreamChunk {
   error?: { message?: string } | string;
-  choices?: Array<{ text?: string | null; delta?: { content?: string | null }; finish_reason?: string | null }>;
+  choices?: Array<{ text?: string | null; delta?: { content?: string | null; tool_calls?: Array<{ index?: number; function?: { name?: string | null; arguments?: string | null } | null }> | null }; finish_reason?: string | null }>;
   usage?: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } | null } | null;
 }
 
@@ -124,7 +128,9 @@ export class OpenAIEngine implements Engine {
       json_object: known,
       json_schema: false,
       logprobs: false,
-      tools: false,
+      // Offered only where the operator says how the model writes a call: ebb parses it from the raw text.
+      tools: opts.toolSyntax !== undefined,
+      ...(opts.toolSyntax !== undefined && { tool_syntax: opts.toolSyntax }),
       max_context: maxContext,
       // A continuation is re-sent as text: the engine re-tokenizes it, so the tokens may differ
       // from the original ones at the seam. Chat continues an assistant-prefix message, which a
@@ -177,6 +183,8 @@ export class OpenAIEngine implements Engine {
       let finish: FinishReason = 'stop';
       let usage: StreamChunk['usage'];
       let pieces = 0;
+      // A forced call comes back structured: written as the model's raw call text.
+      const calls = req.tools !== undefined && this.opts.toolSyntax !== undefined ? new CallWriter(this.opts.toolSyntax) : undefined;
       try {
         for await (const data of sseData(res.body as AsyncIterable<Buffer>, ENGINE_EVENT_LIMIT)) {
           if (data === '[DONE]') break;
@@ -188,13 +196,15 @@ export class OpenAIEngine implements Engine {
           }
           if (chunk.error !== undefined) throw new Error(`the engine failed mid-stream: ${typeof chunk.error === 'string' ? chunk.error : (chunk.error.message ?? 'unknown error')}`);
           const choice = chunk.choices?.[0];
-          const text = chat ? choice?.delta?.content : choice?.text;
+          let text = chat ? choice?.delta?.content : choice?.text;
+          if (calls !== undefined && choice?.delta?.tool_calls) text = (text ?? '') + calls.text(choice.delta.tool_calls);
+          if (calls !== undefined && choice?.finish_reason) text = (text ?? '') + calls.close();
           if (typeof text === 'string' && text !== '') {
             pieces++;
             this.generated++;
             yield { text };
           }
-          if (choice?.finish_reason) finish = choice.finish_reason === 'length' ? 'length' : 'stop';
+          if (choice?.finish_reason) finish = choice.finish_reason === 'length' ? 'length' : 'stop'; // tool_calls: a stop
           if (chunk.usage) usage = chunk.usage;
         }
       } finally {
@@ -245,6 +255,7 @@ export class OpenAIEngine implements Engine {
     if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
     // Only requested of engines that declare json_object (the request plane checks it).
     if (extra.response_format !== undefined) body.response_format = extra.response_format;
+    Object.assign(body, engineToolFields(req));
     const cont = req.continuation;
     if (req.messages !== undefined) {
       body.messages = cont ? [...req.messages, { role: 'assistant', content: cont.text }] : req.messages;

@@ -226,6 +226,59 @@ export class EngineSim extends EventEmitter {
     this.json(res, 404, { error: { message: `no route ${req.method} ${path}` } });
   }
 
+  /**
+   * A tool call, vLLM's way: a forced one (`required`, a named function) as structured
+   * delta.tool_calls (guided decoding needs no parser), anything else raw in the content. A final
+   * assistant message to continue (continue_final_message) that begins the raw call is continued
+   * from where it stops, as a model continues its own text.
+   */
+  private streamCall(body: Record<string, any>, call: { name: string; args: string }, res: ServerResponse): void {
+    const id = `chatcmpl-${Math.random().toString(36).slice(2, 10)}`;
+    const forced = body.tool_choice === 'required' || (typeof body.tool_choice === 'object' && body.tool_choice !== null);
+    const messages = body.messages as Array<{ role: string; content: string }>;
+    const prefix = body.continue_final_message === true ? (messages[messages.length - 1]?.content ?? '') : '';
+    const deltas: Array<Record<string, unknown>> = [];
+    if (forced) {
+      deltas.push({ tool_calls: [{ index: 0, id: `chatcmpl-tool-${id}`, type: 'function', function: { name: call.name, arguments: '' } }] });
+      for (const piece of argPieces(call.args)) deltas.push({ tool_calls: [{ index: 0, function: { arguments: piece } }] });
+    } else {
+      const raw = rawPieces(call);
+      if (!raw.join('').startsWith(prefix)) return this.json(res, 400, { error: { message: 'the simulator continues only its own call' } });
+      let skip = prefix.length;
+      for (const piece of raw) {
+        if (skip >= piece.length) skip -= piece.length;
+        else {
+          deltas.push({ content: piece.slice(skip) });
+          skip = 0;
+        }
+      }
+    }
+    this.running++;
+    let finished = false;
+    res.on('close', () => {
+      if (!finished) this.running--;
+      finished = true;
+    });
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const send = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
+    const chunk = (delta: Record<string, unknown>, finish: string | null) => ({ id, object: 'chat.completion.chunk', model: this.model, choices: [{ index: 0, delta, finish_reason: finish }] });
+    let n = 0;
+    const step = () => {
+      if (finished || res.destroyed) return;
+      if (n < deltas.length) {
+        send(chunk(deltas[n++]!, null));
+        return void setTimeout(step, this.opts.itlMs ?? 20);
+      }
+      send(chunk({}, forced ? 'tool_calls' : 'stop'));
+      if (body.stream_options?.include_usage === true) send({ id, object: 'chat.completion.chunk', model: this.model, choices: [], usage: { prompt_tokens: 10, completion_tokens: n, total_tokens: 10 + n } });
+      res.write('data: [DONE]\n\n');
+      finished = true;
+      this.running--;
+      res.end();
+    };
+    setTimeout(step, this.opts.itlMs ?? 20);
+  }
+
   private answerMetrics(res: ServerResponse): void {
     if (this.kind === 'generic') return;
     const ok = metricsPage(this.kind, this.model, this.running, 0, this.held);
@@ -240,6 +293,10 @@ export class EngineSim extends EventEmitter {
   }
 
   private stream(chat: boolean, body: Record<string, any>, res: ServerResponse): void {
+    if (chat && Array.isArray(body.tools) && body.tools.length > 0) {
+      const call = simToolCall(body);
+      if (call !== undefined) return this.streamCall(body, call, res);
+    }
     if (typeof body.max_tokens !== 'number' || body.max_tokens < 1) return this.json(res, 400, { error: { message: 'max_tokens must be at least 1' } });
     const maxTokens = body.max_tokens as number;
     const stops: string[] = Array.isArray(body.stop) ? body.stop : typeof body.stop === 'string' ? [body.stop] : [];
@@ -301,6 +358,31 @@ export class EngineSim extends EventEmitter {
     setTimeout(step, this.opts.itlMs ?? 20);
   }
 }
+
+/**
+ * The simulated model's tool call for a chat request with tools, or undefined when it answers in
+ * text (after a tool's result). It calls the named function, else the first; its arguments follow
+ * the parameters' properties. A Hermes model: with `tool_choice: "none"` it still writes the call,
+ * raw, in its content (the template listed the tools), as vLLM returns it unparsed.
+ */
+export function simToolCall(body: Record<string, any>): { name: string; args: string } | undefined {
+  const messages = body.messages as Array<{ role: string }>;
+  const last = messages[messages.length - 1];
+  if (last?.role === 'tool') return undefined;
+  const choice = body.tool_choice;
+  const tool = (body.tools as Array<{ function: { name: string; parameters?: { properties?: Record<string, { type?: string; enum?: unknown[] }> } } }>).find(
+    (t) => typeof choice !== 'object' || choice === null || t.function.name === choice.function?.name,
+  )!;
+  const args: Record<string, unknown> = {};
+  for (const [key, prop] of Object.entries(tool.function.parameters?.properties ?? {}))
+    args[key] = prop.enum?.[0] ?? (prop.type === 'integer' || prop.type === 'number' ? 3 : prop.type === 'boolean' ? true : 'harbor town');
+  return { name: tool.function.name, args: JSON.stringify(args) };
+}
+
+const HERMES_OPEN = '<tool_call>\n{"name": "';
+/** A call's raw text in the Hermes syntax, in the pieces a model emits it. */
+const rawPieces = (call: { name: string; args: string }) => [HERMES_OPEN, call.name, '", "arguments": ', ...argPieces(call.args), '}\n</tool_call>'];
+const argPieces = (args: string) => args.match(/.{1,4}/gs) ?? [];
 
 export async function startEngineSim(opts: EngineSimOptions): Promise<EngineSim> {
   return new EngineSim(opts).listen();
