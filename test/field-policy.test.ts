@@ -60,7 +60,10 @@ const COMPLETIONS: Examples = {
 
 const RESPONSES: Examples = {
   model: { ok: ['m1'], refused: [] },
-  input: { ok: ['hi', [{ role: 'user', content: 'hi' }]], refused: [[{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }], [{ type: 'function_call_output', call_id: 'c', output: 'x' }]] },
+  input: {
+    ok: ['hi', [{ role: 'user', content: 'hi' }], [{ role: 'user', content: 'hi' }, { type: 'function_call', call_id: 'c', name: 'f', arguments: '{}' }, { type: 'function_call_output', call_id: 'c', output: 'x' }]],
+    refused: [[{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }], [{ type: 'reasoning', summary: [] }]],
+  },
   instructions: { ok: ['be brief'], refused: [] },
   max_output_tokens: { ok: [2], refused: [] },
   temperature: { ok: [0.2], refused: [] },
@@ -77,8 +80,8 @@ const RESPONSES: Examples = {
   previous_response_id: { ok: [null], refused: ['resp_1'] },
   conversation: { ok: [null], refused: ['conv_1'] },
   background: { ok: [false], refused: [true] },
-  tools: { ok: [[]], refused: [[{ type: 'function', name: 'f', parameters: {} }]] },
-  tool_choice: { ok: ['auto'], refused: ['required'] },
+  tools: { ok: [[], [{ type: 'function', name: 'f', parameters: { type: 'object' } }]], refused: [[{ type: 'web_search' }]] },
+  tool_choice: { ok: ['auto', 'none'], refused: ['required', { type: 'function', name: 'f' }] }, // without tools to choose from
   include: { ok: [[]], refused: [['message.output_text.logprobs']] },
   reasoning: { ok: [{}], refused: [{ effort: 'high' }] },
   top_logprobs: { ok: [0], refused: [3] },

@@ -140,6 +140,49 @@ describe('tool calling: the openai SDK', () => {
   });
 });
 
+describe('tool calling: the Responses API', () => {
+  const fnWeather = { type: 'function' as const, name: 'get_weather', description: 'The weather in a city', parameters: weather.function.parameters!, strict: false };
+  const fnTime = { type: 'function' as const, name: 'get_time', parameters: time.function.parameters!, strict: false };
+
+  it('function_call items, streamed as their events and not, then function_call_output answered in text', async () => {
+    const c = client();
+    const plain = await c.responses.create({ model: 'm1', input: 'weather and time?', tools: [fnWeather, fnTime], tool_choice: 'required' });
+    const calls = plain.output.filter((o) => o.type === 'function_call');
+    assert.equal(calls.length, 2);
+    assert.equal(plain.output.length, 2, 'no message: the answer is only calls');
+    assert.deepEqual(calls.map((x) => x.name).sort(), ['get_time', 'get_weather']);
+    assertWeatherArgs(calls.find((x) => x.name === 'get_weather')!.arguments);
+    assert.equal(plain.status, 'completed');
+
+    const types: string[] = [];
+    let deltas = '';
+    let done: unknown;
+    for await (const e of await c.responses.create({ model: 'm1', input: 'weather and time?', tools: [fnWeather, fnTime], tool_choice: 'required', stream: true })) {
+      types.push(e.type);
+      if (e.type === 'response.function_call_arguments.delta' && e.output_index === 0) deltas += e.delta;
+      if (e.type === 'response.completed') done = e.response.output;
+    }
+    assert.deepEqual(done, plain.output, 'the same items, streamed or not (ids from the request)');
+    assert.equal(deltas, calls[0]!.arguments);
+    assert.deepEqual(types.slice(0, 3), ['response.created', 'response.in_progress', 'response.output_item.added']);
+    assert.equal(types.filter((t) => t === 'response.function_call_arguments.done').length, 2);
+    assert.equal(types.at(-1), 'response.completed');
+
+    const answer = await c.responses.create({
+      model: 'm1',
+      input: [{ role: 'user', content: 'weather and time?' }, ...calls, ...calls.map((x) => ({ type: 'function_call_output' as const, call_id: x.call_id, output: '12 degrees' }))],
+      tools: [fnWeather, fnTime],
+      max_output_tokens: 4,
+    });
+    assert.equal(answer.output.filter((o) => o.type === 'function_call').length, 0);
+    assert.ok(answer.output_text.length > 0, 'a tool result is answered in text');
+    await assert.rejects(
+      c.responses.create({ model: 'm1', input: 'x', tools: [{ type: 'web_search' }] }),
+      (err: unknown) => err instanceof OpenAI.BadRequestError && /ebb carries function tools/.test(err.message),
+    );
+  });
+});
+
 describe('tool calling: other agent SDKs', () => {
   it('the Vercel AI SDK: generateText with a tool, executed, then answered', async () => {
     const provider = createOpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused' });

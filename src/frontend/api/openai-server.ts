@@ -19,6 +19,8 @@ import { requestIdOf } from './request-id.js';
 import { HERMES_SYNTAX, toolsActive } from '../../protocol/tools.js';
 import { callIds, parseToolCalls } from '../wire/tool-call-parser.js';
 import { finishWithCalls, ToolCallStream } from './tool-stream.js';
+import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
+import type { GenerateBody } from '../../protocol/request-plane.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -149,9 +151,9 @@ export function createOpenAIServer({
   };
 
   /** How a tool request's answers are parsed: the model's call syntax, and call ids from the request's content. */
-  const toolParsing = (body: OpenAIRequest) => {
-    const syntax = pool.toolSyntax(body.model) ?? HERMES_SYNTAX;
-    const key = JSON.stringify([body.model, body.messages, body.tools, body.tool_choice, body.seed ?? null]);
+  const toolParsing = (gen: GenerateBody) => {
+    const syntax = pool.toolSyntax(gen.model) ?? HERMES_SYNTAX;
+    const key = JSON.stringify([gen.model, gen.messages, gen.tools, gen.tool_choice, gen.seed ?? null]);
     return { syntax, idsFor: (lane: number) => callIds(key, lane) };
   };
 
@@ -168,7 +170,7 @@ export function createOpenAIServer({
       probeHalfClosedClient(req, reply);
       const started = performance.now();
       // With tools: the answers' raw text is parsed into calls, in the syntax the model's workers declare.
-      const tools = endpoint === 'chat' && toolsActive(body.tools ?? undefined, body.tool_choice ?? undefined) ? toolParsing(body) : undefined;
+      const tools = endpoint === 'chat' && toolsActive(gens[0]!.tools, gens[0]!.tool_choice) ? toolParsing(gens[0]!) : undefined;
       try {
         if (body.stream) {
           const sse = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true);
@@ -200,17 +202,19 @@ export function createOpenAIServer({
     holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(uuid(), body);
     const gen = responsesToGenerate(body, shell.id);
+    const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const signal = shutdown.requestSignal(reply.raw);
     probeHalfClosedClient(req, reply);
     try {
       if (body.stream) {
-        const fmt = new ResponsesStream(shell);
+        const fmt = tools === undefined ? new ResponsesStream(shell) : new ResponsesToolStream(shell, tools.syntax, tools.idsFor(0));
         await relay.stream(reply, fmt, [gen], 1, signal, performance.now());
         Shutdown.endCutStream(reply.raw, fmt, signal);
         return;
       }
       const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
       void reply.header('x-ebb-worker-id', headerValue(workerId));
+      if (tools !== undefined) return responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, tools.idsFor(0)));
       return responseObject(shell, choices[0]!, usage);
     } catch (err) {
       throw Shutdown.cutReason(signal) ?? err;
