@@ -21,6 +21,7 @@ import { callIds, parseToolCalls } from '../wire/tool-call-parser.js';
 import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
+import { CAPABILITIES } from '../../protocol/capabilities.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -49,6 +50,9 @@ export interface OpenAIServerDeps {
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
+
+/** The capabilities a client can ask for (continuation is ebb's own business). */
+const API_CAPABILITIES = CAPABILITIES.filter((c) => c !== 'continuation');
 
 const uuid = () => randomUUID().replaceAll('-', ''); // randomUUID: pooled entropy, ~20x cheaper than randomBytes
 
@@ -101,7 +105,16 @@ export function createOpenAIServer({
 
   // Every model a request may name without a 404: `unavailable` while none of its workers is in
   // discovery (all drained or restarting), when a request for it gets a retryable 503.
-  const model = (id: string) => ({ id, object: 'model', created: 0, owned_by: 'ebb', status: pool.hasModel(id) ? 'available' : 'unavailable' });
+  // `capabilities`: what some worker of the model declares now (a request that needs one nobody declares is a 400 naming its field).
+  const model = (id: string) => ({
+    id,
+    object: 'model',
+    created: 0,
+    owned_by: 'ebb',
+    status: pool.hasModel(id) ? 'available' : 'unavailable',
+    engines: pool.engineKinds(id),
+    capabilities: Object.fromEntries(API_CAPABILITIES.map((c) => [c, pool.declares(id, c)])),
+  });
   const methods = (url: string, allowed: Array<'GET' | 'POST'>) => allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed);
 
   methods('/v1/models', ['GET']);
