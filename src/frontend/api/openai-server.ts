@@ -1,4 +1,5 @@
 import cors from '@fastify/cors';
+import { CAPABILITIES } from '../../protocol/capabilities.js';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
@@ -16,6 +17,7 @@ import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, ty
 import type { Upstream } from '../relay/upstream.js';
 import { modelNotFound, unavailableModel } from '../relay/worker-answer.js';
 import { requestIdOf } from './request-id.js';
+import { addEmbeddingsRoute } from './embeddings-route.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -87,7 +89,7 @@ export function createOpenAIServer({
   // A callback hook: an async one costs every request a promise for synchronous work.
   app.addHook('onResponse', (req, reply, done) => {
     const url = req.routeOptions.url;
-    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses') {
+    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses' || url === '/v1/embeddings') {
       const model = (req.body as { model?: unknown } | undefined)?.model;
       metrics.request(url, reply.statusCode, typeof model === 'string' ? model : undefined);
     }
@@ -96,7 +98,8 @@ export function createOpenAIServer({
 
   // Every model a request may name without a 404: `unavailable` while none of its workers is in
   // discovery (all drained or restarting), when a request for it gets a retryable 503.
-  const model = (id: string) => ({ id, object: 'model', created: 0, owned_by: 'ebb', status: pool.hasModel(id) ? 'available' : 'unavailable' });
+  // `capabilities`: what some worker of the model declares (embeddings among them), as routing reads discovery.
+  const model = (id: string) => ({ id, object: 'model', created: 0, owned_by: 'ebb', status: pool.hasModel(id) ? 'available' : 'unavailable', capabilities: CAPABILITIES.filter((c) => pool.declares(id, c)) });
   const methods = (url: string, allowed: Array<'GET' | 'POST'>) => allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed);
 
   methods('/v1/models', ['GET']);
@@ -198,6 +201,9 @@ export function createOpenAIServer({
       throw Shutdown.cutReason(signal) ?? err;
     }
   });
+
+  methods('/v1/embeddings', ['POST']);
+  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => holdLanes(reply, model, 1, 1) });
 
   return app;
 }
