@@ -18,6 +18,7 @@ const started: EbbProcess[] = [];
 let sim: EngineSim;
 let frontend: FrontendHandle;
 let mocker: WorkerHandle;
+let vllmEmbed: WorkerHandle;
 /** A worker of m1 that declares embeddings and refuses every one as a draining worker does. */
 let refusing: FakeWorker;
 const TINY = ['--engine', 'llama-cpp', '--model-path', writeTinyLlamaGguf(), '--threads', '1', '--gpu', 'off', '--context-size', '512'];
@@ -34,7 +35,7 @@ before(async () => {
     spawnWorker(['--discovery', discovery, '--model', 'tiny', ...TINY]),
   ];
   started.push(...spawned);
-  mocker = (await Promise.all(spawned.map(workerReady)))[0]!;
+  [mocker, vllmEmbed] = (await Promise.all(spawned.map(workerReady))) as [WorkerHandle, WorkerHandle];
   refusing = await fakeWorker((req, res) => json(res, req.url === '/embed' ? 503 : 404, { error: { code: 'worker_draining', message: 'worker is draining; retry on another worker', retryable: true } }));
   injectRecord(discovery, { worker_id: 'w-refusing', model: 'm1', request_url: refusing.url, system_url: refusing.url, engine: 'mocker', capabilities: { embeddings: true, max_context: null } });
   frontend = await startFrontend(discovery);
@@ -157,6 +158,18 @@ describe('embeddings: the openai SDK against a frontend and its workers', () => 
     await assert.rejects(c.embeddings.create({ model: 'tiny', input: 'x', dimensions: 8 }), (err: unknown) => err instanceof OpenAI.BadRequestError && err.param === 'dimensions');
     const same = await c.embeddings.create({ model: 'tiny', input: 'hello world', dimensions: 64 });
     assert.deepEqual(vector(same.data[0]!), a, 'its own size is no change');
+  });
+
+  it('a model whose only worker drained: 503 no_serving_worker, retryable, as for chat', async () => {
+    const cursor = frontend.mark();
+    assert.equal((await call('POST', `${vllmEmbed.systemUrl}/engine/drain`)).body.state, 'drained');
+    await frontend.waitForEvent('worker_removed', (l) => l.worker_id === vllmEmbed.workerId, { after: cursor });
+    await assert.rejects(client().embeddings.create({ model: 'vllm-embed', input: 'x' }), (err: unknown) => {
+      assert.ok(err instanceof OpenAI.APIError);
+      assert.equal(err.status, 503);
+      assert.equal(err.code, 'no_serving_worker');
+      return true;
+    });
   });
 });
 
