@@ -58,7 +58,9 @@ export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutd
     holdLane(reply, body.model);
     const signal = shutdown.requestSignal(reply.raw);
     try {
-      const sent: EmbedBody = { model: body.model, input, ...(body.dimensions != null && { dimensions: body.dimensions }) };
+      // The answer's x-request-id (a sane id, set on every request): the worker's logs name the request by it.
+      const requestId = String(reply.raw.getHeader('x-request-id'));
+      const sent: EmbedBody = { model: body.model, input, request_id: requestId, ...(body.dimensions != null && { dimensions: body.dimensions }) };
       const { worker, answer } = await upstream.embed(sent, signal);
       void reply.header('x-ebb-worker-id', headerValue(worker.record.worker_id));
       return embeddingsResponse(body.model, body.encoding_format === 'base64', answer, input.length, worker.record.worker_id);
