@@ -39,6 +39,7 @@ describe('engine capabilities: what the fleet can honour', () => {
       max_context: 1024,
       continuation: true,
       prompt_token_ids: true,
+      embeddings: true,
     });
   });
 
@@ -47,8 +48,7 @@ describe('engine capabilities: what the fleet can honour', () => {
     // /v1/models says what the model's workers can do.
     const listed = (await call('GET', `${frontend.url}/v1/models/m1`)).body;
     assert.deepEqual(listed.engines, ['mocker']);
-    assert.equal(listed.capabilities.tools, true);
-    assert.equal(listed.capabilities.json_object, false);
+    assert.deepEqual(listed.capabilities, ['tools', 'prompt_token_ids', 'embeddings']);
     const url = `${frontend.url}/v1/chat/completions`;
     const json = await call('POST', url, chat({ response_format: { type: 'json_object' } }));
     assert.equal(json.status, 400);

@@ -3,7 +3,7 @@ import { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 import { Agent, request } from 'undici';
 import type { WorkerMode } from '../discovery/discovery.js';
-import type { Continuation, Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import type { Continuation, EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
 import { waitUntilHealthy } from './engine-health.js';
 import { describeError, getBounded } from './engine-http.js';
 import { describeExit, EngineProcess, freePort } from './engine-process.js';
@@ -44,6 +44,8 @@ export interface OpenAIEngineOptions {
   kvBlockSize?: number | undefined;
   /** How the served model writes a tool call (--engine-tool-syntax); unset: the worker does not offer tools. */
   toolSyntax?: ToolCallSyntax | undefined;
+  /** The engine serves /v1/embeddings for its model (--engine-embeddings): the worker declares `embeddings`. */
+  embeddings?: boolean | undefined;
 }
 
 export { OPENAI_ENGINE_DEFAULTS } from './openai-engine-options.js';
@@ -78,6 +80,29 @@ function engineAnswer(status: number, message: string): Error {
 const ERROR_TEXT_LIMIT = 2000;
 /** One event of an engine's token stream is a chunk of a few tokens; one past this is a broken engine. */
 const ENGINE_EVENT_LIMIT = 1 << 20;
+
+/** Vectors as JSON numbers: 2048 inputs of 4096 dimensions take about 160 MB. */
+const ENGINE_EMBEDDINGS_LIMIT = 256 * 1024 * 1024;
+
+/** An engine's /v1/embeddings answer, checked: one vector of numbers per input, put in input order by index. */
+function embeddingsOf(text: string, inputs: number): EmbedResult {
+  let answer: { data?: Array<{ index?: unknown; embedding?: unknown }>; usage?: { prompt_tokens?: unknown } };
+  try {
+    answer = JSON.parse(text) as typeof answer;
+  } catch {
+    throw new Error('the engine\'s embeddings answer is not JSON');
+  }
+  const vectors: Float32Array[] = [];
+  for (const [i, d] of (answer.data ?? []).entries()) {
+    const index = typeof d.index === 'number' ? d.index : i;
+    if (!Array.isArray(d.embedding) || !d.embedding.every((x) => typeof x === 'number') || index < 0 || index >= inputs || vectors[index] !== undefined)
+      throw new Error(`the engine's embeddings answer has a malformed vector at ${i}`);
+    vectors[index] = Float32Array.from(d.embedding as number[]);
+  }
+  if (vectors.length !== inputs || [...vectors].some((v) => v === undefined)) throw new Error(`the engine answered ${answer.data?.length ?? 0} vectors for ${inputs} inputs`);
+  const tokens = answer.usage?.prompt_tokens;
+  return { vectors, prompt_tokens: typeof tokens === 'number' ? tokens : 0 };
+}
 
 async function errorText(body: AsyncIterable<Buffer> & { destroy(): void }): Promise<string> {
   const text = await readBounded(body, ERROR_TEXT_LIMIT, { cut: true });
@@ -138,6 +163,9 @@ export class OpenAIEngine implements Engine {
       continuation: known,
       // vLLM, SGLang and llama-server take /v1/completions prompts as token-id arrays.
       prompt_token_ids: known,
+      // Only the operator knows whether the engine's model embeds (vLLM: a pooling model): asking
+      // a generative one would cost a request and prove little.
+      embeddings: opts.embeddings === true,
     };
     const blockSize = opts.kvBlockSize ?? DEFAULT_BLOCK_SIZE;
     if (opts.kvEvents !== undefined) {
@@ -227,6 +255,26 @@ export class OpenAIEngine implements Engine {
     } finally {
       this.inflight--;
       // No event comes from the engine itself: ebb's own last call ending is when the lifecycle probes.
+      if (this.inflight === 0) this.events.emit('change');
+    }
+  }
+
+  /** POST /v1/embeddings on the engine (vLLM, SGLang and llama-server serve OpenAI's shape); counted as in flight like a generation. */
+  async embed(inputs: EmbedInput[], opts: EmbedOptions, signal: AbortSignal): Promise<EmbedResult> {
+    this.inflight++;
+    this.reprobe.reset();
+    try {
+      const res = await request(`${this.baseUrl}/v1/embeddings`, {
+        method: 'POST',
+        dispatcher: this.dispatcher,
+        signal,
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: this.model, input: inputs, encoding_format: 'float', ...(opts.dimensions !== undefined && { dimensions: opts.dimensions }) }),
+      });
+      if (res.statusCode !== 200) throw engineAnswer(res.statusCode, `the engine answered ${res.statusCode} to POST /v1/embeddings: ${await errorText(res.body)}`);
+      return embeddingsOf(await readBounded(res.body, ENGINE_EMBEDDINGS_LIMIT, { what: 'the engine\'s embeddings answer' }), inputs.length);
+    } finally {
+      this.inflight--;
       if (this.inflight === 0) this.events.emit('change');
     }
   }

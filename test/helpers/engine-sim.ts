@@ -1,7 +1,7 @@
 /**
  * Engine simulators: small OpenAI-compatible servers standing in for vLLM, SGLang, llama-server or
  * a generic engine. Each serves /health, /v1/models, streaming /v1/completions and
- * /v1/chat/completions (one word per inter-token interval), and its kind's /metrics page, whose
+ * /v1/chat/completions (one word per inter-token interval), /v1/embeddings (vLLM's shape), and its kind's /metrics page, whose
  * running/waiting gauges reflect the requests it really has open. Knobs make it misbehave the way
  * real engines can: busy after ebb's requests ended, metrics slow, garbled or missing, or dead.
  */
@@ -42,6 +42,14 @@ export function simTemplate(messages: Array<{ role: string; content: string }>):
 /** The simulators' tokenizer: one id per whitespace-separated word, from its characters. */
 export function simTokenIds(text: string): number[] {
   return text.split(/\s+/).filter(Boolean).map((w) => [...w].reduce((h, c) => (h * 31 + c.charCodeAt(0)) % 50_000, 7));
+}
+
+/** The simulators' embedding of a text or of token ids: 8 components from its ids, unit length (as vLLM normalizes). */
+export function simEmbedding(input: string | number[]): number[] {
+  const ids = typeof input === 'string' ? simTokenIds(input) : input;
+  const v = Array.from({ length: 8 }, (_, i) => ids.reduce((h, id) => (h * 31 + id * (i + 1)) % 10_007, 1) / 10_007 - 0.5);
+  const norm = Math.hypot(...v);
+  return v.map((x) => x / norm);
 }
 
 const WORDS = 'tide river shore harbor light quiet steady flow ebb drift wave sand gull salt moon'.split(' ');
@@ -191,23 +199,12 @@ export class EngineSim extends EventEmitter {
       const busy = this.running + this.held.running;
       return this.json(res, 200, [0, 1].map((id) => ({ id, n_ctx: 4096, is_processing: id < busy })));
     }
-    if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) {
-      let raw = '';
-      req.setEncoding('utf8');
-      req.on('data', (c: string) => (raw += c));
-      req.on('end', () => {
-        let body: Record<string, any>;
-        try {
-          body = JSON.parse(raw) as Record<string, any>;
-        } catch {
-          return this.json(res, 400, { error: { message: 'body is not JSON' } });
-        }
+    if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions'))
+      return this.readJson(req, res, (body) => {
         this.seen.push({ path, body });
         this.emit('request', { path, body });
         this.stream(path === '/v1/chat/completions', body, res);
       });
-      return;
-    }
     if (req.method === 'POST' && (path === '/tokenize' || path === '/apply-template') && this.kind !== 'generic') {
       let raw = '';
       req.setEncoding('utf8');
@@ -223,6 +220,7 @@ export class EngineSim extends EventEmitter {
       });
       return;
     }
+    if (req.method === 'POST' && path === '/v1/embeddings') return void this.readJson(req, res, (body) => this.embeddings(body, res));
     this.json(res, 404, { error: { message: `no route ${req.method} ${path}` } });
   }
 
@@ -277,6 +275,45 @@ export class EngineSim extends EventEmitter {
       res.end();
     };
     setTimeout(step, this.opts.itlMs ?? 20);
+  }
+
+  private readJson(req: IncomingMessage, res: ServerResponse, then: (body: Record<string, any>) => void): void {
+    let raw = '';
+    req.setEncoding('utf8');
+    req.on('data', (c: string) => (raw += c));
+    req.on('end', () => {
+      let body: Record<string, any>;
+      try {
+        body = JSON.parse(raw) as Record<string, any>;
+      } catch {
+        return this.json(res, 400, { error: { message: 'body is not JSON' } });
+      }
+      then(body);
+    });
+  }
+
+  /** vLLM's /v1/embeddings (a pooling model without Matryoshka support): its answer's shape, its refusal of `dimensions`. */
+  private embeddings(body: Record<string, any>, res: ServerResponse): void {
+    this.seen.push({ path: '/v1/embeddings', body });
+    const input = body.input as string | string[] | number[] | number[][];
+    const inputs: Array<string | number[]> = typeof input === 'string' || typeof input[0] === 'number' ? [input as string | number[]] : (input as Array<string | number[]>);
+    if (body.dimensions != null)
+      return this.json(res, 400, {
+        object: 'error',
+        message: `Model "${this.model}" does not support matryoshka representation, changing output dimensions will lead to poor results.`,
+        type: 'BadRequestError',
+        param: null,
+        code: 400,
+      });
+    const tokens = inputs.reduce((n, x) => n + (typeof x === 'string' ? simTokenIds(x).length : x.length), 0);
+    this.json(res, 200, {
+      id: `embd-${Math.random().toString(36).slice(2, 10)}`,
+      object: 'list',
+      created: Math.floor(Date.now() / 1000),
+      model: this.model,
+      data: inputs.map((x, index) => ({ index, object: 'embedding', embedding: simEmbedding(x) })),
+      usage: { prompt_tokens: tokens, total_tokens: tokens, completion_tokens: 0, prompt_tokens_details: null },
+    });
   }
 
   private answerMetrics(res: ServerResponse): void {

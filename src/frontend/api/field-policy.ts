@@ -148,6 +148,15 @@ export const RESPONSES_FIELD_POLICY: FieldPolicy = {
   prompt: refused(() => false, 'prompt templates are not supported: send input'),
 };
 
+/** /v1/embeddings: token-id inputs need an engine that takes its own tokenizer's ids; `embeddings` itself is checked per model first. */
+export const EMBEDDINGS_FIELD_POLICY: FieldPolicy = {
+  model: carried,
+  input: { kind: 'capability', needs: promptNeeds },
+  dimensions: carried, // an engine that cannot shorten its vectors answers 400 naming it
+  encoding_format: carried,
+  user: ignored,
+};
+
 /**
  * Checks a request's fields against the table and the fleet: resolves when every field can be
  * honoured by some worker of the model, throws 400 `unsupported_parameter` naming the first that

@@ -1,4 +1,5 @@
 import cors from '@fastify/cors';
+import { CAPABILITIES } from '../../protocol/capabilities.js';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
@@ -21,7 +22,7 @@ import { callIds, parseToolCalls } from '../wire/tool-call-parser.js';
 import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
-import { CAPABILITIES } from '../../protocol/capabilities.js';
+import { addEmbeddingsRoute } from './embeddings-route.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -96,7 +97,7 @@ export function createOpenAIServer({
   // A callback hook: an async one costs every request a promise for synchronous work.
   app.addHook('onResponse', (req, reply, done) => {
     const url = req.routeOptions.url;
-    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses') {
+    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses' || url === '/v1/embeddings') {
       const model = (req.body as { model?: unknown } | undefined)?.model;
       metrics.request(url, reply.statusCode, typeof model === 'string' ? model : undefined);
     }
@@ -113,7 +114,7 @@ export function createOpenAIServer({
     owned_by: 'ebb',
     status: pool.hasModel(id) ? 'available' : 'unavailable',
     engines: pool.engineKinds(id),
-    capabilities: Object.fromEntries(API_CAPABILITIES.map((c) => [c, pool.declares(id, c)])),
+    capabilities: API_CAPABILITIES.filter((c) => pool.declares(id, c)),
   });
   const methods = (url: string, allowed: Array<'GET' | 'POST'>) => allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed);
 
@@ -233,6 +234,9 @@ export function createOpenAIServer({
       throw Shutdown.cutReason(signal) ?? err;
     }
   });
+
+  methods('/v1/embeddings', ['POST']);
+  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => holdLanes(reply, model, 1, 1) });
 
   return app;
 }
