@@ -106,6 +106,31 @@ describe('tool calling: the openai SDK', () => {
     assert.match(JSON.stringify(completions.body), /tools is not supported on \/v1\/completions/);
   });
 
+  it('a drain deadline in the middle of a call\'s arguments: handed off, the same call comes out', async () => {
+    const c = client();
+    const request = { model: 'm1', messages: ask, tools: [weather, time], tool_choice: 'required' as const, temperature: 0, stream: true as const };
+    const reference = callsOf((await c.chat.completions.stream(request).finalChatCompletion()).choices[0]!.message);
+    const mark = frontend.mark();
+    const { data, response } = await c.chat.completions.create(request).withResponse();
+    const servedBy = workers.find((w) => w.workerId === response.headers.get('x-ebb-worker-id'))!;
+    const got: Call[] = [];
+    let drain: Promise<unknown> | undefined;
+    for await (const chunk of data)
+      for (const d of chunk.choices[0]?.delta.tool_calls ?? []) {
+        if (d.id !== undefined) got[d.index] = { id: d.id, name: d.function?.name ?? '', arguments: '' };
+        got[d.index]!.arguments += d.function?.arguments ?? '';
+        if (drain === undefined && got[d.index]!.arguments.length > 0) drain = call('POST', `${servedBy.systemUrl}/engine/drain`, { deadline_ms: 0, persist: false });
+      }
+    await drain;
+    const moved = await frontend.waitForEvent('stream_migrated', () => true, { after: mark });
+    assert.equal(moved.reason, 'handoff');
+    assert.deepEqual(got, reference, 'ids, names and arguments byte-identical');
+    // Back in rotation for the cases after this one.
+    const back = frontend.mark();
+    await call('POST', `${servedBy.systemUrl}/engine/resume`);
+    await frontend.waitForEvent('worker_added', (l) => l.worker_id === servedBy.workerId, { after: back });
+  });
+
   it('a worker SIGKILLed in the middle of a call\'s arguments: the call comes out the same as undisturbed', async () => {
     const c = client();
     const request = { model: 'm1', messages: ask, tools: [weather], tool_choice: 'required' as const, temperature: 0, stream: true as const };
