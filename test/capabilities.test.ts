@@ -30,7 +30,7 @@ describe('engine capabilities: what the fleet can honour', () => {
     const adminUrl = (await frontend.waitForEvent('frontend_ready')).admin_url as string;
     const entry = (await call('GET', `${adminUrl}/workers/${w.workerId}`)).body;
     assert.equal(entry.engine, 'mocker');
-    assert.deepEqual(entry.capabilities, { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true });
+    assert.deepEqual(entry.capabilities, { json_object: false, json_schema: false, logprobs: true, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true });
   });
 
   it('answers 400 unsupported_parameter naming the field when no worker of the model can honour it; never drops it silently', async () => {

@@ -13,6 +13,7 @@ import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '.
 import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/engine/engine.js';
 import { createLogger } from '../src/common/logger.js';
 import { call, openLineStream } from './helpers/http.js';
+import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
 import { spawnEbb, START_BOUND_MS, tempDiscoveryUrl, workerReady, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 
@@ -219,6 +220,33 @@ describe('llama-cpp worker: tokenizer, sampling, continuation', () => {
     assert.equal(rest.last.usage.completion_tokens, 24 - n, 'only this worker\'s tokens are counted');
   });
 
+  it('reports logprobs from llama.cpp: one per token, finite and <= 0, alternatives sorted; at temperature 0 the chosen token is the most likely', async () => {
+    const lines = await (await gen(w, { max_tokens: 16, logprobs: true, top_logprobs: 4 })).done;
+    const pieces = textLines(lines);
+    const plain = summarise(await (await gen(w, { max_tokens: 16 })).done);
+    assert.equal(pieces.map((p) => p.text).join(''), plain.text, 'asking for logprobs does not change the answer');
+    const entries = pieces.flatMap((p, i) => {
+      assert.equal(p.logprobs?.length, p.token_ids?.length, `piece ${i}: one entry per token id`);
+      return p.logprobs!;
+    });
+    assert.equal(entries.length, 16);
+    entries.forEach((e, i) => {
+      assertTokenLogprob(e, 4, `token ${i}`);
+      assert.equal(e.token, vocab.detokenize([plain.ids[i] as Token], false, plain.ids.slice(Math.max(0, i - 4), i) as Token[]), `token ${i}: its text`);
+      // Greedy sampling takes the most likely token: its logprob heads the alternatives.
+      assert.ok(Math.abs((e.top_logprobs[0] as { logprob: number }).logprob - e.logprob) < 1e-6, `token ${i}: chosen ${e.logprob}, most likely ${e.top_logprobs[0]?.logprob}`);
+    });
+    const chosenOnly = textLines(await (await gen(w, { max_tokens: 16, logprobs: true })).done).flatMap((p) => p.logprobs!);
+    assert.equal(chosenOnly.length, 16);
+    chosenOnly.forEach((e, i) => {
+      assertTokenLogprob(e, 0, `top_logprobs 0, token ${i}`);
+      assert.ok(Math.abs(e.logprob - (entries[i] as { logprob: number }).logprob) < 1e-5, `token ${i}: the chosen token's probability alone (${e.logprob}) is the one the full distribution gave (${entries[i]?.logprob})`);
+    });
+    const whole = await call('POST', `${w.requestUrl}/generate`, { model: MODEL, prompt: PROMPT, temperature: 0, max_tokens: 16, logprobs: true, top_logprobs: 4, stream: false });
+    assert.equal(whole.status, 200);
+    assert.deepEqual(whole.body.logprobs, entries, 'a non-streamed answer collects the same entries');
+  });
+
   it('refuses continuation token ids outside the vocabulary (llama.cpp would abort the process) and keeps serving', async () => {
     const bad = await call('POST', `${w.requestUrl}/generate`, {
       model: MODEL,
@@ -272,7 +300,7 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
   }
 
   it('declares what it honours, with the context size as max_context', () => {
-    assert.deepEqual(engine.capabilities, { json_object: true, json_schema: true, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true });
+    assert.deepEqual(engine.capabilities, { json_object: true, json_schema: true, logprobs: true, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true });
   });
 
   it('a token-id prompt is evaluated as those ids; an id outside the vocabulary is refused, not a crash', async () => {

@@ -1,5 +1,5 @@
 import type { EngineCapabilities } from '../protocol/capabilities.js';
-import type { ChatMessage, ResponseFormat } from '../protocol/request-plane.js';
+import type { ChatMessage, ResponseFormat, TokenLogprob } from '../protocol/request-plane.js';
 
 export type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
@@ -28,6 +28,11 @@ export interface GenerateRequest {
   stop?: string[] | undefined;
   /** Structured output; only sent to engines whose capabilities declare the format (json_object, json_schema). */
   response_format?: ResponseFormat | undefined;
+  /**
+   * Undefined: no logprobs. N (0..20): each generated token's logprob and the N most likely
+   * alternatives at its position (only sent to engines whose capabilities declare logprobs).
+   */
+  logprobs?: number | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
   /**
@@ -79,6 +84,8 @@ export interface Continuation {
 export interface GeneratedPiece {
   text: string;
   token_ids?: number[] | undefined;
+  /** With `logprobs` asked: one entry per token of the piece. */
+  logprobs?: TokenLogprob[] | undefined;
 }
 
 export type FinishReason = 'stop' | 'length';

@@ -9,6 +9,7 @@ import { KvEventLog } from './kv-event-log.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { PrefixCache, type CachedSequence } from './prefix-cache.js';
 import { PrefillCompute } from './prefill-compute.js';
+import { mockerLogprob } from './mocker-logprobs.js';
 
 export interface MockerOptions {
   /** Base time to first token; with the KV cache off it grows with prompt length (see ttftFor), on: prefill adds the uncached tokens' time. 0 disables the delay. */
@@ -104,11 +105,16 @@ export function prng(seed: number): () => number {
   };
 }
 
-/** The i-th word of a generation; `random` must be at position i. */
-function wordAt(i: number, random: () => number): string {
-  const word = VOCABULARY[Math.floor(random() * VOCABULARY.length)] as string;
-  return i === 0 ? word : ` ${word}`;
+/** The next word of a generation, as its index in VOCABULARY; `random` must be at its position. */
+function pickWord(random: () => number): number {
+  return Math.floor(random() * VOCABULARY.length);
 }
+
+/** How the i-th word of a generation is written: words after the first follow a space. */
+const leadAt = (i: number) => (i === 0 ? '' : ' ');
+
+/** The stream of the logprobs at position i: fixed by the prompt, the seed and i alone, as the words are by the first two. */
+const logprobStream = (generation: number, i: number) => prng((generation ^ Math.imul(i + 1, 0x9e3779b1)) >>> 0);
 
 /** A chat prompt ends where the answer starts: the engine's sequence carries the answer's role, as a chat template's generation prompt does. */
 const ASSISTANT_TURN = mockerTokenIds('assistant:');
@@ -141,7 +147,7 @@ export class MockerEngine implements Engine {
       const cache = this.cache;
       this.kvCacheStats = () => cache.stats();
     }
-    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
+    this.capabilities = { json_object: false, json_schema: false, logprobs: true, tools: false, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
@@ -208,12 +214,13 @@ export class MockerEngine implements Engine {
     /** What this call delivered, cached with the prompt when the sequence ends (as vLLM keeps decoded blocks). */
     let delivered = '';
     try {
-      const random = prng(hashString(req.prompt, req.seed ?? 0));
+      const generation = hashString(req.prompt, req.seed ?? 0);
+      const random = prng(generation);
       // A continuation replays the words already delivered (no delay), so a migrated stream goes on
       // exactly as the same request would have on one worker.
       const done = req.continuation?.completion_tokens ?? 0;
       let text = '';
-      for (let i = 0; i < done; i++) text += wordAt(i, random);
+      for (let i = 0; i < done; i++) text += leadAt(i) + VOCABULARY[pickWord(random)];
       if (req.continuation !== undefined && text !== req.continuation.text)
         throw new Error('continuation text does not match this request\'s generation (different prompt or seed?)');
       if (req.prefilled) await pause(this.opts.itlMs, signal);
@@ -224,13 +231,15 @@ export class MockerEngine implements Engine {
       const budget = req.max_tokens ?? Math.max(0, this.opts.maxContext - promptTokens - done);
       for (let n = 0; n < budget; n++) {
         if (n > 0) await pause(this.opts.itlMs, signal);
-        const piece = wordAt(done + n, random);
+        const word = pickWord(random);
+        const lead = leadAt(done + n);
+        const piece = lead + VOCABULARY[word];
         text += piece;
         const hit = req.stop?.find((s) => s.length > 0 && text.includes(s));
         if (hit !== undefined) return { finish_reason: 'stop', prompt_tokens: promptTokens, completion_tokens: n, ...cached };
         this.generated++;
         delivered += piece;
-        yield { text: piece };
+        yield req.logprobs === undefined ? { text: piece } : { text: piece, logprobs: [mockerLogprob(VOCABULARY, word, lead, req.logprobs, logprobStream(generation, done + n))] };
       }
       return { finish_reason: 'length', prompt_tokens: promptTokens, completion_tokens: budget, ...cached };
     } finally {

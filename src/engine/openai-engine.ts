@@ -18,6 +18,8 @@ import { KvEventSubscriber } from './openai-engine-kv-events.js';
 import { canTokenize, tokenizeOnEngine } from './openai-engine-tokenize.js';
 import type { TokenizeRequest } from './engine.js';
 import { discardBody } from '../common/discard-body.js';
+import type { TokenLogprob } from '../protocol/request-plane.js';
+import { chunkLogprobs, logprobsFields } from './openai-engine-logprobs.js';
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
@@ -55,7 +57,7 @@ interface ModelsList {
 
 interface StreamChunk {
   error?: { message?: string } | string;
-  choices?: Array<{ text?: string | null; delta?: { content?: string | null }; finish_reason?: string | null }>;
+  choices?: Array<{ text?: string | null; delta?: { content?: string | null }; logprobs?: unknown; finish_reason?: string | null }>;
   usage?: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } | null } | null;
 }
 
@@ -123,7 +125,8 @@ export class OpenAIEngine implements Engine {
       // The three named servers honour response_format json_object; a generic one may not.
       json_object: known,
       json_schema: false,
-      logprobs: false,
+      // vLLM, SGLang and llama-server report logprobs when asked (logprobs / top_logprobs); a generic server may not.
+      logprobs: known,
       tools: false,
       max_context: maxContext,
       // A continuation is re-sent as text: the engine re-tokenizes it, so the tokens may differ
@@ -177,6 +180,8 @@ export class OpenAIEngine implements Engine {
       let finish: FinishReason = 'stop';
       let usage: StreamChunk['usage'];
       let pieces = 0;
+      /** Logprobs of tokens that came without text of their own (part of a character): they go with the next text. */
+      let carried: TokenLogprob[] | undefined;
       try {
         for await (const data of sseData(res.body as AsyncIterable<Buffer>, ENGINE_EVENT_LIMIT)) {
           if (data === '[DONE]') break;
@@ -189,10 +194,16 @@ export class OpenAIEngine implements Engine {
           if (chunk.error !== undefined) throw new Error(`the engine failed mid-stream: ${typeof chunk.error === 'string' ? chunk.error : (chunk.error.message ?? 'unknown error')}`);
           const choice = chunk.choices?.[0];
           const text = chat ? choice?.delta?.content : choice?.text;
+          const logprobs = req.logprobs === undefined ? undefined : chunkLogprobs(chat, choice?.logprobs, req.logprobs);
+          if (logprobs !== undefined) carried = carried === undefined ? logprobs : [...carried, ...logprobs];
           if (typeof text === 'string' && text !== '') {
             pieces++;
             this.generated++;
-            yield { text };
+            if (carried === undefined) yield { text };
+            else {
+              yield { text, logprobs: carried };
+              carried = undefined;
+            }
           }
           if (choice?.finish_reason) finish = choice.finish_reason === 'length' ? 'length' : 'stop';
           if (chunk.usage) usage = chunk.usage;
@@ -245,6 +256,7 @@ export class OpenAIEngine implements Engine {
     if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
     // Only requested of engines that declare json_object (the request plane checks it).
     if (extra.response_format !== undefined) body.response_format = extra.response_format;
+    Object.assign(body, logprobsFields(req.messages !== undefined, req.logprobs));
     const cont = req.continuation;
     if (req.messages !== undefined) {
       body.messages = cont ? [...req.messages, { role: 'assistant', content: cont.text }] : req.messages;

@@ -50,6 +50,7 @@ export class RequestGate {
     if (lacking === 'continuation')
       throw new EbbError('continuation_unsupported', `this worker's engine (${engine.kind}) cannot continue a sequence another worker started`);
     // The frontend routes only to workers that declare it; a direct caller gets the same answer.
+    if (lacking === 'logprobs') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot report logprobs`, { param: 'logprobs' });
     if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour response_format ${lacking}`, { param: 'response_format' });
     const requestId = body.request_id ?? randomUUID();
     const admitted = admission.admit(requestId);
@@ -78,6 +79,7 @@ export class RequestGate {
       prefilled: body.kv_transfer !== undefined,
       continuation: body.continuation,
       response_format: body.response_format?.type === 'text' ? undefined : body.response_format,
+      logprobs: body.logprobs === true ? (body.top_logprobs ?? 0) : undefined,
     };
     return { gen, scope };
   }
