@@ -230,16 +230,24 @@ describe('llama-cpp worker: tokenizer, sampling, continuation', () => {
       return p.logprobs!;
     });
     assert.equal(entries.length, 16);
+    const spelling = vocab.fileInfo.metadata.tokenizer.ggml.tokens;
+    let byteTokens = 0;
     entries.forEach((e, i) => {
-      assertTokenLogprob(e, 4, `token ${i}`);
-      assert.equal(e.token, vocab.detokenize([plain.ids[i] as Token], false, plain.ids.slice(Math.max(0, i - 4), i) as Token[]), `token ${i}: its text`);
+      assertTokenLogprob(e, 4, `token ${i}`, { ownBytes: true });
+      const id = plain.ids[i] as Token;
+      assert.equal(e.token, vocab.detokenize([id], false, plain.ids.slice(Math.max(0, i - 4), i) as Token[]), `token ${i}: its text`);
+      // A byte-fallback token is part of a character: its text alone is U+FFFD, its bytes the one it stands for.
+      const hex = /^<0x([0-9A-F]{2})>$/.exec(spelling[id] ?? '')?.[1];
+      if (hex !== undefined) byteTokens++;
+      assert.deepEqual(e.bytes, hex !== undefined ? [parseInt(hex, 16)] : [...Buffer.from(e.token, 'utf8')], `token ${i} (${spelling[id]}): its bytes`);
       // Greedy sampling takes the most likely token: its logprob heads the alternatives.
       assert.ok(Math.abs((e.top_logprobs[0] as { logprob: number }).logprob - e.logprob) < 1e-6, `token ${i}: chosen ${e.logprob}, most likely ${e.top_logprobs[0]?.logprob}`);
     });
+    assert.ok(byteTokens > 0, 'the answer has byte-fallback tokens (the tiny model writes them often): their bytes were checked');
     const chosenOnly = textLines(await (await gen(w, { max_tokens: 16, logprobs: true })).done).flatMap((p) => p.logprobs!);
     assert.equal(chosenOnly.length, 16);
     chosenOnly.forEach((e, i) => {
-      assertTokenLogprob(e, 0, `top_logprobs 0, token ${i}`);
+      assertTokenLogprob(e, 0, `top_logprobs 0, token ${i}`, { ownBytes: true });
       assert.ok(Math.abs(e.logprob - (entries[i] as { logprob: number }).logprob) < 1e-5, `token ${i}: the chosen token's probability alone (${e.logprob}) is the one the full distribution gave (${entries[i]?.logprob})`);
     });
     const whole = await call('POST', `${w.requestUrl}/generate`, { model: MODEL, prompt: PROMPT, temperature: 0, max_tokens: 16, logprobs: true, top_logprobs: 4, stream: false });

@@ -259,7 +259,7 @@ describe('--engine openai: logprobs', { skip: simOnly }, () => {
       pieces.forEach((p, i) => {
         assert.equal(p.logprobs?.length, 1, `${what} piece ${i}: one entry per token`);
         assert.equal(p.logprobs![0]!.token, p.text);
-        assertTokenLogprob(p.logprobs![0]!, 2, `${what} piece ${i}`, { engineBytes: what === 'chat' });
+        assertTokenLogprob(p.logprobs![0]!, 2, `${what} piece ${i}`, { ownBytes: what === 'chat' });
         assert.equal(p.logprobs![0]!.top_logprobs[0]!.token, p.text, `${what} piece ${i}: the simulated model's choice is its most likely token`);
       });
     }

@@ -1,5 +1,6 @@
 import type { LlamaModel, SequenceEvaluateMetadataOptions, Token } from 'node-llama-cpp';
-import type { TokenLogprob } from '../protocol/request-plane.js';
+import type { TokenLogprob, TopLogprob } from '../protocol/request-plane.js';
+import type { TokenBytes } from './llama-cpp-token-bytes.js';
 import { CONTEXT_TOKENS, type AssembledPiece } from './llama-cpp-text.js';
 import { topLogprob } from './logprobs.js';
 
@@ -35,6 +36,7 @@ export class LlamaLogprobs {
 
   constructor(
     private readonly model: LlamaModel,
+    private readonly bytesOf: TokenBytes,
     private readonly top: number,
     before: readonly Token[],
   ) {
@@ -43,15 +45,19 @@ export class LlamaLogprobs {
 
   /** Records a token as it is sampled, before it goes to the piece assembler. */
   sampled(s: SampledToken): void {
-    const text = (t: Token) => this.model.detokenize([t], false, this.recent);
-    const p = s.confidence ?? s.probabilities?.get(s.token) ?? 0;
-    const top_logprobs = [];
+    const candidate = (t: Token, p: number): TopLogprob => {
+      const c = topLogprob(this.model.detokenize([t], false, this.recent), Math.log(p));
+      const own = this.bytesOf(t);
+      if (own !== undefined) c.bytes = own;
+      return c;
+    };
+    const top_logprobs: TopLogprob[] = [];
     if (s.probabilities !== undefined)
       for (const [t, q] of s.probabilities) {
         if (top_logprobs.length >= this.top || q <= 0) break;
-        top_logprobs.push(topLogprob(text(t), Math.log(q)));
+        top_logprobs.push(candidate(t, q));
       }
-    this.entries.push({ ...topLogprob(text(s.token), Math.log(p)), top_logprobs });
+    this.entries.push({ ...candidate(s.token, s.confidence ?? s.probabilities?.get(s.token) ?? 0), top_logprobs });
     this.recent = [...this.recent, s.token].slice(-CONTEXT_TOKENS);
   }
 

@@ -20,6 +20,7 @@ import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './
 import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
 import { PieceAssembler, type AssembledPiece } from './llama-cpp-text.js';
 import { LlamaLogprobs, samplingMetadata, type SampledToken } from './llama-cpp-logprobs.js';
+import { ggmlTokenizer, tokenBytesOf, type TokenBytes } from './llama-cpp-token-bytes.js';
 import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { KvEventLog } from './kv-event-log.js';
@@ -143,7 +144,7 @@ const oneSequencePerDecode: CustomBatchingPrioritizationStrategy = ({ items }) =
 /** The vocabulary size the GGUF declares: its token list, else `<arch>.vocab_size`. */
 function vocabularySizeOf(model: LlamaModel): number | undefined {
   const meta = model.fileInfo.metadata as unknown as Record<string, Record<string, unknown> | undefined>;
-  const tokens = (meta.tokenizer?.ggml as { tokens?: readonly string[] } | undefined)?.tokens;
+  const tokens = ggmlTokenizer(model)?.tokens;
   if (tokens !== undefined) return tokens.length;
   const arch = meta.general?.architecture;
   const size = typeof arch === 'string' ? meta[arch]?.vocab_size : undefined;
@@ -199,6 +200,8 @@ export class LlamaCppEngine implements Engine {
   private kv!: KvStateFiles;
   /** From the GGUF's vocabulary; undefined when the file does not say (continuations then use text). */
   private readonly vocabularySize: number | undefined;
+  /** Logprobs' `bytes` of the tokens whose text cannot say them (part of a character). */
+  private readonly tokenBytes: TokenBytes;
 
   constructor(
     private readonly llama: Llama,
@@ -210,6 +213,7 @@ export class LlamaCppEngine implements Engine {
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
+    this.tokenBytes = tokenBytesOf(model);
     this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
     this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
     this.capabilities = {
@@ -391,7 +395,7 @@ export class LlamaCppEngine implements Engine {
         for (const token of already.slice(Math.max(0, skipped - prompt.tokens.length), -1)) await evaluate([token]);
       }
       // With logprobs: what llama.cpp measured of each sampled token, kept for the piece that carries it.
-      const logprobs = req.logprobs === undefined ? undefined : new LlamaLogprobs(this.model, req.logprobs, input);
+      const logprobs = req.logprobs === undefined ? undefined : new LlamaLogprobs(this.model, this.tokenBytes, req.logprobs, input);
       const out = (piece: AssembledPiece): GeneratedPiece => logprobs?.attach(piece) ?? piece;
       tokens = sequence.evaluateWithMetadata(replay ? already.slice(-1) : input.slice(skipped), samplingMetadata(req.logprobs), {
         temperature: req.temperature,

@@ -8,15 +8,15 @@ export function textLines(lines: string[]): Array<{ text: string; token_ids?: nu
 
 /**
  * Checks one token's entry as OpenAI's chat `logprobs.content[]` types it: text, finite logprob
- * <= 0, its bytes the UTF-8 of its text (unless `engineBytes`: an engine server's own), at most
+ * <= 0, its bytes the UTF-8 of its text (unless `ownBytes`: a token that is part of a character has bytes its text cannot say), at most
  * `top` alternatives, most likely first, each of the same shape.
  */
-export function assertTokenLogprob(e: TokenLogprob, top: number, what: string, opts: { engineBytes?: boolean; exactTop?: boolean } = {}): void {
+export function assertTokenLogprob(e: TokenLogprob, top: number, what: string, opts: { ownBytes?: boolean; exactTop?: boolean } = {}): void {
   const candidate = (c: { token: string; logprob: number; bytes: number[] | null }, whose: string) => {
     assert.equal(typeof c.token, 'string', `${whose}: token`);
     assert.ok(Number.isFinite(c.logprob) && c.logprob <= 0, `${whose}: logprob ${c.logprob} is finite and <= 0`);
-    if (!opts.engineBytes) assert.deepEqual(c.bytes, [...Buffer.from(c.token, 'utf8')], `${whose}: bytes are the token's UTF-8`);
-    else assert.ok(Array.isArray(c.bytes), `${whose}: bytes`);
+    if (!opts.ownBytes) assert.deepEqual(c.bytes, [...Buffer.from(c.token, 'utf8')], `${whose}: bytes are the token's UTF-8`);
+    else assert.ok(Array.isArray(c.bytes) && c.bytes.length > 0 && c.bytes.every((b) => Number.isInteger(b) && b >= 0 && b < 256), `${whose}: bytes`);
   };
   candidate(e, what);
   assert.ok(Array.isArray(e.top_logprobs), `${what}: top_logprobs is an array`);
