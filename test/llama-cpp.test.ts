@@ -331,6 +331,17 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
     assert.ok(Number.isInteger(parsed.n));
   });
 
+  it('logprobs under a grammar list only the tokens it allows', async () => {
+    const g = engine.generate(request({ response_format: { type: 'json_object' }, logprobs: 5 }), new AbortController().signal);
+    const entries = [];
+    for (let step = await g.next(); !step.done; step = await g.next()) entries.push(...(step.value.logprobs ?? []));
+    assert.ok(entries.length > 0);
+    entries.forEach((e, i) => assertTokenLogprob(e, 5, `token ${i}`, { ownBytes: true, exactTop: false }));
+    const first = entries[0]!.top_logprobs;
+    assert.ok(first.length > 0 && first.length < 5, `a JSON object opens with "{" alone: ${first.length} candidates`);
+    for (const c of first) assert.equal(c.token.trim(), '{', `candidate ${JSON.stringify(c.token)} opens the object`);
+  });
+
   it('renders chat messages with the chat template the GGUF carries', () => {
     const chat = engine.render({ prompt: 'user: hi', messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hi' }] });
     const plain = engine.render({ prompt: 'user: hi' });
