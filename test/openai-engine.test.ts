@@ -247,20 +247,18 @@ describe('--engine openai: drained from the engine\'s own pending-work signal', 
 });
 
 describe('--engine openai: logprobs', { skip: simOnly }, () => {
-  it('asks the engine for them and passes its logprobs through, chat and completions (vLLM\'s shapes)', async () => {
-    const { w, s } = await fronted('vllm');
-    const completion = textLines(await (await gen(w, { max_tokens: 5, logprobs: true, top_logprobs: 2 })).done);
-    const chat = textLines(await (await gen(w, { prompt: 'user: hi', messages: [{ role: 'user', content: 'hi' }], max_tokens: 5, logprobs: true, top_logprobs: 2 })).done);
-    const [c, m] = s!.seen;
-    assert.equal(c?.body.logprobs, 2, 'completions: logprobs N');
-    assert.deepEqual({ logprobs: m?.body.logprobs, top_logprobs: m?.body.top_logprobs }, { logprobs: true, top_logprobs: 2 }, 'chat: logprobs true, top_logprobs N');
+  /** Both shapes a vLLM answers in (completions' parallel arrays, chat's content list); llama-server answers both in the second. */
+  async function passedThrough(kind: 'vllm' | 'llamacpp', top: number): Promise<{ w: WorkerHandle; s: EngineSim }> {
+    const { w, s } = await fronted(kind);
+    const completion = textLines(await (await gen(w, { max_tokens: 5, logprobs: true, top_logprobs: top })).done);
+    const chat = textLines(await (await gen(w, { prompt: 'user: hi', messages: [{ role: 'user', content: 'hi' }], max_tokens: 5, logprobs: true, top_logprobs: top })).done);
     for (const [what, pieces] of [['completions', completion], ['chat', chat]] as const) {
       assert.equal(pieces.length, 5, what);
       pieces.forEach((p, i) => {
-        assert.equal(p.logprobs?.length, 1, `${what} piece ${i}: one entry per token`);
+        assert.equal(p.logprobs?.length, 1, `${kind} ${what} piece ${i}: one entry per token`);
         assert.equal(p.logprobs![0]!.token, p.text);
-        assertTokenLogprob(p.logprobs![0]!, 2, `${what} piece ${i}`, { ownBytes: what === 'chat' });
-        assert.equal(p.logprobs![0]!.top_logprobs[0]!.token, p.text, `${what} piece ${i}: the simulated model's choice is its most likely token`);
+        assertTokenLogprob(p.logprobs![0]!, top, `${kind} ${what} piece ${i}`, { ownBytes: what === 'chat' || kind === 'llamacpp' });
+        if (top > 0) assert.equal(p.logprobs![0]!.top_logprobs[0]!.token, p.text, `${kind} ${what} piece ${i}: the simulated model's choice is its most likely token`);
       });
     }
     assert.deepEqual(
@@ -268,13 +266,28 @@ describe('--engine openai: logprobs', { skip: simOnly }, () => {
       chat.map((p) => p.logprobs![0]!.logprob),
       'the same words, the same values, from either shape',
     );
+    return { w, s: s! };
+  }
+
+  it('asks vLLM for them and passes its logprobs through, chat and completions', async () => {
+    const { w, s } = await passedThrough('vllm', 2);
+    const [c, m] = s.seen;
+    assert.equal(c?.body.logprobs, 2, 'completions: logprobs N');
+    assert.deepEqual({ logprobs: m?.body.logprobs, top_logprobs: m?.body.top_logprobs }, { logprobs: true, top_logprobs: 2 }, 'chat: logprobs true, top_logprobs N');
     const whole = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'tell me about tides', max_tokens: 5, logprobs: true, stream: false });
     assert.equal(whole.status, 200);
     assert.equal(whole.body.logprobs.length, 5, 'collected in a non-streamed answer');
-    assert.equal(s!.seen.at(-1)?.body.logprobs, 0);
+    assert.equal(s.seen.at(-1)?.body.logprobs, 0);
     const plain = await gen(w, { max_tokens: 2 });
     assert.equal(textLines(await plain.done).some((p) => 'logprobs' in p), false, 'not asked: none sent');
-    assert.equal('logprobs' in (s!.seen.at(-1)?.body ?? {}), false, 'not asked: not asked of the engine');
+    assert.equal('logprobs' in (s.seen.at(-1)?.body ?? {}), false, 'not asked: not asked of the engine');
+  });
+
+  it('llama-server: top_logprobs 0 still reports each token\'s logprob (asked for one alternative, cut to none)', async () => {
+    const { s } = await passedThrough('llamacpp', 0);
+    const [c, m] = s.seen;
+    assert.equal(c?.body.logprobs, 1);
+    assert.equal(m?.body.top_logprobs, 1);
   });
 
   it('a generic engine server declares none: the worker refuses logprobs with 400 naming the field', async () => {

@@ -194,7 +194,7 @@ export class OpenAIEngine implements Engine {
           if (chunk.error !== undefined) throw new Error(`the engine failed mid-stream: ${typeof chunk.error === 'string' ? chunk.error : (chunk.error.message ?? 'unknown error')}`);
           const choice = chunk.choices?.[0];
           const text = chat ? choice?.delta?.content : choice?.text;
-          const logprobs = req.logprobs === undefined ? undefined : chunkLogprobs(chat, choice?.logprobs, req.logprobs);
+          const logprobs = req.logprobs === undefined ? undefined : chunkLogprobs(choice?.logprobs, req.logprobs);
           if (logprobs !== undefined) carried = carried === undefined ? logprobs : [...carried, ...logprobs];
           if (typeof text === 'string' && text !== '') {
             pieces++;
@@ -256,7 +256,7 @@ export class OpenAIEngine implements Engine {
     if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
     // Only requested of engines that declare json_object (the request plane checks it).
     if (extra.response_format !== undefined) body.response_format = extra.response_format;
-    Object.assign(body, logprobsFields(req.messages !== undefined, req.logprobs));
+    Object.assign(body, logprobsFields(this.opts.kind, req.messages !== undefined, req.logprobs));
     const cont = req.continuation;
     if (req.messages !== undefined) {
       body.messages = cont ? [...req.messages, { role: 'assistant', content: cont.text }] : req.messages;
