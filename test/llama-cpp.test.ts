@@ -11,6 +11,7 @@ import OpenAI from 'openai';
 import { getLlama, resolveChatWrapper, type Llama, type LlamaModel, type Token } from 'node-llama-cpp';
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
 import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/engine/engine.js';
+import type { TokenLogprob } from '../src/protocol/request-plane.js';
 import { createLogger } from '../src/common/logger.js';
 import { call, openLineStream } from './helpers/http.js';
 import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
@@ -43,7 +44,7 @@ interface Summary {
   ids: number[];
   /** Tokens delivered, counted from the token ids of the pieces (a piece can carry several). */
   tokens: number;
-  pieces: Array<{ text: string; token_ids: number[] }>;
+  pieces: Array<{ text: string; token_ids: number[]; logprobs?: TokenLogprob[] }>;
   last: any;
 }
 
@@ -205,8 +206,8 @@ describe('llama-cpp worker: tokenizer, sampling, continuation', () => {
     assert.notEqual(await once({ temperature: 0.9, seed: 8 }), seven);
   });
 
-  it('continues from token ids exactly: at temperature 0 the text equals an undisturbed run', async () => {
-    const whole = summarise(await (await gen(w, { max_tokens: 24 })).done);
+  it('continues from token ids exactly: at temperature 0 the text equals an undisturbed run, and so do the logprobs', async () => {
+    const whole = summarise(await (await gen(w, { max_tokens: 24, logprobs: true, top_logprobs: 2 })).done);
     assert.equal(whole.tokens, 24);
     // Cut at a piece boundary past 10 tokens: what a frontend relayed before the worker went away.
     let k = 0;
@@ -214,9 +215,19 @@ describe('llama-cpp worker: tokenizer, sampling, continuation', () => {
     while (n < 10) n += (whole.pieces[k++] as { token_ids: number[] }).token_ids.length;
     const sent = whole.pieces.slice(0, k);
     const continuation = { text: sent.map((p) => p.text).join(''), completion_tokens: n, token_ids: sent.flatMap((p) => p.token_ids) };
-    const rest = summarise(await (await gen(w, { max_tokens: 24 - n, continuation })).done);
+    const rest = summarise(await (await gen(w, { max_tokens: 24 - n, continuation, logprobs: true, top_logprobs: 2 })).done);
     assert.equal(continuation.text + rest.text, whole.text);
     assert.deepEqual([...continuation.token_ids, ...rest.ids], whole.ids);
+    // The continued positions' distributions: the same tokens, the same values (to float noise: the
+    // prefix was evaluated in other batches than the undisturbed run's).
+    const continued = rest.pieces.flatMap((p) => p.logprobs!);
+    const undisturbed = whole.pieces.slice(k).flatMap((p) => p.logprobs!);
+    assert.equal(continued.length, 24 - n);
+    continued.forEach((e, i) => {
+      const u = undisturbed[i]!;
+      assert.deepEqual([e.token, e.top_logprobs.map((t) => t.token)], [u.token, u.top_logprobs.map((t) => t.token)], `continued token ${i}`);
+      assert.ok(Math.abs(e.logprob - u.logprob) < 1e-3, `continued token ${i}: logprob ${e.logprob}, undisturbed ${u.logprob}`);
+    });
     assert.equal(rest.last.usage.completion_tokens, 24 - n, 'only this worker\'s tokens are counted');
   });
 
