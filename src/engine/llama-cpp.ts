@@ -19,7 +19,9 @@ import { KV_STATE_DEFAULTS, KvStateFiles, sha256File } from './llama-cpp-kv-stat
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
 import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
-import { PieceAssembler } from './llama-cpp-text.js';
+import { PieceAssembler, type AssembledPiece } from './llama-cpp-text.js';
+import { LlamaLogprobs, samplingMetadata, type SampledToken } from './llama-cpp-logprobs.js';
+import { ggmlTokenizer, tokenBytesOf, type TokenBytes } from './llama-cpp-token-bytes.js';
 import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { KvEventLog } from './kv-event-log.js';
@@ -143,7 +145,7 @@ const oneSequencePerDecode: CustomBatchingPrioritizationStrategy = ({ items }) =
 /** The vocabulary size the GGUF declares: its token list, else `<arch>.vocab_size`. */
 function vocabularySizeOf(model: LlamaModel): number | undefined {
   const meta = model.fileInfo.metadata as unknown as Record<string, Record<string, unknown> | undefined>;
-  const tokens = (meta.tokenizer?.ggml as { tokens?: readonly string[] } | undefined)?.tokens;
+  const tokens = ggmlTokenizer(model)?.tokens;
   if (tokens !== undefined) return tokens.length;
   const arch = meta.general?.architecture;
   const size = typeof arch === 'string' ? meta[arch]?.vocab_size : undefined;
@@ -199,6 +201,8 @@ export class LlamaCppEngine implements Engine {
   private kv!: KvStateFiles;
   /** From the GGUF's vocabulary; undefined when the file does not say (continuations then use text). */
   private readonly vocabularySize: number | undefined;
+  /** Logprobs' `bytes` of the tokens whose text cannot say them (part of a character). */
+  private readonly tokenBytes: TokenBytes;
 
   constructor(
     private readonly llama: Llama,
@@ -210,12 +214,13 @@ export class LlamaCppEngine implements Engine {
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
+    this.tokenBytes = tokenBytesOf(model);
     this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
     this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
     this.capabilities = {
       json_object: true,
       json_schema: true,
-      logprobs: false,
+      logprobs: true,
       tools: false,
       max_context: context.contextSize,
       continuation: true,
@@ -407,7 +412,7 @@ export class LlamaCppEngine implements Engine {
     await this.slots.acquire(signal);
     let lease: SequenceLease | undefined;
     let failed = false;
-    let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    let tokens: AsyncGenerator<SampledToken, void, void | Token | Token[]> | undefined;
     /** A replayed evaluation an abort may have left running: the sequence goes back only after it. */
     let replaying: Promise<void> | undefined;
     const abort = aborted(signal);
@@ -443,7 +448,10 @@ export class LlamaCppEngine implements Engine {
         if (skipped < prompt.tokens.length) await evaluate(prompt.tokens.slice(skipped));
         for (const token of already.slice(Math.max(0, skipped - prompt.tokens.length), -1)) await evaluate([token]);
       }
-      tokens = sequence.evaluate(replay ? already.slice(-1) : input.slice(skipped), {
+      // With logprobs: what llama.cpp measured of each sampled token, kept for the piece that carries it.
+      const logprobs = req.logprobs === undefined ? undefined : new LlamaLogprobs(this.model, this.tokenBytes, req.logprobs, input);
+      const out = (piece: AssembledPiece): GeneratedPiece => logprobs?.attach(piece) ?? piece;
+      tokens = sequence.evaluateWithMetadata(replay ? already.slice(-1) : input.slice(skipped), samplingMetadata(req.logprobs), {
         temperature: req.temperature,
         topK: NO_TOP_K,
         topP: req.top_p ?? 1,
@@ -451,7 +459,7 @@ export class LlamaCppEngine implements Engine {
         ...(req.seed !== undefined ? { seed: req.seed >>> 0 } : {}),
         ...(grammarEvaluationState ? { grammarEvaluationState } : {}),
         yieldEogToken: true,
-      });
+      }) as AsyncGenerator<SampledToken, void, void | Token | Token[]>;
       const text = new PieceAssembler((ids, before) => this.model.detokenize(ids as Token[], false, before as Token[]), prompt.stopTexts, input);
       let next = tokens.next();
       while (true) {
@@ -459,30 +467,31 @@ export class LlamaCppEngine implements Engine {
         // The prompt is in the KV now: its blocks are news for the router.
         if (n === 0) this.sequences.publish(lease);
         if (step.done) return result('stop', n);
-        const token = step.value;
+        const token = step.value.token;
         if (this.model.isEogToken(token) || prompt.stopTokens.has(token)) {
           const rest = text.flush();
-          if (rest) yield rest;
+          if (rest) yield out(rest);
           return result('stop', n);
         }
         n++;
         this.generated++;
+        logprobs?.sampled(step.value);
         const piece = text.push(token);
         if (text.stopped) {
-          if (piece) yield piece;
+          if (piece) yield out(piece);
           return result('stop', n);
         }
         if (n >= limit) {
           const rest = text.flush();
-          const out = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
-          if (out) yield out;
+          const last = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
+          if (last) yield out(last);
           return result('length', n);
         }
         // The next token is decoded while the caller sends this one: llama.cpp works while the
         // worker writes (the sequence is ours until we return, so nothing else is delayed).
         next = tokens.next();
         next.catch(() => undefined);
-        if (piece) yield piece;
+        if (piece) yield out(piece);
       }
     } catch (err) {
       failed = !signal.aborted;
