@@ -55,7 +55,7 @@ describe('engine capabilities: what the fleet can honour', () => {
     assert.equal(json.body.error.code, 'unsupported_parameter');
     assert.equal(json.body.error.param, 'response_format');
     assert.match(json.body.error.message, /json_object is not supported by any worker of model "m1" \(engines: mocker\)/);
-    for (const [field, value] of [['logprobs', true], ['presence_penalty', 0.5], ['logit_bias', { '1': 5 }]] as const) {
+    for (const [field, value] of [['presence_penalty', 0.5], ['logit_bias', { '1': 5 }]] as const) {
       const res = await call('POST', url, chat({ [field]: value }));
       assert.equal(res.status, 400, field);
       assert.equal(res.body.error.param, field);
@@ -108,6 +108,9 @@ describe('engine capabilities: what the fleet can honour', () => {
     assert.equal(noTools.status, 400);
     assert.equal(noTools.body.error.param, 'tools');
     assert.match(noTools.body.error.message, /tools is not supported by any worker of model "m2" \(engines: fake\)/);
+    const noLogprobs = await call('POST', `${frontend.url}/v1/chat/completions`, { ...chat({ logprobs: true }), model: 'm2' });
+    assert.equal(noLogprobs.status, 400);
+    assert.equal(noLogprobs.body.error.param, 'logprobs');
     // tool_choice none: the tools are only rendered, which any worker does.
     assert.equal((await call('POST', `${frontend.url}/v1/chat/completions`, { ...chat({ tools, tool_choice: 'none' }), model: 'm2' })).status, 200);
   });

@@ -40,8 +40,8 @@ const CHAT: Examples = {
   store: { ok: [false, true], refused: [] },
   service_tier: { ok: ['auto'], refused: [] },
   parallel_tool_calls: { ok: [false, true], refused: [] },
-  logprobs: { ok: [false], refused: [true] },
-  top_logprobs: { ok: [0], refused: [2] },
+  logprobs: { ok: [false, true], refused: [] }, // the mocker reports them; a model whose workers do not: capabilities.test.ts
+  top_logprobs: { ok: [0], refused: [2] }, // without logprobs: true
   tools: { ok: [[], tools], refused: [] }, // the mocker calls tools; a model whose workers do not: capabilities.test.ts
   tool_choice: { ok: ['none', 'auto'], refused: ['required', { type: 'function', function: { name: 'f' } }] }, // without tools to choose from
   functions: { ok: [[]], refused: [[{ name: 'f' }]] },

@@ -8,7 +8,8 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { call, openLineStream } from './helpers/http.js';
 import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
-import { startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
+import OpenAI from 'openai';
+import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 const PROMPT = 'tell me about the tides';
 
@@ -68,5 +69,59 @@ describe('mocker worker: logprobs', () => {
     assert.equal(res.status, 400);
     assert.equal(res.body.error.code, 'invalid_request');
     assert.match(res.body.error.message, /top_logprobs must be <= 20/);
+  });
+});
+
+/** Through the frontend, as the openai SDK asks and reads them (its types: ChatCompletionTokenLogprob). */
+describe('frontend: logprobs through the openai SDK', () => {
+  let frontend: FrontendHandle;
+  let workers: WorkerHandle[];
+  before(async () => {
+    const discovery = tempDiscoveryUrl();
+    workers = await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '25', '--mocker-ttft-ms', '0'])));
+    frontend = await startFrontend(discovery);
+    await frontendSeesWorkers(frontend, 2);
+  });
+  after(async () => {
+    await Promise.all([frontend, ...workers].map((p) => p?.stop()));
+  });
+  const client = () => new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const request = { model: 'm1', messages: [{ role: 'user' as const, content: PROMPT }], max_tokens: 10, logprobs: true, top_logprobs: 3, temperature: 0 };
+
+  it('chat: logprobs.content per token, the same streamed and not; top_logprobs alone is a 400', async () => {
+    const plain = await client().chat.completions.create(request);
+    const content = plain.choices[0]!.logprobs!.content!;
+    assert.equal(content.length, 10);
+    assert.equal(content.map((e) => e.token).join(''), plain.choices[0]!.message.content);
+    content.forEach((e, i) => assertTokenLogprob(e, 3, `token ${i}`));
+    const streamed: unknown[] = [];
+    for await (const chunk of await client().chat.completions.create({ ...request, stream: true })) streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+    assert.deepEqual(streamed, content);
+    await assert.rejects(client().chat.completions.create({ ...request, logprobs: false }), (err: unknown) => err instanceof OpenAI.BadRequestError && /top_logprobs needs logprobs/.test(err.message));
+    const none = await client().chat.completions.create({ ...request, logprobs: false, top_logprobs: undefined });
+    assert.equal(none.choices[0]!.logprobs, null);
+  });
+
+  it('completions: the legacy shape (tokens, token_logprobs, top_logprobs maps, text_offset)', async () => {
+    const r = await client().completions.create({ model: 'm1', prompt: PROMPT, max_tokens: 6, logprobs: 2 });
+    const lp = r.choices[0]!.logprobs!;
+    assert.equal(lp.tokens!.join(''), r.choices[0]!.text);
+    assert.equal(lp.token_logprobs!.length, 6);
+    assert.ok(lp.top_logprobs!.every((m) => Object.keys(m).length <= 2 && Object.values(m).every((v) => v <= 0)));
+    assert.deepEqual(lp.text_offset, lp.tokens!.map((_, i) => lp.tokens!.slice(0, i).join('').length));
+  });
+
+  it('a stream whose worker is SIGKILLed half way: the logprobs of every token, delivered and continued, as undisturbed', async () => {
+    const reference = (await client().chat.completions.create({ ...request, max_tokens: 16 })).choices[0]!.logprobs!.content!;
+    const mark = frontend.mark();
+    const { data, response } = await client().chat.completions.create({ ...request, max_tokens: 16, stream: true }).withResponse();
+    const servedBy = workers.find((w) => w.workerId === response.headers.get('x-ebb-worker-id'))!;
+    const got: unknown[] = [];
+    for await (const chunk of data) {
+      got.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+      if (got.length === 5) servedBy.proc.kill('SIGKILL');
+    }
+    await frontend.waitForEvent('stream_migrated', () => true, { after: mark });
+    assert.deepEqual(got, reference);
   });
 });

@@ -69,6 +69,11 @@ function toolChoiceFits(value: unknown, body: Record<string, unknown>): void {
   if (!tools.some((t) => t.function?.name === name)) throw new EbbError('invalid_request', `tool_choice names function "${String(name)}", which is not in tools`, { param: 'tool_choice' });
 }
 
+/** OpenAI answers 400 to top_logprobs without logprobs: true (chat). */
+function onlyWithLogprobs(value: unknown, body: Record<string, unknown>): void {
+  if (value != null && value !== 0 && body.logprobs !== true) throw new EbbError('invalid_request', 'top_logprobs needs logprobs: true', { param: 'top_logprobs' });
+}
+
 /** OpenAI and vLLM answer 400 to stream_options on a request that does not stream. */
 function onlyWhenStreaming(value: unknown, body: Record<string, unknown>): void {
   if (value != null && body.stream !== true) throw new EbbError('invalid_request', 'stream_options is only allowed when stream is true', { param: 'stream_options' });
@@ -106,8 +111,8 @@ export const FIELD_POLICY: FieldPolicy = {
   store: ignored,
   service_tier: ignored,
   parallel_tool_calls: carried,
-  logprobs: refused((v) => v === false || v === 0, NOT_CARRIED),
-  top_logprobs: refused((v) => v === 0, NOT_CARRIED),
+  logprobs: { kind: 'capability', needs: (v) => (v === true || typeof v === 'number' ? 'logprobs' : undefined) },
+  top_logprobs: checked(onlyWithLogprobs),
   tools: { kind: 'capability', needs: (v) => (Array.isArray(v) && v.length > 0 ? 'tools' : undefined), check: chatTools },
   tool_choice: checked(toolChoiceFits),
   functions: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),

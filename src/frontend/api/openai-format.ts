@@ -1,4 +1,4 @@
-import type { ChatMessage, GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
+import type { ChatMessage, GenerateBody, ResponseFormat, TokenLogprob, Usage } from '../../protocol/request-plane.js';
 import { promptShape } from './prompt-shape.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 import type { SpliceFrame } from '../wire/token-splice.js';
@@ -43,6 +43,11 @@ export function toGenerateBodies(endpoint: Endpoint, req: OpenAIRequest, request
   if (req.stop != null) base.stop = req.stop;
   const format = responseFormatOf(req.response_format);
   if (format !== undefined) base.response_format = format;
+  const top = logprobsAsked(req);
+  if (top !== undefined) {
+    base.logprobs = true;
+    base.top_logprobs = top;
+  }
   const n = req.n ?? 1;
   const prompts: Array<Pick<GenerateBody, 'prompt' | 'messages' | 'prompt_token_ids'>> =
     endpoint === 'chat' ? [{ messages: (req.messages ?? []).map(chatMessage) }] : completionPrompts(req.prompt);
@@ -57,6 +62,12 @@ export function toGenerateBodies(endpoint: Endpoint, req: OpenAIRequest, request
     for (let i = 0; i < n; i++)
       out.push({ ...base, ...prompt, request_id: `${requestId}-${out.length}`, ...(req.seed != null && { seed: req.seed + i }) });
   return out;
+}
+
+/** How many alternatives per token the request asks for; undefined: no logprobs (chat's boolean, completions' count). */
+export function logprobsAsked(req: OpenAIRequest): number | undefined {
+  if (req.logprobs === true) return req.top_logprobs ?? 0;
+  return typeof req.logprobs === 'number' ? req.logprobs : undefined;
 }
 
 /** A chat message as the request plane carries it: text content, and an assistant's calls or a tool's answer. */
@@ -95,6 +106,8 @@ const SPLICE_TAIL: Record<Endpoint, Buffer> = { chat: Buffer.from(`"${TOKEN_CLOS
 export class SseFormatter implements StreamFormat {
   private readonly heads: string[];
   private readonly object: string;
+  /** Completions' logprobs.text_offset: each choice's text so far, in characters. */
+  private readonly offsets: number[];
   readonly created = Math.floor(Date.now() / 1000);
 
   constructor(
@@ -103,7 +116,10 @@ export class SseFormatter implements StreamFormat {
     readonly model: string,
     lanes: number,
     private readonly includeUsage: boolean,
+    /** The request asked for logprobs: every token event carries its own, so none is spliced. */
+    private readonly logprobs = false,
   ) {
+    this.offsets = new Array<number>(lanes).fill(0);
     this.object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
     const prefix = `data: {"id":${JSON.stringify(id)},"object":"${this.object}","created":${this.created},"model":${JSON.stringify(model)},"choices":[{"index":`;
     this.heads = Array.from({ length: lanes }, (_, i) => `${prefix}${i},`);
@@ -116,16 +132,22 @@ export class SseFormatter implements StreamFormat {
   }
 
   /** A chunk with its own delta (a tool call's pieces): `delta` is its JSON. */
-  delta(lane: number, delta: string): string {
-    return `${this.heads[lane]}"delta":${delta},"logprobs":null,"finish_reason":null}]}\n\n`;
+  delta(lane: number, delta: string, logprobs?: TokenLogprob[]): string {
+    return `${this.heads[lane]}"delta":${delta},"logprobs":${logprobs === undefined ? 'null' : `{"content":${JSON.stringify(logprobs)}}`},"finish_reason":null}]}\n\n`;
   }
 
-  splice(lane: number): SpliceFrame {
+  splice(lane: number): SpliceFrame | undefined {
+    if (this.logprobs) return undefined;
     return { head: Buffer.from(`${this.heads[lane]}${TOKEN_OPEN[this.endpoint]}"`), tail: SPLICE_TAIL[this.endpoint] };
   }
 
-  token(lane: number, text: string): string {
-    return `${this.heads[lane]}${TOKEN_OPEN[this.endpoint]}${JSON.stringify(text)}${TOKEN_CLOSE[this.endpoint]}`;
+  token(lane: number, text: string, logprobs?: TokenLogprob[]): string {
+    if (!this.logprobs) return `${this.heads[lane]}${TOKEN_OPEN[this.endpoint]}${JSON.stringify(text)}${TOKEN_CLOSE[this.endpoint]}`;
+    if (this.endpoint === 'chat') return this.delta(lane, `{"content":${JSON.stringify(text)}}`, logprobs);
+    const offset = this.offsets[lane]!;
+    this.offsets[lane] = offset + text.length;
+    const lp = logprobs === undefined ? 'null' : JSON.stringify(completionLogprobs(logprobs, offset));
+    return `${this.heads[lane]}"text":${JSON.stringify(text)},"logprobs":${lp},"finish_reason":null}]}\n\n`;
   }
 
   finished(lane: number, reason: string): string {
@@ -152,15 +174,34 @@ export function completionResponse(endpoint: Endpoint, id: string, model: string
       object: 'chat.completion',
       created,
       model,
-      choices: choices.map((c, index) => ({ index, message: chatAnswer(c), logprobs: null, finish_reason: c.finishReason })),
+      choices: choices.map((c, index) => ({ index, message: chatAnswer(c), logprobs: c.logprobs === undefined ? null : { content: c.logprobs, refusal: null }, finish_reason: c.finishReason })),
       usage,
     };
   }
-  return { id, object: 'text_completion', created, model, choices: choices.map((c, index) => ({ index, text: c.text, logprobs: null, finish_reason: c.finishReason })), usage };
+  return { id, object: 'text_completion', created, model, choices: choices.map((c, index) => ({ index, text: c.text, logprobs: c.logprobs === undefined ? null : completionLogprobs(c.logprobs, 0), finish_reason: c.finishReason })), usage };
 }
 
 /** A chat choice's message: its text, or its parsed tool calls (content null when only calls). */
 function chatAnswer(c: CollectedChoice) {
   if (c.tools === undefined || c.tools.calls.length === 0) return { role: 'assistant', content: c.tools?.content ?? c.text, refusal: null };
   return { role: 'assistant', content: c.tools.content, refusal: null, tool_calls: c.tools.calls };
+}
+
+/**
+ * The legacy completions' logprobs shape: parallel arrays, alternatives as token -> logprob maps,
+ * each token's character offset in the choice's text (from `offset`, where this piece starts).
+ */
+export function completionLogprobs(logprobs: TokenLogprob[], offset: number) {
+  const textOffset: number[] = [];
+  let at = offset;
+  for (const l of logprobs) {
+    textOffset.push(at);
+    at += l.token.length;
+  }
+  return {
+    tokens: logprobs.map((l) => l.token),
+    token_logprobs: logprobs.map((l) => l.logprob),
+    top_logprobs: logprobs.map((l) => Object.fromEntries(l.top_logprobs.map((t) => [t.token, t.logprob]))),
+    text_offset: textOffset,
+  };
 }

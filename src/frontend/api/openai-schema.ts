@@ -56,6 +56,8 @@ export const chatCompletionSchema = {
   properties: {
     ...common,
     max_completion_tokens: { type: ['integer', 'null'], minimum: 1, maximum: 1_000_000 },
+    logprobs: { type: ['boolean', 'null'] },
+    top_logprobs: { type: ['integer', 'null'], minimum: 0, maximum: 20 },
     messages: {
       type: 'array',
       minItems: 1,
@@ -82,6 +84,8 @@ export const completionSchema = {
   required: ['model', 'prompt'],
   properties: {
     ...common,
+    // The legacy shape: how many alternatives per token (0: the chosen token's logprob alone).
+    logprobs: { type: ['integer', 'null'], minimum: 0, maximum: 20 },
     // Token-id prompts (arrays of integers) are refused by the field policy with a clear 400.
     prompt: { anyOf: [{ type: 'string' }, { type: 'array', minItems: 1, maxItems: MAX_BATCH }] },
   },
@@ -167,6 +171,9 @@ export interface OpenAIRequest {
   stream?: boolean | null;
   stream_options?: { include_usage?: boolean } | null;
   tools?: ToolSpec[] | null;
+  /** Chat: a boolean (with top_logprobs); completions: the number of alternatives. */
+  logprobs?: boolean | number | null;
+  top_logprobs?: number | null;
   tool_choice?: ToolChoice | null;
   parallel_tool_calls?: boolean | null;
 }

@@ -187,7 +187,7 @@ export function createOpenAIServer({
       const tools = endpoint === 'chat' && toolsActive(gens[0]!.tools, gens[0]!.tool_choice) ? toolParsing(gens[0]!) : undefined;
       try {
         if (body.stream) {
-          const sse = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true);
+          const sse = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true, gens[0]!.logprobs === true);
           const fmt = tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, tools.idsFor, gens.length);
           await relay.stream(reply, fmt, gens, n, signal, started);
           Shutdown.endCutStream(reply.raw, fmt, signal);

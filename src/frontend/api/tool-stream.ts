@@ -1,4 +1,4 @@
-import type { Usage } from '../../protocol/request-plane.js';
+import type { TokenLogprob, Usage } from '../../protocol/request-plane.js';
 import type { ToolCallSyntax } from '../../protocol/tools.js';
 import { ToolCallParser, type ToolEvent } from '../wire/tool-call-parser.js';
 import type { StreamFormat } from '../wire/stream-format.js';
@@ -12,6 +12,8 @@ import type { SseFormatter } from './openai-format.js';
  */
 export class ToolCallStream implements StreamFormat {
   private readonly parsers: ToolCallParser[];
+  /** Logprobs of text not yet emitted (held by the parser), per choice. */
+  private readonly pending: Array<TokenLogprob[] | undefined> = [];
 
   constructor(
     private readonly inner: SseFormatter,
@@ -26,9 +28,11 @@ export class ToolCallStream implements StreamFormat {
     return this.inner.opening();
   }
 
-  token(lane: number, text: string): string {
+  token(lane: number, text: string, logprobs?: TokenLogprob[]): string {
     const events: ToolEvent[] = [];
     this.parsers[lane]!.feed(text, events);
+    // A piece's logprobs go with its first chunk; held text (a possible call's start) passes them on.
+    if (logprobs !== undefined) this.pending[lane] = [...(this.pending[lane] ?? []), ...logprobs];
     return this.render(lane, events);
   }
 
@@ -50,10 +54,12 @@ export class ToolCallStream implements StreamFormat {
   private render(lane: number, events: ToolEvent[]): string {
     let out = '';
     for (const e of events) {
-      if (e.kind === 'content') out += this.inner.token(lane, e.text);
+      const logprobs = this.pending[lane];
+      this.pending[lane] = undefined;
+      if (e.kind === 'content') out += this.inner.token(lane, e.text, logprobs);
       else if (e.kind === 'call')
-        out += this.inner.delta(lane, `{"tool_calls":[{"index":${e.index},"id":${JSON.stringify(e.id)},"type":"function","function":{"name":${JSON.stringify(e.name)},"arguments":""}}]}`);
-      else out += this.inner.delta(lane, `{"tool_calls":[{"index":${e.index},"function":{"arguments":${JSON.stringify(e.text)}}}]}`);
+        out += this.inner.delta(lane, `{"tool_calls":[{"index":${e.index},"id":${JSON.stringify(e.id)},"type":"function","function":{"name":${JSON.stringify(e.name)},"arguments":""}}]}`, logprobs);
+      else out += this.inner.delta(lane, `{"tool_calls":[{"index":${e.index},"function":{"arguments":${JSON.stringify(e.text)}}}]}`, logprobs);
     }
     return out;
   }

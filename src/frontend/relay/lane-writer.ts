@@ -1,4 +1,5 @@
 import type { ClientStream } from './client-stream.js';
+import type { TokenLogprob } from '../../protocol/request-plane.js';
 
 import type { Delivered } from './migration.js';
 import type { StreamFormat } from '../wire/stream-format.js';
@@ -55,12 +56,12 @@ export class LaneWriter implements LaneSink {
     else this.event(this.fmt.token(this.lane, buf.toString('utf8', start, end)));
   }
 
-  piece(text: string, tokenIds: number[] | undefined): void {
+  piece(text: string, tokenIds: number[] | undefined, logprobs?: TokenLogprob[]): void {
     this.delivered.add(text, tokenIds);
     if (this.frame) {
       const literal = Buffer.from(JSON.stringify(text).slice(1, -1));
       this.segment(literal, 0, literal.length);
-    } else this.event(this.fmt.token(this.lane, text));
+    } else this.event(this.fmt.token(this.lane, text, logprobs));
   }
 
   final(): void {

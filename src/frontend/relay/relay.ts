@@ -1,7 +1,7 @@
 import type { FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import { EbbError, errorBody } from '../../protocol/errors.js';
-import type { GenerateBody, Usage } from '../../protocol/request-plane.js';
+import type { GenerateBody, TokenLogprob, Usage } from '../../protocol/request-plane.js';
 import { ClientStream } from './client-stream.js';
 import { LaneWriter } from './lane-writer.js';
 import type { FrontendMetrics } from '../metrics.js';
@@ -118,10 +118,16 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
       const results = await Promise.all(
         lanes.map(async (lane) => {
           const delivered = lane.delivered;
-          lane.start({ plain: (buf, start, end) => delivered.addBytes(buf, start, end), piece: (text, ids) => delivered.add(text, ids) });
+          // Logprobs of every token, from each worker that served the choice (a migration keeps the delivered ones).
+          let logprobs: TokenLogprob[] | undefined;
+          const piece = (text: string, ids: number[] | undefined, lp?: TokenLogprob[]) => {
+            delivered.add(text, ids);
+            if (lp !== undefined) (logprobs ??= []).push(...lp);
+          };
+          lane.start({ plain: (buf, start, end) => delivered.addBytes(buf, start, end), piece });
           try {
             const done = await lane.run(laneSignal);
-            return { text: delivered.text, finishReason: done.finishReason, usage: done.usage };
+            return { text: delivered.text, finishReason: done.finishReason, usage: done.usage, logprobs };
           } catch (err) {
             stop.abort(err);
             throw err;

@@ -1,5 +1,5 @@
 import type { Dispatcher } from 'undici';
-import type { StreamLine } from '../../protocol/request-plane.js';
+import type { StreamLine, TokenLogprob } from '../../protocol/request-plane.js';
 import { plainTextStart } from '../wire/token-splice.js';
 import { BoundedBytes } from '../../common/bounded-read.js';
 
@@ -43,8 +43,8 @@ const isFinal = (l: BatchLine) => !(l instanceof PlainLine) && ('done' in l || '
 export interface TokenSink {
   /** A text line that needs no unescaping: buf[start, end) is its text's UTF-8. */
   plain(buf: Buffer, start: number, end: number): void;
-  /** Any other text line, parsed (escapes, token ids). */
-  piece(text: string, tokenIds: number[] | undefined): void;
+  /** Any other text line, parsed (escapes, token ids, logprobs). */
+  piece(text: string, tokenIds: number[] | undefined, logprobs?: TokenLogprob[]): void;
   /** The terminal line was read (pipe() settles with it next). */
   final?(): void;
 }
@@ -61,8 +61,8 @@ export function feedLines(lines: BatchLine[], sink: TokenSink): StreamLine | und
 
 /** A parsed text line (not a terminal one) into `sink`. */
 function piece(line: StreamLine, sink: TokenSink): void {
-  const t = line as { text: string; token_ids?: number[] };
-  sink.piece(t.text, t.token_ids);
+  const t = line as { text: string; token_ids?: number[]; logprobs?: TokenLogprob[] };
+  sink.piece(t.text, t.token_ids, t.logprobs);
 }
 
 /** Closed by the frontend on purpose (a release before the final line). */

@@ -1,4 +1,4 @@
-import type { Usage } from '../../protocol/request-plane.js';
+import type { TokenLogprob, Usage } from '../../protocol/request-plane.js';
 import type { SpliceFrame } from './token-splice.js';
 import type { ParsedCalls } from './tool-call-parser.js';
 
@@ -14,9 +14,10 @@ import type { ParsedCalls } from './tool-call-parser.js';
 export interface StreamFormat {
   /** Written with the headers, once every lane has a worker. */
   opening(): string;
-  token(lane: number, text: string): string;
+  /** A token's event; `logprobs` only when the request asked for them (never on the splice path). */
+  token(lane: number, text: string, logprobs?: TokenLogprob[]): string;
   /** The token event as bytes around the token's JSON string content, when it has no per-event field. */
-  splice?(lane: number): SpliceFrame;
+  splice?(lane: number): SpliceFrame | undefined;
   /** One choice ended (its finish chunk); the response goes on until every choice has. */
   finished(lane: number, reason: string): string;
   /** Every choice ended: the usage of the whole response and the end marker. */
@@ -30,6 +31,8 @@ export interface CollectedChoice {
   finishReason: string;
   /** With tools: the text parsed into content and calls. */
   tools?: ParsedCalls | undefined;
+  /** With logprobs asked: every delivered token's, across the workers that served the choice. */
+  logprobs?: TokenLogprob[] | undefined;
 }
 
 /**
