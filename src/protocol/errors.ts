@@ -14,6 +14,10 @@ export const ERROR_CODES = {
   model_not_found: { status: 404, type: 'invalid_request_error' },
   worker_not_found: { status: 404, type: 'invalid_request_error' },
   kv_transfer_not_found: { status: 404, type: 'invalid_request_error' },
+  /** A resume or retrieve of a response id this frontend never kept (or another process of a fleet without a shared store). */
+  response_not_found: { status: 404, type: 'invalid_request_error' },
+  /** A response kept once, past its resume window (or over the store's bounds): it can no longer be streamed. */
+  response_expired: { status: 404, type: 'invalid_request_error' },
   method_not_allowed: { status: 405, type: 'invalid_request_error' },
   request_timeout: { status: 408, type: 'invalid_request_error' },
   shutdown_in_progress: { status: 409, type: 'invalid_request_error' },
@@ -39,6 +43,8 @@ export const ERROR_CODES = {
   worker_loading: { status: 503, type: 'service_unavailable', retryable: true },
   /** A continuation (stream migration) sent to a worker whose engine cannot continue a sequence. */
   continuation_unsupported: { status: 503, type: 'service_unavailable', retryable: true },
+  /** The stream store (Redis) cannot be reached: resumes are refused until it is back; new streams run unkept. */
+  stream_store_unavailable: { status: 503, type: 'service_unavailable', retryable: true },
   /** A non-streaming request handed off at a drain deadline: nothing was returned, retry elsewhere. */
   request_handed_off: { status: 503, type: 'service_unavailable', retryable: true },
   // Server-side failures

@@ -71,6 +71,10 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   unsupported_media_type: bad,
   header_fields_too_large: bad,
   frontend_overloaded: bad,
+  // The frontend's own resume answers; never a worker's.
+  response_not_found: bad,
+  response_expired: bad,
+  stream_store_unavailable: bad,
 };
 
 /** An answer with no catalogue code (a proxy's page, a non-JSON body): not a worker speaking, so not the client's answer. */
