@@ -9,6 +9,7 @@ import {
   type Llama,
   type LlamaContext,
   type LlamaContextSequence,
+  type LlamaGrammar,
   type LlamaGrammarEvaluationState,
   type LlamaModel,
   type Token,
@@ -18,7 +19,9 @@ import { KV_STATE_DEFAULTS, KvStateFiles, sha256File } from './llama-cpp-kv-stat
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
 import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
-import { PieceAssembler } from './llama-cpp-text.js';
+import { PieceAssembler, type AssembledPiece } from './llama-cpp-text.js';
+import { ForcedCall, type Written } from './llama-cpp-tools.js';
+import { forcedFunction, toolsActive } from '../protocol/tools.js';
 import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { KvEventLog } from './kv-event-log.js';
@@ -32,6 +35,9 @@ type LlamaRequest = GenerateRequest & { top_p?: number | undefined; response_for
 
 /** node-llama-cpp's sampling defaults are not OpenAI's: no top-k, top-p 1 unless asked. */
 const NO_TOP_K = 0;
+
+/** A function declared without parameters takes none: its arguments are `{}`. */
+const NO_PARAMETERS = { type: 'object', properties: {} };
 
 /**
  * Loads the model and its context; resolves once the engine can serve. Never downloads or builds
@@ -152,11 +158,13 @@ function vocabularySizeOf(model: LlamaModel): number | undefined {
 /** A request made ready to run: its tokens, the room its answer has, its grammar state. */
 interface Prepared {
   prompt: RenderedPrompt;
-  /** A continuation's tokens, evaluated after the prompt. */
+  /** A continuation's tokens, then what the engine writes before it samples (a forced call's opening): evaluated after the prompt. */
   already: Token[];
   input: Token[];
   room: number;
   grammarEvaluationState: LlamaGrammarEvaluationState | undefined;
+  /** tool_choice forces a call: the engine writes it (llama-cpp-tools.ts). */
+  forced: ForcedCall | undefined;
 }
 
 /** Rejects with the abort reason once `signal` aborts; never settles otherwise. */
@@ -211,11 +219,13 @@ export class LlamaCppEngine implements Engine {
     this.vocabularySize = vocabularySizeOf(model);
     this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
     this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
+    const toolSyntax = this.prompts.toolSyntax;
     this.capabilities = {
       json_object: true,
       json_schema: true,
       logprobs: false,
-      tools: false,
+      tools: toolSyntax !== undefined,
+      ...(toolSyntax !== undefined && { tool_syntax: toolSyntax }),
       max_context: context.contextSize,
       continuation: true,
       prompt_token_ids: this.vocabularySize !== undefined, // ids are checked against it (see render)
@@ -290,7 +300,7 @@ export class LlamaCppEngine implements Engine {
   }
 
   /** Tokens of a prompt as this engine would evaluate it (for tests and benchmarks). */
-  render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop' | 'prompt_token_ids'>): RenderedPrompt {
+  render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop' | 'prompt_token_ids' | 'tools' | 'tool_choice'>): RenderedPrompt {
     const stops = (req.stop ?? []).filter((s) => s.length > 0);
     if (req.prompt_token_ids !== undefined) {
       // Ids outside the vocabulary crash llama.cpp (the whole process): refuse them here.
@@ -300,7 +310,8 @@ export class LlamaCppEngine implements Engine {
       if (bad !== undefined) throw new EbbError('invalid_request', `prompt token id ${bad} is outside this model's vocabulary (${size} tokens)`, { param: 'prompt' });
       return { tokens: req.prompt_token_ids as Token[], stopTokens: new Set(), stopTexts: [...stops] };
     }
-    return req.messages !== undefined && req.messages.length > 0 ? this.prompts.chat(req.messages, stops) : this.prompts.plain(req.prompt, stops);
+    if (req.messages === undefined || req.messages.length === 0) return this.prompts.plain(req.prompt, stops);
+    return this.prompts.chat(req.messages, stops, toolsActive(req.tools, req.tool_choice) ? req.tools : undefined);
   }
 
   /**
@@ -309,13 +320,37 @@ export class LlamaCppEngine implements Engine {
    */
   private async prepare(req: LlamaRequest): Promise<Prepared> {
     const prompt = this.render(req);
-    const already = this.continuationTokens(req);
+    const forced = await this.forcedCall(req);
+    const already = [...this.continuationTokens(req), ...(forced?.opening?.tokens ?? [])];
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
     if (room <= 0) throw new EbbError('context_length_exceeded', `the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
-    const grammar = await this.grammars.grammarFor(req.response_format);
-    const grammarEvaluationState = grammar ? grammarState(this.llama, this.model, grammar, already, req.response_format?.type ?? '') : undefined;
-    return { prompt, already, input, room, grammarEvaluationState };
+    // A forced call is the whole answer: its own grammars constrain it, not response_format's.
+    const grammar = forced === undefined ? await this.grammars.grammarFor(req.response_format) : undefined;
+    const grammarEvaluationState = grammar ? grammarState(this.llama, this.model, grammar, already, `response_format ${req.response_format?.type ?? ''}`) : undefined;
+    return { prompt, already, input, room, grammarEvaluationState, forced };
+  }
+
+  /** The call tool_choice forces (`required`, a named function), with its grammars compiled; none under `auto`. */
+  private async forcedCall(req: GenerateRequest): Promise<ForcedCall | undefined> {
+    const choice = forcedFunction(req.tool_choice);
+    const syntax = this.prompts.toolSyntax;
+    if (choice === undefined || syntax === undefined || req.tools === undefined || !toolsActive(req.tools, req.tool_choice)) return undefined;
+    const tools = choice === 'required' ? req.tools : req.tools.filter((t) => t.function.name === choice);
+    if (tools.length === 0) throw new EbbError('invalid_request', `tool_choice names function "${choice}", which is not in tools`, { param: 'tool_choice' });
+    const args = new Map<string, LlamaGrammar>();
+    for (const t of tools) {
+      const grammar = await this.grammars.forSchema(t.function.parameters ?? NO_PARAMETERS).catch((err: unknown) => {
+        throw new EbbError('invalid_request', `the parameters of tool "${t.function.name}" cannot be honoured: ${oneLine(err)}`, { param: 'tools' });
+      });
+      args.set(t.function.name, grammar);
+    }
+    const names = args.size > 1 ? await this.grammars.forNames([...args.keys()]) : undefined;
+    const model = {
+      tokenize: (text: string) => this.prompts.written(text),
+      state: (grammar: LlamaGrammar, text: string, follows: string) => grammarState(this.llama, this.model, grammar, this.model.tokenize(text, false, 'trimLeadingSpace'), follows),
+    };
+    return new ForcedCall(syntax, { args, names }, model, req.continuation?.text ?? '');
   }
 
   /** The tokens generate evaluates for this request: the rendered prompt, then a continuation's tokens. */
@@ -332,7 +367,7 @@ export class LlamaCppEngine implements Engine {
   async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
     const req = request as LlamaRequest;
     if (this.closed) throw new Error('the engine is closed');
-    const { prompt, already, input, room, grammarEvaluationState } = await this.prepare(req);
+    const { prompt, already, input, room, grammarEvaluationState, forced } = await this.prepare(req);
     const promptTokens = prompt.tokens.length;
     /** Leading tokens of `input` not evaluated here: found in the sequence's cache, or loaded from a peer's state. */
     let skipped = 0;
@@ -345,9 +380,9 @@ export class LlamaCppEngine implements Engine {
       completion_tokens,
       cached_tokens: Math.min(skipped, promptTokens),
     });
-    if (req.max_tokens === 0) {
+    if (req.max_tokens === 0 || forced?.done) {
       await req.kv_state?.dispose();
-      return result('length', 0);
+      return result(forced?.done ? 'stop' : 'length', 0);
     }
 
     await this.slots.acquire(signal);
@@ -395,40 +430,67 @@ export class LlamaCppEngine implements Engine {
         topP: req.top_p ?? 1,
         // Seeds are unsigned in llama.cpp; none given: a fresh one per request.
         ...(req.seed !== undefined ? { seed: req.seed >>> 0 } : {}),
-        ...(grammarEvaluationState ? { grammarEvaluationState } : {}),
+        // A forced call's grammar changes as the call goes on (name, then arguments).
+        ...(forced !== undefined ? { grammarEvaluationState: () => forced.state } : grammarEvaluationState ? { grammarEvaluationState } : {}),
         yieldEogToken: true,
       });
-      const text = new PieceAssembler((ids, before) => this.model.detokenize(ids as Token[], false, before as Token[]), prompt.stopTexts, input);
+      // With tools a call may be written in special tokens (<tool_call>): they are the answer's text.
+      const special = toolsActive(req.tools, req.tool_choice);
+      const detokenize = (ids: number[], before: number[]) => this.model.detokenize(ids as Token[], special, before as Token[]);
+      let text = new PieceAssembler(detokenize, forced?.stops ?? prompt.stopTexts, input);
+      /** Text the engine writes itself, counted as answer tokens, cut at max_tokens like any. */
+      const write = (w: Written): { piece: AssembledPiece | undefined; whole: boolean } => {
+        const ids = w.tokens.slice(0, Math.max(0, limit - n));
+        const whole = ids.length === w.tokens.length;
+        n += ids.length;
+        this.generated += ids.length;
+        const piece = whole ? w.text : this.model.detokenize(ids, true);
+        return { piece: piece === '' && ids.length === 0 ? undefined : { text: piece, token_ids: ids }, whole };
+      };
       let next = tokens.next();
+      let published = false;
+      if (forced?.opening !== undefined) {
+        const { piece, whole } = write(forced.opening);
+        if (piece) yield piece;
+        if (!whole || n >= limit) return result('length', n);
+      }
       while (true) {
         const step = await Promise.race([next, abort.promise]);
         // The prompt is in the KV now: its blocks are news for the router.
-        if (n === 0) this.sequences.publish(lease);
+        if (!published) this.sequences.publish(lease);
+        published = true;
         if (step.done) return result('stop', n);
         const token = step.value;
-        if (this.model.isEogToken(token) || prompt.stopTokens.has(token)) {
-          const rest = text.flush();
-          if (rest) yield rest;
-          return result('stop', n);
+        const ended = this.model.isEogToken(token) || prompt.stopTokens.has(token);
+        if (!ended) {
+          n++;
+          this.generated++;
         }
-        n++;
-        this.generated++;
-        const piece = text.push(token);
-        if (text.stopped) {
+        const piece = ended ? text.flush() : text.push(token);
+        if (piece) forced?.took(piece.text);
+        if (!ended && !text.stopped && n < limit) {
+          // The next token is decoded while the caller sends this one: llama.cpp works while the
+          // worker writes (the sequence is ours until we return, so nothing else is delayed).
+          next = tokens.next();
+          next.catch(() => undefined);
           if (piece) yield piece;
-          return result('stop', n);
+          continue;
         }
-        if (n >= limit) {
-          const rest = text.flush();
-          const out = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
-          if (out) yield out;
-          return result('length', n);
-        }
-        // The next token is decoded while the caller sends this one: llama.cpp works while the
-        // worker writes (the sequence is ours until we return, so nothing else is delayed).
-        next = tokens.next();
+        const stopped = ended || text.stopped;
+        const rest = stopped ? undefined : text.flush();
+        const out = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
+        if (out) yield out;
+        if (!stopped) return result('length', n);
+        if (forced === undefined) return result('stop', n);
+        // A forced call's name or arguments are complete: the engine writes what follows them.
+        const after = forced.ended();
+        const { piece: written, whole } = write(after.write);
+        if (written) yield written;
+        if (!whole || (after.sample && n >= limit)) return result('length', n);
+        if (!after.sample) return result('stop', n);
+        text = new PieceAssembler(detokenize, forced.stops, after.write.tokens);
+        next = tokens.next(after.write.tokens);
         next.catch(() => undefined);
-        if (piece) yield piece;
       }
     } catch (err) {
       failed = !signal.aborted;
