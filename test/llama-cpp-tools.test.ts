@@ -215,3 +215,28 @@ describe('llama-cpp prompt: tools and earlier calls rendered by node-llama-cpp\'
     assert.ok(!none.includes('get_weather'), 'tool_choice none: no tools in the prompt');
   });
 });
+
+describe('llama-cpp with tools: special tokens are the answer\'s text (calls written in them, as <tool_call> syntaxes are)', () => {
+  // A model that writes its <|im_start|> control token often: without tools it is dropped from the text.
+  const chatty = writeTinyLlamaGguf({ logitBias: { '<|im_start|>': 6 } });
+  let engine: LlamaCppEngine;
+  before(async () => {
+    engine = await loadLlamaCppEngine({ modelPath: chatty, parallel: 1, maxQueue: 1, contextSize: 2048, threads: 1, gpu: 'off' }, createLogger('test'), new AbortController().signal);
+  });
+  after(async () => {
+    await engine?.close();
+  });
+
+  async function answer(extra: Record<string, unknown>): Promise<string> {
+    const g = engine.generate({ request_id: 'r', prompt: 'user: hi', messages: [{ role: 'user', content: 'hi' }], max_tokens: 40, temperature: 0, ...extra }, new AbortController().signal);
+    let text = '';
+    for (let step = await g.next(); !step.done; step = await g.next()) text += step.value.text;
+    return text;
+  }
+
+  it('with tools the control token is written out; without them, or under tool_choice none, it is not', async () => {
+    assert.match(await answer({ tools: [time], tool_choice: 'auto' }), /<\|im_start\|>/);
+    assert.doesNotMatch(await answer({}), /<\|im_start\|>/);
+    assert.doesNotMatch(await answer({ tools: [time], tool_choice: 'none' }), /<\|im_start\|>/);
+  });
+});
