@@ -42,6 +42,11 @@ describe('--api-key-file', () => {
     const done = await client.completions.create({ model: 'm1', prompt: 'x', max_tokens: 2 });
     assert.equal(done.choices.length, 1);
     assert.equal((await client.models.list()).data[0]?.id, 'm1');
+    // Every /v1/ route, embeddings too.
+    const embedNone = await fetch(`${frontend.url}/v1/embeddings`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm1', input: 'x' }) });
+    assert.equal(embedNone.status, 401);
+    await embedNone.arrayBuffer();
+    assert.equal((await client.embeddings.create({ model: 'm1', input: 'x' })).data.length, 1);
   });
 
   it('/live, /health and /metrics need no key', async () => {

@@ -39,11 +39,16 @@ describe('engine capabilities: what the fleet can honour', () => {
       max_context: 1024,
       continuation: true,
       prompt_token_ids: true,
+      embeddings: true,
     });
   });
 
   it('answers 400 unsupported_parameter naming the field when no worker of the model can honour it; never drops it silently', async () => {
     const { frontend } = await mockerOnly();
+    // /v1/models says what the model's workers can do.
+    const listed = (await call('GET', `${frontend.url}/v1/models/m1`)).body;
+    assert.deepEqual(listed.engines, ['mocker']);
+    assert.deepEqual(listed.capabilities, ['tools', 'prompt_token_ids', 'embeddings']);
     const url = `${frontend.url}/v1/chat/completions`;
     const json = await call('POST', url, chat({ response_format: { type: 'json_object' } }));
     assert.equal(json.status, 400);

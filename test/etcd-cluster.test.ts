@@ -57,7 +57,7 @@ describe('etcd cluster: drain and crash', { skip: etcdSkipReason() }, () => {
       request_url: w.requestUrl,
       system_url: w.systemUrl,
       engine: 'mocker',
-      capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true },
+      capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true, embeddings: true },
       kv_cache: { block_size: 16, tokenizer: 'mocker-words', events: 'exact' },
     });
     const leaseBefore = (await fx.raw.get(key).exec()).kvs[0]?.lease;

@@ -1,6 +1,6 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { FIELD_POLICY, RESPONSES_FIELD_POLICY } from '../src/frontend/api/field-policy.js';
+import { EMBEDDINGS_FIELD_POLICY, FIELD_POLICY, RESPONSES_FIELD_POLICY } from '../src/frontend/api/field-policy.js';
 import { call } from './helpers/http.js';
 import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 
@@ -60,7 +60,10 @@ const COMPLETIONS: Examples = {
 
 const RESPONSES: Examples = {
   model: { ok: ['m1'], refused: [] },
-  input: { ok: ['hi', [{ role: 'user', content: 'hi' }]], refused: [[{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }], [{ type: 'function_call_output', call_id: 'c', output: 'x' }]] },
+  input: {
+    ok: ['hi', [{ role: 'user', content: 'hi' }], [{ role: 'user', content: 'hi' }, { type: 'function_call', call_id: 'c', name: 'f', arguments: '{}' }, { type: 'function_call_output', call_id: 'c', output: 'x' }]],
+    refused: [[{ role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }], [{ type: 'reasoning', summary: [] }]],
+  },
   instructions: { ok: ['be brief'], refused: [] },
   max_output_tokens: { ok: [2], refused: [] },
   temperature: { ok: [0.2], refused: [] },
@@ -77,12 +80,20 @@ const RESPONSES: Examples = {
   previous_response_id: { ok: [null], refused: ['resp_1'] },
   conversation: { ok: [null], refused: ['conv_1'] },
   background: { ok: [false], refused: [true] },
-  tools: { ok: [[]], refused: [[{ type: 'function', name: 'f', parameters: {} }]] },
-  tool_choice: { ok: ['auto'], refused: ['required'] },
+  tools: { ok: [[], [{ type: 'function', name: 'f', parameters: { type: 'object' } }]], refused: [[{ type: 'web_search' }]] },
+  tool_choice: { ok: ['auto', 'none'], refused: ['required', { type: 'function', name: 'f' }] }, // without tools to choose from
   include: { ok: [[]], refused: [['message.output_text.logprobs']] },
   reasoning: { ok: [{}], refused: [{ effort: 'high' }] },
   top_logprobs: { ok: [0], refused: [3] },
   prompt: { ok: [null], refused: [{ id: 'pmpt_1' }] },
+};
+
+const EMBEDDINGS: Examples = {
+  model: { ok: ['m1'], refused: [] },
+  input: { ok: ['x', ['a', 'b'], [1, 2], [[1], [2, 3]]], refused: [[], [''], [1, 'a'], [-1]] }, // token ids: the mocker declares prompt_token_ids
+  dimensions: { ok: [8, null], refused: [0, 65] }, // 65: more than the mocker's 64, refused by the worker naming it
+  encoding_format: { ok: ['float', 'base64'], refused: ['hex'] },
+  user: { ok: ['u-1'], refused: [] },
 };
 
 async function expectRow(url: string, base: Record<string, unknown>, field: string, { ok, refused }: { ok: unknown[]; refused: unknown[] }) {
@@ -102,6 +113,7 @@ describe('field policy: every row of the table, against a running frontend', () 
   it('the examples cover exactly the rows of both tables', () => {
     assert.deepEqual(Object.keys(CHAT).sort(), Object.keys(FIELD_POLICY).sort());
     assert.deepEqual(Object.keys(RESPONSES).sort(), Object.keys(RESPONSES_FIELD_POLICY).sort());
+    assert.deepEqual(Object.keys(EMBEDDINGS).sort(), Object.keys(EMBEDDINGS_FIELD_POLICY).sort());
   });
 
   it('chat completions', async () => {
@@ -117,6 +129,11 @@ describe('field policy: every row of the table, against a running frontend', () 
   it('responses', async () => {
     const base = { model: 'm1', input: 'hi', max_output_tokens: 2 };
     for (const [field, row] of Object.entries(RESPONSES)) await expectRow(`${frontend.url}/v1/responses`, base, field, row);
+  });
+
+  it('embeddings', async () => {
+    const base = { model: 'm1', input: 'hi' };
+    for (const [field, row] of Object.entries(EMBEDDINGS)) await expectRow(`${frontend.url}/v1/embeddings`, base, field, row);
   });
 
   it('carried fields take effect: stop ends early, seed picks the text, max_tokens bounds it', async () => {

@@ -281,6 +281,7 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
       max_context: 1024,
       continuation: true,
       prompt_token_ids: true,
+      embeddings: true,
     });
   });
 

@@ -128,4 +128,14 @@ describe('clients: browsers (CORS)', () => {
     const wrong = await call('DELETE', `${base}/v1/models`);
     assert.equal(wrong.status, 405);
   });
+
+  it('/v1/embeddings too: its preflight answered, its answer marked', async () => {
+    const preflight = await fetch(`${base}/v1/embeddings`, { method: 'OPTIONS', headers: { origin: 'http://app.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' } });
+    assert.equal(preflight.status, 204);
+    assert.equal(preflight.headers.get('access-control-allow-origin'), 'http://app.example');
+    const res = await fetch(`${base}/v1/embeddings`, { method: 'POST', headers: { origin: 'http://app.example', 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm1', input: 'x' }) });
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get('access-control-allow-origin'), 'http://app.example');
+    assert.equal(((await res.json()) as { data: unknown[] }).data.length, 1);
+  });
 });

@@ -6,6 +6,7 @@ import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, jsonSchema, tool } from 'ai';
 import { ChatOpenAI } from '@langchain/openai';
 import { call } from './helpers/http.js';
+import { startEngineSim, type EngineSim } from './helpers/engine-sim.js';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 /** Tool calling through ebb as agents use it: a fleet of mocker workers (Hermes call syntax), the official SDKs. */
@@ -105,6 +106,31 @@ describe('tool calling: the openai SDK', () => {
     assert.match(JSON.stringify(completions.body), /tools is not supported on \/v1\/completions/);
   });
 
+  it('a drain deadline in the middle of a call\'s arguments: handed off, the same call comes out', async () => {
+    const c = client();
+    const request = { model: 'm1', messages: ask, tools: [weather, time], tool_choice: 'required' as const, temperature: 0, stream: true as const };
+    const reference = callsOf((await c.chat.completions.stream(request).finalChatCompletion()).choices[0]!.message);
+    const mark = frontend.mark();
+    const { data, response } = await c.chat.completions.create(request).withResponse();
+    const servedBy = workers.find((w) => w.workerId === response.headers.get('x-ebb-worker-id'))!;
+    const got: Call[] = [];
+    let drain: Promise<unknown> | undefined;
+    for await (const chunk of data)
+      for (const d of chunk.choices[0]?.delta.tool_calls ?? []) {
+        if (d.id !== undefined) got[d.index] = { id: d.id, name: d.function?.name ?? '', arguments: '' };
+        got[d.index]!.arguments += d.function?.arguments ?? '';
+        if (drain === undefined && got[d.index]!.arguments.length > 0) drain = call('POST', `${servedBy.systemUrl}/engine/drain`, { deadline_ms: 0, persist: false });
+      }
+    await drain;
+    const moved = await frontend.waitForEvent('stream_migrated', () => true, { after: mark });
+    assert.equal(moved.reason, 'handoff');
+    assert.deepEqual(got, reference, 'ids, names and arguments byte-identical');
+    // Back in rotation for the cases after this one.
+    const back = frontend.mark();
+    await call('POST', `${servedBy.systemUrl}/engine/resume`);
+    await frontend.waitForEvent('worker_added', (l) => l.worker_id === servedBy.workerId, { after: back });
+  });
+
   it('a worker SIGKILLed in the middle of a call\'s arguments: the call comes out the same as undisturbed', async () => {
     const c = client();
     const request = { model: 'm1', messages: ask, tools: [weather], tool_choice: 'required' as const, temperature: 0, stream: true as const };
@@ -136,6 +162,49 @@ describe('tool calling: the openai SDK', () => {
     await frontend.waitForEvent('stream_migrated', () => true, { after: mark });
     assert.deepEqual(got, reference, 'ids, names and arguments byte-identical');
     assert.equal(finish, 'tool_calls');
+  });
+});
+
+describe('tool calling: the Responses API', () => {
+  const fnWeather = { type: 'function' as const, name: 'get_weather', description: 'The weather in a city', parameters: weather.function.parameters!, strict: false };
+  const fnTime = { type: 'function' as const, name: 'get_time', parameters: time.function.parameters!, strict: false };
+
+  it('function_call items, streamed as their events and not, then function_call_output answered in text', async () => {
+    const c = client();
+    const plain = await c.responses.create({ model: 'm1', input: 'weather and time?', tools: [fnWeather, fnTime], tool_choice: 'required' });
+    const calls = plain.output.filter((o) => o.type === 'function_call');
+    assert.equal(calls.length, 2);
+    assert.equal(plain.output.length, 2, 'no message: the answer is only calls');
+    assert.deepEqual(calls.map((x) => x.name).sort(), ['get_time', 'get_weather']);
+    assertWeatherArgs(calls.find((x) => x.name === 'get_weather')!.arguments);
+    assert.equal(plain.status, 'completed');
+
+    const types: string[] = [];
+    let deltas = '';
+    let done: unknown;
+    for await (const e of await c.responses.create({ model: 'm1', input: 'weather and time?', tools: [fnWeather, fnTime], tool_choice: 'required', stream: true })) {
+      types.push(e.type);
+      if (e.type === 'response.function_call_arguments.delta' && e.output_index === 0) deltas += e.delta;
+      if (e.type === 'response.completed') done = e.response.output;
+    }
+    assert.deepEqual(done, plain.output, 'the same items, streamed or not (ids from the request)');
+    assert.equal(deltas, calls[0]!.arguments);
+    assert.deepEqual(types.slice(0, 3), ['response.created', 'response.in_progress', 'response.output_item.added']);
+    assert.equal(types.filter((t) => t === 'response.function_call_arguments.done').length, 2);
+    assert.equal(types.at(-1), 'response.completed');
+
+    const answer = await c.responses.create({
+      model: 'm1',
+      input: [{ role: 'user', content: 'weather and time?' }, ...calls, ...calls.map((x) => ({ type: 'function_call_output' as const, call_id: x.call_id, output: '12 degrees' }))],
+      tools: [fnWeather, fnTime],
+      max_output_tokens: 4,
+    });
+    assert.equal(answer.output.filter((o) => o.type === 'function_call').length, 0);
+    assert.ok(answer.output_text.length > 0, 'a tool result is answered in text');
+    await assert.rejects(
+      c.responses.create({ model: 'm1', input: 'x', tools: [{ type: 'web_search' }] }),
+      (err: unknown) => err instanceof OpenAI.BadRequestError && /ebb carries function tools/.test(err.message),
+    );
   });
 });
 
@@ -172,5 +241,84 @@ describe('tool calling: other agent SDKs', () => {
     assert.equal(message.tool_calls?.length, 1);
     assert.equal(message.tool_calls![0]!.name, 'get_weather');
     assertWeatherArgs(JSON.stringify(message.tool_calls![0]!.args));
+  });
+});
+
+/** `--engine openai` in front of simulated vLLM servers that speak Hermes tool calls (test/helpers/engine-sim.ts). */
+describe('tool calling: in front of vLLM (simulated)', () => {
+  let vllm: FrontendHandle;
+  let vllmWorkers: WorkerHandle[];
+  const sims: EngineSim[] = [];
+  before(async () => {
+    const discovery = tempDiscoveryUrl();
+    for (let i = 0; i < 2; i++) sims.push(await startEngineSim({ kind: 'vllm', itlMs: 25 }));
+    vllmWorkers = await Promise.all(
+      sims.map((sim) => startWorker(['--discovery', discovery, '--model', 'v1', '--engine', 'openai', '--engine-kind', 'vllm', '--engine-url', sim.url, '--engine-tool-syntax', 'hermes'])),
+    );
+    started.push(...vllmWorkers);
+    vllm = await startFrontend(discovery);
+    started.push(vllm);
+    await frontendSeesWorkers(vllm, 2);
+  });
+  after(async () => {
+    await Promise.all(sims.map((s) => s.close()));
+  });
+  const vclient = () => new OpenAI({ baseURL: `${vllm.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  /** What the engines were sent with tools, since the last call (each case reads only its own). */
+  const toolRequests = () => sims.flatMap((s) => s.seen.splice(0)).filter((r) => Array.isArray(r.body.tools));
+
+  it('auto: the engine renders the tools and answers raw (tool_choice none to vLLM); ebb parses the call', async () => {
+    toolRequests();
+    const r = await vclient().chat.completions.create({ model: 'v1', messages: ask, tools: [weather] });
+    assert.equal(r.choices[0]!.finish_reason, 'tool_calls');
+    assert.deepEqual(callsOf(r.choices[0]!.message).map((x) => [x.name, JSON.parse(x.arguments)]), [['get_weather', { city: 'harbor town', days: 3, unit: 'c' }]]);
+    const sent = toolRequests();
+    assert.equal(sent.length, 1);
+    assert.equal(sent[0]!.body.tool_choice, 'none', "vLLM's parser is not asked: the text stays raw");
+    assert.equal(sent[0]!.body.tools[0].function.name, 'get_weather');
+    // The round trip: the call and its result go back to the engine as history; it answers in text.
+    const calls = callsOf(r.choices[0]!.message);
+    const answer = await vclient().chat.completions.create({ model: 'v1', messages: [...ask, r.choices[0]!.message, { role: 'tool', tool_call_id: calls[0]!.id, content: '12 degrees' }], tools: [weather], max_tokens: 3 });
+    assert.ok(answer.choices[0]!.message.content);
+    const history = toolRequests().at(-1)!.body.messages as Array<{ role: string; tool_calls?: unknown[]; tool_call_id?: string }>;
+    assert.equal(history[1]!.tool_calls?.length, 1, 'the assistant turn carries its call');
+    assert.equal(history[2]!.tool_call_id, calls[0]!.id);
+  });
+
+  it('a forced call: vLLM answers it structured, ebb writes it as raw text and parses the same call, streamed too', async () => {
+    const named = { type: 'function' as const, function: { name: 'get_weather' } };
+    toolRequests();
+    const plain = await vclient().chat.completions.create({ model: 'v1', messages: ask, tools: [weather, time], tool_choice: named });
+    assert.deepEqual(callsOf(plain.choices[0]!.message).map((x) => [x.name, JSON.parse(x.arguments)]), [['get_weather', { city: 'harbor town', days: 3, unit: 'c' }]]);
+    assert.equal(plain.choices[0]!.finish_reason, 'tool_calls');
+    assert.deepEqual(toolRequests().at(-1)!.body.tool_choice, named);
+    const streamed = await vclient().chat.completions.stream({ model: 'v1', messages: ask, tools: [weather, time], tool_choice: named }).finalChatCompletion();
+    assert.deepEqual(callsOf(streamed.choices[0]!.message), callsOf(plain.choices[0]!.message));
+  });
+
+  it("a worker SIGKILLed in the middle of a forced call's arguments: the next engine continues the raw call, the same call comes out", async () => {
+    const request = { model: 'v1', messages: ask, tools: [weather], tool_choice: 'required' as const, temperature: 0, stream: true as const };
+    const reference = callsOf((await vclient().chat.completions.stream(request).finalChatCompletion()).choices[0]!.message);
+    toolRequests();
+    const mark = vllm.mark();
+    const { data, response } = await vclient().chat.completions.create(request).withResponse();
+    const servedBy = vllmWorkers.find((w) => w.workerId === response.headers.get('x-ebb-worker-id'))!;
+    const got: Call[] = [];
+    let killed = false;
+    for await (const chunk of data)
+      for (const d of chunk.choices[0]?.delta.tool_calls ?? []) {
+        if (d.id !== undefined) got[d.index] = { id: d.id, name: d.function?.name ?? '', arguments: '' };
+        got[d.index]!.arguments += d.function?.arguments ?? '';
+        if (!killed && got[d.index]!.arguments.length > 0) {
+          killed = true;
+          servedBy.proc.kill('SIGKILL');
+        }
+      }
+    await vllm.waitForEvent('stream_migrated', () => true, { after: mark });
+    assert.deepEqual(got, reference);
+    const continued = toolRequests().find((r) => r.body.continue_final_message === true)!.body;
+    assert.equal(continued.tool_choice, 'none', 'a continuation is not forced again: the call is half written');
+    assert.equal(continued.continue_final_message, true);
+    assert.match(continued.messages.at(-1).content, /^<tool_call>\n\{"name": "get_weather", "arguments": /);
   });
 });

@@ -84,7 +84,7 @@ export function frontendCommand(): Command {
     .option('--admin-max-connections <n>', 'open connections on the admin listener; past it a new one displaces an idle or slow one, or may only ask for a probe', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', msOption(1), 10_000)
     .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", msOption(0), 10_000)
-    .option('--prefill-timeout-ms <n>', 'a prefill worker that has not answered /prefill (KV computed) after this long is treated as hung; the prefill moves to another prefill worker (0 = never)', msOption(0), DEFAULT_PREFILL_TIMEOUT_MS)
+    .option('--prefill-timeout-ms <n>', 'a worker that has not answered /prefill (KV computed) or /embed (vectors computed) after this long is treated as hung; the request moves to another worker (0 = never)', msOption(0), DEFAULT_PREFILL_TIMEOUT_MS)
     .option('--health-ready-without-workers', '/health answers 200 even when no worker can take a request (default: 503 until one can)')
     .option('--upstream-connections <n>', 'connections per worker (default: as many as requests: the worker\'s admission is the limit); requests past it wait, counted by ebb_frontend_upstream_waiting_requests', intOption(1))
     .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))

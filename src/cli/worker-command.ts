@@ -1,4 +1,6 @@
-import { Command, Option } from 'commander';
+import { parseToolSyntax } from '../engine/openai-engine-tools.js';
+import type { ToolCallSyntax } from '../protocol/tools.js';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import {
   ADMIN_TOKEN_ENV,
   assertAdminBindAllowed,
@@ -51,6 +53,7 @@ interface WorkerFlags extends LlamaCppFlags {
   mockerKvBlocks: number;
   mockerKvBlockSize: number;
   mockerPrefillTokensPerS: number;
+  mockerEmbeddingDim: number;
   kvTransferTtlMs: number;
   engineUrl?: string;
   engineKind: EngineKind;
@@ -63,6 +66,8 @@ interface WorkerFlags extends LlamaCppFlags {
   engineKvEventsTopic: string;
   engineKvEventsReplay?: string;
   engineKvBlockSize: number;
+  engineToolSyntax?: ToolCallSyntax;
+  engineEmbeddings?: boolean;
   k8sSelfPod?: string | boolean;
   kubeconfig?: string;
 }
@@ -110,6 +115,7 @@ export function workerCommand(): Command {
     .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks (LRU eviction of blocks no running sequence holds)', intOption(1), MOCKER_DEFAULTS.kvBlocks)
     .option('--mocker-kv-block-size <n>', 'mocker prefix cache tokens per block', intOption(1), MOCKER_DEFAULTS.kvBlockSize)
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute with the KV cache on: uncached prompt tokens per second, shared by concurrent prefills', intOption(1), MOCKER_DEFAULTS.prefillTokensPerS)
+    .option('--mocker-embedding-dim <n>', 'mocker embedding size: /v1/embeddings vectors have this many dimensions (fewer with `dimensions`)', intOption(1), MOCKER_DEFAULTS.embeddingDim)
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
     .addOption(new Option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)').default(MOCKER_DEFAULTS.failOnPrompt, 'never'))
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer (llama-cpp: also a hand-off KV state for the next worker)', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
@@ -129,7 +135,9 @@ export function workerCommand(): Command {
     .option('--engine-kv-events <endpoint>', '--engine openai: the engine\'s KV event publisher (vLLM --kv-events-config endpoint, SGLang\'s), e.g. tcp://127.0.0.1:5557: its cached blocks are published on GET /kv/events for the frontend\'s router')
     .addOption(new Option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to').default('', 'every topic'))
     .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
+    .option('--engine-embeddings', '--engine openai: the engine\'s model serves /v1/embeddings (vLLM/SGLang pooling models, llama-server --embeddings): the worker declares embeddings')
     .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
+    .option('--engine-tool-syntax <syntax>', '--engine openai: how the served model writes a tool call, which ebb parses from its raw text: hermes (Qwen 2.5/3, Hermes) or JSON {"prefix","params_prefix","suffix"}; unset: no tools', toolSyntaxOption)
     .action(async (flags: WorkerFlags) => {
       // Before anything binds: an Admin API on the network without a token is refused outright.
       const adminToken = await loadAdminTokens(flags.adminTokenFile);
@@ -256,6 +264,8 @@ function openaiEngineSpec(flags: WorkerFlags): EngineSpec {
       kvEventsTopic: flags.engineKvEventsTopic,
       kvEventsReplay: flags.engineKvEventsReplay,
       kvBlockSize: flags.engineKvBlockSize,
+      toolSyntax: flags.engineToolSyntax,
+      embeddings: flags.engineEmbeddings,
     },
   };
 }
@@ -280,6 +290,16 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
       kvBlocks: flags.mockerKvBlocks,
       kvBlockSize: flags.mockerKvBlockSize,
       prefillTokensPerS: flags.mockerPrefillTokensPerS,
+      embeddingDim: flags.mockerEmbeddingDim,
     },
   };
+}
+
+/** --engine-tool-syntax, refused as commander refuses a bad value. */
+function toolSyntaxOption(value: string): ToolCallSyntax {
+  try {
+    return parseToolSyntax(value);
+  } catch (err) {
+    throw new InvalidArgumentError((err as Error).message);
+  }
 }

@@ -91,6 +91,20 @@ export interface GeneratedPiece {
 
 export type FinishReason = 'stop' | 'length';
 
+/** One input of an embedding request: text, or token ids of the engine's own tokenizer. */
+export type EmbedInput = string | number[];
+
+export interface EmbedOptions {
+  /** Shorten every vector to this many dimensions; an engine that cannot refuses with 400 naming `dimensions`. */
+  dimensions?: number | undefined;
+}
+
+export interface EmbedResult {
+  /** One per input, in order. */
+  vectors: Float32Array[];
+  prompt_tokens: number;
+}
+
 export interface GenerateResult {
   finish_reason: FinishReason;
   prompt_tokens: number;
@@ -158,6 +172,11 @@ export interface Engine {
   onQuiescenceChange(listener: () => void): () => void;
   /** True when new work would only queue past the engine's limit: an overload, never a drain. */
   isOverloaded(): boolean;
+  /**
+   * Embeds every input (POST /embed): present where capabilities.embeddings is true. Holds what a
+   * generation would (a batch slot), so the engine's load and idleness include it.
+   */
+  embed?(inputs: EmbedInput[], opts: EmbedOptions, signal: AbortSignal): Promise<EmbedResult>;
   /** Prefill side of disaggregated serving: compute the prompt's KV and hold it for a decode peer. */
   prefill?(req: GenerateRequest, signal: AbortSignal): Promise<KvTransfer>;
   /** The KV transfers a prefill engine holds for decode peers; absent where there are none. */

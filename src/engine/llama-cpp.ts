@@ -9,12 +9,13 @@ import {
   type Llama,
   type LlamaContext,
   type LlamaContextSequence,
+  type LlamaEmbeddingContext,
   type LlamaGrammar,
   type LlamaGrammarEvaluationState,
   type LlamaModel,
   type Token,
 } from 'node-llama-cpp';
-import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, KvPayload, KvStateHandle, Quiescence, TokenizeRequest } from './engine.js';
+import type { EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, KvPayload, KvStateHandle, Quiescence, TokenizeRequest } from './engine.js';
 import { KV_STATE_DEFAULTS, KvStateFiles, sha256File } from './llama-cpp-kv-state.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
@@ -229,6 +230,8 @@ export class LlamaCppEngine implements Engine {
       max_context: context.contextSize,
       continuation: true,
       prompt_token_ids: this.vocabularySize !== undefined, // ids are checked against it (see render)
+      // node-llama-cpp computes no embeddings with encoder-decoder models.
+      embeddings: !(model.fileInsights.hasEncoder && model.fileInsights.hasDecoder),
     };
   }
 
@@ -303,15 +306,66 @@ export class LlamaCppEngine implements Engine {
   render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop' | 'prompt_token_ids' | 'tools' | 'tool_choice'>): RenderedPrompt {
     const stops = (req.stop ?? []).filter((s) => s.length > 0);
     if (req.prompt_token_ids !== undefined) {
-      // Ids outside the vocabulary crash llama.cpp (the whole process): refuse them here.
-      const size = this.vocabularySize;
-      if (size === undefined) throw new Error('this model does not say its vocabulary size: token-id prompts cannot be checked');
-      const bad = req.prompt_token_ids.find((id) => id >= size);
-      if (bad !== undefined) throw new EbbError('invalid_request', `prompt token id ${bad} is outside this model's vocabulary (${size} tokens)`, { param: 'prompt' });
-      return { tokens: req.prompt_token_ids as Token[], stopTokens: new Set(), stopTexts: [...stops] };
+      return { tokens: this.vocabularyIds(req.prompt_token_ids, 'prompt'), stopTokens: new Set(), stopTexts: [...stops] };
     }
     if (req.messages === undefined || req.messages.length === 0) return this.prompts.plain(req.prompt, stops);
     return this.prompts.chat(req.messages, stops, toolsActive(req.tools, req.tool_choice) ? req.tools : undefined);
+  }
+
+  /** Ids outside the vocabulary crash llama.cpp (the whole process): refused here, naming the field that sent them. */
+  private vocabularyIds(ids: number[], param: 'prompt' | 'input'): Token[] {
+    const size = this.vocabularySize;
+    if (size === undefined) throw new Error('this model does not say its vocabulary size: token-id prompts cannot be checked');
+    const bad = ids.find((id) => id >= size);
+    if (bad !== undefined) throw new EbbError('invalid_request', `${param} token id ${bad} is outside this model's vocabulary (${size} tokens)`, { param });
+    return ids as Token[];
+  }
+
+  /**
+   * Embeddings through node-llama-cpp's embedding context: made on the first embedding (a worker
+   * that never embeds never holds its memory), one input at a time in one batch slot, so the load
+   * and idleness the worker sees include it. Its vectors are the model's own size: `dimensions`
+   * other than that is refused (a causal model's vectors are not trained to be shortened).
+   */
+  async embed(inputs: EmbedInput[], opts: EmbedOptions, signal: AbortSignal): Promise<EmbedResult> {
+    if (this.closed) throw new Error('the engine is closed');
+    const native = this.model.embeddingVectorSize;
+    if (opts.dimensions !== undefined && opts.dimensions !== native)
+      throw new EbbError('invalid_request', `dimensions ${opts.dimensions} is not supported: this model's embeddings have ${native} dimensions`, { param: 'dimensions' });
+    const resolved = inputs.map((input) => (typeof input === 'string' ? input : this.vocabularyIds(input, 'input')));
+    await this.slots.acquire(signal);
+    try {
+      const context = await this.embeddingContext();
+      const vectors: Float32Array[] = [];
+      let promptTokens = 0;
+      for (const input of resolved) {
+        signal.throwIfAborted();
+        const tokens = context.calculateInputLength(input);
+        if (tokens >= this.context.contextSize) throw new EbbError('context_length_exceeded', `an input is ${tokens} tokens; this engine's context holds ${this.context.contextSize}`, { param: 'input' });
+        promptTokens += tokens;
+        vectors.push(Float32Array.from((await context.getEmbeddingFor(input)).vector));
+      }
+      return { vectors, prompt_tokens: promptTokens };
+    } finally {
+      this.slots.release();
+    }
+  }
+
+  private embeddings: Promise<LlamaEmbeddingContext> | undefined;
+
+  private embeddingContext(): Promise<LlamaEmbeddingContext> {
+    this.embeddings ??= this.model
+      .createEmbeddingContext({
+        contextSize: this.context.contextSize,
+        // One batch holds a whole input: a non-causal (BERT-style) model pools over all of it at once.
+        batchSize: this.context.contextSize,
+        threads: this.opts.threads,
+      })
+      .catch((err: unknown) => {
+        this.embeddings = undefined; // the next embedding tries again (memory may have been freed)
+        throw err;
+      });
+    return this.embeddings;
   }
 
   /**
@@ -584,6 +638,7 @@ export class LlamaCppEngine implements Engine {
     if (this.closed) return;
     this.closed = true;
     await this.kv.close();
+    await (await this.embeddings?.catch(() => undefined))?.dispose();
     await this.context.dispose();
     await this.model.dispose();
     await this.llama.dispose();

@@ -1,8 +1,9 @@
 import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
-import type { Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
+import type { EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
 import { mockerTokenIds } from '../protocol/mocker-tokenizer.js';
+import { truncateNormalized } from '../protocol/embedding-vector.js';
 import { slotQuiescence, Slots } from './slots.js';
 import { KvTransferStore, type KvTransfer } from './kv-transfers.js';
 import { KvEventLog } from './kv-event-log.js';
@@ -50,6 +51,8 @@ export interface MockerOptions {
   kvBlockSize: number;
   /** Uncached prompt tokens a worker prefills per second, all its prefills together. */
   prefillTokensPerS: number;
+  /** The simulated model's embedding size: what /embed answers without `dimensions`, and the most it may ask. */
+  embeddingDim: number;
 }
 
 export const MOCKER_DEFAULTS: MockerOptions = {
@@ -69,6 +72,7 @@ export const MOCKER_DEFAULTS: MockerOptions = {
   kvBlockSize: DEFAULT_BLOCK_SIZE,
   // A 1,200-token uncached prompt: about 100 ms of prefill on an idle worker.
   prefillTokensPerS: 12_000,
+  embeddingDim: 64,
 };
 
 const VOCABULARY = (
@@ -104,6 +108,15 @@ export function prng(seed: number): () => number {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
+}
+
+/**
+ * The mocker's embedding of a text: `native` components seeded by the text alone (identical text,
+ * identical vector, on every worker), then shortened to `dimensions` and scaled to unit length.
+ */
+export function mockerEmbedding(text: string, native: number, dimensions: number): Float32Array {
+  const random = prng(hashString(text, 0));
+  return truncateNormalized(Array.from({ length: native }, () => random() * 2 - 1), dimensions);
 }
 
 /** The i-th word of a generation; `random` must be at position i. */
@@ -143,7 +156,7 @@ export class MockerEngine implements Engine {
       const cache = this.cache;
       this.kvCacheStats = () => cache.stats();
     }
-    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true };
+    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
@@ -243,6 +256,32 @@ export class MockerEngine implements Engine {
       return { finish_reason: left <= budget ? 'stop' : 'length', prompt_tokens: promptTokens, completion_tokens: steps, ...cached };
     } finally {
       seq?.end(mockerTokenIds(delivered));
+      this.slots.release();
+    }
+  }
+
+  /**
+   * Deterministic vectors (mocker-embedding.ts), costing a prefill of the inputs' tokens in a batch
+   * slot: drains and load see an embedding as they see a generation.
+   */
+  async embed(inputs: EmbedInput[], opts: EmbedOptions, callerSignal: AbortSignal): Promise<EmbedResult> {
+    const native = this.opts.embeddingDim;
+    const dimensions = opts.dimensions ?? native;
+    if (dimensions > native)
+      throw new EbbError('invalid_request', `dimensions ${dimensions} is more than this model's ${native} (--mocker-embedding-dim)`, { param: 'dimensions' });
+    const texts = inputs.map((input) => (typeof input === 'string' ? input : input.join(' ')));
+    const counts = inputs.map((input) => (typeof input === 'string' ? countTokens(input) : input.length));
+    const longest = Math.max(...counts);
+    if (longest > this.opts.maxContext)
+      throw new EbbError('context_length_exceeded', `an input is ${longest} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`, { param: 'input' });
+    if (this.dead.signal.aborted) throw this.dead.signal.reason;
+    const signal = AbortSignal.any([callerSignal, this.dead.signal]);
+    const promptTokens = counts.reduce((a, b) => a + b, 0);
+    await this.slots.acquire(signal);
+    try {
+      await pause(ttftFor(this.opts.ttftMs, promptTokens), signal);
+      return { vectors: texts.map((text) => mockerEmbedding(text, native, dimensions)), prompt_tokens: promptTokens };
+    } finally {
       this.slots.release();
     }
   }

@@ -3,7 +3,7 @@ import { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 import { Agent, request } from 'undici';
 import type { WorkerMode } from '../discovery/discovery.js';
-import type { Continuation, Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import type { Continuation, EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
 import { waitUntilHealthy } from './engine-health.js';
 import { describeError, getBounded } from './engine-http.js';
 import { describeExit, EngineProcess, freePort } from './engine-process.js';
@@ -18,6 +18,8 @@ import { KvEventSubscriber } from './openai-engine-kv-events.js';
 import { canTokenize, tokenizeOnEngine } from './openai-engine-tokenize.js';
 import type { TokenizeRequest } from './engine.js';
 import { discardBody } from '../common/discard-body.js';
+import type { ToolCallSyntax } from '../protocol/tools.js';
+import { CallWriter, engineToolFields } from './openai-engine-tools.js';
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
@@ -40,6 +42,10 @@ export interface OpenAIEngineOptions {
   kvEventsReplay?: string | undefined;
   /** Tokens per KV block: must be the engine's (vLLM's --block-size); 16 by default, vLLM's default. */
   kvBlockSize?: number | undefined;
+  /** How the served model writes a tool call (--engine-tool-syntax); unset: the worker does not offer tools. */
+  toolSyntax?: ToolCallSyntax | undefined;
+  /** The engine serves /v1/embeddings for its model (--engine-embeddings): the worker declares `embeddings`. */
+  embeddings?: boolean | undefined;
 }
 
 export { OPENAI_ENGINE_DEFAULTS } from './openai-engine-options.js';
@@ -55,7 +61,7 @@ interface ModelsList {
 
 interface StreamChunk {
   error?: { message?: string } | string;
-  choices?: Array<{ text?: string | null; delta?: { content?: string | null }; finish_reason?: string | null }>;
+  choices?: Array<{ text?: string | null; delta?: { content?: string | null; tool_calls?: Array<{ index?: number; function?: { name?: string | null; arguments?: string | null } | null }> | null }; finish_reason?: string | null }>;
   usage?: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } | null } | null;
 }
 
@@ -74,6 +80,29 @@ function engineAnswer(status: number, message: string): Error {
 const ERROR_TEXT_LIMIT = 2000;
 /** One event of an engine's token stream is a chunk of a few tokens; one past this is a broken engine. */
 const ENGINE_EVENT_LIMIT = 1 << 20;
+
+/** Vectors as JSON numbers: 2048 inputs of 4096 dimensions take about 160 MB. */
+const ENGINE_EMBEDDINGS_LIMIT = 256 * 1024 * 1024;
+
+/** An engine's /v1/embeddings answer, checked: one vector of numbers per input, put in input order by index. */
+function embeddingsOf(text: string, inputs: number): EmbedResult {
+  let answer: { data?: Array<{ index?: unknown; embedding?: unknown }>; usage?: { prompt_tokens?: unknown } };
+  try {
+    answer = JSON.parse(text) as typeof answer;
+  } catch {
+    throw new Error('the engine\'s embeddings answer is not JSON');
+  }
+  const vectors: Float32Array[] = [];
+  for (const [i, d] of (answer.data ?? []).entries()) {
+    const index = typeof d.index === 'number' ? d.index : i;
+    if (!Array.isArray(d.embedding) || !d.embedding.every((x) => typeof x === 'number') || index < 0 || index >= inputs || vectors[index] !== undefined)
+      throw new Error(`the engine's embeddings answer has a malformed vector at ${i}`);
+    vectors[index] = Float32Array.from(d.embedding as number[]);
+  }
+  if (vectors.length !== inputs || [...vectors].some((v) => v === undefined)) throw new Error(`the engine answered ${answer.data?.length ?? 0} vectors for ${inputs} inputs`);
+  const tokens = answer.usage?.prompt_tokens;
+  return { vectors, prompt_tokens: typeof tokens === 'number' ? tokens : 0 };
+}
 
 async function errorText(body: AsyncIterable<Buffer> & { destroy(): void }): Promise<string> {
   const text = await readBounded(body, ERROR_TEXT_LIMIT, { cut: true });
@@ -124,7 +153,9 @@ export class OpenAIEngine implements Engine {
       json_object: known,
       json_schema: false,
       logprobs: false,
-      tools: false,
+      // Offered only where the operator says how the model writes a call: ebb parses it from the raw text.
+      tools: opts.toolSyntax !== undefined,
+      ...(opts.toolSyntax !== undefined && { tool_syntax: opts.toolSyntax }),
       max_context: maxContext,
       // A continuation is re-sent as text: the engine re-tokenizes it, so the tokens may differ
       // from the original ones at the seam. Chat continues an assistant-prefix message, which a
@@ -132,6 +163,9 @@ export class OpenAIEngine implements Engine {
       continuation: known,
       // vLLM, SGLang and llama-server take /v1/completions prompts as token-id arrays.
       prompt_token_ids: known,
+      // Only the operator knows whether the engine's model embeds (vLLM: a pooling model): asking
+      // a generative one would cost a request and prove little.
+      embeddings: opts.embeddings === true,
     };
     const blockSize = opts.kvBlockSize ?? DEFAULT_BLOCK_SIZE;
     if (opts.kvEvents !== undefined) {
@@ -177,6 +211,8 @@ export class OpenAIEngine implements Engine {
       let finish: FinishReason = 'stop';
       let usage: StreamChunk['usage'];
       let pieces = 0;
+      // A forced call comes back structured: written as the model's raw call text.
+      const calls = req.tools !== undefined && this.opts.toolSyntax !== undefined ? new CallWriter(this.opts.toolSyntax) : undefined;
       try {
         for await (const data of sseData(res.body as AsyncIterable<Buffer>, ENGINE_EVENT_LIMIT)) {
           if (data === '[DONE]') break;
@@ -188,13 +224,15 @@ export class OpenAIEngine implements Engine {
           }
           if (chunk.error !== undefined) throw new Error(`the engine failed mid-stream: ${typeof chunk.error === 'string' ? chunk.error : (chunk.error.message ?? 'unknown error')}`);
           const choice = chunk.choices?.[0];
-          const text = chat ? choice?.delta?.content : choice?.text;
+          let text = chat ? choice?.delta?.content : choice?.text;
+          if (calls !== undefined && choice?.delta?.tool_calls) text = (text ?? '') + calls.text(choice.delta.tool_calls);
+          if (calls !== undefined && choice?.finish_reason) text = (text ?? '') + calls.close();
           if (typeof text === 'string' && text !== '') {
             pieces++;
             this.generated++;
             yield { text };
           }
-          if (choice?.finish_reason) finish = choice.finish_reason === 'length' ? 'length' : 'stop';
+          if (choice?.finish_reason) finish = choice.finish_reason === 'length' ? 'length' : 'stop'; // tool_calls: a stop
           if (chunk.usage) usage = chunk.usage;
         }
       } finally {
@@ -217,6 +255,26 @@ export class OpenAIEngine implements Engine {
     } finally {
       this.inflight--;
       // No event comes from the engine itself: ebb's own last call ending is when the lifecycle probes.
+      if (this.inflight === 0) this.events.emit('change');
+    }
+  }
+
+  /** POST /v1/embeddings on the engine (vLLM, SGLang and llama-server serve OpenAI's shape); counted as in flight like a generation. */
+  async embed(inputs: EmbedInput[], opts: EmbedOptions, signal: AbortSignal): Promise<EmbedResult> {
+    this.inflight++;
+    this.reprobe.reset();
+    try {
+      const res = await request(`${this.baseUrl}/v1/embeddings`, {
+        method: 'POST',
+        dispatcher: this.dispatcher,
+        signal,
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: this.model, input: inputs, encoding_format: 'float', ...(opts.dimensions !== undefined && { dimensions: opts.dimensions }) }),
+      });
+      if (res.statusCode !== 200) throw engineAnswer(res.statusCode, `the engine answered ${res.statusCode} to POST /v1/embeddings: ${await errorText(res.body)}`);
+      return embeddingsOf(await readBounded(res.body, ENGINE_EMBEDDINGS_LIMIT, { what: 'the engine\'s embeddings answer' }), inputs.length);
+    } finally {
+      this.inflight--;
       if (this.inflight === 0) this.events.emit('change');
     }
   }
@@ -245,6 +303,7 @@ export class OpenAIEngine implements Engine {
     if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
     // Only requested of engines that declare json_object (the request plane checks it).
     if (extra.response_format !== undefined) body.response_format = extra.response_format;
+    Object.assign(body, engineToolFields(req));
     const cont = req.continuation;
     if (req.messages !== undefined) {
       body.messages = cont ? [...req.messages, { role: 'assistant', content: cont.text }] : req.messages;

@@ -1,5 +1,5 @@
-import type { GenerateBody } from './request-plane.js';
 import { isToolCallSyntax, toolsActive, type ToolCallSyntax } from './tools.js';
+import type { EmbedBody, GenerateBody } from './request-plane.js';
 
 /**
  * What an engine can honour beyond plain text generation. Each worker publishes its engine's in its
@@ -21,10 +21,12 @@ export interface EngineCapabilities {
   prompt_token_ids: boolean;
   /** With `tools`: how the model writes a call in its raw text, which the frontend parses (tools.ts). */
   tool_syntax?: ToolCallSyntax | null | undefined;
+  /** Serves POST /embed (the frontend's /v1/embeddings): the frontend routes embeddings only to such workers. */
+  embeddings: boolean;
 }
 
 /** The yes/no capabilities, in one list: routing indexes and record checks iterate it. */
-export const CAPABILITIES = ['json_object', 'json_schema', 'logprobs', 'tools', 'continuation', 'prompt_token_ids'] as const;
+export const CAPABILITIES = ['json_object', 'json_schema', 'logprobs', 'tools', 'continuation', 'prompt_token_ids', 'embeddings'] as const;
 export type Capability = (typeof CAPABILITIES)[number];
 
 const NONE: readonly Capability[] = [];
@@ -41,6 +43,14 @@ export function capabilitiesNeeded(body: GenerateBody): readonly Capability[] {
   if (body.continuation !== undefined) out.push('continuation');
   if (body.prompt_token_ids !== undefined) out.push('prompt_token_ids');
   return out;
+}
+
+const EMBED_TEXT: readonly Capability[] = ['embeddings'];
+const EMBED_IDS: readonly Capability[] = ['embeddings', 'prompt_token_ids'];
+
+/** What an embedding request needs: token-id inputs go only to engines that take their own tokenizer's ids. */
+export function embeddingNeeds(body: Pick<EmbedBody, 'input'>): readonly Capability[] {
+  return typeof body.input[0] === 'string' ? EMBED_TEXT : EMBED_IDS;
 }
 
 /** The first of `needs` that `declared` lacks; a record without capabilities (an older worker) declares none. */

@@ -174,3 +174,31 @@ function messageLine(m: ChatMessage): string {
   const calls = m.tool_calls === undefined ? '' : m.tool_calls.map((c) => ` {"name": "${c.function.name}", "arguments": ${c.function.arguments}}`).join('');
   return `${m.role}: ${m.content}${calls}`;
 }
+
+/**
+ * POST /embed: one admitted request embedding `input` (texts, or token ids of the engine's own
+ * tokenizer: those only to engines that declare prompt_token_ids), answered as one JSON
+ * EmbedResponse once every vector is computed. Admitted, refused and drained exactly like /generate.
+ */
+export const MAX_EMBED_INPUTS = 2048; // OpenAI's bound on inputs per request
+export const MAX_EMBED_DIMENSIONS = 65_536;
+export const EmbedBodySchema = Type.Object(
+  {
+    model: Type.String({ minLength: 1 }),
+    input: Type.Union([
+      Type.Array(Type.String({ minLength: 1, maxLength: 1_000_000 }), { minItems: 1, maxItems: MAX_EMBED_INPUTS }),
+      Type.Array(Type.Array(Type.Integer({ minimum: 0 }), { minItems: 1, maxItems: 100_000 }), { minItems: 1, maxItems: MAX_EMBED_INPUTS }),
+    ]),
+    /** Truncate each vector to this many dimensions (engines that cannot answer 400 naming `dimensions`). */
+    dimensions: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_EMBED_DIMENSIONS })),
+    request_id: Type.Optional(Type.String({ minLength: 1, maxLength: 200, pattern: '^[\\x21-\\x7e]+$' })),
+  },
+  { additionalProperties: false },
+);
+export type EmbedBody = Static<typeof EmbedBodySchema>;
+
+/** Each vector as little-endian float32, base64: OpenAI's `encoding_format: "base64"`, so the frontend passes it on as is. */
+export interface EmbedResponse {
+  data: Array<{ index: number; embedding: string }>;
+  usage: { prompt_tokens: number; total_tokens: number };
+}

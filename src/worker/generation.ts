@@ -123,7 +123,8 @@ export class Generations {
     else if (!cut) log.error({ err, request_id: scope.id }, 'generation failed');
     if (!res.headersSent) {
       res.writeHead(cut ? 503 : kvFailed ? 502 : (said?.status ?? 500), { 'content-type': 'application/json' });
-      scope.end(JSON.stringify(errorBody(code, message)), 'errored');
+      // The field at fault, where the engine named it (OpenAI's `param`): the frontend passes it on.
+      scope.end(JSON.stringify(errorBody(code, message, said?.param === undefined ? {} : { param: said.param })), 'errored');
     } else scope.end(line({ error: { code, message } }), 'errored');
   }
 

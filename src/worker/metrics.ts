@@ -67,6 +67,8 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
   const admitted = new Counter({ name: 'ebb_worker_admitted_total', help: 'Requests admitted', registers: [registry] });
   const released = new Counter({ name: 'ebb_worker_requests_total', help: 'Admitted requests by how they ended', labelNames: ['outcome'], registers: [registry] });
   const refused = new Counter({ name: 'ebb_worker_admission_refusals_total', help: 'Requests refused before any work, by code', labelNames: ['code'], registers: [registry] });
+  const embeddings = new Counter({ name: 'ebb_worker_embedding_requests_total', help: 'Embedding requests answered (POST /embed)', registers: [registry] });
+  const embeddedInputs = new Counter({ name: 'ebb_worker_embedding_inputs_total', help: 'Inputs embedded: one vector each', registers: [registry] });
   const handoffs = new Counter({ name: 'ebb_worker_handoffs_total', help: 'Streams handed off to other workers at a drain deadline', registers: [registry] });
   const transitions = new Counter({ name: 'ebb_worker_transitions_total', help: 'Lifecycle transitions', labelNames: ['from', 'to'], registers: [registry] });
   const drainSeconds = new Histogram({
@@ -141,6 +143,11 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
     registry,
     refused: (code: string) => refused.inc({ code }),
     handedOff: () => handoffs.inc(),
+    /** An embedding answered, with its number of inputs. */
+    embedded: (inputs: number) => {
+      embeddings.inc();
+      embeddedInputs.inc(inputs);
+    },
     /** A generation's usage: its prompt tokens counted as cache hits and misses, where the engine says. */
     promptTokens: (prompt: number, cached: number | undefined) => {
       if (cached === undefined) return;

@@ -2,9 +2,9 @@ import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { Engine, GenerateRequest } from '../engine/engine.js';
 import type { Admission, RefusalCode } from '../lifecycle/admission.js';
-import { capabilitiesNeeded, missingCapability } from '../protocol/capabilities.js';
+import { capabilitiesNeeded, embeddingNeeds, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody } from '../protocol/errors.js';
-import { promptOf, type GenerateBody, type KvTransferRef } from '../protocol/request-plane.js';
+import { promptOf, type EmbedBody, type GenerateBody, type KvTransferRef } from '../protocol/request-plane.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { OpenRequests } from './open-requests.js';
@@ -39,7 +39,7 @@ export class RequestGate {
   ) {}
 
   admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode } {
-    const { model, engine, admission, metrics } = this.deps;
+    const { model, engine } = this.deps;
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
     if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
@@ -55,18 +55,13 @@ export class RequestGate {
     if (body.tool_choice !== undefined && typeof body.tool_choice !== 'string' && !body.tools?.some((t) => t.function.name === (body.tool_choice as { function: { name: string } }).function.name))
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
     const requestId = body.request_id ?? randomUUID();
-    const admitted = admission.admit(requestId);
-    if (!admitted.admitted) {
-      metrics.refused(admitted.code);
-      return { refused: admitted.code };
-    }
-    const scope = new RequestScope(admitted.ticket, res, this.open.onClose);
+    const opened = this.openScope(requestId, res);
+    if ('refused' in opened) return opened;
+    const { scope } = opened;
     // What the drain ETA counts down from: the budget, or the context left where the engine has one
     // (an upper bound: the prompt's share of it is the engine's to count).
     const maxContext = engine.capabilities.max_context;
     scope.budget = body.max_tokens ?? (maxContext === null ? undefined : Math.max(0, maxContext - (body.continuation?.completion_tokens ?? 0)));
-    scope.admittedToFreeSlot = this.open.size < engine.stats().batch_slots;
-    this.open.add(scope);
     const gen: GenerateRequest = {
       request_id: requestId,
       prompt,
@@ -84,6 +79,32 @@ export class RequestGate {
       ...(body.tools !== undefined && body.tools.length > 0 && { tools: body.tools, tool_choice: body.tool_choice ?? 'auto', parallel_tool_calls: body.parallel_tool_calls ?? true }),
     };
     return { gen, scope };
+  }
+
+  /**
+   * An embedding (POST /embed): checked as a generation is (its model, what it needs of the engine),
+   * then admitted through the same admission, so a drain counts it and waits for it.
+   */
+  admitEmbedding(body: EmbedBody, res: RequestScope['res']): { scope: RequestScope } | { refused: RefusalCode } {
+    const { model, engine } = this.deps;
+    if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
+    const lacking = missingCapability(engine.capabilities, embeddingNeeds(body));
+    if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot embed ${lacking === 'embeddings' ? 'inputs' : 'token-id inputs'}`, { param: lacking === 'embeddings' ? 'model' : 'input' });
+    return this.openScope(body.request_id ?? randomUUID(), res);
+  }
+
+  /** The one admission point: a refusal counted, or the request's scope, open until its response ends. */
+  private openScope(requestId: string, res: RequestScope['res']): { scope: RequestScope } | { refused: RefusalCode } {
+    const { engine, admission, metrics } = this.deps;
+    const admitted = admission.admit(requestId);
+    if (!admitted.admitted) {
+      metrics.refused(admitted.code);
+      return { refused: admitted.code };
+    }
+    const scope = new RequestScope(admitted.ticket, res, this.open.onClose);
+    scope.admittedToFreeSlot = this.open.size < engine.stats().batch_slots;
+    this.open.add(scope);
+    return { scope };
   }
 
   /**

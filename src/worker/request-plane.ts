@@ -14,6 +14,7 @@ import { addKvRoutes } from './kv-routes.js';
 import { OpenRequests } from './open-requests.js';
 import { refusal, RequestGate } from './request-gate.js';
 import { addTokenizeRoute } from './tokenize-route.js';
+import { addEmbedRoute } from './embed-route.js';
 
 export { MAX_TOKENIZING } from './tokenize-route.js';
 
@@ -53,7 +54,7 @@ export interface RequestPlane {
 }
 
 /**
- * The worker's request plane: POST /generate (and /prefill, /kv/:id, /tokenize), admission-checked
+ * The worker's request plane: POST /generate (and /embed, /prefill, /kv/:id, /tokenize), admission-checked
  * before any work is done. The path of a /generate: the gate (request-gate.ts) admits it and opens
  * its scope, the generation (generation.ts) pulls its KV and streams its tokens until its scope
  * ends, and the open requests (open-requests.ts) are what a drain deadline hands off or a shutdown cuts.
@@ -76,6 +77,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     await generations.serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, gate.trustedHandoff(req.body.handoff_kv));
   });
   addTokenizeRoute(app, model, engine, admission);
+  addEmbedRoute(app, { engine, gate, generations, metrics });
   addKvRoutes(app, { workerId, mode, engine, selfUrl, gate, generations });
 
   return {

@@ -1,7 +1,7 @@
 /**
  * Engine simulators: small OpenAI-compatible servers standing in for vLLM, SGLang, llama-server or
  * a generic engine. Each serves /health, /v1/models, streaming /v1/completions and
- * /v1/chat/completions (one word per inter-token interval), and its kind's /metrics page, whose
+ * /v1/chat/completions (one word per inter-token interval), /v1/embeddings (vLLM's shape), and its kind's /metrics page, whose
  * running/waiting gauges reflect the requests it really has open. Knobs make it misbehave the way
  * real engines can: busy after ebb's requests ended, metrics slow, garbled or missing, or dead.
  */
@@ -42,6 +42,14 @@ export function simTemplate(messages: Array<{ role: string; content: string }>):
 /** The simulators' tokenizer: one id per whitespace-separated word, from its characters. */
 export function simTokenIds(text: string): number[] {
   return text.split(/\s+/).filter(Boolean).map((w) => [...w].reduce((h, c) => (h * 31 + c.charCodeAt(0)) % 50_000, 7));
+}
+
+/** The simulators' embedding of a text or of token ids: 8 components from its ids, unit length (as vLLM normalizes). */
+export function simEmbedding(input: string | number[]): number[] {
+  const ids = typeof input === 'string' ? simTokenIds(input) : input;
+  const v = Array.from({ length: 8 }, (_, i) => ids.reduce((h, id) => (h * 31 + id * (i + 1)) % 10_007, 1) / 10_007 - 0.5);
+  const norm = Math.hypot(...v);
+  return v.map((x) => x / norm);
 }
 
 const WORDS = 'tide river shore harbor light quiet steady flow ebb drift wave sand gull salt moon'.split(' ');
@@ -191,23 +199,12 @@ export class EngineSim extends EventEmitter {
       const busy = this.running + this.held.running;
       return this.json(res, 200, [0, 1].map((id) => ({ id, n_ctx: 4096, is_processing: id < busy })));
     }
-    if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions')) {
-      let raw = '';
-      req.setEncoding('utf8');
-      req.on('data', (c: string) => (raw += c));
-      req.on('end', () => {
-        let body: Record<string, any>;
-        try {
-          body = JSON.parse(raw) as Record<string, any>;
-        } catch {
-          return this.json(res, 400, { error: { message: 'body is not JSON' } });
-        }
+    if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions'))
+      return this.readJson(req, res, (body) => {
         this.seen.push({ path, body });
         this.emit('request', { path, body });
         this.stream(path === '/v1/chat/completions', body, res);
       });
-      return;
-    }
     if (req.method === 'POST' && (path === '/tokenize' || path === '/apply-template') && this.kind !== 'generic') {
       let raw = '';
       req.setEncoding('utf8');
@@ -223,7 +220,100 @@ export class EngineSim extends EventEmitter {
       });
       return;
     }
+    if (req.method === 'POST' && path === '/v1/embeddings') return void this.readJson(req, res, (body) => this.embeddings(body, res));
     this.json(res, 404, { error: { message: `no route ${req.method} ${path}` } });
+  }
+
+  /**
+   * A tool call, vLLM's way: a forced one (`required`, a named function) as structured
+   * delta.tool_calls (guided decoding needs no parser), anything else raw in the content. A final
+   * assistant message to continue (continue_final_message) that begins the raw call is continued
+   * from where it stops, as a model continues its own text.
+   */
+  private streamCall(body: Record<string, any>, call: { name: string; args: string }, res: ServerResponse): void {
+    const id = `chatcmpl-${Math.random().toString(36).slice(2, 10)}`;
+    const forced = body.tool_choice === 'required' || (typeof body.tool_choice === 'object' && body.tool_choice !== null);
+    const messages = body.messages as Array<{ role: string; content: string }>;
+    const prefix = body.continue_final_message === true ? (messages[messages.length - 1]?.content ?? '') : '';
+    const deltas: Array<Record<string, unknown>> = [];
+    if (forced) {
+      deltas.push({ tool_calls: [{ index: 0, id: `chatcmpl-tool-${id}`, type: 'function', function: { name: call.name, arguments: '' } }] });
+      for (const piece of argPieces(call.args)) deltas.push({ tool_calls: [{ index: 0, function: { arguments: piece } }] });
+    } else {
+      const raw = rawPieces(call);
+      if (!raw.join('').startsWith(prefix)) return this.json(res, 400, { error: { message: 'the simulator continues only its own call' } });
+      let skip = prefix.length;
+      for (const piece of raw) {
+        if (skip >= piece.length) skip -= piece.length;
+        else {
+          deltas.push({ content: piece.slice(skip) });
+          skip = 0;
+        }
+      }
+    }
+    this.running++;
+    let finished = false;
+    res.on('close', () => {
+      if (!finished) this.running--;
+      finished = true;
+    });
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    const send = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
+    const chunk = (delta: Record<string, unknown>, finish: string | null) => ({ id, object: 'chat.completion.chunk', model: this.model, choices: [{ index: 0, delta, finish_reason: finish }] });
+    let n = 0;
+    const step = () => {
+      if (finished || res.destroyed) return;
+      if (n < deltas.length) {
+        send(chunk(deltas[n++]!, null));
+        return void setTimeout(step, this.opts.itlMs ?? 20);
+      }
+      send(chunk({}, forced ? 'tool_calls' : 'stop'));
+      if (body.stream_options?.include_usage === true) send({ id, object: 'chat.completion.chunk', model: this.model, choices: [], usage: { prompt_tokens: 10, completion_tokens: n, total_tokens: 10 + n } });
+      res.write('data: [DONE]\n\n');
+      finished = true;
+      this.running--;
+      res.end();
+    };
+    setTimeout(step, this.opts.itlMs ?? 20);
+  }
+
+  private readJson(req: IncomingMessage, res: ServerResponse, then: (body: Record<string, any>) => void): void {
+    let raw = '';
+    req.setEncoding('utf8');
+    req.on('data', (c: string) => (raw += c));
+    req.on('end', () => {
+      let body: Record<string, any>;
+      try {
+        body = JSON.parse(raw) as Record<string, any>;
+      } catch {
+        return this.json(res, 400, { error: { message: 'body is not JSON' } });
+      }
+      then(body);
+    });
+  }
+
+  /** vLLM's /v1/embeddings (a pooling model without Matryoshka support): its answer's shape, its refusal of `dimensions`. */
+  private embeddings(body: Record<string, any>, res: ServerResponse): void {
+    this.seen.push({ path: '/v1/embeddings', body });
+    const input = body.input as string | string[] | number[] | number[][];
+    const inputs: Array<string | number[]> = typeof input === 'string' || typeof input[0] === 'number' ? [input as string | number[]] : (input as Array<string | number[]>);
+    if (body.dimensions != null)
+      return this.json(res, 400, {
+        object: 'error',
+        message: `Model "${this.model}" does not support matryoshka representation, changing output dimensions will lead to poor results.`,
+        type: 'BadRequestError',
+        param: null,
+        code: 400,
+      });
+    const tokens = inputs.reduce((n, x) => n + (typeof x === 'string' ? simTokenIds(x).length : x.length), 0);
+    this.json(res, 200, {
+      id: `embd-${Math.random().toString(36).slice(2, 10)}`,
+      object: 'list',
+      created: Math.floor(Date.now() / 1000),
+      model: this.model,
+      data: inputs.map((x, index) => ({ index, object: 'embedding', embedding: simEmbedding(x) })),
+      usage: { prompt_tokens: tokens, total_tokens: tokens, completion_tokens: 0, prompt_tokens_details: null },
+    });
   }
 
   private answerMetrics(res: ServerResponse): void {
@@ -240,6 +330,10 @@ export class EngineSim extends EventEmitter {
   }
 
   private stream(chat: boolean, body: Record<string, any>, res: ServerResponse): void {
+    if (chat && Array.isArray(body.tools) && body.tools.length > 0) {
+      const call = simToolCall(body);
+      if (call !== undefined) return this.streamCall(body, call, res);
+    }
     if (typeof body.max_tokens !== 'number' || body.max_tokens < 1) return this.json(res, 400, { error: { message: 'max_tokens must be at least 1' } });
     const maxTokens = body.max_tokens as number;
     const stops: string[] = Array.isArray(body.stop) ? body.stop : typeof body.stop === 'string' ? [body.stop] : [];
@@ -301,6 +395,31 @@ export class EngineSim extends EventEmitter {
     setTimeout(step, this.opts.itlMs ?? 20);
   }
 }
+
+/**
+ * The simulated model's tool call for a chat request with tools, or undefined when it answers in
+ * text (after a tool's result). It calls the named function, else the first; its arguments follow
+ * the parameters' properties. A Hermes model: with `tool_choice: "none"` it still writes the call,
+ * raw, in its content (the template listed the tools), as vLLM returns it unparsed.
+ */
+export function simToolCall(body: Record<string, any>): { name: string; args: string } | undefined {
+  const messages = body.messages as Array<{ role: string }>;
+  const last = messages[messages.length - 1];
+  if (last?.role === 'tool') return undefined;
+  const choice = body.tool_choice;
+  const tool = (body.tools as Array<{ function: { name: string; parameters?: { properties?: Record<string, { type?: string; enum?: unknown[] }> } } }>).find(
+    (t) => typeof choice !== 'object' || choice === null || t.function.name === choice.function?.name,
+  )!;
+  const args: Record<string, unknown> = {};
+  for (const [key, prop] of Object.entries(tool.function.parameters?.properties ?? {}))
+    args[key] = prop.enum?.[0] ?? (prop.type === 'integer' || prop.type === 'number' ? 3 : prop.type === 'boolean' ? true : 'harbor town');
+  return { name: tool.function.name, args: JSON.stringify(args) };
+}
+
+const HERMES_OPEN = '<tool_call>\n{"name": "';
+/** A call's raw text in the Hermes syntax, in the pieces a model emits it. */
+const rawPieces = (call: { name: string; args: string }) => [HERMES_OPEN, call.name, '", "arguments": ', ...argPieces(call.args), '}\n</tool_call>'];
+const argPieces = (args: string) => args.match(/.{1,4}/gs) ?? [];
 
 export async function startEngineSim(opts: EngineSimOptions): Promise<EngineSim> {
   return new EngineSim(opts).listen();

@@ -1,7 +1,7 @@
 import type { Capability } from '../../protocol/capabilities.js';
 import { EbbError } from '../../protocol/errors.js';
 import { promptShape } from './prompt-shape.js';
-import { responsesFormatNeed } from './responses-format.js';
+import { responsesFormatNeed, responsesToolChoice, responsesTools } from './responses-format.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 
 /**
@@ -46,6 +46,15 @@ function promptNeeds(prompt: unknown): Capability | undefined {
 /** Tools are a chat field: a completions prompt has no turn to answer them in. */
 function chatTools(value: unknown, body: Record<string, unknown>): void {
   if (Array.isArray(value) && value.length > 0 && body.messages === undefined) throw unsupported('tools', 'tools is not supported on /v1/completions: use /v1/chat/completions');
+}
+
+/** The Responses API's hosted tools (web search, file search, ...) need OpenAI's servers; ebb carries function tools. */
+function functionToolsOnly(value: unknown): void {
+  if (!Array.isArray(value)) return;
+  (value as Array<{ type?: unknown; name?: unknown }>).forEach((t, i) => {
+    if (t.type !== 'function') throw unsupported('tools', `tools[${i}] of type "${String(t.type)}" is not supported: ebb carries function tools`);
+    if (typeof t.name !== 'string') throw new EbbError('invalid_request', `tools[${i}].name is required`, { param: 'tools' });
+  });
 }
 
 /** A named function must be one of tools; `required` needs tools to choose from (OpenAI answers 400 to both). */
@@ -124,19 +133,28 @@ export const RESPONSES_FIELD_POLICY: FieldPolicy = {
   user: ignored,
   metadata: ignored,
   service_tier: ignored,
-  parallel_tool_calls: ignored,
+  parallel_tool_calls: carried,
   truncation: ignored,
   max_tool_calls: ignored, // meaningless without tools
   store: refused((v) => v === false, 'ebb keeps no responses (stateless): send store: false'),
   previous_response_id: refused(() => false, 'ebb keeps no responses (stateless): send the conversation as input'),
   conversation: refused(() => false, 'ebb keeps no conversations (stateless): send the conversation as input'),
   background: refused((v) => v === false, 'ebb answers in the foreground only'),
-  tools: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
-  tool_choice: refused((v) => v === 'none' || v === 'auto', NOT_CARRIED),
+  tools: { kind: 'capability', needs: (v) => (Array.isArray(v) && v.length > 0 ? 'tools' : undefined), check: functionToolsOnly },
+  tool_choice: checked((v, body) => toolChoiceFits(responsesToolChoice(v) ?? v, { ...body, tools: responsesTools(body.tools) })),
   include: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
   reasoning: refused((v) => typeof v === 'object' && v !== null && Object.values(v).every(unset), 'ebb serves no reasoning models'),
   top_logprobs: refused((v) => v === 0, NOT_CARRIED),
   prompt: refused(() => false, 'prompt templates are not supported: send input'),
+};
+
+/** /v1/embeddings: token-id inputs need an engine that takes its own tokenizer's ids; `embeddings` itself is checked per model first. */
+export const EMBEDDINGS_FIELD_POLICY: FieldPolicy = {
+  model: carried,
+  input: { kind: 'capability', needs: promptNeeds },
+  dimensions: carried, // an engine that cannot shorten its vectors answers 400 naming it
+  encoding_format: carried,
+  user: ignored,
 };
 
 /**

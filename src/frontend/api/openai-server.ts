@@ -1,4 +1,5 @@
 import cors from '@fastify/cors';
+import { CAPABILITIES } from '../../protocol/capabilities.js';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
@@ -19,6 +20,9 @@ import { requestIdOf } from './request-id.js';
 import { HERMES_SYNTAX, toolsActive } from '../../protocol/tools.js';
 import { callIds, parseToolCalls } from '../wire/tool-call-parser.js';
 import { finishWithCalls, ToolCallStream } from './tool-stream.js';
+import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
+import type { GenerateBody } from '../../protocol/request-plane.js';
+import { addEmbeddingsRoute } from './embeddings-route.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -47,6 +51,9 @@ export interface OpenAIServerDeps {
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
+
+/** The capabilities a client can ask for (continuation is ebb's own business). */
+const API_CAPABILITIES = CAPABILITIES.filter((c) => c !== 'continuation');
 
 const uuid = () => randomUUID().replaceAll('-', ''); // randomUUID: pooled entropy, ~20x cheaper than randomBytes
 
@@ -90,7 +97,7 @@ export function createOpenAIServer({
   // A callback hook: an async one costs every request a promise for synchronous work.
   app.addHook('onResponse', (req, reply, done) => {
     const url = req.routeOptions.url;
-    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses') {
+    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses' || url === '/v1/embeddings') {
       const model = (req.body as { model?: unknown } | undefined)?.model;
       metrics.request(url, reply.statusCode, typeof model === 'string' ? model : undefined);
     }
@@ -99,7 +106,16 @@ export function createOpenAIServer({
 
   // Every model a request may name without a 404: `unavailable` while none of its workers is in
   // discovery (all drained or restarting), when a request for it gets a retryable 503.
-  const model = (id: string) => ({ id, object: 'model', created: 0, owned_by: 'ebb', status: pool.hasModel(id) ? 'available' : 'unavailable' });
+  // `capabilities`: what some worker of the model declares now (a request that needs one nobody declares is a 400 naming its field).
+  const model = (id: string) => ({
+    id,
+    object: 'model',
+    created: 0,
+    owned_by: 'ebb',
+    status: pool.hasModel(id) ? 'available' : 'unavailable',
+    engines: pool.engineKinds(id),
+    capabilities: API_CAPABILITIES.filter((c) => pool.declares(id, c)),
+  });
   const methods = (url: string, allowed: Array<'GET' | 'POST'>) => allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed);
 
   methods('/v1/models', ['GET']);
@@ -149,9 +165,9 @@ export function createOpenAIServer({
   };
 
   /** How a tool request's answers are parsed: the model's call syntax, and call ids from the request's content. */
-  const toolParsing = (body: OpenAIRequest) => {
-    const syntax = pool.toolSyntax(body.model) ?? HERMES_SYNTAX;
-    const key = JSON.stringify([body.model, body.messages, body.tools, body.tool_choice, body.seed ?? null]);
+  const toolParsing = (gen: GenerateBody) => {
+    const syntax = pool.toolSyntax(gen.model) ?? HERMES_SYNTAX;
+    const key = JSON.stringify([gen.model, gen.messages, gen.tools, gen.tool_choice, gen.seed ?? null]);
     return { syntax, idsFor: (lane: number) => callIds(key, lane) };
   };
 
@@ -168,7 +184,7 @@ export function createOpenAIServer({
       probeHalfClosedClient(req, reply);
       const started = performance.now();
       // With tools: the answers' raw text is parsed into calls, in the syntax the model's workers declare.
-      const tools = endpoint === 'chat' && toolsActive(body.tools ?? undefined, body.tool_choice ?? undefined) ? toolParsing(body) : undefined;
+      const tools = endpoint === 'chat' && toolsActive(gens[0]!.tools, gens[0]!.tool_choice) ? toolParsing(gens[0]!) : undefined;
       try {
         if (body.stream) {
           const sse = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true);
@@ -200,22 +216,27 @@ export function createOpenAIServer({
     holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(uuid(), body);
     const gen = responsesToGenerate(body, shell.id);
+    const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const signal = shutdown.requestSignal(reply.raw);
     probeHalfClosedClient(req, reply);
     try {
       if (body.stream) {
-        const fmt = new ResponsesStream(shell);
+        const fmt = tools === undefined ? new ResponsesStream(shell) : new ResponsesToolStream(shell, tools.syntax, tools.idsFor(0));
         await relay.stream(reply, fmt, [gen], 1, signal, performance.now());
         Shutdown.endCutStream(reply.raw, fmt, signal);
         return;
       }
       const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
       void reply.header('x-ebb-worker-id', headerValue(workerId));
+      if (tools !== undefined) return responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, tools.idsFor(0)));
       return responseObject(shell, choices[0]!, usage);
     } catch (err) {
       throw Shutdown.cutReason(signal) ?? err;
     }
   });
+
+  methods('/v1/embeddings', ['POST']);
+  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => holdLanes(reply, model, 1, 1) });
 
   return app;
 }

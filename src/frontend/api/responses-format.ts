@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { EbbError } from '../../protocol/errors.js';
 import type { ChatMessage, GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
 import type { CollectedChoice, StreamFormat } from '../wire/stream-format.js';
+import type { ToolChoice, ToolSpec } from '../../protocol/tools.js';
 
 /** The subset of OpenAI's Responses API request that ebb serves (see openai-schema.ts and field-policy.ts). */
 export interface ResponsesRequest {
@@ -20,6 +21,20 @@ export interface ResponsesInputItem {
   type?: string;
   role?: string;
   content?: string | Array<{ type: string; text?: string }>;
+  /** function_call and function_call_output items. */
+  call_id?: string;
+  name?: string;
+  arguments?: string;
+  output?: string | Array<{ type: string; text?: string }>;
+}
+
+/** A Responses function tool (flat, unlike chat's `{type, function: {...}}`). */
+interface ResponsesTool {
+  type: string;
+  name?: string;
+  description?: string;
+  parameters?: Record<string, unknown>;
+  strict?: boolean | null;
 }
 
 /** Message content the engines can read: text parts only, named in the 400 otherwise. */
@@ -48,6 +63,23 @@ function formatOf(format: NonNullable<ResponsesRequest['text']>['format']): Resp
   };
 }
 
+/** A function call item of the input, appended to the assistant turn it belongs to (consecutive calls are one turn). */
+function addCall(messages: ChatMessage[], item: ResponsesInputItem, i: number): void {
+  if (typeof item.call_id !== 'string' || typeof item.name !== 'string' || typeof item.arguments !== 'string')
+    throw new EbbError('invalid_request', `input[${i}] (function_call) needs call_id, name and arguments`, { param: `input[${i}]` });
+  const call = { id: item.call_id, type: 'function' as const, function: { name: item.name, arguments: item.arguments } };
+  const last = messages[messages.length - 1];
+  if (last?.role === 'assistant' && last.tool_calls !== undefined) last.tool_calls.push(call);
+  else messages.push({ role: 'assistant', content: '', tool_calls: [call] });
+}
+
+/** A function call's result, as the tool message answering it. */
+function callOutput(item: ResponsesInputItem, i: number): ChatMessage {
+  if (typeof item.call_id !== 'string') throw new EbbError('invalid_request', `input[${i}] (function_call_output) needs call_id`, { param: `input[${i}]` });
+  const output = typeof item.output === 'string' ? item.output : itemText({ content: item.output ?? '' }, i);
+  return { role: 'tool', content: output, tool_call_id: item.call_id };
+}
+
 /** The worker request for a Responses request: instructions first, then the input as chat messages. */
 export function responsesToGenerate(req: ResponsesRequest, requestId: string): GenerateBody {
   const messages: ChatMessage[] = [];
@@ -55,18 +87,48 @@ export function responsesToGenerate(req: ResponsesRequest, requestId: string): G
   if (typeof req.input === 'string') messages.push({ role: 'user', content: req.input });
   else
     req.input.forEach((item, i) => {
+      if (item.type === 'function_call') return addCall(messages, item, i);
+      if (item.type === 'function_call_output') return void messages.push(callOutput(item, i));
       if (item.type !== undefined && item.type !== 'message')
-        throw new EbbError('unsupported_parameter', `input[${i}] of type "${item.type}" is not supported: ebb serves message input`, { param: `input[${i}]` });
+        throw new EbbError('unsupported_parameter', `input[${i}] of type "${item.type}" is not supported: ebb serves message and function call input`, { param: `input[${i}]` });
       messages.push({ role: item.role ?? 'user', content: itemText(item, i) });
     });
   if (messages.length === 0) throw new EbbError('invalid_request', 'input is empty', { param: 'input' });
   const body: GenerateBody = { model: req.model, messages, stream: true, request_id: requestId };
+  const tools = responsesTools(req.tools);
+  if (tools.length > 0) {
+    body.tools = tools;
+    const choice = responsesToolChoice(req.tool_choice);
+    if (choice !== undefined) body.tool_choice = choice;
+    if (typeof req.parallel_tool_calls === 'boolean') body.parallel_tool_calls = req.parallel_tool_calls;
+  }
   if (req.max_output_tokens != null) body.max_tokens = req.max_output_tokens;
   if (req.temperature != null) body.temperature = req.temperature;
   if (req.top_p != null) body.top_p = req.top_p;
   const format = formatOf(req.text?.format);
   if (format !== undefined) body.response_format = format;
   return body;
+}
+
+/** Responses function tools as the request plane's (chat's shape); other tool types are refused by the field policy. */
+export function responsesTools(tools: unknown): ToolSpec[] {
+  if (!Array.isArray(tools)) return [];
+  return (tools as ResponsesTool[]).map((t) => ({
+    type: 'function',
+    function: {
+      name: t.name ?? '',
+      ...(t.description !== undefined && { description: t.description }),
+      ...(t.parameters != null && { parameters: t.parameters }),
+      ...(t.strict != null && { strict: t.strict }),
+    },
+  }));
+}
+
+/** `{type: "function", name}` as chat's `{type: "function", function: {name}}`. */
+export function responsesToolChoice(choice: unknown): ToolChoice | undefined {
+  if (choice === 'none' || choice === 'auto' || choice === 'required') return choice;
+  const name = (choice as { type?: unknown; name?: unknown } | null)?.name;
+  return typeof name === 'string' ? { type: 'function', function: { name } } : undefined;
 }
 
 /** The capability a Responses request's text.format needs, for the field policy. */
@@ -101,8 +163,11 @@ export class ResponseShell {
     return { id: this.messageId, type: 'message', status, role: 'assistant', content: status === 'in_progress' && text === '' ? [] : [part(text)] };
   }
 
-  /** The response object: `in_progress` while streaming, `completed` or `incomplete` (max_output_tokens reached) at the end. */
-  object(status: 'in_progress' | 'completed' | 'incomplete', text: string | undefined, usage: Usage | undefined) {
+  /**
+   * The response object: `in_progress` while streaming, `completed` or `incomplete` (max_output_tokens
+   * reached) at the end. Its output: one message of `text`, or the items given (tool calls).
+   */
+  object(status: 'in_progress' | 'completed' | 'incomplete', text: string | undefined, usage: Usage | undefined, items?: unknown[]) {
     return {
       id: this.id,
       object: 'response',
@@ -113,15 +178,15 @@ export class ResponseShell {
       instructions: this.req.instructions ?? null,
       max_output_tokens: this.req.max_output_tokens ?? null,
       model: this.req.model,
-      output: text === undefined ? [] : [this.message(text, status === 'incomplete' ? 'incomplete' : 'completed')],
-      parallel_tool_calls: false,
+      output: items ?? (text === undefined ? [] : [this.message(text, status === 'incomplete' ? 'incomplete' : 'completed')]),
+      parallel_tool_calls: this.req.parallel_tool_calls ?? true,
       previous_response_id: null,
       reasoning: { effort: null, summary: null },
       store: false,
       temperature: this.req.temperature ?? 1,
       text: { format: this.req.text?.format ?? { type: 'text' } },
-      tool_choice: 'auto',
-      tools: [],
+      tool_choice: this.req.tool_choice ?? 'auto',
+      tools: this.req.tools ?? [],
       top_p: this.req.top_p ?? 1,
       truncation: 'disabled',
       usage: usage === undefined ? null : usageOf(usage),
@@ -131,7 +196,12 @@ export class ResponseShell {
   }
 }
 
-const part = (text: string) => ({ type: 'output_text', text, annotations: [], logprobs: [] });
+export const part = (text: string) => ({ type: 'output_text', text, annotations: [], logprobs: [] });
+
+/** One Responses SSE event. */
+export function responsesEvent(type: string, seq: number, body: Record<string, unknown>): string {
+  return `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq, ...body })}\n\n`;
+}
 
 /** A finish reason of the request plane as a Responses status. */
 export const statusOf = (finishReason: string): 'completed' | 'incomplete' => (finishReason === 'length' ? 'incomplete' : 'completed');
@@ -157,7 +227,7 @@ export class ResponsesStream implements StreamFormat {
   }
 
   private event(type: string, body: Record<string, unknown>): string {
-    return `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: this.seq++, ...body })}\n\n`;
+    return responsesEvent(type, this.seq++, body);
   }
 
   opening(): string {

@@ -1,8 +1,8 @@
 import { request, errors as undiciErrors, type Agent } from 'undici';
-import { capabilitiesNeeded, type Capability } from '../../protocol/capabilities.js';
+import { capabilitiesNeeded, embeddingNeeds, type Capability } from '../../protocol/capabilities.js';
 import { EbbError } from '../../protocol/errors.js';
 import type { WorkerMode } from '../../discovery/discovery.js';
-import type { GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
+import type { EmbedBody, EmbedResponse, GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
 import type { PoolWorker, WorkerPool } from '../routing/worker-pool.js';
 import { Router, type RouteHint } from '../routing/router.js';
@@ -69,7 +69,7 @@ export interface UpstreamOptions {
   /**
    * How long a prefill worker may take to answer POST /prefill, which it does once the prompt's KV
    * is computed (default 30 s; 0: no bound). Past it the worker counts as hung and the prefill
-   * moves to another prefill worker.
+   * moves to another prefill worker. An embedding (POST /embed, answered once computed) likewise.
    */
   prefillTimeoutMs?: number | undefined;
   /** Chooses the worker for each attempt (default: least in-flight). */
@@ -89,6 +89,9 @@ function parseOr(fallback: unknown, text: string): unknown {
     return fallback;
   }
 }
+
+/** Vectors as base64 float32: 2048 inputs of 4096 dimensions take 45 MB. */
+const MAX_EMBED_ANSWER = 128 * 1024 * 1024;
 
 /** How long releasing an unclaimed KV transfer may take; it expires on the prefill side anyway. */
 const KV_RELEASE_TIMEOUT_MS = 2000;
@@ -202,14 +205,15 @@ export class Upstream {
   }
 
   /**
-   * POST /prefill on `w`: its answer comes once the KV is computed, so the whole call is bounded by
-   * the prefill timeout. A worker silent past it is hung: undici destroys the socket (the worker
-   * sees its caller leave), and the attempt fails as that worker's, held out like an unreachable one.
+   * POST {path} on `w` whose answer is one JSON body, sent once the work is done (/prefill: the
+   * prompt's KV computed; /embed: every vector), so the whole call is bounded by the prefill
+   * timeout. A worker silent past it is hung: undici destroys the socket (the worker sees its caller
+   * leave), and the attempt fails as that worker's, held out like an unreachable one.
    */
-  private async prefill(w: PoolWorker, body: GenerateBody, signal: AbortSignal): Promise<PrefillResponse> {
+  private async postForAnswer<T>(w: PoolWorker, path: '/prefill' | '/embed', body: unknown, signal: AbortSignal, maxAnswer: number): Promise<T> {
     const timeout = this.prefillTimeoutMs;
     try {
-      const res = await request(`${w.record.request_url}/prefill`, {
+      const res = await request(`${w.record.request_url}${path}`, {
         method: 'POST',
         headers: this.generateHeaders,
         body: JSON.stringify(body),
@@ -219,7 +223,7 @@ export class Upstream {
         bodyTimeout: timeout,
       });
       if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, parseOr({}, await readBounded(res.body, MAX_ERROR_BODY, { cut: true })));
-      return JSON.parse(await readBounded(res.body, MAX_PREFILL_ANSWER, { what: `worker ${w.record.worker_id}'s prefill answer` })) as PrefillResponse;
+      return JSON.parse(await readBounded(res.body, maxAnswer, { what: `worker ${w.record.worker_id}'s ${path.slice(1)} answer` })) as T;
     } catch (err) {
       if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) throw new TryElsewhere('prefill_timeout', 'unreachable');
       throw err;
@@ -290,6 +294,19 @@ export class Upstream {
     return this.stream(worker, value, release);
   }
 
+  /**
+   * POST /embed on a worker of the model that embeds (and takes token ids, for id inputs): refusals,
+   * unreachable and hung workers move it to the next one, as a generation before its first token.
+   * A disaggregated model's decode workers serve it (they hold whole models; prefill workers hand off KV).
+   */
+  async embed(body: EmbedBody, signal: AbortSignal): Promise<{ worker: PoolWorker; answer: EmbedResponse }> {
+    const mode: WorkerMode = this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode';
+    const send = (w: PoolWorker) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER);
+    const { worker, value, release } = await this.route(body.model, mode, signal, new Set(), send, embeddingNeeds(body));
+    release();
+    return { worker, answer: value };
+  }
+
   /** Frees a transfer nobody will pull (204, or 404 when it was pulled or expired); never throws. */
   async releaseKv(kv: KvTransferRef): Promise<void> {
     try {
@@ -335,7 +352,7 @@ export class Upstream {
       let kv: KvTransferRef | undefined;
       try {
         // The prefill worker is the one that computes the prompt: chosen by what it holds, too.
-        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w) => this.prefill(w, body, signal), [], body);
+        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w) => this.postForAnswer<PrefillResponse>(w, '/prefill', body, signal, MAX_PREFILL_ANSWER), [], body);
         prefill.release();
         kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
       } catch (err) {

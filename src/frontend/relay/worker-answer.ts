@@ -120,16 +120,16 @@ export function isConnectFailure(err: unknown): boolean {
  * A worker's error answer, as a non-200 body or as the terminal line of a stream with no token
  * yet, acted on as WORKER_ANSWERS says: passed to the client, re-routed, or turned into a 502.
  */
-export function actOn(workerId: string, status: number, said: { code?: unknown; message?: unknown } | undefined): never {
+export function actOn(workerId: string, status: number, said: { code?: unknown; message?: unknown; param?: unknown } | undefined): never {
   const code = said?.code;
   const message = typeof said?.message === 'string' ? said.message : `worker ${workerId} answered HTTP ${status}`;
   const row = workerAnswer(code);
-  if (row.action === 'pass_to_client') throw new EbbError(code as ErrorCode, message);
+  if (row.action === 'pass_to_client') throw new EbbError(code as ErrorCode, message, typeof said?.param === 'string' ? { param: said.param } : {});
   if (row.action === 'bad_gateway') throw new EbbError('worker_protocol_error', `worker ${workerId} answered ${String(code)} (HTTP ${status}), which the request plane does not allow: ${message}`);
   if (row.keep) throw new KvTransferLost(message);
   throw new TryElsewhere(isErrorCode(code) ? code : 'worker_error', row.hold, `worker ${workerId}: ${message}`);
 }
 
 export function rejectNon200(workerId: string, statusCode: number, body: unknown): never {
-  actOn(workerId, statusCode, (body as { error?: { code?: unknown; message?: unknown } } | null)?.error);
+  actOn(workerId, statusCode, (body as { error?: { code?: unknown; message?: unknown; param?: unknown } } | null)?.error);
 }
