@@ -33,7 +33,7 @@ describe('engine capabilities: what the fleet can honour', () => {
     assert.deepEqual(entry.capabilities, {
       json_object: false,
       json_schema: false,
-      logprobs: false,
+      logprobs: true,
       tools: true,
       tool_syntax: { prefix: '<tool_call>\n{"name": "', params_prefix: '", "arguments": ', suffix: '}\n</tool_call>' },
       max_context: 1024,
@@ -48,7 +48,7 @@ describe('engine capabilities: what the fleet can honour', () => {
     // /v1/models says what the model's workers can do.
     const listed = (await call('GET', `${frontend.url}/v1/models/m1`)).body;
     assert.deepEqual(listed.engines, ['mocker']);
-    assert.deepEqual(listed.capabilities, ['tools', 'prompt_token_ids', 'embeddings']);
+    assert.deepEqual(listed.capabilities, ['logprobs', 'tools', 'prompt_token_ids', 'embeddings']);
     const url = `${frontend.url}/v1/chat/completions`;
     const json = await call('POST', url, chat({ response_format: { type: 'json_object' } }));
     assert.equal(json.status, 400);

@@ -165,6 +165,17 @@ describe('llama-cpp forced call: a continuation goes on under the call\'s gramma
     }
   });
 
+  it('logprobs: one entry per token, the tokens the engine wrote certain (logprob 0, their only alternative)', async () => {
+    const s = await openLineStream(`${worker.requestUrl}/generate`, { ...body, stream: true, logprobs: true, top_logprobs: 2 });
+    const pieces = (await s.done).map((l) => JSON.parse(l)).filter((p) => typeof p.text === 'string') as Array<Piece & { logprobs: Array<{ logprob: number; top_logprobs: unknown[] }> }>;
+    for (const p of pieces) assert.equal(p.logprobs.length, p.token_ids.length, `a logprob per token: ${JSON.stringify(p)}`);
+    const written = [pieces[0]!, pieces.find((p) => p.text === '(')!, pieces.at(-1)!];
+    assert.deepEqual(written.map((p) => p.text), ['||call: ', '(', ')'], 'the opening, the params prefix, the suffix');
+    for (const p of written) for (const e of p.logprobs) assert.deepEqual([e.logprob, e.top_logprobs.length], [0, 1], JSON.stringify(p));
+    const sampled = pieces.slice(1, -1).filter((p) => p.text !== '(').flatMap((p) => p.logprobs);
+    assert.ok(sampled.every((e) => e.logprob <= 0 && e.top_logprobs.length > 0), 'the name and the arguments: as sampled');
+  });
+
   it('a continuation that is not the forced call, or calls another function, is a 400 invalid_request', async () => {
     const text = await call('POST', `${worker.requestUrl}/generate`, { ...body, continuation: { text: 'hello', completion_tokens: 1 } });
     assert.equal(text.status, 400, JSON.stringify(text.body));
@@ -213,6 +224,23 @@ describe('llama-cpp prompt: tools and earlier calls rendered by node-llama-cpp\'
     assert.ok(text.endsWith(`assistant\n||call: get_weather(${args})\n||result: "12 degrees"\n`), JSON.stringify(text.slice(-200)));
     const none = model.detokenize(engine.render({ prompt: '', messages: [{ role: 'user', content: 'hi' }], tools: [weather as never], tool_choice: 'none' }).tokens, true);
     assert.ok(!none.includes('get_weather'), 'tool_choice none: no tools in the prompt');
+  });
+
+  it('a forced call\'s pieces: each one\'s token ids are its text (what the engine wrote included), so a continuation from ids is exact', async () => {
+    const g = engine.generate(
+      { request_id: 'r', prompt: '', messages: [{ role: 'user', content: 'weather?' }], tools: [weather as never, time as never], tool_choice: 'required', max_tokens: 200, temperature: 0 },
+      new AbortController().signal,
+    );
+    const { tokens: before } = engine.render({ prompt: '', messages: [{ role: 'user', content: 'weather?' }], tools: [weather as never, time as never], tool_choice: 'required' });
+    let context = before.map(Number);
+    let text = '';
+    for (let step = await g.next(); !step.done; step = await g.next()) {
+      const piece = step.value;
+      assert.equal(model.detokenize(piece.token_ids as never, true, context.slice(-4) as never), piece.text, `after ${JSON.stringify(text)}`);
+      context = [...context, ...piece.token_ids!];
+      text += piece.text;
+    }
+    assert.match(text, /^\|\|call: get_(weather|time)\(\{.*\}\)$/);
   });
 });
 

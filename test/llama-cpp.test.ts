@@ -11,8 +11,10 @@ import OpenAI from 'openai';
 import { getLlama, resolveChatWrapper, type Llama, type LlamaModel, type Token } from 'node-llama-cpp';
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
 import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/engine/engine.js';
+import type { TokenLogprob } from '../src/protocol/request-plane.js';
 import { createLogger } from '../src/common/logger.js';
 import { call, openLineStream } from './helpers/http.js';
+import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
 import { spawnEbb, START_BOUND_MS, tempDiscoveryUrl, workerReady, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 
@@ -42,7 +44,7 @@ interface Summary {
   ids: number[];
   /** Tokens delivered, counted from the token ids of the pieces (a piece can carry several). */
   tokens: number;
-  pieces: Array<{ text: string; token_ids: number[] }>;
+  pieces: Array<{ text: string; token_ids: number[]; logprobs?: TokenLogprob[] }>;
   last: any;
 }
 
@@ -204,8 +206,8 @@ describe('llama-cpp worker: tokenizer, sampling, continuation', () => {
     assert.notEqual(await once({ temperature: 0.9, seed: 8 }), seven);
   });
 
-  it('continues from token ids exactly: at temperature 0 the text equals an undisturbed run', async () => {
-    const whole = summarise(await (await gen(w, { max_tokens: 24 })).done);
+  it('continues from token ids exactly: at temperature 0 the text equals an undisturbed run, and so do the logprobs', async () => {
+    const whole = summarise(await (await gen(w, { max_tokens: 24, logprobs: true, top_logprobs: 2 })).done);
     assert.equal(whole.tokens, 24);
     // Cut at a piece boundary past 10 tokens: what a frontend relayed before the worker went away.
     let k = 0;
@@ -213,10 +215,55 @@ describe('llama-cpp worker: tokenizer, sampling, continuation', () => {
     while (n < 10) n += (whole.pieces[k++] as { token_ids: number[] }).token_ids.length;
     const sent = whole.pieces.slice(0, k);
     const continuation = { text: sent.map((p) => p.text).join(''), completion_tokens: n, token_ids: sent.flatMap((p) => p.token_ids) };
-    const rest = summarise(await (await gen(w, { max_tokens: 24 - n, continuation })).done);
+    const rest = summarise(await (await gen(w, { max_tokens: 24 - n, continuation, logprobs: true, top_logprobs: 2 })).done);
     assert.equal(continuation.text + rest.text, whole.text);
     assert.deepEqual([...continuation.token_ids, ...rest.ids], whole.ids);
+    // The continued positions' distributions: the same tokens, the same values (to float noise: the
+    // prefix was evaluated in other batches than the undisturbed run's).
+    const continued = rest.pieces.flatMap((p) => p.logprobs!);
+    const undisturbed = whole.pieces.slice(k).flatMap((p) => p.logprobs!);
+    assert.equal(continued.length, 24 - n);
+    continued.forEach((e, i) => {
+      const u = undisturbed[i]!;
+      assert.deepEqual([e.token, e.top_logprobs.map((t) => t.token)], [u.token, u.top_logprobs.map((t) => t.token)], `continued token ${i}`);
+      assert.ok(Math.abs(e.logprob - u.logprob) < 1e-3, `continued token ${i}: logprob ${e.logprob}, undisturbed ${u.logprob}`);
+    });
     assert.equal(rest.last.usage.completion_tokens, 24 - n, 'only this worker\'s tokens are counted');
+  });
+
+  it('reports logprobs from llama.cpp: one per token, finite and <= 0, alternatives sorted; at temperature 0 the chosen token is the most likely', async () => {
+    const lines = await (await gen(w, { max_tokens: 16, logprobs: true, top_logprobs: 4 })).done;
+    const pieces = textLines(lines);
+    const plain = summarise(await (await gen(w, { max_tokens: 16 })).done);
+    assert.equal(pieces.map((p) => p.text).join(''), plain.text, 'asking for logprobs does not change the answer');
+    const entries = pieces.flatMap((p, i) => {
+      assert.equal(p.logprobs?.length, p.token_ids?.length, `piece ${i}: one entry per token id`);
+      return p.logprobs!;
+    });
+    assert.equal(entries.length, 16);
+    const spelling = vocab.fileInfo.metadata.tokenizer.ggml.tokens;
+    let byteTokens = 0;
+    entries.forEach((e, i) => {
+      assertTokenLogprob(e, 4, `token ${i}`, { ownBytes: true });
+      const id = plain.ids[i] as Token;
+      assert.equal(e.token, vocab.detokenize([id], false, plain.ids.slice(Math.max(0, i - 4), i) as Token[]), `token ${i}: its text`);
+      // A byte-fallback token is part of a character: its text alone is U+FFFD, its bytes the one it stands for.
+      const hex = /^<0x([0-9A-F]{2})>$/.exec(spelling[id] ?? '')?.[1];
+      if (hex !== undefined) byteTokens++;
+      assert.deepEqual(e.bytes, hex !== undefined ? [parseInt(hex, 16)] : [...Buffer.from(e.token, 'utf8')], `token ${i} (${spelling[id]}): its bytes`);
+      // Greedy sampling takes the most likely token: its logprob heads the alternatives.
+      assert.ok(Math.abs((e.top_logprobs[0] as { logprob: number }).logprob - e.logprob) < 1e-6, `token ${i}: chosen ${e.logprob}, most likely ${e.top_logprobs[0]?.logprob}`);
+    });
+    assert.ok(byteTokens > 0, 'the answer has byte-fallback tokens (the tiny model writes them often): their bytes were checked');
+    const chosenOnly = textLines(await (await gen(w, { max_tokens: 16, logprobs: true })).done).flatMap((p) => p.logprobs!);
+    assert.equal(chosenOnly.length, 16);
+    chosenOnly.forEach((e, i) => {
+      assertTokenLogprob(e, 0, `top_logprobs 0, token ${i}`, { ownBytes: true });
+      assert.ok(Math.abs(e.logprob - (entries[i] as { logprob: number }).logprob) < 1e-5, `token ${i}: the chosen token's probability alone (${e.logprob}) is the one the full distribution gave (${entries[i]?.logprob})`);
+    });
+    const whole = await call('POST', `${w.requestUrl}/generate`, { model: MODEL, prompt: PROMPT, temperature: 0, max_tokens: 16, logprobs: true, top_logprobs: 4, stream: false });
+    assert.equal(whole.status, 200);
+    assert.deepEqual(whole.body.logprobs, entries, 'a non-streamed answer collects the same entries');
   });
 
   it('refuses continuation token ids outside the vocabulary (llama.cpp would abort the process) and keeps serving', async () => {
@@ -275,7 +322,7 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
     assert.deepEqual(engine.capabilities, {
       json_object: true,
       json_schema: true,
-      logprobs: false,
+      logprobs: true,
       tools: true,
       tool_syntax: { prefix: '||call: ', params_prefix: '(', suffix: ')' },
       max_context: 1024,
@@ -303,6 +350,17 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
     const parsed = JSON.parse(typed.text);
     assert.equal(typeof parsed.ok, 'boolean');
     assert.ok(Number.isInteger(parsed.n));
+  });
+
+  it('logprobs under a grammar list only the tokens it allows', async () => {
+    const g = engine.generate(request({ response_format: { type: 'json_object' }, logprobs: 5 }), new AbortController().signal);
+    const entries = [];
+    for (let step = await g.next(); !step.done; step = await g.next()) entries.push(...(step.value.logprobs ?? []));
+    assert.ok(entries.length > 0);
+    entries.forEach((e, i) => assertTokenLogprob(e, 5, `token ${i}`, { ownBytes: true, exactTop: false }));
+    const first = entries[0]!.top_logprobs;
+    assert.ok(first.length > 0 && first.length < 5, `a JSON object opens with "{" alone: ${first.length} candidates`);
+    for (const c of first) assert.equal(c.token.trim(), '{', `candidate ${JSON.stringify(c.token)} opens the object`);
   });
 
   it('renders chat messages with the chat template the GGUF carries', () => {

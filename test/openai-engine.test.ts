@@ -15,6 +15,7 @@ import type { Engine, GenerateRequest } from '../src/engine/engine.js';
 import type { EngineKind } from '../src/engine/engine-quiescence.js';
 import { startEngineSim, type EngineSim, type EngineSimOptions, type SimKind } from './helpers/engine-sim.js';
 import { call, openLineStream } from './helpers/http.js';
+import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
 import { bounded, spawnEbb, startWorker, tempDiscoveryUrl, type LogLine, type WorkerHandle } from './helpers/processes.js';
 
 const REAL_URL = process.env.EBB_TEST_ENGINE_URL;
@@ -245,6 +246,63 @@ describe('--engine openai: drained from the engine\'s own pending-work signal', 
   });
 });
 
+describe('--engine openai: logprobs', { skip: simOnly }, () => {
+  /** Both shapes a vLLM answers in (completions' parallel arrays, chat's content list); llama-server answers both in the second. */
+  async function passedThrough(kind: 'vllm' | 'llamacpp', top: number): Promise<{ w: WorkerHandle; s: EngineSim }> {
+    const { w, s } = await fronted(kind);
+    const completion = textLines(await (await gen(w, { max_tokens: 5, logprobs: true, top_logprobs: top })).done);
+    const chat = textLines(await (await gen(w, { prompt: 'user: hi', messages: [{ role: 'user', content: 'hi' }], max_tokens: 5, logprobs: true, top_logprobs: top })).done);
+    for (const [what, pieces] of [['completions', completion], ['chat', chat]] as const) {
+      assert.equal(pieces.length, 5, what);
+      pieces.forEach((p, i) => {
+        assert.equal(p.logprobs?.length, 1, `${kind} ${what} piece ${i}: one entry per token`);
+        assert.equal(p.logprobs![0]!.token, p.text);
+        assertTokenLogprob(p.logprobs![0]!, top, `${kind} ${what} piece ${i}`, { ownBytes: what === 'chat' || kind === 'llamacpp' });
+        if (top > 0) assert.equal(p.logprobs![0]!.top_logprobs[0]!.token, p.text, `${kind} ${what} piece ${i}: the simulated model's choice is its most likely token`);
+      });
+    }
+    assert.deepEqual(
+      completion.map((p) => p.logprobs![0]!.logprob),
+      chat.map((p) => p.logprobs![0]!.logprob),
+      'the same words, the same values, from either shape',
+    );
+    return { w, s: s! };
+  }
+
+  it('asks vLLM for them and passes its logprobs through, chat and completions', async () => {
+    const { w, s } = await passedThrough('vllm', 2);
+    const [c, m] = s.seen;
+    assert.equal(c?.body.logprobs, 2, 'completions: logprobs N');
+    assert.deepEqual({ logprobs: m?.body.logprobs, top_logprobs: m?.body.top_logprobs }, { logprobs: true, top_logprobs: 2 }, 'chat: logprobs true, top_logprobs N');
+    const whole = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'tell me about tides', max_tokens: 5, logprobs: true, stream: false });
+    assert.equal(whole.status, 200);
+    assert.equal(whole.body.logprobs.length, 5, 'collected in a non-streamed answer');
+    assert.equal(s.seen.at(-1)?.body.logprobs, 0);
+    const plain = await gen(w, { max_tokens: 2 });
+    assert.equal(textLines(await plain.done).some((p) => 'logprobs' in p), false, 'not asked: none sent');
+    assert.equal('logprobs' in (s.seen.at(-1)?.body ?? {}), false, 'not asked: not asked of the engine');
+  });
+
+  it('llama-server: top_logprobs 0 still reports each token\'s logprob (asked for one alternative, cut to none)', async () => {
+    const { s } = await passedThrough('llamacpp', 0);
+    const [c, m] = s.seen;
+    assert.equal(c?.body.logprobs, 1);
+    assert.equal(m?.body.top_logprobs, 1);
+  });
+
+  it('a generic engine server declares none: the worker refuses logprobs with 400 naming the field', async () => {
+    const { w, s } = await fronted('generic');
+    const res = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'hello', max_tokens: 2, logprobs: true });
+    assert.equal(res.status, 400);
+    assert.equal(res.body.error.code, 'unsupported_parameter');
+    assert.equal(res.body.error.param, 'logprobs');
+    assert.match(res.body.error.message, /engine \(openai\) cannot report logprobs/);
+    assert.equal(s!.seen.length, 0, 'nothing reached the engine');
+    const off = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'hello', max_tokens: 2, logprobs: false, stream: false });
+    assert.equal(off.status, 200, 'logprobs false needs nothing');
+  });
+});
+
 describe('--engine-cmd: the engine as the worker\'s child', { skip: simOnly }, () => {
   it('starts the engine before the worker is ready, and stops it only after the drain on SIGTERM', async () => {
     const w = await worker(['--engine-cmd', simCmd('--kind vllm --itl-ms 20 --load-ms 400'), '--engine-kind', 'vllm', '--shutdown-grace-ms', '0']);
@@ -402,13 +460,14 @@ describe('OpenAIEngine in this process', { skip: simOnly }, () => {
     const withLen = await sim('vllm', { maxModelLen: 8192 });
     const e1 = await createEngine(spec({ url: withLen.url }), 'aggregated', captureLog().log, new AbortController().signal);
     engines.push(e1);
-    assert.deepEqual(e1.capabilities, { json_object: true, json_schema: false, logprobs: false, tools: false, max_context: 8192, continuation: true, prompt_token_ids: true, embeddings: false });
+    assert.deepEqual(e1.capabilities, { json_object: true, json_schema: false, logprobs: true, tools: false, max_context: 8192, continuation: true, prompt_token_ids: true, embeddings: false });
     const generic = await sim('generic', { maxModelLen: null });
     const e2 = await createEngine(spec({ url: generic.url, kind: 'generic' }), 'aggregated', captureLog().log, new AbortController().signal);
     engines.push(e2);
     assert.equal(e2.capabilities.max_context, null);
     assert.equal(e2.capabilities.json_object, false);
     assert.equal(e2.capabilities.continuation, false);
+    assert.equal(e2.capabilities.logprobs, false, 'a generic server may not report logprobs');
   });
 
   it('an engine that never becomes healthy fails start-up with one line naming the URL', async () => {

@@ -1,5 +1,5 @@
 import type { EngineCapabilities } from '../protocol/capabilities.js';
-import type { ChatMessage, ResponseFormat } from '../protocol/request-plane.js';
+import type { ChatMessage, ResponseFormat, TokenLogprob } from '../protocol/request-plane.js';
 import type { ToolChoice, ToolSpec } from '../protocol/tools.js';
 
 export type { EngineCapabilities } from '../protocol/capabilities.js';
@@ -36,6 +36,11 @@ export interface GenerateRequest {
   tools?: ToolSpec[] | undefined;
   tool_choice?: ToolChoice | undefined;
   parallel_tool_calls?: boolean | undefined;
+  /**
+   * Undefined: no logprobs. N (0..20): each generated token's logprob and the N most likely
+   * alternatives at its position (only sent to engines whose capabilities declare logprobs).
+   */
+  logprobs?: number | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
   /**
@@ -87,6 +92,8 @@ export interface Continuation {
 export interface GeneratedPiece {
   text: string;
   token_ids?: number[] | undefined;
+  /** With `logprobs` asked: one entry per token of the piece. */
+  logprobs?: TokenLogprob[] | undefined;
 }
 
 export type FinishReason = 'stop' | 'length';

@@ -38,9 +38,14 @@ export class PromptRenderer {
     return { tokens, stopTokens: new Set(), stopTexts: [...stops] };
   }
 
-  /** Text the engine writes into an answer itself (a forced call's parts), its special tokens as such. */
+  /**
+   * Text the engine writes into an answer itself (a forced call's parts), its special tokens as
+   * such. Text without one is tokenized as text: on the special-token path node-llama-cpp's
+   * leading-space trimming leaves SentencePiece's word mark (a space token) in front.
+   */
   written(text: string): Token[] {
-    return this.model.tokenize(text, true, 'trimLeadingSpace');
+    const special = this.model.tokenize(text, true, 'trimLeadingSpace');
+    return special.some((t) => this.model.isSpecialToken(t)) ? special : this.model.tokenize(text, false, 'trimLeadingSpace');
   }
 
   /** `tools`: the functions the model may call, documented in the prompt as the wrapper does. */

@@ -15,7 +15,7 @@ export type Detokenize = (tokens: number[], before: number[]) => string;
 /** A detokenized run ending in U+FFFD is an unfinished UTF-8 character, unless it stays so this long. */
 const MAX_PENDING_BYTES = 4;
 /** Tokens before a run passed to the detokenizer (SentencePiece decides a leading space from them). */
-const CONTEXT_TOKENS = 4;
+export const CONTEXT_TOKENS = 4;
 
 interface Chunk {
   text: string;

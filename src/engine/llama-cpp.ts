@@ -23,6 +23,8 @@ import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
 import { PieceAssembler, type AssembledPiece } from './llama-cpp-text.js';
 import { ForcedCall, type Written } from './llama-cpp-tools.js';
 import { forcedFunction, toolsActive } from '../protocol/tools.js';
+import { LlamaLogprobs, samplingMetadata, type SampledToken } from './llama-cpp-logprobs.js';
+import { ggmlTokenizer, tokenBytesOf, type TokenBytes } from './llama-cpp-token-bytes.js';
 import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { KvEventLog } from './kv-event-log.js';
@@ -149,7 +151,7 @@ const oneSequencePerDecode: CustomBatchingPrioritizationStrategy = ({ items }) =
 /** The vocabulary size the GGUF declares: its token list, else `<arch>.vocab_size`. */
 function vocabularySizeOf(model: LlamaModel): number | undefined {
   const meta = model.fileInfo.metadata as unknown as Record<string, Record<string, unknown> | undefined>;
-  const tokens = (meta.tokenizer?.ggml as { tokens?: readonly string[] } | undefined)?.tokens;
+  const tokens = ggmlTokenizer(model)?.tokens;
   if (tokens !== undefined) return tokens.length;
   const arch = meta.general?.architecture;
   const size = typeof arch === 'string' ? meta[arch]?.vocab_size : undefined;
@@ -207,6 +209,8 @@ export class LlamaCppEngine implements Engine {
   private kv!: KvStateFiles;
   /** From the GGUF's vocabulary; undefined when the file does not say (continuations then use text). */
   private readonly vocabularySize: number | undefined;
+  /** Logprobs' `bytes` of the tokens whose text cannot say them (part of a character). */
+  private readonly tokenBytes: TokenBytes;
 
   constructor(
     private readonly llama: Llama,
@@ -218,13 +222,14 @@ export class LlamaCppEngine implements Engine {
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
+    this.tokenBytes = tokenBytesOf(model);
     this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
     this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
     const toolSyntax = this.prompts.toolSyntax;
     this.capabilities = {
       json_object: true,
       json_schema: true,
-      logprobs: false,
+      logprobs: true,
       tools: toolSyntax !== undefined,
       ...(toolSyntax !== undefined && { tool_syntax: toolSyntax }),
       max_context: context.contextSize,
@@ -442,7 +447,7 @@ export class LlamaCppEngine implements Engine {
     await this.slots.acquire(signal);
     let lease: SequenceLease | undefined;
     let failed = false;
-    let tokens: AsyncGenerator<Token, void, void | Token | Token[]> | undefined;
+    let tokens: AsyncGenerator<SampledToken, void, void | Token | Token[]> | undefined;
     /** A replayed evaluation an abort may have left running: the sequence goes back only after it. */
     let replaying: Promise<void> | undefined;
     const abort = aborted(signal);
@@ -478,7 +483,10 @@ export class LlamaCppEngine implements Engine {
         if (skipped < prompt.tokens.length) await evaluate(prompt.tokens.slice(skipped));
         for (const token of already.slice(Math.max(0, skipped - prompt.tokens.length), -1)) await evaluate([token]);
       }
-      tokens = sequence.evaluate(replay ? already.slice(-1) : input.slice(skipped), {
+      // With logprobs: what llama.cpp measured of each sampled token, kept for the piece that carries it.
+      const logprobs = req.logprobs === undefined ? undefined : new LlamaLogprobs(this.model, this.tokenBytes, req.logprobs, input);
+      const out = (piece: AssembledPiece): GeneratedPiece => logprobs?.attach(piece) ?? piece;
+      tokens = sequence.evaluateWithMetadata(replay ? already.slice(-1) : input.slice(skipped), samplingMetadata(req.logprobs), {
         temperature: req.temperature,
         topK: NO_TOP_K,
         topP: req.top_p ?? 1,
@@ -487,19 +495,20 @@ export class LlamaCppEngine implements Engine {
         // A forced call's grammar changes as the call goes on (name, then arguments).
         ...(forced !== undefined ? { grammarEvaluationState: () => forced.state } : grammarEvaluationState ? { grammarEvaluationState } : {}),
         yieldEogToken: true,
-      });
+      }) as AsyncGenerator<SampledToken, void, void | Token | Token[]>;
       // With tools a call may be written in special tokens (<tool_call>): they are the answer's text.
       const special = toolsActive(req.tools, req.tool_choice);
       const detokenize = (ids: number[], before: number[]) => this.model.detokenize(ids as Token[], special, before as Token[]);
       let text = new PieceAssembler(detokenize, forced?.stops ?? prompt.stopTexts, input);
-      /** Text the engine writes itself, counted as answer tokens, cut at max_tokens like any. */
-      const write = (w: Written): { piece: AssembledPiece | undefined; whole: boolean } => {
+      /** Text the engine writes itself, counted as answer tokens (certain ones), cut at max_tokens like any. */
+      const write = (w: Written): { piece: GeneratedPiece | undefined; whole: boolean } => {
         const ids = w.tokens.slice(0, Math.max(0, limit - n));
         const whole = ids.length === w.tokens.length;
         n += ids.length;
         this.generated += ids.length;
+        logprobs?.written(ids);
         const piece = whole ? w.text : this.model.detokenize(ids, true);
-        return { piece: piece === '' && ids.length === 0 ? undefined : { text: piece, token_ids: ids }, whole };
+        return { piece: piece === '' && ids.length === 0 ? undefined : out({ text: piece, token_ids: ids }), whole };
       };
       let next = tokens.next();
       let published = false;
@@ -514,11 +523,12 @@ export class LlamaCppEngine implements Engine {
         if (!published) this.sequences.publish(lease);
         published = true;
         if (step.done) return result('stop', n);
-        const token = step.value;
+        const token = step.value.token;
         const ended = this.model.isEogToken(token) || prompt.stopTokens.has(token);
         if (!ended) {
           n++;
           this.generated++;
+          logprobs?.sampled(step.value);
         }
         const piece = ended ? text.flush() : text.push(token);
         if (piece) forced?.took(piece.text);
@@ -527,13 +537,13 @@ export class LlamaCppEngine implements Engine {
           // worker writes (the sequence is ours until we return, so nothing else is delayed).
           next = tokens.next();
           next.catch(() => undefined);
-          if (piece) yield piece;
+          if (piece) yield out(piece);
           continue;
         }
         const stopped = ended || text.stopped;
         const rest = stopped ? undefined : text.flush();
-        const out = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
-        if (out) yield out;
+        const last = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
+        if (last) yield out(last);
         if (!stopped) return result('length', n);
         if (forced === undefined) return result('stop', n);
         // A forced call's name or arguments are complete: the engine writes what follows them.

@@ -12,6 +12,7 @@ import { PrefixCache, type CachedSequence } from './prefix-cache.js';
 import { PrefillCompute } from './prefill-compute.js';
 import { mockerToolScript } from './mocker-tools.js';
 import { HERMES_SYNTAX } from '../protocol/tools.js';
+import { mockerLogprob, scriptedLogprob } from './mocker-logprobs.js';
 
 export interface MockerOptions {
   /** Base time to first token; with the KV cache off it grows with prompt length (see ttftFor), on: prefill adds the uncached tokens' time. 0 disables the delay. */
@@ -119,11 +120,16 @@ export function mockerEmbedding(text: string, native: number, dimensions: number
   return truncateNormalized(Array.from({ length: native }, () => random() * 2 - 1), dimensions);
 }
 
-/** The i-th word of a generation; `random` must be at position i. */
-function wordAt(i: number, random: () => number): string {
-  const word = VOCABULARY[Math.floor(random() * VOCABULARY.length)] as string;
-  return i === 0 ? word : ` ${word}`;
+/** The next word of a generation, as its index in VOCABULARY; `random` must be at its position. */
+function pickWord(random: () => number): number {
+  return Math.floor(random() * VOCABULARY.length);
 }
+
+/** How the i-th word of a generation is written: words after the first follow a space. */
+const leadAt = (i: number) => (i === 0 ? '' : ' ');
+
+/** The stream of the logprobs at position i: fixed by the prompt, the seed and i alone, as the words are by the first two. */
+const logprobStream = (generation: number, i: number) => prng((generation ^ Math.imul(i + 1, 0x9e3779b1)) >>> 0);
 
 /** A chat prompt ends where the answer starts: the engine's sequence carries the answer's role, as a chat template's generation prompt does. */
 const ASSISTANT_TURN = mockerTokenIds('assistant:');
@@ -156,7 +162,7 @@ export class MockerEngine implements Engine {
       const cache = this.cache;
       this.kvCacheStats = () => cache.stats();
     }
-    this.capabilities = { json_object: false, json_schema: false, logprobs: false, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true };
+    this.capabilities = { json_object: false, json_schema: false, logprobs: true, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
@@ -223,15 +229,18 @@ export class MockerEngine implements Engine {
     /** What this call delivered, cached with the prompt when the sequence ends (as vLLM keeps decoded blocks). */
     let delivered = '';
     try {
-      const random = prng(hashString(req.prompt, req.seed ?? 0));
+      const generation = hashString(req.prompt, req.seed ?? 0);
+      const random = prng(generation);
       // With tools: the answer may be calls instead of words (its own draw, so words stay as they were).
-      const script = req.tools === undefined ? undefined : mockerToolScript(req, prng(hashString(JSON.stringify(req.tools), hashString(req.prompt, req.seed ?? 0))));
-      const pieceAt = script === undefined ? (i: number) => wordAt(i, random) : (i: number) => script[i] ?? '';
+      const script = req.tools === undefined ? undefined : mockerToolScript(req, prng(hashString(JSON.stringify(req.tools), generation)));
+      // Position i's word (its VOCABULARY index; drawn in order, so `random` must be at i) and its piece.
+      const wordAt = () => (script === undefined ? pickWord(random) : -1);
+      const pieceOf = (i: number, word: number) => (script === undefined ? leadAt(i) + VOCABULARY[word] : (script[i] ?? ''));
       // A continuation replays the words already delivered (no delay), so a migrated stream goes on
       // exactly as the same request would have on one worker.
       const done = req.continuation?.completion_tokens ?? 0;
       let text = '';
-      for (let i = 0; i < done; i++) text += pieceAt(i);
+      for (let i = 0; i < done; i++) text += pieceOf(i, wordAt());
       if (req.continuation !== undefined && text !== req.continuation.text)
         throw new Error('continuation text does not match this request\'s generation (different prompt or seed?)');
       if (req.prefilled) await pause(this.opts.itlMs, signal);
@@ -245,13 +254,15 @@ export class MockerEngine implements Engine {
       const steps = Math.min(budget, left);
       for (let n = 0; n < steps; n++) {
         if (n > 0) await pause(this.opts.itlMs, signal);
-        const piece = pieceAt(done + n);
+        const word = wordAt();
+        const piece = pieceOf(done + n, word);
         text += piece;
         const hit = script === undefined ? req.stop?.find((s) => s.length > 0 && text.includes(s)) : undefined;
         if (hit !== undefined) return { finish_reason: 'stop', prompt_tokens: promptTokens, completion_tokens: n, ...cached };
         this.generated++;
         delivered += piece;
-        yield { text: piece };
+        if (req.logprobs === undefined) yield { text: piece };
+        else yield { text: piece, logprobs: [script === undefined ? mockerLogprob(VOCABULARY, word, leadAt(done + n), req.logprobs, logprobStream(generation, done + n)) : scriptedLogprob(piece, req.logprobs)] };
       }
       return { finish_reason: left <= budget ? 'stop' : 'length', prompt_tokens: promptTokens, completion_tokens: steps, ...cached };
     } finally {

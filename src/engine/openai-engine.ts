@@ -20,6 +20,8 @@ import type { TokenizeRequest } from './engine.js';
 import { discardBody } from '../common/discard-body.js';
 import type { ToolCallSyntax } from '../protocol/tools.js';
 import { CallWriter, engineToolFields } from './openai-engine-tools.js';
+import type { TokenLogprob } from '../protocol/request-plane.js';
+import { chunkLogprobs, logprobsFields } from './openai-engine-logprobs.js';
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
@@ -61,7 +63,7 @@ interface ModelsList {
 
 interface StreamChunk {
   error?: { message?: string } | string;
-  choices?: Array<{ text?: string | null; delta?: { content?: string | null; tool_calls?: Array<{ index?: number; function?: { name?: string | null; arguments?: string | null } | null }> | null }; finish_reason?: string | null }>;
+  choices?: Array<{ text?: string | null; logprobs?: unknown; delta?: { content?: string | null; tool_calls?: Array<{ index?: number; function?: { name?: string | null; arguments?: string | null } | null }> | null }; finish_reason?: string | null }>;
   usage?: { prompt_tokens?: number; completion_tokens?: number; prompt_tokens_details?: { cached_tokens?: number } | null } | null;
 }
 
@@ -152,7 +154,8 @@ export class OpenAIEngine implements Engine {
       // The three named servers honour response_format json_object; a generic one may not.
       json_object: known,
       json_schema: false,
-      logprobs: false,
+      // vLLM, SGLang and llama-server report logprobs when asked (logprobs / top_logprobs); a generic server may not.
+      logprobs: known,
       // Offered only where the operator says how the model writes a call: ebb parses it from the raw text.
       tools: opts.toolSyntax !== undefined,
       ...(opts.toolSyntax !== undefined && { tool_syntax: opts.toolSyntax }),
@@ -213,6 +216,8 @@ export class OpenAIEngine implements Engine {
       let pieces = 0;
       // A forced call comes back structured: written as the model's raw call text.
       const calls = req.tools !== undefined && this.opts.toolSyntax !== undefined ? new CallWriter(this.opts.toolSyntax) : undefined;
+      /** Logprobs of tokens that came without text of their own (part of a character): they go with the next text. */
+      let carried: TokenLogprob[] | undefined;
       try {
         for await (const data of sseData(res.body as AsyncIterable<Buffer>, ENGINE_EVENT_LIMIT)) {
           if (data === '[DONE]') break;
@@ -227,10 +232,16 @@ export class OpenAIEngine implements Engine {
           let text = chat ? choice?.delta?.content : choice?.text;
           if (calls !== undefined && choice?.delta?.tool_calls) text = (text ?? '') + calls.text(choice.delta.tool_calls);
           if (calls !== undefined && choice?.finish_reason) text = (text ?? '') + calls.close();
+          const logprobs = req.logprobs === undefined ? undefined : chunkLogprobs(choice?.logprobs, req.logprobs);
+          if (logprobs !== undefined) carried = carried === undefined ? logprobs : [...carried, ...logprobs];
           if (typeof text === 'string' && text !== '') {
             pieces++;
             this.generated++;
-            yield { text };
+            if (carried === undefined) yield { text };
+            else {
+              yield { text, logprobs: carried };
+              carried = undefined;
+            }
           }
           if (choice?.finish_reason) finish = choice.finish_reason === 'length' ? 'length' : 'stop'; // tool_calls: a stop
           if (chunk.usage) usage = chunk.usage;
@@ -304,6 +315,7 @@ export class OpenAIEngine implements Engine {
     // Only requested of engines that declare json_object (the request plane checks it).
     if (extra.response_format !== undefined) body.response_format = extra.response_format;
     Object.assign(body, engineToolFields(req));
+    Object.assign(body, logprobsFields(this.opts.kind, req.messages !== undefined, req.logprobs));
     const cont = req.continuation;
     if (req.messages !== undefined) {
       body.messages = cont ? [...req.messages, { role: 'assistant', content: cont.text }] : req.messages;

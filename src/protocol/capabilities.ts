@@ -36,10 +36,11 @@ export function capabilitiesNeeded(body: GenerateBody): readonly Capability[] {
   const format = body.response_format?.type;
   const structured = format === 'json_object' || format === 'json_schema';
   const tools = body.tools !== undefined && toolsActive(body.tools, body.tool_choice);
-  if (!structured && !tools && body.continuation === undefined && body.prompt_token_ids === undefined) return NONE;
+  if (!structured && !tools && body.continuation === undefined && body.prompt_token_ids === undefined && body.logprobs !== true) return NONE;
   const out: Capability[] = [];
   if (structured) out.push(format);
   if (tools) out.push('tools');
+  if (body.logprobs === true) out.push('logprobs');
   if (body.continuation !== undefined) out.push('continuation');
   if (body.prompt_token_ids !== undefined) out.push('prompt_token_ids');
   return out;

@@ -110,6 +110,9 @@ export const GenerateBodySchema = Type.Object(
     tool_choice: Type.Optional(ToolChoiceSchema),
     /** false: at most one call per answer. */
     parallel_tool_calls: Type.Optional(Type.Boolean()),
+    /** Each generated token's logprob, and `top_logprobs` alternatives; only for engines that declare logprobs. */
+    logprobs: Type.Optional(Type.Boolean()),
+    top_logprobs: Type.Optional(Type.Integer({ minimum: 0, maximum: 20 })),
   },
   { additionalProperties: false },
 );
@@ -153,8 +156,20 @@ export interface Handoff {
   kv?: KvTransferRef;
 }
 
+/** One candidate token and its natural-log probability; `bytes` its UTF-8 bytes (OpenAI's chat `logprobs.content[].top_logprobs[]`). */
+export interface TopLogprob {
+  token: string;
+  logprob: number;
+  bytes: number[] | null;
+}
+
+/** A generated token's logprob with the most likely alternatives at its position (OpenAI's chat `logprobs.content[]`). */
+export interface TokenLogprob extends TopLogprob {
+  top_logprobs: TopLogprob[];
+}
+
 export type StreamLine =
-  | { text: string; token_ids?: number[] }
+  | { text: string; token_ids?: number[]; logprobs?: TokenLogprob[] }
   | { done: true; finish_reason: string; usage: Usage }
   | { error: { code: ErrorCode; message: string } }
   | { handoff: Handoff };

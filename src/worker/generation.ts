@@ -1,8 +1,8 @@
 import type { Logger } from 'pino';
 import { writeWithBackpressure } from '../common/backpressure.js';
-import type { Engine, GenerateRequest, GenerateResult } from '../engine/engine.js';
+import type { Engine, GeneratedPiece, GenerateRequest, GenerateResult } from '../engine/engine.js';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
-import type { KvTransferRef, StreamLine, Usage } from '../protocol/request-plane.js';
+import type { KvTransferRef, StreamLine, TokenLogprob, Usage } from '../protocol/request-plane.js';
 import type { TokenPace } from './drain-eta.js';
 import { KvPullError } from './kv-pull-error.js';
 import { KvStatePullError, type KvPullOutcome } from './kv-state-wire.js';
@@ -31,6 +31,12 @@ function usageOf(r: GenerateResult): Usage {
 }
 
 const line = (l: StreamLine) => JSON.stringify(l) + '\n';
+
+/** A piece's line; a piece without ids or logprobs keeps the plain `{"text":...}` shape the frontend reads fastest. */
+function pieceLine(piece: GeneratedPiece): string {
+  if (piece.logprobs !== undefined) return line({ text: piece.text, ...(piece.token_ids ? { token_ids: piece.token_ids } : {}), logprobs: piece.logprobs });
+  return line(piece.token_ids ? { text: piece.text, token_ids: piece.token_ids } : { text: piece.text });
+}
 
 /**
  * One admitted request's answer on the request plane: its KV pulled (a decode worker's, a
@@ -80,21 +86,23 @@ export class Generations {
         while (!step.done) {
           const piece = step.value;
           scope.piece(piece.token_ids?.length ?? 1, pace);
-          await writeWithBackpressure(res, line(piece.token_ids ? { text: piece.text, token_ids: piece.token_ids } : { text: piece.text }), scope.signal);
+          await writeWithBackpressure(res, pieceLine(piece), scope.signal);
           step = await tokens.next();
         }
         metrics.promptTokens(step.value.prompt_tokens, step.value.cached_tokens);
         scope.end(line({ done: true, finish_reason: step.value.finish_reason, usage: usageOf(step.value) }), 'completed');
       } else {
         let text = '';
+        const logprobs: TokenLogprob[] | undefined = gen.logprobs === undefined ? undefined : [];
         let step = await tokens.next();
         while (!step.done) {
           text += step.value.text;
+          if (logprobs !== undefined && step.value.logprobs !== undefined) for (const l of step.value.logprobs) logprobs.push(l);
           scope.piece(step.value.token_ids?.length ?? 1, pace);
           step = await tokens.next();
         }
         metrics.promptTokens(step.value.prompt_tokens, step.value.cached_tokens);
-        const payload = JSON.stringify({ text, finish_reason: step.value.finish_reason, usage: usageOf(step.value) });
+        const payload = JSON.stringify({ text, finish_reason: step.value.finish_reason, usage: usageOf(step.value), ...(logprobs !== undefined ? { logprobs } : {}) });
         res.writeHead(200, { 'content-type': 'application/json', 'x-request-id': scope.id });
         scope.end(payload, 'completed');
       }

@@ -51,6 +51,7 @@ export class RequestGate {
       throw new EbbError('continuation_unsupported', `this worker's engine (${engine.kind}) cannot continue a sequence another worker started`);
     // The frontend routes only to workers that declare it; a direct caller gets the same answer.
     if (lacking === 'tools') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot call tools`, { param: 'tools' });
+    if (lacking === 'logprobs') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot report logprobs`, { param: 'logprobs' });
     if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour response_format ${lacking}`, { param: 'response_format' });
     if (body.tool_choice !== undefined && typeof body.tool_choice !== 'string' && !body.tools?.some((t) => t.function.name === (body.tool_choice as { function: { name: string } }).function.name))
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
@@ -77,6 +78,7 @@ export class RequestGate {
       continuation: body.continuation,
       response_format: body.response_format?.type === 'text' ? undefined : body.response_format,
       ...(body.tools !== undefined && body.tools.length > 0 && { tools: body.tools, tool_choice: body.tool_choice ?? 'auto', parallel_tool_calls: body.parallel_tool_calls ?? true }),
+      logprobs: body.logprobs === true ? (body.top_logprobs ?? 0) : undefined,
     };
     return { gen, scope };
   }

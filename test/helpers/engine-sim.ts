@@ -99,6 +99,21 @@ function metricsPage(kind: Exclude<SimKind, 'generic'>, model: string, running: 
   }
 }
 
+/**
+ * A token's logprobs as vLLM streams them (its OpenAI-compatible server): chat's
+ * `logprobs.content[]` ({token, logprob, bytes, top_logprobs}), completions' parallel arrays with
+ * `top_logprobs` as token → logprob maps holding the sampled token too. The simulated model is sure
+ * of its word; the alternatives are the words after it in WORDS, each less likely.
+ */
+function simLogprobs(contentShape: boolean, text: string, word: number, top: number, textOffset: number): unknown {
+  const lead = text.startsWith(' ') ? ' ' : '';
+  const chosen = -0.25 - (word % 4) / 8;
+  const ranked = Array.from({ length: Math.max(top, 1) }, (_, r) => ({ token: lead + WORDS[(word + r) % WORDS.length], logprob: chosen - r * 1.5 }));
+  const bytes = (t: string) => [...Buffer.from(t, 'utf8')];
+  if (contentShape) return { content: [{ token: text, logprob: chosen, bytes: bytes(text), top_logprobs: ranked.slice(0, top).map((c) => ({ ...c, bytes: bytes(c.token) })) }] };
+  return { text_offset: [textOffset], tokens: [text], token_logprobs: [chosen], top_logprobs: [Object.fromEntries(ranked.map((c) => [c.token, c.logprob]))] };
+}
+
 export class EngineSim extends EventEmitter {
   readonly kind: SimKind;
   readonly model: string;
@@ -368,10 +383,17 @@ export class EngineSim extends EventEmitter {
     });
     res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
     const send = (obj: unknown) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
-    const chunk = (text: string | null, finish: string | null) =>
-      chat
-        ? { id, object: 'chat.completion.chunk', model: this.model, choices: [{ index: 0, delta: text === null ? {} : { content: text }, finish_reason: finish }] }
-        : { id, object: 'text_completion', model: this.model, choices: [{ index: 0, text: text ?? '', finish_reason: finish }] };
+    // Chat asks with logprobs true and top_logprobs N, completions with logprobs N; llama-server reports none for N = 0 (its n_probs).
+    const asked: number | undefined = chat ? (body.logprobs === true ? (body.top_logprobs ?? 0) : undefined) : typeof body.logprobs === 'number' ? body.logprobs : undefined;
+    const top = this.kind === 'llamacpp' && asked === 0 ? undefined : asked;
+    const chunk = (text: string | null, finish: string | null, word?: number) => {
+      // llama-server answers completions in chat's shape too.
+      const logprobs = top === undefined || word === undefined || text === null ? null : simLogprobs(chat || this.kind === 'llamacpp', text, word, top, textOffset);
+      return chat
+        ? { id, object: 'chat.completion.chunk', model: this.model, choices: [{ index: 0, delta: text === null ? {} : { content: text }, logprobs, finish_reason: finish }] }
+        : { id, object: 'text_completion', model: this.model, choices: [{ index: 0, text: text ?? '', logprobs, finish_reason: finish }] };
+    };
+    let textOffset = 0;
     let n = 0;
     let text = '';
     const step = () => {
@@ -382,7 +404,8 @@ export class EngineSim extends EventEmitter {
       n++;
       const stopped = stops.some((s) => s !== '' && text.includes(s));
       const last = stopped || n >= maxTokens;
-      if (!stopped) send(chunk(word, null));
+      if (!stopped) send(chunk(word, null, seed % WORDS.length));
+      textOffset += word.length;
       if (!last) return void setTimeout(step, this.opts.itlMs ?? 20);
       send(chunk(null, stopped ? 'stop' : 'length'));
       const completion = stopped ? n - 1 : n;

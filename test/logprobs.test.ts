@@ -1,0 +1,72 @@
+/**
+ * logprobs on the request plane: a worker's /generate with `logprobs` / `top_logprobs` answers each
+ * token's logprob with its alternatives (on its stream lines, or collected in a non-streamed
+ * answer), and a worker whose engine cannot report them refuses the request naming the field.
+ * The mocker's here; llama-cpp's and --engine openai's with their engines' tests.
+ */
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { call, openLineStream } from './helpers/http.js';
+import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
+import { startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
+
+const PROMPT = 'tell me about the tides';
+
+describe('mocker worker: logprobs', () => {
+  let w: WorkerHandle;
+  before(async () => {
+    w = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0']);
+  });
+  after(async () => {
+    await w?.stop();
+  });
+
+  const stream = async (body: Record<string, unknown>) => (await (await openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: PROMPT, ...body })).done);
+
+  it('gives each token its logprob and top_logprobs alternatives, deterministic, streamed or not', async () => {
+    const lines = await stream({ max_tokens: 12, logprobs: true, top_logprobs: 5 });
+    const pieces = textLines(lines);
+    assert.equal(pieces.length, 12);
+    pieces.forEach((p, i) => {
+      assert.equal(p.logprobs?.length, 1, `piece ${i}: one entry, for its one token`);
+      const e = p.logprobs![0]!;
+      assert.equal(e.token, p.text, `piece ${i}: the entry is the token's`);
+      assertTokenLogprob(e, 5, `piece ${i}`);
+    });
+    assert.ok(pieces.some((p) => p.logprobs![0]!.top_logprobs[0]!.token === p.text), 'the chosen word is usually the most likely');
+    assert.ok(new Set(pieces.map((p) => p.logprobs![0]!.logprob)).size > 1, 'logprobs differ by position');
+    assert.deepEqual(await stream({ max_tokens: 12, logprobs: true, top_logprobs: 5 }), lines, 'the same request, the same lines');
+
+    const whole = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: PROMPT, max_tokens: 12, logprobs: true, top_logprobs: 5, stream: false });
+    assert.equal(whole.status, 200);
+    assert.deepEqual(whole.body.logprobs, pieces.flatMap((p) => p.logprobs), 'a non-streamed answer collects them');
+
+    const zero = textLines(await stream({ max_tokens: 12, logprobs: true }));
+    zero.forEach((p, i) => assertTokenLogprob(p.logprobs![0]!, 0, `top_logprobs 0, piece ${i}`));
+    assert.deepEqual(zero.map((p) => p.logprobs![0]!.logprob), pieces.map((p) => p.logprobs![0]!.logprob), 'the same values without alternatives');
+  });
+
+  it('a continuation yields the same logprobs for its positions as the undisturbed run', async () => {
+    const whole = textLines(await stream({ max_tokens: 10, logprobs: true, top_logprobs: 3, seed: 4 }));
+    const sent = whole.slice(0, 4);
+    const continuation = { text: sent.map((p) => p.text).join(''), completion_tokens: sent.length };
+    const rest = textLines(await stream({ max_tokens: 6, logprobs: true, top_logprobs: 3, seed: 4, continuation }));
+    assert.equal(rest.length, 6);
+    assert.deepEqual(rest, whole.slice(4), 'text and logprobs of positions 4..9 as in the undisturbed run');
+  });
+
+  it('leaves lines without logprobs exactly as they were: {"text":...}', async () => {
+    const lines = await stream({ max_tokens: 3 });
+    for (const l of lines.slice(0, 3)) assert.match(l, /^\{"text":"[^"]*"\}$/);
+    const off = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: PROMPT, max_tokens: 3, logprobs: false, stream: false });
+    assert.equal(off.status, 200);
+    assert.equal('logprobs' in off.body, false, 'logprobs false: none collected');
+  });
+
+  it('refuses top_logprobs over 20 (the request plane\'s bound)', async () => {
+    const res = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: PROMPT, max_tokens: 3, logprobs: true, top_logprobs: 21 });
+    assert.equal(res.status, 400);
+    assert.equal(res.body.error.code, 'invalid_request');
+    assert.match(res.body.error.message, /top_logprobs must be <= 20/);
+  });
+});
