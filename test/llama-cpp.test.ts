@@ -319,7 +319,17 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
   }
 
   it('declares what it honours, with the context size as max_context', () => {
-    assert.deepEqual(engine.capabilities, { json_object: true, json_schema: true, logprobs: true, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true, embeddings: true });
+    assert.deepEqual(engine.capabilities, {
+      json_object: true,
+      json_schema: true,
+      logprobs: true,
+      tools: true,
+      tool_syntax: { prefix: '||call: ', params_prefix: '(', suffix: ')' },
+      max_context: 1024,
+      continuation: true,
+      prompt_token_ids: true,
+      embeddings: true,
+    });
   });
 
   it('a token-id prompt is evaluated as those ids; an id outside the vocabulary is refused, not a crash', async () => {

@@ -1,4 +1,4 @@
-import { LlamaGrammarEvaluationState, type Llama, type LlamaGrammar, type LlamaModel } from 'node-llama-cpp';
+import { LlamaGrammar, LlamaGrammarEvaluationState, type Llama, type LlamaModel } from 'node-llama-cpp';
 import { EbbError } from '../protocol/errors.js';
 
 /**
@@ -12,13 +12,14 @@ export type ResponseFormatLike =
 
 /**
  * Structured output through llama.cpp's grammar-constrained sampling: json_object with
- * node-llama-cpp's JSON grammar, json_schema with a grammar built from the schema. Grammars are
- * compiled once per distinct schema (a bounded cache: schemas come from callers).
+ * node-llama-cpp's JSON grammar, json_schema with a grammar built from the schema; a forced tool
+ * call's name and arguments likewise. Grammars are compiled once per distinct schema (a bounded
+ * cache: schemas come from callers).
  */
 export class GrammarCache {
   private json: Promise<LlamaGrammar> | undefined;
-  private readonly schemas = new Map<string, Promise<LlamaGrammar>>();
-  private static readonly MAX_SCHEMAS = 64;
+  private readonly compiled = new Map<string, Promise<LlamaGrammar>>();
+  private static readonly MAX_GRAMMARS = 64;
 
   constructor(private readonly llama: Llama) {}
 
@@ -26,20 +27,33 @@ export class GrammarCache {
   async grammarFor(format: ResponseFormatLike | undefined): Promise<LlamaGrammar | undefined> {
     if (format === undefined || format.type === 'text') return undefined;
     if (format.type === 'json_object' || format.json_schema.schema === undefined) return (this.json ??= this.llama.getGrammarFor('json'));
-    const schema = format.json_schema.schema;
-    const key = JSON.stringify(schema);
-    let grammar = this.schemas.get(key);
-    if (grammar === undefined) {
-      if (this.schemas.size >= GrammarCache.MAX_SCHEMAS) this.schemas.delete(this.schemas.keys().next().value as string);
-      grammar = this.llama.createGrammarForJsonSchema(schema as never) as Promise<LlamaGrammar>;
-      grammar.catch(() => this.schemas.delete(key));
-      this.schemas.set(key, grammar);
-    }
     try {
-      return await grammar;
+      return await this.forSchema(format.json_schema.schema);
     } catch (err) {
       throw new Error(`response_format json_schema "${format.json_schema.name ?? ''}" cannot be honoured: ${oneLine(err)}`);
     }
+  }
+
+  /** The grammar for values of a JSON Schema (a response format's, a tool's parameters). Rejects when it cannot compile. */
+  forSchema(schema: Record<string, unknown>): Promise<LlamaGrammar> {
+    return this.cached(JSON.stringify(schema), () => this.llama.createGrammarForJsonSchema(schema as never) as Promise<LlamaGrammar>);
+  }
+
+  /** A grammar that allows exactly one of `names` (names are [A-Za-z0-9_.-]+, the tool-name pattern). */
+  forNames(names: readonly string[]): Promise<LlamaGrammar> {
+    const grammar = `root ::= ${names.map((n) => JSON.stringify(n)).join(' | ')}`;
+    return this.cached(grammar, async () => new LlamaGrammar(this.llama, { grammar }));
+  }
+
+  private cached(key: string, compile: () => Promise<LlamaGrammar>): Promise<LlamaGrammar> {
+    let grammar = this.compiled.get(key);
+    if (grammar === undefined) {
+      if (this.compiled.size >= GrammarCache.MAX_GRAMMARS) this.compiled.delete(this.compiled.keys().next().value as string);
+      grammar = compile();
+      grammar.catch(() => this.compiled.delete(key));
+      this.compiled.set(key, grammar);
+    }
+    return grammar;
   }
 }
 
@@ -56,14 +70,14 @@ interface LlamaInternals {
 }
 
 /**
- * A grammar state for one answer. A continuation's earlier tokens are fed through it first, so the
+ * A grammar state for one answer (or one call's arguments). A continuation's earlier tokens are fed through it first, so the
  * constraint goes on from where the other worker stopped. node-llama-cpp has no public call for
  * that (its own chat code uses these internal ones): pinned at 3.21.1, and checked, not assumed.
  * Each token is asked of the grammar before it is accepted: llama.cpp aborts the whole process on
  * one the grammar does not allow (an end-of-generation token before the JSON is complete), so a
  * continuation that does not follow the format is refused here as the caller's error.
  */
-export function grammarState(llama: Llama, model: LlamaModel, grammar: LlamaGrammar, already: readonly number[], format: string): LlamaGrammarEvaluationState {
+export function grammarState(llama: Llama, model: LlamaModel, grammar: LlamaGrammar, already: readonly number[], follows: string): LlamaGrammarEvaluationState {
   const state = new LlamaGrammarEvaluationState({ model, grammar });
   if (already.length === 0) return state;
   const sampler = (llama as unknown as LlamaInternals)._bindings?.AddonSampler;
@@ -73,7 +87,7 @@ export function grammarState(llama: Llama, model: LlamaModel, grammar: LlamaGram
   const internal = (state as unknown as GrammarInternals)._state;
   for (const [i, token] of already.entries()) {
     if (!allowed(internal, token))
-      throw new EbbError('invalid_request', `continuation token ${i} (id ${token}) does not follow response_format ${format}: the answer cannot be continued under it`, { param: 'continuation' });
+      throw new EbbError('invalid_request', `continuation token ${i} (id ${token}) does not follow ${follows}: the answer cannot be continued under it`, { param: 'continuation' });
     accept(internal, token);
   }
   return state;

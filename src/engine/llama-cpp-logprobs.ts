@@ -3,6 +3,7 @@ import type { TokenLogprob, TopLogprob } from '../protocol/request-plane.js';
 import type { TokenBytes } from './llama-cpp-token-bytes.js';
 import { CONTEXT_TOKENS, type AssembledPiece } from './llama-cpp-text.js';
 import { topLogprob } from './logprobs.js';
+import { scriptedLogprob } from './mocker-logprobs.js';
 
 /** One sampled token with what node-llama-cpp measured of it (evaluateWithMetadata). */
 export interface SampledToken {
@@ -59,6 +60,18 @@ export class LlamaLogprobs {
       }
     this.entries.push({ ...candidate(s.token, s.confidence ?? s.probabilities?.get(s.token) ?? 0), top_logprobs });
     this.recent = [...this.recent, s.token].slice(-CONTEXT_TOKENS);
+  }
+
+  /**
+   * Tokens the engine wrote itself (a forced tool call's opening, params prefix, suffix): certain,
+   * each its only alternative. Entries sampled but never handed out (cut by a stop) go first.
+   */
+  written(tokens: readonly Token[]): void {
+    this.entries.length = 0;
+    for (const t of tokens) {
+      this.entries.push(scriptedLogprob(this.model.detokenize([t], true, this.recent), this.top));
+      this.recent = [...this.recent, t].slice(-CONTEXT_TOKENS);
+    }
   }
 
   /** The piece with the entries of its tokens. */

@@ -1,5 +1,7 @@
-import { resolveChatWrapper, GeneralChatWrapper, type ChatHistoryItem, type ChatWrapper, type LlamaModel, type Token } from 'node-llama-cpp';
+import { resolveChatWrapper, GeneralChatWrapper, type ChatWrapper, type LlamaModel, type Token } from 'node-llama-cpp';
 import type { ChatMessage } from '../protocol/request-plane.js';
+import type { ToolCallSyntax, ToolSpec } from '../protocol/tools.js';
+import { chatHistoryOf, endsInCall, functionsOf, toolSyntaxOf } from './llama-cpp-tools.js';
 
 /** A request made ready for the model: its tokens, and what ends its answer besides max_tokens. */
 export interface RenderedPrompt {
@@ -16,10 +18,13 @@ export interface RenderedPrompt {
  */
 export class PromptRenderer {
   private readonly wrapper: ChatWrapper;
+  /** How this model writes a tool call (its chat wrapper's syntax); none: it cannot be declared. */
+  readonly toolSyntax: ToolCallSyntax | undefined;
 
   constructor(private readonly model: LlamaModel) {
     // No template in the file: a generic "role: text" layout, as node-llama-cpp itself falls back to.
     this.wrapper = resolveChatWrapper(model, { warningLogs: false }) ?? new GeneralChatWrapper();
+    this.toolSyntax = toolSyntaxOf(this.wrapper);
   }
 
   get templateName(): string {
@@ -33,16 +38,24 @@ export class PromptRenderer {
     return { tokens, stopTokens: new Set(), stopTexts: [...stops] };
   }
 
-  chat(messages: readonly ChatMessage[], stops: readonly string[]): RenderedPrompt {
-    const history: ChatHistoryItem[] = [];
-    for (const m of messages) {
-      if (m.role === 'system' || m.role === 'developer') history.push({ type: 'system', text: m.content });
-      else if (m.role === 'assistant') history.push({ type: 'model', response: [m.content] });
-      else history.push({ type: 'user', text: m.content });
-    }
-    // An empty model turn at the end: the template renders the opening of the answer.
-    history.push({ type: 'model', response: [] });
-    const state = this.wrapper.generateContextState({ chatHistory: history });
+  /**
+   * Text the engine writes into an answer itself (a forced call's parts), its special tokens as
+   * such. Text without one is tokenized as text: on the special-token path node-llama-cpp's
+   * leading-space trimming leaves SentencePiece's word mark (a space token) in front.
+   */
+  written(text: string): Token[] {
+    const special = this.model.tokenize(text, true, 'trimLeadingSpace');
+    return special.some((t) => this.model.isSpecialToken(t)) ? special : this.model.tokenize(text, false, 'trimLeadingSpace');
+  }
+
+  /** `tools`: the functions the model may call, documented in the prompt as the wrapper does. */
+  chat(messages: readonly ChatMessage[], stops: readonly string[], tools?: readonly ToolSpec[]): RenderedPrompt {
+    const history = chatHistoryOf(messages, this.wrapper);
+    // An empty model turn at the end: the template renders the opening of the answer. After a
+    // call's results the model's response goes on instead.
+    const last = history.at(-1);
+    if (last === undefined || !endsInCall(last)) history.push({ type: 'model', response: [] });
+    const state = this.wrapper.generateContextState({ chatHistory: history, ...(tools !== undefined && tools.length > 0 && { availableFunctions: functionsOf(tools) }) });
     const stopTokens = new Set<number>();
     const stopTexts = [...stops];
     for (const trigger of state.stopGenerationTriggers) {

@@ -10,6 +10,7 @@ import {
   type LlamaContext,
   type LlamaContextSequence,
   type LlamaEmbeddingContext,
+  type LlamaGrammar,
   type LlamaGrammarEvaluationState,
   type LlamaModel,
   type Token,
@@ -20,6 +21,8 @@ import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
 import { PromptRenderer, type RenderedPrompt } from './llama-cpp-prompt.js';
 import { PieceAssembler, type AssembledPiece } from './llama-cpp-text.js';
+import { ForcedCall, type Written } from './llama-cpp-tools.js';
+import { forcedFunction, toolsActive } from '../protocol/tools.js';
 import { LlamaLogprobs, samplingMetadata, type SampledToken } from './llama-cpp-logprobs.js';
 import { ggmlTokenizer, tokenBytesOf, type TokenBytes } from './llama-cpp-token-bytes.js';
 import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
@@ -35,6 +38,9 @@ type LlamaRequest = GenerateRequest & { top_p?: number | undefined; response_for
 
 /** node-llama-cpp's sampling defaults are not OpenAI's: no top-k, top-p 1 unless asked. */
 const NO_TOP_K = 0;
+
+/** A function declared without parameters takes none: its arguments are `{}`. */
+const NO_PARAMETERS = { type: 'object', properties: {} };
 
 /**
  * Loads the model and its context; resolves once the engine can serve. Never downloads or builds
@@ -155,11 +161,13 @@ function vocabularySizeOf(model: LlamaModel): number | undefined {
 /** A request made ready to run: its tokens, the room its answer has, its grammar state. */
 interface Prepared {
   prompt: RenderedPrompt;
-  /** A continuation's tokens, evaluated after the prompt. */
+  /** A continuation's tokens, then what the engine writes before it samples (a forced call's opening): evaluated after the prompt. */
   already: Token[];
   input: Token[];
   room: number;
   grammarEvaluationState: LlamaGrammarEvaluationState | undefined;
+  /** tool_choice forces a call: the engine writes it (llama-cpp-tools.ts). */
+  forced: ForcedCall | undefined;
 }
 
 /** Rejects with the abort reason once `signal` aborts; never settles otherwise. */
@@ -217,11 +225,13 @@ export class LlamaCppEngine implements Engine {
     this.tokenBytes = tokenBytesOf(model);
     this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
     this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
+    const toolSyntax = this.prompts.toolSyntax;
     this.capabilities = {
       json_object: true,
       json_schema: true,
       logprobs: true,
-      tools: false,
+      tools: toolSyntax !== undefined,
+      ...(toolSyntax !== undefined && { tool_syntax: toolSyntax }),
       max_context: context.contextSize,
       continuation: true,
       prompt_token_ids: this.vocabularySize !== undefined, // ids are checked against it (see render)
@@ -298,12 +308,13 @@ export class LlamaCppEngine implements Engine {
   }
 
   /** Tokens of a prompt as this engine would evaluate it (for tests and benchmarks). */
-  render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop' | 'prompt_token_ids'>): RenderedPrompt {
+  render(req: Pick<GenerateRequest, 'prompt' | 'messages' | 'stop' | 'prompt_token_ids' | 'tools' | 'tool_choice'>): RenderedPrompt {
     const stops = (req.stop ?? []).filter((s) => s.length > 0);
     if (req.prompt_token_ids !== undefined) {
       return { tokens: this.vocabularyIds(req.prompt_token_ids, 'prompt'), stopTokens: new Set(), stopTexts: [...stops] };
     }
-    return req.messages !== undefined && req.messages.length > 0 ? this.prompts.chat(req.messages, stops) : this.prompts.plain(req.prompt, stops);
+    if (req.messages === undefined || req.messages.length === 0) return this.prompts.plain(req.prompt, stops);
+    return this.prompts.chat(req.messages, stops, toolsActive(req.tools, req.tool_choice) ? req.tools : undefined);
   }
 
   /** Ids outside the vocabulary crash llama.cpp (the whole process): refused here, naming the field that sent them. */
@@ -368,13 +379,37 @@ export class LlamaCppEngine implements Engine {
    */
   private async prepare(req: LlamaRequest): Promise<Prepared> {
     const prompt = this.render(req);
-    const already = this.continuationTokens(req);
+    const forced = await this.forcedCall(req);
+    const already = [...this.continuationTokens(req), ...(forced?.opening?.tokens ?? [])];
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
     if (room <= 0) throw new EbbError('context_length_exceeded', `the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
-    const grammar = await this.grammars.grammarFor(req.response_format);
-    const grammarEvaluationState = grammar ? grammarState(this.llama, this.model, grammar, already, req.response_format?.type ?? '') : undefined;
-    return { prompt, already, input, room, grammarEvaluationState };
+    // A forced call is the whole answer: its own grammars constrain it, not response_format's.
+    const grammar = forced === undefined ? await this.grammars.grammarFor(req.response_format) : undefined;
+    const grammarEvaluationState = grammar ? grammarState(this.llama, this.model, grammar, already, `response_format ${req.response_format?.type ?? ''}`) : undefined;
+    return { prompt, already, input, room, grammarEvaluationState, forced };
+  }
+
+  /** The call tool_choice forces (`required`, a named function), with its grammars compiled; none under `auto`. */
+  private async forcedCall(req: GenerateRequest): Promise<ForcedCall | undefined> {
+    const choice = forcedFunction(req.tool_choice);
+    const syntax = this.prompts.toolSyntax;
+    if (choice === undefined || syntax === undefined || req.tools === undefined || !toolsActive(req.tools, req.tool_choice)) return undefined;
+    const tools = choice === 'required' ? req.tools : req.tools.filter((t) => t.function.name === choice);
+    if (tools.length === 0) throw new EbbError('invalid_request', `tool_choice names function "${choice}", which is not in tools`, { param: 'tool_choice' });
+    const args = new Map<string, LlamaGrammar>();
+    for (const t of tools) {
+      const grammar = await this.grammars.forSchema(t.function.parameters ?? NO_PARAMETERS).catch((err: unknown) => {
+        throw new EbbError('invalid_request', `the parameters of tool "${t.function.name}" cannot be honoured: ${oneLine(err)}`, { param: 'tools' });
+      });
+      args.set(t.function.name, grammar);
+    }
+    const names = args.size > 1 ? await this.grammars.forNames([...args.keys()]) : undefined;
+    const model = {
+      tokenize: (text: string) => this.prompts.written(text),
+      state: (grammar: LlamaGrammar, text: string, follows: string) => grammarState(this.llama, this.model, grammar, this.model.tokenize(text, false, 'trimLeadingSpace'), follows),
+    };
+    return new ForcedCall(syntax, { args, names }, model, req.continuation?.text ?? '');
   }
 
   /** The tokens generate evaluates for this request: the rendered prompt, then a continuation's tokens. */
@@ -391,7 +426,7 @@ export class LlamaCppEngine implements Engine {
   async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
     const req = request as LlamaRequest;
     if (this.closed) throw new Error('the engine is closed');
-    const { prompt, already, input, room, grammarEvaluationState } = await this.prepare(req);
+    const { prompt, already, input, room, grammarEvaluationState, forced } = await this.prepare(req);
     const promptTokens = prompt.tokens.length;
     /** Leading tokens of `input` not evaluated here: found in the sequence's cache, or loaded from a peer's state. */
     let skipped = 0;
@@ -404,9 +439,9 @@ export class LlamaCppEngine implements Engine {
       completion_tokens,
       cached_tokens: Math.min(skipped, promptTokens),
     });
-    if (req.max_tokens === 0) {
+    if (req.max_tokens === 0 || forced?.done) {
       await req.kv_state?.dispose();
-      return result('length', 0);
+      return result(forced?.done ? 'stop' : 'length', 0);
     }
 
     await this.slots.acquire(signal);
@@ -457,41 +492,69 @@ export class LlamaCppEngine implements Engine {
         topP: req.top_p ?? 1,
         // Seeds are unsigned in llama.cpp; none given: a fresh one per request.
         ...(req.seed !== undefined ? { seed: req.seed >>> 0 } : {}),
-        ...(grammarEvaluationState ? { grammarEvaluationState } : {}),
+        // A forced call's grammar changes as the call goes on (name, then arguments).
+        ...(forced !== undefined ? { grammarEvaluationState: () => forced.state } : grammarEvaluationState ? { grammarEvaluationState } : {}),
         yieldEogToken: true,
       }) as AsyncGenerator<SampledToken, void, void | Token | Token[]>;
-      const text = new PieceAssembler((ids, before) => this.model.detokenize(ids as Token[], false, before as Token[]), prompt.stopTexts, input);
+      // With tools a call may be written in special tokens (<tool_call>): they are the answer's text.
+      const special = toolsActive(req.tools, req.tool_choice);
+      const detokenize = (ids: number[], before: number[]) => this.model.detokenize(ids as Token[], special, before as Token[]);
+      let text = new PieceAssembler(detokenize, forced?.stops ?? prompt.stopTexts, input);
+      /** Text the engine writes itself, counted as answer tokens (certain ones), cut at max_tokens like any. */
+      const write = (w: Written): { piece: GeneratedPiece | undefined; whole: boolean } => {
+        const ids = w.tokens.slice(0, Math.max(0, limit - n));
+        const whole = ids.length === w.tokens.length;
+        n += ids.length;
+        this.generated += ids.length;
+        logprobs?.written(ids);
+        const piece = whole ? w.text : this.model.detokenize(ids, true);
+        return { piece: piece === '' && ids.length === 0 ? undefined : out({ text: piece, token_ids: ids }), whole };
+      };
       let next = tokens.next();
+      let published = false;
+      if (forced?.opening !== undefined) {
+        const { piece, whole } = write(forced.opening);
+        if (piece) yield piece;
+        if (!whole || n >= limit) return result('length', n);
+      }
       while (true) {
         const step = await Promise.race([next, abort.promise]);
         // The prompt is in the KV now: its blocks are news for the router.
-        if (n === 0) this.sequences.publish(lease);
+        if (!published) this.sequences.publish(lease);
+        published = true;
         if (step.done) return result('stop', n);
         const token = step.value.token;
-        if (this.model.isEogToken(token) || prompt.stopTokens.has(token)) {
-          const rest = text.flush();
-          if (rest) yield out(rest);
-          return result('stop', n);
+        const ended = this.model.isEogToken(token) || prompt.stopTokens.has(token);
+        if (!ended) {
+          n++;
+          this.generated++;
+          logprobs?.sampled(step.value);
         }
-        n++;
-        this.generated++;
-        logprobs?.sampled(step.value);
-        const piece = text.push(token);
-        if (text.stopped) {
+        const piece = ended ? text.flush() : text.push(token);
+        if (piece) forced?.took(piece.text);
+        if (!ended && !text.stopped && n < limit) {
+          // The next token is decoded while the caller sends this one: llama.cpp works while the
+          // worker writes (the sequence is ours until we return, so nothing else is delayed).
+          next = tokens.next();
+          next.catch(() => undefined);
           if (piece) yield out(piece);
-          return result('stop', n);
+          continue;
         }
-        if (n >= limit) {
-          const rest = text.flush();
-          const last = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
-          if (last) yield out(last);
-          return result('length', n);
-        }
-        // The next token is decoded while the caller sends this one: llama.cpp works while the
-        // worker writes (the sequence is ours until we return, so nothing else is delayed).
-        next = tokens.next();
+        const stopped = ended || text.stopped;
+        const rest = stopped ? undefined : text.flush();
+        const last = piece && rest ? { text: piece.text + rest.text, token_ids: [...piece.token_ids, ...rest.token_ids] } : (piece ?? rest);
+        if (last) yield out(last);
+        if (!stopped) return result('length', n);
+        if (forced === undefined) return result('stop', n);
+        // A forced call's name or arguments are complete: the engine writes what follows them.
+        const after = forced.ended();
+        const { piece: written, whole } = write(after.write);
+        if (written) yield written;
+        if (!whole || (after.sample && n >= limit)) return result('length', n);
+        if (!after.sample) return result('stop', n);
+        text = new PieceAssembler(detokenize, forced.stops, after.write.tokens);
+        next = tokens.next(after.write.tokens);
         next.catch(() => undefined);
-        if (piece) yield out(piece);
       }
     } catch (err) {
       failed = !signal.aborted;
