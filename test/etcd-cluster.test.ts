@@ -3,6 +3,7 @@
  * expiry after a crash, an etcd outage longer than the leases, and drain under load. Every wait is
  * bounded and event-driven (log lines, etcd reads); nothing sleeps and nothing asserts on timing.
  */
+import { MockerEngine } from '../src/engine/mocker.js';
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { etcdKey } from '../src/discovery/etcd.js';
@@ -57,7 +58,8 @@ describe('etcd cluster: drain and crash', { skip: etcdSkipReason() }, () => {
       request_url: w.requestUrl,
       system_url: w.systemUrl,
       engine: 'mocker',
-      capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 1024, continuation: true, prompt_token_ids: true, embeddings: true },
+      // The mocker's own, as it publishes them (tools with its Hermes syntax).
+      capabilities: new MockerEngine().capabilities,
       kv_cache: { block_size: 16, tokenizer: 'mocker-words', events: 'exact' },
     });
     const leaseBefore = (await fx.raw.get(key).exec()).kvs[0]?.lease;
