@@ -30,7 +30,8 @@ describe('frontend: sequences per request and the fd budget', { skip: process.pl
   it('400 past --max-lanes-per-request, 503 frontend_overloaded past the fd budget, served again once streams end', async () => {
     const discovery = tempDiscoveryUrl();
     started.push(await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '50', '--mocker-batch-slots', '128']));
-    const args = [CLI, 'frontend', '--port', '0', '--discovery', discovery, '--max-lanes-per-request', '24'];
+    // A client that leaves frees its sequences at once: no resume grace (--resume-grace-ms 0).
+    const args = [CLI, 'frontend', '--port', '0', '--discovery', discovery, '--max-lanes-per-request', '24', '--resume-grace-ms', '0'];
     const proc = spawn('bash', ['-c', `ulimit -n ${FD_LIMIT}; exec "$0" "$@"`, process.execPath, ...args], { env: { ...process.env, EBB_LOG_LEVEL: 'info' }, stdio: ['ignore', 'pipe', 'pipe'] });
     const frontend = new EbbProcess(proc, `frontend (ulimit -n ${FD_LIMIT})`);
     started.push(frontend);

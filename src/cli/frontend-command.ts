@@ -13,6 +13,7 @@ import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
 import { ROUTER_KINDS, DEFAULT_OVERLAP_WEIGHT, type RouterKind } from '../frontend/routing/router.js';
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { DEFAULT_CLIENT_WRITE_TIMEOUT_MS } from '../frontend/relay/client-stream.js';
+import { STREAM_STORE_DEFAULTS } from '../frontend/streams/stream-store.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
 
 interface FrontendFlags {
@@ -44,6 +45,12 @@ interface FrontendFlags {
   processes: number;
   router: RouterKind;
   kvOverlapWeight: number;
+  streamStore: 'memory' | 'none';
+  resumeGraceMs: number;
+  resumeWindowMs: number;
+  streamStoreMaxResponseBytes: number;
+  streamStoreMaxBytes: number;
+  streamStoreMaxStreams: number;
 }
 
 /** --processes: a count, or `auto` for one per core. */
@@ -99,6 +106,12 @@ export function frontendCommand(): Command {
         .default(1),
     )
     .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
+    .addOption(new Option('--stream-store <where>', 'where streams are kept so a client can resume one (GET .../{id}?stream=true&starting_after=N): memory (this process) or none').choices(['memory', 'none']).default('memory'))
+    .option('--resume-grace-ms <n>', "a stream whose client left goes on this long for a resume, then is cancelled (0 = at once, nothing kept running)", msOption(0), STREAM_STORE_DEFAULTS.graceMs)
+    .option('--resume-window-ms <n>', 'an ended stream stays resumable this long', msOption(0), STREAM_STORE_DEFAULTS.windowMs)
+    .option('--stream-store-max-response-bytes <n>', 'one stream kept at most this many bytes; a longer one is served, not resumable', intOption(1), STREAM_STORE_DEFAULTS.maxResponseBytes)
+    .option('--stream-store-max-bytes <n>', 'all kept streams at most this many bytes; ended ones are forgotten first, oldest first', intOption(1), STREAM_STORE_DEFAULTS.maxTotalBytes)
+    .option('--stream-store-max-streams <n>', 'streams kept at most (ended ones forgotten first)', intOption(1), STREAM_STORE_DEFAULTS.maxStreams)
     .action(async (flags: FrontendFlags) => {
       const token = await loadAdminTokens(flags.adminTokenFile);
       assertAdminBindAllowed(flags.adminHost, token, '--admin-host');
@@ -131,6 +144,17 @@ export function frontendCommand(): Command {
         kvOverlapWeight: flags.kvOverlapWeight,
         limits: { ...timeouts, maxConnections: flags.maxConnections },
         admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },
+        streamStore:
+          flags.streamStore === 'none'
+            ? undefined
+            : {
+                graceMs: flags.resumeGraceMs,
+                windowMs: flags.resumeWindowMs,
+                maxResponseBytes: flags.streamStoreMaxResponseBytes,
+                maxTotalBytes: flags.streamStoreMaxBytes,
+                maxStreams: flags.streamStoreMaxStreams,
+                writeTimeoutMs: flags.clientWriteTimeoutMs,
+              },
       };
       if (flags.processes > 1) {
         const stopOpts = { shutdownTimeoutMs: flags.shutdownTimeoutMs, shutdownGraceMs: flags.shutdownGraceMs };

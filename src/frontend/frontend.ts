@@ -12,6 +12,7 @@ import { DEFAULT_MAX_LANES_PER_REQUEST, FD_RESERVE, fdBudget, LaneBudget } from 
 import { Upstream } from './relay/upstream.js';
 import { fdLimits, streamsRoom } from './fd-room.js';
 import { Shutdown } from './shutdown.js';
+import { StreamStore, type StreamStoreOptions } from './streams/stream-store.js';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
 import type { Registry } from 'prom-client';
 import type { AdminView, KvView } from './cluster/admin-view.js';
@@ -59,6 +60,8 @@ export interface FrontendOptions {
   admin?: { host: string; port: number; guardAdmin?: AdminGuard | undefined; limits?: HttpServerLimits | undefined } | undefined;
   /** Set in each process of `ebb frontend --processes N` (see cluster/child.ts). */
   cluster?: ClusterHooks | undefined;
+  /** Streams kept for resumption (--stream-store memory, the default); undefined: none kept. */
+  streamStore?: StreamStoreOptions | undefined;
 }
 
 export interface ClusterHooks {
@@ -153,7 +156,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster });
+  const streams = opts.streamStore === undefined ? undefined : new StreamStore({ ...opts.streamStore, writeTimeoutMs: opts.clientWriteTimeoutMs ?? opts.streamStore.writeTimeoutMs });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.
@@ -223,6 +227,9 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       }, timeoutMs);
       await Promise.all([adminApp?.close().then(() => adminAgent?.close().catch(() => undefined)), app.close()]);
       clearTimeout(deadline);
+      // Generations whose client left (within their resume grace) have no connection to wait on: they end with the frontend.
+      streams?.cancelAll(new Error('the frontend is closing'));
+      streams?.close();
       await watch.close();
       await kvFeed?.close();
       await upstream.close();

@@ -2,7 +2,7 @@ import type { ChatMessage, GenerateBody, ResponseFormat, TokenLogprob, Usage } f
 import { promptShape } from './prompt-shape.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 import type { SpliceFrame } from '../wire/token-splice.js';
-import type { CollectedChoice, StreamFormat } from '../wire/stream-format.js';
+import type { CollectedChoice, EventIds, StreamFormat } from '../wire/stream-format.js';
 
 export type Endpoint = 'chat' | 'completion';
 
@@ -118,6 +118,8 @@ export class SseFormatter implements StreamFormat {
     private readonly includeUsage: boolean,
     /** The request asked for logprobs: every token event carries its own, so none is spliced. */
     private readonly logprobs = false,
+    /** A kept (resumable) stream: each event carries `id: <n>`. */
+    readonly ids?: EventIds,
   ) {
     this.offsets = new Array<number>(lanes).fill(0);
     this.object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
@@ -126,42 +128,52 @@ export class SseFormatter implements StreamFormat {
   }
 
   /** Chat streams open with the assistant role for each choice, as OpenAI's do. */
+  /** An event's start: its id line (resumable streams) and the choice's serialised head. */
+  private head(lane: number): string {
+    return this.ids === undefined ? this.heads[lane]! : `${this.ids.line()}${this.heads[lane]}`;
+  }
+
+  private idLine(): string {
+    return this.ids === undefined ? '' : this.ids.line();
+  }
+
   opening(): string {
     if (this.endpoint !== 'chat') return '';
-    return this.heads.map((h) => `${h}"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`).join('');
+    return this.heads.map((_, lane) => `${this.head(lane)}"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n`).join('');
   }
 
   /** A chunk with its own delta (a tool call's pieces): `delta` is its JSON. */
   delta(lane: number, delta: string, logprobs?: TokenLogprob[]): string {
-    return `${this.heads[lane]}"delta":${delta},"logprobs":${logprobs === undefined ? 'null' : `{"content":${JSON.stringify(logprobs)}}`},"finish_reason":null}]}\n\n`;
+    return `${this.head(lane)}"delta":${delta},"logprobs":${logprobs === undefined ? 'null' : `{"content":${JSON.stringify(logprobs)}}`},"finish_reason":null}]}\n\n`;
   }
 
+  /** Resumable streams number each spliced event too: the writer puts `ids`' line before the head. */
   splice(lane: number): SpliceFrame | undefined {
     if (this.logprobs) return undefined;
     return { head: Buffer.from(`${this.heads[lane]}${TOKEN_OPEN[this.endpoint]}"`), tail: SPLICE_TAIL[this.endpoint] };
   }
 
   token(lane: number, text: string, logprobs?: TokenLogprob[]): string {
-    if (!this.logprobs) return `${this.heads[lane]}${TOKEN_OPEN[this.endpoint]}${JSON.stringify(text)}${TOKEN_CLOSE[this.endpoint]}`;
+    if (!this.logprobs) return `${this.head(lane)}${TOKEN_OPEN[this.endpoint]}${JSON.stringify(text)}${TOKEN_CLOSE[this.endpoint]}`;
     if (this.endpoint === 'chat') return this.delta(lane, `{"content":${JSON.stringify(text)}}`, logprobs);
     const offset = this.offsets[lane]!;
     this.offsets[lane] = offset + text.length;
     const lp = logprobs === undefined ? 'null' : JSON.stringify(completionLogprobs(logprobs, offset));
-    return `${this.heads[lane]}"text":${JSON.stringify(text)},"logprobs":${lp},"finish_reason":null}]}\n\n`;
+    return `${this.head(lane)}"text":${JSON.stringify(text)},"logprobs":${lp},"finish_reason":null}]}\n\n`;
   }
 
   finished(lane: number, reason: string): string {
     const choice = this.endpoint === 'chat' ? `"delta":{},"logprobs":null,"finish_reason":"${reason}"` : `"text":"","logprobs":null,"finish_reason":"${reason}"`;
-    return `${this.heads[lane]}${choice}}]}\n\n`;
+    return `${this.head(lane)}${choice}}]}\n\n`;
   }
 
   end(usage: Usage): string {
-    const tail = this.includeUsage ? `data: ${JSON.stringify({ id: this.id, object: this.object, created: this.created, model: this.model, choices: [], usage })}\n\n` : '';
-    return tail + 'data: [DONE]\n\n';
+    const tail = this.includeUsage ? `${this.idLine()}data: ${JSON.stringify({ id: this.id, object: this.object, created: this.created, model: this.model, choices: [], usage })}\n\n` : '';
+    return `${tail}${this.idLine()}data: [DONE]\n\n`;
   }
 
   error(code: string, message: string): string {
-    return `data: ${JSON.stringify({ error: { message, type: 'server_error', param: null, code } })}\n\n`;
+    return `${this.idLine()}data: ${JSON.stringify({ error: { message, type: 'server_error', param: null, code } })}\n\n`;
   }
 }
 

@@ -1,5 +1,9 @@
 import cors from '@fastify/cors';
 import { CAPABILITIES } from '../../protocol/capabilities.js';
+import { EventIds, type StreamFormat } from '../wire/stream-format.js';
+import type { StreamStore } from '../streams/stream-store.js';
+import { createStreamMetrics } from '../streams/stream-metrics.js';
+import { addResumeRoutes } from '../streams/resume-routes.js';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
@@ -48,6 +52,8 @@ export interface OpenAIServerDeps {
   apiGuard?: AdminGuard | undefined;
   /** One process of several serving this port: its slot goes in a header, /metrics is the whole frontend's. */
   cluster?: Pick<ClusterHooks, 'slot' | 'scrape'> | undefined;
+  /** Where streams are kept for resumption (--stream-store); none: streams end with their connection, as before. */
+  streams?: StreamStore | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -72,6 +78,7 @@ export function createOpenAIServer({
   shutdown = new Shutdown(),
   apiGuard,
   cluster,
+  streams,
 }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
   // On the raw response: streams write their head themselves, and writeHead keeps what setHeader set.
@@ -158,10 +165,46 @@ export function createOpenAIServer({
     checkFields(body as unknown as Record<string, unknown>, table, pool);
   };
 
-  /** Room for a request's sequences, held until its response is done, however it ends. */
+  /** Room for a request's sequences, held until its response is done, however it ends (a kept stream: until its generation is). */
   const holdLanes = (reply: FastifyReply, model: string, count: number, n: number) => {
     const release = lanes.take(count, pool.servingPath(model) === 'disaggregated' ? 2 : 1, { prompts: count / n, n });
-    reply.raw.once('close', release);
+    let until: Promise<void> | undefined;
+    reply.raw.once('close', () => (until === undefined ? release() : void until.then(release)));
+    return { keepUntil: (over: Promise<void>) => void (until = over) };
+  };
+
+  const streamMetrics = streams === undefined ? undefined : createStreamMetrics(metrics.registry);
+  if (streams !== undefined) addResumeRoutes(app, { store: streams, onResume: (o) => streamMetrics?.resume(o), methods });
+
+  /**
+   * Streams a response. With a stream store it is kept: each event numbered, its generation
+   * outliving its client by the store's grace (a resume picks it up), a cut at shutdown written to
+   * it too; a request that failed before its first byte is not kept.
+   */
+  const streamOut = async (reply: FastifyReply, id: string, fmtFor: (kept: boolean) => StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number, room: ReturnType<typeof holdLanes>) => {
+    const kept = streams?.open(id);
+    const fmt = fmtFor(kept !== undefined);
+    if (kept === undefined) {
+      await relay.stream(reply, fmt, gens, n, signal, started);
+      Shutdown.endCutStream(reply.raw, fmt, signal);
+      return;
+    }
+    room.keepUntil(kept.over);
+    kept.watch(signal);
+    try {
+      await relay.stream(reply, fmt, gens, n, kept.signal, started, kept);
+      const cut = Shutdown.cutReason(kept.signal);
+      if (cut !== undefined && reply.raw.headersSent) {
+        const text = fmt.error(cut.code, cut.message);
+        kept.end(Buffer.from(text));
+        if (!reply.raw.writableEnded) reply.raw.end(text);
+      }
+    } catch (err) {
+      throw Shutdown.cutReason(kept.signal) ?? err;
+    } finally {
+      if (kept.keptBytes === 0 && kept.state === 'live') streams!.discard(kept);
+      kept.stopped();
+    }
   };
 
   /** How a tool request's answers are parsed: the model's call syntax, and call ids from the request's content. */
@@ -179,7 +222,7 @@ export function createOpenAIServer({
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${uuid()}`;
       const gens = toGenerateBodies(endpoint, body, id);
       const n = body.n ?? 1;
-      holdLanes(reply, body.model, gens.length, n);
+      const room = holdLanes(reply, body.model, gens.length, n);
       const signal = shutdown.requestSignal(reply.raw);
       probeHalfClosedClient(req, reply);
       const started = performance.now();
@@ -187,11 +230,11 @@ export function createOpenAIServer({
       const tools = endpoint === 'chat' && toolsActive(gens[0]!.tools, gens[0]!.tool_choice) ? toolParsing(gens[0]!) : undefined;
       try {
         if (body.stream) {
-          const sse = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true, gens[0]!.logprobs === true);
-          const fmt = tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, tools.idsFor, gens.length);
-          await relay.stream(reply, fmt, gens, n, signal, started);
-          Shutdown.endCutStream(reply.raw, fmt, signal);
-          return;
+          const fmtFor = (kept: boolean) => {
+            const sse = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true, gens[0]!.logprobs === true, kept ? new EventIds() : undefined);
+            return tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, tools.idsFor, gens.length);
+          };
+          return await streamOut(reply, id, fmtFor, gens, n, signal, started, room);
         }
         const { choices, usage, workerId } = await relay.collect(gens, n, signal);
         void reply.header('x-ebb-worker-id', headerValue(workerId));
@@ -213,7 +256,7 @@ export function createOpenAIServer({
   app.post<{ Body: ResponsesRequest }>('/v1/responses', { schema: { body: responsesSchema } }, async (req, reply) => {
     const body = req.body;
     admit(body, RESPONSES_FIELD_POLICY);
-    holdLanes(reply, body.model, 1, 1);
+    const room = holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(uuid(), body);
     const gen = responsesToGenerate(body, shell.id);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
@@ -221,10 +264,8 @@ export function createOpenAIServer({
     probeHalfClosedClient(req, reply);
     try {
       if (body.stream) {
-        const fmt = tools === undefined ? new ResponsesStream(shell) : new ResponsesToolStream(shell, tools.syntax, tools.idsFor(0));
-        await relay.stream(reply, fmt, [gen], 1, signal, performance.now());
-        Shutdown.endCutStream(reply.raw, fmt, signal);
-        return;
+        const fmtFor = (kept: boolean) => (tools === undefined ? new ResponsesStream(shell, kept) : new ResponsesToolStream(shell, tools.syntax, tools.idsFor(0), kept));
+        return await streamOut(reply, shell.id, fmtFor, [gen], 1, signal, performance.now(), room);
       }
       const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
       void reply.header('x-ebb-worker-id', headerValue(workerId));

@@ -198,9 +198,9 @@ export class ResponseShell {
 
 export const part = (text: string) => ({ type: 'output_text', text, annotations: [], logprobs: [] });
 
-/** One Responses SSE event. */
-export function responsesEvent(type: string, seq: number, body: Record<string, unknown>): string {
-  return `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq, ...body })}\n\n`;
+/** One Responses SSE event; in a kept (resumable) stream it carries `id: <sequence_number>`, what `starting_after` counts. */
+export function responsesEvent(type: string, seq: number, body: Record<string, unknown>, kept: boolean): string {
+  return `${kept ? `id: ${seq}\n` : ''}event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq, ...body })}\n\n`;
 }
 
 /** A finish reason of the request plane as a Responses status. */
@@ -222,12 +222,15 @@ export class ResponsesStream implements StreamFormat {
   private finish = 'stop';
   private readonly deltaHead: string;
 
-  constructor(private readonly shell: ResponseShell) {
+  constructor(
+    private readonly shell: ResponseShell,
+    private readonly kept = false,
+  ) {
     this.deltaHead = `"item_id":${JSON.stringify(shell.messageId)},"output_index":0,"content_index":0,"logprobs":[],"delta":`;
   }
 
   private event(type: string, body: Record<string, unknown>): string {
-    return responsesEvent(type, this.seq++, body);
+    return responsesEvent(type, this.seq++, body, this.kept);
   }
 
   opening(): string {
@@ -243,7 +246,8 @@ export class ResponsesStream implements StreamFormat {
   /** The hot path: one event, its head serialised once. */
   token(_lane: number, text: string): string {
     this.text += text;
-    return `event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":${this.seq++},${this.deltaHead}${JSON.stringify(text)}}\n\n`;
+    const seq = this.seq++;
+    return `${this.kept ? `id: ${seq}\n` : ''}event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":${seq},${this.deltaHead}${JSON.stringify(text)}}\n\n`;
   }
 
   finished(_lane: number, reason: string): string {

@@ -38,12 +38,13 @@ export class ResponsesToolStream implements StreamFormat {
     private readonly shell: ResponseShell,
     syntax: ToolCallSyntax,
     idFor: (index: number) => string,
+    private readonly kept = false,
   ) {
     this.parser = new ToolCallParser(syntax, idFor);
   }
 
   private event(type: string, body: Record<string, unknown>): string {
-    return responsesEvent(type, this.seq++, body);
+    return responsesEvent(type, this.seq++, body, this.kept);
   }
 
   opening(): string {

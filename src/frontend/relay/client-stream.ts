@@ -2,6 +2,13 @@ import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 
 const CRLF = 0x0d0a;
+const CR = 0x0d;
+
+/** What a kept (resumable) stream takes of a response's body: its bytes, without the HTTP framing. */
+export interface StreamTap {
+  append(payload: Buffer): void;
+  end(payload: Buffer): void;
+}
 
 /** How long a streaming client may leave its socket full (reading nothing) before it is disconnected. */
 export const DEFAULT_CLIENT_WRITE_TIMEOUT_MS = 30_000;
@@ -30,6 +37,8 @@ export class ClientStream {
   constructor(
     readonly res: ServerResponse,
     private readonly writeTimeoutMs = DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
+    /** A kept stream (resumable): every byte of the body is given to it too, the client there or not. */
+    private readonly tap?: StreamTap,
   ) {
     this.socket = res.socket;
   }
@@ -64,16 +73,18 @@ export class ClientStream {
 
   /** false: the socket's buffer is full; whenDrained says when to write again. */
   send(buf: Buffer): boolean {
+    if (this.tap !== undefined) this.tap.append(this.chunked ? buf.subarray(buf.indexOf(CR) + 2, buf.length - 2) : buf);
     const socket = this.socket;
     if (socket === null || socket.destroyed) return true; // the client left: the relay's signal ends it
     return socket.write(buf);
   }
 
-  write(text: string): boolean {
-    if (text === '') return true;
-    const size = Buffer.byteLength(text);
+  write(text: string | Buffer): boolean {
+    if (text.length === 0) return true;
+    const size = typeof text === 'string' ? Buffer.byteLength(text) : text.length;
     const { buf, at } = this.alloc(size);
-    buf.write(text, at, size, 'utf8');
+    if (typeof text === 'string') buf.write(text, at, size, 'utf8');
+    else text.copy(buf, at);
     return this.send(buf);
   }
 
@@ -87,12 +98,15 @@ export class ClientStream {
     if (this.drainWaiters.push(fn) !== 1) return;
     const socket = this.socket;
     socket?.once('drain', this.onDrain);
+    // A kept stream outlives its client: a socket that closes full must not hold the generation's reads.
+    if (this.tap !== undefined) socket?.once('close', this.onDrain);
     // Cleared by the drain; after a close, destroying again is a no-op.
     if (socket && this.writeTimeoutMs > 0) this.stall = setTimeout(() => socket.destroy(), this.writeTimeoutMs).unref();
   }
 
   /** Ends the response; ServerResponse.end also fully uncorks the socket. */
-  end(text: string): void {
+  end(text: string | Buffer): void {
+    this.tap?.end(typeof text === 'string' ? Buffer.from(text) : text);
     this.res.end(text);
   }
 }

@@ -2,10 +2,14 @@ import type { ClientStream } from './client-stream.js';
 import type { TokenLogprob } from '../../protocol/request-plane.js';
 
 import type { Delivered } from './migration.js';
-import type { StreamFormat } from '../wire/stream-format.js';
+import type { EventIds, StreamFormat } from '../wire/stream-format.js';
 import { copyBytes, type SpliceFrame } from '../wire/token-splice.js';
 import type { LaneSink } from './lane.js';
 import type { UpstreamStream } from './upstream.js';
+
+/** `id: ` and the newline around an event id's digits. */
+const ID_LINE = 5;
+const decimalDigits = (n: number) => (n < 10 ? 1 : n < 100 ? 2 : n < 1000 ? 3 : n < 10_000 ? 4 : n < 100_000 ? 5 : String(n).length);
 
 /** A settled promise: a microtask through it costs less than queueMicrotask's async-scope wrapper. */
 const RESOLVED = Promise.resolve();
@@ -27,6 +31,10 @@ export class LaneWriter implements LaneSink {
   private readonly segStarts: number[] = [];
   private readonly segEnds: number[] = [];
   private segmentBytes = 0;
+  /** Resumable streams: each spliced event's id, taken as it arrives (so ids follow the order events are made). */
+  private readonly ids: EventIds | undefined;
+  private readonly segIds: number[] = [];
+  private idBytes = 0;
   /** No splice frame: the events, built. */
   private text = '';
   private scheduled = false;
@@ -44,6 +52,7 @@ export class LaneWriter implements LaneSink {
     private readonly delivered: Delivered,
   ) {
     this.frame = fmt.splice?.(lane);
+    this.ids = fmt.ids;
   }
 
   follow(body: UpstreamStream['body']): void {
@@ -77,9 +86,11 @@ export class LaneWriter implements LaneSink {
     const count = this.segBufs.length;
     if (frame && count > 0) {
       const { segBufs, segStarts, segEnds } = this;
-      const { buf, at } = this.out.alloc(this.segmentBytes + count * (frame.head.length + frame.tail.length));
+      const { buf, at } = this.out.alloc(this.segmentBytes + this.idBytes + count * (frame.head.length + frame.tail.length));
       let pos = at;
+      const ids = this.ids === undefined ? undefined : this.segIds;
       for (let k = 0; k < count; k++) {
+        if (ids !== undefined) pos += buf.write(`id: ${ids[k]}\n`, pos, 'latin1');
         buf.set(frame.head, pos);
         pos = copyBytes(segBufs[k]!, segStarts[k]!, segEnds[k]!, buf, pos + frame.head.length);
         buf.set(frame.tail, pos);
@@ -89,6 +100,8 @@ export class LaneWriter implements LaneSink {
       segStarts.length = 0;
       segEnds.length = 0;
       this.segmentBytes = 0;
+      this.segIds.length = 0;
+      this.idBytes = 0;
       ok = this.out.send(buf);
     } else if (this.text !== '') {
       ok = this.out.write(this.text);
@@ -101,6 +114,11 @@ export class LaneWriter implements LaneSink {
   }
 
   private segment(buf: Buffer, start: number, end: number): void {
+    if (this.ids !== undefined) {
+      const id = this.ids.take();
+      this.segIds.push(id);
+      this.idBytes += ID_LINE + decimalDigits(id);
+    }
     this.segBufs.push(buf);
     this.segStarts.push(start);
     this.segEnds.push(end);

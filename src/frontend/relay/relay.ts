@@ -2,7 +2,7 @@ import type { FastifyReply } from 'fastify';
 import type { Logger } from 'pino';
 import { EbbError, errorBody } from '../../protocol/errors.js';
 import type { GenerateBody, TokenLogprob, Usage } from '../../protocol/request-plane.js';
-import { ClientStream } from './client-stream.js';
+import { ClientStream, type StreamTap } from './client-stream.js';
 import { LaneWriter } from './lane-writer.js';
 import type { FrontendMetrics } from '../metrics.js';
 import { sumUsage, type CollectedChoice, type StreamFormat } from '../wire/stream-format.js';
@@ -42,10 +42,11 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
    * without one. The headers leave with the first tokens, and a single lane's last tokens with the
    * end: one system call each, or one in all when the first read held the whole answer.
    */
-  async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number): Promise<void> {
+  async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number, kept?: StreamTap): Promise<void> {
     const lanes = await openLanes(gens, ctx, signal);
     const res = reply.raw;
-    const out = new ClientStream(res, clientWriteTimeoutMs);
+    // A kept stream is given every byte too: it goes on (and is resumable) when its client leaves.
+    const out = new ClientStream(res, clientWriteTimeoutMs, kept);
     // One lane failing stops the others: the response ends once, with the error.
     const stop = new AbortController();
     const laneSignal = lanes.length === 1 ? signal : AbortSignal.any([signal, stop.signal]);
@@ -81,7 +82,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
       for (const lane of lanes) lane.flush();
       out.end(ends.map((e) => e.tail).join('') + fmt.end(sumLanes(usages, n)));
     } catch (err) {
-      if (!signal.aborted) fail(res, lanes, err, fmt);
+      if (!signal.aborted) fail(out, lanes, err, fmt);
     } finally {
       for (const lane of lanes) lane.close();
       // The client left; closing the lanes freed the workers' slots.
@@ -90,7 +91,8 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
   }
 
   /** Ends a stream that broke: an SSE error event when it had started, a JSON 500 when it never could. */
-  function fail(res: FastifyReply['raw'], lanes: Lane[], err: unknown, fmt: StreamFormat): void {
+  function fail(out: ClientStream, lanes: Lane[], err: unknown, fmt: StreamFormat): void {
+    const res = out.res;
     const workerId = lanes[0]!.workerId;
     try {
       if (!res.headersSent) {
@@ -102,7 +104,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
       const failure = lanes[0]!.failure(err);
       metrics.midStreamFailure();
       log.warn({ event: 'midstream_failure', worker_id: failure.workerId, code: failure.code, err: failure.message }, failure.message);
-      res.end(fmt.error(failure.code, failure.message));
+      out.end(fmt.error(failure.code, failure.message));
     } catch {
       res.destroy();
     }

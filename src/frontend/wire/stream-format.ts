@@ -18,11 +18,26 @@ export interface StreamFormat {
   token(lane: number, text: string, logprobs?: TokenLogprob[]): string;
   /** The token event as bytes around the token's JSON string content, when it has no per-event field. */
   splice?(lane: number): SpliceFrame | undefined;
+  /** Resumable streams: the numbering every event's `id:` line takes, spliced events included. */
+  readonly ids?: EventIds | undefined;
   /** One choice ended (its finish chunk); the response goes on until every choice has. */
   finished(lane: number, reason: string): string;
   /** Every choice ended: the usage of the whole response and the end marker. */
   end(usage: Usage): string;
   error(code: string, message: string): string;
+}
+
+/** A kept (resumable) stream's event numbering: `id: <n>` before each SSE event, n from 0. */
+export class EventIds {
+  private next = 0;
+
+  line(): string {
+    return `id: ${this.next++}\n`;
+  }
+
+  take(): number {
+    return this.next++;
+  }
 }
 
 /** One collected choice of a non-streaming response. */

@@ -1,0 +1,57 @@
+import type { FastifyInstance } from 'fastify';
+import { EbbError } from '../../protocol/errors.js';
+import type { ResumeFrom } from './kept-stream.js';
+import type { ResumeOutcome } from './stream-metrics.js';
+import type { StreamStore } from './stream-store.js';
+
+/** What a resumed stream's response carries, as the original did. */
+export const SSE_HEADERS: Record<string, string> = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' };
+
+/** `starting_after` (the API's) or `Last-Event-ID` (EventSource's): the last event the client has. */
+export function resumePoint(startingAfter: unknown, lastEventId: unknown): ResumeFrom {
+  const raw = startingAfter ?? lastEventId;
+  if (raw === undefined || raw === '') return undefined;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < -1) throw new EbbError('invalid_request', `starting_after (or Last-Event-ID) must be an event id, an integer >= -1: got ${JSON.stringify(raw)}`, { param: 'starting_after' });
+  return n;
+}
+
+export interface ResumeDeps {
+  store: StreamStore;
+  onResume(outcome: ResumeOutcome): void;
+  methods(url: string, allowed: Array<'GET' | 'POST'>): void;
+}
+
+/**
+ * GET /v1/chat/completions/{id}?stream=true and /v1/completions/{id}?stream=true: the kept stream
+ * from after `starting_after` (or Last-Event-ID), byte for byte as the original connection got it,
+ * then its live rest and its one end. The Responses API's own GET is in responses-routes.ts.
+ */
+export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
+  for (const [url, prefix] of [
+    ['/v1/chat/completions/:id', 'chatcmpl-'],
+    ['/v1/completions/:id', 'cmpl-'],
+  ] as const) {
+    deps.methods(url, ['GET']);
+    app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>(url, async (req, reply) => {
+      if (req.query.stream !== 'true')
+        throw new EbbError('invalid_request', 'ebb keeps streams to resume them, not completions to retrieve: add ?stream=true (and starting_after)', { param: 'stream' });
+      resumeStream(deps, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
+    });
+  }
+}
+
+/** Follows kept stream `id` on `res` from the client's resume point; throws the 404 (or 400) when it cannot. */
+export function resumeStream(deps: Pick<ResumeDeps, 'store' | 'onResume'>, id: string, startingAfter: unknown, lastEventId: unknown, res: import('node:http').ServerResponse, hijack: () => void): void {
+  const from = resumePoint(startingAfter, lastEventId);
+  let kept;
+  try {
+    kept = deps.store.get(id);
+  } catch (err) {
+    deps.onResume(err instanceof EbbError && err.code === 'response_expired' ? 'expired' : 'not_found');
+    throw err;
+  }
+  deps.onResume('resumed');
+  hijack();
+  kept.follow(res, from, SSE_HEADERS);
+}

@@ -1,0 +1,36 @@
+import { Counter, Gauge, type Registry } from 'prom-client';
+import type { StreamStoreMetrics } from './stream-store.js';
+
+export type ResumeOutcome = 'resumed' | 'not_found' | 'expired';
+
+/** The stream store on /metrics: what it keeps, resumes by outcome, and the work wasted on streams nobody came back to. */
+export function createStreamMetrics(registry: Registry): StreamStoreMetrics & { resume(outcome: ResumeOutcome): void } {
+  const streams = new Gauge({ name: 'ebb_frontend_streams_kept', help: 'Streams kept for resumption (live, and ended within the resume window)', registers: [registry] });
+  const bytes = new Gauge({ name: 'ebb_frontend_stream_store_bytes', help: 'Bytes of SSE events kept for resumption', registers: [registry] });
+  const resumes = new Counter({ name: 'ebb_frontend_stream_resumes_total', help: 'Stream resumes by outcome (resumed, not_found, expired)', labelNames: ['outcome'], registers: [registry] });
+  const abandoned = new Counter({ name: 'ebb_frontend_streams_abandoned_total', help: 'Streams cancelled at the end of their grace: their client left and nobody resumed', registers: [registry] });
+  const wasted = new Counter({
+    name: 'ebb_frontend_abandoned_stream_events_total',
+    help: 'Events (about one per token) generated for abandoned streams while nobody followed them: wasted work',
+    registers: [registry],
+  });
+  const forgotten = new Counter({ name: 'ebb_frontend_streams_forgotten_total', help: 'Kept streams forgotten, by why (window, bytes, count)', labelNames: ['reason'], registers: [registry] });
+  for (const outcome of ['resumed', 'not_found', 'expired']) resumes.inc({ outcome }, 0);
+  for (const reason of ['window', 'bytes', 'count']) forgotten.inc({ reason }, 0);
+  return {
+    kept(b, n) {
+      bytes.set(b);
+      streams.set(n);
+    },
+    abandoned(events) {
+      abandoned.inc();
+      wasted.inc(events);
+    },
+    forgotten(reason) {
+      forgotten.inc({ reason });
+    },
+    resume(outcome) {
+      resumes.inc({ outcome });
+    },
+  };
+}
