@@ -41,7 +41,8 @@ describe('clients: the official openai SDK', () => {
     assert.deepEqual(types.slice(0, 4), ['response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added']);
     assert.equal(types.filter((t) => t === 'response.output_text.delta').length, 6);
     assert.deepEqual(types.slice(-4), ['response.output_text.done', 'response.content_part.done', 'response.output_item.done', 'response.incomplete']);
-    await assert.rejects(c.responses.create({ model: 'm1', input: 'x', store: true }), (err: unknown) => err instanceof OpenAI.BadRequestError && /store/.test(err.message));
+    // Stored (OpenAI's default): retrievable by id.
+    assert.equal((await c.responses.retrieve(plain.id)).output_text, plain.output_text);
     const messages = await c.responses.create({ model: 'm1', input: [{ role: 'user', content: [{ type: 'input_text', text: 'hi' }] }], max_output_tokens: 2, store: false });
     assert.equal(messages.usage?.output_tokens, 2);
   });

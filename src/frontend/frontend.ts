@@ -13,6 +13,7 @@ import { Upstream } from './relay/upstream.js';
 import { fdLimits, streamsRoom } from './fd-room.js';
 import { Shutdown } from './shutdown.js';
 import { StreamStore, type StreamStoreOptions } from './streams/stream-store.js';
+import { createStreamMetrics } from './streams/stream-metrics.js';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
 import type { Registry } from 'prom-client';
 import type { AdminView, KvView } from './cluster/admin-view.js';
@@ -156,7 +157,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
-  const streams = opts.streamStore === undefined ? undefined : new StreamStore({ ...opts.streamStore, writeTimeoutMs: opts.clientWriteTimeoutMs ?? opts.streamStore.writeTimeoutMs });
+  const streams =
+    opts.streamStore === undefined ? undefined : new StreamStore({ ...opts.streamStore, writeTimeoutMs: opts.clientWriteTimeoutMs ?? opts.streamStore.writeTimeoutMs }, createStreamMetrics(metrics.registry, log));
   const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams });
   const url = await listen(app, opts.host, opts.port);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream

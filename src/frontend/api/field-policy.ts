@@ -141,10 +141,10 @@ export const RESPONSES_FIELD_POLICY: FieldPolicy = {
   parallel_tool_calls: carried,
   truncation: ignored,
   max_tool_calls: ignored, // meaningless without tools
-  store: refused((v) => v === false, 'ebb keeps no responses (stateless): send store: false'),
-  previous_response_id: refused(() => false, 'ebb keeps no responses (stateless): send the conversation as input'),
-  conversation: refused(() => false, 'ebb keeps no conversations (stateless): send the conversation as input'),
-  background: refused((v) => v === false, 'ebb answers in the foreground only'),
+  store: carried, // kept for --response-ttl-ms (retrieve, previous_response_id); false: forgotten once answered
+  previous_response_id: carried, // a stored response of this frontend's (400 naming it otherwise)
+  conversation: refused(() => false, 'ebb keeps responses, not conversations: send previous_response_id, or the conversation as input'),
+  background: carried, // needs kept responses (--stream-store): 400 naming it otherwise
   tools: { kind: 'capability', needs: (v) => (Array.isArray(v) && v.length > 0 ? 'tools' : undefined), check: functionToolsOnly },
   tool_choice: checked((v, body) => toolChoiceFits(responsesToolChoice(v) ?? v, { ...body, tools: responsesTools(body.tools) })),
   include: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),

@@ -2,8 +2,10 @@ import cors from '@fastify/cors';
 import { CAPABILITIES } from '../../protocol/capabilities.js';
 import { EventIds, type StreamFormat } from '../wire/stream-format.js';
 import type { StreamStore } from '../streams/stream-store.js';
-import { createStreamMetrics } from '../streams/stream-metrics.js';
-import { addResumeRoutes } from '../streams/resume-routes.js';
+import { addResumeRoutes, resumeStream } from '../streams/resume-routes.js';
+import { ResponseCancelled, ResponseRecords, type ResponseRecord } from '../streams/response-records.js';
+import { detachedResponse } from '../streams/detached-response.js';
+import { EbbError } from '../../protocol/errors.js';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
@@ -13,11 +15,11 @@ import { FIELD_POLICY, RESPONSES_FIELD_POLICY, checkFields, type FieldPolicy } f
 import type { FrontendMetrics } from '../metrics.js';
 import { completionResponse, SseFormatter, toGenerateBodies, type Endpoint } from './openai-format.js';
 import { chatCompletionSchema, completionSchema, responsesSchema, type OpenAIRequest } from './openai-schema.js';
-import { createRelay, headerValue } from '../relay/relay.js';
+import { createRelay, headerValue, type StreamReply } from '../relay/relay.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, LaneBudget } from './lane-budget.js';
 import { Shutdown } from '../shutdown.js';
 import { probeHalfClosedClient } from './client-gone.js';
-import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponsesRequest } from './responses-format.js';
+import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponseProgress, type ResponsesRequest, type ResponseStatus } from './responses-format.js';
 import type { Upstream } from '../relay/upstream.js';
 import { modelNotFound, unavailableModel } from '../relay/worker-answer.js';
 import { requestIdOf } from './request-id.js';
@@ -80,6 +82,8 @@ export function createOpenAIServer({
   cluster,
   streams,
 }: OpenAIServerDeps): FastifyInstance {
+  // The Responses API's state (retrieve, cancel, background, previous_response_id) lives beside the kept streams.
+  const records = streams === undefined ? undefined : new ResponseRecords(streams.opts.responseTtlMs, streams.opts.maxStreams);
   const app = createHttpServer({ role: 'public', ...limits });
   // On the raw response: streams write their head themselves, and writeHead keeps what setHeader set.
   // A callback hook: an async one costs every request a promise for synchronous work.
@@ -173,39 +177,67 @@ export function createOpenAIServer({
     return { keepUntil: (over: Promise<void>) => void (until = over) };
   };
 
-  const streamMetrics = streams === undefined ? undefined : createStreamMetrics(metrics.registry);
-  if (streams !== undefined) addResumeRoutes(app, { store: streams, onResume: (o) => streamMetrics?.resume(o), methods });
+  if (streams !== undefined) addResumeRoutes(app, { store: streams, methods });
 
   /**
    * Streams a response. With a stream store it is kept: each event numbered, its generation
    * outliving its client by the store's grace (a resume picks it up), a cut at shutdown written to
    * it too; a request that failed before its first byte is not kept.
    */
-  const streamOut = async (reply: FastifyReply, id: string, fmtFor: (kept: boolean) => StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number, room: ReturnType<typeof holdLanes>) => {
+  const streamOut = async (
+    reply: StreamReply,
+    id: string,
+    fmtFor: (kept: boolean) => StreamFormat,
+    gens: GenerateBody[],
+    n: number,
+    signal: AbortSignal,
+    started: number,
+    room: ReturnType<typeof holdLanes>,
+    responses: { background?: boolean; record?: ResponseRecord | undefined } = {},
+  ) => {
     const kept = streams?.open(id);
     const fmt = fmtFor(kept !== undefined);
+    const record = responses.record;
     if (kept === undefined) {
-      await relay.stream(reply, fmt, gens, n, signal, started);
+      try {
+        await relay.stream(reply, fmt, gens, n, signal, started);
+      } finally {
+        if (record !== undefined) settleStreamed(record, fmt, signal);
+      }
       Shutdown.endCutStream(reply.raw, fmt, signal);
       return;
     }
     room.keepUntil(kept.over);
-    kept.watch(signal);
+    if (record !== undefined) record.kept = kept;
+    if (responses.background === true) kept.detach();
+    else kept.watch(signal);
     try {
       await relay.stream(reply, fmt, gens, n, kept.signal, started, kept);
+      // Ended by a cut (shutdown) or a cancel: followers and the client still there get why, as the last event.
+      const reason = kept.signal.reason as unknown;
       const cut = Shutdown.cutReason(kept.signal);
-      if (cut !== undefined && reply.raw.headersSent) {
-        const text = fmt.error(cut.code, cut.message);
-        kept.end(Buffer.from(text));
-        if (!reply.raw.writableEnded) reply.raw.end(text);
+      const why = cut !== undefined ? fmt.error(cut.code, cut.message) : reason instanceof ResponseCancelled ? fmt.error('cancelled', reason.message) : undefined;
+      if (why !== undefined) {
+        kept.end(Buffer.from(why));
+        if (reply.raw.headersSent && !reply.raw.writableEnded) reply.raw.end(why);
       }
     } catch (err) {
       throw Shutdown.cutReason(kept.signal) ?? err;
     } finally {
       if (kept.keptBytes === 0 && kept.state === 'live') streams!.discard(kept);
       kept.stopped();
+      if (record !== undefined) settleStreamed(record, fmt, kept.signal);
     }
   };
+
+  /** A streamed response is over: its record takes the final object (or says it was cancelled, or failed). */
+  const settleStreamed = (record: ResponseRecord, fmt: StreamFormat, signal: AbortSignal) => {
+    if (records === undefined || record.final !== undefined) return;
+    const now = (fmt as unknown as ResponseProgress).now() as Record<string, unknown>;
+    const status: ResponseStatus = signal.reason instanceof ResponseCancelled ? 'cancelled' : now.status === 'in_progress' ? 'failed' : (now.status as ResponseStatus);
+    records.settle(record, now, status);
+  };
+
 
   /** How a tool request's answers are parsed: the model's call syntax, and call ids from the request's content. */
   const toolParsing = (gen: GenerateBody) => {
@@ -256,28 +288,67 @@ export function createOpenAIServer({
   app.post<{ Body: ResponsesRequest }>('/v1/responses', { schema: { body: responsesSchema } }, async (req, reply) => {
     const body = req.body;
     admit(body, RESPONSES_FIELD_POLICY);
+    const keeps = records === undefined ? undefined : records;
+    const stateful = body.background === true ? 'background' : typeof body.previous_response_id === 'string' ? 'previous_response_id' : undefined;
+    if (stateful !== undefined && keeps === undefined) throw new EbbError('unsupported_parameter', `${stateful} needs kept responses: this frontend runs with --stream-store none`, { param: stateful });
+    if (body.background === true && body.store === false) throw new EbbError('invalid_request', 'background responses are stored: store false is not allowed with background true', { param: 'store' });
+    const previous = typeof body.previous_response_id === 'string' ? keeps!.history(body.previous_response_id) : [];
     const room = holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(uuid(), body);
-    const gen = responsesToGenerate(body, shell.id);
+    const { gen, history } = responsesToGenerate(body, shell.id, previous);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
+    const record: ResponseRecord | undefined = keeps === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
+    if (record !== undefined) keeps!.add(record);
+    const fmtFor = (kept: boolean) => {
+      const fmt = tools === undefined ? new ResponsesStream(shell, kept) : new ResponsesToolStream(shell, tools.syntax, tools.idsFor(0), kept);
+      if (record !== undefined) record.progress = fmt;
+      return fmt;
+    };
+    if (body.background === true) {
+      // Runs with no client: its events are kept (GET ?stream=true follows them), its object retrievable, cancel stops it.
+      const detached = { raw: detachedResponse(), hijack: () => undefined };
+      void streamOut(detached, shell.id, fmtFor, [gen], 1, new AbortController().signal, performance.now(), room, { background: true, record }).catch((err: unknown) =>
+        log.warn({ event: 'background_response_failed', response_id: shell.id, err: (err as Error).message }, `background response ${shell.id} failed: ${(err as Error).message}`),
+      );
+      return shell.object('queued', undefined, undefined);
+    }
     const signal = shutdown.requestSignal(reply.raw);
     probeHalfClosedClient(req, reply);
     try {
-      if (body.stream) {
-        const fmtFor = (kept: boolean) => (tools === undefined ? new ResponsesStream(shell, kept) : new ResponsesToolStream(shell, tools.syntax, tools.idsFor(0), kept));
-        return await streamOut(reply, shell.id, fmtFor, [gen], 1, signal, performance.now(), room);
-      }
+      if (body.stream) return await streamOut(reply, shell.id, fmtFor, [gen], 1, signal, performance.now(), room, { record });
       const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
       void reply.header('x-ebb-worker-id', headerValue(workerId));
-      if (tools !== undefined) return responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, tools.idsFor(0)));
-      return responseObject(shell, choices[0]!, usage);
+      const answer = tools !== undefined ? responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, tools.idsFor(0))) : responseObject(shell, choices[0]!, usage);
+      if (record !== undefined) keeps!.settle(record, answer, answer.status);
+      return answer;
     } catch (err) {
+      if (record !== undefined && record.final === undefined) keeps!.settle(record, shell.object('failed', undefined, undefined), 'failed');
       throw Shutdown.cutReason(signal) ?? err;
     }
   });
 
+  if (records !== undefined && streams !== undefined) {
+    // The Responses API's own GET: the object (status, output so far), or with stream=true its events after starting_after.
+    methods('/v1/responses/:id', ['GET']);
+    app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>('/v1/responses/:id', async (req, reply) => {
+      if (req.query.stream === 'true') return resumeStream(streams, req.params.id, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
+      return records.object(records.get(req.params.id));
+    });
+    // Stops a background response's generation on its worker at once; the object says `cancelled`.
+    methods('/v1/responses/:id/cancel', ['POST']);
+    app.post<{ Params: { id: string } }>('/v1/responses/:id/cancel', async (req) => {
+      const record = records.get(req.params.id);
+      if (!record.background) throw new EbbError('invalid_request', `only background responses can be cancelled; ${record.id} is not one`, { param: 'response_id' });
+      if (record.final === undefined && record.kept !== undefined) {
+        record.kept.cancel(new ResponseCancelled(record.id));
+        await record.kept.over;
+      }
+      return records.object(record);
+    });
+  }
+
   methods('/v1/embeddings', ['POST']);
-  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => holdLanes(reply, model, 1, 1) });
+  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => void holdLanes(reply, model, 1, 1) });
 
   return app;
 }

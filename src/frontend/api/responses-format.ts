@@ -80,10 +80,13 @@ function callOutput(item: ResponsesInputItem, i: number): ChatMessage {
   return { role: 'tool', content: output, tool_call_id: item.call_id };
 }
 
-/** The worker request for a Responses request: instructions first, then the input as chat messages. */
-export function responsesToGenerate(req: ResponsesRequest, requestId: string): GenerateBody {
-  const messages: ChatMessage[] = [];
-  if (req.instructions != null && req.instructions !== '') messages.push({ role: 'system', content: req.instructions });
+/**
+ * The worker request for a Responses request: instructions first, then the conversation so far
+ * (`previous`: what previous_response_id names), then the input as chat messages. `history` is the
+ * conversation without the instructions (they do not carry over to the next turn).
+ */
+export function responsesToGenerate(req: ResponsesRequest, requestId: string, previous: ChatMessage[] = []): { gen: GenerateBody; history: ChatMessage[] } {
+  const messages: ChatMessage[] = [...previous];
   if (typeof req.input === 'string') messages.push({ role: 'user', content: req.input });
   else
     req.input.forEach((item, i) => {
@@ -93,7 +96,9 @@ export function responsesToGenerate(req: ResponsesRequest, requestId: string): G
         throw new EbbError('unsupported_parameter', `input[${i}] of type "${item.type}" is not supported: ebb serves message and function call input`, { param: `input[${i}]` });
       messages.push({ role: item.role ?? 'user', content: itemText(item, i) });
     });
-  if (messages.length === 0) throw new EbbError('invalid_request', 'input is empty', { param: 'input' });
+  if (messages.length === previous.length) throw new EbbError('invalid_request', 'input is empty', { param: 'input' });
+  const history = messages.slice();
+  if (req.instructions != null && req.instructions !== '') messages.unshift({ role: 'system', content: req.instructions });
   const body: GenerateBody = { model: req.model, messages, stream: true, request_id: requestId };
   const tools = responsesTools(req.tools);
   if (tools.length > 0) {
@@ -107,7 +112,7 @@ export function responsesToGenerate(req: ResponsesRequest, requestId: string): G
   if (req.top_p != null) body.top_p = req.top_p;
   const format = formatOf(req.text?.format);
   if (format !== undefined) body.response_format = format;
-  return body;
+  return { gen: body, history };
 }
 
 /** Responses function tools as the request plane's (chat's shape); other tool types are refused by the field policy. */
@@ -145,6 +150,14 @@ const usageOf = (u: Usage) => ({
   total_tokens: u.total_tokens,
 });
 
+/** A Responses object's status (OpenAI's): queued and in_progress while it runs, then how it ended. */
+export type ResponseStatus = 'queued' | 'in_progress' | 'completed' | 'incomplete' | 'cancelled' | 'failed';
+
+/** A streamed response's progress: the response object as it stands (output so far, or final). */
+export interface ResponseProgress {
+  now(): ReturnType<ResponseShell['object']>;
+}
+
 /** One response's identity and echo of its request, shared by the streamed events and the final object. */
 export class ResponseShell {
   readonly id: string;
@@ -167,7 +180,7 @@ export class ResponseShell {
    * The response object: `in_progress` while streaming, `completed` or `incomplete` (max_output_tokens
    * reached) at the end. Its output: one message of `text`, or the items given (tool calls).
    */
-  object(status: 'in_progress' | 'completed' | 'incomplete', text: string | undefined, usage: Usage | undefined, items?: unknown[]) {
+  object(status: ResponseStatus, text: string | undefined, usage: Usage | undefined, items?: unknown[]) {
     return {
       id: this.id,
       object: 'response',
@@ -175,14 +188,15 @@ export class ResponseShell {
       status,
       error: null,
       incomplete_details: status === 'incomplete' ? { reason: 'max_output_tokens' } : null,
+      background: this.req.background === true,
       instructions: this.req.instructions ?? null,
       max_output_tokens: this.req.max_output_tokens ?? null,
       model: this.req.model,
       output: items ?? (text === undefined ? [] : [this.message(text, status === 'incomplete' ? 'incomplete' : 'completed')]),
       parallel_tool_calls: this.req.parallel_tool_calls ?? true,
-      previous_response_id: null,
+      previous_response_id: typeof this.req.previous_response_id === 'string' ? this.req.previous_response_id : null,
       reasoning: { effort: null, summary: null },
-      store: false,
+      store: this.req.store !== false,
       temperature: this.req.temperature ?? 1,
       text: { format: this.req.text?.format ?? { type: 'text' } },
       tool_choice: this.req.tool_choice ?? 'auto',
@@ -216,10 +230,11 @@ export function responseObject(shell: ResponseShell, choice: CollectedChoice, us
  * its text part opened, one `response.output_text.delta` per token, the text, part and item done,
  * then `response.completed` (or `response.incomplete` when max_output_tokens cut it) with usage.
  */
-export class ResponsesStream implements StreamFormat {
+export class ResponsesStream implements StreamFormat, ResponseProgress {
   private seq = 0;
   private text = '';
   private finish = 'stop';
+  private usage: Usage | undefined;
   private readonly deltaHead: string;
 
   constructor(
@@ -261,11 +276,16 @@ export class ResponsesStream implements StreamFormat {
   }
 
   end(usage: Usage): string {
-    const status = statusOf(this.finish);
-    return this.event(`response.${status}`, { response: this.shell.object(status, this.text, usage) });
+    this.usage = usage;
+    return this.event(`response.${statusOf(this.finish)}`, { response: this.now() });
   }
 
   error(code: string, message: string): string {
     return this.event('error', { code, message, param: null });
+  }
+
+  now() {
+    if (this.usage !== undefined) return this.shell.object(statusOf(this.finish), this.text, this.usage);
+    return this.shell.object('in_progress', undefined, undefined, this.text === '' ? [] : [this.shell.message(this.text, 'in_progress')]);
   }
 }

@@ -3,7 +3,7 @@ import type { ToolCallSyntax } from '../../protocol/tools.js';
 import type { ParsedCalls } from '../wire/tool-call-parser.js';
 import { ToolCallParser, type ToolEvent } from '../wire/tool-call-parser.js';
 import type { CollectedChoice, StreamFormat } from '../wire/stream-format.js';
-import { part, responsesEvent, statusOf, type ResponseShell } from './responses-format.js';
+import { part, responsesEvent, statusOf, type ResponseProgress, type ResponseShell } from './responses-format.js';
 
 /** A function call output item, as the Responses API has it. */
 function callItem(call: { id: string; name: string; arguments: string }, status: 'in_progress' | 'completed') {
@@ -27,12 +27,13 @@ type OpenItem = { kind: 'message'; index: number; id: string; text: string } | {
  * (`response.function_call_arguments.delta` pieces, then `.done`), each closed before the next
  * opens; the final response lists them all.
  */
-export class ResponsesToolStream implements StreamFormat {
+export class ResponsesToolStream implements StreamFormat, ResponseProgress {
   private seq = 0;
   private readonly parser: ToolCallParser;
   private readonly items: unknown[] = [];
   private open: OpenItem | undefined;
   private finish = 'stop';
+  private usage: Usage | undefined;
 
   constructor(
     private readonly shell: ResponseShell,
@@ -66,8 +67,15 @@ export class ResponsesToolStream implements StreamFormat {
   }
 
   end(usage: Usage): string {
-    const status = statusOf(this.finish);
-    return this.event(`response.${status}`, { response: this.shell.object(status, undefined, usage, this.items) });
+    this.usage = usage;
+    return this.event(`response.${statusOf(this.finish)}`, { response: this.now() });
+  }
+
+  now() {
+    if (this.usage !== undefined) return this.shell.object(statusOf(this.finish), undefined, this.usage, this.items);
+    const open = this.open;
+    const current = open === undefined ? [] : open.kind === 'message' ? [{ ...this.shell.message(open.text, 'in_progress'), id: open.id }] : [callItem(open.call, 'in_progress')];
+    return this.shell.object('in_progress', undefined, undefined, [...this.items, ...current]);
   }
 
   error(code: string, message: string): string {

@@ -42,7 +42,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
    * without one. The headers leave with the first tokens, and a single lane's last tokens with the
    * end: one system call each, or one in all when the first read held the whole answer.
    */
-  async function stream(reply: FastifyReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number, kept?: StreamTap): Promise<void> {
+  async function stream(reply: StreamReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number, kept?: StreamTap): Promise<void> {
     const lanes = await openLanes(gens, ctx, signal);
     const res = reply.raw;
     // A kept stream is given every byte too: it goes on (and is resumable) when its client leaves.
@@ -150,6 +150,12 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
 }
 
 export type Relay = ReturnType<typeof createRelay>;
+
+/** Where a stream is written: a client's reply, or a background response's detached one. */
+export interface StreamReply {
+  raw: FastifyReply['raw'];
+  hijack(): unknown;
+}
 
 /** Usage of a response: the `n` choices of one prompt share its prompt tokens (see toGenerateBodies' order). */
 function sumLanes(usages: Usage[], n: number): Usage {

@@ -39,9 +39,11 @@ export class KeptStream {
   /** Past maxBytes: no longer kept, so no longer resumable; its followers still get it live. */
   overflowed = false;
   endedAt = 0;
-  private readonly followers = new Set<ClientStream>();
+  /** Each follower, and the event it waits for when it asked to resume after one not yet made (sent nothing until it passes). */
+  private readonly followers = new Map<ClientStream, number | undefined>();
   private readonly controller = new AbortController();
   private primary = true;
+  private background = false;
   private grace: NodeJS.Timeout | undefined;
   private unfollowed = 0;
   /** Resolves once the generation is over (ended, failed, abandoned, cancelled). */
@@ -81,12 +83,26 @@ export class KeptStream {
     );
   }
 
+  /** A background response: nobody follows it from the start, and it runs to its end all the same. */
+  detach(): void {
+    this.primary = false;
+    this.background = true;
+  }
+
   /** Bytes the original connection was sent (one or more whole events); followers get them too. */
   append(payload: Buffer): void {
     if (this.state !== 'live') return;
     this.keep(payload);
     if (!this.primary && this.followers.size === 0) this.unfollowed++;
-    for (const f of this.followers) this.sendTo(f, payload);
+    for (const [f, waiting] of this.followers) {
+      if (waiting === undefined) this.sendTo(f, payload);
+      else {
+        const rest = eventsAfter(payload, waiting);
+        if (rest === undefined) continue;
+        this.followers.set(f, undefined);
+        if (rest.length > 0) this.sendTo(f, rest);
+      }
+    }
   }
 
   /** The stream's last bytes (its end event, or an error event): every follower's response ends with them. */
@@ -94,7 +110,7 @@ export class KeptStream {
     if (this.state !== 'live') return;
     this.keep(payload);
     this.state = 'ended';
-    for (const f of this.followers) f.end(payload);
+    for (const [f, waiting] of this.followers) f.end(waiting === undefined ? payload : (eventsAfter(payload, waiting) ?? Buffer.alloc(0)));
     this.followers.clear();
     this.finish();
   }
@@ -108,7 +124,7 @@ export class KeptStream {
   stopped(): void {
     if (this.state !== 'live') return;
     this.state = 'abandoned';
-    for (const f of this.followers) f.res.destroy();
+    for (const f of this.followers.keys()) f.res.destroy();
     this.followers.clear();
     this.finish();
   }
@@ -125,35 +141,22 @@ export class KeptStream {
   follow(res: ServerResponse, from: ResumeFrom, headers: Record<string, string>): void {
     const out = new ClientStream(res, this.hooks.writeTimeoutMs);
     out.begin(200, headers);
-    const replay = this.after(from);
-    if (this.state !== 'live') return out.end(replay);
-    if (replay.length > 0) out.write(replay);
-    this.followers.add(out);
+    const all = this.whole();
+    const replay = from === undefined || from < 0 ? all : eventsAfter(all, from);
+    if (this.state !== 'live') return out.end(replay ?? Buffer.alloc(0));
+    if (replay !== undefined && replay.length > 0) out.write(replay);
+    // Its event is not made yet (a client ahead of a background response's start): it waits for it.
+    this.followers.set(out, replay === undefined ? from : undefined);
     clearTimeout(this.grace);
     res.once('close', () => {
       if (this.followers.delete(out)) this.maybeOrphaned();
     });
   }
 
-  /**
-   * The kept bytes after the event whose id is `from`, in the order they were sent (choices of one
-   * response interleave, so ids need not rise along the stream); all of them when `from` is below
-   * every id, none when no event has that id yet.
-   */
-  private after(from: ResumeFrom): Buffer {
+  /** Every kept byte, in one buffer (kept so: the next resume does not copy again). */
+  private whole(): Buffer {
     if (this.chunks.length > 1) this.chunks = [Buffer.concat(this.chunks)];
-    const all = this.chunks[0] ?? Buffer.alloc(0);
-    if (from === undefined || from < 0) return all;
-    for (let at = 0; at < all.length; ) {
-      const next = all.indexOf(EVENT_END, at);
-      if (next < 0) break;
-      if (all.compare(ID_PREFIX, 0, ID_PREFIX.length, at, at + ID_PREFIX.length) === 0) {
-        const eol = all.indexOf(0x0a, at);
-        if (Number(all.toString('latin1', at + ID_PREFIX.length, eol)) === from) return all.subarray(next + EVENT_END.length);
-      }
-      at = next + EVENT_END.length;
-    }
-    return Buffer.alloc(0);
+    return this.chunks[0] ?? Buffer.alloc(0);
   }
 
   private keep(payload: Buffer): void {
@@ -178,7 +181,7 @@ export class KeptStream {
 
   /** Nobody follows a live stream: it runs on for the grace, then is cancelled (its work metered as wasted). */
   private maybeOrphaned(): void {
-    if (this.state !== 'live' || this.primary || this.followers.size > 0) return;
+    if (this.state !== 'live' || this.primary || this.background || this.followers.size > 0) return;
     clearTimeout(this.grace);
     const abandon = () => {
       this.hooks.onAbandoned(this.unfollowed);
@@ -201,4 +204,21 @@ export class KeptStream {
     this.settle();
     this.hooks.onOver(this);
   }
+}
+
+/**
+ * The bytes of `events` after the event whose id is `from`, in the order they were sent (choices of
+ * one response interleave, so ids need not rise along the stream); undefined when none has that id.
+ */
+export function eventsAfter(events: Buffer, from: number): Buffer | undefined {
+  for (let at = 0; at < events.length; ) {
+    const next = events.indexOf(EVENT_END, at);
+    if (next < 0) break;
+    if (events.compare(ID_PREFIX, 0, ID_PREFIX.length, at, at + ID_PREFIX.length) === 0) {
+      const eol = events.indexOf(0x0a, at);
+      if (Number(events.toString('latin1', at + ID_PREFIX.length, eol)) === from) return events.subarray(next + EVENT_END.length);
+    }
+    at = next + EVENT_END.length;
+  }
+  return undefined;
 }

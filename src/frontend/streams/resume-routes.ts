@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
+import type { ServerResponse } from 'node:http';
 import { EbbError } from '../../protocol/errors.js';
 import type { ResumeFrom } from './kept-stream.js';
-import type { ResumeOutcome } from './stream-metrics.js';
 import type { StreamStore } from './stream-store.js';
 
 /** What a resumed stream's response carries, as the original did. */
@@ -18,7 +18,6 @@ export function resumePoint(startingAfter: unknown, lastEventId: unknown): Resum
 
 export interface ResumeDeps {
   store: StreamStore;
-  onResume(outcome: ResumeOutcome): void;
   methods(url: string, allowed: Array<'GET' | 'POST'>): void;
 }
 
@@ -36,22 +35,15 @@ export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
     app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>(url, async (req, reply) => {
       if (req.query.stream !== 'true')
         throw new EbbError('invalid_request', 'ebb keeps streams to resume them, not completions to retrieve: add ?stream=true (and starting_after)', { param: 'stream' });
-      resumeStream(deps, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
+      resumeStream(deps.store, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
     });
   }
 }
 
 /** Follows kept stream `id` on `res` from the client's resume point; throws the 404 (or 400) when it cannot. */
-export function resumeStream(deps: Pick<ResumeDeps, 'store' | 'onResume'>, id: string, startingAfter: unknown, lastEventId: unknown, res: import('node:http').ServerResponse, hijack: () => void): void {
+export function resumeStream(store: StreamStore, id: string, startingAfter: unknown, lastEventId: unknown, res: ServerResponse, hijack: () => void): void {
   const from = resumePoint(startingAfter, lastEventId);
-  let kept;
-  try {
-    kept = deps.store.get(id);
-  } catch (err) {
-    deps.onResume(err instanceof EbbError && err.code === 'response_expired' ? 'expired' : 'not_found');
-    throw err;
-  }
-  deps.onResume('resumed');
+  const kept = store.get(id);
   hijack();
   kept.follow(res, from, SSE_HEADERS);
 }

@@ -1,10 +1,9 @@
+import type { Logger } from 'pino';
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { StreamStoreMetrics } from './stream-store.js';
 
-export type ResumeOutcome = 'resumed' | 'not_found' | 'expired';
-
 /** The stream store on /metrics: what it keeps, resumes by outcome, and the work wasted on streams nobody came back to. */
-export function createStreamMetrics(registry: Registry): StreamStoreMetrics & { resume(outcome: ResumeOutcome): void } {
+export function createStreamMetrics(registry: Registry, log: Logger): StreamStoreMetrics {
   const streams = new Gauge({ name: 'ebb_frontend_streams_kept', help: 'Streams kept for resumption (live, and ended within the resume window)', registers: [registry] });
   const bytes = new Gauge({ name: 'ebb_frontend_stream_store_bytes', help: 'Bytes of SSE events kept for resumption', registers: [registry] });
   const resumes = new Counter({ name: 'ebb_frontend_stream_resumes_total', help: 'Stream resumes by outcome (resumed, not_found, expired)', labelNames: ['outcome'], registers: [registry] });
@@ -22,9 +21,10 @@ export function createStreamMetrics(registry: Registry): StreamStoreMetrics & { 
       bytes.set(b);
       streams.set(n);
     },
-    abandoned(events) {
+    abandoned(id, events) {
       abandoned.inc();
       wasted.inc(events);
+      log.info({ event: 'stream_abandoned', response_id: id, unfollowed_events: events }, `stream ${id} cancelled: its client left and nobody resumed it within the grace`);
     },
     forgotten(reason) {
       forgotten.inc({ reason });

@@ -4,6 +4,8 @@ import { KeptStream } from './kept-stream.js';
 export interface StreamStoreOptions {
   /** How long an ended stream stays resumable (OpenAI keeps 5 minutes). */
   windowMs: number;
+  /** How long a stored Responses API response stays retrievable (GET, previous_response_id) after it ended. */
+  responseTtlMs: number;
   /** How long a generation runs on after its client left, for a resume (0: cancelled at once, as before). */
   graceMs: number;
   /** One stream's bound: a longer one is served, not kept. */
@@ -17,6 +19,7 @@ export interface StreamStoreOptions {
 
 export const STREAM_STORE_DEFAULTS: StreamStoreOptions = {
   windowMs: 5 * 60_000,
+  responseTtlMs: 60 * 60_000,
   graceMs: 15_000,
   maxResponseBytes: 8 << 20,
   maxTotalBytes: 256 << 20,
@@ -29,8 +32,9 @@ const EXPIRED_MEMORY = 50_000;
 
 export interface StreamStoreMetrics {
   kept(bytes: number, streams: number): void;
-  abandoned(events: number): void;
+  abandoned(id: string, events: number): void;
   forgotten(reason: 'window' | 'bytes' | 'count'): void;
+  resume(outcome: 'resumed' | 'not_found' | 'expired'): void;
 }
 
 /**
@@ -67,7 +71,7 @@ export class StreamStore {
         this.ended.add(s);
         this.sweepLater();
       },
-      onAbandoned: (events) => this.metrics?.abandoned(events),
+      onAbandoned: (events) => this.metrics?.abandoned(id, events),
     });
     this.streams.set(id, stream);
     if (this.streams.size > this.opts.maxStreams) this.forgetOldest('count', () => this.streams.size > this.opts.maxStreams);
@@ -79,9 +83,15 @@ export class StreamStore {
   get(id: string): KeptStream {
     this.sweep();
     const stream = this.streams.get(id);
-    if (stream !== undefined && stream.resumable) return stream;
-    if (stream !== undefined || this.expired.has(id))
-      throw new EbbError('response_expired', `response ${id} can no longer be streamed: it ended more than the resume window ago, or was larger than the store keeps`);
+    if (stream !== undefined && stream.resumable) {
+      this.metrics?.resume('resumed');
+      return stream;
+    }
+    if (stream !== undefined || this.expired.has(id)) {
+      this.metrics?.resume('expired');
+      throw new EbbError('response_expired', `response ${id} can no longer be streamed: it ended more than the resume window ago, was abandoned, or was larger than the store keeps`);
+    }
+    this.metrics?.resume('not_found');
     throw new EbbError('response_not_found', `no response ${id} is kept here`);
   }
 
