@@ -268,3 +268,31 @@ describe('InflightTable (the primary\'s sum of the processes\' in-flight counts)
     assert.deepEqual(t.flush(), ['a']);
   });
 });
+
+describe('frontend: --processes 2 keeps streams resumable whichever process a resume reaches', () => {
+  it('a resume, a retrieve and a next turn reaching the other process are passed to the one that holds the stream', async () => {
+    const discovery = tempDiscoveryUrl();
+    started.push(await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0']));
+    const frontend = await startFrontend(discovery, ['--processes', '2']);
+    started.push(frontend);
+    await Promise.all([0, 1].map((slot) => frontend.waitForLog((l) => l.event === 'frontend_process_ready' && l.slot === slot, `process ${slot} ready`)));
+    await frontend.waitForLog((l) => l.event === 'worker_added' || (l.event === 'discovery_reset' && (l.workers as string[]).length === 1), 'the worker seen');
+    const original = await fresh(frontend.url, 'POST', '/v1/chat/completions', chat(30)).done;
+    assert.equal(original.status, 200, original.body);
+    const id = /"id":"(chatcmpl-[0-9a-f]+)"/.exec(original.body)![1]!;
+    const afterFive = original.body.slice(original.body.indexOf('\n\n', original.body.indexOf('id: 5\n')) + 2);
+    // New connections go round robin: four resumes reach both processes.
+    const resumes = await Promise.all(Array.from({ length: 4 }, () => fresh(frontend.url, 'GET', `/v1/chat/completions/${id}?stream=true&starting_after=5`).done));
+    assert.deepEqual(new Set(resumes.map((r) => r.process)), new Set(['0', '1']), 'both processes took a resume');
+    for (const r of resumes) {
+      assert.equal(r.status, 200, r.body);
+      assert.equal(r.body, afterFive, 'the same events, byte for byte, whichever process answered');
+    }
+    const first = JSON.parse((await fresh(frontend.url, 'POST', '/v1/responses', { model: 'm1', input: 'tell me about tides', max_output_tokens: 4 }).done).body) as { id: string; output: unknown[] };
+    const retrieved = await Promise.all(Array.from({ length: 2 }, () => fresh(frontend.url, 'GET', `/v1/responses/${first.id}`).done));
+    for (const r of retrieved) assert.deepEqual((JSON.parse(r.body) as { output: unknown[] }).output, first.output);
+    const turns = await Promise.all(Array.from({ length: 2 }, () => fresh(frontend.url, 'POST', '/v1/responses', { model: 'm1', input: 'and the moon?', previous_response_id: first.id, max_output_tokens: 3 }).done));
+    for (const t of turns) assert.equal(t.status, 200, t.body);
+    assert.equal(JSON.parse(turns[0]!.body).output[0].content[0].text, JSON.parse(turns[1]!.body).output[0].content[0].text, 'the same history, whichever process took the turn');
+  });
+});

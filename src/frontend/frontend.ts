@@ -1,3 +1,5 @@
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import type { Logger } from 'pino';
 import type { AdminGuard } from '../common/admin-auth.js';
 import { ADMIN_MAX_CONNECTIONS, defaultMaxConnections, fdLimit, listen, type HttpServerLimits } from '../common/http-server.js';
@@ -74,10 +76,14 @@ export interface ClusterHooks {
   scrape: () => Promise<string>;
   /** Workers' KV events through the primary's one subscription per worker (cluster/kv-follow.ts). */
   kvSource: (record: WorkerRecord) => KvEventSource;
+  /** The loopback URL of process `slot`'s peer listener (a resume for a stream it holds goes there). */
+  peerUrl?: ((slot: number) => string | undefined) | undefined;
 }
 
 export interface RunningFrontend {
   url: string;
+  /** With --processes N: this process's own loopback listener, where its peers pass requests for what it holds. */
+  peerUrl?: string | undefined;
   /** The admin listener's base URL, when one was asked for. */
   adminUrl?: string | undefined;
   pool: WorkerPool;
@@ -100,6 +106,14 @@ export interface RunningFrontend {
    * answered (bounded); the caller then exits.
    */
   interrupt(message: string): Promise<void>;
+}
+
+/** A loopback listener on any free port; resolves with its URL. */
+function listenPeer(server: Server): Promise<string> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => resolve(`http://127.0.0.1:${(server.address() as AddressInfo).port}`));
+  });
 }
 
 /** The per-request and fd bounds on sequences, logged: the numbers an operator sizes `ulimit -n` by. */
@@ -161,6 +175,9 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     opts.streamStore === undefined ? undefined : new StreamStore({ ...opts.streamStore, writeTimeoutMs: opts.clientWriteTimeoutMs ?? opts.streamStore.writeTimeoutMs }, createStreamMetrics(metrics.registry, log));
   const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams });
   const url = await listen(app, opts.host, opts.port);
+  // A process of several: its peers reach it here (the shared port gives a connection to any of them).
+  const peerServer = opts.cluster === undefined ? undefined : createServer((req, res) => app.server.emit('request', req, res));
+  const peerUrl = peerServer === undefined ? undefined : await listenPeer(peerServer);
   // server.close() only drops connections idle at that moment; a keep-alive connection whose stream
   // ends during shutdown must be dropped when it goes idle, or close() waits for its idle timeout.
   let closing = false;
@@ -200,6 +217,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
 
   return {
     url,
+    peerUrl,
     adminUrl,
     pool,
     router,
@@ -227,8 +245,10 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
         );
         void cutAll(`the frontend is shutting down: the request was still open at its shutdown deadline (${timeoutMs} ms); retry`);
       }, timeoutMs);
+      peerServer?.close();
       await Promise.all([adminApp?.close().then(() => adminAgent?.close().catch(() => undefined)), app.close()]);
       clearTimeout(deadline);
+      peerServer?.closeAllConnections();
       // Generations whose client left (within their resume grace) have no connection to wait on: they end with the frontend.
       streams?.cancelAll(new Error('the frontend is closing'));
       streams?.close();

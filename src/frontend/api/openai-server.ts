@@ -5,6 +5,7 @@ import type { StreamStore } from '../streams/stream-store.js';
 import { addResumeRoutes, resumeStream } from '../streams/resume-routes.js';
 import { ResponseCancelled, ResponseRecords, type ResponseRecord } from '../streams/response-records.js';
 import { detachedResponse } from '../streams/detached-response.js';
+import { toPeer } from '../cluster/peer-proxy.js';
 import { EbbError } from '../../protocol/errors.js';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
@@ -52,13 +53,16 @@ export interface OpenAIServerDeps {
   shutdown?: Shutdown | undefined;
   /** Client API keys (--api-key-file): every /v1/ route needs one. None: the public API is open. */
   apiGuard?: AdminGuard | undefined;
-  /** One process of several serving this port: its slot goes in a header, /metrics is the whole frontend's. */
-  cluster?: Pick<ClusterHooks, 'slot' | 'scrape'> | undefined;
+  /** One process of several serving this port: its slot goes in a header, /metrics is the whole frontend's, ids name it. */
+  cluster?: Pick<ClusterHooks, 'slot' | 'scrape' | 'peerUrl'> | undefined;
   /** Where streams are kept for resumption (--stream-store); none: streams end with their connection, as before. */
   streams?: StreamStore | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
+
+/** Hex digits of a --processes slot at the start of a response id (up to 4,096 processes). */
+const SLOT_DIGITS = 3;
 
 /** The capabilities a client can ask for (continuation is ebb's own business). */
 const API_CAPABILITIES = CAPABILITIES.filter((c) => c !== 'continuation');
@@ -177,7 +181,16 @@ export function createOpenAIServer({
     return { keepUntil: (over: Promise<void>) => void (until = over) };
   };
 
-  if (streams !== undefined) addResumeRoutes(app, { store: streams, methods });
+  // With --processes N an id starts with its process's slot: a resume, retrieve or next turn that
+  // reaches another process is passed to the one that holds it.
+  const idSlot = cluster === undefined ? '' : cluster.slot.toString(16).padStart(SLOT_DIGITS, '0');
+  const newId = () => (cluster === undefined ? uuid() : idSlot + uuid().slice(SLOT_DIGITS));
+  const elsewhere = (id: string): string | undefined => {
+    if (cluster?.peerUrl === undefined) return undefined;
+    const owner = Number.parseInt(id.replace(/^(chatcmpl-|cmpl-|resp_)/, '').slice(0, SLOT_DIGITS), 16);
+    return Number.isInteger(owner) && owner !== cluster.slot ? cluster.peerUrl(owner) : undefined;
+  };
+  if (streams !== undefined) addResumeRoutes(app, { store: streams, methods, elsewhere });
 
   /**
    * Streams a response. With a stream store it is kept: each event numbered, its generation
@@ -251,7 +264,7 @@ export function createOpenAIServer({
     app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
       const body = req.body;
       admit(body, FIELD_POLICY);
-      const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${uuid()}`;
+      const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${newId()}`;
       const gens = toGenerateBodies(endpoint, body, id);
       const n = body.n ?? 1;
       const room = holdLanes(reply, body.model, gens.length, n);
@@ -288,13 +301,19 @@ export function createOpenAIServer({
   app.post<{ Body: ResponsesRequest }>('/v1/responses', { schema: { body: responsesSchema } }, async (req, reply) => {
     const body = req.body;
     admit(body, RESPONSES_FIELD_POLICY);
+    // The next turn of a response another process holds is served there, where its history is.
+    const holder = typeof body.previous_response_id === 'string' ? elsewhere(body.previous_response_id) : undefined;
+    if (holder !== undefined) {
+      reply.hijack();
+      return toPeer(holder, 'POST', req.url, req.headers, body, reply.raw);
+    }
     const keeps = records === undefined ? undefined : records;
     const stateful = body.background === true ? 'background' : typeof body.previous_response_id === 'string' ? 'previous_response_id' : undefined;
     if (stateful !== undefined && keeps === undefined) throw new EbbError('unsupported_parameter', `${stateful} needs kept responses: this frontend runs with --stream-store none`, { param: stateful });
     if (body.background === true && body.store === false) throw new EbbError('invalid_request', 'background responses are stored: store false is not allowed with background true', { param: 'store' });
     const previous = typeof body.previous_response_id === 'string' ? keeps!.history(body.previous_response_id) : [];
     const room = holdLanes(reply, body.model, 1, 1);
-    const shell = new ResponseShell(uuid(), body);
+    const shell = new ResponseShell(newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined = keeps === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
@@ -331,12 +350,22 @@ export function createOpenAIServer({
     // The Responses API's own GET: the object (status, output so far), or with stream=true its events after starting_after.
     methods('/v1/responses/:id', ['GET']);
     app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>('/v1/responses/:id', async (req, reply) => {
+      const holder = elsewhere(req.params.id);
+      if (holder !== undefined) {
+        reply.hijack();
+        return toPeer(holder, 'GET', req.url, req.headers, undefined, reply.raw);
+      }
       if (req.query.stream === 'true') return resumeStream(streams, req.params.id, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
       return records.object(records.get(req.params.id));
     });
     // Stops a background response's generation on its worker at once; the object says `cancelled`.
     methods('/v1/responses/:id/cancel', ['POST']);
-    app.post<{ Params: { id: string } }>('/v1/responses/:id/cancel', async (req) => {
+    app.post<{ Params: { id: string } }>('/v1/responses/:id/cancel', async (req, reply) => {
+      const holder = elsewhere(req.params.id);
+      if (holder !== undefined) {
+        reply.hijack();
+        return toPeer(holder, 'POST', req.url, req.headers, req.body ?? {}, reply.raw);
+      }
       const record = records.get(req.params.id);
       if (!record.background) throw new EbbError('invalid_request', `only background responses can be cancelled; ${record.id} is not one`, { param: 'response_id' });
       if (record.final === undefined && record.kept !== undefined) {

@@ -53,7 +53,8 @@ export async function runChild(opts: FrontendOptions, stopOpts: ChildStop, baseL
   process.on('message', (m: unknown) => {
     if (isMessage(m)) kv.onMessage(m as PrimaryMessage);
   });
-  const frontend = await startFrontend({ ...opts, admin: undefined, cluster: { slot, onInflight, scrape, kvSource: (r) => kv.source(r) } }, log);
+  const peers = new Map<number, string>();
+  const frontend = await startFrontend({ ...opts, admin: undefined, cluster: { slot, onInflight, scrape, kvSource: (r) => kv.source(r), peerUrl: (s) => peers.get(s) } }, log);
 
   let stopping = false;
   const stop = (why: string, graceMs: number) => {
@@ -80,11 +81,15 @@ export async function runChild(opts: FrontendOptions, stopOpts: ChildStop, baseL
       else waiting?.reject(new Error(`metrics of the other frontend processes: ${msg.error ?? 'no answer'}`));
     } else if (msg.type === 'ebb:metrics-req') void frontend.registry.getMetricsAsJSON().then((metrics) => send({ type: 'ebb:metrics', id: msg.id, metrics, view: frontend.adminView() }));
     else if (msg.type === 'ebb:stop') stop('primary', msg.graceMs);
+    else if (msg.type === 'ebb:peers') {
+      peers.clear();
+      for (const [s, url] of msg.urls) peers.set(s, url);
+    }
   });
   process.on('SIGTERM', () => stop('SIGTERM', stopOpts.shutdownGraceMs));
   process.on('SIGINT', () => stop('SIGINT', 0));
   // The primary gone without a word: node:cluster exits this process at once (its 'disconnect' handler).
 
-  send({ type: 'ebb:ready', url: frontend.url, pid: process.pid });
+  send({ type: 'ebb:ready', url: frontend.url, pid: process.pid, peer_url: frontend.peerUrl });
   log.info({ event: 'frontend_process_ready', slot, pid: process.pid, url: frontend.url }, `frontend process ${slot} (pid ${process.pid}) serving ${frontend.url}`);
 }

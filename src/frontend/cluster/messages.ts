@@ -15,7 +15,7 @@ export type MetricsJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
 
 /** Child to primary. */
 export type ChildMessage =
-  | { type: 'ebb:ready'; url: string; pid: number }
+  | { type: 'ebb:ready'; url: string; pid: number; peer_url?: string | undefined }
   /** This child's own in-flight counts, absolute (a lost or repeated message cannot skew a sum). */
   | { type: 'ebb:inflight'; counts: Counts }
   /** A scrape of the public /metrics reached this child: the primary answers with every process's metrics. */
@@ -30,6 +30,8 @@ export type ChildMessage =
 export type PrimaryMessage =
   /** What the other children have open on each worker (their sum, without the receiver's own). */
   | { type: 'ebb:peer-inflight'; counts: Counts }
+  /** Every ready process's loopback listener, by slot: a request for what another process holds goes there. */
+  | { type: 'ebb:peers'; urls: Array<[number, string]> }
   | { type: 'ebb:scraped'; id: number; text?: string; error?: string }
   | { type: 'ebb:metrics-req'; id: number }
   /** Drain and exit: the frontend's shutdown (grace, then the deadline) in this child. */

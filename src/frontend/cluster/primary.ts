@@ -43,6 +43,8 @@ interface Slot {
   timer?: NodeJS.Timeout | undefined;
   /** When the child last answered anything (its heartbeat); 0 until it is ready. */
   answeredAt: number;
+  /** Its loopback listener, where its peers pass requests for the streams it holds. */
+  peerUrl?: string | undefined;
   /** Its latest metrics: kept as its figures if it stops answering or dies. */
   metrics?: MetricsJson | undefined;
   /** Its latest admin view (routing and traffic figures), for the one admin API. */
@@ -196,6 +198,10 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
         changed();
       } else if (msg.type === 'ebb:ready') {
         s.ready = true;
+        s.peerUrl = msg.peer_url;
+        // Every process learns where the others are (this one's replacement included).
+        const urls = slots.flatMap((x): Array<[number, string]> => (x.ready && x.peerUrl !== undefined ? [[x.index, x.peerUrl]] : []));
+        for (const x of slots) if (x.ready && x.worker !== undefined) tell(x.worker, { type: 'ebb:peers', urls });
         s.answeredAt = performance.now();
         s.backoff.reset();
         url ??= msg.url;

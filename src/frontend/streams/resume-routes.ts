@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ServerResponse } from 'node:http';
 import { EbbError } from '../../protocol/errors.js';
+import { toPeer } from '../cluster/peer-proxy.js';
 import type { ResumeFrom } from './kept-stream.js';
 import type { StreamStore } from './stream-store.js';
 
@@ -18,6 +19,8 @@ export function resumePoint(startingAfter: unknown, lastEventId: unknown): Resum
 
 export interface ResumeDeps {
   store: StreamStore;
+  /** With --processes N: the loopback URL of the process that holds `id`, when another one does. */
+  elsewhere?: ((id: string) => string | undefined) | undefined;
   methods(url: string, allowed: Array<'GET' | 'POST'>): void;
 }
 
@@ -35,6 +38,11 @@ export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
     app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>(url, async (req, reply) => {
       if (req.query.stream !== 'true')
         throw new EbbError('invalid_request', 'ebb keeps streams to resume them, not completions to retrieve: add ?stream=true (and starting_after)', { param: 'stream' });
+      const peer = deps.elsewhere?.(req.params.id);
+      if (peer !== undefined) {
+        reply.hijack();
+        return toPeer(peer, 'GET', req.url, req.headers, undefined, reply.raw);
+      }
       resumeStream(deps.store, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
     });
   }

@@ -1,0 +1,102 @@
+/**
+ * Resumable streams' cost (issue 32): the frontend's CPU per streamed token with the stream store
+ * off (`--stream-store none`) and on (`memory`, the default), side by side in one run, and the
+ * latency of a resume (GET .../{id}?stream=true&starting_after=N) to its first replayed byte.
+ *
+ *   npm run build && node dist/bench/resumable.js [--duration-ms 4000] [--rounds 3] [--concurrency 64] [--max-tokens 64] [--resumes 200]
+ *
+ * One mocker worker (itl 0, ttft 0) and one frontend per mode, as child processes on loopback;
+ * closed-loop streaming load on each frontend in turn (rounds alternate), its CPU read from /proc.
+ * Redis is not measured: this build keeps streams in memory only. Prints a table, then one JSON line.
+ * It always stops by itself (a watchdog) and kills its children on any exit.
+ */
+import { rmSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { Agent, request } from 'undici';
+import { killAllNow, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle } from '../test/helpers/processes.js';
+import { arg } from './cli-arg.js';
+import { procCpuMs } from './proc-cpu.js';
+
+const durationMs = Number(arg('duration-ms', '4000'));
+const rounds = Number(arg('rounds', '3'));
+const concurrency = Number(arg('concurrency', '64'));
+const maxTokens = Number(arg('max-tokens', '64'));
+const resumes = Number(arg('resumes', '200'));
+
+const discovery = tempDiscoveryUrl();
+process.on('exit', () => {
+  killAllNow();
+  rmSync(fileURLToPath(discovery), { recursive: true, force: true });
+});
+setTimeout(() => {
+  console.error('bench: watchdog: taking too long, stopping');
+  process.exit(2);
+}, 15 * 60_000).unref();
+
+const dispatcher = new Agent({ connections: concurrency * 2, keepAliveTimeout: 10_000 });
+const body = JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: maxTokens, stream: true });
+
+/** One streamed chat completion; resolves with its events counted (one per token, plus role, finish and [DONE]). */
+async function oneStream(url: string): Promise<number> {
+  const res = await request(`${url}/v1/chat/completions`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json' }, body });
+  let events = 0;
+  for await (const chunk of res.body as AsyncIterable<Buffer>) for (let at = chunk.indexOf('\n\n'); at >= 0; at = chunk.indexOf('\n\n', at + 2)) events++;
+  return events;
+}
+
+/** Closed-loop load for durationMs: the frontend's CPU ms per 1,000 tokens. */
+async function measure(frontend: FrontendHandle): Promise<{ cpuMsPer1kTokens: number; tokensPerS: number }> {
+  const deadline = Date.now() + durationMs;
+  let tokens = 0;
+  const cpu0 = procCpuMs(frontend.pid)!;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (Date.now() < deadline) tokens += (await oneStream(frontend.url)) - 3;
+    }),
+  );
+  const cpu = procCpuMs(frontend.pid)! - cpu0;
+  const seconds = (performance.now() - t0) / 1000;
+  return { cpuMsPer1kTokens: (cpu / tokens) * 1000, tokensPerS: tokens / seconds };
+}
+
+/** Time from a resume's request to its first replayed byte, for `resumes` streams cut after 10 events. */
+async function resumeLatency(frontend: FrontendHandle): Promise<{ p50: number; p99: number }> {
+  const samples: number[] = [];
+  for (let i = 0; i < resumes; i++) {
+    const res = await request(`${frontend.url}/v1/chat/completions`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json' }, body });
+    let head = '';
+    for await (const chunk of res.body as AsyncIterable<Buffer>) head += chunk.toString('utf8');
+    const id = /"id":"(chatcmpl-[0-9a-f]+)"/.exec(head)![1]!;
+    const t0 = performance.now();
+    const again = await request(`${frontend.url}/v1/chat/completions/${id}?stream=true&starting_after=10`, { dispatcher });
+    for await (const _ of again.body as AsyncIterable<Buffer>) {
+      samples.push(performance.now() - t0);
+      again.body.destroy();
+      break;
+    }
+  }
+  samples.sort((a, b) => a - b);
+  const at = (q: number) => samples[Math.min(samples.length - 1, Math.floor(q * samples.length))]!;
+  return { p50: at(0.5), p99: at(0.99) };
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-batch-slots', '256']);
+const modes = { off: await startFrontend(discovery, ['--stream-store', 'none']), memory: await startFrontend(discovery) };
+for (const f of Object.values(modes)) await oneStream(f.url); // both see the worker, and are warm
+const samples: Record<keyof typeof modes, number[]> = { off: [], memory: [] };
+for (let r = 0; r < rounds; r++)
+  for (const mode of (r % 2 === 0 ? ['off', 'memory'] : ['memory', 'off']) as Array<keyof typeof modes>) {
+    const m = await measure(modes[mode]);
+    samples[mode].push(m.cpuMsPer1kTokens);
+    console.log(`round ${r + 1} ${mode.padEnd(6)} ${m.cpuMsPer1kTokens.toFixed(1)} CPU ms / 1,000 tokens (${Math.round(m.tokensPerS)} tokens/s)`);
+  }
+const latency = await resumeLatency(modes.memory);
+const off = median(samples.off);
+const memory = median(samples.memory);
+console.log(`\nmedian CPU per 1,000 tokens at ${concurrency} streams: off ${off.toFixed(1)} ms, memory ${memory.toFixed(1)} ms (${((memory / off - 1) * 100).toFixed(1)} %)`);
+console.log(`resume to first replayed byte: p50 ${latency.p50.toFixed(2)} ms, p99 ${latency.p99.toFixed(2)} ms (${resumes} resumes)`);
+console.log(JSON.stringify({ concurrency, max_tokens: maxTokens, rounds, cpu_ms_per_1k_tokens: { off, memory }, memory_over_off: memory / off, resume_first_byte_ms: latency }));
+process.exit(0);
