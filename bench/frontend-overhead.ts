@@ -223,7 +223,9 @@ function sseConsumer(jsonParse: boolean): Target['consume'] {
   return async (body, onFirstToken) => {
     let tokens = 0;
     let done = false;
-    const onEvent = (event: string) => {
+    const onEvent = (withId: string) => {
+      // A kept (resumable) stream's events start with their `id:` line.
+      const event = withId.startsWith('id: ') ? withId.slice(withId.indexOf('\n') + 1) : withId;
       // A partial trailing event (splitBody yields the rest of the body too) lands here or breaks [DONE].
       if (done) throw new Error(`SSE event after [DONE]: ${event}`);
       if (!event.startsWith('data: ')) throw new Error(`unexpected SSE event: ${event}`);

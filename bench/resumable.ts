@@ -39,9 +39,10 @@ const body = JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: '
 /** One streamed chat completion; resolves with its events counted (one per token, plus role, finish and [DONE]). */
 async function oneStream(url: string): Promise<number> {
   const res = await request(`${url}/v1/chat/completions`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json' }, body });
-  let events = 0;
-  for await (const chunk of res.body as AsyncIterable<Buffer>) for (let at = chunk.indexOf('\n\n'); at >= 0; at = chunk.indexOf('\n\n', at + 2)) events++;
-  return events;
+  // Events end with a blank line; one may span two reads, so the text is scanned whole.
+  let text = '';
+  for await (const chunk of res.body as AsyncIterable<Buffer>) text += chunk.toString('latin1');
+  return text.split('\n\n').length - 1;
 }
 
 /** Closed-loop load for durationMs: the frontend's CPU ms per 1,000 tokens. */
@@ -52,7 +53,11 @@ async function measure(frontend: FrontendHandle): Promise<{ cpuMsPer1kTokens: nu
   const t0 = performance.now();
   await Promise.all(
     Array.from({ length: concurrency }, async () => {
-      while (Date.now() < deadline) tokens += (await oneStream(frontend.url)) - 3;
+      while (Date.now() < deadline) {
+        // Awaited first: `tokens += await ...` would read tokens before the wait and lose the other streams' counts.
+        const events = await oneStream(frontend.url);
+        tokens += events - 3;
+      }
     }),
   );
   const cpu = procCpuMs(frontend.pid)! - cpu0;

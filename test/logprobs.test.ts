@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { call, openLineStream } from './helpers/http.js';
 import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
 import OpenAI from 'openai';
-import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { startFleet, startWorker, tempDiscoveryUrl, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 const PROMPT = 'tell me about the tides';
 
@@ -77,10 +77,7 @@ describe('frontend: logprobs through the openai SDK', () => {
   let frontend: FrontendHandle;
   let workers: WorkerHandle[];
   before(async () => {
-    const discovery = tempDiscoveryUrl();
-    workers = await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '25', '--mocker-ttft-ms', '0'])));
-    frontend = await startFrontend(discovery);
-    await frontendSeesWorkers(frontend, 2);
+    ({ frontend, workers } = await startFleet(2, ['--mocker-itl-ms', '25', '--mocker-ttft-ms', '0']));
   });
   after(async () => {
     await Promise.all([frontend, ...workers].map((p) => p?.stop()));

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { call } from './helpers/http.js';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { bounded, frontendSeesWorkers, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { bounded, frontendSeesWorkers, metricValue, startFleet, startFrontend, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 /** Streams that outlive their connection: one frontend (the embedded memory store), two mocker workers. */
 const started: EbbProcess[] = [];
@@ -11,12 +11,8 @@ let discovery: string;
 let frontend: FrontendHandle;
 let workers: WorkerHandle[];
 before(async () => {
-  discovery = tempDiscoveryUrl();
-  workers = await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '20', '--mocker-ttft-ms', '0', '--mocker-max-context', '100000'])));
-  started.push(...workers);
-  frontend = await startFrontend(discovery);
-  started.push(frontend);
-  await frontendSeesWorkers(frontend, 2);
+  ({ discovery, frontend, workers } = await startFleet(2, ['--mocker-itl-ms', '20', '--mocker-ttft-ms', '0', '--mocker-max-context', '100000']));
+  started.push(...workers, frontend);
 });
 after(async () => {
   await Promise.all(started.map((p) => p.stop()));

@@ -7,20 +7,16 @@ import { generateText, jsonSchema, tool } from 'ai';
 import { ChatOpenAI } from '@langchain/openai';
 import { call } from './helpers/http.js';
 import { startEngineSim, type EngineSim } from './helpers/engine-sim.js';
-import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { frontendSeesWorkers, startFleet, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 /** Tool calling through ebb as agents use it: a fleet of mocker workers (Hermes call syntax), the official SDKs. */
 const started: EbbProcess[] = [];
 let frontend: FrontendHandle;
 let workers: WorkerHandle[];
 before(async () => {
-  const discovery = tempDiscoveryUrl();
   // A pace slow enough that a worker can be killed in the middle of a call's arguments.
-  workers = await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '25', '--mocker-ttft-ms', '0', '--mocker-max-context', '4096'])));
-  started.push(...workers);
-  frontend = await startFrontend(discovery);
-  started.push(frontend);
-  await frontendSeesWorkers(frontend, 2);
+  ({ frontend, workers } = await startFleet(2, ['--mocker-itl-ms', '25', '--mocker-ttft-ms', '0', '--mocker-max-context', '4096']));
+  started.push(...workers, frontend);
 });
 after(async () => {
   await Promise.all(started.map((p) => p.stop()));

@@ -284,6 +284,15 @@ export async function frontendSeesWorkers(frontend: EbbProcess, count: number): 
   }, `the frontend to see ${count} workers`);
 }
 
+/** `count` workers of model m1 (`workerArgs` added) and a frontend on one new discovery, once the frontend routes to all of them. */
+export async function startFleet(count: number, workerArgs: string[], frontendArgs: string[] = []): Promise<{ discovery: string; frontend: FrontendHandle; workers: WorkerHandle[] }> {
+  const discovery = tempDiscoveryUrl();
+  const workers = await Promise.all(Array.from({ length: count }, () => startWorker(['--discovery', discovery, '--model', 'm1', ...workerArgs])));
+  const frontend = await startFrontend(discovery, frontendArgs);
+  await frontendSeesWorkers(frontend, count);
+  return { discovery, frontend, workers };
+}
+
 /** Reads one counter or gauge sample from a Prometheus text page; 0 when absent. */
 export async function metricValue(url: string, name: string, labels = ''): Promise<number> {
   return (await metricValues(url, [labels ? `${name}{${labels}}` : name]))[0] ?? 0;

@@ -10,6 +10,16 @@ import type { UpstreamStream } from './upstream.js';
 /** `id: ` and the newline around an event id's digits. */
 const ID_LINE = 5;
 const decimalDigits = (n: number) => (n < 10 ? 1 : n < 100 ? 2 : n < 1000 ? 3 : n < 10_000 ? 4 : n < 100_000 ? 5 : String(n).length);
+const ID_HEAD = Buffer.from('id: ');
+
+/** `id: <n>\n` into buf at pos, digit by digit (no string per event); returns the position after it. */
+function writeIdLine(buf: Buffer, pos: number, n: number): number {
+  buf.set(ID_HEAD, pos);
+  const end = pos + ID_HEAD.length + decimalDigits(n);
+  for (let at = end - 1, rest = n; at >= pos + ID_HEAD.length; at--, rest = Math.floor(rest / 10)) buf[at] = 0x30 + (rest % 10);
+  buf[end] = 0x0a;
+  return end + 1;
+}
 
 /** A settled promise: a microtask through it costs less than queueMicrotask's async-scope wrapper. */
 const RESOLVED = Promise.resolve();
@@ -90,7 +100,7 @@ export class LaneWriter implements LaneSink {
       let pos = at;
       const ids = this.ids === undefined ? undefined : this.segIds;
       for (let k = 0; k < count; k++) {
-        if (ids !== undefined) pos += buf.write(`id: ${ids[k]}\n`, pos, 'latin1');
+        if (ids !== undefined) pos = writeIdLine(buf, pos, ids[k]!);
         buf.set(frame.head, pos);
         pos = copyBytes(segBufs[k]!, segStarts[k]!, segEnds[k]!, buf, pos + frame.head.length);
         buf.set(frame.tail, pos);

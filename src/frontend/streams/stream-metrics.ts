@@ -4,8 +4,23 @@ import type { StreamStoreMetrics } from './stream-store.js';
 
 /** The stream store on /metrics: what it keeps, resumes by outcome, and the work wasted on streams nobody came back to. */
 export function createStreamMetrics(registry: Registry, log: Logger): StreamStoreMetrics {
-  const streams = new Gauge({ name: 'ebb_frontend_streams_kept', help: 'Streams kept for resumption (live, and ended within the resume window)', registers: [registry] });
-  const bytes = new Gauge({ name: 'ebb_frontend_stream_store_bytes', help: 'Bytes of SSE events kept for resumption', registers: [registry] });
+  let store: { keptBytes: number; size: number } | undefined;
+  new Gauge({
+    name: 'ebb_frontend_streams_kept',
+    help: 'Streams kept for resumption (live, and ended within the resume window)',
+    registers: [registry],
+    collect() {
+      this.set(store?.size ?? 0);
+    },
+  });
+  new Gauge({
+    name: 'ebb_frontend_stream_store_bytes',
+    help: 'Bytes of SSE events kept for resumption',
+    registers: [registry],
+    collect() {
+      this.set(store?.keptBytes ?? 0);
+    },
+  });
   const resumes = new Counter({ name: 'ebb_frontend_stream_resumes_total', help: 'Stream resumes by outcome (resumed, not_found, expired)', labelNames: ['outcome'], registers: [registry] });
   const abandoned = new Counter({ name: 'ebb_frontend_streams_abandoned_total', help: 'Streams cancelled at the end of their grace: their client left and nobody resumed', registers: [registry] });
   const wasted = new Counter({
@@ -17,9 +32,8 @@ export function createStreamMetrics(registry: Registry, log: Logger): StreamStor
   for (const outcome of ['resumed', 'not_found', 'expired']) resumes.inc({ outcome }, 0);
   for (const reason of ['window', 'bytes', 'count']) forgotten.inc({ reason }, 0);
   return {
-    kept(b, n) {
-      bytes.set(b);
-      streams.set(n);
+    watch(s) {
+      store = s;
     },
     abandoned(id, events) {
       abandoned.inc();

@@ -31,7 +31,8 @@ export const STREAM_STORE_DEFAULTS: StreamStoreOptions = {
 const EXPIRED_MEMORY = 50_000;
 
 export interface StreamStoreMetrics {
-  kept(bytes: number, streams: number): void;
+  /** What the store holds, read at each scrape (not told at each event: that is the hot path). */
+  watch(store: { keptBytes: number; size: number }): void;
   abandoned(id: string, events: number): void;
   forgotten(reason: 'window' | 'bytes' | 'count'): void;
   resume(outcome: 'resumed' | 'not_found' | 'expired'): void;
@@ -54,7 +55,9 @@ export class StreamStore {
   constructor(
     readonly opts: StreamStoreOptions,
     private readonly metrics?: StreamStoreMetrics,
-  ) {}
+  ) {
+    metrics?.watch(this);
+  }
 
   /** A new stream to keep, under `id` (a response id: chatcmpl-, cmpl-, resp_). */
   open(id: string): KeptStream {
@@ -65,7 +68,6 @@ export class StreamStore {
       onBytes: (delta) => {
         this.bytes += delta;
         if (delta > 0 && this.bytes > this.opts.maxTotalBytes) this.forgetOldest('bytes', () => this.bytes > this.opts.maxTotalBytes);
-        this.report();
       },
       onOver: (s) => {
         this.ended.add(s);
@@ -75,7 +77,6 @@ export class StreamStore {
     });
     this.streams.set(id, stream);
     if (this.streams.size > this.opts.maxStreams) this.forgetOldest('count', () => this.streams.size > this.opts.maxStreams);
-    this.report();
     return stream;
   }
 
@@ -101,7 +102,6 @@ export class StreamStore {
     this.streams.delete(stream.id);
     this.ended.delete(stream);
     stream.drop();
-    this.report();
   }
 
   /** The kept stream `id` whatever its state, or undefined (retrieve, cancel). */
@@ -148,7 +148,6 @@ export class StreamStore {
       if (now - s.endedAt < this.opts.windowMs) break;
       this.forget(s, 'window');
     }
-    this.report();
   }
 
   /** The next ended stream's expiry, swept on a timer (and at every lookup). */
@@ -161,9 +160,5 @@ export class StreamStore {
       this.sweep();
       this.sweepLater();
     }, Math.max(0, first.endedAt + this.opts.windowMs - Date.now()) + 10).unref();
-  }
-
-  private report(): void {
-    this.metrics?.kept(this.bytes, this.streams.size);
   }
 }
