@@ -1,4 +1,4 @@
-import { Command, Option } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import cluster from 'node:cluster';
 import { availableParallelism } from 'node:os';
 import { ADMIN_TOKEN_ENV, REQUEST_TOKEN_ENV, WORKER_ADMIN_TOKEN_ENV, assertAdminBindAllowed, createAdminGuard, loadAdminToken, loadAdminTokens, loadRequestToken } from '../common/admin-auth.js';
@@ -45,7 +45,7 @@ interface FrontendFlags {
   processes: number;
   router: RouterKind;
   kvOverlapWeight: number;
-  streamStore: 'memory' | 'none';
+  streamStore: string;
   resumeGraceMs: number;
   resumeWindowMs: number;
   responseTtlMs: number;
@@ -107,7 +107,7 @@ export function frontendCommand(): Command {
         .default(1),
     )
     .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
-    .addOption(new Option('--stream-store <where>', 'where streams are kept so a client can resume one (GET .../{id}?stream=true&starting_after=N): memory (this process) or none').choices(['memory', 'none']).default('memory'))
+    .option('--stream-store <where>', 'where streams are kept so a client can resume one (GET .../{id}?stream=true&starting_after=N): memory (this process), redis://host:port (shared by a fleet of frontends: a resume at any of them), or none', streamStoreOption, 'memory')
     .option('--resume-grace-ms <n>', "a stream whose client left goes on this long for a resume, then is cancelled (0 = at once, nothing kept running)", msOption(0), STREAM_STORE_DEFAULTS.graceMs)
     .option('--resume-window-ms <n>', 'an ended stream stays resumable this long', msOption(0), STREAM_STORE_DEFAULTS.windowMs)
     .option('--response-ttl-ms <n>', 'a stored Responses API response (store, the default) stays retrievable, and usable as previous_response_id, this long after it ended', msOption(0), STREAM_STORE_DEFAULTS.responseTtlMs)
@@ -157,6 +157,7 @@ export function frontendCommand(): Command {
                 maxTotalBytes: flags.streamStoreMaxBytes,
                 maxStreams: flags.streamStoreMaxStreams,
                 writeTimeoutMs: flags.clientWriteTimeoutMs,
+                redisUrl: flags.streamStore.startsWith('redis') ? flags.streamStore : undefined,
               },
       };
       if (flags.processes > 1) {
@@ -207,4 +208,10 @@ export function frontendCommand(): Command {
       // It may have gone before this listener existed ('disconnect' fires once): then stop now.
       if (process.send !== undefined && !process.connected) stop('SIGTERM');
     });
+}
+
+/** --stream-store: memory, none, or a Redis URL. */
+function streamStoreOption(v: string): string {
+  if (v === 'memory' || v === 'none' || /^rediss?:\/\/./.test(v)) return v;
+  throw new InvalidArgumentError(`expected memory, none or redis://host:port, got "${v}"`);
 }

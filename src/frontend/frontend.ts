@@ -16,6 +16,9 @@ import { fdLimits, streamsRoom } from './fd-room.js';
 import { Shutdown } from './shutdown.js';
 import { StreamStore, type StreamStoreOptions } from './streams/stream-store.js';
 import { createStreamMetrics } from './streams/stream-metrics.js';
+import { RedisMirror } from './streams/redis-mirror.js';
+import { hostname } from 'node:os';
+import { randomUUID } from 'node:crypto';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
 import type { Registry } from 'prom-client';
 import type { AdminView, KvView } from './cluster/admin-view.js';
@@ -108,6 +111,17 @@ export interface RunningFrontend {
   interrupt(message: string): Promise<void>;
 }
 
+/** The stream store: this process's memory, mirrored to Redis for a fleet when one is named. */
+function keptStreams(o: StreamStoreOptions, clientWriteTimeoutMs: number | undefined, registry: Registry, log: Logger): StreamStore {
+  const writeTimeoutMs = clientWriteTimeoutMs ?? o.writeTimeoutMs;
+  const metrics = createStreamMetrics(registry, log);
+  const mirror =
+    o.redisUrl === undefined
+      ? undefined
+      : new RedisMirror({ url: o.redisUrl, owner: `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`, windowMs: o.windowMs, maxResponseBytes: o.maxResponseBytes, writeTimeoutMs, log, onHealth: metrics.storeUp });
+  return new StreamStore({ ...o, writeTimeoutMs }, metrics, mirror);
+}
+
 /** A loopback listener on any free port; resolves with its URL. */
 function listenPeer(server: Server): Promise<string> {
   return new Promise((resolve, reject) => {
@@ -171,8 +185,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
-  const streams =
-    opts.streamStore === undefined ? undefined : new StreamStore({ ...opts.streamStore, writeTimeoutMs: opts.clientWriteTimeoutMs ?? opts.streamStore.writeTimeoutMs }, createStreamMetrics(metrics.registry, log));
+  const streams = opts.streamStore === undefined ? undefined : keptStreams(opts.streamStore, opts.clientWriteTimeoutMs, metrics.registry, log);
   const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams });
   const url = await listen(app, opts.host, opts.port);
   // A process of several: its peers reach it here (the shared port gives a connection to any of them).

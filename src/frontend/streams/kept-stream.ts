@@ -17,6 +17,8 @@ export interface KeptStreamHooks {
   onOver(stream: KeptStream): void;
   /** Events generated while nobody followed, for a stream cancelled at the end of its grace: wasted work. */
   onAbandoned(events: number): void;
+  /** A shared store (Redis) the stream's events are copied to, for resumes at other frontends. */
+  mirror?: { append(id: string, payload: Buffer): void; ended(id: string, payload: Buffer | undefined): void } | undefined;
 }
 
 /** A follower's resume point: events after this id (undefined: from the first). */
@@ -93,6 +95,7 @@ export class KeptStream {
   append(payload: Buffer): void {
     if (this.state !== 'live') return;
     this.keep(payload);
+    this.hooks.mirror?.append(this.id, payload);
     if (!this.primary && this.followers.size === 0) this.unfollowed++;
     for (const [f, waiting] of this.followers) {
       if (waiting === undefined) this.sendTo(f, payload);
@@ -109,6 +112,7 @@ export class KeptStream {
   end(payload: Buffer): void {
     if (this.state !== 'live') return;
     this.keep(payload);
+    this.hooks.mirror?.ended(this.id, payload);
     this.state = 'ended';
     for (const [f, waiting] of this.followers) f.end(waiting === undefined ? payload : (eventsAfter(payload, waiting) ?? Buffer.alloc(0)));
     this.followers.clear();
@@ -123,6 +127,7 @@ export class KeptStream {
   /** The generation stopped without an end written (its client left and the grace passed, or it was cancelled). */
   stopped(): void {
     if (this.state !== 'live') return;
+    this.hooks.mirror?.ended(this.id, undefined);
     this.state = 'abandoned';
     for (const f of this.followers.keys()) f.res.destroy();
     this.followers.clear();

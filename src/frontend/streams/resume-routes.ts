@@ -43,15 +43,22 @@ export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
         reply.hijack();
         return toPeer(peer, 'GET', req.url, req.headers, undefined, reply.raw);
       }
-      resumeStream(deps.store, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
+      return resumeStream(deps.store, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
     });
   }
 }
 
 /** Follows kept stream `id` on `res` from the client's resume point; throws the 404 (or 400) when it cannot. */
-export function resumeStream(store: StreamStore, id: string, startingAfter: unknown, lastEventId: unknown, res: ServerResponse, hijack: () => void): void {
+export async function resumeStream(store: StreamStore, id: string, startingAfter: unknown, lastEventId: unknown, res: ServerResponse, hijack: () => void): Promise<void> {
   const from = resumePoint(startingAfter, lastEventId);
-  const kept = store.get(id);
+  let kept;
+  try {
+    kept = store.get(id);
+  } catch (err) {
+    // Not here: another frontend of the fleet may run it (the shared store has it).
+    if (store.mirror === undefined || !(err instanceof EbbError) || err.code !== 'response_not_found') throw err;
+    return store.mirror.follow(id, res, from, SSE_HEADERS, hijack);
+  }
   hijack();
   kept.follow(res, from, SSE_HEADERS);
 }

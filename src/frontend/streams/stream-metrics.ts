@@ -3,7 +3,7 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import type { StreamStoreMetrics } from './stream-store.js';
 
 /** The stream store on /metrics: what it keeps, resumes by outcome, and the work wasted on streams nobody came back to. */
-export function createStreamMetrics(registry: Registry, log: Logger): StreamStoreMetrics {
+export function createStreamMetrics(registry: Registry, log: Logger): StreamStoreMetrics & { storeUp(up: boolean): void } {
   let store: { keptBytes: number; size: number } | undefined;
   new Gauge({
     name: 'ebb_frontend_streams_kept',
@@ -29,6 +29,8 @@ export function createStreamMetrics(registry: Registry, log: Logger): StreamStor
     registers: [registry],
   });
   const forgotten = new Counter({ name: 'ebb_frontend_streams_forgotten_total', help: 'Kept streams forgotten, by why (window, bytes, count)', labelNames: ['reason'], registers: [registry] });
+  const up = new Gauge({ name: 'ebb_frontend_stream_store_up', help: 'Whether the shared stream store (Redis) can be reached (1 without one)', registers: [registry], aggregator: 'min' });
+  up.set(1);
   for (const outcome of ['resumed', 'not_found', 'expired']) resumes.inc({ outcome }, 0);
   for (const reason of ['window', 'bytes', 'count']) forgotten.inc({ reason }, 0);
   return {
@@ -45,6 +47,9 @@ export function createStreamMetrics(registry: Registry, log: Logger): StreamStor
     },
     resume(outcome) {
       resumes.inc({ outcome });
+    },
+    storeUp(ok) {
+      up.set(ok ? 1 : 0);
     },
   };
 }

@@ -1,5 +1,6 @@
 import { EbbError } from '../../protocol/errors.js';
 import { KeptStream } from './kept-stream.js';
+import type { RedisMirror } from './redis-mirror.js';
 
 export interface StreamStoreOptions {
   /** How long an ended stream stays resumable (OpenAI keeps 5 minutes). */
@@ -15,6 +16,8 @@ export interface StreamStoreOptions {
   /** Kept streams at most (ended ones forgotten first, oldest first). */
   maxStreams: number;
   writeTimeoutMs: number;
+  /** redis://host:port: a store shared by a fleet of frontends (see RedisMirror); undefined: this process's memory alone. */
+  redisUrl?: string | undefined;
 }
 
 export const STREAM_STORE_DEFAULTS: StreamStoreOptions = {
@@ -55,6 +58,8 @@ export class StreamStore {
   constructor(
     readonly opts: StreamStoreOptions,
     private readonly metrics?: StreamStoreMetrics,
+    /** A fleet's shared store: every kept stream is copied there, and resumes of streams kept elsewhere read it. */
+    readonly mirror?: RedisMirror | undefined,
   ) {
     metrics?.watch(this);
   }
@@ -74,7 +79,9 @@ export class StreamStore {
         this.sweepLater();
       },
       onAbandoned: (events) => this.metrics?.abandoned(id, events),
+      mirror: this.mirror,
     });
+    this.mirror?.opened(id);
     this.streams.set(id, stream);
     if (this.streams.size > this.opts.maxStreams) this.forgetOldest('count', () => this.streams.size > this.opts.maxStreams);
     return stream;
@@ -124,6 +131,7 @@ export class StreamStore {
 
   close(): void {
     clearTimeout(this.sweeper);
+    void this.mirror?.close();
   }
 
   private forget(stream: KeptStream, reason: 'window' | 'bytes' | 'count'): void {

@@ -1,0 +1,177 @@
+import type { ServerResponse } from 'node:http';
+import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { EbbError } from '../../protocol/errors.js';
+import { KeptStream, type ResumeFrom } from './kept-stream.js';
+
+/** How long a live stream's owner mark lives unrefreshed: a frontend gone for longer owns nothing. */
+const LEASE_MS = 5_000;
+/** A remote follower's wait per read; between reads it checks that the stream's owner is still there. */
+const BLOCK_MS = 2_000;
+
+const streamKey = (id: string) => `ebb:stream:${id}`;
+const ownerKey = (id: string) => `ebb:stream:${id}:owner`;
+
+export interface RedisMirrorOptions {
+  url: string;
+  /** This frontend, as its live streams' owner mark names it. */
+  owner: string;
+  /** How long an ended stream's events stay in Redis (the resume window). */
+  windowMs: number;
+  /** Bounds of a replica kept here while remote followers read it (as the store's own streams). */
+  maxResponseBytes: number;
+  writeTimeoutMs: number;
+  log: Logger;
+  /** The store's health on /metrics: told each time Redis goes away or comes back. */
+  onHealth?: ((up: boolean) => void) | undefined;
+}
+
+/**
+ * The stream store shared by a fleet of frontends (`--stream-store redis://host:port`): every event
+ * a frontend keeps in memory is also appended to a Redis stream (one per response, XADD, expiring
+ * a resume window after it ended), and a resume that reaches a frontend which does not hold the
+ * stream reads it there: the events after the client's point, then each new one as the owning
+ * frontend writes it (XREAD), then the end. An owner mark (a key with a lease, refreshed while the
+ * stream runs) says whether the frontend generating it is still there; a stream whose owner is gone
+ * ends, for its remote followers, with an error event saying so (taking it over is not built yet).
+ * When Redis cannot be reached, streams run on unkept there (a log line, a metric) and a resume that
+ * needs it is a 503 stream_store_unavailable: nothing admitted waits on Redis.
+ */
+export class RedisMirror {
+  private readonly redis: Redis;
+  /** Streams this frontend runs, whose owner marks it refreshes. */
+  private readonly live = new Set<string>();
+  /** Streams this frontend follows for its clients, one Redis reader each, shared by them. */
+  private readonly replicas = new Map<string, KeptStream>();
+  private readonly leases: NodeJS.Timeout;
+  private up = true;
+
+  constructor(private readonly opts: RedisMirrorOptions) {
+    // Commands fail at once while Redis is away (no offline queue): a stream never waits on it.
+    this.redis = new Redis(opts.url, { enableOfflineQueue: false, maxRetriesPerRequest: 0, enableAutoPipelining: true, lazyConnect: false });
+    this.redis.on('error', () => this.health(false));
+    this.redis.on('ready', () => this.health(true));
+    this.leases = setInterval(() => this.renewLeases(), LEASE_MS / 3).unref();
+  }
+
+  /** A stream this frontend starts: owned here until it ends. */
+  opened(id: string): void {
+    this.live.add(id);
+    this.redis.set(ownerKey(id), this.opts.owner, 'PX', LEASE_MS).catch(() => this.health(false));
+  }
+
+  append(id: string, payload: Buffer): void {
+    this.redis.xadd(streamKey(id), '*', 'e', payload).catch(() => this.health(false));
+  }
+
+  ended(id: string, payload: Buffer | undefined): void {
+    this.live.delete(id);
+    const key = streamKey(id);
+    // Plain commands, pipelined in order with the events before them (a MULTI could overtake them).
+    const fail = () => this.health(false);
+    (payload === undefined ? this.redis.xadd(key, '*', 'x', '') : this.redis.xadd(key, '*', 'e', payload, 'end', '1')).catch(fail);
+    this.redis.pexpire(key, this.opts.windowMs).catch(fail);
+    this.redis.del(ownerKey(id)).catch(fail);
+  }
+
+  /**
+   * Follows kept stream `id` from Redis on `res`, from the client's point. Throws the 404 when
+   * Redis holds no such stream, the 503 when Redis cannot be reached.
+   */
+  async follow(id: string, res: ServerResponse, from: ResumeFrom, headers: Record<string, string>, hijack: () => void): Promise<void> {
+    let replica = this.replicas.get(id);
+    if (replica === undefined) {
+      if (!this.up) throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: response ${id} can be resumed only at the frontend that runs it`);
+      let entries: Array<[Buffer, Buffer[]]>;
+      try {
+        entries = await this.redis.xrangeBuffer(streamKey(id), '-', '+');
+      } catch (err) {
+        this.health(false);
+        throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: ${(err as Error).message}`);
+      }
+      if (entries.length === 0) throw new EbbError('response_not_found', `no response ${id} is kept in this fleet`);
+      replica = this.replicas.get(id) ?? this.replicate(id, entries);
+    }
+    hijack();
+    replica.follow(res, from, headers);
+  }
+
+  /** A local copy of a remote stream, fed from Redis for as long as it runs. */
+  private replicate(id: string, entries: Array<[Buffer, Buffer[]]>): KeptStream {
+    const replica = new KeptStream(id, { maxBytes: this.opts.maxResponseBytes, graceMs: 0, writeTimeoutMs: this.opts.writeTimeoutMs, onBytes: () => undefined, onOver: () => this.replicas.delete(id), onAbandoned: () => undefined });
+    replica.detach();
+    this.replicas.set(id, replica);
+    let last = '-';
+    for (const [entryId, fields] of entries) {
+      last = entryId.toString();
+      if (this.feed(replica, fields)) return replica;
+    }
+    void this.tail(id, replica, last);
+    return replica;
+  }
+
+  /** One entry into the replica; true once it was the stream's end. */
+  private feed(replica: KeptStream, fields: Buffer[]): boolean {
+    const f = new Map<string, Buffer>();
+    for (let i = 0; i + 1 < fields.length; i += 2) f.set(fields[i]!.toString(), fields[i + 1]!);
+    const payload = f.get('e');
+    if (f.has('end') || f.has('x')) {
+      replica.end(payload ?? Buffer.alloc(0));
+      return true;
+    }
+    if (payload !== undefined) replica.append(payload);
+    return false;
+  }
+
+  /** New entries as the owner writes them, until the end, or until the owner is gone. */
+  private async tail(id: string, replica: KeptStream, after: string): Promise<void> {
+    const reader = this.redis.duplicate({ enableOfflineQueue: true });
+    let last = after;
+    try {
+      for (;;) {
+        const got = await reader.xreadBuffer('BLOCK', BLOCK_MS, 'STREAMS', streamKey(id), last);
+        for (const [, entries] of got ?? []) {
+          for (const [entryId, fields] of entries) {
+            last = entryId.toString();
+            if (this.feed(replica, fields)) return;
+          }
+        }
+        if (got === null && (await reader.exists(ownerKey(id))) === 0) {
+          replica.end(Buffer.from(gone(id)));
+          return;
+        }
+      }
+    } catch (err) {
+      this.opts.log.warn({ event: 'stream_store_follow_failed', response_id: id, err: (err as Error).message }, `following ${id} in the stream store failed: ${(err as Error).message}`);
+      replica.end(Buffer.from(gone(id)));
+    } finally {
+      reader.disconnect();
+    }
+  }
+
+  private renewLeases(): void {
+    if (this.live.size === 0 || !this.up) return;
+    for (const id of this.live) this.redis.set(ownerKey(id), this.opts.owner, 'PX', LEASE_MS).catch(() => this.health(false));
+  }
+
+  private health(up: boolean): void {
+    if (up === this.up) return;
+    this.up = up;
+    this.opts.onHealth?.(up);
+    if (up) this.opts.log.info({ event: 'stream_store_available', url: this.opts.url }, 'the stream store (Redis) is back: new streams are shared again');
+    else this.opts.log.warn({ event: 'stream_store_unavailable', url: this.opts.url }, 'the stream store (Redis) cannot be reached: streams run on, resumable only at the frontend that runs them');
+  }
+
+  async close(): Promise<void> {
+    clearInterval(this.leases);
+    for (const r of this.replicas.values()) r.cancel(new Error('the frontend is closing'));
+    this.redis.disconnect();
+  }
+}
+
+/** The last event of a stream whose frontend is gone: an error saying so, in the stream's own format. */
+function gone(id: string): string {
+  const message = `the frontend that ran response ${id} is gone; it cannot be continued (retry the request)`;
+  if (id.startsWith('resp_')) return `event: error\ndata: ${JSON.stringify({ type: 'error', code: 'server_closing', message, param: null })}\n\n`;
+  return `data: ${JSON.stringify({ error: { message, type: 'service_unavailable', param: null, code: 'server_closing' } })}\n\n`;
+}
