@@ -10,9 +10,10 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
   let redis: RedisServer;
   let a: FrontendHandle;
   let b: FrontendHandle;
+  let discovery: string;
   before(async () => {
     redis = await startRedis();
-    const discovery = tempDiscoveryUrl();
+    discovery = tempDiscoveryUrl();
     started.push(...(await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '20', '--mocker-ttft-ms', '0', '--mocker-max-context', '100000'])))));
     [a, b] = await Promise.all([0, 1].map(() => startFrontend(discovery, ['--stream-store', redis.url]))) as [FrontendHandle, FrontendHandle];
     started.push(a, b);
@@ -63,14 +64,35 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     assert.deepEqual(await events(await fetch(`${b.url}/v1/chat/completions/${id}?stream=true&starting_after=40`)), whole.slice(41));
   });
 
-  it('a stream whose frontend is killed: its followers at the other frontend get an error event saying so, never a silent cut', async () => {
+  it('a frontend SIGKILLed mid-stream: its client resumes at the other frontend, which takes the stream over: byte for byte an undisturbed run, one [DONE], the same usage', async () => {
+    const streamBody = (seed: number) => JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'tell me about the tides' }], max_tokens: 40, seed, stream: true, stream_options: { include_usage: true } });
+    const undisturbed = await events(await fetch(`${b.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: streamBody(7) }));
     const cut = new AbortController();
-    const first = await events(await fetch(`${a.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: body(100_000, 2), signal: cut.signal }), 3, cut);
+    const first = await events(await fetch(`${a.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: streamBody(7), signal: cut.signal }), 10, cut);
+    a.proc.kill('SIGKILL');
+    const mark = b.mark();
+    const rest = await events(await fetch(`${b.url}/v1/chat/completions/${idOf(first)}?stream=true&starting_after=10`));
+    await b.waitForEvent('stream_taken_over', (l) => l.response_id === idOf(first), { after: mark });
+    // The same request, undisturbed, differs only in its id and creation time, and in what the
+    // workers' prefix caches held (cached_tokens: the continuation lands where the prompt is warm).
+    const same = (e: string[]) => e.map((x) => x.replaceAll(/chatcmpl-[0-9a-f]+/g, 'ID').replaceAll(/"created":\d+/g, '"created":0').replace(/,"prompt_tokens_details":\{"cached_tokens":\d+\}/, ''));
+    assert.deepEqual(same([...first, ...rest]), same(undisturbed));
+    assert.equal(rest.filter((e) => e.endsWith('data: [DONE]')).length, 1, 'one end');
+    assert.match(rest.at(-2)!, /"usage":\{"prompt_tokens":\d+,"completion_tokens":40,/, 'usage counts the whole answer once');
+  });
+
+  it('a stream another frontend cannot continue (two choices): its followers get an error event saying its frontend is gone, never a silent cut', async () => {
+    const c = await startFrontend(discovery, ['--stream-store', redis.url]);
+    started.push(c);
+    await frontendSeesWorkers(c, 2);
+    const cut = new AbortController();
+    const twoChoices = JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'tell me about the tides' }], max_tokens: 100_000, n: 2, stream: true });
+    const first = await events(await fetch(`${c.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: twoChoices, signal: cut.signal }), 3, cut);
     // Once b relays the live stream (its first event came), the frontend running it dies.
     const got = await events(await fetch(`${b.url}/v1/chat/completions/${idOf(first)}?stream=true&starting_after=3`), undefined, undefined, () => {
-      if (a.proc.exitCode === null && a.proc.signalCode === null) a.proc.kill('SIGKILL');
+      if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill('SIGKILL');
     });
-    assert.match(got.at(-1)!, /"code":"server_closing"/, 'the last event says the frontend is gone');
+    assert.match(got.at(-1)!, /"code":"server_closing"/, `the last event says the frontend is gone: ${got.slice(-2).join(" / ")}`);
     assert.match(got.at(-1)!, /is gone; it cannot be continued/);
   });
 

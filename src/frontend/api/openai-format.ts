@@ -108,7 +108,7 @@ export class SseFormatter implements StreamFormat {
   private readonly object: string;
   /** Completions' logprobs.text_offset: each choice's text so far, in characters. */
   private readonly offsets: number[];
-  readonly created = Math.floor(Date.now() / 1000);
+  readonly created: number;
 
   constructor(
     readonly endpoint: Endpoint,
@@ -120,7 +120,10 @@ export class SseFormatter implements StreamFormat {
     private readonly logprobs = false,
     /** A kept (resumable) stream: each event carries `id: <n>`. */
     readonly ids?: EventIds,
+    /** A takeover keeps the creation time the other frontend's chunks carry. */
+    created = Math.floor(Date.now() / 1000),
   ) {
+    this.created = created;
     this.offsets = new Array<number>(lanes).fill(0);
     this.object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
     const prefix = `data: {"id":${JSON.stringify(id)},"object":"${this.object}","created":${this.created},"model":${JSON.stringify(model)},"choices":[{"index":`;

@@ -5,6 +5,7 @@ import type { StreamStore } from '../streams/stream-store.js';
 import { addResumeRoutes, resumeStream } from '../streams/resume-routes.js';
 import { ResponseCancelled, ResponseRecords, type ResponseRecord } from '../streams/response-records.js';
 import { detachedResponse } from '../streams/detached-response.js';
+import { takeoverPoint, type TakeoverPlan } from '../streams/takeover.js';
 import { toPeer } from '../cluster/peer-proxy.js';
 import { EbbError } from '../../protocol/errors.js';
 import type { FastifyInstance, FastifyReply } from 'fastify';
@@ -191,6 +192,26 @@ export function createOpenAIServer({
     return Number.isInteger(owner) && owner !== cluster.slot ? cluster.peerUrl(owner) : undefined;
   };
   if (streams !== undefined) addResumeRoutes(app, { store: streams, methods, elsewhere });
+  if (streams?.mirror !== undefined) {
+    const store = streams;
+    // A stream whose frontend died, continued here from what the shared store kept: the same ids, the same format, its sequence continued on a worker.
+    store.mirror!.takeover = (id, plan, events) => {
+      const point = takeoverPoint(plan, events.toString('utf8'));
+      if (point === undefined) return false;
+      const kept = store.adopt(id, events);
+      const made = plan.responses;
+      const fmt =
+        plan.endpoint === 'responses' && made !== undefined
+          ? new ResponsesStream(new ResponseShell(made.uuid, made.request, made), true, { seq: point.lastId + 1, text: point.resumed[0]!.text })
+          : new SseFormatter(plan.endpoint === 'completion' ? 'completion' : 'chat', id, plan.model, 1, plan.includeUsage, false, new EventIds(point.lastId + 1), plan.created);
+      const detached = { raw: detachedResponse(), hijack: () => undefined };
+      void relay
+        .stream(detached, fmt, plan.gens, 1, kept.signal, performance.now(), kept, point.resumed)
+        .catch((err: unknown) => log.warn({ event: 'takeover_failed', response_id: id, err: (err as Error).message }, `continuing ${id} failed: ${(err as Error).message}`))
+        .finally(() => kept.stopped());
+      return true;
+    };
+  }
 
   /**
    * Streams a response. With a stream store it is kept: each event numbered, its generation
@@ -206,9 +227,11 @@ export function createOpenAIServer({
     signal: AbortSignal,
     started: number,
     room: ReturnType<typeof holdLanes>,
-    responses: { background?: boolean; record?: ResponseRecord | undefined } = {},
+    responses: { background?: boolean; record?: ResponseRecord | undefined; plan?: TakeoverPlan | undefined } = {},
   ) => {
     const kept = streams?.open(id);
+    // With a shared store, how another frontend would go on with it if this one went away.
+    if (kept !== undefined && responses.plan !== undefined) streams!.mirror?.plan(id, responses.plan);
     const fmt = fmtFor(kept !== undefined);
     const record = responses.record;
     if (kept === undefined) {
@@ -275,11 +298,15 @@ export function createOpenAIServer({
       const tools = endpoint === 'chat' && toolsActive(gens[0]!.tools, gens[0]!.tool_choice) ? toolParsing(gens[0]!) : undefined;
       try {
         if (body.stream) {
+          const created = Math.floor(Date.now() / 1000);
+          const includeUsage = body.stream_options?.include_usage === true;
           const fmtFor = (kept: boolean) => {
-            const sse = new SseFormatter(endpoint, id, body.model, gens.length, body.stream_options?.include_usage === true, gens[0]!.logprobs === true, kept ? new EventIds() : undefined);
+            const sse = new SseFormatter(endpoint, id, body.model, gens.length, includeUsage, gens[0]!.logprobs === true, kept ? new EventIds() : undefined, created);
             return tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, tools.idsFor, gens.length);
           };
-          return await streamOut(reply, id, fmtFor, gens, n, signal, started, room);
+          // One plain sequence can be continued by another frontend from its events alone.
+          const plan: TakeoverPlan | undefined = gens.length === 1 && tools === undefined && gens[0]!.logprobs !== true ? { endpoint, gens, model: body.model, includeUsage, created } : undefined;
+          return await streamOut(reply, id, fmtFor, gens, n, signal, started, room, { plan });
         }
         const { choices, usage, workerId } = await relay.collect(gens, n, signal);
         void reply.header('x-ebb-worker-id', headerValue(workerId));
@@ -334,7 +361,11 @@ export function createOpenAIServer({
     const signal = shutdown.requestSignal(reply.raw);
     probeHalfClosedClient(req, reply);
     try {
-      if (body.stream) return await streamOut(reply, shell.id, fmtFor, [gen], 1, signal, performance.now(), room, { record });
+      if (body.stream) {
+        const plan: TakeoverPlan | undefined =
+          tools === undefined ? { endpoint: 'responses', gens: [gen], model: body.model, includeUsage: false, created: shell.createdAt, responses: { uuid: shell.id.slice('resp_'.length), request: body, messageId: shell.messageId, createdAt: shell.createdAt } } : undefined;
+        return await streamOut(reply, shell.id, fmtFor, [gen], 1, signal, performance.now(), room, { record, plan });
+      }
       const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
       void reply.header('x-ebb-worker-id', headerValue(workerId));
       const answer = tools !== undefined ? responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, tools.idsFor(0))) : responseObject(shell, choices[0]!, usage);

@@ -162,14 +162,17 @@ export interface ResponseProgress {
 export class ResponseShell {
   readonly id: string;
   readonly messageId: string;
-  readonly createdAt = Math.floor(Date.now() / 1000);
+  createdAt: number = Math.floor(Date.now() / 1000);
 
   constructor(
     uuid: string,
-    private readonly req: ResponsesRequest,
+    readonly req: ResponsesRequest,
+    /** A takeover rebuilds the shell the other frontend made: its message id and creation time. */
+    made?: { messageId: string; createdAt: number },
   ) {
     this.id = `resp_${uuid}`;
-    this.messageId = `msg_${randomUUID().replaceAll('-', '')}`;
+    this.messageId = made?.messageId ?? `msg_${randomUUID().replaceAll('-', '')}`;
+    if (made !== undefined) this.createdAt = made.createdAt;
   }
 
   message(text: string, status: 'in_progress' | 'completed' | 'incomplete') {
@@ -240,7 +243,13 @@ export class ResponsesStream implements StreamFormat, ResponseProgress {
   constructor(
     private readonly shell: ResponseShell,
     private readonly kept = false,
+    /** A takeover goes on from the events and the text the other frontend sent. */
+    from?: { seq: number; text: string },
   ) {
+    if (from !== undefined) {
+      this.seq = from.seq;
+      this.text = from.text;
+    }
     this.deltaHead = `"item_id":${JSON.stringify(shell.messageId)},"output_index":0,"content_index":0,"logprobs":[],"delta":`;
   }
 

@@ -35,6 +35,12 @@ export class LaneFailed extends Error {
   }
 }
 
+/** What one sequence had delivered when its frontend went away: its text, and its tokens as counted then. */
+export interface Resumed {
+  text: string;
+  tokens: number;
+}
+
 /** How a lane finished: the reason, and the usage of the whole sequence across its workers. */
 export interface LaneDone {
   finishReason: string;
@@ -49,7 +55,7 @@ export interface LaneDone {
  * once.
  */
 export class Lane {
-  readonly delivered = new Delivered();
+  readonly delivered: Delivered;
   /** The lines read when the worker was taken, not yet fed to a sink (its terminal line, when among them). */
   private pending: BatchLine[];
   private sink: LaneSink | undefined;
@@ -60,13 +66,22 @@ export class Lane {
     private readonly gen: GenerateBody,
     private readonly ctx: LaneContext,
     private up: UpstreamStream,
+    delivered?: Delivered,
   ) {
+    this.delivered = delivered ?? new Delivered();
     this.pending = up.first;
   }
 
   /** Takes a worker for the sequence; nothing is sent to the client yet. */
   static async open(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal): Promise<Lane> {
     return new Lane(index, gen, ctx, await ctx.open(gen, signal, new Set()));
+  }
+
+  /** A sequence another frontend started and can no longer finish (a takeover): continued from what it delivered. */
+  static async resume(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal, from: Resumed): Promise<Lane> {
+    const delivered = new Delivered();
+    delivered.restore(from.text, from.tokens);
+    return new Lane(index, gen, ctx, await ctx.open(delivered.continuation(gen), signal, new Set()), delivered);
   }
 
   /** The worker serving the lane now. */
@@ -192,9 +207,10 @@ export class Lane {
  * Takes a worker for every sequence before anything is committed to the client: a refusal is still
  * a JSON error. When one cannot be taken, the others are closed and its error is thrown.
  */
-export async function openLanes(gens: GenerateBody[], ctx: LaneContext, signal: AbortSignal): Promise<Lane[]> {
-  if (gens.length === 1) return [await Lane.open(0, gens[0]!, ctx, signal)];
-  const opened = await Promise.allSettled(gens.map((gen, index) => Lane.open(index, gen, ctx, signal)));
+export async function openLanes(gens: GenerateBody[], ctx: LaneContext, signal: AbortSignal, resumed?: Resumed[]): Promise<Lane[]> {
+  const open = (gen: GenerateBody, index: number) => (resumed === undefined ? Lane.open(index, gen, ctx, signal) : Lane.resume(index, gen, ctx, signal, resumed[index]!));
+  if (gens.length === 1) return [await open(gens[0]!, 0)];
+  const opened = await Promise.allSettled(gens.map(open));
   const failed = opened.find((r): r is PromiseRejectedResult => r.status === 'rejected');
   if (failed) {
     for (const r of opened) if (r.status === 'fulfilled') r.value.close();

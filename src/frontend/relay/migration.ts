@@ -32,6 +32,13 @@ export class Delivered {
     this.ids = undefined;
   }
 
+  /** What another frontend delivered before it went away (a takeover): text, counted tokens, no ids. */
+  restore(text: string, tokens: number): void {
+    this.add(text, undefined);
+    this.tokens = tokens;
+    this.ids = undefined;
+  }
+
   add(text: string, tokenIds: number[] | undefined): void {
     const size = Buffer.byteLength(text);
     this.room(size);

@@ -6,7 +6,7 @@ import { ClientStream, type StreamTap } from './client-stream.js';
 import { LaneWriter } from './lane-writer.js';
 import type { FrontendMetrics } from '../metrics.js';
 import { sumUsage, type CollectedChoice, type StreamFormat } from '../wire/stream-format.js';
-import { Lane, LaneFailed, openLanes, type LaneContext } from './lane.js';
+import { Lane, LaneFailed, openLanes, type LaneContext, type Resumed } from './lane.js';
 import type { Upstream } from './upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 
@@ -42,8 +42,9 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
    * without one. The headers leave with the first tokens, and a single lane's last tokens with the
    * end: one system call each, or one in all when the first read held the whole answer.
    */
-  async function stream(reply: StreamReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number, kept?: StreamTap): Promise<void> {
-    const lanes = await openLanes(gens, ctx, signal);
+  async function stream(reply: StreamReply, fmt: StreamFormat, gens: GenerateBody[], n: number, signal: AbortSignal, started: number, kept?: StreamTap, resumed?: Resumed[]): Promise<void> {
+    // A takeover continues each sequence from what the other frontend delivered; its opening went out with that.
+    const lanes = await openLanes(gens, ctx, signal, resumed);
     const res = reply.raw;
     // A kept stream is given every byte too: it goes on (and is resumable) when its client leaves.
     const out = new ClientStream(res, clientWriteTimeoutMs, kept);
@@ -57,7 +58,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
       reply.hijack();
       out.cork();
       out.begin(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': headerValue(lanes[0]!.workerId) });
-      out.write(fmt.opening());
+      if (resumed === undefined) out.write(fmt.opening());
       for (const lane of lanes) {
         lane.start(new LaneWriter(out, lane.index, fmt, lane.delivered));
         lane.flush();

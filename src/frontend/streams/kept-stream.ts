@@ -91,6 +91,11 @@ export class KeptStream {
     this.background = true;
   }
 
+  /** The events another frontend sent before this one took the stream over: kept, not copied to the store again. */
+  seed(payload: Buffer): void {
+    this.keep(payload);
+  }
+
   /** Bytes the original connection was sent (one or more whole events); followers get them too. */
   append(payload: Buffer): void {
     if (this.state !== 'live') return;

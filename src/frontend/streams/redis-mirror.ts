@@ -3,6 +3,7 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { EbbError } from '../../protocol/errors.js';
 import { KeptStream, type ResumeFrom } from './kept-stream.js';
+import type { TakeoverPlan } from './takeover.js';
 
 /** How long a live stream's owner mark lives unrefreshed: a frontend gone for longer owns nothing. */
 const LEASE_MS = 5_000;
@@ -11,6 +12,12 @@ const BLOCK_MS = 2_000;
 
 const streamKey = (id: string) => `ebb:stream:${id}`;
 const ownerKey = (id: string) => `ebb:stream:${id}:owner`;
+const planKey = (id: string) => `ebb:stream:${id}:plan`;
+/** A plan outlives its stream by this at most when nobody ends it (its frontend died and nobody took over). */
+const PLAN_TTL_MS = 24 * 3_600_000;
+
+/** Continues a stream whose frontend is gone, here (the frontend's relay): false when it cannot. */
+export type Takeover = (id: string, plan: TakeoverPlan, events: Buffer) => boolean;
 
 export interface RedisMirrorOptions {
   url: string;
@@ -45,6 +52,8 @@ export class RedisMirror {
   private readonly replicas = new Map<string, KeptStream>();
   private readonly leases: NodeJS.Timeout;
   private up = true;
+  /** Set by the public API: how a stream whose frontend died is continued here. */
+  takeover: Takeover | undefined;
 
   constructor(private readonly opts: RedisMirrorOptions) {
     // Commands fail at once while Redis is away (no offline queue): a stream never waits on it.
@@ -60,6 +69,11 @@ export class RedisMirror {
     this.redis.set(ownerKey(id), this.opts.owner, 'PX', LEASE_MS).catch(() => this.health(false));
   }
 
+  /** How another frontend would continue the stream if this one went away (written before its events). */
+  plan(id: string, plan: TakeoverPlan): void {
+    this.redis.set(planKey(id), JSON.stringify(plan), 'PX', PLAN_TTL_MS).catch(() => this.health(false));
+  }
+
   append(id: string, payload: Buffer): void {
     this.redis.xadd(streamKey(id), '*', 'e', payload).catch(() => this.health(false));
   }
@@ -71,7 +85,7 @@ export class RedisMirror {
     const fail = () => this.health(false);
     (payload === undefined ? this.redis.xadd(key, '*', 'x', '') : this.redis.xadd(key, '*', 'e', payload, 'end', '1')).catch(fail);
     this.redis.pexpire(key, this.opts.windowMs).catch(fail);
-    this.redis.del(ownerKey(id)).catch(fail);
+    this.redis.del(ownerKey(id), planKey(id)).catch(fail);
   }
 
   /**
@@ -136,7 +150,8 @@ export class RedisMirror {
             if (this.feed(replica, fields)) return;
           }
         }
-        if (got === null && (await reader.exists(ownerKey(id))) === 0) {
+        // Nothing new, and nobody runs it: continue it here, or say it is gone.
+        if (got === null && (await reader.exists(ownerKey(id))) === 0 && !(await this.takeOver(id))) {
           replica.end(Buffer.from(gone(id)));
           return;
         }
@@ -147,6 +162,23 @@ export class RedisMirror {
     } finally {
       reader.disconnect();
     }
+  }
+
+  /**
+   * A stream whose frontend is gone: this frontend takes its owner mark (one frontend wins) and
+   * continues its generation from the events kept, written to the same Redis stream (its followers
+   * everywhere read on). True when it is continued (here, or by the frontend that won the mark).
+   */
+  private async takeOver(id: string): Promise<boolean> {
+    const raw = await this.redis.get(planKey(id));
+    if (raw === null || this.takeover === undefined) return false;
+    if ((await this.redis.set(ownerKey(id), this.opts.owner, 'PX', LEASE_MS, 'NX')) !== 'OK') return true;
+    const entries = await this.redis.xrangeBuffer(streamKey(id), '-', '+');
+    const events = Buffer.concat(entries.flatMap(([, fields]) => (fields[0]?.toString() === 'e' && fields[1] !== undefined ? [fields[1]] : [])));
+    const started = this.takeover(id, JSON.parse(raw) as TakeoverPlan, events);
+    if (started) this.opts.log.info({ event: 'stream_taken_over', response_id: id }, `continuing stream ${id} here: the frontend that ran it is gone`);
+    else await this.redis.del(ownerKey(id));
+    return started;
   }
 
   private renewLeases(): void {

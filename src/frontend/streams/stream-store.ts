@@ -103,6 +103,17 @@ export class StreamStore {
     throw new EbbError('response_not_found', `no response ${id} is kept here`);
   }
 
+  /**
+   * A stream taken over from a frontend that went away: kept here from now on, its earlier events
+   * (`seed`, as the store had them) first; it runs to its end with nobody following, as a background one.
+   */
+  adopt(id: string, seed: Buffer): KeptStream {
+    const stream = this.open(id);
+    stream.seed(seed);
+    stream.detach();
+    return stream;
+  }
+
   /** A stream that never started (its request failed before any byte): forgotten, as if never kept. */
   discard(stream: KeptStream): void {
     if (this.streams.get(stream.id) !== stream) return;

@@ -29,7 +29,8 @@ export interface StreamFormat {
 
 /** A kept (resumable) stream's event numbering: `id: <n>` before each SSE event, n from 0. */
 export class EventIds {
-  private next = 0;
+  /** `next`: the first id (a takeover numbers on from the events already sent). */
+  constructor(private next = 0) {}
 
   line(): string {
     return `id: ${this.next++}\n`;
