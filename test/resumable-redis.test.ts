@@ -96,6 +96,42 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     assert.match(got.at(-1)!, /is gone; it cannot be continued/);
   });
 
+  it("a frontend's SIGTERM hands its streams on: past its deadline each of 30 clients gets an ebb.resume event, resumes at the other frontend and gets the rest, as undisturbed", async () => {
+    const d = await startFrontend(discovery, ['--stream-store', redis.url, '--shutdown-grace-ms', '0', '--shutdown-timeout-ms', '300']);
+    started.push(d);
+    await frontendSeesWorkers(d, 2);
+    const seeds = Array.from({ length: 30 }, (_, i) => 100 + i);
+    const post = (url: string, seed: number) => fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: body(60, seed) });
+    const text = (e: string[]) => e.map((x) => /"delta":\{"content":("(?:[^"\\]|\\.)*")/.exec(x)?.[1]).filter((x) => x !== undefined).map((x) => JSON.parse(x!) as string).join('');
+    const reference = await Promise.all(seeds.map(async (seed) => text(await events(await post(b.url, seed)))));
+    // 30 streams at d; once each has begun, d is told to stop.
+    let begun = 0;
+    let allBegun!: () => void;
+    const ready = new Promise<void>((resolve) => (allBegun = resolve));
+    const atD = seeds.map(async (seed) => {
+      let counted = false;
+      return events(await post(d.url, seed), undefined, undefined, () => {
+        if (!counted && ++begun === seeds.length) allBegun();
+        counted = true;
+      });
+    });
+    await ready;
+    d.proc.kill('SIGTERM');
+    const cut = await Promise.all(atD);
+    const resumed = await Promise.all(
+      cut.map(async (e) => {
+        const last = e.at(-1)!;
+        assert.match(last, /^retry: 1000\nevent: ebb\.resume\ndata: /, `the stream ends with where to resume it: ${last}`);
+        const handOn = JSON.parse(last.slice(last.indexOf('data: ') + 6)) as { resume_url: string; last_event_id: number };
+        return events(await fetch(`${b.url}${handOn.resume_url}`));
+      }),
+    );
+    resumed.forEach((rest, i) => {
+      assert.equal(rest.filter((x) => x.endsWith('data: [DONE]')).length, 1, `stream ${i}: one end`);
+      assert.equal(text(cut[i]!.slice(0, -1)) + text(rest), reference[i], `stream ${i}: the whole text, as undisturbed`);
+    });
+  });
+
   it('Redis gone: streams run on unkept there, nothing admitted is lost; a resume that needs Redis is a 503 stream_store_unavailable', async () => {
     const running = fetch(`${b.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: body(60, 3) }).then((r) => events(r));
     const mark = b.mark();

@@ -264,7 +264,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       peerServer?.closeAllConnections();
       // Generations whose client left (within their resume grace) have no connection to wait on: they end with the frontend.
       streams?.cancelAll(new Error('the frontend is closing'));
-      streams?.close();
+      await streams?.close();
       await watch.close();
       await kvFeed?.close();
       await upstream.close();

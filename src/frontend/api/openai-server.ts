@@ -62,6 +62,22 @@ export interface OpenAIServerDeps {
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
 
+/**
+ * A stream's last event when its frontend hands it on at its shutdown deadline: where to resume it
+ * (another frontend of the fleet takes it over), and an SSE `retry:` for EventSource clients.
+ */
+function handOnEvent(endpoint: TakeoverPlan['endpoint'], id: string, last: number): string {
+  const path = endpoint === 'responses' ? 'responses' : endpoint === 'chat' ? 'chat/completions' : 'completions';
+  const body = {
+    type: 'ebb.resume',
+    response_id: id,
+    last_event_id: last,
+    resume_url: `/v1/${path}/${id}?stream=true&starting_after=${last}`,
+    message: 'this frontend is shutting down: resume the stream (another frontend continues it)',
+  };
+  return `retry: 1000\nevent: ebb.resume\ndata: ${JSON.stringify(body)}\n\n`;
+}
+
 /** Hex digits of a --processes slot at the start of a response id (up to 4,096 processes). */
 const SLOT_DIGITS = 3;
 
@@ -252,6 +268,12 @@ export function createOpenAIServer({
       // Ended by a cut (shutdown) or a cancel: followers and the client still there get why, as the last event.
       const reason = kept.signal.reason as unknown;
       const cut = Shutdown.cutReason(kept.signal);
+      // Past this frontend's shutdown deadline, with a peer to take it over: handed on, not cut.
+      const last = cut?.code === 'server_closing' && responses.plan !== undefined ? kept.handOn() : undefined;
+      if (last !== undefined) {
+        if (reply.raw.headersSent && !reply.raw.writableEnded) reply.raw.end(handOnEvent(responses.plan!.endpoint, id, last));
+        return;
+      }
       const why = cut !== undefined ? fmt.error(cut.code, cut.message) : reason instanceof ResponseCancelled ? fmt.error('cancelled', reason.message) : undefined;
       if (why !== undefined) {
         kept.end(Buffer.from(why));

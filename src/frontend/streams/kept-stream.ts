@@ -2,7 +2,7 @@ import type { ServerResponse } from 'node:http';
 import { ClientStream } from '../relay/client-stream.js';
 
 /** Where a kept stream is in its life: resumable while live, and for the window after it ended. */
-export type KeptState = 'live' | 'ended' | 'abandoned';
+export type KeptState = 'live' | 'ended' | 'abandoned' | 'handed_on';
 
 export interface KeptStreamHooks {
   /** The stream's byte bound: past it the stream runs on, no longer kept (resumes are refused). */
@@ -18,7 +18,7 @@ export interface KeptStreamHooks {
   /** Events generated while nobody followed, for a stream cancelled at the end of its grace: wasted work. */
   onAbandoned(events: number): void;
   /** A shared store (Redis) the stream's events are copied to, for resumes at other frontends. */
-  mirror?: { append(id: string, payload: Buffer): void; ended(id: string, payload: Buffer | undefined): void } | undefined;
+  mirror?: { append(id: string, payload: Buffer): void; ended(id: string, payload: Buffer | undefined): void; release(id: string): void } | undefined;
 }
 
 /** A follower's resume point: events after this id (undefined: from the first). */
@@ -137,6 +137,24 @@ export class KeptStream {
     for (const f of this.followers.keys()) f.res.destroy();
     this.followers.clear();
     this.finish();
+  }
+
+  /**
+   * The frontend is going away with the stream unfinished: it lets go of it in the shared store
+   * (no end written, its owner mark dropped at once), so a peer takes it over on the client's
+   * resume. Returns the id of the last event kept: where the client resumes after.
+   */
+  handOn(): number | undefined {
+    if (this.state !== 'live' || this.hooks.mirror === undefined) return undefined;
+    this.state = 'handed_on';
+    this.hooks.mirror.release(this.id);
+    for (const f of this.followers.keys()) f.res.destroy();
+    this.followers.clear();
+    this.finish();
+    const all = this.whole();
+    const at = all.lastIndexOf('\n\nid: ');
+    const start = at < 0 ? (all.subarray(0, 4).toString() === 'id: ' ? 0 : -1) : at + 2;
+    return start < 0 ? undefined : Number(all.toString('latin1', start + 4, all.indexOf(0x0a, start)));
   }
 
   /** Whether a resume can be served: the stream is kept whole. */

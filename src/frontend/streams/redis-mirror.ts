@@ -88,6 +88,12 @@ export class RedisMirror {
     this.redis.del(ownerKey(id), planKey(id)).catch(fail);
   }
 
+  /** Lets go of a live stream at once (a frontend going away hands it on): its owner mark is dropped, no end is written. */
+  release(id: string): void {
+    this.live.delete(id);
+    this.redis.del(ownerKey(id)).catch(() => this.health(false));
+  }
+
   /**
    * Follows kept stream `id` from Redis on `res`, from the client's point. Throws the 404 when
    * Redis holds no such stream, the 503 when Redis cannot be reached.
@@ -142,6 +148,11 @@ export class RedisMirror {
     const reader = this.redis.duplicate({ enableOfflineQueue: true });
     let last = after;
     try {
+      // Handed on (or its frontend long gone): nobody runs it now; continue it here at once.
+      if ((await reader.exists(ownerKey(id))) === 0 && !(await this.takeOver(id))) {
+        replica.end(Buffer.from(gone(id)));
+        return;
+      }
       for (;;) {
         const got = await reader.xreadBuffer('BLOCK', BLOCK_MS, 'STREAMS', streamKey(id), last);
         for (const [, entries] of got ?? []) {
@@ -197,6 +208,10 @@ export class RedisMirror {
   async close(): Promise<void> {
     clearInterval(this.leases);
     for (const r of this.replicas.values()) r.cancel(new Error('the frontend is closing'));
+    // What is still pipelined (a hand-on's released marks, the last events) reaches Redis first; bounded.
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.redis.quit().catch(() => undefined), new Promise((resolve) => (timer = setTimeout(resolve, 1_000)))]);
+    clearTimeout(timer);
     this.redis.disconnect();
   }
 }

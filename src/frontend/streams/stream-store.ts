@@ -140,9 +140,9 @@ export class StreamStore {
     for (const s of this.streams.values()) if (s.state === 'live') s.cancel(reason);
   }
 
-  close(): void {
+  async close(): Promise<void> {
     clearTimeout(this.sweeper);
-    void this.mirror?.close();
+    await this.mirror?.close();
   }
 
   private forget(stream: KeptStream, reason: 'window' | 'bytes' | 'count'): void {
