@@ -10,14 +10,16 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
   let redis: RedisServer;
   let a: FrontendHandle;
   let b: FrontendHandle;
+  /** A third frontend: two clients resuming one stream at two frontends. */
+  let e: FrontendHandle;
   let discovery: string;
   before(async () => {
     redis = await startRedis();
     discovery = tempDiscoveryUrl();
     started.push(...(await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '20', '--mocker-ttft-ms', '0', '--mocker-max-context', '100000'])))));
-    [a, b] = await Promise.all([0, 1].map(() => startFrontend(discovery, ['--stream-store', redis.url]))) as [FrontendHandle, FrontendHandle];
-    started.push(a, b);
-    await Promise.all([frontendSeesWorkers(a, 2), frontendSeesWorkers(b, 2)]);
+    [a, b, e] = (await Promise.all([0, 1, 2].map(() => startFrontend(discovery, ['--stream-store', redis.url])))) as [FrontendHandle, FrontendHandle, FrontendHandle];
+    started.push(a, b, e);
+    await Promise.all([a, b, e].map((f) => frontendSeesWorkers(f, 2)));
   });
   after(async () => {
     await Promise.all(started.map((p) => p.stop()));
@@ -64,15 +66,18 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     assert.deepEqual(await events(await fetch(`${b.url}/v1/chat/completions/${id}?stream=true&starting_after=40`)), whole.slice(41));
   });
 
-  it('a frontend SIGKILLed mid-stream: its client resumes at the other frontend, which takes the stream over: byte for byte an undisturbed run, one [DONE], the same usage', async () => {
+  it('a frontend SIGKILLed mid-stream: two clients resume at two other frontends, one takes the stream over: byte for byte an undisturbed run, one [DONE], the same usage', async () => {
     const streamBody = (seed: number) => JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'tell me about the tides' }], max_tokens: 40, seed, stream: true, stream_options: { include_usage: true } });
     const undisturbed = await events(await fetch(`${b.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: streamBody(7) }));
     const cut = new AbortController();
     const first = await events(await fetch(`${a.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: streamBody(7), signal: cut.signal }), 10, cut);
     a.proc.kill('SIGKILL');
-    const mark = b.mark();
-    const rest = await events(await fetch(`${b.url}/v1/chat/completions/${idOf(first)}?stream=true&starting_after=10`));
-    await b.waitForEvent('stream_taken_over', (l) => l.response_id === idOf(first), { after: mark });
+    const marks = [b.mark(), e.mark()];
+    // Two clients resume it at two frontends at once: one continuation, both get it whole.
+    const [rest, atE] = (await Promise.all([b, e].map(async (f) => events(await fetch(`${f.url}/v1/chat/completions/${idOf(first)}?stream=true&starting_after=10`))))) as [string[], string[]];
+    const tookOver = await Promise.all([b, e].map((f, i) => Promise.resolve(f.logs.slice(marks[i]).filter((l) => l.event === 'stream_taken_over' && l.response_id === idOf(first)).length)));
+    assert.equal(tookOver[0]! + tookOver[1]!, 1, 'exactly one frontend took the stream over');
+    assert.deepEqual(atE, rest, 'both resumes got the same events');
     // The same request, undisturbed, differs only in its id and creation time, and in what the
     // workers' prefix caches held (cached_tokens: the continuation lands where the prompt is warm).
     const same = (e: string[]) => e.map((x) => x.replaceAll(/chatcmpl-[0-9a-f]+/g, 'ID').replaceAll(/"created":\d+/g, '"created":0').replace(/,"prompt_tokens_details":\{"cached_tokens":\d+\}/, ''));
@@ -89,7 +94,9 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     const twoChoices = JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'tell me about the tides' }], max_tokens: 100_000, n: 2, stream: true });
     const first = await events(await fetch(`${c.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: twoChoices, signal: cut.signal }), 3, cut);
     // Once b relays the live stream (its first event came), the frontend running it dies.
-    const got = await events(await fetch(`${b.url}/v1/chat/completions/${idOf(first)}?stream=true&starting_after=3`), undefined, undefined, () => {
+    const res = await fetch(`${b.url}/v1/chat/completions/${idOf(first)}?stream=true&starting_after=3`);
+    assert.equal(res.status, 200, `resumed at the other frontend: ${res.status === 200 ? '' : await res.text()}`);
+    const got = await events(res, undefined, undefined, () => {
       if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill('SIGKILL');
     });
     assert.match(got.at(-1)!, /"code":"server_closing"/, `the last event says the frontend is gone: ${got.slice(-2).join(" / ")}`);

@@ -186,6 +186,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
   const streams = opts.streamStore === undefined ? undefined : keptStreams(opts.streamStore, opts.clientWriteTimeoutMs, metrics.registry, log);
+  await streams?.mirror?.connect(5_000);
   const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams });
   const url = await listen(app, opts.host, opts.port);
   // A process of several: its peers reach it here (the shared port gives a connection to any of them).

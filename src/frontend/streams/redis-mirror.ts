@@ -57,10 +57,25 @@ export class RedisMirror {
 
   constructor(private readonly opts: RedisMirrorOptions) {
     // Commands fail at once while Redis is away (no offline queue): a stream never waits on it.
-    this.redis = new Redis(opts.url, { enableOfflineQueue: false, maxRetriesPerRequest: 0, enableAutoPipelining: true, lazyConnect: false });
+    this.redis = new Redis(opts.url, { enableOfflineQueue: false, maxRetriesPerRequest: 0, enableAutoPipelining: true, lazyConnect: true });
     this.redis.on('error', () => this.health(false));
     this.redis.on('ready', () => this.health(true));
     this.leases = setInterval(() => this.renewLeases(), LEASE_MS / 3).unref();
+  }
+
+  /**
+   * Connects before the frontend serves (bounded): its first streams are shared too. Redis not there
+   * is no reason not to serve: it is logged, and the client keeps reconnecting.
+   */
+  async connect(boundMs: number): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const connected = this.redis.connect().then(
+      () => true,
+      () => false,
+    );
+    const ok = await Promise.race([connected, new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), boundMs)))]);
+    clearTimeout(timer);
+    if (!ok) this.health(false);
   }
 
   /** A stream this frontend starts: owned here until it ends. */
