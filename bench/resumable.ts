@@ -1,13 +1,14 @@
 /**
  * Resumable streams' cost (issue 32): the frontend's CPU per streamed token with the stream store
- * off (`--stream-store none`) and on (`memory`, the default), side by side in one run, and the
- * latency of a resume (GET .../{id}?stream=true&starting_after=N) to its first replayed byte.
+ * off (`--stream-store none`), in memory (the default) and shared in Redis (a redis-server started
+ * here, when one is installed), side by side in one run, and the latency of a resume
+ * (GET .../{id}?stream=true&starting_after=N) to its first replayed byte.
  *
  *   npm run build && node dist/bench/resumable.js [--duration-ms 4000] [--rounds 3] [--concurrency 64] [--max-tokens 64] [--resumes 200]
  *
  * One mocker worker (itl 0, ttft 0) and one frontend per mode, as child processes on loopback;
  * closed-loop streaming load on each frontend in turn (rounds alternate), its CPU read from /proc.
- * Redis is not measured: this build keeps streams in memory only. Prints a table, then one JSON line.
+ * Prints a table, then one JSON line.
  * It always stops by itself (a watchdog) and kills its children on any exit.
  */
 import { rmSync } from 'node:fs';
@@ -15,6 +16,7 @@ import { fileURLToPath } from 'node:url';
 import { Agent, request } from 'undici';
 import { killAllNow, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle } from '../test/helpers/processes.js';
 import { arg } from './cli-arg.js';
+import { redisSkipReason, startRedis } from '../test/helpers/redis.js';
 import { procCpuMs } from './proc-cpu.js';
 
 const durationMs = Number(arg('duration-ms', '4000'));
@@ -89,19 +91,25 @@ async function resumeLatency(frontend: FrontendHandle): Promise<{ p50: number; p
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-batch-slots', '256']);
-const modes = { off: await startFrontend(discovery, ['--stream-store', 'none']), memory: await startFrontend(discovery) };
-for (const f of Object.values(modes)) await oneStream(f.url); // both see the worker, and are warm
-const samples: Record<keyof typeof modes, number[]> = { off: [], memory: [] };
+const redis = redisSkipReason() === undefined ? await startRedis() : undefined;
+process.on('exit', () => void redis?.kill());
+type Mode = 'off' | 'memory' | 'redis';
+const modes: Partial<Record<Mode, FrontendHandle>> = { off: await startFrontend(discovery, ['--stream-store', 'none']), memory: await startFrontend(discovery) };
+if (redis !== undefined) modes.redis = await startFrontend(discovery, ['--stream-store', redis.url]);
+for (const f of Object.values(modes)) await oneStream(f.url); // each sees the worker, and is warm
+const order = Object.keys(modes) as Mode[];
+const samples: Partial<Record<Mode, number[]>> = Object.fromEntries(order.map((m) => [m, []]));
 for (let r = 0; r < rounds; r++)
-  for (const mode of (r % 2 === 0 ? ['off', 'memory'] : ['memory', 'off']) as Array<keyof typeof modes>) {
-    const m = await measure(modes[mode]);
-    samples[mode].push(m.cpuMsPer1kTokens);
+  // Each round in another order: no mode always runs first (or on a warmer machine).
+  for (const mode of [...order.slice(r % order.length), ...order.slice(0, r % order.length)]) {
+    const m = await measure(modes[mode]!);
+    samples[mode]!.push(m.cpuMsPer1kTokens);
     console.log(`round ${r + 1} ${mode.padEnd(6)} ${m.cpuMsPer1kTokens.toFixed(1)} CPU ms / 1,000 tokens (${Math.round(m.tokensPerS)} tokens/s)`);
   }
-const latency = await resumeLatency(modes.memory);
-const off = median(samples.off);
-const memory = median(samples.memory);
-console.log(`\nmedian CPU per 1,000 tokens at ${concurrency} streams: off ${off.toFixed(1)} ms, memory ${memory.toFixed(1)} ms (${((memory / off - 1) * 100).toFixed(1)} %)`);
-console.log(`resume to first replayed byte: p50 ${latency.p50.toFixed(2)} ms, p99 ${latency.p99.toFixed(2)} ms (${resumes} resumes)`);
-console.log(JSON.stringify({ concurrency, max_tokens: maxTokens, rounds, cpu_ms_per_1k_tokens: { off, memory }, memory_over_off: memory / off, resume_first_byte_ms: latency }));
+const latency = await resumeLatency(modes.memory!);
+const cpu = Object.fromEntries(order.map((m) => [m, median(samples[m]!)])) as Partial<Record<Mode, number>>;
+const over = (m: Mode) => (cpu[m] === undefined ? undefined : cpu[m]! / cpu.off!);
+console.log(`\nmedian CPU per 1,000 tokens at ${concurrency} streams: ${order.map((m) => `${m} ${cpu[m]!.toFixed(1)} ms (x${over(m)!.toFixed(3)})`).join(', ')}${redis === undefined ? ' (no redis-server here: not measured)' : ''}`);
+console.log(`resume to first replayed byte (memory): p50 ${latency.p50.toFixed(2)} ms, p99 ${latency.p99.toFixed(2)} ms (${resumes} resumes)`);
+console.log(JSON.stringify({ concurrency, max_tokens: maxTokens, rounds, cpu_ms_per_1k_tokens: cpu, memory_over_off: over('memory'), redis_over_off: over('redis'), resume_first_byte_ms: latency }));
 process.exit(0);

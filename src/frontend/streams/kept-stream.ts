@@ -119,7 +119,8 @@ export class KeptStream {
     this.keep(payload);
     this.hooks.mirror?.ended(this.id, payload);
     this.state = 'ended';
-    for (const [f, waiting] of this.followers) f.end(waiting === undefined ? payload : (eventsAfter(payload, waiting) ?? Buffer.alloc(0)));
+    // A follower still waiting for its event gets how the stream ended all the same (never a silent cut).
+    for (const [f, waiting] of this.followers) f.end(waiting === undefined ? payload : (eventsAfter(payload, waiting) ?? payload));
     this.followers.clear();
     this.finish();
   }

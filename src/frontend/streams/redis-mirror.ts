@@ -7,6 +7,12 @@ import type { TakeoverPlan } from './takeover.js';
 
 /** How long a live stream's owner mark lives unrefreshed: a frontend gone for longer owns nothing. */
 const LEASE_MS = 5_000;
+/**
+ * A stream's events are copied in batches at most this old: one XADD per batch instead of one per
+ * write (at a token per write, the command per token was most of the store's cost). Only followers
+ * at other frontends see the delay; a takeover regenerates what a crash lost of a batch.
+ */
+const BATCH_MS = 10;
 /** A remote follower's wait per read; between reads it checks that the stream's owner is still there. */
 const BLOCK_MS = 2_000;
 
@@ -54,6 +60,9 @@ export class RedisMirror {
   private up = true;
   /** Set by the public API: how a stream whose frontend died is continued here. */
   takeover: Takeover | undefined;
+  /** Events written since the last batch went to Redis, per stream. */
+  private readonly pending = new Map<string, Buffer[]>();
+  private batch: NodeJS.Timeout | undefined;
 
   constructor(private readonly opts: RedisMirrorOptions) {
     // Commands fail at once while Redis is away (no offline queue): a stream never waits on it.
@@ -90,11 +99,31 @@ export class RedisMirror {
   }
 
   append(id: string, payload: Buffer): void {
-    this.redis.xadd(streamKey(id), '*', 'e', payload).catch(() => this.health(false));
+    const waiting = this.pending.get(id);
+    if (waiting !== undefined) waiting.push(payload);
+    else this.pending.set(id, [payload]);
+    this.batch ??= setTimeout(() => this.flush(), BATCH_MS);
+  }
+
+  /** Every stream's pending events, one entry each (kept in the order they were written). */
+  private flush(): void {
+    clearTimeout(this.batch);
+    this.batch = undefined;
+    for (const [id, payloads] of this.pending) this.flushOne(id, payloads);
+    this.pending.clear();
+  }
+
+  private flushOne(id: string, payloads: Buffer[]): void {
+    this.redis.xadd(streamKey(id), '*', 'e', payloads.length === 1 ? payloads[0]! : Buffer.concat(payloads)).catch(() => this.health(false));
   }
 
   ended(id: string, payload: Buffer | undefined): void {
     this.live.delete(id);
+    const waiting = this.pending.get(id);
+    if (waiting !== undefined) {
+      this.pending.delete(id);
+      this.flushOne(id, waiting);
+    }
     const key = streamKey(id);
     // Plain commands, pipelined in order with the events before them (a MULTI could overtake them).
     const fail = () => this.health(false);
@@ -106,6 +135,11 @@ export class RedisMirror {
   /** Lets go of a live stream at once (a frontend going away hands it on): its owner mark is dropped, no end is written. */
   release(id: string): void {
     this.live.delete(id);
+    const waiting = this.pending.get(id);
+    if (waiting !== undefined) {
+      this.pending.delete(id);
+      this.flushOne(id, waiting);
+    }
     this.redis.del(ownerKey(id)).catch(() => this.health(false));
   }
 
@@ -118,13 +152,15 @@ export class RedisMirror {
     if (replica === undefined) {
       if (!this.up) throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: response ${id} can be resumed only at the frontend that runs it`);
       let entries: Array<[Buffer, Buffer[]]>;
+      let running: number;
       try {
-        entries = await this.redis.xrangeBuffer(streamKey(id), '-', '+');
+        // Its owner mark is there from its start; its events come in batches (a fresh stream may have none yet).
+        [entries, running] = await Promise.all([this.redis.xrangeBuffer(streamKey(id), '-', '+'), this.redis.exists(ownerKey(id))]);
       } catch (err) {
         this.health(false);
         throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: ${(err as Error).message}`);
       }
-      if (entries.length === 0) throw new EbbError('response_not_found', `no response ${id} is kept in this fleet`);
+      if (entries.length === 0 && running === 0) throw new EbbError('response_not_found', `no response ${id} is kept in this fleet`);
       replica = this.replicas.get(id) ?? this.replicate(id, entries);
     }
     hijack();
@@ -136,7 +172,8 @@ export class RedisMirror {
     const replica = new KeptStream(id, { maxBytes: this.opts.maxResponseBytes, graceMs: 0, writeTimeoutMs: this.opts.writeTimeoutMs, onBytes: () => undefined, onOver: () => this.replicas.delete(id), onAbandoned: () => undefined });
     replica.detach();
     this.replicas.set(id, replica);
-    let last = '-';
+    // XREAD's "from the start" (XRANGE's '-' is not an id it takes).
+    let last = '0';
     for (const [entryId, fields] of entries) {
       last = entryId.toString();
       if (this.feed(replica, fields)) return replica;
@@ -222,6 +259,7 @@ export class RedisMirror {
 
   async close(): Promise<void> {
     clearInterval(this.leases);
+    this.flush();
     for (const r of this.replicas.values()) r.cancel(new Error('the frontend is closing'));
     // What is still pipelined (a hand-on's released marks, the last events) reaches Redis first; bounded.
     let timer: NodeJS.Timeout | undefined;
