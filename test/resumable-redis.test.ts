@@ -1,5 +1,6 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import OpenAI from 'openai';
 import { call } from './helpers/http.js';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
@@ -137,6 +138,29 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
       assert.equal(rest.filter((x) => x.endsWith('data: [DONE]')).length, 1, `stream ${i}: one end`);
       assert.equal(text(cut[i]!.slice(0, -1)) + text(rest), reference[i], `stream ${i}: the whole text, as undisturbed`);
     });
+  });
+
+  it('the Responses API across the fleet: a background response run at one frontend is followed, retrieved and cancelled at another; a next turn there builds on it', async () => {
+    const at = (f: FrontendHandle) => new OpenAI({ baseURL: `${f.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const queued = await at(e).responses.create({ model: 'm1', input: 'tell me about the tides', background: true });
+    for await (const ev of await at(b).responses.retrieve(queued.id, { stream: true, starting_after: 3 })) if (ev.type === 'response.output_text.delta') break;
+    assert.equal((await at(b).responses.retrieve(queued.id)).status, 'in_progress');
+    const cancelled = await at(b).responses.cancel(queued.id);
+    assert.equal(cancelled.status, 'cancelled', 'cancelled by the frontend that runs it, asked at another');
+    assert.equal((await at(e).responses.retrieve(queued.id)).status, 'cancelled');
+    const first = await at(e).responses.create({ model: 'm1', input: 'tell me about the tides', max_output_tokens: 6 });
+    assert.equal((await at(b).responses.retrieve(first.id)).output_text, first.output_text, 'a stored response, retrieved at another frontend');
+    const next = await at(b).responses.create({ model: 'm1', input: 'and the moon?', previous_response_id: first.id, max_output_tokens: 4 });
+    const whole = await at(b).responses.create({
+      model: 'm1',
+      input: [
+        { role: 'user', content: 'tell me about the tides' },
+        { role: 'assistant', content: first.output_text },
+        { role: 'user', content: 'and the moon?' },
+      ],
+      max_output_tokens: 4,
+    });
+    assert.equal(next.output_text, whole.output_text, 'the next turn at another frontend had the conversation as its prefix');
   });
 
   it('Redis gone: streams run on unkept there, nothing admitted is lost; a resume that needs Redis is a 503 stream_store_unavailable', async () => {

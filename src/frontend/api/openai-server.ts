@@ -4,6 +4,7 @@ import { EventIds, type StreamFormat } from '../wire/stream-format.js';
 import type { StreamStore } from '../streams/stream-store.js';
 import { addResumeRoutes, resumeStream } from '../streams/resume-routes.js';
 import { ResponseCancelled, ResponseRecords, type ResponseRecord } from '../streams/response-records.js';
+import type { ChatMessage } from '../../protocol/request-plane.js';
 import { detachedResponse } from '../streams/detached-response.js';
 import { takeoverPoint, type TakeoverPlan } from '../streams/takeover.js';
 import { toPeer } from '../cluster/peer-proxy.js';
@@ -78,6 +79,9 @@ function handOnEvent(endpoint: TakeoverPlan['endpoint'], id: string, last: numbe
   return `retry: 1000\nevent: ebb.resume\ndata: ${JSON.stringify(body)}\n\n`;
 }
 
+/** A 404 of this frontend's own records: another frontend of the fleet may hold the response. */
+const notHere = (err: unknown) => err instanceof EbbError && err.code === 'response_not_found';
+
 /** Hex digits of a --processes slot at the start of a response id (up to 4,096 processes). */
 const SLOT_DIGITS = 3;
 
@@ -104,7 +108,7 @@ export function createOpenAIServer({
   streams,
 }: OpenAIServerDeps): FastifyInstance {
   // The Responses API's state (retrieve, cancel, background, previous_response_id) lives beside the kept streams.
-  const records = streams === undefined ? undefined : new ResponseRecords(streams.opts.responseTtlMs, streams.opts.maxStreams);
+  const records = streams === undefined ? undefined : new ResponseRecords(streams.opts.responseTtlMs, streams.opts.maxStreams, streams.mirror);
   const app = createHttpServer({ role: 'public', ...limits });
   // On the raw response: streams write their head themselves, and writeHead keeps what setHeader set.
   // A callback hook: an async one costs every request a promise for synchronous work.
@@ -208,8 +212,25 @@ export function createOpenAIServer({
     return Number.isInteger(owner) && owner !== cluster.slot ? cluster.peerUrl(owner) : undefined;
   };
   if (streams !== undefined) addResumeRoutes(app, { store: streams, methods, elsewhere });
+  /** previous_response_id: this frontend's own record, else (a fleet) the shared store's events and plan. */
+  const previousTurns = async (id: string): Promise<ChatMessage[]> => {
+    try {
+      return records!.history(id);
+    } catch (err) {
+      // Stored by another frontend of the fleet: its conversation, kept in the shared store.
+      const shared = err instanceof EbbError && /no response .* is kept here/.test(err.message) ? await streams?.mirror?.keptResponse(id) : undefined;
+      if (shared === undefined) throw err;
+      return shared.history;
+    }
+  };
+
   if (streams?.mirror !== undefined) {
     const store = streams;
+    // A cancel asked at another frontend, for a background response this one runs.
+    store.mirror!.cancelled = (id) => {
+      const r = records?.find(id);
+      if (r?.background === true && r.final === undefined) r.kept?.cancel(new ResponseCancelled(id));
+    };
     // A stream whose frontend died, continued here from what the shared store kept: the same ids, the same format, its sequence continued on a worker.
     store.mirror!.takeover = (id, plan, events) => {
       const point = takeoverPoint(plan, events.toString('utf8'));
@@ -360,7 +381,7 @@ export function createOpenAIServer({
     const stateful = body.background === true ? 'background' : typeof body.previous_response_id === 'string' ? 'previous_response_id' : undefined;
     if (stateful !== undefined && keeps === undefined) throw new EbbError('unsupported_parameter', `${stateful} needs kept responses: this frontend runs with --stream-store none`, { param: stateful });
     if (body.background === true && body.store === false) throw new EbbError('invalid_request', 'background responses are stored: store false is not allowed with background true', { param: 'store' });
-    const previous = typeof body.previous_response_id === 'string' ? keeps!.history(body.previous_response_id) : [];
+    const previous = typeof body.previous_response_id === 'string' ? await previousTurns(body.previous_response_id) : [];
     const room = holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
@@ -372,10 +393,13 @@ export function createOpenAIServer({
       if (record !== undefined) record.progress = fmt;
       return fmt;
     };
+    // How another frontend continues it (or answers for it) from the shared store.
+    const plan: TakeoverPlan | undefined =
+      tools === undefined ? { endpoint: 'responses', gens: [gen], model: body.model, includeUsage: false, created: shell.createdAt, responses: { uuid: shell.id.slice('resp_'.length), request: body, messageId: shell.messageId, createdAt: shell.createdAt } } : undefined;
     if (body.background === true) {
       // Runs with no client: its events are kept (GET ?stream=true follows them), its object retrievable, cancel stops it.
       const detached = { raw: detachedResponse(), hijack: () => undefined };
-      void streamOut(detached, shell.id, fmtFor, [gen], 1, new AbortController().signal, performance.now(), room, { background: true, record }).catch((err: unknown) =>
+      void streamOut(detached, shell.id, fmtFor, [gen], 1, new AbortController().signal, performance.now(), room, { background: true, record, plan }).catch((err: unknown) =>
         log.warn({ event: 'background_response_failed', response_id: shell.id, err: (err as Error).message }, `background response ${shell.id} failed: ${(err as Error).message}`),
       );
       return shell.object('queued', undefined, undefined);
@@ -383,11 +407,7 @@ export function createOpenAIServer({
     const signal = shutdown.requestSignal(reply.raw);
     probeHalfClosedClient(req, reply);
     try {
-      if (body.stream) {
-        const plan: TakeoverPlan | undefined =
-          tools === undefined ? { endpoint: 'responses', gens: [gen], model: body.model, includeUsage: false, created: shell.createdAt, responses: { uuid: shell.id.slice('resp_'.length), request: body, messageId: shell.messageId, createdAt: shell.createdAt } } : undefined;
-        return await streamOut(reply, shell.id, fmtFor, [gen], 1, signal, performance.now(), room, { record, plan });
-      }
+      if (body.stream) return await streamOut(reply, shell.id, fmtFor, [gen], 1, signal, performance.now(), room, { record, plan });
       const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
       void reply.header('x-ebb-worker-id', headerValue(workerId));
       const answer = tools !== undefined ? responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, tools.idsFor(0))) : responseObject(shell, choices[0]!, usage);
@@ -409,7 +429,15 @@ export function createOpenAIServer({
         return toPeer(holder, 'GET', req.url, req.headers, undefined, reply.raw);
       }
       if (req.query.stream === 'true') return resumeStream(streams, req.params.id, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
-      return records.object(records.get(req.params.id));
+      try {
+        return records.object(records.get(req.params.id));
+      } catch (err) {
+        // Another frontend of the fleet runs (or ran) it: its object, read from the shared store.
+        const mirror = notHere(err) ? streams.mirror : undefined;
+        const shared = (await mirror?.keptResponse(req.params.id))?.object ?? (await mirror?.response(req.params.id))?.object;
+        if (shared === undefined) throw err;
+        return shared;
+      }
     });
     // Stops a background response's generation on its worker at once; the object says `cancelled`.
     methods('/v1/responses/:id/cancel', ['POST']);
@@ -419,7 +447,17 @@ export function createOpenAIServer({
         reply.hijack();
         return toPeer(holder, 'POST', req.url, req.headers, req.body ?? {}, reply.raw);
       }
-      const record = records.get(req.params.id);
+      let record: ResponseRecord;
+      try {
+        record = records.get(req.params.id);
+      } catch (err) {
+        const shared = notHere(err) ? await streams.mirror?.response(req.params.id) : undefined;
+        if (shared === undefined) throw err;
+        if (shared.plan?.responses?.request.background !== true) throw new EbbError('invalid_request', `only background responses can be cancelled; ${req.params.id} is not one`, { param: 'response_id' });
+        // The frontend that runs it stops it at once (told through the store); the object says how it ended.
+        if (!shared.done) await streams.mirror!.cancel(req.params.id);
+        return (await streams.mirror!.response(req.params.id))?.object ?? shared.object;
+      }
       if (!record.background) throw new EbbError('invalid_request', `only background responses can be cancelled; ${record.id} is not one`, { param: 'response_id' });
       if (record.final === undefined && record.kept !== undefined) {
         record.kept.cancel(new ResponseCancelled(record.id));

@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import { EbbError } from '../../protocol/errors.js';
 import { KeptStream, type ResumeFrom } from './kept-stream.js';
 import type { TakeoverPlan } from './takeover.js';
+import type { ChatMessage } from '../../protocol/request-plane.js';
 
 /** How long a live stream's owner mark lives unrefreshed: a frontend gone for longer owns nothing. */
 const LEASE_MS = 5_000;
@@ -19,6 +20,8 @@ const BLOCK_MS = 2_000;
 const streamKey = (id: string) => `ebb:stream:${id}`;
 const ownerKey = (id: string) => `ebb:stream:${id}:owner`;
 const planKey = (id: string) => `ebb:stream:${id}:plan`;
+const CANCEL_CHANNEL = 'ebb:responses:cancel';
+const responseKey = (id: string) => `ebb:response:${id}`;
 /** A plan outlives its stream by this at most when nobody ends it (its frontend died and nobody took over). */
 const PLAN_TTL_MS = 24 * 3_600_000;
 
@@ -60,6 +63,9 @@ export class RedisMirror {
   private up = true;
   /** Set by the public API: how a stream whose frontend died is continued here. */
   takeover: Takeover | undefined;
+  /** Set by the public API: a background response this frontend runs is to be cancelled (asked at another frontend). */
+  cancelled: ((id: string) => void) | undefined;
+  private subscriber: Redis | undefined;
   /** Events written since the last batch went to Redis, per stream. */
   private readonly pending = new Map<string, Buffer[]>();
   private batch: NodeJS.Timeout | undefined;
@@ -85,6 +91,66 @@ export class RedisMirror {
     const ok = await Promise.race([connected, new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), boundMs)))]);
     clearTimeout(timer);
     if (!ok) this.health(false);
+    // A cancel asked at another frontend reaches the one that runs the response at once.
+    this.subscriber = this.redis.duplicate({ enableOfflineQueue: true });
+    this.subscriber.on('error', () => undefined);
+    this.subscriber.on('message', (_channel: string, id: string) => this.cancelled?.(id));
+    this.subscriber.subscribe(CANCEL_CHANNEL).catch(() => undefined);
+  }
+
+  /** A stored Responses API response, finished: its object and its conversation, for any frontend of the fleet (GET, previous_response_id). */
+  keepResponse(id: string, object: Record<string, unknown>, history: ChatMessage[], ttlMs: number): void {
+    this.redis.set(responseKey(id), JSON.stringify({ object, history }), 'PX', ttlMs).catch(() => this.health(false));
+  }
+
+  /** A finished response another frontend stored, or undefined. */
+  async keptResponse(id: string): Promise<{ object: Record<string, unknown>; history: ChatMessage[] } | undefined> {
+    let raw: string | null;
+    try {
+      raw = await this.redis.get(responseKey(id));
+    } catch (err) {
+      this.health(false);
+      throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: ${(err as Error).message}`);
+    }
+    return raw === null ? undefined : (JSON.parse(raw) as { object: Record<string, unknown>; history: ChatMessage[] });
+  }
+
+  /** Asks the frontend running background response `id` to stop it; resolves once its stream ended (bounded). */
+  async cancel(id: string): Promise<void> {
+    await this.redis.publish(CANCEL_CHANNEL, id);
+    const reader = this.redis.duplicate({ enableOfflineQueue: true });
+    try {
+      let last = '0';
+      for (let waited = 0; waited < 10_000; waited += BLOCK_MS) {
+        const got = await reader.xreadBuffer('BLOCK', BLOCK_MS, 'STREAMS', streamKey(id), last);
+        for (const [, entries] of got ?? [])
+          for (const [entryId, fields] of entries) {
+            last = entryId.toString();
+            if (fields.some((f, i) => i % 2 === 0 && (f.toString() === 'end' || f.toString() === 'x'))) return;
+          }
+      }
+    } finally {
+      reader.disconnect();
+    }
+  }
+
+  /**
+   * A Responses API response another frontend runs (or ran), read from its kept events: its final
+   * object, or its object now (status, output so far); with its plan (input) for a next turn.
+   * Undefined when the fleet keeps no such response.
+   */
+  async response(id: string): Promise<{ object: Record<string, unknown>; plan: TakeoverPlan | undefined; done: boolean } | undefined> {
+    let entries: Array<[Buffer, Buffer[]]>;
+    let plan: string | null;
+    try {
+      [entries, plan] = await Promise.all([this.redis.xrangeBuffer(streamKey(id), '-', '+'), this.redis.get(planKey(id))]);
+    } catch (err) {
+      this.health(false);
+      throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: ${(err as Error).message}`);
+    }
+    if (entries.length === 0) return undefined;
+    const events = Buffer.concat(entries.flatMap(([, fields]) => fields.filter((_, i) => i % 2 === 1 && fields[i - 1]?.toString() === 'e'))).toString('utf8');
+    return { ...responseFromEvents(events), plan: plan === null ? undefined : (JSON.parse(plan) as TakeoverPlan) };
   }
 
   /** A stream this frontend starts: owned here until it ends. */
@@ -129,7 +195,9 @@ export class RedisMirror {
     const fail = () => this.health(false);
     (payload === undefined ? this.redis.xadd(key, '*', 'x', '') : this.redis.xadd(key, '*', 'e', payload, 'end', '1')).catch(fail);
     this.redis.pexpire(key, this.opts.windowMs).catch(fail);
-    this.redis.del(ownerKey(id), planKey(id)).catch(fail);
+    // Its plan stays as long as its events: a next turn (previous_response_id) at another frontend reads its input there.
+    this.redis.pexpire(planKey(id), this.opts.windowMs).catch(fail);
+    this.redis.del(ownerKey(id)).catch(fail);
   }
 
   /** Lets go of a live stream at once (a frontend going away hands it on): its owner mark is dropped, no end is written. */
@@ -260,6 +328,7 @@ export class RedisMirror {
   async close(): Promise<void> {
     clearInterval(this.leases);
     this.flush();
+    this.subscriber?.disconnect();
     for (const r of this.replicas.values()) r.cancel(new Error('the frontend is closing'));
     // What is still pipelined (a hand-on's released marks, the last events) reaches Redis first; bounded.
     let timer: NodeJS.Timeout | undefined;
@@ -274,4 +343,23 @@ function gone(id: string): string {
   const message = `the frontend that ran response ${id} is gone; it cannot be continued (retry the request)`;
   if (id.startsWith('resp_')) return `event: error\ndata: ${JSON.stringify({ type: 'error', code: 'server_closing', message, param: null })}\n\n`;
   return `data: ${JSON.stringify({ error: { message, type: 'service_unavailable', param: null, code: 'server_closing' } })}\n\n`;
+}
+
+/** A Responses API stream's events, read back into its object: the last one it carried, its output so far. */
+function responseFromEvents(events: string): { object: Record<string, unknown>; done: boolean } {
+  let object: Record<string, unknown> = {};
+  let item: Record<string, unknown> | undefined;
+  let text = '';
+  for (const event of events.split('\n\n')) {
+    const data = event.slice(event.indexOf('data: ') + 6);
+    if (!event.includes('data: ')) continue;
+    const parsed = JSON.parse(data) as { type?: string; response?: Record<string, unknown>; item?: Record<string, unknown>; delta?: string; code?: string };
+    if (parsed.response !== undefined) object = parsed.response;
+    if (parsed.type === 'response.output_item.added' && parsed.item !== undefined) item = parsed.item;
+    if (parsed.type === 'response.output_text.delta' && typeof parsed.delta === 'string') text += parsed.delta;
+    if (parsed.type === 'response.completed' || parsed.type === 'response.incomplete' || parsed.type === 'response.failed') return { object, done: true };
+    if (parsed.type === 'error') return { object: { ...object, status: parsed.code === 'cancelled' ? 'cancelled' : 'failed' }, done: true };
+  }
+  const output = item === undefined ? [] : [{ ...item, content: text === '' ? [] : [{ type: 'output_text', text, annotations: [], logprobs: [] }] }];
+  return { object: { ...object, status: 'in_progress', output }, done: false };
 }

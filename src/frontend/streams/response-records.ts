@@ -37,6 +37,8 @@ export class ResponseRecords {
   constructor(
     private readonly ttlMs: number,
     private readonly maxRecords: number,
+    /** A fleet's shared store: stored responses are kept there too, for the other frontends. */
+    private readonly shared?: { keepResponse(id: string, object: Record<string, unknown>, history: ChatMessage[], ttlMs: number): void } | undefined,
   ) {}
 
   add(record: ResponseRecord): void {
@@ -54,6 +56,11 @@ export class ResponseRecords {
     throw new EbbError('response_not_found', `no response ${id} is kept here (not stored: store false, or another frontend's without a shared store)`);
   }
 
+  /** The record `id`, if this frontend keeps it. */
+  find(id: string): ResponseRecord | undefined {
+    return this.records.get(id);
+  }
+
   /** The response object now: its final one, or its progress with the record's own status. */
   object(r: ResponseRecord): Record<string, unknown> {
     if (r.final !== undefined) return r.final;
@@ -67,6 +74,7 @@ export class ResponseRecords {
     r.final = { ...final, status };
     r.endedAt = Date.now();
     if (!r.store) this.records.delete(r.id);
+    else this.shared?.keepResponse(r.id, r.final, [...r.history, assistantTurn(r.final.output as OutputItem[])], this.ttlMs);
   }
 
   /** `previous_response_id`: the conversation so far, the previous answer its last turn. */
