@@ -1,6 +1,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { secondTurnWhole } from './helpers/responses.js';
 import { call } from './helpers/http.js';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
@@ -151,15 +152,7 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     const first = await at(e).responses.create({ model: 'm1', input: 'tell me about the tides', max_output_tokens: 6 });
     assert.equal((await at(b).responses.retrieve(first.id)).output_text, first.output_text, 'a stored response, retrieved at another frontend');
     const next = await at(b).responses.create({ model: 'm1', input: 'and the moon?', previous_response_id: first.id, max_output_tokens: 4 });
-    const whole = await at(b).responses.create({
-      model: 'm1',
-      input: [
-        { role: 'user', content: 'tell me about the tides' },
-        { role: 'assistant', content: first.output_text },
-        { role: 'user', content: 'and the moon?' },
-      ],
-      max_output_tokens: 4,
-    });
+    const whole = await secondTurnWhole(at(b), first.output_text, 4);
     assert.equal(next.output_text, whole.output_text, 'the next turn at another frontend had the conversation as its prefix');
   });
 

@@ -1,6 +1,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { secondTurnWhole } from './helpers/responses.js';
 import { call } from './helpers/http.js';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { bounded, frontendSeesWorkers, metricValue, startFleet, startFrontend, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
@@ -224,15 +225,7 @@ describe('the Responses API keeps its responses: background, retrieve, cancel, s
     const second = await c.responses.create({ model: 'm1', input: 'and the moon?', previous_response_id: first.id, max_output_tokens: 4 });
     assert.equal(second.previous_response_id, first.id);
     // The same turn sent whole gives the same answer: the history was the prefix.
-    const whole = await c.responses.create({
-      model: 'm1',
-      input: [
-        { role: 'user', content: 'tell me about the tides' },
-        { role: 'assistant', content: first.output_text },
-        { role: 'user', content: 'and the moon?' },
-      ],
-      max_output_tokens: 4,
-    });
+    const whole = await secondTurnWhole(c, first.output_text, 4);
     assert.equal(second.output_text, whole.output_text);
     const unstored = await c.responses.create({ model: 'm1', input: 'x', max_output_tokens: 2, store: false });
     await assert.rejects(c.responses.retrieve(unstored.id), (err: unknown) => err instanceof OpenAI.NotFoundError);
