@@ -3,7 +3,7 @@ import { CAPABILITIES } from '../../protocol/capabilities.js';
 import { EventIds, type StreamFormat } from '../wire/stream-format.js';
 import type { StreamStore } from '../streams/stream-store.js';
 import { addResumeRoutes, resumeStream } from '../streams/resume-routes.js';
-import { ResponseCancelled, ResponseRecords, type ResponseRecord } from '../streams/response-records.js';
+import { assistantTurn, ResponseCancelled, ResponseRecords, type ResponseRecord } from '../streams/response-records.js';
 import type { ChatMessage } from '../../protocol/request-plane.js';
 import { detachedResponse } from '../streams/detached-response.js';
 import { takeoverPoint, type TakeoverPlan } from '../streams/takeover.js';
@@ -217,10 +217,16 @@ export function createOpenAIServer({
     try {
       return records!.history(id);
     } catch (err) {
-      // Stored by another frontend of the fleet: its conversation, kept in the shared store.
-      const shared = err instanceof EbbError && /no response .* is kept here/.test(err.message) ? await streams?.mirror?.keptResponse(id) : undefined;
-      if (shared === undefined) throw err;
-      return shared.history;
+      // Stored by another frontend of the fleet: its conversation, kept in the shared store (or, a
+      // streamed one whose store write is still on its way, its plan's input and its events' answer).
+      const mirror = err instanceof EbbError && /no response .* is kept here/.test(err.message) ? streams?.mirror : undefined;
+      const kept = await mirror?.keptResponse(id);
+      if (kept !== undefined) return kept.history;
+      const shared = await mirror?.response(id);
+      const plan = shared?.plan?.responses;
+      if (shared === undefined || !shared.done || plan === undefined) throw err;
+      const messages = shared.plan!.gens[0]!.messages ?? [];
+      return [...(plan.request.instructions ? messages.slice(1) : messages), assistantTurn(shared.object.output as Parameters<typeof assistantTurn>[0])];
     }
   };
 
@@ -314,7 +320,7 @@ export function createOpenAIServer({
     if (records === undefined || record.final !== undefined) return;
     const now = (fmt as unknown as ResponseProgress).now() as Record<string, unknown>;
     const status: ResponseStatus = signal.reason instanceof ResponseCancelled ? 'cancelled' : now.status === 'in_progress' ? 'failed' : (now.status as ResponseStatus);
-    records.settle(record, now, status);
+    void records.settle(record, now, status);
   };
 
 
@@ -411,10 +417,11 @@ export function createOpenAIServer({
       const { choices, usage, workerId } = await relay.collect([gen], 1, signal);
       void reply.header('x-ebb-worker-id', headerValue(workerId));
       const answer = tools !== undefined ? responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, tools.idsFor(0))) : responseObject(shell, choices[0]!, usage);
-      if (record !== undefined) keeps!.settle(record, answer, answer.status);
+      // Stored before it is answered: the client's next call, at any frontend, finds it.
+      if (record !== undefined) await keeps!.settle(record, answer, answer.status);
       return answer;
     } catch (err) {
-      if (record !== undefined && record.final === undefined) keeps!.settle(record, shell.object('failed', undefined, undefined), 'failed');
+      if (record !== undefined && record.final === undefined) void keeps!.settle(record, shell.object('failed', undefined, undefined), 'failed');
       throw Shutdown.cutReason(signal) ?? err;
     }
   });

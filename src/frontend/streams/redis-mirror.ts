@@ -99,8 +99,11 @@ export class RedisMirror {
   }
 
   /** A stored Responses API response, finished: its object and its conversation, for any frontend of the fleet (GET, previous_response_id). */
-  keepResponse(id: string, object: Record<string, unknown>, history: ChatMessage[], ttlMs: number): void {
-    this.redis.set(responseKey(id), JSON.stringify({ object, history }), 'PX', ttlMs).catch(() => this.health(false));
+  keepResponse(id: string, object: Record<string, unknown>, history: ChatMessage[], ttlMs: number): Promise<void> {
+    return this.redis.set(responseKey(id), JSON.stringify({ object, history }), 'PX', ttlMs).then(
+      () => undefined,
+      () => this.health(false),
+    );
   }
 
   /** A finished response another frontend stored, or undefined. */

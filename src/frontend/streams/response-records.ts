@@ -38,7 +38,7 @@ export class ResponseRecords {
     private readonly ttlMs: number,
     private readonly maxRecords: number,
     /** A fleet's shared store: stored responses are kept there too, for the other frontends. */
-    private readonly shared?: { keepResponse(id: string, object: Record<string, unknown>, history: ChatMessage[], ttlMs: number): void } | undefined,
+    private readonly shared?: { keepResponse(id: string, object: Record<string, unknown>, history: ChatMessage[], ttlMs: number): Promise<void> } | undefined,
   ) {}
 
   add(record: ResponseRecord): void {
@@ -68,13 +68,13 @@ export class ResponseRecords {
     return { ...(now ?? { id: r.id, object: 'response', output: [] }), status: r.status };
   }
 
-  /** The response is over: its final object, kept while stored. */
-  settle(r: ResponseRecord, final: Record<string, unknown>, status: ResponseStatus): void {
+  /** The response is over: its final object, kept while stored (resolves once the fleet's store has it too). */
+  async settle(r: ResponseRecord, final: Record<string, unknown>, status: ResponseStatus): Promise<void> {
     r.status = status;
     r.final = { ...final, status };
     r.endedAt = Date.now();
     if (!r.store) this.records.delete(r.id);
-    else this.shared?.keepResponse(r.id, r.final, [...r.history, assistantTurn(r.final.output as OutputItem[])], this.ttlMs);
+    else await this.shared?.keepResponse(r.id, r.final, [...r.history, assistantTurn(r.final.output as OutputItem[])], this.ttlMs);
   }
 
   /** `previous_response_id`: the conversation so far, the previous answer its last turn. */
