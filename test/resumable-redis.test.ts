@@ -88,6 +88,37 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     assert.match(rest.at(-2)!, /"usage":\{"prompt_tokens":\d+,"completion_tokens":40,/, 'usage counts the whole answer once');
   });
 
+  it('a Responses API stream whose frontend is SIGKILLed: resumed through the openai SDK at another frontend, taken over, the whole text and usage', async () => {
+    const g = await startFrontend(discovery, ['--stream-store', redis.url]);
+    started.push(g);
+    await frontendSeesWorkers(g, 2);
+    const at = (f: FrontendHandle) => new OpenAI({ baseURL: `${f.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const request = { model: 'm1', input: 'tell me about the tides', max_output_tokens: 30, stream: true as const };
+    let undisturbed = '';
+    for await (const ev of await at(b).responses.create(request)) if (ev.type === 'response.output_text.delta') undisturbed += ev.delta;
+    let id = '';
+    let text = '';
+    let last = -1;
+    for await (const ev of await at(g).responses.create(request)) {
+      if (ev.type === 'response.created') id = ev.response.id;
+      if (ev.type === 'response.output_text.delta') text += ev.delta;
+      last = ev.sequence_number;
+      if (last === 10) break;
+    }
+    const mark = b.mark();
+    g.proc.kill('SIGKILL');
+    let end: OpenAI.Responses.Response | undefined;
+    for await (const ev of await at(b).responses.retrieve(id, { stream: true, starting_after: last })) {
+      assert.equal(ev.sequence_number, ++last, 'sequence numbers run on without a gap');
+      if (ev.type === 'response.output_text.delta') text += ev.delta;
+      if (ev.type === 'response.incomplete') end = ev.response;
+    }
+    await b.waitForEvent('stream_taken_over', (l) => l.response_id === id, { after: mark });
+    assert.equal(text, undisturbed, 'the text cut and continued is the undisturbed text');
+    assert.equal(end?.usage?.output_tokens, 30);
+    assert.equal((end?.output[0] as { content: Array<{ text: string }> }).content[0]!.text, undisturbed);
+  });
+
   it('a stream another frontend cannot continue (two choices): its followers get an error event saying its frontend is gone, never a silent cut', async () => {
     const c = await startFrontend(discovery, ['--stream-store', redis.url]);
     started.push(c);
