@@ -93,7 +93,7 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     started.push(g);
     await frontendSeesWorkers(g, 2);
     const at = (f: FrontendHandle) => new OpenAI({ baseURL: `${f.url}/v1`, apiKey: 'unused', maxRetries: 0 });
-    const request = { model: 'm1', input: 'tell me about the tides', max_output_tokens: 30, stream: true as const };
+    const request = { model: 'm1', input: 'tell me about the tides', max_output_tokens: 60, stream: true as const };
     let undisturbed = '';
     for await (const ev of await at(b).responses.create(request)) if (ev.type === 'response.output_text.delta') undisturbed += ev.delta;
     let id = '';
@@ -115,7 +115,7 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     }
     await b.waitForEvent('stream_taken_over', (l) => l.response_id === id, { after: mark });
     assert.equal(text, undisturbed, 'the text cut and continued is the undisturbed text');
-    assert.equal(end?.usage?.output_tokens, 30);
+    assert.equal(end?.usage?.output_tokens, 60);
     assert.equal((end?.output[0] as { content: Array<{ text: string }> }).content[0]!.text, undisturbed);
   });
 
@@ -141,10 +141,10 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     started.push(d);
     await frontendSeesWorkers(d, 2);
     const seeds = Array.from({ length: 30 }, (_, i) => 100 + i);
-    const post = (url: string, seed: number) => fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: body(60, seed) });
+    const post = (url: string, seed: number) => fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: body(150, seed) });
     const text = (e: string[]) => e.map((x) => /"delta":\{"content":("(?:[^"\\]|\\.)*")/.exec(x)?.[1]).filter((x) => x !== undefined).map((x) => JSON.parse(x!) as string).join('');
     const reference = await Promise.all(seeds.map(async (seed) => text(await events(await post(b.url, seed)))));
-    // 30 streams at d; once each has begun, d is told to stop.
+    // 30 streams at d (150 tokens: seconds, far past d's 300 ms deadline); once each has begun, d is told to stop.
     let begun = 0;
     let allBegun!: () => void;
     const ready = new Promise<void>((resolve) => (allBegun = resolve));
