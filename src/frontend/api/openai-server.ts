@@ -408,6 +408,8 @@ export function createOpenAIServer({
       void streamOut(detached, shell.id, fmtFor, [gen], 1, new AbortController().signal, performance.now(), room, { background: true, record, plan }).catch((err: unknown) =>
         log.warn({ event: 'background_response_failed', response_id: shell.id, err: (err as Error).message }, `background response ${shell.id} failed: ${(err as Error).message}`),
       );
+      // In a fleet, announced once the shared store has it: the client may ask another frontend next.
+      await streams?.mirror?.applied();
       return shell.object('queued', undefined, undefined);
     }
     const signal = shutdown.requestSignal(reply.raw);

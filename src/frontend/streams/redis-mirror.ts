@@ -156,6 +156,15 @@ export class RedisMirror {
     return { ...responseFromEvents(events), plan: plan === null ? undefined : (JSON.parse(plan) as TakeoverPlan) };
   }
 
+  /**
+   * Resolves once Redis has applied every command sent so far (a PING answered after them, on the
+   * same connection): a background response is announced only once its owner mark is there, so a
+   * client that asks another frontend for it at once finds it. Never rejects.
+   */
+  async applied(): Promise<void> {
+    await this.redis.ping().catch(() => undefined);
+  }
+
   /** A stream this frontend starts: owned here until it ends. */
   opened(id: string): void {
     this.live.add(id);
