@@ -49,7 +49,8 @@ export interface RedisMirrorOptions {
  * stream reads it there: the events after the client's point, then each new one as the owning
  * frontend writes it (XREAD), then the end. An owner mark (a key with a lease, refreshed while the
  * stream runs) says whether the frontend generating it is still there; a stream whose owner is gone
- * ends, for its remote followers, with an error event saying so (taking it over is not built yet).
+ * is taken over by a frontend following it (takeOver), or ends for its followers with an error event
+ * saying so when it cannot be continued.
  * When Redis cannot be reached, streams run on unkept there (a log line, a metric) and a resume that
  * needs it is a 503 stream_store_unavailable: nothing admitted waits on Redis.
  */
@@ -108,13 +109,7 @@ export class RedisMirror {
 
   /** A finished response another frontend stored, or undefined. */
   async keptResponse(id: string): Promise<{ object: Record<string, unknown>; history: ChatMessage[] } | undefined> {
-    let raw: string | null;
-    try {
-      raw = await this.redis.get(responseKey(id));
-    } catch (err) {
-      this.health(false);
-      throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: ${(err as Error).message}`);
-    }
+    const raw = await this.read(() => this.redis.get(responseKey(id)));
     return raw === null ? undefined : (JSON.parse(raw) as { object: Record<string, unknown>; history: ChatMessage[] });
   }
 
@@ -129,7 +124,7 @@ export class RedisMirror {
         for (const [, entries] of got ?? [])
           for (const [entryId, fields] of entries) {
             last = entryId.toString();
-            if (fields.some((f, i) => i % 2 === 0 && (f.toString() === 'end' || f.toString() === 'x'))) return;
+            if (isEnd(entryFields(fields))) return;
           }
       }
     } finally {
@@ -143,17 +138,9 @@ export class RedisMirror {
    * Undefined when the fleet keeps no such response.
    */
   async response(id: string): Promise<{ object: Record<string, unknown>; plan: TakeoverPlan | undefined; done: boolean } | undefined> {
-    let entries: Array<[Buffer, Buffer[]]>;
-    let plan: string | null;
-    try {
-      [entries, plan] = await Promise.all([this.redis.xrangeBuffer(streamKey(id), '-', '+'), this.redis.get(planKey(id))]);
-    } catch (err) {
-      this.health(false);
-      throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: ${(err as Error).message}`);
-    }
+    const [entries, plan] = await this.read(() => Promise.all([this.redis.xrangeBuffer(streamKey(id), '-', '+'), this.redis.get(planKey(id))]));
     if (entries.length === 0) return undefined;
-    const events = Buffer.concat(entries.flatMap(([, fields]) => fields.filter((_, i) => i % 2 === 1 && fields[i - 1]?.toString() === 'e'))).toString('utf8');
-    return { ...responseFromEvents(events), plan: plan === null ? undefined : (JSON.parse(plan) as TakeoverPlan) };
+    return { ...responseFromEvents(eventsOf(entries).toString('utf8')), plan: plan === null ? undefined : (JSON.parse(plan) as TakeoverPlan) };
   }
 
   /**
@@ -195,13 +182,17 @@ export class RedisMirror {
     this.redis.xadd(streamKey(id), '*', 'e', payloads.length === 1 ? payloads[0]! : Buffer.concat(payloads)).catch(() => this.health(false));
   }
 
+  /** A stream's events not yet sent, now: before what ends or lets go of it. */
+  private flushPending(id: string): void {
+    const waiting = this.pending.get(id);
+    if (waiting === undefined) return;
+    this.pending.delete(id);
+    this.flushOne(id, waiting);
+  }
+
   ended(id: string, payload: Buffer | undefined): void {
     this.live.delete(id);
-    const waiting = this.pending.get(id);
-    if (waiting !== undefined) {
-      this.pending.delete(id);
-      this.flushOne(id, waiting);
-    }
+    this.flushPending(id);
     const key = streamKey(id);
     // Plain commands, pipelined in order with the events before them (a MULTI could overtake them).
     const fail = () => this.health(false);
@@ -215,11 +206,7 @@ export class RedisMirror {
   /** Lets go of a live stream at once (a frontend going away hands it on): its owner mark is dropped, no end is written. */
   release(id: string): void {
     this.live.delete(id);
-    const waiting = this.pending.get(id);
-    if (waiting !== undefined) {
-      this.pending.delete(id);
-      this.flushOne(id, waiting);
-    }
+    this.flushPending(id);
     this.redis.del(ownerKey(id)).catch(() => this.health(false));
   }
 
@@ -231,15 +218,8 @@ export class RedisMirror {
     let replica = this.replicas.get(id);
     if (replica === undefined) {
       if (!this.up) throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: response ${id} can be resumed only at the frontend that runs it`);
-      let entries: Array<[Buffer, Buffer[]]>;
-      let running: number;
-      try {
-        // Its owner mark is there from its start; its events come in batches (a fresh stream may have none yet).
-        [entries, running] = await Promise.all([this.redis.xrangeBuffer(streamKey(id), '-', '+'), this.redis.exists(ownerKey(id))]);
-      } catch (err) {
-        this.health(false);
-        throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: ${(err as Error).message}`);
-      }
+      // Its owner mark is there from its start; its events come in batches (a fresh stream may have none yet).
+      const [entries, running] = await this.read(() => Promise.all([this.redis.xrangeBuffer(streamKey(id), '-', '+'), this.redis.exists(ownerKey(id))]));
       if (entries.length === 0 && running === 0) throw new EbbError('response_not_found', `no response ${id} is kept in this fleet`);
       replica = this.replicas.get(id) ?? this.replicate(id, entries);
     }
@@ -264,10 +244,9 @@ export class RedisMirror {
 
   /** One entry into the replica; true once it was the stream's end. */
   private feed(replica: KeptStream, fields: Buffer[]): boolean {
-    const f = new Map<string, Buffer>();
-    for (let i = 0; i + 1 < fields.length; i += 2) f.set(fields[i]!.toString(), fields[i + 1]!);
+    const f = entryFields(fields);
     const payload = f.get('e');
-    if (f.has('end') || f.has('x')) {
+    if (isEnd(f)) {
       replica.end(payload ?? Buffer.alloc(0));
       return true;
     }
@@ -316,12 +295,21 @@ export class RedisMirror {
     const raw = await this.redis.get(planKey(id));
     if (raw === null || this.takeover === undefined) return false;
     if ((await this.redis.set(ownerKey(id), this.opts.owner, 'PX', LEASE_MS, 'NX')) !== 'OK') return true;
-    const entries = await this.redis.xrangeBuffer(streamKey(id), '-', '+');
-    const events = Buffer.concat(entries.flatMap(([, fields]) => (fields[0]?.toString() === 'e' && fields[1] !== undefined ? [fields[1]] : [])));
+    const events = eventsOf(await this.redis.xrangeBuffer(streamKey(id), '-', '+'));
     const started = this.takeover(id, JSON.parse(raw) as TakeoverPlan, events);
     if (started) this.opts.log.info({ event: 'stream_taken_over', response_id: id }, `continuing stream ${id} here: the frontend that ran it is gone`);
     else await this.redis.del(ownerKey(id));
     return started;
+  }
+
+  /** A read a resume needs: Redis away is the 503 that says so (and the store's health goes down). */
+  private async read<T>(op: () => Promise<T>): Promise<T> {
+    try {
+      return await op();
+    } catch (err) {
+      this.health(false);
+      throw new EbbError('stream_store_unavailable', `the stream store (Redis) cannot be reached: ${(err as Error).message}`);
+    }
   }
 
   private renewLeases(): void {
@@ -348,6 +336,20 @@ export class RedisMirror {
     clearTimeout(timer);
     this.redis.disconnect();
   }
+}
+
+/** A Redis stream entry's fields: `e` (events), and `end` or `x` on the last one (ended, or stopped without an end). */
+function entryFields(fields: Buffer[]): Map<string, Buffer> {
+  const f = new Map<string, Buffer>();
+  for (let i = 0; i + 1 < fields.length; i += 2) f.set(fields[i]!.toString(), fields[i + 1]!);
+  return f;
+}
+
+const isEnd = (f: Map<string, Buffer>) => f.has('end') || f.has('x');
+
+/** Every event a stream's entries hold, in order, as one buffer. */
+function eventsOf(entries: Array<[Buffer, Buffer[]]>): Buffer {
+  return Buffer.concat(entries.flatMap(([, fields]) => entryFields(fields).get('e') ?? []));
 }
 
 /** The last event of a stream whose frontend is gone: an error saying so, in the stream's own format. */
