@@ -1,5 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import { ClientStream } from '../relay/client-stream.js';
+import { Shutdown } from '../shutdown.js';
 
 /** Where a kept stream is in its life: resumable while live, and for the window after it ended. */
 export type KeptState = 'live' | 'ended' | 'abandoned' | 'handed_on';
@@ -76,10 +77,11 @@ export class KeptStream {
     requestSignal.addEventListener(
       'abort',
       () => {
-        if (requestSignal.reason instanceof Error && requestSignal.reason.message === 'client disconnected') {
-          this.primary = false;
-          this.maybeOrphaned();
-        } else this.cancel(requestSignal.reason);
+        // The request's signal aborts for two reasons only: the shutdown's cut, or its client leaving.
+        const cut = Shutdown.cutReason(requestSignal);
+        if (cut !== undefined) return this.cancel(cut);
+        this.primary = false;
+        this.maybeOrphaned();
       },
       { once: true },
     );
@@ -154,8 +156,7 @@ export class KeptStream {
     this.finish();
     const all = this.whole();
     const at = all.lastIndexOf('\n\nid: ');
-    const start = at < 0 ? (all.subarray(0, 4).toString() === 'id: ' ? 0 : -1) : at + 2;
-    return start < 0 ? undefined : Number(all.toString('latin1', start + 4, all.indexOf(0x0a, start)));
+    return eventId(all, at < 0 ? 0 : at + EVENT_END.length);
   }
 
   /** Whether a resume can be served: the stream is kept whole. */
@@ -243,11 +244,14 @@ export function eventsAfter(events: Buffer, from: number): Buffer | undefined {
   for (let at = 0; at < events.length; ) {
     const next = events.indexOf(EVENT_END, at);
     if (next < 0) break;
-    if (events.compare(ID_PREFIX, 0, ID_PREFIX.length, at, at + ID_PREFIX.length) === 0) {
-      const eol = events.indexOf(0x0a, at);
-      if (Number(events.toString('latin1', at + ID_PREFIX.length, eol)) === from) return events.subarray(next + EVENT_END.length);
-    }
+    if (eventId(events, at) === from) return events.subarray(next + EVENT_END.length);
     at = next + EVENT_END.length;
   }
   return undefined;
+}
+
+/** The id of the event that starts at `at` (its `id: <n>` line), or undefined when it has none. */
+function eventId(events: Buffer, at: number): number | undefined {
+  if (events.compare(ID_PREFIX, 0, ID_PREFIX.length, at, at + ID_PREFIX.length) !== 0) return undefined;
+  return Number(events.toString('latin1', at + ID_PREFIX.length, events.indexOf(0x0a, at)));
 }
