@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { secondTurnWhole } from './helpers/responses.js';
 import { call } from './helpers/http.js';
-import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
+import { frontendSeesWorkers, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
 
 /** Two frontends sharing one Redis stream store (--stream-store redis://...), two mocker workers. */
@@ -66,6 +66,9 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     assert.deepEqual([...first, ...rest], whole, 'what the cut client had, then what the other frontend sent: the whole stream');
     // Ended, it is still in the store for the window: another resume there replays it.
     assert.deepEqual(await events(await fetch(`${b.url}/v1/chat/completions/${id}?stream=true&starting_after=40`)), whole.slice(41));
+    // Counted once each, as what they were: resumes (through the shared store), not misses here.
+    assert.equal(await metricValue(b.url, 'ebb_frontend_stream_resumes_total', 'outcome="resumed"'), 2);
+    assert.equal(await metricValue(b.url, 'ebb_frontend_stream_resumes_total', 'outcome="not_found"'), 0);
   });
 
   it('a frontend SIGKILLed mid-stream: two clients resume at two other frontends, one takes the stream over: byte for byte an undisturbed run, one [DONE], the same usage', async () => {

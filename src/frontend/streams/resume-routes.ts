@@ -27,7 +27,7 @@ export interface ResumeDeps {
 /**
  * GET /v1/chat/completions/{id}?stream=true and /v1/completions/{id}?stream=true: the kept stream
  * from after `starting_after` (or Last-Event-ID), byte for byte as the original connection got it,
- * then its live rest and its one end. The Responses API's own GET is in responses-routes.ts.
+ * then its live rest and its one end. The Responses API's own GET is in api/openai-server.ts.
  */
 export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
   for (const [url, prefix] of [
@@ -49,16 +49,6 @@ export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
 }
 
 /** Follows kept stream `id` on `res` from the client's resume point; throws the 404 (or 400) when it cannot. */
-export async function resumeStream(store: StreamStore, id: string, startingAfter: unknown, lastEventId: unknown, res: ServerResponse, hijack: () => void): Promise<void> {
-  const from = resumePoint(startingAfter, lastEventId);
-  let kept;
-  try {
-    kept = store.get(id);
-  } catch (err) {
-    // Not here: another frontend of the fleet may run it (the shared store has it).
-    if (store.mirror === undefined || !(err instanceof EbbError) || err.code !== 'response_not_found') throw err;
-    return store.mirror.follow(id, res, from, SSE_HEADERS, hijack);
-  }
-  hijack();
-  kept.follow(res, from, SSE_HEADERS);
+export function resumeStream(store: StreamStore, id: string, startingAfter: unknown, lastEventId: unknown, res: ServerResponse, hijack: () => void): Promise<void> {
+  return store.resume(id, res, resumePoint(startingAfter, lastEventId), SSE_HEADERS, hijack);
 }

@@ -1,5 +1,6 @@
 import { EbbError } from '../../protocol/errors.js';
-import { KeptStream } from './kept-stream.js';
+import type { ServerResponse } from 'node:http';
+import { KeptStream, type ResumeFrom } from './kept-stream.js';
 import type { RedisMirror } from './redis-mirror.js';
 
 export interface StreamStoreOptions {
@@ -91,16 +92,33 @@ export class StreamStore {
   get(id: string): KeptStream {
     this.sweep();
     const stream = this.streams.get(id);
-    if (stream !== undefined && stream.resumable) {
-      this.metrics?.resume('resumed');
-      return stream;
-    }
-    if (stream !== undefined || this.expired.has(id)) {
-      this.metrics?.resume('expired');
+    if (stream !== undefined && stream.resumable) return stream;
+    if (stream !== undefined || this.expired.has(id))
       throw new EbbError('response_expired', `response ${id} can no longer be streamed: it ended more than the resume window ago, was abandoned, or was larger than the store keeps`);
-    }
-    this.metrics?.resume('not_found');
     throw new EbbError('response_not_found', `no response ${id} is kept here`);
+  }
+
+  /**
+   * Follows kept stream `id` on `res` from `from`: here, or (a fleet) from the shared store when
+   * another frontend runs it. Counts each resume once, by how it ended; throws its 404 or 503.
+   */
+  async resume(id: string, res: ServerResponse, from: ResumeFrom, headers: Record<string, string>, hijack: () => void): Promise<void> {
+    try {
+      let kept: KeptStream;
+      try {
+        kept = this.get(id);
+      } catch (err) {
+        if (this.mirror === undefined || !(err instanceof EbbError) || err.code !== 'response_not_found') throw err;
+        await this.mirror.follow(id, res, from, headers, hijack);
+        return this.metrics?.resume('resumed');
+      }
+      hijack();
+      kept.follow(res, from, headers);
+      this.metrics?.resume('resumed');
+    } catch (err) {
+      if (err instanceof EbbError && (err.code === 'response_expired' || err.code === 'response_not_found')) this.metrics?.resume(err.code === 'response_expired' ? 'expired' : 'not_found');
+      throw err;
+    }
   }
 
   /**
@@ -120,11 +138,6 @@ export class StreamStore {
     this.streams.delete(stream.id);
     this.ended.delete(stream);
     stream.drop();
-  }
-
-  /** The kept stream `id` whatever its state, or undefined (retrieve, cancel). */
-  find(id: string): KeptStream | undefined {
-    return this.streams.get(id);
   }
 
   get size(): number {
