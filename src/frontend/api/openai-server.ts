@@ -9,7 +9,7 @@ import { detachedResponse } from '../streams/detached-response.js';
 import { takeoverPoint, type TakeoverPlan } from '../streams/takeover.js';
 import { toPeer } from '../cluster/peer-proxy.js';
 import { EbbError } from '../../protocol/errors.js';
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { AdminGuard } from '../../common/admin-auth.js';
@@ -211,23 +211,31 @@ export function createOpenAIServer({
     const owner = Number.parseInt(id.replace(/^(chatcmpl-|cmpl-|resp_)/, '').slice(0, SLOT_DIGITS), 16);
     return Number.isInteger(owner) && owner !== cluster.slot ? cluster.peerUrl(owner) : undefined;
   };
-  if (streams !== undefined) addResumeRoutes(app, { store: streams, methods, elsewhere });
+  /** The request, passed to the process that holds `id` when another one does (undefined: served here). */
+  const toHolder = (id: string, req: FastifyRequest, reply: FastifyReply, body?: unknown): Promise<void> | undefined => {
+    const holder = elsewhere(id);
+    if (holder === undefined) return undefined;
+    reply.hijack();
+    return toPeer(holder, req.method, req.url, req.headers, body, reply.raw);
+  };
+  if (streams !== undefined) addResumeRoutes(app, { store: streams, methods, toHolder });
   /** previous_response_id: this frontend's own record, else (a fleet) the shared store's events and plan. */
   const previousTurns = async (id: string): Promise<ChatMessage[]> => {
-    try {
-      return records!.history(id);
-    } catch (err) {
+    const mirror = records!.find(id) === undefined ? streams?.mirror : undefined;
+    if (mirror !== undefined) {
       // Stored by another frontend of the fleet: its conversation, kept in the shared store (or, a
       // streamed one whose store write is still on its way, its plan's input and its events' answer).
-      const mirror = err instanceof EbbError && /no response .* is kept here/.test(err.message) ? streams?.mirror : undefined;
-      const kept = await mirror?.keptResponse(id);
+      const kept = await mirror.keptResponse(id);
       if (kept !== undefined) return kept.history;
-      const shared = await mirror?.response(id);
+      const shared = await mirror.response(id);
       const plan = shared?.plan?.responses;
-      if (shared === undefined || !shared.done || plan === undefined) throw err;
-      const messages = shared.plan!.gens[0]!.messages ?? [];
-      return [...(plan.request.instructions ? messages.slice(1) : messages), assistantTurn(shared.object.output as Parameters<typeof assistantTurn>[0])];
+      if (shared?.done === true && plan !== undefined) {
+        const messages = shared.plan!.gens[0]!.messages ?? [];
+        return [...(plan.request.instructions ? messages.slice(1) : messages), assistantTurn(shared.object.output as Parameters<typeof assistantTurn>[0])];
+      }
     }
+    // This frontend's own, or the 400 saying why there is none.
+    return records!.history(id);
   };
 
   if (streams?.mirror !== undefined) {
@@ -378,22 +386,18 @@ export function createOpenAIServer({
     const body = req.body;
     admit(body, RESPONSES_FIELD_POLICY);
     // The next turn of a response another process holds is served there, where its history is.
-    const holder = typeof body.previous_response_id === 'string' ? elsewhere(body.previous_response_id) : undefined;
-    if (holder !== undefined) {
-      reply.hijack();
-      return toPeer(holder, 'POST', req.url, req.headers, body, reply.raw);
-    }
-    const keeps = records === undefined ? undefined : records;
+    const passed = typeof body.previous_response_id === 'string' ? toHolder(body.previous_response_id, req, reply, body) : undefined;
+    if (passed !== undefined) return passed;
     const stateful = body.background === true ? 'background' : typeof body.previous_response_id === 'string' ? 'previous_response_id' : undefined;
-    if (stateful !== undefined && keeps === undefined) throw new EbbError('unsupported_parameter', `${stateful} needs kept responses: this frontend runs with --stream-store none`, { param: stateful });
+    if (stateful !== undefined && records === undefined) throw new EbbError('unsupported_parameter', `${stateful} needs kept responses: this frontend runs with --stream-store none`, { param: stateful });
     if (body.background === true && body.store === false) throw new EbbError('invalid_request', 'background responses are stored: store false is not allowed with background true', { param: 'store' });
     const previous = typeof body.previous_response_id === 'string' ? await previousTurns(body.previous_response_id) : [];
     const room = holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
-    const record: ResponseRecord | undefined = keeps === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
-    if (record !== undefined) keeps!.add(record);
+    const record: ResponseRecord | undefined = records === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
+    if (record !== undefined) records!.add(record);
     const fmtFor = (kept: boolean) => {
       const fmt = tools === undefined ? new ResponsesStream(shell, kept) : new ResponsesToolStream(shell, tools.syntax, tools.idsFor(0), kept);
       if (record !== undefined) record.progress = fmt;
@@ -420,10 +424,10 @@ export function createOpenAIServer({
       void reply.header('x-ebb-worker-id', headerValue(workerId));
       const answer = tools !== undefined ? responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, tools.idsFor(0))) : responseObject(shell, choices[0]!, usage);
       // Stored before it is answered: the client's next call, at any frontend, finds it.
-      if (record !== undefined) await keeps!.settle(record, answer, answer.status);
+      if (record !== undefined) await records!.settle(record, answer, answer.status);
       return answer;
     } catch (err) {
-      if (record !== undefined && record.final === undefined) void keeps!.settle(record, shell.object('failed', undefined, undefined), 'failed');
+      if (record !== undefined && record.final === undefined) void records!.settle(record, shell.object('failed', undefined, undefined), 'failed');
       throw Shutdown.cutReason(signal) ?? err;
     }
   });
@@ -432,11 +436,8 @@ export function createOpenAIServer({
     // The Responses API's own GET: the object (status, output so far), or with stream=true its events after starting_after.
     methods('/v1/responses/:id', ['GET']);
     app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>('/v1/responses/:id', async (req, reply) => {
-      const holder = elsewhere(req.params.id);
-      if (holder !== undefined) {
-        reply.hijack();
-        return toPeer(holder, 'GET', req.url, req.headers, undefined, reply.raw);
-      }
+      const passed = toHolder(req.params.id, req, reply);
+      if (passed !== undefined) return passed;
       if (req.query.stream === 'true') return resumeStream(streams, req.params.id, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
       try {
         return records.object(records.get(req.params.id));
@@ -451,11 +452,8 @@ export function createOpenAIServer({
     // Stops a background response's generation on its worker at once; the object says `cancelled`.
     methods('/v1/responses/:id/cancel', ['POST']);
     app.post<{ Params: { id: string } }>('/v1/responses/:id/cancel', async (req, reply) => {
-      const holder = elsewhere(req.params.id);
-      if (holder !== undefined) {
-        reply.hijack();
-        return toPeer(holder, 'POST', req.url, req.headers, req.body ?? {}, reply.raw);
-      }
+      const passed = toHolder(req.params.id, req, reply, req.body ?? {});
+      if (passed !== undefined) return passed;
       let record: ResponseRecord;
       try {
         record = records.get(req.params.id);

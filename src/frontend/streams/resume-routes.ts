@@ -1,7 +1,6 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ServerResponse } from 'node:http';
 import { EbbError } from '../../protocol/errors.js';
-import { toPeer } from '../cluster/peer-proxy.js';
 import type { ResumeFrom } from './kept-stream.js';
 import type { StreamStore } from './stream-store.js';
 
@@ -19,8 +18,8 @@ export function resumePoint(startingAfter: unknown, lastEventId: unknown): Resum
 
 export interface ResumeDeps {
   store: StreamStore;
-  /** With --processes N: the loopback URL of the process that holds `id`, when another one does. */
-  elsewhere?: ((id: string) => string | undefined) | undefined;
+  /** With --processes N: passes the request to the process that holds `id`, when another one does (undefined: served here). */
+  toHolder?: ((id: string, req: FastifyRequest, reply: FastifyReply) => Promise<void> | undefined) | undefined;
   methods(url: string, allowed: Array<'GET' | 'POST'>): void;
 }
 
@@ -38,11 +37,8 @@ export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
     app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>(url, async (req, reply) => {
       if (req.query.stream !== 'true')
         throw new EbbError('invalid_request', 'ebb keeps streams to resume them, not completions to retrieve: add ?stream=true (and starting_after)', { param: 'stream' });
-      const peer = deps.elsewhere?.(req.params.id);
-      if (peer !== undefined) {
-        reply.hijack();
-        return toPeer(peer, 'GET', req.url, req.headers, undefined, reply.raw);
-      }
+      const passed = deps.toHolder?.(req.params.id, req, reply);
+      if (passed !== undefined) return passed;
       return resumeStream(deps.store, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
     });
   }
