@@ -2,6 +2,8 @@
 export interface SseEvent {
   event: string;
   data: string;
+  /** The event's own `id:` field, when it had one (ebb's kept streams number every event). */
+  id?: string | undefined;
 }
 
 /**
@@ -13,18 +15,20 @@ export interface SseEvent {
  * Fails once one event (or a line not yet ended) is past `maxEventChars`: a peer sending an endless
  * line or event must not grow this process without bound.
  */
-export async function* sseEvents(body: AsyncIterable<Uint8Array | Buffer | string>, maxEventChars = Infinity): AsyncGenerator<SseEvent, void, void> {
+export async function* sseEvents(body: AsyncIterable<Uint8Array | Buffer | string> | Iterable<Uint8Array | Buffer | string>, maxEventChars = Infinity): AsyncGenerator<SseEvent, void, void> {
   const decoder = new TextDecoder();
   let buffer = '';
   let event = 'message';
   let data: string[] = [];
+  let id: string | undefined;
   let size = 0;
   const tooLong = () => new Error(`event stream event over ${maxEventChars} characters`);
   function* line(l: string): Generator<SseEvent, void, void> {
     if (l === '') {
-      if (data.length > 0) yield { event, data: data.join('\n') };
+      if (data.length > 0) yield id === undefined ? { event, data: data.join('\n') } : { event, data: data.join('\n'), id };
       event = 'message';
       data = [];
+      id = undefined;
       size = 0;
       return;
     }
@@ -35,6 +39,7 @@ export async function* sseEvents(body: AsyncIterable<Uint8Array | Buffer | strin
     const value = colon < 0 ? '' : l.slice(l[colon + 1] === ' ' ? colon + 2 : colon + 1);
     if (field === 'data') data.push(value);
     else if (field === 'event') event = value;
+    else if (field === 'id') id = value;
   }
   const eol = /\r\n|\r|\n/g;
   for await (const chunk of body) {

@@ -246,8 +246,8 @@ export function createOpenAIServer({
       if (r?.background === true && r.final === undefined) r.kept?.cancel(new ResponseCancelled(id));
     };
     // A stream whose frontend died, continued here from what the shared store kept: the same ids, the same format, its sequence continued on a worker.
-    store.mirror!.takeover = (id, plan, events) => {
-      const point = takeoverPoint(plan, events.toString('utf8'));
+    store.mirror!.takeover = async (id, plan, events) => {
+      const point = await takeoverPoint(plan, events);
       if (point === undefined) return false;
       const kept = store.adopt(id, events);
       const made = plan.responses;

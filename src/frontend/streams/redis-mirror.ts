@@ -4,6 +4,7 @@ import type { Logger } from 'pino';
 import { EbbError } from '../../protocol/errors.js';
 import { KeptStream, type ResumeFrom } from './kept-stream.js';
 import type { TakeoverPlan } from './takeover.js';
+import { sseEvents } from '../../common/sse-events.js';
 import type { ChatMessage } from '../../protocol/request-plane.js';
 
 /** How long a live stream's owner mark lives unrefreshed: a frontend gone for longer owns nothing. */
@@ -26,7 +27,7 @@ const responseKey = (id: string) => `ebb:response:${id}`;
 const PLAN_TTL_MS = 24 * 3_600_000;
 
 /** Continues a stream whose frontend is gone, here (the frontend's relay): false when it cannot. */
-export type Takeover = (id: string, plan: TakeoverPlan, events: Buffer) => boolean;
+export type Takeover = (id: string, plan: TakeoverPlan, events: Buffer) => Promise<boolean>;
 
 export interface RedisMirrorOptions {
   url: string;
@@ -140,7 +141,7 @@ export class RedisMirror {
   async response(id: string): Promise<{ object: Record<string, unknown>; plan: TakeoverPlan | undefined; done: boolean } | undefined> {
     const [entries, plan] = await this.read(() => Promise.all([this.redis.xrangeBuffer(streamKey(id), '-', '+'), this.redis.get(planKey(id))]));
     if (entries.length === 0) return undefined;
-    return { ...responseFromEvents(eventsOf(entries).toString('utf8')), plan: plan === null ? undefined : (JSON.parse(plan) as TakeoverPlan) };
+    return { ...(await responseFromEvents(eventsOf(entries))), plan: plan === null ? undefined : (JSON.parse(plan) as TakeoverPlan) };
   }
 
   /**
@@ -296,7 +297,7 @@ export class RedisMirror {
     if (raw === null || this.takeover === undefined) return false;
     if ((await this.redis.set(ownerKey(id), this.opts.owner, 'PX', LEASE_MS, 'NX')) !== 'OK') return true;
     const events = eventsOf(await this.redis.xrangeBuffer(streamKey(id), '-', '+'));
-    const started = this.takeover(id, JSON.parse(raw) as TakeoverPlan, events);
+    const started = await this.takeover(id, JSON.parse(raw) as TakeoverPlan, events);
     if (started) this.opts.log.info({ event: 'stream_taken_over', response_id: id }, `continuing stream ${id} here: the frontend that ran it is gone`);
     else await this.redis.del(ownerKey(id));
     return started;
@@ -360,13 +361,11 @@ function gone(id: string): string {
 }
 
 /** A Responses API stream's events, read back into its object: the last one it carried, its output so far. */
-function responseFromEvents(events: string): { object: Record<string, unknown>; done: boolean } {
+async function responseFromEvents(events: Buffer): Promise<{ object: Record<string, unknown>; done: boolean }> {
   let object: Record<string, unknown> = {};
   let item: Record<string, unknown> | undefined;
   let text = '';
-  for (const event of events.split('\n\n')) {
-    const data = event.slice(event.indexOf('data: ') + 6);
-    if (!event.includes('data: ')) continue;
+  for await (const { data } of sseEvents([events])) {
     const parsed = JSON.parse(data) as { type?: string; response?: Record<string, unknown>; item?: Record<string, unknown>; delta?: string; code?: string };
     if (parsed.response !== undefined) object = parsed.response;
     if (parsed.type === 'response.output_item.added' && parsed.item !== undefined) item = parsed.item;

@@ -1,6 +1,7 @@
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import type { ResponsesRequest } from '../api/responses-format.js';
 import type { Resumed } from '../relay/lane.js';
+import { sseEvents } from '../../common/sse-events.js';
 
 /**
  * What a frontend writes to the shared store when it starts a stream that another frontend could
@@ -27,19 +28,12 @@ export interface TakeoverPoint {
  * Reads the events a frontend sent (as the store kept them) for where its one sequence stood; undefined
  * when it cannot be continued: it finished (its end or finish event went out), or ended in an error.
  */
-export function takeoverPoint(plan: TakeoverPlan, events: string): TakeoverPoint | undefined {
+export async function takeoverPoint(plan: TakeoverPlan, events: Buffer): Promise<TakeoverPoint | undefined> {
   let text = '';
   let tokens = 0;
   let lastId = -1;
-  for (const event of events.split('\n\n')) {
-    if (event === '') continue;
-    let type = '';
-    let data = '';
-    for (const line of event.split('\n')) {
-      if (line.startsWith('id: ')) lastId = Number(line.slice(4));
-      else if (line.startsWith('event: ')) type = line.slice(7);
-      else if (line.startsWith('data: ')) data = line.slice(6);
-    }
+  for await (const { id, event: type, data } of sseEvents([events])) {
+    if (id !== undefined) lastId = Number(id);
     if (data === '[DONE]') return undefined;
     const parsed = JSON.parse(data) as { error?: unknown; delta?: string; choices?: Array<{ finish_reason?: string | null; text?: string; delta?: { content?: string } }> };
     if (plan.endpoint === 'responses') {
