@@ -6,6 +6,7 @@ export type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import type { KvEventLog } from './kv-event-log.js';
 import type { KvCacheDeclaration } from '../protocol/kv-events.js';
+import type { EngineAdapters } from './engine-adapters.js';
 
 /**
  * The contract between a worker and the engine it hosts. The mocker implements it today; adapters
@@ -41,6 +42,11 @@ export interface GenerateRequest {
    * alternatives at its position (only sent to engines whose capabilities declare logprobs).
    */
   logprobs?: number | undefined;
+  /**
+   * A LoRA adapter to apply (its name; engines with `adapters` only). The worker has made it
+   * resident before calling generate and keeps it so until the generation ends.
+   */
+  adapter?: string | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
   /**
@@ -209,6 +215,8 @@ export interface Engine {
    * worker leaves discovery at once, fails /live and exits non-zero so its supervisor restarts it.
    */
   onFailure?(listener: (err: Error) => void): () => void;
+  /** LoRA adapters over the base model; absent: the engine serves its base model only. */
+  readonly adapters?: EngineAdapters | undefined;
   stats(): EngineStats;
   close(): Promise<void>;
 }
