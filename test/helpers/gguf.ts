@@ -239,26 +239,32 @@ export interface TinyModel {
   contextLength: number;
 }
 
-/** Builds the tiny llama model: about half a megabyte with the defaults. */
-export function tinyLlamaGguf(opts: TinyModelOptions = {}): TinyModel {
-  const seed = opts.seed ?? 42;
+/** The tiny model's dimensions: the model and the LoRA adapters made for it read them from one place. */
+function shapeOf(opts: TinyModelOptions) {
   const nEmbd = opts.embedding ?? 64;
-  const nLayer = opts.layers ?? 2;
   const nHead = opts.heads ?? 4;
-  const nHeadKv = opts.kvHeads ?? 2;
-  const nFf = opts.feedForward ?? 128;
-  const contextLength = opts.contextLength ?? 8192;
   const headDim = nEmbd / nHead;
-  const nEmbdKv = headDim * nHeadKv;
-  const vocab = vocabulary();
-  const nVocab = vocab.tokens.length;
-  const random = normals(seed);
+  const nHeadKv = opts.kvHeads ?? 2;
+  return { nEmbd, nLayer: opts.layers ?? 2, nHead, nHeadKv, nFf: opts.feedForward ?? 128, headDim, nEmbdKv: headDim * nHeadKv };
+}
 
-  const randomTensor = (name: string, dims: number[], scale: number): Tensor => {
+/** A tensor of normal samples times `scale`. */
+function randomTensorOf(random: () => number) {
+  return (name: string, dims: number[], scale: number): Tensor => {
     const data = new Float32Array(dims.reduce((a, b) => a * b, 1));
     for (let i = 0; i < data.length; i++) data[i] = random() * scale;
     return { name, dims, data };
   };
+}
+
+/** Builds the tiny llama model: about half a megabyte with the defaults. */
+export function tinyLlamaGguf(opts: TinyModelOptions = {}): TinyModel {
+  const seed = opts.seed ?? 42;
+  const { nEmbd, nLayer, nHead, nHeadKv, nFf, headDim, nEmbdKv } = shapeOf(opts);
+  const contextLength = opts.contextLength ?? 8192;
+  const vocab = vocabulary();
+  const nVocab = vocab.tokens.length;
+  const randomTensor = randomTensorOf(normals(seed));
   const ones = (name: string, n: number): Tensor => ({ name, dims: [n], data: new Float32Array(n).fill(1) });
 
   // Dimension 0 of the residual stream is held constant (embeddings set it, no layer writes it), so
@@ -334,5 +340,56 @@ export function writeTinyLlamaGguf(opts: TinyModelOptions = {}): string {
   const dir = mkdtempSync(join(tmpdir(), 'ebb-gguf-'));
   const file = join(dir, 'tiny-llama.gguf');
   writeFileSync(file, tinyLlamaGguf(opts).bytes);
+  return file;
+}
+
+export interface TinyLoraOptions {
+  /** Another seed, another adapter: two adapters answer differently. */
+  seed?: number;
+  rank?: number;
+  /** The model it is made for (its dimensions); a mismatch makes an adapter llama.cpp refuses. */
+  base?: TinyModelOptions;
+  /** general.architecture; llama.cpp refuses an adapter of another architecture than its model's. */
+  architecture?: string;
+}
+
+/**
+ * A LoRA adapter GGUF for the tiny model, laid out as llama.cpp's llama-adapter.cpp reads one:
+ * general.type "adapter", adapter.type "lora", adapter.lora.alpha, and for each adapted weight
+ * W (ne [in, out]) a pair `W.lora_a` (ne [in, rank]) and `W.lora_b` (ne [rank, out]). It adapts
+ * attn_q, attn_v and ffn_up of every layer, never what writes the residual stream's constant
+ * dimension (attn_output, ffn_down), so the control tokens stay suppressed. With alpha = rank
+ * the delta B·A has the base weights' own scale: a temperature-0 answer changes from its first tokens.
+ */
+export function tinyLoraGguf(opts: TinyLoraOptions = {}): Buffer {
+  const { nEmbd, nLayer, nFf, nEmbdKv } = shapeOf(opts.base ?? {});
+  const rank = opts.rank ?? 4;
+  const randomTensor = randomTensorOf(normals(opts.seed ?? 1));
+  const tensors: Tensor[] = [];
+  for (let l = 0; l < nLayer; l++) {
+    for (const [weight, nIn, nOut] of [
+      [`blk.${l}.attn_q.weight`, nEmbd, nEmbd],
+      [`blk.${l}.attn_v.weight`, nEmbd, nEmbdKv],
+      [`blk.${l}.ffn_up.weight`, nEmbd, nFf],
+    ] as const) {
+      tensors.push(randomTensor(`${weight}.lora_a`, [nIn, rank], 1 / Math.sqrt(nIn)), randomTensor(`${weight}.lora_b`, [rank, nOut], 1 / Math.sqrt(rank)));
+    }
+  }
+  const metadata: Array<[string, Value]> = [
+    ['general.architecture', { type: ValueType.STRING, value: opts.architecture ?? 'llama' }],
+    ['general.type', { type: ValueType.STRING, value: 'adapter' }],
+    ['general.name', { type: ValueType.STRING, value: `ebb-tiny-lora-${opts.seed ?? 1}` }],
+    ['general.alignment', { type: ValueType.UINT32, value: ALIGNMENT }],
+    ['adapter.type', { type: ValueType.STRING, value: 'lora' }],
+    ['adapter.lora.alpha', { type: ValueType.FLOAT32, value: rank }],
+  ];
+  return encodeGguf(metadata, tensors);
+}
+
+/** Writes a tiny LoRA adapter into a fresh temp dir and returns its path. */
+export function writeTinyLoraGguf(opts: TinyLoraOptions = {}): string {
+  const dir = mkdtempSync(join(tmpdir(), 'ebb-lora-'));
+  const file = join(dir, `tiny-lora-${opts.seed ?? 1}.gguf`);
+  writeFileSync(file, tinyLoraGguf(opts));
   return file;
 }
