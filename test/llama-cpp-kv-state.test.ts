@@ -9,10 +9,11 @@ import { once } from 'node:events';
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
-import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/engine/engine.js';
+import type { GenerateRequest } from '../src/engine/engine.js';
 import { KvStateRefused, type KvStateHeader } from '../src/engine/llama-cpp-kv-state.js';
 import { createLogger } from '../src/common/logger.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
+import { drainGeneration } from './helpers/generation.js';
 import { bounded } from './helpers/processes.js';
 
 const modelPath = writeTinyLlamaGguf();
@@ -21,14 +22,7 @@ const options: LlamaCppOptions = { modelPath, parallel: 2, maxQueue: 4, contextS
 /** Short enough to wait for, long enough that the check before it cannot miss it on a loaded machine. */
 const SHORT_TTL_MS = 5000;
 
-async function drain(g: AsyncGenerator<GeneratedPiece, GenerateResult, void>): Promise<{ text: string; result: GenerateResult }> {
-  let text = '';
-  for (;;) {
-    const step = await g.next();
-    if (step.done) return { text, result: step.value };
-    text += step.value.text;
-  }
-}
+const drain = drainGeneration;
 
 async function* chunks(buf: Buffer): AsyncGenerator<Uint8Array> {
   yield buf.subarray(0, 100);

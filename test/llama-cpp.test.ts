@@ -10,12 +10,13 @@ import { dirname, join } from 'node:path';
 import OpenAI from 'openai';
 import { getLlama, resolveChatWrapper, type Llama, type LlamaModel, type Token } from 'node-llama-cpp';
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
-import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/engine/engine.js';
+import type { GenerateRequest } from '../src/engine/engine.js';
 import type { TokenLogprob } from '../src/protocol/request-plane.js';
 import { createLogger } from '../src/common/logger.js';
 import { call, openLineStream } from './helpers/http.js';
 import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
+import { drainGeneration } from './helpers/generation.js';
 import { spawnEbb, START_BOUND_MS, tempDiscoveryUrl, workerReady, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 
 const modelPath = writeTinyLlamaGguf();
@@ -309,14 +310,7 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
   const request = (extra: Record<string, unknown> = {}): GenerateRequest =>
     ({ request_id: 'r', prompt: 'user: Reply in JSON', messages: [{ role: 'user', content: 'Reply in JSON' }], max_tokens: 48, temperature: 0, ...extra }) as GenerateRequest;
 
-  async function drain(g: AsyncGenerator<GeneratedPiece, GenerateResult, void>): Promise<{ text: string; result: GenerateResult }> {
-    let text = '';
-    for (;;) {
-      const step = await g.next();
-      if (step.done) return { text, result: step.value };
-      text += step.value.text;
-    }
-  }
+  const drain = drainGeneration;
 
   it('declares what it honours, with the context size as max_context', () => {
     assert.deepEqual(engine.capabilities, {

@@ -1,3 +1,5 @@
+import type { AdapterSource } from './engine-adapters.js';
+
 /**
  * Settings of the llama-cpp engine, apart from the engine itself: the CLI reads these without
  * loading node-llama-cpp (its native bindings load only in a worker that runs the engine).
@@ -24,6 +26,10 @@ export interface LlamaCppOptions {
   kvStateMaxBytes?: number | undefined;
   /** How long an exported KV state waits for its peer to pull it; default 30 s. */
   kvTransferTtlMs?: number | undefined;
+  /** LoRA adapters available at start (--lora NAME=PATH); loaded when the worker asks. */
+  loras?: AdapterSource[] | undefined;
+  /** Adapters resident at once (--lora-slots): each holds a context of its own. */
+  loraSlots?: number | undefined;
 }
 
 export const LLAMA_CPP_DEFAULTS = {
@@ -34,4 +40,6 @@ export const LLAMA_CPP_DEFAULTS = {
   // everything else). One thread is the safe default on CPU; --threads raises it on a dedicated box.
   threads: 1,
   gpu: 'auto' as LlamaGpu,
+  // Each resident adapter holds a context as large as the base one (its KV cache): one by default.
+  loraSlots: 1,
 };

@@ -29,7 +29,9 @@ import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { KvEventLog } from './kv-event-log.js';
 import { slotQuiescence, Slots } from './slots.js';
-import type { LlamaCppOptions } from './llama-cpp-options.js';
+import { LLAMA_CPP_DEFAULTS, type LlamaCppOptions } from './llama-cpp-options.js';
+import { LlamaCppAdapters } from './llama-cpp-adapters.js';
+import { checkLoraGguf } from './lora-gguf.js';
 
 export { LLAMA_CPP_DEFAULTS, type LlamaCppOptions, type LlamaGpu } from './llama-cpp-options.js';
 
@@ -87,13 +89,13 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
     signal.throwIfAborted();
     await logBackend(llama, opts.gpu, log);
     model = await llama.loadModel({ modelPath: opts.modelPath, loadSignal: signal, ...(opts.gpu === 'off' ? { gpuLayers: 0 } : {}) });
+    // Adapters named at start load later, when the worker asks: a wrong file is found now, not then.
+    for (const { name, path } of opts.loras ?? []) await checkLoraGguf(path ?? '', model.fileInfo).catch((err: unknown) => Promise.reject(new Error(`--lora ${name}=${path}: ${oneLine(err)}`)));
     const context = await model.createContext({
-      sequences: opts.parallel,
-      threads: opts.threads,
+      ...contextShape(opts),
       createSignal: signal,
       // A fixed size when asked; otherwise as much of the training context as memory allows.
       contextSize: opts.contextSize ?? { max: model.trainContextSize },
-      ...(opts.batchInvariant ? { batching: { itemPrioritizationStrategy: oneSequencePerDecode } } : {}),
     });
     const contextSize = context.contextSize;
     const kv = await KvStateFiles.open(
@@ -147,6 +149,15 @@ async function logBackend(llama: Llama, requested: LlamaCppOptions['gpu'], log: 
  * sequences one per decode, in the order they queued.
  */
 const oneSequencePerDecode: CustomBatchingPrioritizationStrategy = ({ items }) => items.slice(0, 1).map((item) => ({ item, processAmount: item.tokens.length }));
+
+/** What every context of the engine shares: the base model's and each resident LoRA adapter's. */
+function contextShape(opts: LlamaCppOptions) {
+  return {
+    sequences: opts.parallel,
+    threads: opts.threads,
+    ...(opts.batchInvariant ? { batching: { itemPrioritizationStrategy: oneSequencePerDecode } } : {}),
+  };
+}
 
 /** The vocabulary size the GGUF declares: its token list, else `<arch>.vocab_size`. */
 function vocabularySizeOf(model: LlamaModel): number | undefined {
@@ -211,6 +222,7 @@ export class LlamaCppEngine implements Engine {
   private readonly vocabularySize: number | undefined;
   /** Logprobs' `bytes` of the tokens whose text cannot say them (part of a character). */
   private readonly tokenBytes: TokenBytes;
+  readonly adapters: LlamaCppAdapters;
 
   constructor(
     private readonly llama: Llama,
@@ -225,6 +237,7 @@ export class LlamaCppEngine implements Engine {
     this.tokenBytes = tokenBytesOf(model);
     this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
     this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
+    this.adapters = new LlamaCppAdapters(model, (path, signal) => this.adapterContext(path, signal), opts.loras ?? [], opts.loraSlots ?? LLAMA_CPP_DEFAULTS.loraSlots);
     const toolSyntax = this.prompts.toolSyntax;
     this.capabilities = {
       json_object: true,
@@ -238,6 +251,21 @@ export class LlamaCppEngine implements Engine {
       // node-llama-cpp computes no embeddings with encoder-decoder models.
       embeddings: !(model.fileInsights.hasEncoder && model.fileInsights.hasDecoder),
     };
+  }
+
+  /**
+   * A resident adapter's context: the base context's size and shape, the adapter applied to all of
+   * it. Its sequences publish no KV events: the router's block hashes are the base model's, and an
+   * adapter's KV answers none of them.
+   */
+  private async adapterContext(path: string, signal: AbortSignal) {
+    const context = await this.model.createContext({ ...contextShape(this.opts), contextSize: this.context.contextSize, createSignal: signal, lora: { adapters: [{ filePath: path }] } });
+    return { context, sequences: new PrefixSequences(context, this.opts.parallel, DEFAULT_BLOCK_SIZE, undefined) };
+  }
+
+  /** The sequences a request runs on: its adapter's context, or the base model's. */
+  private sequencesFor(req: GenerateRequest): PrefixSequences {
+    return req.adapter === undefined ? this.sequences : this.adapters.contextOf(req.adapter).sequences;
   }
 
   attachKvState(kv: KvStateFiles): void {
@@ -265,6 +293,9 @@ export class LlamaCppEngine implements Engine {
    */
   async prefill(request: GenerateRequest, signal: AbortSignal): Promise<KvTransfer> {
     if (this.closed) throw new Error('the engine is closed');
+    // A state holds no trace of the adapter that computed it: states of adapters do not move.
+    if (request.adapter !== undefined)
+      throw new EbbError('unsupported_parameter', `LoRA adapter "${request.adapter}": llama-cpp does not move an adapter's KV between workers; serve it aggregated`, { param: 'model' });
     const { prompt } = await this.prepare(request as LlamaRequest);
     await this.slots.acquire(signal);
     const abort = aborted(signal);
@@ -304,6 +335,8 @@ export class LlamaCppEngine implements Engine {
       gpu: this.llama.gpu === false ? 'off' : this.llama.gpu,
       gpu_layers: this.model.gpuLayers,
       chat_template: this.prompts.templateName,
+      lora: this.adapters.available().map((a) => a.name),
+      lora_slots: this.adapters.maxResident,
     };
   }
 
@@ -443,6 +476,9 @@ export class LlamaCppEngine implements Engine {
       await req.kv_state?.dispose();
       return result(forced?.done ? 'stop' : 'length', 0);
     }
+    const sequences = this.sequencesFor(req);
+    // A pulled state was computed on the base model (adapters' states are never exported): under an adapter it is evaluated again here.
+    const pulled = req.adapter === undefined ? req.kv_state : undefined;
 
     await this.slots.acquire(signal);
     let lease: SequenceLease | undefined;
@@ -453,19 +489,19 @@ export class LlamaCppEngine implements Engine {
     const abort = aborted(signal);
     let n = 0;
     try {
-      if (req.kv_state !== undefined) {
+      if (pulled !== undefined) {
         // A peer's state replaces whatever the sequence held: an emptied one is taken.
-        lease = await this.sequences.take(input, false);
-        const kept = await this.kv.load(lease.sequence, req.kv_state, input);
+        lease = await sequences.take(input, false);
+        const kept = await this.kv.load(lease.sequence, pulled, input);
         // A state that did not load may have left part of itself: start clean (a re-prefill).
-        if (kept === undefined) await this.sequences.clear(lease);
+        if (kept === undefined) await sequences.clear(lease);
         else {
           skipped = kept;
-          this.sequences.publish(lease);
+          sequences.publish(lease);
         }
       } else {
         // Batch invariant: a reused prefix was evaluated in other batches, so that mode never reuses one.
-        lease = await this.sequences.take(input, this.opts.batchInvariant !== true);
+        lease = await sequences.take(input, this.opts.batchInvariant !== true);
         skipped = lease.cached;
         this.countPrompt(promptTokens, skipped);
       }
@@ -520,7 +556,7 @@ export class LlamaCppEngine implements Engine {
       while (true) {
         const step = await Promise.race([next, abort.promise]);
         // The prompt is in the KV now: its blocks are news for the router.
-        if (!published) this.sequences.publish(lease);
+        if (!published) sequences.publish(lease);
         published = true;
         if (step.done) return result('stop', n);
         const token = step.value.token;
@@ -566,8 +602,8 @@ export class LlamaCppEngine implements Engine {
       await replaying?.catch(() => undefined);
       await req.kv_state?.dispose();
       // Handed off at a drain deadline: the next worker loads this sequence instead of re-evaluating it.
-      if (lease !== undefined && n > 0 && signal.aborted && req.kv_handoff?.wanted(signal.reason)) await this.exportHandoff(lease.sequence, promptTokens, req.kv_handoff.exported);
-      if (lease) await this.sequences.give(lease, failed);
+      if (lease !== undefined && n > 0 && signal.aborted && req.adapter === undefined && req.kv_handoff?.wanted(signal.reason)) await this.exportHandoff(lease.sequence, promptTokens, req.kv_handoff.exported);
+      if (lease) await sequences.give(lease, failed);
       this.slots.release();
     }
   }
@@ -628,6 +664,8 @@ export class LlamaCppEngine implements Engine {
       threads: this.opts.threads,
       kv_transfers_pending: this.kv.transfers.size,
       kv_state_bytes: this.kv.bytes,
+      lora_slots: this.adapters.maxResident,
+      lora_resident: this.adapters.residentNames,
     };
   }
 
@@ -648,6 +686,7 @@ export class LlamaCppEngine implements Engine {
     if (this.closed) return;
     this.closed = true;
     await this.kv.close();
+    await this.adapters.close();
     await (await this.embeddings?.catch(() => undefined))?.dispose();
     await this.context.dispose();
     await this.model.dispose();

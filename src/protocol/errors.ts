@@ -45,6 +45,8 @@ export const ERROR_CODES = {
   continuation_unsupported: { status: 503, type: 'service_unavailable', retryable: true },
   /** The stream store (Redis) cannot be reached: resumes are refused until it is back; new streams run unkept. */
   stream_store_unavailable: { status: 503, type: 'service_unavailable', retryable: true },
+  /** Every LoRA adapter slot of the worker's engine is taken: one must be unloaded before another loads. */
+  adapter_slots_full: { status: 503, type: 'service_unavailable', retryable: true },
   /** A non-streaming request handed off at a drain deadline: nothing was returned, retry elsewhere. */
   request_handed_off: { status: 503, type: 'service_unavailable', retryable: true },
   // Server-side failures

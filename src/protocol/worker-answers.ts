@@ -49,6 +49,8 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   worker_loading: { action: 'retry_elsewhere', hold: 'unreachable' },
   continuation_unsupported: retry,
   request_handed_off: retry,
+  // Every adapter slot holds an adapter in use: another worker may have it, or a free slot.
+  adapter_slots_full: retry,
   // The worker's or its engine's failure, not the request's.
   internal_error: retry,
   engine_error: retry,

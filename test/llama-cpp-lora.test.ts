@@ -1,0 +1,146 @@
+/**
+ * LoRA adapters on the llama-cpp engine (issue 37), in-process against a real llama.cpp and the
+ * tiny model with two tiny adapters: which adapter answered, resident slots, bad files refused.
+ * One engine for the whole file (a model load is slow on a loaded machine); few tokens.
+ */
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { writeFileSync } from 'node:fs';
+import { InvalidArgumentError } from 'commander';
+import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
+import type { GenerateRequest } from '../src/engine/engine.js';
+import { EbbError } from '../src/protocol/errors.js';
+import { createLogger } from '../src/common/logger.js';
+import { collectLoraFlag, parseLoraFlag } from '../src/cli/lora-flag.js';
+import { writeTinyLlamaGguf, writeTinyLoraGguf } from './helpers/gguf.js';
+import { drainGeneration } from './helpers/generation.js';
+
+const modelPath = writeTinyLlamaGguf();
+const loraA = writeTinyLoraGguf({ seed: 1 });
+const loraB = writeTinyLoraGguf({ seed: 2 });
+/** Longer than a KV block (16 tokens): a reused prefix shows as cached tokens. */
+const PROMPT = 'hello world, tell me about the tides and the river and the harbor light';
+
+const live = () => new AbortController().signal;
+const request = (adapter?: string, extra: Partial<GenerateRequest> = {}): GenerateRequest =>
+  ({ request_id: 'r', prompt: PROMPT, max_tokens: 12, temperature: 0, adapter, ...extra }) as GenerateRequest;
+
+/** Refused with this catalogue code, the message saying `why`. */
+async function refused(p: Promise<unknown>, code: string, why: RegExp): Promise<void> {
+  await assert.rejects(p, (err: unknown) => {
+    assert.ok(err instanceof EbbError, `an EbbError, not ${String(err)}`);
+    assert.equal(err.code, code, err.message);
+    assert.match(err.message, why);
+    return true;
+  });
+}
+
+describe('llama-cpp engine with LoRA adapters', () => {
+  let engine: LlamaCppEngine;
+  const options: LlamaCppOptions = {
+    modelPath,
+    parallel: 2,
+    maxQueue: 4,
+    contextSize: 256,
+    threads: 1,
+    gpu: 'off',
+    loras: [
+      { name: 'a', path: loraA },
+      { name: 'b', path: loraB },
+    ],
+    loraSlots: 2,
+  };
+  before(async () => {
+    engine = await loadLlamaCppEngine(options, createLogger('test'), live());
+  });
+  after(async () => {
+    await engine?.close();
+  });
+  const answer = async (adapter?: string) => (await drainGeneration(engine.generate(request(adapter), live()))).text;
+
+  it('at temperature 0 two adapters answer differently from each other and from the base; run together, each as alone', async () => {
+    assert.deepEqual(engine.adapters.available(), options.loras);
+    assert.deepEqual(await engine.adapters.resident(), [], 'nothing is loaded before the worker asks');
+    const base = await answer();
+    await engine.adapters.load({ name: 'a' }, live());
+    await engine.adapters.load({ name: 'b' }, live());
+    assert.deepEqual((await engine.adapters.resident()).sort(), ['a', 'b']);
+    assert.deepEqual(engine.stats().lora_resident, ['a', 'b']);
+    const a = await answer('a');
+    const b = await answer('b');
+    assert.equal(new Set([base, a, b]).size, 3, `three answers: base ${JSON.stringify(base)}, a ${JSON.stringify(a)}, b ${JSON.stringify(b)}`);
+    // Each adapter's context decodes on its own: neither answer is touched by the other's.
+    const [a2, b2, base2] = await Promise.all([answer('a'), answer('b'), answer()]);
+    assert.deepEqual([a2, b2, base2], [a, b, base]);
+  });
+
+  it("a prompt's KV is reused under the adapter that computed it, never under another or the base", async () => {
+    const prompt = 'quiet steady river, the shore and the harbor light, tell me about the flow of the tide';
+    const run = async (adapter?: string) => (await drainGeneration(engine.generate(request(adapter, { prompt }), live()))).result.cached_tokens;
+    assert.equal(await run(), 0, 'a new prompt');
+    assert.equal(await run('a'), 0, "the base model's KV of the same prompt is not reused under adapter a");
+    assert.equal(await run('b'), 0, 'nor under adapter b');
+    assert.ok(((await run('a')) ?? 0) >= 16, "adapter a's own KV of it is reused");
+  });
+
+  it('unload frees the slot: resident() before and after, and a reload answers as before', async () => {
+    const before = await answer('a');
+    await engine.adapters.unload('a');
+    assert.deepEqual(await engine.adapters.resident(), ['b']);
+    assert.deepEqual(engine.stats().lora_resident, ['b']);
+    await refused(answer('a'), 'model_not_found', /"a" is not resident/);
+    await engine.adapters.load({ name: 'a' }, live());
+    assert.equal(await answer('a'), before, 'the adapter read again from its file');
+  });
+
+  it('loading past --lora-slots is refused: one must be unloaded first', async () => {
+    const c = writeTinyLoraGguf({ seed: 3 });
+    await refused(engine.adapters.load({ name: 'c', path: c }, live()), 'adapter_slots_full', /all 2 LoRA adapter slots are taken \((a, b|b, a)\)/);
+    assert.deepEqual((await engine.adapters.resident()).sort(), ['a', 'b']);
+    await engine.adapters.unload('b');
+    await engine.adapters.load({ name: 'c', path: c }, live());
+    assert.deepEqual((await engine.adapters.resident()).sort(), ['a', 'c']);
+    assert.ok(engine.adapters.available().some((s) => s.name === 'c' && s.path === c), 'an adapter loaded at run time is available from then on');
+    await engine.adapters.unload('c');
+  });
+
+  it('a file that is not a LoRA adapter for this model is refused, saying why; nothing is loaded', async () => {
+    const garbage = `${writeTinyLlamaGguf()}.txt`;
+    writeFileSync(garbage, 'not a model at all, just some text that is long enough');
+    const cases: Array<[string, RegExp]> = [
+      [modelPath, /not a LoRA adapter \(general.type is null, not "adapter"\)/],
+      [writeTinyLoraGguf({ base: { embedding: 32 } }), /blk\.0\.attn_q\.weight pair is \[32, 4\] x \[4, 32\]; the model's blk\.0\.attn_q\.weight is \[64, 64\]/],
+      [writeTinyLoraGguf({ architecture: 'qwen2' }), /an adapter for architecture "qwen2"; the model is llama/],
+      [garbage, /not a GGUF file/],
+      ['/nonexistent/lora.gguf', /no such file/],
+    ];
+    for (const [path, why] of cases) await refused(engine.adapters.load({ name: 'bad', path }, live()), 'invalid_request', why);
+    await refused(engine.adapters.load({ name: 'nameless' }, live()), 'not_found', /no LoRA adapter "nameless"/);
+    assert.deepEqual(await engine.adapters.resident(), ['a']);
+    assert.ok(!engine.adapters.available().some((s) => s.name === 'bad'), 'a refused file is not made available');
+  });
+
+  it("an adapter's KV does not move: a prefill under an adapter is refused", async () => {
+    await refused(engine.prefill(request('a'), live()), 'unsupported_parameter', /does not move an adapter's KV/);
+  });
+});
+
+describe('--lora NAME=PATH', () => {
+  it('a file named at start that is not an adapter for the model stops the engine from starting, saying which', async () => {
+    const options: LlamaCppOptions = { modelPath, parallel: 1, maxQueue: 1, contextSize: 64, threads: 1, gpu: 'off', loras: [{ name: 'sql', path: modelPath }] };
+    await assert.rejects(loadLlamaCppEngine(options, createLogger('test'), live()), (err: Error) => {
+      assert.match(err.message, /--lora sql=.*tiny-llama\.gguf: not a LoRA adapter/);
+      return true;
+    });
+  });
+
+  it('parses a name and a path; refuses what is not NAME=PATH, a name clients cannot send, and a name given twice', () => {
+    assert.deepEqual(parseLoraFlag('sql-v2=/models/sql.gguf'), { name: 'sql-v2', path: '/models/sql.gguf' });
+    assert.deepEqual(parseLoraFlag('a=b=c.gguf'), { name: 'a', path: 'b=c.gguf' }, 'the first = splits');
+    assert.throws(() => parseLoraFlag('/models/sql.gguf'), (e: unknown) => e instanceof InvalidArgumentError && /expected NAME=PATH/.test(e.message));
+    assert.throws(() => parseLoraFlag('my adapter=x.gguf'), /adapter name "my adapter"/);
+    assert.throws(() => parseLoraFlag('org/sql=x.gguf'), /adapter name "org\/sql"/);
+    assert.throws(() => parseLoraFlag('sql='), /adapter "sql" has no file/);
+    assert.throws(() => collectLoraFlag('a=y.gguf', collectLoraFlag('a=x.gguf')), /named by two --lora flags/);
+  });
+});
