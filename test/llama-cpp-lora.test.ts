@@ -5,10 +5,11 @@
  */
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { InvalidArgumentError } from 'commander';
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
 import type { GenerateRequest } from '../src/engine/engine.js';
+import type { KvTransfer } from '../src/engine/kv-transfers.js';
 import { EbbError } from '../src/protocol/errors.js';
 import { createLogger } from '../src/common/logger.js';
 import { collectLoraFlag, parseLoraFlag } from '../src/cli/lora-flag.js';
@@ -120,8 +121,43 @@ describe('llama-cpp engine with LoRA adapters', () => {
     assert.ok(!engine.adapters.available().some((s) => s.name === 'bad'), 'a refused file is not made available');
   });
 
-  it("an adapter's KV does not move: a prefill under an adapter is refused", async () => {
+  it("an adapter's KV does not move: a prefill under one is refused, a pulled state is not loaded under one, a hand-off exports none", async () => {
     await refused(engine.prefill(request('a'), live()), 'unsupported_parameter', /does not move an adapter's KV/);
+    const prompt = 'tell me about the worker and the fleet, the engine and the drain of the stream';
+    const t = await engine.prefill(request(undefined, { prompt }), live());
+    const payload = engine.kvPayload(t.transfer_id);
+    assert.ok(payload, 'the base model prefilled the prompt');
+    const bytes = readFileSync(payload.path);
+    const handle = await engine.importKv(payload.header, payload.bytes, (async function* () { yield bytes; })(), live());
+    engine.kvTransfers.complete(t.transfer_id);
+    const pulled = await drainGeneration(engine.generate(request('a', { prompt, kv_state: handle }), live()));
+    assert.equal(pulled.result.cached_tokens, 0, "the base model's state was not loaded into adapter a's sequence");
+    assert.equal(existsSync(handle.path), false, 'the pulled file is gone all the same');
+    assert.equal(pulled.text, (await drainGeneration(engine.generate(request('a', { prompt }), live()))).text, "adapter a's own answer");
+
+    // A hand-off at a drain deadline: the base model's sequence is exported, adapter a's is not.
+    const handedOff = async (adapter?: string) => {
+      const cut = new AbortController();
+      let transfer: KvTransfer | undefined;
+      const kv_handoff = { wanted: () => true, exported: (t: KvTransfer) => (transfer = t) };
+      const g = engine.generate(request(adapter, { prompt, max_tokens: 64, kv_handoff }), cut.signal);
+      await g.next();
+      cut.abort(new Error('drain deadline'));
+      await assert.rejects(drainGeneration(g));
+      if (transfer !== undefined) engine.kvTransfers.complete(transfer.transfer_id);
+      return transfer;
+    };
+    assert.ok(await handedOff(), 'the base model hands its sequence on');
+    assert.equal(await handedOff('a'), undefined, "adapter a's sequence is not handed on");
+  });
+
+  it('a continuation under an adapter goes on as the undisturbed answer', async () => {
+    const whole = await drainGeneration(engine.generate(request('a', { max_tokens: 16 }), live()));
+    const sent = whole.pieces.slice(0, 3);
+    const ids = sent.flatMap((p) => p.token_ids ?? []);
+    const continuation = { text: sent.map((p) => p.text).join(''), completion_tokens: ids.length, token_ids: ids };
+    const rest = await drainGeneration(engine.generate(request('a', { max_tokens: 16 - ids.length, continuation }), live()));
+    assert.equal(continuation.text + rest.text, whole.text);
   });
 });
 
