@@ -24,8 +24,9 @@ type LoraCache = Map<string, { dispose(): Promise<void> }>;
  * The llama-cpp engine's LoRA adapters. llama.cpp applies adapters to a whole context
  * (llama_set_adapters_lora), and node-llama-cpp sets them once, at the context's creation: so a
  * resident adapter is a context of its own, as large as the base one. Requests for different
- * adapters run concurrently (each context decodes on its own), those for one adapter batch together
- * in its context. The worker decides what is resident; this loads, unloads and says.
+ * adapters are served at once but never share a decode (each context decodes on its own, sharing
+ * the CPU threads); those for one adapter batch together in its context. The worker decides what
+ * is resident; this loads, unloads and says.
  */
 export class LlamaCppAdapters implements EngineAdapters {
   private readonly sources = new Map<string, AdapterSource>();
