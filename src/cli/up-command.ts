@@ -8,6 +8,8 @@ import { discoveryOption, fleetNameOption, intOption, msOption, portOption, weig
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { ROUTER_KINDS } from '../frontend/routing/router.js';
 import { servedModelName } from './llama-cpp-flags.js';
+import { collectLoraFlag } from './lora-flag.js';
+import type { AdapterSource } from '../engine/engine-adapters.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
 import { processesOption } from './frontend-command.js';
 import { removeUpState, runningUps, writeUpState } from './up-state.js';
@@ -24,6 +26,8 @@ interface UpFlags {
   contextSize?: number;
   threads?: number;
   gpu?: string;
+  lora?: AdapterSource[];
+  loraSlots?: number;
   host: string;
   adminHost: string;
   port: number;
@@ -67,6 +71,8 @@ function llamaCppArgs(flags: UpFlags): string[] {
   if (flags.contextSize !== undefined) args.push('--context-size', String(flags.contextSize));
   if (flags.threads !== undefined) args.push('--threads', String(flags.threads));
   if (flags.gpu !== undefined) args.push('--gpu', flags.gpu);
+  for (const { name, path } of flags.lora ?? []) args.push('--lora', `${name}=${path}`);
+  if (flags.loraSlots !== undefined) args.push('--lora-slots', String(flags.loraSlots));
   return args;
 }
 
@@ -83,6 +89,8 @@ export function upCommand(): Command {
     .option('--context-size <n>', 'llama-cpp: tokens per sequence', intOption(16))
     .option('--threads <n>', 'llama-cpp: CPU threads per worker (default 1)', intOption(1))
     .addOption(new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off').choices(['auto', 'cuda', 'vulkan', 'off']))
+    .option('--lora <name=path>', 'llama-cpp: a LoRA adapter GGUF every worker can load, served as model NAME (repeatable)', collectLoraFlag)
+    .option('--lora-slots <n>', 'llama-cpp: LoRA adapters resident at once per worker (default 1)', intOption(1))
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
     .option('--port <n>', 'frontend port', portOption, 8000)
     .addOption(new Option('--processes <n>', 'frontend relaying processes on the one port (`auto` = one per core)').argParser(processesOption).default(1))
