@@ -28,13 +28,12 @@
  *
  * Prints a table and, last, one JSON line. A watchdog bounds the run; children are killed on any exit.
  */
-import { rmSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { fileURLToPath } from 'node:url';
-import { frontendSeesWorkers, killAllNow, runEbb, startFrontend, startWorker, tempDiscoveryUrl, START_BOUND_MS, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
+import { frontendSeesWorkers, runEbb, startFrontend, startWorker, START_BOUND_MS, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
 import { arg } from './cli-arg.js';
-import { openLoop, percentile, summarize, timedCompletion, type Sample, type Summary } from './open-loop.js';
+import { guardedDiscovery } from './run-guard.js';
+import { openLoop, summarize, timedCompletion, type Sample, type Summary } from './open-loop.js';
 
 const o = {
   cases: arg('cases', 'a,b,c,d').split(','),
@@ -54,15 +53,7 @@ const o = {
   queueDepth: arg('queue-depth', ''),
 };
 
-const discovery = tempDiscoveryUrl();
-process.on('exit', () => {
-  killAllNow();
-  rmSync(fileURLToPath(discovery), { recursive: true, force: true });
-});
-setTimeout(() => {
-  process.stderr.write('admission bench: watchdog fired, stopping\n');
-  process.exit(3);
-}, 15 * 60_000).unref();
+const discovery = guardedDiscovery('admission bench', 15 * 60_000);
 
 const workerArgs = (model: string, id: string, loadMs = 0) => [
   '--discovery', discovery, '--model', model, '--worker-id', id,
@@ -159,7 +150,7 @@ async function caseD(url: string, capacity: number): Promise<NonNullable<Column[
   await sleep(o.caseMs);
   const end = performance.now();
   const [a, b] = await Promise.all(loads.map((l) => l.stop()));
-  // B's completions in the window's second half onward, when queues have filled: its steady share.
+  // B's completions from a quarter into the window on, once queues have filled: its steady share.
   const from = t0 + (end - t0) / 4;
   const bDone = (b as Sample[]).filter((s) => s.ok && s.endedAt >= from && s.endedAt <= end).length;
   const throughput = bDone / ((end - from) / 1000);
