@@ -4,7 +4,8 @@
  * side in one run, on the same mocker workers and the same load:
  *   (a) a rolling restart of model m1's 2 workers under open-loop load at `--load` (0.8) of the
  *       fleet's capacity: each worker in turn SIGTERMed (it drains and exits), then its replacement
- *       started (same --worker-id) and seen by the frontend. Client errors (goal with the queue: 0), TTFT p50/p99.
+ *       started (same --worker-id) and seen by the frontend. Client errors (goal with the queue:
+ *       0), TTFT p50/p99.
  *   (b) model m2, served by one worker, restarted under load at `--single-load` (0.5) of its
  *       capacity, the replacement loading `--replacement-load-ms` (well inside the queue timeout):
  *       errors (goal with the queue: 0).
@@ -17,8 +18,9 @@
  * Rates are fractions of the capacity computed from the mocker's flags (`--mocker-batch-slots` per
  * worker, each request ttft + (tokens - 1) x itl long), the same in every run and column. Each
  * column first measures it (a closed loop of as many clients as m1 has batch slots, `--steady-ms`)
- * and warns when the machine delivers less than 80 % of it: a column's figures are then not comparable. Each worker's own queue is bounded
- * (`--mocker-max-queue`, as a real engine's is): past it, the worker refuses (worker_overloaded).
+ * and warns when the machine delivers less than 80 % of it: a column's figures are then not
+ * comparable. Each worker's own queue is bounded (`--mocker-max-queue`, as a real engine's is):
+ * past it, the worker refuses (worker_overloaded).
  * Load is open-loop (evenly spaced arrivals, no client retries: every error is what a client would
  * have had to retry). Where the frontend has no --queue-timeout (the queue not built on this
  * branch), only the off column runs, and the output says so.
