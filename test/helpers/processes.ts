@@ -309,3 +309,9 @@ export async function metricValues(url: string, keys: string[]): Promise<Array<n
     return line === undefined ? undefined : Number(line.slice(key.length + 1));
   });
 }
+
+/** The sum of every sample of `name`, whatever its labels (a counter per adapter, per reason); 0 when absent. */
+export async function metricSum(url: string, name: string): Promise<number> {
+  const lines = (await fetch(`${url}/metrics`).then((r) => r.text())).split('\n');
+  return lines.filter((l) => l.startsWith(`${name} `) || l.startsWith(`${name}{`)).reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0);
+}

@@ -26,10 +26,12 @@ export async function streamCompletion(
   onFirstToken: () => void = () => undefined,
   /** Called as each token is read, with what the stream has shown so far (its worker among it). */
   onToken: (tokens: number, seen: StreamOutcome) => void = () => undefined,
+  /** Extra request headers (a tenant's, a service tier's). */
+  headers: Record<string, string> = {},
 ): Promise<StreamOutcome> {
   const res = await fetch(`${frontendUrl}/v1/chat/completions`, {
     method: 'POST',
-    headers: { 'content-type': 'application/json' },
+    headers: { 'content-type': 'application/json', ...headers },
     body: JSON.stringify({ messages: [{ role: 'user', content: 'tell me about tides' }], stream: true, ...body }),
   });
   const out: StreamOutcome = { status: res.status, tokens: 0, text: '', done: false, workerId: res.headers.get('x-ebb-worker-id'), firstTokenSeen: false, doneEvents: 0, chunkIds: [] };
