@@ -435,26 +435,35 @@ describe('deploy/kubernetes: ebb containers', () => {
   });
 });
 
-describe('Dockerfile', () => {
-  const text = readFileSync(join(ROOT, 'Dockerfile'), 'utf8').replace(/\\\n/g, ' ');
-  const lines = text.split('\n').filter((l) => l.trim() !== '' && !l.trim().startsWith('#'));
-  const stages: Array<{ name: string; lines: string[] }> = [];
-  for (const l of lines) {
-    const from = /^FROM\s+\S+(?:\s+AS\s+(\S+))?/i.exec(l);
-    if (from) stages.push({ name: from[1] ?? '', lines: [] });
-    else stages.at(-1)?.lines.push(l);
-  }
-  const stage = (name: string) => stages.find((s) => s.name === name) ?? assert.fail(`no stage ${name}`);
-  const json = (s: { lines: string[] }, instr: string) => {
+describe('Dockerfile and Dockerfile.cuda', () => {
+  type Stage = { name: string; from: string; lines: string[] };
+  /** A Dockerfile's global ARG lines (before the first FROM) and its stages, comments dropped, continuations joined. */
+  const parse = (file: string) => {
+    const raw = readFileSync(join(ROOT, file), 'utf8');
+    const lines = raw.replace(/\\\n/g, ' ').split('\n').filter((l) => l.trim() !== '' && !l.trim().startsWith('#'));
+    const globals: string[] = [];
+    const stages: Stage[] = [];
+    for (const l of lines) {
+      const from = /^FROM\s+(\S+)(?:\s+AS\s+(\S+))?/i.exec(l);
+      if (from) stages.push({ name: from[2] ?? '', from: from[1]!, lines: [] });
+      else (stages.at(-1)?.lines ?? globals).push(l);
+    }
+    const stage = (name: string) => stages.find((s) => s.name === name) ?? assert.fail(`${file}: no stage ${name}`);
+    return { file, raw, globals, stages, stage };
+  };
+  const cpuFile = parse('Dockerfile');
+  const cudaFile = parse('Dockerfile.cuda');
+  const json = (s: Stage, instr: string) => {
     const l = s.lines.find((x) => x.startsWith(`${instr} `));
     return l === undefined ? undefined : (JSON.parse(l.slice(instr.length + 1)) as string[]);
   };
 
-  it('cpu (the default: last) and cuda targets run ebb as a non-root user, with `ebb` on the PATH', () => {
-    assert.equal(stages.at(-1)?.name, 'cpu', 'the default target is the CPU image');
+  it('the CPU image (Dockerfile\'s default: last) and the CUDA image run ebb as a non-root user, with `ebb` on the PATH', () => {
+    assert.equal(cpuFile.stages.at(-1)?.name, 'cpu', 'Dockerfile\'s default target is the CPU image');
+    assert.equal(cudaFile.stages.at(-1)?.name, 'cuda', 'Dockerfile.cuda\'s default target is the CUDA image');
     const bin = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { bin: { ebb: string } }).bin.ebb;
-    for (const target of ['cpu', 'cuda']) {
-      const s = stage(target);
+    for (const s of [cpuFile.stage('cpu'), cudaFile.stage('cuda')]) {
+      const target = s.name;
       const entry = json(s, 'ENTRYPOINT') ?? assert.fail(`${target}: ENTRYPOINT`);
       assert.equal(entry[0], 'node');
       const workdir = s.lines.find((l) => l.startsWith('WORKDIR '))!.slice(8).trim();
@@ -465,6 +474,7 @@ describe('Dockerfile', () => {
       assert.ok(existsSync(join(ROOT, inRepo)), `${target}: ${inRepo} is a file the build makes`);
       assert.ok(s.lines.some((l) => l.includes(`COPY --from=build ${workdir}/dist/src ./dist/src`)), `${target}: copies the build's dist/src (the precompiled validators)`);
       assert.ok(s.lines.some((l) => l.includes(`COPY --from=build ${workdir}/dist/bin ./dist/bin`)), `${target}: copies the bundle`);
+      assert.ok(s.lines.some((l) => l.includes(`COPY --from=deps ${workdir}/node_modules ./node_modules`)), `${target}: copies the pruned production node_modules`);
       assert.ok(s.lines.some((l) => new RegExp(`ln -s ${script} /usr/local/bin/ebb`).test(l)), `${target}: ebb on the PATH (preStop runs it)`);
       const user = s.lines.find((l) => l.startsWith('USER '))?.slice(5).trim() ?? assert.fail(`${target}: USER`);
       assert.match(user, /^[1-9]\d*(:\d+)?$/, `${target}: a numeric non-root user (runAsNonRoot can check it)`);
@@ -472,24 +482,70 @@ describe('Dockerfile', () => {
     }
   });
 
+  it('the CPU build names no image it does not run on; the legacy builder reads both, BuildKit needs no frontend image', () => {
+    // The legacy builder (Debian's docker.io, DOCKER_BUILDKIT=0) builds every stage in file order and pulls every FROM.
+    const names = new Set(cpuFile.stages.map((s) => s.name));
+    for (const s of cpuFile.stages) assert.ok(s.from === '${NODE_IMAGE}' || names.has(s.from), `Dockerfile: stage ${s.name} is FROM \${NODE_IMAGE} or a stage (not ${s.from})`);
+    assert.doesNotMatch([...cpuFile.globals, ...cpuFile.stages.flatMap((s) => [s.from, ...s.lines])].join('\n'), /cuda|nvidia/i, 'Dockerfile names no CUDA image');
+    assert.ok(cudaFile.stages.some((s) => s.from === '${CUDA_IMAGE}'), 'Dockerfile.cuda runs on ${CUDA_IMAGE}');
+    for (const f of [cpuFile, cudaFile]) {
+      // BuildKit would pull a `# syntax=` frontend image from a registry; the legacy builder knows no RUN flags or heredocs.
+      assert.doesNotMatch(f.raw, /^#\s*syntax\s*=/im, `${f.file}: no # syntax= directive`);
+      for (const l of f.stages.flatMap((s) => s.lines)) {
+        assert.doesNotMatch(l, /^RUN\s+--|<<[A-Z'"-]|^(COPY|ADD)\s.*--(link|parents|exclude|chmod)/, `${f.file}: the legacy builder reads "${l}"`);
+      }
+    }
+  });
+
+  it('npm in the build takes NPM_REGISTRY and NPM_CA; Dockerfile.cuda\'s build stages are Dockerfile\'s; README passes only args they declare', () => {
+    const npm = cpuFile.stage('npm');
+    assert.equal(npm.from, '${NODE_IMAGE}');
+    for (const a of ['NPM_REGISTRY', 'NPM_CA']) assert.ok(npm.lines.includes(`ARG ${a}=`), `npm stage: ARG ${a}, empty by default`);
+    assert.match(npm.lines.join('\n'), /npm config set --global registry "\$NPM_REGISTRY"/);
+    assert.match(npm.lines.join('\n'), /npm config set --global cafile/);
+    for (const f of [cpuFile, cudaFile]) {
+      for (const s of f.stages.filter((x) => x.lines.some((l) => /\bnpm (ci|install|rebuild)\b/.test(l)))) {
+        assert.equal(s.from, 'npm', `${f.file}: stage ${s.name} installs packages through the npm stage's registry and CA`);
+      }
+      assert.notEqual(f.stages.at(-1)?.from, 'npm', `${f.file}: the image itself carries no npm configuration`);
+    }
+    const prebuilts = /^ARG LLAMA_PREBUILTS=.*$/m;
+    for (const name of ['npm', 'build', 'deps']) {
+      const [a, b] = [cpuFile.stage(name), cudaFile.stage(name)];
+      assert.equal(b.from, a.from, `Dockerfile.cuda's ${name} stage is FROM what Dockerfile's is`);
+      assert.equal(b.lines.join('\n').replace(prebuilts, ''), a.lines.join('\n').replace(prebuilts, ''), `Dockerfile.cuda's ${name} stage is Dockerfile's but for LLAMA_PREBUILTS`);
+    }
+    const declared = (f: typeof cpuFile) => new Set([...f.globals, ...f.stages.flatMap((s) => s.lines)].map((l) => /^ARG\s+([A-Z_]+)/.exec(l)?.[1]).filter((x) => x !== undefined));
+    let builds = 0;
+    for (const l of README.replace(/\\\n\s*/g, ' ').split('\n').filter((x) => /^\s*(DOCKER_BUILDKIT=\d\s+)?docker build\b/.test(x))) {
+      const f = /\s-f\s+Dockerfile\.cuda\b/.test(l) ? cudaFile : cpuFile;
+      for (const m of l.matchAll(/--build-arg\s+([A-Z_]+)=/g)) assert.ok(declared(f).has(m[1]!), `README: ${f.file} declares ARG ${m[1]} (${l.trim()})`);
+      assert.doesNotMatch(l, /--target/, `README: ${l.trim()} builds a file's default target`);
+      builds++;
+    }
+    assert.ok(builds >= 3, 'README builds the CPU and the CUDA image, and with a registry and CA');
+  });
+
   it('copies only what exists and .dockerignore keeps; keeps only real node-llama-cpp prebuilt packages', () => {
     const ignored = readFileSync(join(ROOT, '.dockerignore'), 'utf8').split('\n').map((l) => l.trim()).filter((l) => l && !l.startsWith('#'));
-    for (const s of stages) {
-      for (const l of s.lines.filter((x) => x.startsWith('COPY ') && !x.includes('--from='))) {
-        const sources = l.split(/\s+/).slice(1, -1).filter((p) => !p.startsWith('--'));
-        for (const src of sources) {
-          assert.ok(existsSync(join(ROOT, src)), `${s.name}: COPY ${src} exists`);
-          assert.ok(!ignored.includes(src), `${s.name}: COPY ${src} is not in .dockerignore`);
+    for (const f of [cpuFile, cudaFile]) {
+      for (const s of f.stages) {
+        for (const l of s.lines.filter((x) => x.startsWith('COPY ') && !x.includes('--from='))) {
+          const sources = l.split(/\s+/).slice(1, -1).filter((p) => !p.startsWith('--'));
+          for (const src of sources) {
+            assert.ok(existsSync(join(ROOT, src)), `${f.file} ${s.name}: COPY ${src} exists`);
+            assert.ok(!ignored.includes(src), `${f.file} ${s.name}: COPY ${src} is not in .dockerignore`);
+          }
         }
       }
     }
     const optional = Object.keys((JSON.parse(readFileSync(join(ROOT, 'node_modules', 'node-llama-cpp', 'package.json'), 'utf8')) as { optionalDependencies: Record<string, string> }).optionalDependencies);
-    for (const target of ['deps-cpu', 'deps-cuda']) {
-      const arg = stage(target).lines.find((l) => l.startsWith('ARG LLAMA_PREBUILTS='))?.match(/"([^"]+)"/)?.[1] ?? assert.fail(`${target}: LLAMA_PREBUILTS`);
-      for (const p of arg.split(' ')) assert.ok(optional.includes(`@node-llama-cpp/${p}`), `${target}: @node-llama-cpp/${p} is a node-llama-cpp prebuilt`);
+    const kept = (f: typeof cpuFile) => f.stage('deps').lines.find((l) => l.startsWith('ARG LLAMA_PREBUILTS='))?.match(/"([^"]+)"/)?.[1] ?? assert.fail(`${f.file}: LLAMA_PREBUILTS`);
+    for (const f of [cpuFile, cudaFile]) {
+      for (const p of kept(f).split(' ')) assert.ok(optional.includes(`@node-llama-cpp/${p}`), `${f.file}: @node-llama-cpp/${p} is a node-llama-cpp prebuilt`);
+      assert.ok(f.stage('deps').lines.some((l) => /npm ci --omit=dev/.test(l)), `${f.file}: production dependencies only`);
     }
-    assert.match(stage('deps-cuda').lines.join('\n'), /linux-x64-cuda/, 'the CUDA image keeps the CUDA prebuilt');
-    assert.doesNotMatch(stage('deps-cpu').lines.join('\n'), /cuda|vulkan/, 'the CPU image keeps no GPU prebuilt');
-    assert.ok(stage('deps').lines.some((l) => /npm ci --omit=dev/.test(l)), 'production dependencies only');
+    assert.match(kept(cudaFile), /\blinux-x64-cuda\b/, 'the CUDA image keeps the CUDA prebuilt');
+    assert.doesNotMatch(kept(cpuFile), /cuda|vulkan/, 'the CPU image keeps no GPU prebuilt');
   });
 });
