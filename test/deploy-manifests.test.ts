@@ -37,6 +37,7 @@ const KINDS: Record<string, string[]> = {
   'rbac.authorization.k8s.io/v1': ['Role', 'RoleBinding'],
   'admissionregistration.k8s.io/v1': ['ValidatingWebhookConfiguration'],
   'networking.k8s.io/v1': ['NetworkPolicy'],
+  'inference.networking.x-k8s.io/v1alpha2': ['InferencePool'],
 };
 /** Kinds that live in no namespace. */
 const CLUSTER_SCOPED = new Set(['Namespace', 'ValidatingWebhookConfiguration']);
@@ -200,6 +201,23 @@ describe('deploy/kubernetes: documents', () => {
       }
     });
     assert.ok(applies > 1, 'README applies the manifests');
+  });
+});
+
+describe('deploy/kubernetes: the InferencePool', () => {
+  it("selects ebb worker pods and targets a port they expose; the picker's metrics are on their system port", () => {
+    const pools = docs.filter((d) => d.kind === 'InferencePool');
+    assert.ok(pools.length >= 1, 'an example InferencePool');
+    for (const pool of pools) {
+      const where = `InferencePool/${pool.metadata.name}`;
+      const selected = workloads.filter((w) => Object.entries(pool.spec.selector as Record<string, string>).every(([k, v]) => w.spec.template.metadata.labels?.[k] === v));
+      assert.ok(selected.length > 0, `${where}: selects no pod`);
+      for (const w of selected) {
+        const worker = ebbContainers(podSpec(w)).find((c) => c.args?.[0] === 'worker') ?? assert.fail(`${where}: ${w.metadata.name} runs no ebb worker`);
+        assert.ok((worker.ports ?? []).some((p) => p.containerPort === pool.spec.targetPortNumber), `${where}: ${w.metadata.name} exposes ${pool.spec.targetPortNumber}`);
+        assert.ok(argValue(worker.args!, '--system-port'), `${where}: ${w.metadata.name} serves /metrics on a system port`);
+      }
+    }
   });
 });
 
