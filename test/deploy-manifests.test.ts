@@ -347,6 +347,39 @@ describe('deploy/kubernetes: ebb containers', () => {
     assert.equal(argValue(wc.args!, '--engine-url'), `http://127.0.0.1:${port}`, "the worker calls its pod's vLLM");
   });
 
+  it('the vLLM workers keep the model up through a rollout, keep their weights, read a gated model\'s token from a Secret, and wire prefix-cache routing', () => {
+    const w = workloads.find((d) => ebbContainers(podSpec(d)).some((c) => argValue(c.args ?? [], '--engine-kind') === 'vllm')) ?? assert.fail('a vLLM worker');
+    const where = `${w.kind}/${w.metadata.name}`;
+    assert.ok(w.spec.replicas >= 2, `${where}: at least 2 replicas (one serves while the other rolls)`);
+    const rolling = w.spec.strategy?.rollingUpdate ?? {};
+    assert.equal(w.spec.strategy?.type, 'RollingUpdate');
+    assert.equal(rolling.maxUnavailable, 0, `${where}: maxUnavailable 0`);
+    assert.ok(rolling.maxSurge >= 1, `${where}: a surge pod loads before an old one goes`);
+    const p = podSpec(w);
+    const engine = (p.initContainers ?? []).find((c) => /vllm/.test(c.image)) ?? assert.fail('the vLLM sidecar');
+    const cacheMount = (engine.volumeMounts as Array<{ name: string; mountPath: string }>).find((m) => /huggingface/.test(m.mountPath)) ?? assert.fail('a Hugging Face cache mount');
+    const cache = p.volumes?.find((v) => v.name === cacheMount.name);
+    assert.ok(cache?.persistentVolumeClaim || cache?.hostPath, `${where}: the weights' cache persists (a claim or a node's disk), not an emptyDir`);
+    if (cache.persistentVolumeClaim) {
+      const claim = named('PersistentVolumeClaim', cache.persistentVolumeClaim.claimName)!;
+      assert.ok((claim.spec.accessModes as string[]).some((m) => m === 'ReadWriteMany'), `${where}: replicas on several nodes share the claim (ReadWriteMany)`);
+    }
+    const token = (engine.env ?? []).find((e) => e.name === 'HF_TOKEN');
+    assert.ok(token?.valueFrom?.secretKeyRef, `${where}: HF_TOKEN from a Secret, not inlined`);
+    // vLLM's flags, and the worker's that must agree with them.
+    const vargs = engine.args ?? [];
+    assert.ok(vargs.includes('--enable-prompt-tokens-details'), 'vLLM reports cached prompt tokens');
+    const kvConfig = JSON.parse(argValue(vargs, '--kv-events-config') ?? assert.fail('--kv-events-config')) as { enable_kv_cache_events: boolean; publisher: string; endpoint: string; replay_endpoint?: string };
+    assert.equal(kvConfig.enable_kv_cache_events, true);
+    assert.equal(kvConfig.publisher, 'zmq');
+    const wargs = ebbContainers(p)[0]!.args!;
+    const port = (url: string | undefined) => url?.split(':').at(-1);
+    assert.equal(port(argValue(wargs, '--engine-kv-events')), port(kvConfig.endpoint), "the worker subscribes to vLLM's publisher");
+    assert.equal(port(argValue(wargs, '--engine-kv-events-replay')), port(kvConfig.replay_endpoint), "and asks its replay socket for lost batches");
+    assert.equal(argValue(wargs, '--engine-kv-block-size') ?? '16', argValue(vargs, '--block-size') ?? '16', 'one block size on both sides');
+    assert.match(readFileSync(join(DEPLOY, 'worker-vllm.yaml'), 'utf8'), /ONE GPU/, 'the file says what a one-GPU cluster gives up');
+  });
+
   describe('probe paths answer on the listeners their ports name (real processes, the manifests\' args)', () => {
     const dir = mkdtempSync(join(tmpdir(), 'ebb-manifests-'));
     const discovery = tempDiscoveryUrl();
