@@ -24,6 +24,8 @@ import { EVICTION_PATH } from '../src/k8s/webhook-server.js';
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const DEPLOY = join(ROOT, 'deploy', 'kubernetes');
 const README = readFileSync(join(ROOT, 'README.md'), 'utf8');
+/** The walk-through README links: its commands are checked as README's are. */
+const WALKTHROUGH = 'docs/kubernetes-vllm.md';
 const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
 
 /* eslint-disable @typescript-eslint/no-explicit-any -- manifests are untyped YAML */
@@ -59,9 +61,9 @@ const ebbContainers = (p: PodSpec) => allContainers(p).filter((c) => /^ebb:/.tes
  * The Secrets README creates with `kubectl create secret generic NAME --from-literal=KEY=...` or
  * `kubectl create secret tls NAME --cert=... --key=...` (keys tls.crt and tls.key), with their keys and line.
  */
-function readmeSecrets(): Map<string, { keys: string[]; line: number }> {
+function readmeSecrets(text = README): Map<string, { keys: string[]; line: number }> {
   const out = new Map<string, { keys: string[]; line: number }>();
-  README.split('\n').forEach((l, line) => {
+  text.split('\n').forEach((l, line) => {
     const m = /kubectl .*create secret generic ([a-z0-9-]+)(.*)$/.exec(l);
     if (m) out.set(m[1]!, { keys: [...m[2]!.matchAll(/--from-(?:literal|file)=([a-z0-9.-]+)[=\s]/g)].map((k) => k[1]!), line });
     const t = /kubectl .*create secret tls ([a-z0-9-]+) .*--cert[= ]\S+.*--key[= ]\S+/.exec(l);
@@ -212,26 +214,35 @@ describe('deploy/kubernetes: documents', () => {
     }
   });
 
-  it('README creates the Secret after the namespace and before applying any manifest that needs it', () => {
-    const lines = README.split('\n');
-    const secrets = readmeSecrets();
+  for (const doc of ['README.md', WALKTHROUGH])
+  it(`${doc} creates the Secret after the namespace and before applying any manifest that needs it`, () => {
+    const text = readFileSync(join(ROOT, doc), 'utf8');
+    const lines = text.split('\n');
+    const secrets = readmeSecrets(text);
     const namespaceAt = lines.findIndex((l) => /kubectl .*apply .*deploy\/kubernetes\/namespace\.yaml/.test(l));
-    assert.ok(namespaceAt >= 0, 'README applies namespace.yaml');
+    assert.ok(namespaceAt >= 0, `${doc} applies namespace.yaml`);
     let applies = 0;
     lines.forEach((l, at) => {
       if (!/kubectl .*apply /.test(l)) return;
       for (const [, path] of l.matchAll(/-f\s+(deploy\/kubernetes\/[^\s]*)/g)) {
         const name = path!.replace('deploy/kubernetes/', '').replace(/\/$/, '');
-        const ds = name === '' ? docs : (byFile.get(name) ?? assert.fail(`README applies ${path}, which does not exist`));
+        const ds = name === '' ? docs : (byFile.get(name) ?? assert.fail(`${doc} applies ${path}, which does not exist`));
         applies++;
         for (const secret of secretsNeeded(ds).keys()) {
           const made = secrets.get(secret);
-          assert.ok(made !== undefined && made.line < at, `README line ${at + 1} applies ${path}, which needs Secret ${secret}, before creating it`);
+          assert.ok(made !== undefined && made.line < at, `${doc} line ${at + 1} applies ${path}, which needs Secret ${secret}, before creating it`);
           assert.ok(namespaceAt < made.line, 'the Secret is created in a namespace that exists: after namespace.yaml');
         }
       }
     });
-    assert.ok(applies > 1, 'README applies the manifests');
+    assert.ok(applies > 1, `${doc} applies the manifests`);
+  });
+
+  it(`README links ${WALKTHROUGH}; its ebb commands take only flags ebb accepts`, () => {
+    assert.ok(README.includes(`(${WALKTHROUGH})`), `README links ${WALKTHROUGH}`);
+    const commands = readFileSync(join(ROOT, WALKTHROUGH), 'utf8').split('\n').filter((l) => /^ebb [a-z]/.test(l));
+    assert.ok(commands.length >= 3, `ebb commands in the walk-through: ${commands.length}`);
+    for (const l of commands) checkEbbArgs(l.replace(/\s+#.*$/, '').split(/\s+/).slice(1), `${WALKTHROUGH}: ${l}`);
   });
 });
 
