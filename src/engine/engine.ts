@@ -150,6 +150,14 @@ export interface EngineStats {
   [extra: string]: unknown;
 }
 
+/** An engine server's own scheduler figures, as its /metrics page reports them. */
+export interface SchedulerGauges {
+  running: number;
+  waiting: number;
+  /** KV cache use, 0 to 1, where the page has it. */
+  kv_cache_usage?: number;
+}
+
 /** An engine's prefix cache as GET /engine/status shows it (`kv_cache`). */
 export interface KvCacheStats {
   block_size: number;
@@ -221,5 +229,10 @@ export interface Engine {
   /** LoRA adapters over the base model; absent: the engine serves its base model only. */
   readonly adapters?: EngineAdapters | undefined;
   stats(): EngineStats;
+  /**
+   * An engine server's own running, waiting and KV-use gauges (read at scrape time, bounded), for
+   * the worker's picker metrics; absent for an engine that has none (its stats() are its figures).
+   */
+  schedulerGauges?(): Promise<SchedulerGauges | undefined>;
   close(): Promise<void>;
 }
