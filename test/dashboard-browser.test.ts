@@ -15,8 +15,8 @@ const MAX_TOKENS = 40;
 const PAGE_WAIT_MS = 20_000;
 /** The width at which a drain's longer row clipped the resume button. */
 const VIEWPORT = { width: 1400, height: 900 };
-/** Long and without a break opportunity, as a rollout may name its drains: it widens its column. */
-const LONG_REASON = 'browser_test_rollout_2026_12_03_canary_batch_7_of_12_node_pool_gpu_a100';
+/** Long and without a break opportunity, as a rollout may name its drains (it widens its column), then words. */
+const LONG_REASON = 'browser_test_rollout_2026_12_03_canary_batch_7_of_12_node_pool_gpu_a100 then the canary batch';
 /** HH:MM:SS, the page's one format for a point in time. */
 const CLOCK = /^\d\d:\d\d:\d\d\b/;
 
@@ -126,29 +126,44 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
       );
 
       // Every state the row shows, in order: a quick drain must not slip between two looks. While it
-      // drains (the row at its widest), its resume button must be inside what the section shows.
+      // drains (the row at its widest), its resume button must be inside what the section shows, the
+      // SINCE column not under the actions, the reason column wider than a word, and the hand-off
+      // time (still to come) said as such.
       await page.evaluate((sel: string) => {
         const r = document.querySelector(sel) as HTMLElement;
         const seen: string[] = [r.dataset.state ?? ''];
-        const w = window as unknown as { seenStates: string[]; resumeClipped: string[] };
+        const w = window as unknown as { seenStates: string[]; resumeClipped: string[]; waitingTexts: string[] };
         w.seenStates = seen;
         w.resumeClipped = [];
+        w.waitingTexts = [];
+        const box = (field: string) => (r.querySelector(`[data-field=${field}]`) as HTMLElement).getBoundingClientRect();
         new MutationObserver(() => {
           if (seen.at(-1) !== r.dataset.state) seen.push(r.dataset.state ?? '');
           if (r.dataset.state !== 'draining') return;
           const b = (r.querySelector('button[data-action=resume]') as HTMLElement).getBoundingClientRect();
-          const box = (r.closest('section') as HTMLElement).getBoundingClientRect();
-          if (b.right > Math.min(box.right, window.innerWidth) || b.left < box.left) w.resumeClipped.push(`button ${b.left}-${b.right}, section ${box.left}-${box.right}`);
+          const section = (r.closest('section') as HTMLElement).getBoundingClientRect();
+          if (b.right > Math.min(section.right, window.innerWidth) || b.left < section.left) w.resumeClipped.push(`button ${b.left}-${b.right}, section ${section.left}-${section.right}`);
+          if (box('since').right > box('actions').left + 0.5) w.resumeClipped.push(`SINCE ends at ${box('since').right}, under the actions from ${box('actions').left}`);
+          if (box('reason').width < 100) w.resumeClipped.push(`the drain reason squeezed to ${box('reason').width} px`);
+          const waiting = r.querySelector('[data-field=waiting]')?.textContent ?? '';
+          if (waiting !== '' && w.waitingTexts.at(-1) !== waiting) w.waitingTexts.push(waiting);
         }).observe(r, { attributes: true, subtree: true, characterData: true, childList: true });
       }, row);
 
       await withScreenshot('dashboard-drain', async () => {
         await page.type(`${row} input[data-input=reason]`, LONG_REASON);
+        await page.type(`${row} input[data-input=deadline]`, '10m');
         await page.click(`${row} button[data-action=drain]`);
         await page.waitForFunction((sel: string) => (document.querySelector(sel) as HTMLElement | null)?.dataset.state === 'drained', { polling: 'mutation' }, row);
         const seen = await page.evaluate(() => (window as unknown as { seenStates: string[] }).seenStates);
         assert.deepEqual(seen, ['serving', 'draining', 'drained'], 'the row went serving -> draining -> drained');
-        assert.deepEqual(await page.evaluate(() => (window as unknown as { resumeClipped: string[] }).resumeClipped), [], `the resume button stays in view at ${VIEWPORT.width} px`);
+        assert.deepEqual(await page.evaluate(() => (window as unknown as { resumeClipped: string[] }).resumeClipped), [], `the draining row fits at ${VIEWPORT.width} px`);
+        const waiting = (await page.evaluate(() => (window as unknown as { waitingTexts: string[] }).waitingTexts)).filter((t) => /in-flight/.test(t));
+        assert.ok(waiting.length > 0, 'the row showed what the drain waited for');
+        for (const t of waiting) assert.match(t, /\(hands off to other workers at \d\d:\d\d:\d\d, in \d+m\d\ds\)/, 'a hand-off still to come, and how far off');
+        // Drained, its cached blocks are shown but not as routable capacity.
+        assert.equal(await page.$eval(`${row} [data-field=kv]`, (e) => `${(e as HTMLElement).dataset.routable} ${getComputedStyle(e).textDecorationLine}`), 'false line-through');
+        assert.equal(await page.$eval(`tr[data-worker-id="${workerIds[1]}"] [data-field=kv]`, (e) => (e as HTMLElement).dataset.routable), 'true', 'a serving worker\'s are');
         assert.equal(await page.$eval(`${row} [data-field=reason]`, (e) => e.textContent), LONG_REASON, 'the drain reason is shown');
         // The audit trail arrived through the stream: the drain, by the caller's address on this open loopback fleet.
         await page.waitForFunction((r: string) => (document.querySelector('#audit-list')?.textContent ?? '').includes(`: drained (${r})`), { polling: 'mutation' }, LONG_REASON);

@@ -61,7 +61,11 @@ describe('fleet dashboard: the scale-down control, in headless chromium against 
     assert.equal(victims.length, 2, `the confirmation names two idle victims: ${dialogs[0]}`);
     const drained = await page.$$eval('tr[data-worker-id][data-state="drained"]', (rows) => rows.map((r) => (r as HTMLElement).dataset.workerId));
     assert.deepEqual([...drained].sort(), victims.sort(), 'the workers drained are the ones shown');
-    assert.match(await page.$eval('#message', (e) => e.textContent ?? ''), /scale-down of m1 by 2: draining/);
+    // The status line follows the victims to their end, as the events move them (it used to stay at "draining").
+    const line = `^scale-down of m1 by 2: (${victims.join('|')}) drained since \\d\\d:\\d\\d:\\d\\d; (${victims.join('|')}) drained since \\d\\d:\\d\\d:\\d\\d$`;
+    await page.waitForFunction((re: string) => new RegExp(re).test(document.querySelector('#message')?.textContent ?? ''), { polling: 'mutation' }, line).catch(async (err: Error) => {
+      assert.fail(`waited for the status line to match ${line}; it says "${await page.$eval('#message', (e) => e.textContent ?? '')}" (${err.message})`);
+    });
     // One worker is left serving: the control is off (a scale-down never takes the last one).
     assert.equal(await page.$eval(`${section} button[data-action=scale-down]`, (b) => (b as HTMLButtonElement).disabled), true);
   });

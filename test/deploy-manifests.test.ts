@@ -24,6 +24,8 @@ import { EVICTION_PATH } from '../src/k8s/webhook-server.js';
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const DEPLOY = join(ROOT, 'deploy', 'kubernetes');
 const README = readFileSync(join(ROOT, 'README.md'), 'utf8');
+/** The walk-through README links: its commands are checked as README's are. */
+const WALKTHROUGH = 'docs/kubernetes-vllm.md';
 const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
 
 /* eslint-disable @typescript-eslint/no-explicit-any -- manifests are untyped YAML */
@@ -37,6 +39,10 @@ const KINDS: Record<string, string[]> = {
   'rbac.authorization.k8s.io/v1': ['Role', 'RoleBinding'],
   'admissionregistration.k8s.io/v1': ['ValidatingWebhookConfiguration'],
   'networking.k8s.io/v1': ['NetworkPolicy'],
+  'inference.networking.x-k8s.io/v1alpha2': ['InferencePool'],
+  'monitoring.coreos.com/v1': ['PodMonitor', 'ServiceMonitor'],
+  'autoscaling/v2': ['HorizontalPodAutoscaler'],
+  'keda.sh/v1alpha1': ['ScaledObject'],
 };
 /** Kinds that live in no namespace. */
 const CLUSTER_SCOPED = new Set(['Namespace', 'ValidatingWebhookConfiguration']);
@@ -55,9 +61,9 @@ const ebbContainers = (p: PodSpec) => allContainers(p).filter((c) => /^ebb:/.tes
  * The Secrets README creates with `kubectl create secret generic NAME --from-literal=KEY=...` or
  * `kubectl create secret tls NAME --cert=... --key=...` (keys tls.crt and tls.key), with their keys and line.
  */
-function readmeSecrets(): Map<string, { keys: string[]; line: number }> {
+function readmeSecrets(text = README): Map<string, { keys: string[]; line: number }> {
   const out = new Map<string, { keys: string[]; line: number }>();
-  README.split('\n').forEach((l, line) => {
+  text.split('\n').forEach((l, line) => {
     const m = /kubectl .*create secret generic ([a-z0-9-]+)(.*)$/.exec(l);
     if (m) out.set(m[1]!, { keys: [...m[2]!.matchAll(/--from-(?:literal|file)=([a-z0-9.-]+)[=\s]/g)].map((k) => k[1]!), line });
     const t = /kubectl .*create secret tls ([a-z0-9-]+) .*--cert[= ]\S+.*--key[= ]\S+/.exec(l);
@@ -116,6 +122,34 @@ function argValue(args: string[], flag: string): string | undefined {
   }
   return undefined;
 }
+
+/** Whether a pod template's labels satisfy a label selector (matchLabels, matchExpressions In / Exists). */
+function selects(selector: { matchLabels?: Record<string, string>; matchExpressions?: Array<{ key: string; operator: string; values?: string[] }> }, labels: Record<string, string>): boolean {
+  const byLabel = Object.entries(selector.matchLabels ?? {}).every(([k, v]) => labels[k] === v);
+  const byExpression = (selector.matchExpressions ?? []).every((e) => (e.operator === 'In' ? e.values!.includes(labels[e.key] ?? '') : e.operator === 'Exists' ? e.key in labels : assert.fail(`selector operator ${e.operator}`)));
+  return byLabel && byExpression;
+}
+const templateLabels = (w: Doc) => w.spec.template.metadata.labels as Record<string, string>;
+
+/**
+ * The RBAC verbs ebb's Kubernetes client can exercise, per "apiGroup/resource": read from the calls
+ * src/k8s/client.ts makes (@kubernetes/client-node's readNamespacedPod is a get, and so on).
+ */
+function verbsTheCodeUses(): Map<string, Set<string>> {
+  const source = readFileSync(join(ROOT, 'src', 'k8s', 'client.ts'), 'utf8');
+  const verbOf: Record<string, string> = { read: 'get', list: 'list', patch: 'patch', delete: 'delete', create: 'create', replace: 'update' };
+  const resourceOf: Record<string, string> = { Pod: '/pods', DeploymentScale: 'apps/deployments/scale' };
+  const used = new Map<string, Set<string>>();
+  const add = (resource: string, verb: string) => used.set(resource, (used.get(resource) ?? new Set()).add(verb));
+  for (const [, call, kind] of source.matchAll(/\.(read|list|patch|delete|create|replace)Namespaced(Pod|DeploymentScale)\(/g)) add(resourceOf[kind!]!, verbOf[call!]!);
+  if (/\.watch\(\s*`\/api\/v1\/namespaces\/\$\{[^}]+\}\/pods`/.test(source)) add('/pods', 'watch');
+  return used;
+}
+
+/** Metric names a file mentions (comments included): ebb's, and the vLLM names the pickers read. */
+const metricNamesIn = (file: string) => new Set([...readFileSync(join(DEPLOY, file), 'utf8').matchAll(/\b(?:ebb_[a-z0-9_]*[a-z0-9]|vllm:[a-z_]*[a-z])\b(?!\*)/g)].map((m) => m[0]));
+/** A gauge another change adds (issue 35's frontend queue): named here by its exact name until it is merged. */
+const NOT_YET_SERVED = new Set(['ebb_frontend_fleet_queued_requests']);
 
 describe('deploy/kubernetes: documents', () => {
   it('every file parses; every document is a kind we mean, named, in the ebb namespace', () => {
@@ -180,26 +214,109 @@ describe('deploy/kubernetes: documents', () => {
     }
   });
 
-  it('README creates the Secret after the namespace and before applying any manifest that needs it', () => {
-    const lines = README.split('\n');
-    const secrets = readmeSecrets();
+  for (const doc of ['README.md', WALKTHROUGH])
+  it(`${doc} creates the Secret after the namespace and before applying any manifest that needs it`, () => {
+    const text = readFileSync(join(ROOT, doc), 'utf8');
+    const lines = text.split('\n');
+    const secrets = readmeSecrets(text);
     const namespaceAt = lines.findIndex((l) => /kubectl .*apply .*deploy\/kubernetes\/namespace\.yaml/.test(l));
-    assert.ok(namespaceAt >= 0, 'README applies namespace.yaml');
+    assert.ok(namespaceAt >= 0, `${doc} applies namespace.yaml`);
     let applies = 0;
     lines.forEach((l, at) => {
       if (!/kubectl .*apply /.test(l)) return;
       for (const [, path] of l.matchAll(/-f\s+(deploy\/kubernetes\/[^\s]*)/g)) {
         const name = path!.replace('deploy/kubernetes/', '').replace(/\/$/, '');
-        const ds = name === '' ? docs : (byFile.get(name) ?? assert.fail(`README applies ${path}, which does not exist`));
+        const ds = name === '' ? docs : (byFile.get(name) ?? assert.fail(`${doc} applies ${path}, which does not exist`));
         applies++;
         for (const secret of secretsNeeded(ds).keys()) {
           const made = secrets.get(secret);
-          assert.ok(made !== undefined && made.line < at, `README line ${at + 1} applies ${path}, which needs Secret ${secret}, before creating it`);
+          assert.ok(made !== undefined && made.line < at, `${doc} line ${at + 1} applies ${path}, which needs Secret ${secret}, before creating it`);
           assert.ok(namespaceAt < made.line, 'the Secret is created in a namespace that exists: after namespace.yaml');
         }
       }
     });
-    assert.ok(applies > 1, 'README applies the manifests');
+    assert.ok(applies > 1, `${doc} applies the manifests`);
+  });
+
+  it(`README links ${WALKTHROUGH}; its ebb commands take only flags ebb accepts`, () => {
+    assert.ok(README.includes(`(${WALKTHROUGH})`), `README links ${WALKTHROUGH}`);
+    const commands = readFileSync(join(ROOT, WALKTHROUGH), 'utf8').split('\n').filter((l) => /^ebb [a-z]/.test(l));
+    assert.ok(commands.length >= 3, `ebb commands in the walk-through: ${commands.length}`);
+    for (const l of commands) checkEbbArgs(l.replace(/\s+#.*$/, '').split(/\s+/).slice(1), `${WALKTHROUGH}: ${l}`);
+  });
+});
+
+describe('deploy/kubernetes: the InferencePool', () => {
+  it("selects ebb worker pods and targets a port they expose; the picker's metrics are on their system port", () => {
+    const pools = docs.filter((d) => d.kind === 'InferencePool');
+    assert.ok(pools.length >= 1, 'an example InferencePool');
+    for (const pool of pools) {
+      const where = `InferencePool/${pool.metadata.name}`;
+      const selected = workloads.filter((w) => Object.entries(pool.spec.selector as Record<string, string>).every(([k, v]) => w.spec.template.metadata.labels?.[k] === v));
+      assert.ok(selected.length > 0, `${where}: selects no pod`);
+      for (const w of selected) {
+        const worker = ebbContainers(podSpec(w)).find((c) => c.args?.[0] === 'worker') ?? assert.fail(`${where}: ${w.metadata.name} runs no ebb worker`);
+        assert.ok((worker.ports ?? []).some((p) => p.containerPort === pool.spec.targetPortNumber), `${where}: ${w.metadata.name} exposes ${pool.spec.targetPortNumber}`);
+        assert.ok(argValue(worker.args!, '--system-port'), `${where}: ${w.metadata.name} serves /metrics on a system port`);
+      }
+    }
+  });
+});
+
+describe('deploy/kubernetes: monitoring, autoscaling and the operator\'s RBAC', () => {
+  it('every PodMonitor and ServiceMonitor selects ebb pods (or Services) that expose the port it scrapes; scrape annotations name an exposed port', () => {
+    const monitors = docs.filter((d) => d.kind === 'PodMonitor' || d.kind === 'ServiceMonitor');
+    assert.ok(monitors.some((m) => m.kind === 'PodMonitor'), 'a PodMonitor');
+    for (const m of monitors) {
+      const where = `${m.kind}/${m.metadata.name}`;
+      if (m.kind === 'PodMonitor') {
+        const pods = workloads.filter((w) => selects(m.spec.selector, templateLabels(w)));
+        assert.ok(pods.length > 0, `${where}: selects no pod`);
+        for (const w of pods) for (const e of m.spec.podMetricsEndpoints) assert.ok(ebbContainers(podSpec(w)).some((c) => (c.ports ?? []).some((p) => p.name === e.port)), `${where}: ${w.metadata.name} has no ebb port named ${e.port}`);
+      } else {
+        const services = docs.filter((d) => d.kind === 'Service' && selects(m.spec.selector, d.metadata.labels ?? {}));
+        assert.ok(services.length > 0, `${where}: selects no Service`);
+        for (const svc of services) for (const e of m.spec.endpoints) assert.ok((svc.spec.ports as Array<{ name?: string }>).some((p) => p.name === e.port), `${where}: Service ${svc.metadata.name} has no port ${e.port}`);
+      }
+    }
+    const annotated = workloads.filter((w) => w.spec.template.metadata.annotations?.['prometheus.io/scrape'] === 'true');
+    assert.ok(annotated.length >= 4, 'the workers and the frontend carry scrape annotations');
+    for (const w of annotated) {
+      const port = Number(w.spec.template.metadata.annotations['prometheus.io/port']);
+      assert.ok(ebbContainers(podSpec(w)).some((c) => (c.ports ?? []).some((p) => p.containerPort === port)), `${w.metadata.name}: prometheus.io/port ${port} is an ebb container's port`);
+    }
+  });
+
+  it('every HPA and ScaledObject scales a Deployment of ebb workers, on metrics of the model those workers serve', () => {
+    const scalers = docs.filter((d) => d.kind === 'HorizontalPodAutoscaler' || d.kind === 'ScaledObject');
+    assert.deepEqual(scalers.map((d) => d.kind).sort(), ['HorizontalPodAutoscaler', 'ScaledObject']);
+    for (const a of scalers) {
+      const where = `${a.kind}/${a.metadata.name}`;
+      const target = named('Deployment', a.spec.scaleTargetRef.name) ?? assert.fail(`${where}: Deployment ${a.spec.scaleTargetRef.name}`);
+      const models = ebbContainers(podSpec(target)).filter((c) => c.args?.[0] === 'worker').map((c) => argValue(c.args!, '--model'));
+      assert.ok(models.length > 0, `${where}: ${target.metadata.name} runs ebb workers`);
+      const asked = a.kind === 'HorizontalPodAutoscaler'
+        ? (a.spec.metrics as any[]).map((m) => m.external?.metric?.selector?.matchLabels?.model as string | undefined)
+        : (a.spec.triggers as any[]).map((t) => /model="([^"]+)"/.exec(t.metadata.query as string)?.[1]);
+      for (const model of asked) assert.ok(models.includes(model), `${where}: a metric for model ${model}, which ${target.metadata.name} does not serve (${models.join(', ')})`);
+      assert.ok(a.kind === 'ScaledObject' ? a.spec.minReplicaCount >= 2 : a.spec.minReplicas >= 2, `${where}: never below the 2 replicas a rollout needs`);
+    }
+  });
+
+  it('every Role verb is one ebb\'s Kubernetes client uses; the operator\'s Role has exactly what rollout and scale-down call', () => {
+    const used = verbsTheCodeUses();
+    assert.deepEqual([...(used.get('/pods') ?? [])].sort(), ['delete', 'get', 'list', 'patch', 'watch'], 'the calls read from src/k8s/client.ts');
+    const granted = (role: Doc) => {
+      const out = new Map<string, Set<string>>();
+      for (const rule of role.rules ?? []) for (const g of rule.apiGroups) for (const r of rule.resources) out.set(`${g}/${r}`, new Set([...(out.get(`${g}/${r}`) ?? []), ...rule.verbs]));
+      return out;
+    };
+    for (const role of docs.filter((d) => d.kind === 'Role')) {
+      for (const [resource, verbs] of granted(role)) for (const v of verbs) assert.ok(used.get(resource)?.has(v), `Role/${role.metadata.name}: ${v} on ${resource}, which ebb never calls`);
+    }
+    const operator = named('Role', 'ebb-operator') ?? assert.fail('a Role for the operator commands');
+    assert.deepEqual(new Map([...granted(operator)].map(([r, v]) => [r, [...v].sort()])), new Map([...used].map(([r, v]) => [r, [...v].sort()])), 'the operator Role: the calls ebb rollout and ebb scale-down (--k8s-scale) make');
+    assert.ok(docs.some((d) => d.kind === 'RoleBinding' && d.roleRef.name === 'ebb-operator'), 'bound');
   });
 });
 
@@ -329,6 +446,39 @@ describe('deploy/kubernetes: ebb containers', () => {
     assert.equal(argValue(wc.args!, '--engine-url'), `http://127.0.0.1:${port}`, "the worker calls its pod's vLLM");
   });
 
+  it('the vLLM workers keep the model up through a rollout, keep their weights, read a gated model\'s token from a Secret, and wire prefix-cache routing', () => {
+    const w = workloads.find((d) => ebbContainers(podSpec(d)).some((c) => argValue(c.args ?? [], '--engine-kind') === 'vllm')) ?? assert.fail('a vLLM worker');
+    const where = `${w.kind}/${w.metadata.name}`;
+    assert.ok(w.spec.replicas >= 2, `${where}: at least 2 replicas (one serves while the other rolls)`);
+    const rolling = w.spec.strategy?.rollingUpdate ?? {};
+    assert.equal(w.spec.strategy?.type, 'RollingUpdate');
+    assert.equal(rolling.maxUnavailable, 0, `${where}: maxUnavailable 0`);
+    assert.ok(rolling.maxSurge >= 1, `${where}: a surge pod loads before an old one goes`);
+    const p = podSpec(w);
+    const engine = (p.initContainers ?? []).find((c) => /vllm/.test(c.image)) ?? assert.fail('the vLLM sidecar');
+    const cacheMount = (engine.volumeMounts as Array<{ name: string; mountPath: string }>).find((m) => /huggingface/.test(m.mountPath)) ?? assert.fail('a Hugging Face cache mount');
+    const cache = p.volumes?.find((v) => v.name === cacheMount.name);
+    assert.ok(cache?.persistentVolumeClaim || cache?.hostPath, `${where}: the weights' cache persists (a claim or a node's disk), not an emptyDir`);
+    if (cache.persistentVolumeClaim) {
+      const claim = named('PersistentVolumeClaim', cache.persistentVolumeClaim.claimName)!;
+      assert.ok((claim.spec.accessModes as string[]).some((m) => m === 'ReadWriteMany'), `${where}: replicas on several nodes share the claim (ReadWriteMany)`);
+    }
+    const token = (engine.env ?? []).find((e) => e.name === 'HF_TOKEN');
+    assert.ok(token?.valueFrom?.secretKeyRef, `${where}: HF_TOKEN from a Secret, not inlined`);
+    // vLLM's flags, and the worker's that must agree with them.
+    const vargs = engine.args ?? [];
+    assert.ok(vargs.includes('--enable-prompt-tokens-details'), 'vLLM reports cached prompt tokens');
+    const kvConfig = JSON.parse(argValue(vargs, '--kv-events-config') ?? assert.fail('--kv-events-config')) as { enable_kv_cache_events: boolean; publisher: string; endpoint: string; replay_endpoint?: string };
+    assert.equal(kvConfig.enable_kv_cache_events, true);
+    assert.equal(kvConfig.publisher, 'zmq');
+    const wargs = ebbContainers(p)[0]!.args!;
+    const port = (url: string | undefined) => url?.split(':').at(-1);
+    assert.equal(port(argValue(wargs, '--engine-kv-events')), port(kvConfig.endpoint), "the worker subscribes to vLLM's publisher");
+    assert.equal(port(argValue(wargs, '--engine-kv-events-replay')), port(kvConfig.replay_endpoint), "and asks its replay socket for lost batches");
+    assert.equal(argValue(wargs, '--engine-kv-block-size') ?? '16', argValue(vargs, '--block-size') ?? '16', 'one block size on both sides');
+    assert.match(readFileSync(join(DEPLOY, 'worker-vllm.yaml'), 'utf8'), /ONE GPU/, 'the file says what a one-GPU cluster gives up');
+  });
+
   describe('probe paths answer on the listeners their ports name (real processes, the manifests\' args)', () => {
     const dir = mkdtempSync(join(tmpdir(), 'ebb-manifests-'));
     const discovery = tempDiscoveryUrl();
@@ -407,6 +557,30 @@ describe('deploy/kubernetes: ebb containers', () => {
         }
       }
       assert.ok(probed >= 10, `probes checked: ${probed}`);
+    });
+
+    it('every metric the monitoring, autoscaling and InferencePool manifests name is on a page ebb serves; every scraped port serves /metrics', async () => {
+      const served = new Set<string>();
+      for (const base of [listeners.get('worker:--system-port'), listeners.get('frontend:--port')]) {
+        const text = await fetch(`${base}/metrics`).then((r) => r.text());
+        for (const m of text.matchAll(/^# TYPE (\S+) /gm)) served.add(m[1]!);
+      }
+      const files = ['monitoring.yaml', 'autoscaling-hpa.yaml', 'autoscaling-keda.yaml', 'inference-pool.yaml'];
+      const named = files.flatMap((f) => [...metricNamesIn(f)].map((name) => ({ f, name })));
+      assert.ok(named.length >= 6, `metric names found: ${named.map((n) => n.name).join(', ')}`);
+      for (const { f, name } of named) {
+        const base = name.replace(/_(bucket|sum|count)$/, '');
+        assert.ok(served.has(name) || served.has(base) || NOT_YET_SERVED.has(name), `${f} names ${name}, which no ebb page serves`);
+      }
+      for (const w of workloads.filter((d) => d.spec.template.metadata.annotations?.['prometheus.io/scrape'] === 'true')) {
+        const a = w.spec.template.metadata.annotations;
+        const c = ebbContainers(podSpec(w))[0]!;
+        const flag = ['--port', '--system-port', '--admin-port'].find((f) => argValue(c.args!, f) === a['prometheus.io/port']);
+        const base = listeners.get(`${c.args![0]}:${flag}`) ?? assert.fail(`${w.metadata.name}: prometheus.io/port ${a['prometheus.io/port']} is no listener`);
+        const res = await fetch(`${base}${a['prometheus.io/path']}`);
+        assert.equal(res.status, 200, `${w.metadata.name}: ${a['prometheus.io/path']} on ${flag}`);
+        assert.match(await res.text(), /^# HELP /m);
+      }
     });
 
     it("the guard started with its manifest's args answers an AdmissionReview at the webhook's path from the API server's client certificate only (401, 403 otherwise)", async () => {

@@ -32,7 +32,7 @@ async function prefill(p: WorkerHandle, prompt = 'a prompt of several words for 
 }
 
 describe('disaggregated prefill/decode', () => {
-  it('streams end to end through the frontend with the openai SDK', async () => {
+  it("streams end to end through the frontend with the openai SDK; cached_tokens is what the prefill worker had cached: 0 cold, the prompt's whole blocks warm", async () => {
     const discovery = tempDiscoveryUrl();
     const p = await worker(discovery, 'prefill', ['--mocker-itl-ms', '1']);
     await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
@@ -48,6 +48,14 @@ describe('disaggregated prefill/decode', () => {
     assert.equal(whole.usage?.completion_tokens, 4);
     assert.equal(await metricValue(p.systemUrl, 'ebb_kv_transfer_duration_seconds_count'), 2, 'both requests went through a KV transfer');
     assert.equal(await metricValue(p.systemUrl, 'ebb_kv_pending_transfers'), 0);
+    // 40 tokens: with 16-token blocks, 2 whole blocks can be found cached (the last token is always computed).
+    const prompt = Array.from({ length: 40 }, (_, i) => `tide${i}`).join(' ');
+    const cold = await client.completions.create({ model: 'm1', prompt, max_tokens: 2 });
+    const warm = await client.completions.create({ model: 'm1', prompt, max_tokens: 2 });
+    const cachedOf = (r: OpenAI.Completion) => (r.usage as OpenAI.CompletionUsage & { prompt_tokens_details?: { cached_tokens?: number } }).prompt_tokens_details?.cached_tokens;
+    assert.equal(cold.usage?.prompt_tokens, 40);
+    assert.equal(cachedOf(cold), 0, 'cold: nothing was cached before it, though its KV came to the decode worker whole');
+    assert.equal(cachedOf(warm), 32, "warm: the whole blocks found in the prefill worker's cache");
   });
 
   it('keeps a draining prefill worker draining while transfers are pending, then drains when decode pulls them', async () => {

@@ -4,7 +4,7 @@ import { annotations, APP, NO_TOKEN, NS, podWorker, startKube, stateIs } from '.
 import type { FakeKubeApiServer, Pod } from './helpers/kube-apiserver.js';
 import { call, openLineStream, type OpenStream } from './helpers/http.js';
 import { openEventStream } from './helpers/event-stream.js';
-import { runEbb, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
+import { frontendSeesWorkers, metricValue, runEbb, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 /**
  * `ebb scale-down --k8s-selector` against the in-test API server, one fleet for every case: four
@@ -15,6 +15,9 @@ const started: EbbProcess[] = [];
 let kube: FakeKubeApiServer;
 let kubeconfig = '';
 let discovery = '';
+/** The frontend the first case ranks through (--frontend), which counts the scale-down it reports. */
+let fe: FrontendHandle;
+let feAdmin = '';
 const workers = new Map<string, WorkerHandle>();
 const streams: OpenStream[] = [];
 const stateAtDelete = new Map<string, unknown>();
@@ -42,6 +45,10 @@ before(async () => {
     workers.set(name, w);
   }
   for (const name of workers.keys()) await kube.waitForPod(NS, name, stateIs('serving'), 'serving');
+  fe = await startFrontend(discovery, ['--admin-port', '0'], NO_TOKEN);
+  started.push(fe);
+  feAdmin = String((await fe.waitForEvent('frontend_ready')).admin_url);
+  await frontendSeesWorkers(fe, 4);
   kube.on('change', (type: string, pod: Pod) => {
     if (type === 'MODIFIED' && pod.metadata.deletionTimestamp && !stateAtDelete.has(pod.metadata.name)) stateAtDelete.set(pod.metadata.name, annotations(pod)['ebb.dev/state']);
   });
@@ -58,8 +65,13 @@ before(async () => {
 
 describe('ebb scale-down --k8s-selector', () => {
   it('--k8s-scale: drains the idle youngest pod, leaves it at the lowest deletion cost and scales the Deployment down by one', async () => {
-    const r = await scaleDown(['--k8s-scale', 'deployment/ebb-worker', '--json', '--timeout', '30s']);
+    const counted = `ebb_frontend_scale_downs_total`;
+    assert.equal(await metricValue(fe.url, counted, 'outcome="started",by="k8s"'), 0);
+    // Ranked through the frontend instead of discovery: it is told of the scale-down, and counts it.
+    const r = await ebb(['scale-down', '--model', 'm1', '--count', '1', '--k8s-selector', 'app=ebb-worker', '--namespace', NS, '--kubeconfig', kubeconfig, '--frontend', feAdmin, '--k8s-scale', 'deployment/ebb-worker', '--json', '--timeout', '30s']);
     assert.equal(r.code, 0, r.stderr);
+    assert.equal(await metricValue(fe.url, counted, 'outcome="started",by="k8s"'), 1, 'the frontend counts the Kubernetes scale-down');
+    assert.equal(await metricValue(fe.url, counted, 'outcome="started",by="frontend"'), 0, 'not as one of its own route');
     const out = JSON.parse(r.stdout);
     assert.deepEqual(out.victims.map((v: { worker_id: string }) => v.worker_id), ['worker-c'], r.stdout);
     assert.deepEqual(out.ranking.map((v: { worker_id: string }) => v.worker_id), ['worker-c', 'worker-b', 'worker-a', 'worker-d'], 'idle first (youngest first), then the work that ends first');

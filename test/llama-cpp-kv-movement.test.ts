@@ -49,8 +49,9 @@ async function generate(w: WorkerHandle, body: Record<string, unknown>): Promise
 async function prefillOn(p: WorkerHandle, body: Record<string, unknown>) {
   const res = await call('POST', `${p.requestUrl}/prefill`, body);
   assert.equal(res.status, 200, JSON.stringify(res.body));
-  const { transfer_id, source_url, worker_id } = res.body as { transfer_id: string; source_url: string; worker_id: string };
-  return { transfer_id, source_url, worker_id };
+  // What the frontend hands the decode worker: the transfer, and what the prefill found cached.
+  const { transfer_id, source_url, worker_id, cached_tokens } = res.body as { transfer_id: string; source_url: string; worker_id: string; cached_tokens: number };
+  return { transfer_id, source_url, worker_id, cached_tokens };
 }
 
 describe('llama-cpp: KV moves between workers', () => {
@@ -74,13 +75,13 @@ describe('llama-cpp: KV moves between workers', () => {
 
   const body = (model: string, extra: Record<string, unknown> = {}) => ({ model, prompt: PROMPT, temperature: 0, max_tokens: 30, ...extra });
 
-  it('disaggregated answers equal aggregated ones, with the prompt tokens the decode worker did not evaluate', async () => {
+  it('disaggregated answers equal aggregated ones; cached_tokens is what was cached before the request came, not the KV it brought', async () => {
     const aggregated = await generate(a, body(AGG));
     const kv = await prefillOn(p, body(SPLIT));
     const split = await generate(d, { ...body(SPLIT), kv_transfer: kv });
     assert.equal(split.text, aggregated.text);
     assert.equal(split.last.usage.prompt_tokens, aggregated.last.usage.prompt_tokens);
-    assert.equal(split.last.usage.prompt_tokens_details.cached_tokens, aggregated.last.usage.prompt_tokens - 1, 'all but the last prompt token came with the KV');
+    assert.equal(split.last.usage.prompt_tokens_details.cached_tokens, 0, 'cold: the prefill worker computed the whole prompt for this request (its KV came to the decode worker, but nothing was cached)');
     assert.equal(aggregated.last.usage.prompt_tokens_details.cached_tokens, 0, 'no KV pulled: every prompt token evaluated');
 
     // Through the frontend: chat requests split between P and D answer as A does.
@@ -113,12 +114,14 @@ describe('llama-cpp: KV moves between workers', () => {
     const drain = await call('POST', `${p.systemUrl}/engine/drain`);
     assert.equal(drain.status, 202);
     assert.deepEqual(drain.body.waiting_for, ['2 pending KV transfers']);
+    const pulled = await metricValue(d.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"');
     await generate(d, { ...body(SPLIT), kv_transfer: transfers[0] });
     const mid = await call('GET', `${p.systemUrl}/engine/status`);
     assert.equal(mid.body.state, 'draining');
     assert.deepEqual(mid.body.waiting_for, ['1 pending KV transfer']);
     const second = await generate(d, { ...body(SPLIT, { prompt: `${PROMPT} again` }), kv_transfer: transfers[1] });
-    assert.ok(second.last.usage.prompt_tokens_details.cached_tokens > 0, 'the state pulled from a draining worker was used');
+    assert.ok(second.last.usage.prompt_tokens_details !== undefined, JSON.stringify(second.last));
+    assert.equal(await metricValue(d.systemUrl, 'ebb_kv_state_pulls_total', 'outcome="pulled"'), pulled + 2, 'the states pulled from a draining worker were used');
     await p.waitForEvent('state_changed', (l) => l.to === 'drained');
     assert.ok(isOk(await call('POST', `${p.systemUrl}/engine/resume`)));
   });
@@ -133,7 +136,7 @@ describe('llama-cpp: KV moves between workers', () => {
     assert.equal(await hits(), before + aggregated.last.usage.prompt_tokens - 1, 'all but the last prompt token were in the prefill worker\'s cache');
     const fromWarm = await generate(d, { ...body(SPLIT, long), kv_transfer: warm });
     assert.equal(fromWarm.text, aggregated.text);
-    assert.equal(fromWarm.last.usage.prompt_tokens_details.cached_tokens, aggregated.last.usage.prompt_tokens - 1, 'the warm state held the whole prompt but its last token');
+    assert.equal(fromWarm.last.usage.prompt_tokens_details.cached_tokens, aggregated.last.usage.prompt_tokens - 1, "warm: all but the last prompt token were in the prefill worker's cache before this request");
     // The cold state is not pulled: released, so later drains of P do not wait for it.
     assert.equal((await call('DELETE', `${cold.source_url}/kv/${cold.transfer_id}`)).status, 204);
   });

@@ -16,7 +16,7 @@ import type { EngineKind } from '../src/engine/engine-quiescence.js';
 import { startEngineSim, type EngineSim, type EngineSimOptions, type SimKind } from './helpers/engine-sim.js';
 import { call, openLineStream } from './helpers/http.js';
 import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
-import { bounded, spawnEbb, startWorker, tempDiscoveryUrl, type LogLine, type WorkerHandle } from './helpers/processes.js';
+import { bounded, metricValues, spawnEbb, startWorker, tempDiscoveryUrl, type LogLine, type WorkerHandle } from './helpers/processes.js';
 
 const REAL_URL = process.env.EBB_TEST_ENGINE_URL;
 const REAL_KIND = process.env.EBB_TEST_ENGINE_KIND as EngineKind | undefined;
@@ -138,6 +138,18 @@ describe('--engine openai: drained from the engine\'s own pending-work signal', 
       }
     });
   }
+
+  it("vllm: the worker's picker metrics are vLLM's own: running and waiting summed over its engines, KV use the fullest engine's", { skip: simOnly }, async () => {
+    const { w, s } = await fronted('vllm');
+    const series = ['vllm:num_requests_running{model_name="m1"}', 'vllm:num_requests_waiting{model_name="m1"}', 'vllm:kv_cache_usage_perc{model_name="m1"}'];
+    // Work of another client on vLLM, which the worker's own count cannot see.
+    s!.holdBusy(2, 3);
+    try {
+      assert.deepEqual(await metricValues(w.systemUrl, series), [2, 3, 0.5]);
+    } finally {
+      s!.release();
+    }
+  });
 
   it('llamacpp without --metrics: drained from /slots once no slot is processing', { skip: simOnly }, async () => {
     const { w, s } = await fronted('llamacpp', [], { slotsOnly: true });

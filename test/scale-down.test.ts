@@ -149,10 +149,12 @@ describe('ebb scale-down: all or nothing', () => {
 
 describe('frontend admin API: POST /models/{model}/scale-down under load', () => {
   it('drains the chosen victims with no stream lost, and the fleet gauges follow', async () => {
-    const gauges = (model: string) => metricValues(fe.url, [`ebb_frontend_fleet_serving_workers{model="${model}",mode="aggregated"}`, `ebb_frontend_scale_downs_total{outcome="started"}`, `ebb_frontend_fleet_drainable_workers{model="${model}",mode="aggregated"}`]);
+    const gauges = (model: string) => metricValues(fe.url, [`ebb_frontend_fleet_serving_workers{model="${model}",mode="aggregated"}`, `ebb_frontend_scale_downs_total{outcome="started",by="frontend"}`, `ebb_frontend_fleet_drainable_workers{model="${model}",mode="aggregated"}`]);
     const [serving0, started0, drainable0] = await gauges('m1');
     assert.equal(serving0, 4);
     assert.equal(started0, 1, 'one so far: the first case\'s `ebb scale-down --frontend` went through this route');
+    const [dryRuns, refusals] = await metricValues(fe.url, ['ebb_frontend_scale_downs_total{outcome="dry_run",by="frontend"}', 'ebb_frontend_scale_downs_total{outcome="refused",by="frontend"}']);
+    assert.deepEqual([dryRuns, refusals], [2, 1], "the CLI's dry runs with --frontend are counted too: two, and the one refused (every worker of the pool)");
     assert.equal(drainable0, 3, 'all idle: every worker but one could go now');
 
     const refused = await call('POST', `${fe.adminUrl}/models/nope/scale-down`, { count: 1 });

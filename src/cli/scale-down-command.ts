@@ -115,17 +115,26 @@ async function drainUnderLock(client: AdminClient, flags: ScaleDownFlags, model:
   }
 }
 
-/** The frontend chooses and drains, under its lock (which is discovery's): 409 while another scale-down of the model is under way. */
-async function drainThroughFrontend(client: AdminClient, flags: ScaleDownFlags, model: string, url: string, stop: AbortSignal) {
-  const body = { count: flags.count, ...(flags.pool ? { pool: flags.pool } : {}), ...(flags.drainDeadline !== undefined ? { deadline_ms: flags.drainDeadline } : {}), ...(flags.workers ? { workers: flags.workers } : {}) };
+/**
+ * POST /models/{model}/scale-down: the frontend chooses (and, unless a dry run, drains) under its
+ * lock, which is discovery's (409 while another scale-down of the model is under way); its
+ * ebb_frontend_scale_downs_total counts it, dry runs too.
+ */
+async function askFrontend(client: AdminClient, flags: ScaleDownFlags, model: string, url: string, dryRun: boolean) {
+  const body = { count: flags.count, ...(flags.pool ? { pool: flags.pool } : {}), ...(flags.drainDeadline !== undefined ? { deadline_ms: flags.drainDeadline } : {}), ...(flags.workers ? { workers: flags.workers } : {}), ...(dryRun ? { dry_run: true } : {}) };
   const res = await client.call<{ pool: WorkerMode; ranking: RankedWorker[]; victims: Array<RankedWorker & { state: string | null; generation: number | null }> }>(
     `${url}/models/${encodeURIComponent(model)}/scale-down`,
     'POST',
     client.sourceLabel,
     body,
   );
-  if (res.statusCode !== 202) throw new CliError(`${client.sourceLabel} refused the scale-down of ${model}: HTTP ${res.statusCode}: ${errorMessageOf(res.body)}`);
-  const { pool, ranking, victims } = res.body;
+  if (res.statusCode !== (dryRun ? 200 : 202)) throw new CliError(`${client.sourceLabel} refused the scale-down of ${model}: HTTP ${res.statusCode}: ${errorMessageOf(res.body)}`);
+  return res.body;
+}
+
+/** The frontend chooses and drains; this follows the victims it names. */
+async function drainThroughFrontend(client: AdminClient, flags: ScaleDownFlags, model: string, url: string, stop: AbortSignal) {
+  const { pool, ranking, victims } = await askFrontend(client, flags, model, url, false);
   say(`scale-down of ${model} (${pool}) by ${flags.count}: ${victims.map((v) => v.worker_id).join(', ')} (chosen and drained by ${client.sourceLabel})`);
   const fleet = await client.fleet();
   const drains: Draining[] = victims.flatMap((v) => {
@@ -225,8 +234,7 @@ export function scaleDownCommand(): Command {
       }
       await withClient(flags, async (client) => {
         if (flags.dryRun) {
-          const fleet = await client.fleet(AdminClient.CALL_TIMEOUT_MS);
-          const { pool, ranking, victims } = choose(fleet, flags, model, client.sourceLabel);
+          const { pool, ranking, victims } = client.source.kind === 'frontend' ? await askFrontend(client, flags, model, client.source.url, true) : choose(await client.fleet(AdminClient.CALL_TIMEOUT_MS), flags, model, client.sourceLabel);
           const report = { model, pool, count: flags.count, dry_run: true, victims, ranking };
           const again = `ebb scale-down --model ${model} --workers ${victims.map((v) => v.worker_id).join(',')}`;
           process.stdout.write(

@@ -1,6 +1,7 @@
 import { destination, pino } from 'pino';
 import { printable } from '../common/terminal-text.js';
-import type { WorkerStatus } from '../common/worker-admin.js';
+import { errorMessageOf, type WorkerStatus } from '../common/worker-admin.js';
+import type { ScaleDownReportBody } from '../protocol/admin.js';
 import { chooseVictims, isChoiceProblem, type Candidate } from '../frontend/admin/victim-ranking.js';
 import { K8sError } from '../k8s/k8s-error.js';
 import { AdminClient, withClient, type FleetEntry } from './admin-client.js';
@@ -52,10 +53,14 @@ export async function scaleDownPods(selector: string, flags: ScaleDownFlags, mod
     candidates.push({ worker_id: name, mode: entry?.mode ?? flags.pool ?? 'aggregated', status });
   }
   const choice = chooseVictims(model, candidates, flags.count, flags.pool, { named: flags.workers });
-  if (isChoiceProblem(choice)) throw new CliError(`${choice.message} among pods ${selector} in ${namespace}`);
+  if (isChoiceProblem(choice)) {
+    await reportToFrontend(flags, model, 'refused');
+    throw new CliError(`${choice.message} among pods ${selector} in ${namespace}`);
+  }
   const { pool, ranking, victims } = choice;
   const report = { model, pool, count: flags.count, dry_run: flags.dryRun === true, namespace, selector, victims, ranking };
   if (!hasSource) say(`no --frontend or --discovery: the pods are ranked by age only (youngest first)`);
+  await reportToFrontend(flags, model, flags.dryRun ? 'dry_run' : 'started');
   if (flags.dryRun) {
     process.stdout.write(flags.json ? `${JSON.stringify(report, null, 2)}\n` : `scale-down of ${printable(model)} pods ${printable(selector)} by ${flags.count} would take:\n${rankingTable(ranking, victims)}\n`);
     return;
@@ -82,4 +87,18 @@ export async function scaleDownPods(selector: string, flags: ScaleDownFlags, mod
       `scale-down of pods ${printable(selector)} by ${flags.count} done in ${formatDuration(Date.now() - started)}: ${printable(victims.map((v) => v.worker_id).join(', '))} ` +
         (result.action === 'deleted' ? 'drained and deleted\n' : `drained; deployment/${printable(result.deployment)} scaled ${result.from} -> ${result.to}\n`),
     );
+}
+
+/**
+ * Tells the --frontend of this scale-down, which its ebb_frontend_scale_downs_total counts (by="k8s"):
+ * the drains go through pod annotations, never through the frontend's own scale-down route. A
+ * frontend that does not take it is said, not fatal: the scale-down itself needs no frontend.
+ */
+async function reportToFrontend(flags: ScaleDownFlags, model: string, outcome: ScaleDownReportBody['outcome']): Promise<void> {
+  if (flags.frontend === undefined) return;
+  const body: ScaleDownReportBody = { by: 'k8s', outcome };
+  await withClient(flags, async (client) => {
+    const res = await client.call(`${client.source.url}/models/${encodeURIComponent(model)}/scale-down/report`, 'POST', client.sourceLabel, body);
+    if (res.statusCode !== 204) say(`${client.sourceLabel} did not count this scale-down: HTTP ${res.statusCode}: ${errorMessageOf(res.body)}`);
+  }).catch((err: Error) => say(`the frontend did not count this scale-down: ${err.message}`));
 }

@@ -1,5 +1,5 @@
 import type { Dispatcher } from 'undici';
-import type { Quiescence } from './engine.js';
+import type { Quiescence, SchedulerGauges } from './engine.js';
 import { describeError, getBounded } from './engine-http.js';
 import { MetricsFormatError, readSamples, sumGauge } from './prometheus-text.js';
 import type { EngineKind, QuiescenceMode } from './openai-engine-options.js';
@@ -16,16 +16,40 @@ export interface EngineIdlenessProbe {
 
 /**
  * The documented pending-work gauges of each engine, summed over their label sets. `optional`
- * gauges count when the page has them (older or newer releases add queues).
+ * gauges count when the page has them (older or newer releases add queues). `kv`: its KV cache use
+ * (0 to 1), the first of these names the page has (vLLM renamed it).
  */
-const GAUGES: Record<Exclude<EngineKind, 'generic'>, { running: string; queued: string; optional: string[] }> = {
+const GAUGES: Record<Exclude<EngineKind, 'generic'>, { running: string; queued: string; optional: string[]; kv: string[] }> = {
   // vLLM: scheduler state, labelled by model_name (and engine index with data parallelism).
-  vllm: { running: 'vllm:num_requests_running', queued: 'vllm:num_requests_waiting', optional: ['vllm:num_requests_swapped'] },
+  vllm: { running: 'vllm:num_requests_running', queued: 'vllm:num_requests_waiting', optional: ['vllm:num_requests_swapped'], kv: ['vllm:kv_cache_usage_perc', 'vllm:gpu_cache_usage_perc'] },
   // SGLang (server started with --enable-metrics): labelled by model_name (and rank).
-  sglang: { running: 'sglang:num_running_reqs', queued: 'sglang:num_queue_reqs', optional: ['sglang:num_grammar_queue_reqs'] },
+  sglang: { running: 'sglang:num_running_reqs', queued: 'sglang:num_queue_reqs', optional: ['sglang:num_grammar_queue_reqs'], kv: ['sglang:token_usage'] },
   // llama.cpp's llama-server (started with --metrics): unlabelled.
-  llamacpp: { running: 'llamacpp:requests_processing', queued: 'llamacpp:requests_deferred', optional: [] },
+  llamacpp: { running: 'llamacpp:requests_processing', queued: 'llamacpp:requests_deferred', optional: [], kv: ['llamacpp:kv_cache_usage_ratio'] },
 };
+
+/** The page's pending-work gauges (MetricsFormatError when one is missing or unreadable) and its KV use where it has one. */
+function readGauges(kind: Exclude<EngineKind, 'generic'>, text: string): SchedulerGauges {
+  const g = GAUGES[kind];
+  const samples = readSamples(text, [g.running, g.queued, ...g.optional, ...g.kv]);
+  const running = sumGauge(samples, g.running);
+  const waiting = sumGauge(samples, g.queued) + g.optional.reduce((n, name) => n + (samples.has(name) ? sumGauge(samples, name) : 0), 0);
+  // Data-parallel engines each have their own cache: the fullest one is what a new request may meet.
+  const kv = g.kv.map((name) => samples.get(name)).find((list) => list !== undefined && list.length > 0);
+  const usage = kv === undefined ? undefined : Math.max(...kv.map((s) => s.value));
+  return { running, waiting, ...(usage !== undefined && Number.isFinite(usage) ? { kv_cache_usage: usage } : {}) };
+}
+
+/** The engine server's scheduler gauges now, for the worker's picker metrics; undefined when its page cannot be read. */
+export async function readSchedulerGauges(kind: EngineKind, baseUrl: string, dispatcher: Dispatcher, timeoutMs = PROBE_TIMEOUT_MS): Promise<SchedulerGauges | undefined> {
+  if (kind === 'generic') return undefined;
+  try {
+    const page = await getBounded(`${baseUrl}/metrics`, dispatcher, timeoutMs);
+    return page.status === 200 ? readGauges(kind, page.text) : undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 const unknown = (reason: string): Quiescence => ({ state: 'unknown', reason });
 
@@ -39,11 +63,8 @@ async function probeMetrics(kind: Exclude<EngineKind, 'generic'>, baseUrl: strin
     return unknown(`${kind} metrics: ${describeError(err)}`);
   }
   if (page.status !== 200) return { status: page.status };
-  const g = GAUGES[kind];
   try {
-    const samples = readSamples(page.text, [g.running, g.queued, ...g.optional]);
-    const running = sumGauge(samples, g.running);
-    const queued = sumGauge(samples, g.queued) + g.optional.reduce((n, name) => n + (samples.has(name) ? sumGauge(samples, name) : 0), 0);
+    const { running, waiting: queued } = readGauges(kind, page.text);
     if (running === 0 && queued === 0) return { state: 'idle' };
     return { state: 'busy', waiting_for: [`engine (${kind}): ${running} running, ${queued} queued request${running + queued === 1 ? '' : 's'} (${url})`] };
   } catch (err) {

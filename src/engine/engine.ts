@@ -49,6 +49,8 @@ export interface GenerateRequest {
   adapter?: string | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
+  /** With `prefilled`: the prompt tokens the prefill worker found cached, which this request's usage reports as cached. */
+  prefill_cached_tokens?: number | undefined;
   /**
    * Stream migration: another worker already generated this much of the answer. The engine
    * continues as if it had produced it itself; `max_tokens` is what is left of the budget.
@@ -124,8 +126,9 @@ export interface GenerateResult {
   /** Tokens this call generated (a continuation's earlier tokens are not counted again). */
   completion_tokens: number;
   /**
-   * Prompt tokens this engine did not evaluate: found in its prefix cache, or loaded from a peer's KV
-   * state. Absent: it cannot tell.
+   * Prompt tokens cached before the request arrived: found in this engine's prefix cache, or, for a
+   * prompt whose KV it loaded from a prefill peer, in that peer's (`prefill_cached_tokens`). A KV
+   * loaded from a hand-off is not counted: that request computed it. Absent: it cannot tell.
    */
   cached_tokens?: number | undefined;
 }
@@ -145,6 +148,14 @@ export interface EngineStats {
   queued_sequences: number;
   batch_slots: number;
   [extra: string]: unknown;
+}
+
+/** An engine server's own scheduler figures, as its /metrics page reports them. */
+export interface SchedulerGauges {
+  running: number;
+  waiting: number;
+  /** KV cache use, 0 to 1, where the page has it. */
+  kv_cache_usage?: number;
 }
 
 /** An engine's prefix cache as GET /engine/status shows it (`kv_cache`). */
@@ -218,5 +229,10 @@ export interface Engine {
   /** LoRA adapters over the base model; absent: the engine serves its base model only. */
   readonly adapters?: EngineAdapters | undefined;
   stats(): EngineStats;
+  /**
+   * An engine server's own running, waiting and KV-use gauges (read at scrape time, bounded), for
+   * the worker's picker metrics; absent for an engine that has none (its stats() are its figures).
+   */
+  schedulerGauges?(): Promise<SchedulerGauges | undefined>;
   close(): Promise<void>;
 }

@@ -9,6 +9,8 @@ export interface KvTransfer {
   prompt_tokens: number;
   kv_bytes: number;
   created_at: number;
+  /** Prompt tokens the prefill found in its prefix cache (PrefillResponse.cached_tokens). */
+  cached_tokens?: number;
 }
 
 /**

@@ -311,7 +311,7 @@ export class LlamaCppEngine implements Engine {
       await Promise.race([evaluating, abort.promise]);
       const transfer = await this.kv.export(lease.sequence, prompt.tokens.length);
       this.sequences.publish(lease);
-      return transfer;
+      return { ...transfer, cached_tokens: Math.min(lease.cached, prompt.tokens.length) };
     } catch (err) {
       failed = !signal.aborted;
       throw err;
@@ -463,6 +463,8 @@ export class LlamaCppEngine implements Engine {
     const promptTokens = prompt.tokens.length;
     /** Leading tokens of `input` not evaluated here: found in the sequence's cache, or loaded from a peer's state. */
     let skipped = 0;
+    /** Of those, the prompt tokens cached before this request came (what its usage calls cached). */
+    let cached = 0;
     // No max_tokens (where the request plane allows that): whatever the context leaves.
     const limit = Math.min((req.max_tokens as number | undefined) ?? room, room);
     const result = (finish_reason: GenerateResult['finish_reason'], completion_tokens: number): GenerateResult => ({
@@ -470,7 +472,7 @@ export class LlamaCppEngine implements Engine {
       finish_reason,
       prompt_tokens: promptTokens,
       completion_tokens,
-      cached_tokens: Math.min(skipped, promptTokens),
+      cached_tokens: Math.min(cached, promptTokens),
     });
     if (req.max_tokens === 0 || forced?.done) {
       await req.kv_state?.dispose();
@@ -497,12 +499,15 @@ export class LlamaCppEngine implements Engine {
         if (kept === undefined) await sequences.clear(lease);
         else {
           skipped = kept;
+          // A prefill peer's state: what that peer found cached; a hand-off's was computed for this request.
+          cached = req.prefilled ? (req.prefill_cached_tokens ?? 0) : 0;
           sequences.publish(lease);
         }
       } else {
         // Batch invariant: a reused prefix was evaluated in other batches, so that mode never reuses one.
         lease = await sequences.take(input, this.opts.batchInvariant !== true);
         skipped = lease.cached;
+        cached = skipped;
         this.countPrompt(promptTokens, skipped);
       }
       const sequence = lease.sequence;

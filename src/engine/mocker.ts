@@ -185,7 +185,8 @@ export class MockerEngine implements Engine {
     const seq = this.cache?.begin(this.sequenceTokens(req));
     try {
       await this.prefillTime(promptTokens, seq, signal);
-      return this.kvTransfers.create(promptTokens);
+      const transfer = this.kvTransfers.create(promptTokens);
+      return seq === undefined ? transfer : { ...transfer, cached_tokens: Math.min(seq.cachedTokens, promptTokens) };
     } finally {
       seq?.end();
       this.slots.release();
@@ -245,8 +246,10 @@ export class MockerEngine implements Engine {
         throw new Error('continuation text does not match this request\'s generation (different prompt or seed?)');
       if (req.prefilled) await pause(this.opts.itlMs, signal);
       else await this.prefillTime(promptTokens, seq, signal);
-      // What the client is told was cached: the prompt's share (a continuation's words are not prompt).
-      const cached = seq === undefined ? {} : { cached_tokens: Math.min(seq.cachedTokens, promptTokens) };
+      // What the client is told was cached: the prompt's share (a continuation's words are not prompt);
+      // with its KV pulled, what the prefill worker found cached.
+      const found = req.prefilled ? req.prefill_cached_tokens : seq?.cachedTokens;
+      const cached = found === undefined ? {} : { cached_tokens: Math.min(found, promptTokens) };
       // No budget: the context is the limit, as with a real model that never emits its end token.
       const budget = req.max_tokens ?? Math.max(0, this.opts.maxContext - promptTokens - done);
       // Calls end where their text does: the model stops after its last call.

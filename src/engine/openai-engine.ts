@@ -3,11 +3,11 @@ import { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 import { Agent, request } from 'undici';
 import type { WorkerMode } from '../discovery/discovery.js';
-import type { Continuation, EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence } from './engine.js';
+import type { Continuation, EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, FinishReason, GeneratedPiece, GenerateRequest, GenerateResult, Quiescence, SchedulerGauges } from './engine.js';
 import { waitUntilHealthy } from './engine-health.js';
 import { describeError, getBounded } from './engine-http.js';
 import { describeExit, EngineProcess, freePort } from './engine-process.js';
-import { createIdlenessProbe, type EngineIdlenessProbe, type EngineKind, type QuiescenceMode } from './engine-quiescence.js';
+import { createIdlenessProbe, readSchedulerGauges, type EngineIdlenessProbe, type EngineKind, type QuiescenceMode } from './engine-quiescence.js';
 import { ReprobeBackoff } from './reprobe-backoff.js';
 import { sseData } from '../common/sse-events.js';
 import { readBounded } from '../common/bounded-read.js';
@@ -358,6 +358,12 @@ export class OpenAIEngine implements Engine {
     // A failure before anyone listened (between start-up and the worker wiring this) is not lost.
     if (this.failure) queueMicrotask(() => listener(this.failure as Error));
     return () => this.events.off('failure', listener);
+  }
+
+  /** vLLM, SGLang and llama-server say what they run, queue and hold: the picker metrics pass that on. */
+  get schedulerGauges(): (() => Promise<SchedulerGauges | undefined>) | undefined {
+    if (this.opts.kind === 'generic') return undefined;
+    return () => readSchedulerGauges(this.opts.kind, this.baseUrl, this.dispatcher);
   }
 
   stats(): EngineStats {

@@ -103,6 +103,9 @@ export interface PoolCapacity {
 
 export type ScaleDownOutcome = 'started' | 'refused' | 'dry_run';
 const SCALE_DOWN_OUTCOMES = { started: 0, refused: 0, dry_run: 0 } satisfies Record<ScaleDownOutcome, 0>;
+/** What ran a scale-down: this frontend's route, or `ebb scale-down --k8s-selector`, which reports it to its --frontend. */
+export type ScaleDownRunner = 'frontend' | 'k8s';
+const SCALE_DOWN_RUNNERS = { frontend: 0, k8s: 0 } satisfies Record<ScaleDownRunner, 0>;
 
 /**
  * The fleet's capacity per model and pool, read from the workers' own status at scrape time (one
@@ -133,7 +136,12 @@ export function registerFleetMetrics(registry: Registry, capacity: () => Promise
   gauge('ebb_frontend_fleet_inflight_requests', 'Requests in flight on the workers of a model and pool, as they report them', (c) => c.inflight);
   gauge('ebb_frontend_fleet_drainable_workers', 'Serving workers that could be removed now with nothing to wait for (idle), leaving at least one', (c) => c.drainable);
   gauge('ebb_frontend_fleet_drain_eta_seconds', 'How long a scale-down by one would wait: the drain ETA of its first victim (NaN when unknown)', (c) => (c.drainEtaMs === null ? NaN : c.drainEtaMs / 1000));
-  const scaleDowns = new Counter({ name: 'ebb_frontend_scale_downs_total', help: 'POST /models/{model}/scale-down answers, by outcome (started, refused, dry_run)', labelNames: ['outcome'], registers: [registry] });
-  for (const outcome of Object.keys(SCALE_DOWN_OUTCOMES)) scaleDowns.inc({ outcome }, 0);
-  return { scaleDown: (outcome: ScaleDownOutcome) => scaleDowns.inc({ outcome }) };
+  const scaleDowns = new Counter({
+    name: 'ebb_frontend_scale_downs_total',
+    help: 'Scale-downs by outcome (started, refused, dry_run) and by what ran them: frontend (POST /models/{model}/scale-down, which ebb scale-down --frontend calls), k8s (ebb scale-down --k8s-selector, reported to its --frontend); ebb scale-down --discovery reaches no frontend and is not counted',
+    labelNames: ['outcome', 'by'],
+    registers: [registry],
+  });
+  for (const outcome of Object.keys(SCALE_DOWN_OUTCOMES)) for (const by of Object.keys(SCALE_DOWN_RUNNERS)) scaleDowns.inc({ outcome, by }, 0);
+  return { scaleDown: (outcome: ScaleDownOutcome, by: ScaleDownRunner = 'frontend') => scaleDowns.inc({ outcome, by }) };
 }

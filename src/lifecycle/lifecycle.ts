@@ -445,7 +445,7 @@ export class Lifecycle extends EventEmitter {
     const waits: string[] = [];
     const n = this.admission.inflight;
     if (n > 0) {
-      const handoff = w.deadline === null ? '' : ` (handed off to other workers at ${new Date(w.deadline.at).toISOString()})`;
+      const handoff = w.deadline === null ? '' : ` (hands off to other workers at ${new Date(w.deadline.at).toISOString()})`;
       waits.push(`${n} in-flight request${n === 1 ? '' : 's'}${handoff}`);
     }
     else if (w.probe?.state === 'busy') waits.push(...w.probe.waiting_for);

@@ -86,3 +86,13 @@ export const ScaleDownBodySchema = Type.Object(
   { additionalProperties: false },
 );
 export type ScaleDownBody = Static<typeof ScaleDownBodySchema>;
+
+/** POST /models/{model}/scale-down/report: a scale-down run without this frontend's route, so that its counter counts it. */
+export const ScaleDownReportBodySchema = Type.Object(
+  {
+    by: Type.Literal('k8s'),
+    outcome: Type.Union([Type.Literal('started'), Type.Literal('refused'), Type.Literal('dry_run')]),
+  },
+  { additionalProperties: false },
+);
+export type ScaleDownReportBody = Static<typeof ScaleDownReportBodySchema>;

@@ -37,6 +37,8 @@ export const KvTransferRefSchema = Type.Object(
     transfer_id: Type.String({ minLength: 1, maxLength: 100, pattern: '^[A-Za-z0-9._-]+$' }),
     source_url: Type.String({ minLength: 1, maxLength: 500 }),
     worker_id: Type.String({ minLength: 1, maxLength: 200 }),
+    /** Prompt tokens the prefill worker found in its prefix cache: cached before the request arrived. */
+    cached_tokens: Type.Optional(Type.Integer({ minimum: 0 })),
   },
   { additionalProperties: false },
 );
@@ -124,6 +126,8 @@ export const PrefillResponseSchema = Type.Object({
   worker_id: Type.String(),
   prompt_tokens: Type.Integer(),
   kv_bytes: Type.Integer(),
+  /** Prompt tokens found in the prefill worker's prefix cache (not computed for this request); absent where the engine cannot tell. */
+  cached_tokens: Type.Optional(Type.Integer()),
 });
 export type PrefillResponse = Static<typeof PrefillResponseSchema>;
 
@@ -132,8 +136,9 @@ export interface Usage {
   completion_tokens: number;
   total_tokens: number;
   /**
-   * As OpenAI's: prompt tokens the engine did not evaluate (found in its prefix cache, or loaded from
-   * a peer's KV state). Absent where the engine cannot tell.
+   * As OpenAI's: prompt tokens this request did not have to compute because they were cached before
+   * it arrived (in the prefix cache of the worker that ran it, or of the prefill worker whose KV a
+   * decode worker loaded; a KV handed over mid-request is not "cached"). Absent where the engine cannot tell.
    */
   prompt_tokens_details?: { cached_tokens: number };
 }

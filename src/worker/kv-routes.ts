@@ -35,7 +35,7 @@ export function addKvRoutes(app: FastifyInstance, { workerId, mode, engine, self
       reply.hijack();
       try {
         const t = await prefill(gen, scope.signal);
-        const body: PrefillResponse = { transfer_id: t.transfer_id, source_url: selfUrl(), worker_id: workerId, prompt_tokens: t.prompt_tokens, kv_bytes: t.kv_bytes };
+        const body: PrefillResponse = { transfer_id: t.transfer_id, source_url: selfUrl(), worker_id: workerId, prompt_tokens: t.prompt_tokens, kv_bytes: t.kv_bytes, ...(t.cached_tokens !== undefined ? { cached_tokens: t.cached_tokens } : {}) };
         // The caller left while the KV was computed: nobody will pull it.
         if (scope.dropped) transfers.complete(t.transfer_id);
         else {

@@ -7,6 +7,7 @@ import { TRANSITIONS, WORKER_STATES } from '../lifecycle/states.js';
 import type { StageName, StageOutcome } from './shutdown-stages.js';
 import type { Engine } from '../engine/engine.js';
 import { kvCacheStatus } from './kv-cache-status.js';
+import { registerPickerMetrics } from './picker-metrics.js';
 
 // The label values, each list checked against its type: a value added to the type must be added here.
 const RELEASE_OUTCOMES = { completed: 0, errored: 0, dropped: 0, handed_off: 0 } satisfies Record<ReleaseOutcome, 0>;
@@ -19,9 +20,10 @@ const keys = <T extends string>(o: Record<T, 0>): T[] => Object.keys(o) as T[];
  * Worker metrics. Overload and drain are kept apart on purpose: a refusal counter labelled by code,
  * the lifecycle state gauge for drain, and engine queue depth for overload.
  */
-export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, engine: Engine) {
+export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, engine: Engine, model: string) {
   const registry = new Registry();
   collectProcessMetrics(registry);
+  registerPickerMetrics(registry, model, engine);
 
   new Gauge({
     name: 'ebb_worker_state',

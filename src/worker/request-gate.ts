@@ -75,6 +75,7 @@ export class RequestGate {
       seed: body.seed,
       stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
       prefilled: body.kv_transfer !== undefined,
+      prefill_cached_tokens: body.kv_transfer?.cached_tokens,
       continuation: body.continuation,
       response_format: body.response_format?.type === 'text' ? undefined : body.response_format,
       ...(body.tools !== undefined && body.tools.length > 0 && { tools: body.tools, tool_choice: body.tool_choice ?? 'auto', parallel_tool_calls: body.parallel_tool_calls ?? true }),

@@ -103,7 +103,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   lifecycle.engineLoaded(engine);
   const discovery = await connectDiscovery(opts.discoveryUrl, { leaseTtlMs: opts.leaseTtlMs });
 
-  const metrics = createWorkerMetrics(admission, lifecycle, engine);
+  const metrics = createWorkerMetrics(admission, lifecycle, engine, opts.model);
   engine.kvTransfers?.on('expired', (t: KvTransfer) =>
     log.warn({ event: 'kv_transfer_expired', transfer_id: t.transfer_id, kv_bytes: t.kv_bytes }, `KV transfer ${t.transfer_id} expired before a decode peer took it`),
   );

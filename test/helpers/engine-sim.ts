@@ -69,6 +69,11 @@ function metricsPage(kind: Exclude<SimKind, 'generic'>, model: string, running: 
         '# TYPE vllm:num_requests_waiting gauge',
         `vllm:num_requests_waiting{engine="0",model_name="${model}"} ${f(waiting)}`,
         `vllm:num_requests_waiting{engine="1",model_name="${model}"} ${f(held.waiting)}`,
+        // Each engine its own KV cache: the second one fuller.
+        '# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.',
+        '# TYPE vllm:kv_cache_usage_perc gauge',
+        `vllm:kv_cache_usage_perc{engine="0",model_name="${model}"} 0.25`,
+        `vllm:kv_cache_usage_perc{engine="1",model_name="${model}"} 0.5`,
         '# HELP vllm:num_requests_running_total_fake A longer name sharing the prefix, to be ignored.',
         `vllm:num_requests_running_total_fake{model_name="${model}"} 7.0`,
         '# TYPE vllm:e2e_request_latency_seconds histogram',

@@ -3,9 +3,9 @@ import type { AdminGuard } from '../../common/admin-auth.js';
 import { allowOnly } from '../../common/http-server.js';
 import type { AdminResponse } from '../../common/worker-admin.js';
 import { errorMessageOf } from '../../common/worker-admin.js';
-import { ScaleDownBodySchema, type DrainBody, type ScaleDownBody } from '../../protocol/admin.js';
+import { ScaleDownBodySchema, ScaleDownReportBodySchema, type DrainBody, type ScaleDownBody, type ScaleDownReportBody } from '../../protocol/admin.js';
 import { codeOf, EbbError } from '../../protocol/errors.js';
-import type { ScaleDownOutcome } from '../metrics.js';
+import type { ScaleDownOutcome, ScaleDownRunner } from '../metrics.js';
 import { ScaleDownLockHeld, lockHolder, type ScaleDownLocks } from '../../discovery/scale-down-lock.js';
 import { servingCandidates, unansweredWorkers, type LiveEntry } from './fleet-capacity.js';
 import { chooseVictims, isChoiceProblem } from './victim-ranking.js';
@@ -17,7 +17,7 @@ export interface ScaleDownRouteDeps {
   /** Discovery's: excludes every other frontend and `ebb scale-down` on the same discovery too. */
   locks: ScaleDownLocks;
   guardAdmin?: AdminGuard | undefined;
-  counter?: ((outcome: ScaleDownOutcome) => void) | undefined;
+  counter?: ((outcome: ScaleDownOutcome, by?: ScaleDownRunner) => void) | undefined;
 }
 
 /**
@@ -46,6 +46,15 @@ export function addScaleDownRoute(app: FastifyInstance, { listWorkers, forwardAc
     } finally {
       await release();
     }
+  });
+
+  // `ebb scale-down --k8s-selector` drains through pod annotations, not this route: it reports its
+  // scale-down here so that an alert on this frontend's counter sees it too.
+  allowOnly(app, '/models/:model/scale-down/report', ['POST']);
+  app.post<{ Params: { model: string }; Body: ScaleDownReportBody }>('/models/:model/scale-down/report', { schema: { body: ScaleDownReportBodySchema } }, async (req, reply) => {
+    guardAdmin?.(req.headers.authorization);
+    counter?.(req.body.outcome, req.body.by);
+    return reply.code(204).send();
   });
 
   async function scaleDown(req: FastifyRequest<{ Params: { model: string }; Body: ScaleDownBody }>, reply: FastifyReply, model: string) {

@@ -354,7 +354,8 @@ export class Upstream {
         // The prefill worker is the one that computes the prompt: chosen by what it holds, too.
         const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w) => this.postForAnswer<PrefillResponse>(w, '/prefill', body, signal, MAX_PREFILL_ANSWER), [], body);
         prefill.release();
-        kv = { transfer_id: prefill.value.transfer_id, source_url: prefill.value.source_url, worker_id: prefill.value.worker_id };
+        const { transfer_id, source_url, worker_id, cached_tokens } = prefill.value;
+        kv = { transfer_id, source_url, worker_id, ...(cached_tokens !== undefined ? { cached_tokens } : {}) };
       } catch (err) {
         if (!(err instanceof EbbError && err.code === 'no_serving_worker')) {
           decode.release();
