@@ -14,6 +14,7 @@ import { createLogger } from '../common/logger.js';
 import type { EngineSpec } from '../engine/create-engine.js';
 import { ENGINE_KINDS, OPENAI_ENGINE_DEFAULTS, QUIESCENCE_MODES, type EngineKind, type QuiescenceMode } from '../engine/openai-engine-options.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
+import { isAdapterName } from '../protocol/adapters.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
@@ -54,6 +55,9 @@ interface WorkerFlags extends LlamaCppFlags {
   mockerKvBlockSize: number;
   mockerPrefillTokensPerS: number;
   mockerEmbeddingDim: number;
+  mockerLora: string[];
+  mockerLoraSlots: number;
+  mockerLoraLoadMs: number;
   kvTransferTtlMs: number;
   engineUrl?: string;
   engineKind: EngineKind;
@@ -116,6 +120,9 @@ export function workerCommand(): Command {
     .option('--mocker-kv-block-size <n>', 'mocker prefix cache tokens per block', intOption(1), MOCKER_DEFAULTS.kvBlockSize)
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute with the KV cache on: uncached prompt tokens per second, shared by concurrent prefills', intOption(1), MOCKER_DEFAULTS.prefillTokensPerS)
     .option('--mocker-embedding-dim <n>', 'mocker embedding size: /v1/embeddings vectors have this many dimensions (fewer with `dimensions`)', intOption(1), MOCKER_DEFAULTS.embeddingDim)
+    .option('--mocker-lora <name>', 'mocker LoRA adapter it can load, named by clients as their `model` (repeatable)', collectAdapterName, [])
+    .option('--mocker-lora-slots <n>', 'mocker LoRA adapters resident at once (the least recently used idle one is evicted for another)', intOption(1), MOCKER_DEFAULTS.lora.slots)
+    .option('--mocker-lora-load-ms <n>', 'mocker time to load a LoRA adapter', msOption(0), MOCKER_DEFAULTS.lora.loadMs)
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
     .addOption(new Option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)').default(MOCKER_DEFAULTS.failOnPrompt, 'never'))
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer (llama-cpp: also a hand-off KV state for the next worker)', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
@@ -291,8 +298,15 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
       kvBlockSize: flags.mockerKvBlockSize,
       prefillTokensPerS: flags.mockerPrefillTokensPerS,
       embeddingDim: flags.mockerEmbeddingDim,
+      lora: { names: flags.mockerLora, slots: flags.mockerLoraSlots, loadMs: flags.mockerLoraLoadMs },
     },
   };
+}
+
+/** --mocker-lora, repeatable: a name clients may send as `model`. */
+function collectAdapterName(value: string, previous: string[]): string[] {
+  if (!isAdapterName(value)) throw new InvalidArgumentError(`"${value}" is not an adapter name (letters, digits, . _ : @ -; at most 128)`);
+  return [...previous, value];
 }
 
 /** --engine-tool-syntax, refused as commander refuses a bad value. */
