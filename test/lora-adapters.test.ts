@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { call, openLineStream } from './helpers/http.js';
 import { bounded, frontendSeesWorkers, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { startEngineSim, type SimKind } from './helpers/engine-sim.js';
 
 /**
  * LoRA adapters on mocker workers (issue 37): two workers that can load a1 and a2 (two slots each),
@@ -135,4 +136,39 @@ describe('LoRA adapters (mocker)', () => {
     assert.equal((await complete('a3', 'hello')).worker, other.workerId);
     assert.equal((await call('POST', `${home.systemUrl}/engine/resume`, {})).status, 200);
   });
+});
+
+describe('LoRA adapters (--engine openai)', () => {
+  for (const [kind, load, unload] of [
+    ['vllm', '/v1/load_lora_adapter', '/v1/unload_lora_adapter'],
+    ['sglang', '/load_lora_adapter', '/unload_lora_adapter'],
+  ] as Array<[SimKind, string, string]>)
+    it(`${kind}: a request for an adapter loads it through the engine's runtime endpoint, names it there, and a drain unloads it`, async () => {
+      const sim = await startEngineSim({ kind, itlMs: 1 });
+      sim.loras.set('pre', '/adapters/pre'); // loaded before the worker started: read back from its /v1/models
+      const discovery = tempDiscoveryUrl();
+      const worker = await startWorker(['--discovery', discovery, '--model', 'base', '--engine', 'openai', '--engine-url', sim.url, '--engine-kind', kind, '--lora', 'sql=/adapters/sql', '--engine-max-loras', '1']);
+      const fe = await startFrontend(discovery);
+      try {
+        await frontendSeesWorkers(fe, 1);
+        const before = (await call('GET', `${worker.systemUrl}/engine/status`)).body.adapters.map((a: { name: string; state: string }) => `${a.name}:${a.state}`);
+        assert.deepEqual(before, ['sql:unloaded', 'pre:serving']);
+        const r = await call('POST', `${fe.url}/v1/completions`, { model: 'sql', prompt: 'select', max_tokens: 3 });
+        assert.equal(r.status, 200, JSON.stringify(r.body));
+        assert.deepEqual(sim.seen.filter((x) => x.path === load).map((x) => x.body), [{ lora_name: 'sql', lora_path: '/adapters/sql' }]);
+        const generated = sim.seen.find((x) => x.path === '/v1/completions')!.body;
+        if (kind === 'vllm') assert.equal(generated.model, 'sql', 'vLLM: the adapter is the model');
+        else assert.equal(generated.lora_path, 'sql', 'SGLang: the adapter is lora_path');
+        assert.deepEqual([...sim.loras.keys()], ['sql']);
+        const drained = await call('POST', `${worker.systemUrl}/engine/adapters/sql/unload`, {});
+        assert.ok(drained.status === 200 || drained.status === 202);
+        await bounded(worker.waitForEvent('adapter_state_changed', (l) => l.adapter === 'sql' && l.to === 'unloaded'), 'sql to unload');
+        // One slot (--engine-max-loras 1): pre, idle, was evicted for sql, then sql unloaded.
+        assert.deepEqual(sim.seen.filter((x) => x.path === unload).map((x) => x.body), [{ lora_name: 'pre' }, { lora_name: 'sql' }]);
+        assert.deepEqual([...sim.loras.keys()], [], 'the engine holds it no more');
+      } finally {
+        await Promise.all([fe.terminate(), worker.terminate()]);
+        await sim.close();
+      }
+    });
 });

@@ -21,6 +21,8 @@ import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, workerIdOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
+import { loraOption } from './lora-flag.js';
+import type { AdapterSource } from '../engine/engine-adapters.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 
 interface WorkerFlags extends LlamaCppFlags {
@@ -56,6 +58,8 @@ interface WorkerFlags extends LlamaCppFlags {
   mockerPrefillTokensPerS: number;
   mockerEmbeddingDim: number;
   mockerLora: string[];
+  lora: AdapterSource[];
+  engineMaxLoras: number;
   mockerLoraSlots: number;
   mockerLoraLoadMs: number;
   kvTransferTtlMs: number;
@@ -143,6 +147,7 @@ export function workerCommand(): Command {
     .addOption(new Option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to').default('', 'every topic'))
     .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
     .option('--engine-embeddings', '--engine openai: the engine\'s model serves /v1/embeddings (vLLM/SGLang pooling models, llama-server --embeddings): the worker declares embeddings')
+    .option('--engine-max-loras <n>', '--engine openai with --lora: adapters the engine holds at once, as it is configured (vLLM --max-loras, SGLang --max-loras-per-batch)', intOption(1), 1)
     .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
     .option('--engine-tool-syntax <syntax>', '--engine openai: how the served model writes a tool call, which ebb parses from its raw text: hermes (Qwen 2.5/3, Hermes) or JSON {"prefix","params_prefix","suffix"}; unset: no tools', toolSyntaxOption)
     .action(async (flags: WorkerFlags) => {
@@ -252,6 +257,7 @@ export function workerCommand(): Command {
       if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
     });
   for (const option of llamaCppOptions()) command.addOption(option);
+  command.addOption(loraOption());
   return command;
 }
 
@@ -273,6 +279,8 @@ function openaiEngineSpec(flags: WorkerFlags): EngineSpec {
       kvBlockSize: flags.engineKvBlockSize,
       toolSyntax: flags.engineToolSyntax,
       embeddings: flags.engineEmbeddings,
+      loras: flags.lora,
+      maxLoras: flags.engineMaxLoras,
     },
   };
 }

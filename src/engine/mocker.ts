@@ -263,6 +263,8 @@ export class MockerEngine implements Engine {
       const steps = Math.min(budget, left);
       for (let n = 0; n < steps; n++) {
         if (n > 0) await pause(this.opts.itlMs, signal);
+        // As real weights would: an adapter unloaded under a running sequence breaks it (the worker must never).
+        if (req.adapter !== undefined && !this.adapters!.isResident(req.adapter)) throw new Error(`adapter ${req.adapter} was unloaded under a running sequence`);
         const word = wordAt();
         const piece = pieceOf(done + n, word);
         text += piece;

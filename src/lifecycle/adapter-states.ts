@@ -9,6 +9,8 @@ import { ADAPTER_STATES, type AdapterState } from '../protocol/adapters.js';
  *
  *   from      | event        | to        | what the controller does around it
  *   ----------+--------------+-----------+------------------------------------------------------------
+ *   unloaded  | found        | serving   | at start, the engine holds it already (an engine server that
+ *             |              |           |   loaded it before this worker process, vLLM --lora-modules)
  *   unloaded  | load         | loading   | a request for it or an admin load; a slot was free, or an
  *             |              |           |   idle one was evicted (its drain first, then this load)
  *   loading   | loaded       | serving   | the engine applies it from now; requests waiting start
@@ -27,10 +29,10 @@ import { ADAPTER_STATES, type AdapterState } from '../protocol/adapters.js';
  */
 
 export { ADAPTER_STATES, type AdapterState };
-export type AdapterEvent = 'load' | 'loaded' | 'load_failed' | 'drain' | 'unloaded';
+export type AdapterEvent = 'found' | 'load' | 'loaded' | 'load_failed' | 'drain' | 'unloaded';
 
 export const ADAPTER_TRANSITIONS: Readonly<Record<AdapterState, Readonly<Partial<Record<AdapterEvent, AdapterState>>>>> = {
-  unloaded: { load: 'loading', drain: 'unloaded' },
+  unloaded: { found: 'serving', load: 'loading', drain: 'unloaded' },
   loading: { loaded: 'serving', load_failed: 'unloaded', drain: 'draining', load: 'loading' },
   serving: { drain: 'draining', load: 'serving' },
   draining: { unloaded: 'unloaded', drain: 'draining' },

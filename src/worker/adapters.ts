@@ -99,6 +99,23 @@ export class WorkerAdapters extends EventEmitter {
     };
   }
 
+  /** At start: what the engine says it holds already is serving (and available, if it was not named). */
+  async adoptResident(): Promise<void> {
+    let names: string[];
+    try {
+      names = await this.engine.resident();
+    } catch (err) {
+      this.log.warn({ event: 'adapter_resident_unknown', err: (err as Error).message }, `cannot read which adapters the engine holds: ${(err as Error).message}`);
+      return;
+    }
+    for (const name of names) {
+      const e = this.entries.get(name) ?? this.add({ name });
+      if (e.state !== 'unloaded') continue;
+      e.resident = true;
+      this.move(e, 'found', 'resident in the engine at start');
+    }
+  }
+
   /** POST /engine/adapters/{name}/load: resident once it resolves (a new source joins those available). */
   async load(source: AdapterSource): Promise<AdapterStatus> {
     const e = this.entries.get(source.name) ?? this.add(source);

@@ -134,7 +134,10 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   const prefillPeers = opts.mode === 'decode' || engine.importKv ? new PrefillPeers() : undefined;
   const kvPulls = registerKvStateMetrics(metrics.registry, engine);
   const adapters = engine.adapters === undefined ? undefined : new WorkerAdapters(engine.adapters, log);
-  if (adapters !== undefined) registerAdapterMetrics(metrics.registry, adapters);
+  if (adapters !== undefined) {
+    await adapters.adoptResident();
+    registerAdapterMetrics(metrics.registry, adapters);
+  }
   await prefillPeers?.start(discovery);
   let requestUrl = '';
   const requestPlane = createRequestPlane({
