@@ -166,6 +166,13 @@ describe('LoRA adapters (--engine openai)', () => {
         // One slot (--engine-max-loras 1): pre, idle, was evicted for sql, then sql unloaded.
         assert.deepEqual(sim.seen.filter((x) => x.path === unload).map((x) => x.body), [{ lora_name: 'pre' }, { lora_name: 'sql' }]);
         assert.deepEqual([...sim.loras.keys()], [], 'the engine holds it no more');
+        // Its only worker drained: the adapter is known, not served: a retryable 503, not a 404.
+        const gone = fe.waitForNextEvent('worker_removed');
+        await call('POST', `${worker.systemUrl}/engine/drain`, {});
+        await bounded(gone, 'the frontend to see the worker leave');
+        const refused = await call('POST', `${fe.url}/v1/completions`, { model: 'sql', prompt: 'select', max_tokens: 3 });
+        assert.equal(refused.status, 503);
+        assert.equal(refused.body.error.code, 'no_serving_worker');
       } finally {
         await Promise.all([fe.terminate(), worker.terminate()]);
         await sim.close();

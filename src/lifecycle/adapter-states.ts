@@ -41,24 +41,9 @@ export const ADAPTER_TRANSITIONS: Readonly<Record<AdapterState, Readonly<Partial
 /** States that hold one of the engine's adapter slots. */
 export const SLOT_STATES: ReadonlySet<AdapterState> = new Set(['loading', 'serving', 'draining']);
 
-/** States in which a request for the adapter is admitted (a loading one waits for its load). */
-export const ADMITTING_STATES: ReadonlySet<AdapterState> = new Set(['loading', 'serving']);
-
-export class InvalidAdapterTransition extends Error {
-  constructor(
-    readonly from: AdapterState,
-    readonly event: AdapterEvent,
-  ) {
-    super(`no adapter transition from ${from} on ${event}`);
-  }
-}
-
-export function canMoveAdapter(from: AdapterState, event: AdapterEvent): boolean {
-  return ADAPTER_TRANSITIONS[from][event] !== undefined;
-}
-
+/** Throws unless the table has the move: the setter's check (worker/adapters.ts). */
 export function nextAdapterState(from: AdapterState, event: AdapterEvent): AdapterState {
   const to = ADAPTER_TRANSITIONS[from][event];
-  if (to === undefined) throw new InvalidAdapterTransition(from, event);
+  if (to === undefined) throw new Error(`no adapter transition from ${from} on ${event}`);
   return to;
 }

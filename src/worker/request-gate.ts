@@ -66,8 +66,9 @@ export class RequestGate {
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
     const requestId = body.request_id ?? randomUUID();
     // The adapter first: its admission and the worker's are one synchronous step, so neither a
-    // drain of the adapter nor the worker's can fall between them.
-    const hold = body.adapter === undefined ? undefined : this.admitAdapter(body.adapter);
+    // drain of the adapter nor the worker's can fall between them. A worker that refuses anyway
+    // (draining) starts no load.
+    const hold = body.adapter === undefined || !this.deps.admission.open ? undefined : this.admitAdapter(body.adapter);
     if (hold !== undefined && 'refused' in hold) {
       this.deps.metrics.refused(hold.refused);
       return hold;
