@@ -136,6 +136,23 @@ describe('LoRA adapters (mocker)', () => {
     assert.equal((await complete('a3', 'hello')).worker, other.workerId);
     assert.equal((await call('POST', `${home.systemUrl}/engine/resume`, {})).status, 200);
   });
+
+  it('every slot holding an adapter with a request in flight: a request for a third is refused, retryably, before any work', async () => {
+    // The worker that loaded a3 at run time (the test before): it knows three adapters, for two slots.
+    const knows = await Promise.all(workers.map(async (x) => (await call('GET', `${x.systemUrl}/engine/status`)).body.adapters.some((a: { name: string }) => a.name === 'a3')));
+    const w = workers[knows.indexOf(true)]!;
+    const gen = (adapter: string, maxTokens: number) => ({ model: 'm1', prompt: 'hold the slot', adapter, max_tokens: maxTokens });
+    const held = await Promise.all(['a1', 'a2'].map((a) => openLineStream(`${w.requestUrl}/generate`, gen(a, 300))));
+    try {
+      await Promise.all(held.map((h) => h.first));
+      const refused = await call('POST', `${w.requestUrl}/generate`, { ...gen('a3', 2), stream: false });
+      assert.equal(refused.status, 503);
+      assert.equal(refused.body.error.code, 'adapter_slots_busy');
+      assert.equal(refused.body.error.retryable, true);
+    } finally {
+      for (const h of held) h.abort();
+    }
+  });
 });
 
 describe('LoRA adapters (--engine openai)', () => {
