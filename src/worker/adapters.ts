@@ -23,7 +23,8 @@ export interface AdapterHold {
 export type AdapterRefusal = 'adapter_draining' | 'adapter_slots_busy';
 
 interface Entry {
-  readonly source: AdapterSource;
+  /** Where the engine reads it: an admin load may name another path for an adapter that is not resident. */
+  source: AdapterSource;
   state: AdapterState;
   since: Date;
   inflight: number;
@@ -67,10 +68,6 @@ export class WorkerAdapters extends EventEmitter {
 
   get slots(): number {
     return this.engine.maxResident;
-  }
-
-  has(name: string): boolean {
-    return this.entries.has(name);
   }
 
   /**
@@ -119,6 +116,7 @@ export class WorkerAdapters extends EventEmitter {
   /** POST /engine/adapters/{name}/load: resident once it resolves (a new source joins those available). */
   async load(source: AdapterSource): Promise<AdapterStatus> {
     const e = this.entries.get(source.name) ?? this.add(source);
+    if (e.state === 'unloaded' && source.path !== undefined) e.source = source;
     if (e.state === 'draining') throw new EbbError('adapter_draining', `adapter "${source.name}" is draining; load it again once it is unloaded`, { headers: { 'retry-after': '1' } });
     if (e.state === 'unloaded' && !this.startLoad(e))
       throw new EbbError('adapter_slots_busy', `all ${this.slots} adapter slots hold adapters with requests in flight; retry once one is idle`, { headers: { 'retry-after': '1' } });
