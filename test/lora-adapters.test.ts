@@ -85,6 +85,11 @@ describe('LoRA adapters (mocker)', () => {
     const status = await call('GET', `${home.systemUrl}/engine/status`);
     assert.equal(status.body.adapters.find((a: { name: string }) => a.name === 'a2').state === 'unloaded' ? 'unloaded' : 'draining', 'draining');
 
+    // Admission for a2 is closed there at once: a retryable refusal, before any work.
+    const direct = await call('POST', `${home.requestUrl}/generate`, { model: 'm1', prompt: 'late', adapter: 'a2', max_tokens: 2, stream: false });
+    assert.equal(direct.status, 503);
+    assert.equal(direct.body.error.code, 'adapter_draining');
+    assert.equal(direct.body.error.retryable, true);
     // Meanwhile a2's new requests are served, by the other worker (which loads it).
     await frontendSees(home.workerId, 'a2', 'draining');
     const during = await complete('a2', 'while it drains');
