@@ -40,7 +40,7 @@ function sees(fe: EbbProcess, id: string) {
 
 describe('admin auth: worker Admin API', () => {
   it('needs the bearer token (env EBB_ADMIN_TOKEN) on drain and resume: 401 without, 403 wrong; probes and status stay open', async () => {
-    const w = await startWorker(['--discovery', tempDiscoveryUrl()], { EBB_ADMIN_TOKEN: 'tok-from-env' });
+    const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--mocker-lora', 'a1', '--mocker-lora-load-ms', '0'], { EBB_ADMIN_TOKEN: 'tok-from-env' });
     started.push(w);
 
     const missing = await call('POST', `${w.systemUrl}/engine/drain`);
@@ -54,6 +54,14 @@ describe('admin auth: worker Admin API', () => {
     assert.equal(wrong.body.error.code, 'forbidden');
     assert.equal(typeof wrong.body.error.message, 'string');
     assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).status, 401);
+    // The adapter routes (issue 37) sit behind the same guard.
+    for (const action of ['drain', 'unload', 'load']) {
+      assert.equal((await call('POST', `${w.systemUrl}/engine/adapters/a1/${action}`)).status, 401, `adapter ${action} without the token`);
+      assert.equal((await call('POST', `${w.systemUrl}/engine/adapters/a1/${action}`, undefined, bearer('nope'))).status, 403, `adapter ${action} with a wrong token`);
+    }
+    assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.adapters[0].state, 'unloaded', 'refused adapter calls changed nothing');
+    const loaded = await call('POST', `${w.systemUrl}/engine/adapters/a1/load`, undefined, bearer('tok-from-env'));
+    assert.equal(loaded.body.state, 'serving');
 
     for (const path of ['/live', '/health', '/metrics', '/engine/status']) {
       const res = await call('GET', `${w.systemUrl}${path}`);

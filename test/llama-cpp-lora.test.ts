@@ -96,7 +96,7 @@ describe('llama-cpp engine with LoRA adapters', () => {
 
   it('loading past --lora-slots is refused: one must be unloaded first', async () => {
     const c = writeTinyLoraGguf({ seed: 3 });
-    await refused(engine.adapters.load({ name: 'c', path: c }, live()), 'adapter_slots_full', /all 2 LoRA adapter slots are taken \((a, b|b, a)\)/);
+    await refused(engine.adapters.load({ name: 'c', path: c }, live()), 'adapter_slots_busy', /all 2 LoRA adapter slots are taken \((a, b|b, a)\)/);
     assert.deepEqual((await engine.adapters.resident()).sort(), ['a', 'b']);
     await engine.adapters.unload('b');
     await engine.adapters.load({ name: 'c', path: c }, live());

@@ -3,7 +3,6 @@ import { InvalidArgumentError, Option } from 'commander';
 import type { EngineSpec } from '../engine/create-engine.js';
 import { LLAMA_CPP_DEFAULTS, type LlamaGpu } from '../engine/llama-cpp-options.js';
 import { intOption } from './options.js';
-import { collectLoraFlag } from './lora-flag.js';
 import type { AdapterSource } from '../engine/engine-adapters.js';
 
 /** The worker flags of `--engine llama-cpp`. */
@@ -20,6 +19,7 @@ export interface LlamaCppFlags {
   kvStateMaxMb?: number;
   /** Shared with the mocker's prefill workers (--kv-transfer-ttl-ms). */
   kvTransferTtlMs?: number;
+  /** --lora (one flag for every engine: lora-flag.ts). */
   lora?: AdapterSource[];
   loraSlots: number;
 }
@@ -33,7 +33,6 @@ export function llamaCppOptions(): Option[] {
     new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off for CPU only').choices(['auto', 'cuda', 'vulkan', 'off']).default(LLAMA_CPP_DEFAULTS.gpu),
     new Option('--max-queue <n>', 'llama-cpp: queued requests past which the worker answers worker_overloaded').argParser(intOption(0)).default(LLAMA_CPP_DEFAULTS.maxQueue),
     new Option('--kv-state-max-mb <n>', 'llama-cpp: disk bound for KV state files (prefill transfers, hand-offs, pulled states) held at once').argParser(intOption(1)).default(2048),
-    new Option('--lora <name=path>', 'llama-cpp: a LoRA adapter GGUF for the model, served as model NAME (repeatable)').argParser(collectLoraFlag),
     new Option('--lora-slots <n>', 'llama-cpp: LoRA adapters resident at once (each holds a llama.cpp context as large as the base one)').argParser(intOption(1)).default(LLAMA_CPP_DEFAULTS.loraSlots),
     new Option('--batch-invariant', 'llama-cpp: one sequence per decode, no batching: a temperature-0 answer (and a migrated one) is the same whatever else runs, at the cost of throughput'),
   ];

@@ -1,20 +1,16 @@
-import { InvalidArgumentError } from 'commander';
+import { InvalidArgumentError, Option } from 'commander';
 import type { AdapterSource } from '../engine/engine-adapters.js';
+import { isAdapterName } from '../protocol/adapters.js';
 
 /**
- * An adapter's name is what clients send as `model` and what the admin routes carry in their path
- * (/engine/adapters/{name}/drain): letters, digits, `.`, `_`, `-`, not starting with a separator.
+ * `--lora NAME=PATH`: a LoRA adapter the engine can load, NAME being what clients send as `model`
+ * and PATH what the engine reads (a GGUF for llama-cpp; a path or hub id the engine server loads).
  */
-const ADAPTER_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-
-/** `--lora NAME=PATH`: one adapter available at start. */
 export function parseLoraFlag(value: string): AdapterSource {
   const eq = value.indexOf('=');
-  if (eq < 0) throw new InvalidArgumentError(`expected NAME=PATH (the adapter's name, then its GGUF file), got "${value}"`);
-  const name = value.slice(0, eq).trim();
-  const path = value.slice(eq + 1).trim();
-  if (!ADAPTER_NAME.test(name)) throw new InvalidArgumentError(`adapter name "${name}" in "${value}": use letters, digits, ".", "_" and "-" (it is the model name clients send)`);
-  if (path === '') throw new InvalidArgumentError(`adapter "${name}" has no file: expected NAME=PATH, got "${value}"`);
+  const name = eq < 0 ? '' : value.slice(0, eq);
+  const path = eq < 0 ? '' : value.slice(eq + 1);
+  if (!isAdapterName(name) || path === '') throw new InvalidArgumentError(`"${value}" is not NAME=PATH (NAME: letters, digits, . _ : @ -; at most 128)`);
   return { name, path };
 }
 
@@ -23,4 +19,11 @@ export function collectLoraFlag(value: string, previous: AdapterSource[] = []): 
   const source = parseLoraFlag(value);
   if (previous.some((s) => s.name === source.name)) throw new InvalidArgumentError(`adapter "${source.name}" is named by two --lora flags`);
   return [...previous, source];
+}
+
+/** The repeatable --lora option, one for every engine that loads adapters from a path. */
+export function loraOption(): Option {
+  return new Option('--lora <name=path>', 'a LoRA adapter the engine can load, clients naming it as their `model` (repeatable; llama-cpp: a GGUF for the model; --engine openai: vLLM or SGLang load it through their runtime endpoints)')
+    .argParser(collectLoraFlag)
+    .default([] as AdapterSource[], 'none');
 }

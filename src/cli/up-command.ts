@@ -42,6 +42,9 @@ interface UpFlags {
   mockerKvCache?: 'on' | 'off';
   mockerKvBlocks?: number;
   mockerPrefillTokensPerS?: number;
+  mockerLora: string[];
+  mockerLoraSlots?: number;
+  mockerLoraLoadMs?: number;
   corsOrigin: string[];
   processes: number;
   restart: boolean;
@@ -106,6 +109,9 @@ export function upCommand(): Command {
     .addOption(new Option('--mocker-kv-cache <mode>', 'mocker prefix KV cache (default on)').choices(['on', 'off']))
     .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks, per worker', intOption(1))
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute: uncached prompt tokens per second, per worker', intOption(1))
+    .addOption(new Option('--mocker-lora <name>', 'mocker LoRA adapter every worker can load, named by clients as their `model` (repeatable)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
+    .option('--mocker-lora-slots <n>', 'mocker LoRA adapters resident at once, per worker', intOption(1))
+    .option('--mocker-lora-load-ms <n>', 'mocker time to load a LoRA adapter', msOption(0))
     .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--no-restart', 'do not restart a component that exits on its own (default: restart with back-off)')
     .option('--name <name>', 'name of this fleet, for the operator commands\' --fleet when several `ebb up` run (default: its pid)', fleetNameOption)
@@ -121,6 +127,9 @@ export function upCommand(): Command {
       if (flags.mockerKvCache !== undefined) mocker.push('--mocker-kv-cache', flags.mockerKvCache);
       if (flags.mockerKvBlocks !== undefined) mocker.push('--mocker-kv-blocks', String(flags.mockerKvBlocks));
       if (flags.mockerPrefillTokensPerS !== undefined) mocker.push('--mocker-prefill-tokens-per-s', String(flags.mockerPrefillTokensPerS));
+      for (const name of flags.mockerLora) mocker.push('--mocker-lora', name);
+      if (flags.mockerLoraSlots !== undefined) mocker.push('--mocker-lora-slots', String(flags.mockerLoraSlots));
+      if (flags.mockerLoraLoadMs !== undefined) mocker.push('--mocker-lora-load-ms', String(flags.mockerLoraLoadMs));
       const model = servedModelName(flags, 'ebb-mock');
       const engine = ['--engine', flags.engine, ...llamaCppArgs(flags)];
       const adminToken = flags.adminTokenFile === undefined ? [] : ['--admin-token-file', flags.adminTokenFile];

@@ -14,12 +14,15 @@ import { createLogger } from '../common/logger.js';
 import type { EngineSpec } from '../engine/create-engine.js';
 import { ENGINE_KINDS, OPENAI_ENGINE_DEFAULTS, QUIESCENCE_MODES, type EngineKind, type QuiescenceMode } from '../engine/openai-engine-options.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
+import { isAdapterName } from '../protocol/adapters.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, workerIdOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
+import { loraOption } from './lora-flag.js';
+import type { AdapterSource } from '../engine/engine-adapters.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 
 interface WorkerFlags extends LlamaCppFlags {
@@ -54,6 +57,11 @@ interface WorkerFlags extends LlamaCppFlags {
   mockerKvBlockSize: number;
   mockerPrefillTokensPerS: number;
   mockerEmbeddingDim: number;
+  mockerLora: string[];
+  lora: AdapterSource[];
+  engineMaxLoras: number;
+  mockerLoraSlots: number;
+  mockerLoraLoadMs: number;
   kvTransferTtlMs: number;
   engineUrl?: string;
   engineKind: EngineKind;
@@ -116,6 +124,9 @@ export function workerCommand(): Command {
     .option('--mocker-kv-block-size <n>', 'mocker prefix cache tokens per block', intOption(1), MOCKER_DEFAULTS.kvBlockSize)
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute with the KV cache on: uncached prompt tokens per second, shared by concurrent prefills', intOption(1), MOCKER_DEFAULTS.prefillTokensPerS)
     .option('--mocker-embedding-dim <n>', 'mocker embedding size: /v1/embeddings vectors have this many dimensions (fewer with `dimensions`)', intOption(1), MOCKER_DEFAULTS.embeddingDim)
+    .option('--mocker-lora <name>', 'mocker LoRA adapter it can load, named by clients as their `model` (repeatable)', collectAdapterName, [])
+    .option('--mocker-lora-slots <n>', 'mocker LoRA adapters resident at once (the least recently used idle one is evicted for another)', intOption(1), MOCKER_DEFAULTS.lora.slots)
+    .option('--mocker-lora-load-ms <n>', 'mocker time to load a LoRA adapter', msOption(0), MOCKER_DEFAULTS.lora.loadMs)
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
     .addOption(new Option('--mocker-fail-on-prompt <text>', 'mocker simulates its engine dying when a prompt contains this text (tests)').default(MOCKER_DEFAULTS.failOnPrompt, 'never'))
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer (llama-cpp: also a hand-off KV state for the next worker)', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
@@ -136,6 +147,7 @@ export function workerCommand(): Command {
     .addOption(new Option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to').default('', 'every topic'))
     .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
     .option('--engine-embeddings', '--engine openai: the engine\'s model serves /v1/embeddings (vLLM/SGLang pooling models, llama-server --embeddings): the worker declares embeddings')
+    .option('--engine-max-loras <n>', '--engine openai with --lora: adapters the engine holds at once, as it is configured (vLLM --max-loras, SGLang --max-loras-per-batch)', intOption(1), 1)
     .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
     .option('--engine-tool-syntax <syntax>', '--engine openai: how the served model writes a tool call, which ebb parses from its raw text: hermes (Qwen 2.5/3, Hermes) or JSON {"prefix","params_prefix","suffix"}; unset: no tools', toolSyntaxOption)
     .action(async (flags: WorkerFlags) => {
@@ -245,6 +257,7 @@ export function workerCommand(): Command {
       if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
     });
   for (const option of llamaCppOptions()) command.addOption(option);
+  command.addOption(loraOption());
   return command;
 }
 
@@ -266,6 +279,8 @@ function openaiEngineSpec(flags: WorkerFlags): EngineSpec {
       kvBlockSize: flags.engineKvBlockSize,
       toolSyntax: flags.engineToolSyntax,
       embeddings: flags.engineEmbeddings,
+      loras: flags.lora,
+      maxLoras: flags.engineMaxLoras,
     },
   };
 }
@@ -291,8 +306,15 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
       kvBlockSize: flags.mockerKvBlockSize,
       prefillTokensPerS: flags.mockerPrefillTokensPerS,
       embeddingDim: flags.mockerEmbeddingDim,
+      lora: { names: flags.mockerLora, slots: flags.mockerLoraSlots, loadMs: flags.mockerLoraLoadMs },
     },
   };
+}
+
+/** --mocker-lora, repeatable: a name clients may send as `model`. */
+function collectAdapterName(value: string, previous: string[]): string[] {
+  if (!isAdapterName(value)) throw new InvalidArgumentError(`"${value}" is not an adapter name (letters, digits, . _ : @ -; at most 128)`);
+  return [...previous, value];
 }
 
 /** --engine-tool-syntax, refused as commander refuses a bad value. */

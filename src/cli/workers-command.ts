@@ -19,6 +19,9 @@ function row(e: FleetEntry): string[] {
   if (e.drain_intent) notes.push(`drain intent: ${e.drain_intent.reason}`);
   if (!e.reachable) notes.push(e.error ?? 'unreachable');
   else if (e.status?.waiting_for.length) notes.push(`waiting for: ${e.status.waiting_for.join('; ')}`);
+  // LoRA adapters that hold a slot: state and in-flight each.
+  const adapters = e.reachable ? (e.status?.adapters ?? []).filter((a) => a.state !== 'unloaded') : [];
+  if (adapters.length > 0) notes.push(`adapters: ${adapters.map((a) => `${a.name} ${a.state} ${a.inflight_requests}`).join(', ')}`);
   return [
     e.worker_id,
     e.model,

@@ -2,6 +2,7 @@ import { isCapabilities, type EngineCapabilities } from '../protocol/capabilitie
 import { isWorkerMode, type WorkerMode } from '../protocol/worker-mode.js';
 import type { KvCacheDeclaration } from '../protocol/kv-events.js';
 import { isWorkerId } from './worker-id.js';
+import { isAdapterRecord, type AdapterRecord } from '../protocol/adapters.js';
 
 /** What a worker registers in discovery: one record each. */
 export interface WorkerRecord {
@@ -16,6 +17,8 @@ export interface WorkerRecord {
   engine?: string | undefined;
   /** The engine's prefix cache, where it has one the frontend can route by (issue 23). */
   kv_cache?: KvCacheDeclaration | undefined;
+  /** The LoRA adapters it can load and those resident (issue 37); absent: it serves its base model only. */
+  adapters?: AdapterRecord | undefined;
 }
 
 const TOKENIZER_KINDS = new Set(['mocker-words', 'worker']);
@@ -60,6 +63,7 @@ export function isWorkerRecord(v: unknown): v is WorkerRecord {
     isHttpOrigin(r.system_url) &&
     (r.capabilities === undefined || isCapabilities(r.capabilities)) &&
     (r.engine === undefined || typeof r.engine === 'string') &&
-    (r.kv_cache === undefined || isKvCacheDeclaration(r.kv_cache))
+    (r.kv_cache === undefined || isKvCacheDeclaration(r.kv_cache)) &&
+    (r.adapters === undefined || isAdapterRecord(r.adapters))
   );
 }

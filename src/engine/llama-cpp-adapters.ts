@@ -72,7 +72,7 @@ export class LlamaCppAdapters implements EngineAdapters {
     if (this.contexts.has(name)) return;
     if (this.loading.has(name)) throw new EbbError('invalid_request', `LoRA adapter "${name}" is being loaded already`);
     if (this.contexts.size + this.loading.size >= this.maxResident)
-      throw new EbbError('adapter_slots_full', `all ${this.maxResident} LoRA adapter slots are taken (${[...this.contexts.keys(), ...this.loading].join(', ')}): unload one first`);
+      throw new EbbError('adapter_slots_busy', `all ${this.maxResident} LoRA adapter slots are taken (${[...this.contexts.keys(), ...this.loading].join(', ')}): unload one first`);
     this.loading.add(name);
     try {
       await checkLoraGguf(path, this.model.fileInfo).catch((err: unknown) => {

@@ -13,6 +13,8 @@ import { PrefillCompute } from './prefill-compute.js';
 import { mockerToolScript } from './mocker-tools.js';
 import { HERMES_SYNTAX } from '../protocol/tools.js';
 import { mockerLogprob, scriptedLogprob } from './mocker-logprobs.js';
+import { MOCKER_LORA_DEFAULTS, MockerAdapters, type MockerLoraOptions } from './mocker-adapters.js';
+import { adapterRoot } from '../protocol/block-hash.js';
 
 export interface MockerOptions {
   /** Base time to first token; with the KV cache off it grows with prompt length (see ttftFor), on: prefill adds the uncached tokens' time. 0 disables the delay. */
@@ -54,6 +56,8 @@ export interface MockerOptions {
   prefillTokensPerS: number;
   /** The simulated model's embedding size: what /embed answers without `dimensions`, and the most it may ask. */
   embeddingDim: number;
+  /** LoRA adapters it can load (none: it serves its base model only). */
+  lora: MockerLoraOptions;
 }
 
 export const MOCKER_DEFAULTS: MockerOptions = {
@@ -74,6 +78,7 @@ export const MOCKER_DEFAULTS: MockerOptions = {
   // A 1,200-token uncached prompt: about 100 ms of prefill on an idle worker.
   prefillTokensPerS: 12_000,
   embeddingDim: 64,
+  lora: MOCKER_LORA_DEFAULTS,
 };
 
 const VOCABULARY = (
@@ -153,8 +158,10 @@ export class MockerEngine implements Engine {
   private readonly cache: PrefixCache | undefined;
   private readonly compute: PrefillCompute | undefined;
   readonly kvCacheStats: (() => KvCacheStats) | undefined;
+  readonly adapters: MockerAdapters | undefined;
 
   constructor(private readonly opts: MockerOptions = MOCKER_DEFAULTS) {
+    if (opts.lora.names.length > 0) this.adapters = new MockerAdapters(opts.lora);
     if (opts.kvCache === 'on') {
       this.kvEvents = new KvEventLog(opts.kvBlockSize, 'mocker-words');
       this.cache = new PrefixCache(opts.kvBlocks, opts.kvBlockSize, this.kvEvents);
@@ -182,7 +189,7 @@ export class MockerEngine implements Engine {
     if (!this.kvTransfers) throw new Error(`a ${this.opts.mode} engine does not prefill for decode peers`);
     const promptTokens = countTokens(req.prompt);
     await this.slots.acquire(signal);
-    const seq = this.cache?.begin(this.sequenceTokens(req));
+    const seq = this.cache?.begin(this.sequenceTokens(req), adapterRoot(req.adapter));
     try {
       await this.prefillTime(promptTokens, seq, signal);
       const transfer = this.kvTransfers.create(promptTokens);
@@ -219,6 +226,7 @@ export class MockerEngine implements Engine {
       this.events.emit('failure', this.dead.signal.reason);
     }
     if (this.dead.signal.aborted) throw this.dead.signal.reason;
+    if (req.adapter !== undefined && this.adapters?.isResident(req.adapter) !== true) throw new Error(`adapter ${req.adapter} is not resident (the worker must load it first)`);
     const signal = AbortSignal.any([callerSignal, this.dead.signal]);
     const promptTokens = countTokens(req.prompt);
     // As a real engine does: a prompt that leaves no room in the context is refused, not queued.
@@ -226,11 +234,12 @@ export class MockerEngine implements Engine {
       throw new EbbError('context_length_exceeded', `the prompt is ${promptTokens} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`);
     await this.slots.acquire(signal);
     // With its KV pulled from a prefill worker, decode starts at the first token, without a prefix lookup here.
-    const seq = req.prefilled ? undefined : this.cache?.begin(this.sequenceTokens(req));
+    const seq = req.prefilled ? undefined : this.cache?.begin(this.sequenceTokens(req), adapterRoot(req.adapter));
     /** What this call delivered, cached with the prompt when the sequence ends (as vLLM keeps decoded blocks). */
     let delivered = '';
     try {
-      const generation = hashString(req.prompt, req.seed ?? 0);
+      // An adapter answers the same prompt with its own words: seeded by its name too.
+      const generation = hashString(req.adapter === undefined ? req.prompt : `${req.adapter}\u0000${req.prompt}`, req.seed ?? 0);
       const random = prng(generation);
       // With tools: the answer may be calls instead of words (its own draw, so words stay as they were).
       const script = req.tools === undefined ? undefined : mockerToolScript(req, prng(hashString(JSON.stringify(req.tools), generation)));
@@ -257,6 +266,8 @@ export class MockerEngine implements Engine {
       const steps = Math.min(budget, left);
       for (let n = 0; n < steps; n++) {
         if (n > 0) await pause(this.opts.itlMs, signal);
+        // As real weights would: an adapter unloaded under a running sequence breaks it (the worker must never).
+        if (req.adapter !== undefined && !this.adapters!.isResident(req.adapter)) throw new Error(`adapter ${req.adapter} was unloaded under a running sequence`);
         const word = wordAt();
         const piece = pieceOf(done + n, word);
         text += piece;

@@ -22,6 +22,8 @@ import type { ToolCallSyntax } from '../protocol/tools.js';
 import { CallWriter, engineToolFields } from './openai-engine-tools.js';
 import type { TokenLogprob } from '../protocol/request-plane.js';
 import { chunkLogprobs, logprobsFields } from './openai-engine-logprobs.js';
+import { OpenAIEngineAdapters } from './openai-engine-adapters.js';
+import type { AdapterSource } from './engine-adapters.js';
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
@@ -48,6 +50,10 @@ export interface OpenAIEngineOptions {
   toolSyntax?: ToolCallSyntax | undefined;
   /** The engine serves /v1/embeddings for its model (--engine-embeddings): the worker declares `embeddings`. */
   embeddings?: boolean | undefined;
+  /** LoRA adapters it can load (--lora NAME=PATH); none: the worker serves the base model only. */
+  loras?: AdapterSource[] | undefined;
+  /** Adapters the engine holds at once (vLLM --max-loras, SGLang --max-loras-per-batch). */
+  maxLoras?: number | undefined;
 }
 
 export { OPENAI_ENGINE_DEFAULTS } from './openai-engine-options.js';
@@ -139,6 +145,7 @@ export class OpenAIEngine implements Engine {
   readonly kvEvents: KvEventLog | undefined;
   readonly kvCache: KvCacheDeclaration | undefined;
   private readonly kvSubscriber: KvEventSubscriber | undefined;
+  readonly adapters: OpenAIEngineAdapters | undefined;
 
   constructor(
     private readonly opts: OpenAIEngineOptions,
@@ -178,6 +185,7 @@ export class OpenAIEngine implements Engine {
       // No events: the frontend approximates from what it sent, hashing the tokens this worker gives it.
       this.kvCache = { block_size: blockSize, tokenizer: 'worker', events: 'none' };
     }
+    if (opts.loras !== undefined && opts.loras.length > 0) this.adapters = new OpenAIEngineAdapters(opts.kind, baseUrl, dispatcher, opts.loras, opts.maxLoras ?? 1);
     this.idleness = createIdlenessProbe(opts.kind, opts.quiescence, baseUrl, dispatcher);
     this.reprobe = new ReprobeBackoff(() => this.events.emit('change'));
     proc?.onFailure((err) => {
@@ -297,7 +305,8 @@ export class OpenAIEngine implements Engine {
 
   private bodyFor(req: GenerateRequest): Record<string, unknown> {
     const body: Record<string, unknown> = {
-      model: this.model,
+      // vLLM names an adapter as the model; SGLang takes it as lora_path (below).
+      model: req.adapter !== undefined && this.opts.kind === 'vllm' ? req.adapter : this.model,
       stream: true,
       stream_options: { include_usage: true },
       temperature: req.temperature,
@@ -311,6 +320,7 @@ export class OpenAIEngine implements Engine {
     const extra = req as GenerateRequest & { top_p?: number; response_format?: unknown };
     if (extra.top_p !== undefined) body.top_p = extra.top_p;
     if (req.seed !== undefined) body.seed = req.seed;
+    if (req.adapter !== undefined && this.opts.kind === 'sglang') body.lora_path = req.adapter;
     if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
     // Only requested of engines that declare json_object (the request plane checks it).
     if (extra.response_format !== undefined) body.response_format = extra.response_format;
@@ -457,7 +467,8 @@ async function readModels(base: string, dispatcher: Agent, wanted: string | unde
     throw new Error(`GET ${base}/v1/models is not JSON`);
   }
   const models = (list.data ?? []).filter((m): m is { id: string; max_model_len?: unknown } => typeof m?.id === 'string');
-  const chosen = wanted === undefined ? models[0] : models.find((m) => m.id === wanted);
+  // Not an adapter (vLLM and SGLang list those with a parent): the base model.
+  const chosen = wanted === undefined ? (models.find((m) => typeof (m as { parent?: unknown }).parent !== 'string') ?? models[0]) : models.find((m) => m.id === wanted);
   if (chosen === undefined)
     throw new Error(wanted === undefined ? `GET ${base}/v1/models lists no model` : `the engine serves ${models.map((m) => `"${m.id}"`).join(', ') || 'no model'}, not "${wanted}" (--engine-model)`);
   const len = chosen.max_model_len;

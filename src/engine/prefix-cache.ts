@@ -48,8 +48,8 @@ export class PrefixCache {
    * As vLLM does, the last prompt token is always computed, so a prompt that is whole blocks
    * never hits its last block.
    */
-  begin(promptTokens: readonly number[]): CachedSequence {
-    const seq = new CachedSequence(this, promptTokens);
+  begin(promptTokens: readonly number[], root: BlockHash = ROOT_BLOCK_HASH): CachedSequence {
+    const seq = new CachedSequence(this, promptTokens, root);
     const usable = Math.floor(Math.max(0, promptTokens.length - 1) / this.blockSize);
     let hit = 0;
     while (hit < usable && this.pins.has(seq.hashes[hit] as BlockHash)) hit++;
@@ -85,7 +85,7 @@ export class PrefixCache {
    * what is needed first; returns the blocks stored. Stops where nothing is left to evict (every
    * block pinned by running sequences): the rest is computed but not cached.
    */
-  store(chain: readonly BlockHash[], from: number, pinned: Set<BlockHash>): BlockHash[] {
+  store(chain: readonly BlockHash[], from: number, pinned: Set<BlockHash>, root: BlockHash = ROOT_BLOCK_HASH): BlockHash[] {
     const missing: number[] = [];
     for (let i = from; i < chain.length; i++) if (!this.pins.has(chain[i] as BlockHash)) missing.push(i);
     const need = this.pins.size + missing.length - this.capacity;
@@ -103,11 +103,11 @@ export class PrefixCache {
     }
     const stored: BlockHash[] = [];
     let run: BlockHash[] = [];
-    let runParent = ROOT_BLOCK_HASH;
+    let runParent = root;
     for (const i of missing) {
       if (this.pins.size >= this.capacity) break;
       const h = chain[i] as BlockHash;
-      const parent = i === 0 ? ROOT_BLOCK_HASH : (chain[i - 1] as BlockHash);
+      const parent = i === 0 ? root : (chain[i - 1] as BlockHash);
       if (run.length > 0 && run.at(-1) !== parent) {
         this.log.stored(run, runParent);
         run = [];
@@ -137,8 +137,10 @@ export class CachedSequence {
   constructor(
     private readonly cache: PrefixCache,
     private readonly promptTokens: readonly number[],
+    /** adapterRoot's: a LoRA adapter's blocks are its own. */
+    private readonly root: BlockHash = ROOT_BLOCK_HASH,
   ) {
-    this.hashes = blockHashes(promptTokens, cache.blockSize);
+    this.hashes = blockHashes(promptTokens, cache.blockSize, root);
     this.tokens = promptTokens.length;
   }
 
@@ -150,7 +152,7 @@ export class CachedSequence {
   /** The prompt is computed: its full blocks are cached (those held already are pinned). */
   prefilled(): void {
     this.pinAll(this.hashes);
-    this.cache.store(this.hashes, 0, this.pinned);
+    this.cache.store(this.hashes, 0, this.pinned, this.root);
   }
 
   /**
@@ -163,9 +165,9 @@ export class CachedSequence {
     this.ended = true;
     let chain = this.hashes;
     if (generated !== undefined && generated.length > 0) {
-      chain = blockHashes([...this.promptTokens, ...generated], this.cache.blockSize);
+      chain = blockHashes([...this.promptTokens, ...generated], this.cache.blockSize, this.root);
       this.pinAll(chain);
-      this.cache.store(chain, this.hashes.length, this.pinned);
+      this.cache.store(chain, this.hashes.length, this.pinned, this.root);
     }
     for (let i = chain.length - 1; i >= 0; i--) if (this.pinned.delete(chain[i] as BlockHash)) this.cache.unpin(chain[i] as BlockHash);
     for (const h of this.pinned) this.cache.unpin(h);

@@ -172,7 +172,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     fleet.apply(event);
     kvFeed?.apply(event);
     if (event.type === 'reset') log.info({ event: 'discovery_reset', workers: event.records.map((r) => r.worker_id) }, `routing view: ${event.records.length} worker(s)`);
-    else if (event.type === 'put') log.info({ event: 'worker_added', worker_id: event.record.worker_id, model: event.record.model }, `worker ${event.record.worker_id} joined`);
+    else if (event.type === 'put') log.info({ event: 'worker_added', worker_id: event.record.worker_id, model: event.record.model, ...(event.record.adapters ? { adapters: event.record.adapters.resident } : {}) }, `worker ${event.record.worker_id} joined`);
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
   });
   const metrics = createFrontendMetrics(pool);

@@ -250,6 +250,22 @@ export class Lifecycle extends EventEmitter {
   }
 
   /**
+   * The worker's record changed (its adapters): written again, in the serialised chain, only while
+   * serving and registered; a draining worker stays out of discovery, and a later registration
+   * writes the record as it is then.
+   */
+  republish(): Promise<void> {
+    return this.serialize(async () => {
+      if (this.current.name !== 'serving' || this.presence !== 'registered') return;
+      try {
+        await this.register();
+      } catch (err) {
+        this.log.warn({ event: 'discovery_republish_failed', err: (err as Error).message }, `the changed record was not written: ${(err as Error).message}`);
+      }
+    });
+  }
+
+  /**
    * SIGTERM: from here the worker only goes down. Synchronous, so no drain, resume or admission can
    * slip in after it; a resume already registering finds the state moved and does not reopen.
    * Returns false when shutdown had already begun (shutdown refuses unless it is not running yet).

@@ -1,6 +1,7 @@
 import type { Static } from 'typebox';
 import { Type } from './schema.js';
 import { WORKER_MODES } from './worker-mode.js';
+import type { AdapterStatus } from './adapters.js';
 
 /**
  * The Admin API's wire types, shared by the worker's system-status server, the frontend's admin
@@ -68,6 +69,8 @@ export interface WorkerStatus {
   state_since: string;
   last_error: string | null;
   engine?: Record<string, unknown>;
+  /** The engine's LoRA adapters, where it has any: each one's state and in-flight. */
+  adapters?: AdapterStatus[];
 }
 
 /** POST /models/{model}/scale-down on the frontend's admin listener. */

@@ -35,10 +35,22 @@ export function chainHash(parent: BlockHash, tokens: ArrayLike<number>, start = 
   return (b & HIGH_MASK) * LOW + (a >>> 0);
 }
 
-/** The hashes of every full block of `tokens`, in order (a partial last block has none). */
-export function blockHashes(tokens: ArrayLike<number>, blockSize: number = DEFAULT_BLOCK_SIZE): BlockHash[] {
+/**
+ * The parent of a prompt's first block under a LoRA adapter: the adapter's name hashed, so two
+ * adapters (and the base model) never share a cached block. No adapter: ROOT_BLOCK_HASH, the base
+ * model's hashes unchanged.
+ */
+export function adapterRoot(adapter: string | undefined): BlockHash {
+  if (adapter === undefined) return ROOT_BLOCK_HASH;
+  const codes = new Array<number>(adapter.length);
+  for (let i = 0; i < adapter.length; i++) codes[i] = adapter.charCodeAt(i);
+  return chainHash(ROOT_BLOCK_HASH, codes);
+}
+
+/** The hashes of every full block of `tokens`, in order (a partial last block has none); `root`: adapterRoot's. */
+export function blockHashes(tokens: ArrayLike<number>, blockSize: number = DEFAULT_BLOCK_SIZE, root: BlockHash = ROOT_BLOCK_HASH): BlockHash[] {
   const out: BlockHash[] = [];
-  let parent = ROOT_BLOCK_HASH;
+  let parent = root;
   for (let start = 0; start + blockSize <= tokens.length; start += blockSize) {
     parent = chainHash(parent, tokens, start, start + blockSize);
     out.push(parent);

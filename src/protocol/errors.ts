@@ -14,6 +14,8 @@ export const ERROR_CODES = {
   model_not_found: { status: 404, type: 'invalid_request_error' },
   worker_not_found: { status: 404, type: 'invalid_request_error' },
   kv_transfer_not_found: { status: 404, type: 'invalid_request_error' },
+  /** A LoRA adapter this worker cannot load (the Admin API's adapter routes, a request plane call naming one). */
+  adapter_not_found: { status: 404, type: 'invalid_request_error' },
   /** A resume or retrieve of a response id this frontend never kept (or another process of a fleet without a shared store). */
   response_not_found: { status: 404, type: 'invalid_request_error' },
   /** A response kept once, past its resume window (or over the store's bounds): it can no longer be streamed. */
@@ -45,10 +47,12 @@ export const ERROR_CODES = {
   continuation_unsupported: { status: 503, type: 'service_unavailable', retryable: true },
   /** The stream store (Redis) cannot be reached: resumes are refused until it is back; new streams run unkept. */
   stream_store_unavailable: { status: 503, type: 'service_unavailable', retryable: true },
-  /** Every LoRA adapter slot of the worker's engine is taken: one must be unloaded before another loads. */
-  adapter_slots_full: { status: 503, type: 'service_unavailable', retryable: true },
   /** A non-streaming request handed off at a drain deadline: nothing was returned, retry elsewhere. */
   request_handed_off: { status: 503, type: 'service_unavailable', retryable: true },
+  /** The request's LoRA adapter is draining on this worker (its in-flight finishing before an unload): retry on another. */
+  adapter_draining: { status: 503, type: 'service_unavailable', retryable: true },
+  /** Every adapter slot of this worker holds an adapter with requests in flight: none can be evicted for this one now. */
+  adapter_slots_busy: { status: 503, type: 'service_unavailable', retryable: true },
   // Server-side failures
   internal_error: { status: 500, type: 'server_error' },
   engine_error: { status: 500, type: 'server_error' },
@@ -56,6 +60,8 @@ export const ERROR_CODES = {
   worker_unreachable: { status: 502, type: 'server_error' },
   worker_identity_mismatch: { status: 502, type: 'server_error' },
   kv_transfer_failed: { status: 502, type: 'server_error' },
+  /** The engine failed to load a LoRA adapter (a bad path, the engine server refused it). */
+  adapter_load_failed: { status: 502, type: 'server_error' },
   /** A worker answered in a way the request plane does not allow (frontend and worker disagree on the protocol). */
   worker_protocol_error: { status: 502, type: 'server_error' },
   // Only ever inside an already-committed stream (SSE error event or NDJSON terminal line)

@@ -115,6 +115,8 @@ export const GenerateBodySchema = Type.Object(
     /** Each generated token's logprob, and `top_logprobs` alternatives; only for engines that declare logprobs. */
     logprobs: Type.Optional(Type.Boolean()),
     top_logprobs: Type.Optional(Type.Integer({ minimum: 0, maximum: 20 })),
+    /** A LoRA adapter over `model` (the client named it as its model): the worker loads it when it is not resident. */
+    adapter: Type.Optional(Type.String({ minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9][A-Za-z0-9._:@-]*$' })),
   },
   { additionalProperties: false },
 );

@@ -49,8 +49,12 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   worker_loading: { action: 'retry_elsewhere', hold: 'unreachable' },
   continuation_unsupported: retry,
   request_handed_off: retry,
-  // Every adapter slot holds an adapter in use: another worker may have it, or a free slot.
-  adapter_slots_full: retry,
+  // The adapter, not the worker: other requests still go to it (its discovery record says the rest).
+  adapter_draining: retry,
+  adapter_slots_busy: retry,
+  // Stale discovery (the adapter was removed there) or an engine that could not load it.
+  adapter_not_found: retry,
+  adapter_load_failed: retry,
   // The worker's or its engine's failure, not the request's.
   internal_error: retry,
   engine_error: retry,

@@ -80,6 +80,8 @@ export class Generations {
       } else if (handoffKv && engine.importKv) gen.kv_state = await this.takeKvState(scope, handoffKv);
       // An engine that cannot load it re-evaluates; the source must not wait for it until its TTL.
       else if (handoffKv) this.releaseLater(handoffKv);
+      // A request whose adapter is loading waits for it here: admitted, alive, counted.
+      await scope.adapterReady();
       const tokens = scope.attach(engine.generate(gen, scope.signal));
       if (stream) {
         let step = await tokens.next();

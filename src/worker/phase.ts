@@ -1,6 +1,7 @@
 import type { Engine } from '../engine/engine.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { WorkerMetrics } from './metrics.js';
+import type { WorkerAdapters } from './adapters.js';
 
 /** What the system server answers from once the engine can serve. */
 export interface WorkerRuntime {
@@ -9,6 +10,8 @@ export interface WorkerRuntime {
   metrics: WorkerMetrics;
   /** The drain ETA (ms) the worker would have if drained now, from its in-flight work; null when unknown. */
   drainEta: () => number | null;
+  /** The engine's LoRA adapters, where it has any. */
+  adapters?: WorkerAdapters | undefined;
 }
 
 /**

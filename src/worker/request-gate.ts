@@ -10,6 +10,7 @@ import type { WorkerMetrics } from './metrics.js';
 import type { OpenRequests } from './open-requests.js';
 import type { PrefillPeers } from './prefill-peers.js';
 import { RequestScope } from './request-scope.js';
+import type { AdapterRefusal, WorkerAdapters } from './adapters.js';
 
 export interface RequestGateDeps {
   model: string;
@@ -19,12 +20,20 @@ export interface RequestGateDeps {
   metrics: WorkerMetrics;
   log: Logger;
   prefillPeers?: PrefillPeers | undefined;
+  /** The engine's LoRA adapters, where it has any. */
+  adapters?: WorkerAdapters | undefined;
 }
 
+const REFUSALS: Record<RefusalCode | AdapterRefusal, string> = {
+  worker_draining: 'worker is draining; retry on another worker',
+  worker_overloaded: 'worker is overloaded; retry shortly or elsewhere',
+  adapter_draining: "the request's adapter is draining on this worker; retry on another worker",
+  adapter_slots_busy: 'every adapter slot of this worker holds an adapter with requests in flight; retry on another worker',
+};
+
 /** A refusal's body: the caller retries elsewhere (draining) or shortly (overloaded). */
-export function refusal(code: RefusalCode) {
-  const why = code === 'worker_draining' ? 'worker is draining; retry on another worker' : 'worker is overloaded; retry shortly or elsewhere';
-  return errorBody(code, why);
+export function refusal(code: RefusalCode | AdapterRefusal) {
+  return errorBody(code, REFUSALS[code]);
 }
 
 /**
@@ -38,7 +47,7 @@ export class RequestGate {
     private readonly open: OpenRequests,
   ) {}
 
-  admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode } {
+  admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode | AdapterRefusal } {
     const { model, engine } = this.deps;
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
@@ -56,9 +65,21 @@ export class RequestGate {
     if (body.tool_choice !== undefined && typeof body.tool_choice !== 'string' && !body.tools?.some((t) => t.function.name === (body.tool_choice as { function: { name: string } }).function.name))
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
     const requestId = body.request_id ?? randomUUID();
+    // The adapter first: its admission and the worker's are one synchronous step, so neither a
+    // drain of the adapter nor the worker's can fall between them. A worker that refuses anyway
+    // (draining) starts no load.
+    const hold = body.adapter === undefined || !this.deps.admission.open ? undefined : this.admitAdapter(body.adapter);
+    if (hold !== undefined && 'refused' in hold) {
+      this.deps.metrics.refused(hold.refused);
+      return hold;
+    }
     const opened = this.openScope(requestId, res);
-    if ('refused' in opened) return opened;
+    if ('refused' in opened) {
+      hold?.release();
+      return opened;
+    }
     const { scope } = opened;
+    scope.adapter = hold;
     // What the drain ETA counts down from: the budget, or the context left where the engine has one
     // (an upper bound: the prompt's share of it is the engine's to count).
     const maxContext = engine.capabilities.max_context;
@@ -80,8 +101,15 @@ export class RequestGate {
       response_format: body.response_format?.type === 'text' ? undefined : body.response_format,
       ...(body.tools !== undefined && body.tools.length > 0 && { tools: body.tools, tool_choice: body.tool_choice ?? 'auto', parallel_tool_calls: body.parallel_tool_calls ?? true }),
       logprobs: body.logprobs === true ? (body.top_logprobs ?? 0) : undefined,
+      adapter: body.adapter,
     };
     return { gen, scope };
+  }
+
+  private admitAdapter(name: string) {
+    const adapters = this.deps.adapters;
+    if (adapters === undefined) throw new EbbError('adapter_not_found', `this worker's engine (${this.deps.engine.kind}) serves no adapters, not "${name}"`);
+    return adapters.admit(name);
   }
 
   /**

@@ -15,6 +15,7 @@ import { OpenRequests } from './open-requests.js';
 import { refusal, RequestGate } from './request-gate.js';
 import { addTokenizeRoute } from './tokenize-route.js';
 import { addEmbedRoute } from './embed-route.js';
+import type { WorkerAdapters } from './adapters.js';
 
 export { MAX_TOKENIZING } from './tokenize-route.js';
 
@@ -36,6 +37,7 @@ export interface RequestPlaneDeps {
   requestToken?: string | undefined;
   /** Counts each pull of a real KV state by how it ended. */
   onKvPull?: ((outcome: KvPullOutcome) => void) | undefined;
+  adapters?: WorkerAdapters | undefined;
 }
 
 export interface RequestPlane {
@@ -60,10 +62,10 @@ export interface RequestPlane {
  * ends, and the open requests (open-requests.ts) are what a drain deadline hands off or a shutdown cuts.
  */
 export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
-  const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken, onKvPull } = deps;
+  const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken, onKvPull, adapters } = deps;
   const app = createHttpServer({ role: 'internal' });
   const open = new OpenRequests();
-  const gate = new RequestGate({ model, mode, engine, admission, metrics, log, prefillPeers }, open);
+  const gate = new RequestGate({ model, mode, engine, admission, metrics, log, prefillPeers, adapters }, open);
   const generations = new Generations({ workerId, engine, metrics, log, selfUrl, requestToken, onKvPull, pace: open.pace });
 
   if (guard) app.addHook('onRequest', async (req) => guard(req.headers.authorization));

@@ -2,6 +2,7 @@ import type { ServerResponse } from 'node:http';
 import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
 import type { KvTransferRef } from '../protocol/request-plane.js';
+import type { AdapterHold } from './adapters.js';
 
 /** Why a scope was aborted: the caller left, or the worker's shutdown deadline cut it. */
 export class ShutdownCut extends Error {
@@ -54,6 +55,8 @@ export class RequestScope {
   budget: number | undefined;
   /** Handed off: where the next worker may pull this sequence's KV state (engines that export it). */
   handoffKv: KvTransferRef | undefined;
+  /** The LoRA adapter it runs under: counted in that adapter's in-flight until the scope closes. */
+  adapter: AdapterHold | undefined;
   /** Admitted while a batch slot was free: its time to first token has no queueing in it. */
   admittedToFreeSlot = false;
   private readonly startedAt = performance.now();
@@ -107,7 +110,20 @@ export class RequestScope {
     // A generator left suspended at a yield would keep its batch slot.
     void this.returnTokens();
     this.ticket.release(outcome);
+    this.adapter?.release();
     this.onClose(this);
+  }
+
+  /** Resolves once its adapter applies (at once without one); rejects if that load fails or the scope aborts. */
+  adapterReady(): Promise<void> {
+    const hold = this.adapter;
+    if (hold === undefined) return Promise.resolve();
+    const signal = this.abort.signal;
+    return new Promise<void>((resolve, reject) => {
+      const onAbort = () => reject(signal.reason);
+      signal.addEventListener('abort', onAbort, { once: true });
+      hold.ready.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+    });
   }
 
   /** Ends the engine's generator and waits for it (its cleanup, e.g. a hand-off's KV export, included). */

@@ -41,6 +41,8 @@ export function addStatusStream(app: FastifyInstance, runtime: () => WorkerRunti
     r.lifecycle.on('transition', () => push(r));
     r.lifecycle.on('inflight', () => coalesced(r));
     r.lifecycle.on('waiting', () => coalesced(r));
+    r.adapters?.on('change', () => push(r));
+    r.adapters?.on('inflight', () => coalesced(r));
     r.lifecycle.audit.on('event', (e) => hub.send('audit', e));
   };
   app.addHook('preClose', async () => clearTimeout(pending));

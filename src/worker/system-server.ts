@@ -10,6 +10,7 @@ import type { WorkerPhase, WorkerRuntime } from './phase.js';
 import { addStatusStream, STATUS_EVENTS_PATH, STATUS_STREAM_SUBSCRIBERS_MAX } from './status-stream.js';
 import { addKvEventStream, KV_EVENT_SUBSCRIBERS_MAX, KV_EVENTS_PATH } from './kv-event-stream.js';
 import { kvCacheStatus } from './kv-cache-status.js';
+import { addAdapterRoutes } from './adapter-routes.js';
 
 export interface SystemServerDeps {
   phase: WorkerPhase;
@@ -61,10 +62,11 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
   };
   const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => {
     const kv = kvCacheStatus(r.engine);
-    return { ...s, ...scaleDownFacts(r, s), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }) };
+    return { ...s, ...scaleDownFacts(r, s), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }), ...(r.adapters === undefined ? {} : { adapters: r.adapters.status() }) };
   };
   /** Who is acting, for the audit trail: the admin token's name, or on an open listener the caller's address. */
-  const actorOf = (req: FastifyRequest): string => (guardAdmin ? guardAdmin(req.headers.authorization) || DEFAULT_TOKEN_NAME : req.ip);
+  const actor = (authorization: string | undefined, ip: string): string => (guardAdmin ? guardAdmin(authorization) || DEFAULT_TOKEN_NAME : ip);
+  const actorOf = (req: FastifyRequest): string => actor(req.headers.authorization, req.ip);
 
   allowOnly(app, '/live', ['GET']);
   app.get('/live', async (_req, reply) => {
@@ -108,6 +110,8 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
     const r = runtime();
     return statusBody(r, await r.lifecycle.resume({ actor }));
   });
+
+  addAdapterRoutes(app, runtime, actor);
 
   allowOnly(app, '/engine/events', ['GET']);
   app.get('/engine/events', async () => ({ events: runtime().lifecycle.audit.list() }));

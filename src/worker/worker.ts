@@ -20,6 +20,9 @@ import { createSystemServer } from './system-server.js';
 import { WorkerPhase } from './phase.js';
 import { DEFAULT_REGISTER_TIMEOUT_MS, registerFirst } from './first-registration.js';
 import { adoptDrainIntent, DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from './drain-intent-sync.js';
+import { WorkerAdapters } from './adapters.js';
+import { registerAdapterMetrics } from './adapter-metrics.js';
+import type { Transition } from '../lifecycle/lifecycle.js';
 
 export interface WorkerOptions {
   workerId?: string | undefined;
@@ -67,6 +70,26 @@ export function newWorkerId(): string {
 export { ENGINE_FAILED_EXIT_CODE };
 
 /**
+ * The record follows the adapters' states: the changes of one turn written once (an eviction and
+ * the load it makes room for are one put), never per request. A worker drain drains them with it.
+ */
+function followAdapters(adapters: WorkerAdapters, lifecycle: Lifecycle, record: WorkerRecord): void {
+  let queued = false;
+  adapters.on('change', () => {
+    if (queued) return;
+    queued = true;
+    setImmediate(() => {
+      queued = false;
+      record.adapters = adapters.record();
+      void lifecycle.republish();
+    });
+  });
+  lifecycle.on('transition', (t: Transition) => {
+    if (t.to === 'draining') adapters.drainAll('worker drain');
+  });
+}
+
+/**
  * Starts a worker: the system server first (it answers while the engine loads: /live 200, /health
  * 503 loading), then the engine, then the request plane; it registers in discovery last, once it
  * can serve. Aborting `loading` (SIGTERM while a model loads) stops the load; startWorker then rejects.
@@ -110,6 +133,11 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   // Decode workers pull prefills' KV; engines that load KV state also take hand-offs' from any worker.
   const prefillPeers = opts.mode === 'decode' || engine.importKv ? new PrefillPeers() : undefined;
   const kvPulls = registerKvStateMetrics(metrics.registry, engine);
+  const adapters = engine.adapters === undefined ? undefined : new WorkerAdapters(engine.adapters, log);
+  if (adapters !== undefined) {
+    await adapters.adoptResident();
+    registerAdapterMetrics(metrics.registry, adapters);
+  }
   await prefillPeers?.start(discovery);
   let requestUrl = '';
   const requestPlane = createRequestPlane({
@@ -125,6 +153,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     guard: createAdminGuard(opts.requestToken, 'request-plane'),
     requestToken: opts.requestToken,
     onKvPull: kvPulls,
+    adapters,
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.
@@ -135,11 +164,12 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
 
   requestUrl = advertisedUrl(await listen(requestPlane.app, opts.host, opts.port), opts.advertiseHost);
   const kvCache = engine.kvCache ?? engine.kvEvents?.declaration;
-  record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities, ...(kvCache ? { kv_cache: kvCache } : {}) };
+  record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities, ...(kvCache ? { kv_cache: kvCache } : {}), ...(adapters ? { adapters: adapters.record() } : {}) };
+  if (adapters !== undefined) followAdapters(adapters, lifecycle, record);
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
   });
-  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta() });
+  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta(), adapters });
   const intents = discovery.drainIntents;
   const intentTtlMs = opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS;
   // Followed from here: an operator may drain the worker while its first registration is retried.

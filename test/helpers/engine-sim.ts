@@ -134,6 +134,8 @@ export class EngineSim extends EventEmitter {
   scrapes = 0;
   /** Streams the client closed before they finished. */
   closedEarly = 0;
+  /** LoRA adapters loaded through the runtime endpoints (vLLM's /v1/load_lora_adapter, SGLang's /load_lora_adapter): name -> path. */
+  readonly loras = new Map<string, string>();
   private readonly server: Server;
   private readonly startedAt = Date.now();
   private readonly pendingMetrics = new Set<ServerResponse>();
@@ -204,7 +206,9 @@ export class EngineSim extends EventEmitter {
     if (req.method === 'GET' && path === '/v1/models') {
       if (Date.now() - this.startedAt < (this.opts.loadMs ?? 0)) return this.json(res, 503, { error: 'loading model' });
       const len = this.opts.maxModelLen === undefined ? 4096 : this.opts.maxModelLen;
-      return this.json(res, 200, { object: 'list', data: [{ id: this.model, object: 'model', owned_by: 'sim', ...(len === null ? {} : { max_model_len: len }) }] });
+      // Adapters as vLLM lists them: after the base model, each with its `parent`.
+      const loras = [...this.loras].map(([id, path]) => ({ id, object: 'model', owned_by: 'sim', root: path, parent: this.model }));
+      return this.json(res, 200, { object: 'list', data: [{ id: this.model, object: 'model', owned_by: 'sim', ...(len === null ? {} : { max_model_len: len }) }, ...loras] });
     }
     if (req.method === 'GET' && path === '/metrics') {
       this.scrapes++;
@@ -240,6 +244,20 @@ export class EngineSim extends EventEmitter {
       });
       return;
     }
+    const lora = this.kind === 'vllm' ? '/v1/' : this.kind === 'sglang' ? '/' : undefined;
+    if (req.method === 'POST' && lora !== undefined && (path === `${lora}load_lora_adapter` || path === `${lora}unload_lora_adapter`))
+      return this.readJson(req, res, (body) => {
+        this.seen.push({ path, body });
+        const name = String(body.lora_name);
+        if (path.endsWith('unload_lora_adapter')) {
+          if (!this.loras.delete(name)) return this.json(res, 404, { error: { message: `The lora adapter '${name}' cannot be found.` } });
+        } else {
+          if (this.loras.has(name)) return this.json(res, 400, { error: { message: `The lora adapter '${name}' has already been loaded.` } });
+          this.loras.set(name, String(body.lora_path));
+        }
+        this.emit('lora', { path, body });
+        return void res.writeHead(200, { 'content-type': 'text/plain' }).end('Success');
+      });
     if (req.method === 'POST' && path === '/v1/embeddings') return void this.readJson(req, res, (body) => this.embeddings(body, res));
     this.json(res, 404, { error: { message: `no route ${req.method} ${path}` } });
   }

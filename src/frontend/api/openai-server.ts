@@ -24,7 +24,8 @@ import { Shutdown } from '../shutdown.js';
 import { probeHalfClosedClient } from './client-gone.js';
 import { ResponseShell, ResponsesStream, responseObject, responsesToGenerate, type ResponseProgress, type ResponsesRequest, type ResponseStatus } from './responses-format.js';
 import type { Upstream } from '../relay/upstream.js';
-import { modelNotFound, unavailableModel } from '../relay/worker-answer.js';
+import { modelNotFound } from '../relay/worker-answer.js';
+import { onServed, servedAs, type Served } from './served-model.js';
 import { requestIdOf } from './request-id.js';
 import { HERMES_SYNTAX, toolsActive } from '../../protocol/tools.js';
 import { callIds, parseToolCalls } from '../wire/tool-call-parser.js';
@@ -155,12 +156,16 @@ export function createOpenAIServer({
   const methods = (url: string, allowed: Array<'GET' | 'POST'>) => allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed);
 
   methods('/v1/models', ['GET']);
-  app.get('/v1/models', async () => ({ object: 'list', data: pool.knownModels().map(model) }));
+  // LoRA adapters as vLLM lists them: each its own model, `parent` its base model.
+  const adapterModel = (a: { name: string; base: string; available: boolean }) => ({ ...model(a.base), id: a.name, root: a.name, parent: a.base, status: a.available ? 'available' : 'unavailable' });
+  app.get('/v1/models', async () => ({ object: 'list', data: [...pool.knownModels().map(model), ...pool.knownAdapters().map(adapterModel)] }));
 
   methods('/v1/models/:id', ['GET']);
   app.get<{ Params: { id: string } }>('/v1/models/:id', async (req) => {
-    if (!pool.knows(req.params.id)) throw modelNotFound(req.params.id);
-    return model(req.params.id);
+    if (pool.knows(req.params.id)) return model(req.params.id);
+    const adapter = pool.knownAdapters().find((a) => a.name === req.params.id);
+    if (adapter === undefined) throw modelNotFound(req.params.id);
+    return adapterModel(adapter);
   });
 
   // Liveness: the process answers. /health is 503 while no worker serves, which must not restart a frontend.
@@ -189,9 +194,10 @@ export function createOpenAIServer({
   app.get('/metrics', async (_req, reply) => reply.header('content-type', metrics.registry.contentType).send(await scrape()));
 
   /** What every generating route checks first: a model somebody serves, and fields the fleet can honour. */
-  const admit = (body: { model: string }, table: FieldPolicy) => {
-    if (!pool.hasModel(body.model)) throw unavailableModel(pool, body.model);
-    checkFields(body as unknown as Record<string, unknown>, table, pool);
+  const admit = (body: { model: string }, table: FieldPolicy): Served => {
+    const served = servedAs(pool, body.model);
+    checkFields((served.adapter === undefined ? body : { ...body, model: served.model }) as unknown as Record<string, unknown>, table, pool);
+    return served;
   };
 
   /** Room for a request's sequences, held until its response is done, however it ends (a kept stream: until its generation is). */
@@ -343,11 +349,11 @@ export function createOpenAIServer({
     methods(url, ['POST']);
     app.post<{ Body: OpenAIRequest }>(url, { schema: { body: schema } }, async (req, reply) => {
       const body = req.body;
-      admit(body, FIELD_POLICY);
+      const served = admit(body, FIELD_POLICY);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${newId()}`;
-      const gens = toGenerateBodies(endpoint, body, id);
+      const gens = onServed(toGenerateBodies(endpoint, body, id), served);
       const n = body.n ?? 1;
-      const room = holdLanes(reply, body.model, gens.length, n);
+      const room = holdLanes(reply, served.model, gens.length, n);
       const signal = shutdown.requestSignal(reply.raw);
       probeHalfClosedClient(req, reply);
       const started = performance.now();
@@ -384,7 +390,7 @@ export function createOpenAIServer({
   methods('/v1/responses', ['POST']);
   app.post<{ Body: ResponsesRequest }>('/v1/responses', { schema: { body: responsesSchema } }, async (req, reply) => {
     const body = req.body;
-    admit(body, RESPONSES_FIELD_POLICY);
+    const served = admit(body, RESPONSES_FIELD_POLICY);
     // The next turn of a response another process holds is served there, where its history is.
     const passed = typeof body.previous_response_id === 'string' ? toHolder(body.previous_response_id, req, reply, body) : undefined;
     if (passed !== undefined) return passed;
@@ -392,9 +398,10 @@ export function createOpenAIServer({
     if (stateful !== undefined && records === undefined) throw new EbbError('unsupported_parameter', `${stateful} needs kept responses: this frontend runs with --stream-store none`, { param: stateful });
     if (body.background === true && body.store === false) throw new EbbError('invalid_request', 'background responses are stored: store false is not allowed with background true', { param: 'store' });
     const previous = typeof body.previous_response_id === 'string' ? await previousTurns(body.previous_response_id) : [];
-    const room = holdLanes(reply, body.model, 1, 1);
+    const room = holdLanes(reply, served.model, 1, 1);
     const shell = new ResponseShell(newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
+    onServed([gen], served);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined = records === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
     if (record !== undefined) records!.add(record);

@@ -183,7 +183,7 @@ export class Upstream {
     const hint = body === undefined || this.router.kind !== 'kv' ? undefined : await this.router.prepare(body, mode, tried, needs);
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       if (signal.aborted) throw signal.reason;
-      const worker = this.router.pick(model, mode, tried, needs, hint);
+      const worker = this.router.pick(model, mode, tried, needs, hint, body?.adapter);
       if (!worker) break;
       tried.add(worker.record.worker_id);
       try {
@@ -323,8 +323,8 @@ export class Upstream {
   }
 
   /** The next decode worker for this request, counted as taken (while its prefill runs, too), or undefined. */
-  private reserveDecode(model: string, tried: Set<string>, needs: readonly Capability[]): { worker: PoolWorker; release: () => void } | undefined {
-    const worker = this.pool.pick(model, 'decode', tried, needs);
+  private reserveDecode(model: string, tried: Set<string>, needs: readonly Capability[], adapter?: string): { worker: PoolWorker; release: () => void } | undefined {
+    const worker = this.pool.pick(model, 'decode', tried, needs, undefined, adapter);
     if (!worker) return undefined;
     tried.add(worker.record.worker_id);
     return { worker, release: this.pool.acquire(worker) };
@@ -347,7 +347,7 @@ export class Upstream {
     const needs = capabilitiesNeeded(body);
     for (let pair = 1; ; pair++) {
       if (signal.aborted) throw signal.reason;
-      let decode = this.reserveDecode(body.model, tried, needs);
+      let decode = this.reserveDecode(body.model, tried, needs, body.adapter);
       if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
       let kv: KvTransferRef | undefined;
       try {
@@ -376,7 +376,7 @@ export class Upstream {
             lost = true;
           } else if (err instanceof TryElsewhere) {
             if (err.said !== undefined) lastRefusal = err.said;
-            if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs);
+            if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs, body.adapter);
           }
           if (!decode && kv !== undefined) await this.releaseKv(kv);
           if (!(err instanceof TryElsewhere) && !lost) throw err;

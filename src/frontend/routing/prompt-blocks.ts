@@ -64,6 +64,7 @@ export interface PromptBlocks {
   hashes: BlockHash[];
 }
 
-export function promptBlocks(tokens: ArrayLike<number>, blockSize: number): PromptBlocks {
-  return { tokens: tokens.length, hashes: blockHashes(tokens, blockSize) };
+/** `root`: adapterRoot's, for a request naming a LoRA adapter. */
+export function promptBlocks(tokens: ArrayLike<number>, blockSize: number, root?: BlockHash): PromptBlocks {
+  return { tokens: tokens.length, hashes: blockHashes(tokens, blockSize, root) };
 }

@@ -6,6 +6,8 @@ import type { KvFeed } from './kv-feed.js';
 import type { KvRouterMetrics } from './kv-metrics.js';
 import { kvProfile, localTokens, promptBlocks, type KvProfile, type PromptBlocks } from './prompt-blocks.js';
 import type { PoolWorker, WorkerPool } from './worker-pool.js';
+import { adapterView } from './adapter-view.js';
+import { adapterRoot } from '../../protocol/block-hash.js';
 
 export const ROUTER_KINDS = ['kv', 'least-loaded', 'round-robin'] as const;
 export type RouterKind = (typeof ROUTER_KINDS)[number];
@@ -16,6 +18,13 @@ export type RouterKind = (typeof ROUTER_KINDS)[number];
  * that wins every overlap from collecting every request (the sticky-routing spiral).
  */
 export const INFLIGHT_COST_TOKENS = 64;
+
+/**
+ * What a millisecond of LoRA adapter load is worth in the cost, in prompt tokens: a 500 ms load
+ * weighs as much as eight more requests in flight, so a hot adapter spreads to another worker once
+ * the workers holding it are that much busier than one that would load it.
+ */
+export const ADAPTER_LOAD_COST_TOKENS_PER_MS = 1;
 
 /** The default weight of the prefill tokens a worker would have to compute, against its load. */
 export const DEFAULT_OVERLAP_WEIGHT = 1;
@@ -41,6 +50,8 @@ export interface RouteHint {
   spaces: Map<string, PromptBlocks>;
   /** What the last pick predicted for the worker it chose. */
   chosen?: { workerId: string; cachedTokens: number } | undefined;
+  /** The LoRA adapter the request names: its blocks are salted with it, and a load counts in the cost. */
+  adapter?: string | undefined;
 }
 
 interface Scored {
@@ -87,8 +98,10 @@ export class Router {
    */
   async prepare(body: GenerateBody, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[]): Promise<RouteHint | undefined> {
     if (this.kind !== 'kv' || !this.opts.feed) return undefined;
-    const eligible = this.pool.eligible(body.model, mode, tried, needs);
+    const eligible = this.pool.eligible(body.model, mode, tried, needs, undefined, body.adapter);
     if (eligible.length < 2) return undefined;
+    // Two adapters (and the base model) never share a cached block: salted only when one is named.
+    const root = adapterRoot(body.adapter);
     const spaces = new Map<string, PromptBlocks>();
     let tokens: number | undefined;
     let chars: number | undefined;
@@ -99,25 +112,25 @@ export class Router {
         if (!asked) continue;
         const ids = await this.opts.tokenize!(asked.record, body).catch(() => undefined);
         if (ids === undefined) continue;
-        spaces.set(p.key, promptBlocks(ids, p.blockSize));
+        spaces.set(p.key, promptBlocks(ids, p.blockSize, root));
         tokens = ids.length;
       } else {
-        const b = promptBlocks(localTokens(body, p.space), p.blockSize);
+        const b = promptBlocks(localTokens(body, p.space), p.blockSize, root);
         spaces.set(p.key, b);
         if (p.space === 'chars') chars = b.tokens;
         else tokens ??= b.tokens;
       }
     }
     // Without a token count, about four characters a token.
-    return { model: body.model, tokens: tokens ?? Math.ceil((chars ?? 0) / 4), spaces };
+    return { model: body.model, tokens: tokens ?? Math.ceil((chars ?? 0) / 4), spaces, adapter: body.adapter };
   }
 
   /** The worker for the next attempt, or undefined when none is eligible. */
-  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint?: RouteHint): PoolWorker | undefined {
+  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint?: RouteHint, adapter?: string): PoolWorker | undefined {
     let w: PoolWorker | undefined;
-    if (this.kind === 'least-loaded' || (this.kind === 'kv' && hint === undefined)) w = this.pool.pick(model, mode, tried, needs);
+    if (this.kind === 'least-loaded' || (this.kind === 'kv' && hint === undefined)) w = this.pool.pick(model, mode, tried, needs, undefined, adapter);
     else if (this.kind === 'round-robin') {
-      for (const c of this.pool.eligible(model, mode, tried, needs)) if (w === undefined || c.pickedAt < w.pickedAt) w = c;
+      for (const c of this.pool.eligible(model, mode, tried, needs, undefined, adapter)) if (w === undefined || c.pickedAt < w.pickedAt) w = c;
       if (w) this.pool.picked(w);
     } else w = this.score(model, mode, tried, needs, hint!);
     if (w) this.opts.metrics?.decision(this.kind);
@@ -126,7 +139,7 @@ export class Router {
 
   private score(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint: RouteHint): PoolWorker | undefined {
     const feed = this.opts.feed!;
-    const eligible = this.pool.eligible(model, mode, tried, needs);
+    const eligible = this.pool.eligible(model, mode, tried, needs, undefined, hint.adapter);
     const now = Date.now();
     // One walk of the index per token space (most models have one).
     const queries = new Map<string, number>();
@@ -143,7 +156,8 @@ export class Router {
         const overlap = feed.index.overlap(q, worker.record.worker_id);
         if (overlap > 0) cached = Math.min(hint.tokens, Math.round((overlap * p.blockSize * hint.tokens) / hint.spaces.get(key)!.tokens));
       }
-      const cost = this.weight * (hint.tokens - cached) + (this.queued.get(worker.record.worker_id) ?? 0) + INFLIGHT_COST_TOKENS * worker.load;
+      let cost = this.weight * (hint.tokens - cached) + (this.queued.get(worker.record.worker_id) ?? 0) + INFLIGHT_COST_TOKENS * worker.load;
+      if (hint.adapter !== undefined) cost += adapterLoadCost(worker, hint.adapter);
       const s = { worker, cached, cost };
       scored?.push(s);
       if (best === undefined || cost < best.cost || (cost === best.cost && worker.pickedAt < best.worker.pickedAt)) best = s;
@@ -198,4 +212,15 @@ export class Router {
     const blocks = hint.spaces.get(p.key);
     if (p.events === 'none' && blocks !== undefined) this.opts.feed?.sent(worker.record, blocks.hashes);
   }
+}
+
+/**
+ * What naming `adapter` costs on `worker`: nothing where it is resident (serving, or loading: the
+ * load is under way), its typical load time where it would be loaded, doubled where no slot is free
+ * (an idle adapter is evicted first, and the worker refuses when none is idle).
+ */
+function adapterLoadCost(worker: PoolWorker, adapter: string): number {
+  const v = adapterView(worker.record);
+  if (v.resident.has(adapter)) return 0;
+  return ADAPTER_LOAD_COST_TOKENS_PER_MS * v.loadMs * (v.free > 0 ? 1 : 2);
 }

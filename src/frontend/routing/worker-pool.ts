@@ -2,6 +2,7 @@ import type { ToolCallSyntax } from '../../protocol/tools.js';
 import { CAPABILITIES, missingCapability, type Capability } from '../../protocol/capabilities.js';
 import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../../discovery/discovery.js';
 import { LeastLoaded, type Ranked } from './least-loaded.js';
+import { canServeAdapter } from './adapter-view.js';
 
 /** Why the frontend is not sending a worker new requests for now, though discovery still lists it. */
 export type Hold = 'draining' | 'overloaded' | 'unreachable';
@@ -106,6 +107,10 @@ export class WorkerPool {
   private readonly lastServed = new Map<string, number>();
   /** Peer processes' in-flight counts by worker id, kept for workers this view does not hold yet. */
   private readonly peerInflight = new Map<string, number>();
+  /** Per LoRA adapter: its base models, with how many workers in discovery can load it on each. */
+  private readonly adapterBases = new Map<string, Map<string, number>>();
+  /** When the last worker that could load each adapter left discovery (as lastServed for models). */
+  private readonly adapterLastServed = new Map<string, { base: string; at: number }>();
 
   /** `onInflight`: told each change of this process's own in-flight counts (to share them with peer processes). */
   constructor(private readonly onInflight?: InflightListener) {}
@@ -134,6 +139,40 @@ export class WorkerPool {
     c.modes.set(record.mode, (c.modes.get(record.mode) ?? 0) + by);
     if (record.mode !== 'prefill') for (const cap of YES_NO) if (record.capabilities?.[cap] === true) c.declaring.set(cap, (c.declaring.get(cap) ?? 0) + by);
     if (c.workers === 0) this.counts.delete(record.model);
+    if (record.adapters !== undefined) for (const name of record.adapters.available) this.countAdapter(name, record.model, by);
+  }
+
+  private countAdapter(name: string, base: string, by: 1 | -1): void {
+    let bases = this.adapterBases.get(name);
+    if (!bases) this.adapterBases.set(name, (bases = new Map()));
+    const n = (bases.get(base) ?? 0) + by;
+    if (n > 0) bases.set(base, n);
+    else bases.delete(base);
+    if (bases.size > 0) {
+      this.adapterLastServed.delete(name);
+      return;
+    }
+    this.adapterBases.delete(name);
+    this.adapterLastServed.set(name, { base, at: Date.now() });
+  }
+
+  /**
+   * The base model a LoRA adapter named as a request's `model` runs on: one a worker in discovery
+   * can load it on, or (its workers all drained lately) the one it ran on, for a retryable 503.
+   * Undefined: no such adapter (a model's name is never read as an adapter's).
+   */
+  adapterBase(name: string, now = Date.now()): { base: string; inDiscovery: boolean } | undefined {
+    const bases = this.adapterBases.get(name);
+    if (bases !== undefined) for (const base of bases.keys()) return { base, inDiscovery: true };
+    const left = this.adapterLastServed.get(name);
+    return left !== undefined && now - left.at < MODEL_MEMORY_MS ? { base: left.base, inDiscovery: false } : undefined;
+  }
+
+  /** Every adapter known (in discovery, or lately), with its base model: what /v1/models lists. */
+  knownAdapters(now = Date.now()): Array<{ name: string; base: string; available: boolean }> {
+    const out = [...this.adapterBases].map(([name, bases]) => ({ name, base: [...bases.keys()][0]!, available: true }));
+    for (const [name, left] of this.adapterLastServed) if (now - left.at < MODEL_MEMORY_MS) out.push({ name, base: left.base, available: false });
+    return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   }
 
   /** Enters `w` (in discovery with `w.record`) into its counts and its index. */
@@ -279,10 +318,10 @@ export class WorkerPool {
 
   /**
    * Every worker of `model` in `mode` that may take this request now (in discovery, not held, not
-   * tried, declaring `needs`): what a scoring router (routing/router.ts) chooses among. Eligibility
+   * tried, declaring `needs`, able to take `adapter` where one is named): what a scoring router (routing/router.ts) chooses among. Eligibility
    * comes first, so nothing leaving is ever scored.
    */
-  eligible(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[] = [], now = Date.now()): PoolWorker[] {
+  eligible(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[] = [], now = Date.now(), adapter?: string): PoolWorker[] {
     const index = this.indexes.get(keyOf(model, mode));
     if (!index) return [];
     const out: PoolWorker[] = [];
@@ -290,6 +329,7 @@ export class WorkerPool {
       if (w.hold !== undefined && w.hold.until > now) continue;
       if (tried.size > 0 && tried.has(w.record.worker_id)) continue;
       if (needs.length > 0 && missingCapability(w.record.capabilities, needs) !== undefined) continue;
+      if (adapter !== undefined && !canServeAdapter(w.record, adapter)) continue;
       out.push(w);
     }
     return out;
@@ -307,14 +347,15 @@ export class WorkerPool {
    * The least-loaded eligible worker of `model` in `mode` that declares every capability in `needs`,
    * skipping those already tried for this request and those held out.
    */
-  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[] = [], now = Date.now()): PoolWorker | undefined {
+  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[] = [], now = Date.now(), adapter?: string): PoolWorker | undefined {
     const index = this.indexes.get(keyOf(model, mode));
     if (!index) return undefined;
     const w = index.best(
       (w) =>
         !(w.hold !== undefined && w.hold.until > now) &&
         !(tried.size > 0 && tried.has(w.record.worker_id)) &&
-        !(needs.length > 0 && missingCapability(w.record.capabilities, needs) !== undefined),
+        !(needs.length > 0 && missingCapability(w.record.capabilities, needs) !== undefined) &&
+        !(adapter !== undefined && !canServeAdapter(w.record, adapter)),
     );
     if (!w) return undefined;
     w.pickedAt = ++this.picks; // to the back of its in-flight level: ties rotate
