@@ -8,9 +8,11 @@ import { isAdapterName } from '../protocol/adapters.js';
  */
 export function parseLoraFlag(value: string): AdapterSource {
   const eq = value.indexOf('=');
-  const name = eq < 0 ? '' : value.slice(0, eq);
-  const path = eq < 0 ? '' : value.slice(eq + 1);
-  if (!isAdapterName(name) || path === '') throw new InvalidArgumentError(`"${value}" is not NAME=PATH (NAME: letters, digits, . _ : @ -; at most 128)`);
+  if (eq < 0) throw new InvalidArgumentError(`expected NAME=PATH (the adapter's name, then what the engine loads), got "${value}"`);
+  const name = value.slice(0, eq).trim();
+  const path = value.slice(eq + 1).trim();
+  if (!isAdapterName(name)) throw new InvalidArgumentError(`adapter name "${name}" in "${value}": use letters, digits, . _ : @ - (at most 128; it is the model name clients send)`);
+  if (path === '') throw new InvalidArgumentError(`adapter "${name}" has no file: expected NAME=PATH, got "${value}"`);
   return { name, path };
 }
 

@@ -124,7 +124,7 @@ export function workerCommand(): Command {
     .option('--mocker-kv-block-size <n>', 'mocker prefix cache tokens per block', intOption(1), MOCKER_DEFAULTS.kvBlockSize)
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute with the KV cache on: uncached prompt tokens per second, shared by concurrent prefills', intOption(1), MOCKER_DEFAULTS.prefillTokensPerS)
     .option('--mocker-embedding-dim <n>', 'mocker embedding size: /v1/embeddings vectors have this many dimensions (fewer with `dimensions`)', intOption(1), MOCKER_DEFAULTS.embeddingDim)
-    .option('--mocker-lora <name>', 'mocker LoRA adapter it can load, named by clients as their `model` (repeatable)', collectAdapterName, [])
+    .addOption(new Option('--mocker-lora <name>', 'mocker LoRA adapter it can load, named by clients as their `model` (repeatable)').argParser(collectAdapterName).default([] as string[], 'none'))
     .option('--mocker-lora-slots <n>', 'mocker LoRA adapters resident at once (the least recently used idle one is evicted for another)', intOption(1), MOCKER_DEFAULTS.lora.slots)
     .option('--mocker-lora-load-ms <n>', 'mocker time to load a LoRA adapter', msOption(0), MOCKER_DEFAULTS.lora.loadMs)
     .option('--mocker-load-ms <n>', 'mocker simulated model loading before the worker registers', msOption(0), MOCKER_DEFAULTS.loadMs)
