@@ -4,10 +4,12 @@
  * Starts one mocker worker (itl 0, ttft 0) and one frontend as child processes on loopback and, at
  * each concurrency, drives closed-loop streaming load twice: straight at the worker's request plane
  * (POST /generate, NDJSON) and through the frontend (POST /v1/chat/completions, SSE). The worker
- * does the same work either way, so the difference is what the frontend's relay costs.
+ * does the same work either way, so the difference is what the frontend's relay costs. A third
+ * path, openai-port, is the worker's own OpenAI API (`ebb worker --openai-port`): the frontend's code
+ * in the worker's process, one loopback hop to its own request plane.
  *
  *   npx tsc -p . && node dist/bench/frontend-overhead.js [--duration-ms 4000] [--max-tokens 64]
- *     [--warmup-ms 1000] [--rounds 1] [--concurrency 1,16,64] [--paths direct,frontend] [--json-parse]
+ *     [--warmup-ms 1000] [--rounds 1] [--concurrency 1,16,64] [--paths direct,frontend,openai-port] [--json-parse]
  *     [--frontend-node-args "--cpu-prof --cpu-prof-dir=/tmp/prof"]
  *
  * Children run under the test helpers' process runner, and streams are split by their splitBody.
@@ -41,7 +43,8 @@ interface Options {
   workerNodeArgs: string[];
 }
 
-type Path = 'direct' | 'frontend';
+type Path = 'direct' | 'frontend' | 'openai-port';
+const PATHS: readonly Path[] = ['direct', 'frontend', 'openai-port'];
 
 class UsageError extends Error {}
 
@@ -53,7 +56,7 @@ function usage(): string {
     '  --rounds <n>               measure each point n times, alternating paths, and pool the samples (default 1)',
     '  --max-tokens <n>           tokens per request (default 64)',
     '  --concurrency <list>       concurrent streams per point (default 1,16,64)',
-    '  --paths <list>             direct,frontend (default both; ratios need both)',
+    '  --paths <list>             direct,frontend,openai-port (default direct,frontend; ratios are against direct)',
     '  --json-parse               JSON.parse every token line/event on the client (default: scan only)',
     '  --frontend-node-args <s>   extra node flags for the frontend child, e.g. "--cpu-prof --cpu-prof-dir=/tmp/p"',
     '  --worker-node-args <s>     extra node flags for the worker child',
@@ -99,7 +102,7 @@ function parseOptions(argv: string[]): Options {
         break;
       case '--paths': {
         const ps = (value() ?? '').split(',').map((s) => s.trim());
-        for (const p of ps) if (p !== 'direct' && p !== 'frontend') throw new UsageError(`--paths: unknown path "${p}"`);
+        for (const p of ps) if (!PATHS.includes(p as Path)) throw new UsageError(`--paths: unknown path "${p}"`);
         o.paths = ps as Path[];
         break;
       }
@@ -440,7 +443,7 @@ async function main(): Promise<void> {
 
   try {
     worker = await startWorker(
-      ['--discovery', discovery, '--model', MODEL, '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-batch-slots', '256', '--shutdown-grace-ms', '0', '--drain-timeout-ms', '1000'],
+      ['--discovery', discovery, '--model', MODEL, '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-batch-slots', '256', '--shutdown-grace-ms', '0', '--drain-timeout-ms', '1000', ...(opts.paths.includes('openai-port') ? ['--openai-port', '0'] : [])],
       {},
       { nodeArgs: opts.workerNodeArgs },
     );
@@ -468,6 +471,12 @@ async function main(): Promise<void> {
       frontend: {
         path: 'frontend',
         url: `${frontendUrl}/v1/chat/completions`,
+        body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: CONTENT }], max_tokens: opts.maxTokens, stream: true }),
+        consume: sseConsumer(opts.jsonParse),
+      },
+      'openai-port': {
+        path: 'openai-port',
+        url: `${worker.openaiUrl ?? 'http://not-asked-for'}/v1/chat/completions`,
         body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: CONTENT }], max_tokens: opts.maxTokens, stream: true }),
         consume: sseConsumer(opts.jsonParse),
       },
@@ -534,13 +543,16 @@ async function main(): Promise<void> {
       ),
     );
 
+    // Each relaying path against direct: the frontend, and the worker's own OpenAI port.
     const ratios = opts.concurrency.flatMap((c) => {
       const d = stats.find((s) => s.concurrency === c && s.path === 'direct');
-      const f = stats.find((s) => s.concurrency === c && s.path === 'frontend');
-      if (!d || !f) return [];
-      return [
-        {
+      if (!d) return [];
+      return stats
+        .filter((f) => f.concurrency === c && f.path !== 'direct')
+        .map((f) => ({
           concurrency: c,
+          path: f.path,
+          ttft_p50_ratio: round(f.ttftP50 / d.ttftP50, 3),
           tok_per_s_ratio: round(f.tokPerS / d.tokPerS, 3),
           req_per_s_ratio: round(f.reqPerS / d.reqPerS, 3),
           added_ttft_ms_p50: round(f.ttftP50 - d.ttftP50, 3),
@@ -549,17 +561,18 @@ async function main(): Promise<void> {
           added_total_ms_p99: round(f.totalP99 - d.totalP99, 3),
           direct_tok_per_s: round(d.tokPerS, 0),
           frontend_tok_per_s: round(f.tokPerS, 0),
-          frontend_cpu_us_per_token: f.frontendCpuUsPerToken === undefined ? null : round(f.frontendCpuUsPerToken, 2),
-        },
-      ];
+          frontend_cpu_us_per_token: f.path !== 'frontend' || f.frontendCpuUsPerToken === undefined ? null : round(f.frontendCpuUsPerToken, 2),
+        }));
     });
     if (ratios.length > 0) {
       console.log('');
       console.log(
         table(
-          ['conc', 'tok/s fe/direct', 'req/s fe/direct', '+ttft p50 ms', '+ttft p99 ms', '+total p50 ms', '+total p99 ms'],
+          ['conc', 'path', 'ttft p50 x', 'tok/s /direct', 'req/s /direct', '+ttft p50 ms', '+ttft p99 ms', '+total p50 ms', '+total p99 ms'],
           ratios.map((r) => [
             String(r.concurrency),
+            r.path,
+            fmt(r.ttft_p50_ratio ?? NaN, 2),
             fmt(r.tok_per_s_ratio ?? NaN, 3),
             fmt(r.req_per_s_ratio ?? NaN, 3),
             fmt(r.added_ttft_ms_p50 ?? NaN, 2),

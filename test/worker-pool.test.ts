@@ -49,6 +49,22 @@ describe('worker pool routing', () => {
     assert.equal(pool.knows('never'), false);
   });
 
+  it("a worker's own pool (--openai-port) never forgets its model and adapters: started drained or drained for long, a 503", () => {
+    const own: WorkerRecord = { ...rec('a'), adapters: { slots: 1, load_ms: 0, available: ['lora-x'], resident: {} } };
+    const pool = new WorkerPool(undefined, own);
+    pool.apply({ type: 'reset', records: [] });
+    const later = Date.now() + MODEL_MEMORY_MS + 1;
+    assert.equal(pool.knows('m', later), true, 'never registered, yet known');
+    assert.deepEqual(pool.knownModels(later), ['m']);
+    assert.deepEqual(pool.adapterBase('lora-x', later), { base: 'm', inDiscovery: false });
+    assert.deepEqual(pool.knownAdapters(later), [{ name: 'lora-x', base: 'm', available: false }]);
+    pool.apply({ type: 'put', record: own });
+    assert.deepEqual(pool.adapterBase('lora-x'), { base: 'm', inDiscovery: true }, 'registered: in discovery');
+    pool.apply({ type: 'delete', worker_id: 'a' });
+    assert.equal(pool.knows('m', later), true, 'drained past MODEL_MEMORY_MS: still known');
+    assert.equal(pool.knows('other', later), false);
+  });
+
   it('replaces its view on reset and follows deletes', () => {
     const pool = new WorkerPool();
     pool.apply({ type: 'reset', records: [rec('a'), rec('b')] });

@@ -15,6 +15,7 @@ import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { DEFAULT_CLIENT_WRITE_TIMEOUT_MS } from '../frontend/relay/client-stream.js';
 import { STREAM_STORE_DEFAULTS } from '../frontend/streams/stream-store.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
+import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 
 interface FrontendFlags {
   host: string;
@@ -83,7 +84,7 @@ export function frontendCommand(): Command {
     .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
     .option('--worker-admin-token-file <path>', `file holding the admin token presented to workers' event streams (KV events, status), which need it where a worker has an admin token (env ${WORKER_ADMIN_TOKEN_ENV}; default: the first token of --admin-token-file)`)
-    .option('--api-key-file <path>', 'clients must send one of these keys as Authorization: Bearer on /v1/ routes (one key, or name:key lines); default: no client authentication')
+    .addOption(apiKeyFileOption())
     .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
     .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
     .option('--client-write-timeout-ms <n>', 'a streaming client that reads none of its answer for this long (its socket full) is disconnected, freeing its worker (0 = never)', msOption(0), DEFAULT_CLIENT_WRITE_TIMEOUT_MS)
@@ -121,8 +122,7 @@ export function frontendCommand(): Command {
       // One token (a named file holds one: `frontend:secret`); a worker accepts it among its own.
       const workerAdminToken =
         flags.workerAdminTokenFile !== undefined ? await loadAdminToken(flags.workerAdminTokenFile, {}) : process.env[WORKER_ADMIN_TOKEN_ENV]?.trim() || token?.[0]?.token || requestToken;
-      // Not EBB_ADMIN_TOKEN: API keys come from their own file only.
-      const apiKeys = flags.apiKeyFile === undefined ? undefined : await loadAdminTokens(flags.apiKeyFile, {});
+      const apiGuard = await loadApiGuard(flags.apiKeyFile);
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
       const timeouts = { requestTimeoutMs: flags.requestTimeoutMs, headersTimeoutMs: flags.headersTimeoutMs, keepAliveTimeoutMs: flags.keepAliveTimeoutMs };
       const log = createLogger('frontend');
@@ -139,7 +139,7 @@ export function frontendCommand(): Command {
         corsOrigins: flags.corsOrigin,
         upstreamConnections: flags.upstreamConnections,
         healthReadyWithoutWorkers: flags.healthReadyWithoutWorkers,
-        apiGuard: createAdminGuard(apiKeys, 'API'),
+        apiGuard,
         requestToken,
         workerAdminToken,
         router: flags.router,

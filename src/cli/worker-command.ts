@@ -22,6 +22,7 @@ import type { WorkerMode } from '../protocol/worker-mode.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, workerIdOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
 import { loraOption } from './lora-flag.js';
+import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 import type { AdapterSource } from '../engine/engine-adapters.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 
@@ -35,6 +36,8 @@ interface WorkerFlags extends LlamaCppFlags {
   advertiseHost?: string;
   adminTokenFile?: string;
   requestTokenFile?: string;
+  openaiPort?: number;
+  apiKeyFile?: string;
   systemPort: number;
   discovery: string;
   workerId?: string;
@@ -93,6 +96,8 @@ export function workerCommand(): Command {
     .option('--system-port <n>', 'system-status server port (0 = any free port)', portOption, 0)
     .option('--admin-token-file <path>', `file holding the admin bearer token for drain/resume (env ${ADMIN_TOKEN_ENV}); required when --system-host is not loopback`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token, shared with the fleet's frontends and workers (env ${REQUEST_TOKEN_ENV}); required when --host is not loopback`)
+    .option('--openai-port <n>', "also serve the OpenAI API for this worker alone on this port, bound to --host (for an InferencePool's endpoint picker; 0 = any free port); its requests go through the worker's admission", portOption)
+    .addOption(apiKeyFileOption(' of --openai-port'))
     .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryOption, discoveryDefault())
     .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx; at most 253 bytes, no "/", controls or whitespace, not . or ..)', workerIdOption)
     .option('--register-timeout-ms <n>', 'at start, how long to keep retrying discovery registration before giving up', msOption(0), 30_000)
@@ -156,6 +161,10 @@ export function workerCommand(): Command {
       assertAdminBindAllowed(flags.systemHost, adminToken, '--system-host');
       const requestToken = await loadRequestToken(flags.requestTokenFile);
       assertRequestBindAllowed(flags.host, requestToken, '--host');
+      // Its one worker must answer a whole request: a prefill or decode worker alone does not.
+      if (flags.openaiPort !== undefined && flags.mode !== 'aggregated') throw new CliError(`--openai-port serves a whole request on this worker: it needs --mode aggregated, not ${flags.mode}`);
+      if (flags.apiKeyFile !== undefined && flags.openaiPort === undefined) throw new CliError('--api-key-file guards the --openai-port listener: pass --openai-port too');
+      const apiGuard = await loadApiGuard(flags.apiKeyFile);
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
       // Before the engine loads: a pod annotated for drain starts the worker drained, not registered.
@@ -227,6 +236,7 @@ export function workerCommand(): Command {
             },
             engine: flags.engine === 'openai' ? openaiEngineSpec(flags) : engineSpec(flags),
             startDrained: selfPod?.intent ?? undefined,
+            openai: flags.openaiPort === undefined ? undefined : { host: flags.host, port: flags.openaiPort, apiGuard },
           },
           log,
           exit,
@@ -242,7 +252,11 @@ export function workerCommand(): Command {
         throw new CliError(`worker could not start: ${(err as Error).message}`);
       }
       const { record } = worker;
-      log.info({ event: 'worker_ready', ...record, discovery: worker.discovery.url }, `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}`);
+      const { openaiUrl } = worker;
+      log.info(
+        { event: 'worker_ready', ...record, discovery: worker.discovery.url, ...(openaiUrl === undefined ? {} : { openai_url: openaiUrl }) },
+        `worker ${record.worker_id} ready: request plane ${record.request_url}, system ${record.system_url}${openaiUrl === undefined ? '' : `, OpenAI API ${openaiUrl}/v1`}`,
+      );
       if (selfPod && k8s) {
         try {
           await k8s.attachSelfPod(selfPod, worker.lifecycle, log);

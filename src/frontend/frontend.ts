@@ -68,6 +68,8 @@ export interface FrontendOptions {
   cluster?: ClusterHooks | undefined;
   /** Streams kept for resumption (--stream-store memory, the default); undefined: none kept. */
   streamStore?: StreamStoreOptions | undefined;
+  /** A worker's own --openai-port (worker/openai-port.ts): its registration as the only discovery (discoveryUrl names it), its record never forgotten. */
+  own?: { discovery: Discovery; record: WorkerRecord } | undefined;
 }
 
 export interface ClusterHooks {
@@ -161,8 +163,8 @@ function laneBudget(opts: FrontendOptions, log: Logger): LaneBudget {
 }
 
 export async function startFrontend(opts: FrontendOptions, log: Logger): Promise<RunningFrontend> {
-  const discovery = await connectDiscovery(opts.discoveryUrl);
-  const pool = new WorkerPool(opts.cluster?.onInflight);
+  const discovery = opts.own?.discovery ?? (await connectDiscovery(opts.discoveryUrl));
+  const pool = new WorkerPool(opts.cluster?.onInflight, opts.own?.record);
   const fleet = new FleetView();
   const routerKind = opts.router ?? 'kv';
   // The KV index follows discovery from the first event, so the first requests already find it.

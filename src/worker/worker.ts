@@ -23,6 +23,8 @@ import { adoptDrainIntent, DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from
 import { WorkerAdapters } from './adapters.js';
 import { registerAdapterMetrics } from './adapter-metrics.js';
 import type { Transition } from '../lifecycle/lifecycle.js';
+import { MemoryDiscovery } from '../discovery/memory.js';
+import type { OpenAIPortOptions } from './openai-port.js';
 
 export interface WorkerOptions {
   workerId?: string | undefined;
@@ -50,6 +52,8 @@ export interface WorkerOptions {
    * the Pod's ebb.dev/drain annotation): the worker never takes traffic until resumed.
    */
   startDrained?: { reason: string; deadlineMs?: number | undefined } | undefined;
+  /** Also serve the OpenAI API for this worker alone (--openai-port; see openai-port.ts). */
+  openai?: OpenAIPortOptions | undefined;
 }
 
 export interface RunningWorker {
@@ -57,6 +61,8 @@ export interface RunningWorker {
   lifecycle: Lifecycle;
   engine: Engine;
   discovery: Discovery;
+  /** The --openai-port listener's URL, when one was asked for. */
+  openaiUrl?: string | undefined;
   /** Runs the SIGTERM sequence once; later calls get the same promise. Resolves with the exit code. */
   shutdown(signal: string): Promise<number>;
   /** A second signal: the stage under way and the rest are cancelled; cleanup still runs, briefly. */
@@ -100,13 +106,21 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   let loaded: Engine | undefined;
   const admission = new Admission(() => loaded?.isOverloaded() ?? true);
   let record: WorkerRecord | undefined;
+  // The --openai-port's routing view: this registration, in once discovery confirmed it, out before discovery is told.
+  const own = opts.openai === undefined ? undefined : new MemoryDiscovery();
   const lifecycle = new Lifecycle(
     workerId,
     admission,
     undefined,
     {
-      register: () => discovery.register(record as WorkerRecord),
-      unregister: () => discovery.unregister(workerId),
+      register: async () => {
+        await discovery.register(record as WorkerRecord);
+        await own?.register(record as WorkerRecord);
+      },
+      unregister: async () => {
+        await own?.unregister(workerId);
+        await discovery.unregister(workerId);
+      },
     },
     log,
   );
@@ -166,6 +180,9 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   const kvCache = engine.kvCache ?? engine.kvEvents?.declaration;
   record = { worker_id: workerId, model: opts.model, mode: opts.mode, request_url: requestUrl, system_url: systemUrl, engine: engine.kind, capabilities: engine.capabilities, ...(kvCache ? { kv_cache: kvCache } : {}), ...(adapters ? { adapters: adapters.record() } : {}) };
   if (adapters !== undefined) followAdapters(adapters, lifecycle, record);
+  // Loaded only with --openai-port: it brings the frontend's modules.
+  const openaiPort = opts.openai === undefined ? undefined : await import('./openai-port.js');
+  const openai = openaiPort && own && opts.openai ? await openaiPort.startOpenAIPort(opts.openai, own, record, opts.requestToken, log) : undefined;
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
   });
@@ -192,7 +209,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   });
 
   const cleanup = async (signal: AbortSignal) => {
-    await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal)]);
+    await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal), openai && openaiPort?.closeOpenAIPort(openai, signal)]);
     await prefillPeers?.close();
     await discovery.close();
     await engine.close();
@@ -240,6 +257,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     lifecycle,
     engine,
     discovery,
+    openaiUrl: openai && advertisedUrl(openai.url, opts.advertiseHost),
     shutdown(signal) {
       shuttingDown ??= runShutdown({ signal }, shutdownOpts, shutdownDeps);
       return shuttingDown;

@@ -239,6 +239,8 @@ export interface WorkerHandle extends EbbProcess {
   workerId: string;
   requestUrl: string;
   systemUrl: string;
+  /** Its --openai-port listener, when it has one. */
+  openaiUrl: string | undefined;
 }
 
 export function tempDiscoveryUrl(): string {
@@ -261,6 +263,7 @@ export async function workerReady(p: EbbProcess): Promise<WorkerHandle> {
     workerId: ready.worker_id as string,
     requestUrl: ready.request_url as string,
     systemUrl: ready.system_url as string,
+    openaiUrl: ready.openai_url as string | undefined,
   }) as WorkerHandle;
 }
 

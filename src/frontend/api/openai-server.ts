@@ -395,7 +395,7 @@ export function createOpenAIServer({
     const passed = typeof body.previous_response_id === 'string' ? toHolder(body.previous_response_id, req, reply, body) : undefined;
     if (passed !== undefined) return passed;
     const stateful = body.background === true ? 'background' : typeof body.previous_response_id === 'string' ? 'previous_response_id' : undefined;
-    if (stateful !== undefined && records === undefined) throw new EbbError('unsupported_parameter', `${stateful} needs kept responses: this frontend runs with --stream-store none`, { param: stateful });
+    if (stateful !== undefined && records === undefined) throw new EbbError('unsupported_parameter', `${stateful} needs kept responses: this server keeps none (a frontend run with --stream-store none, or a worker's --openai-port)`, { param: stateful });
     if (body.background === true && body.store === false) throw new EbbError('invalid_request', 'background responses are stored: store false is not allowed with background true', { param: 'store' });
     const previous = typeof body.previous_response_id === 'string' ? await previousTurns(body.previous_response_id) : [];
     const room = holdLanes(reply, served.model, 1, 1);

@@ -112,8 +112,15 @@ export class WorkerPool {
   /** When the last worker that could load each adapter left discovery (as lastServed for models). */
   private readonly adapterLastServed = new Map<string, { base: string; at: number }>();
 
-  /** `onInflight`: told each change of this process's own in-flight counts (to share them with peer processes). */
-  constructor(private readonly onInflight?: InflightListener) {}
+  /**
+   * `onInflight`: told each change of this process's own in-flight counts (to share them with peer processes).
+   * `own`: the worker whose --openai-port this pool routes for (read live: its adapters change): its
+   * model and adapters stay known while it is out of discovery (drained, or started drained), a 503, never a 404.
+   */
+  constructor(
+    private readonly onInflight?: InflightListener,
+    private readonly own?: WorkerRecord,
+  ) {}
 
   /** What the other processes serving this port have open on `workerId` (their sum); it ranks the worker here too. */
   setPeerInflight(workerId: string, n: number): void {
@@ -164,6 +171,7 @@ export class WorkerPool {
   adapterBase(name: string, now = Date.now()): { base: string; inDiscovery: boolean } | undefined {
     const bases = this.adapterBases.get(name);
     if (bases !== undefined) for (const base of bases.keys()) return { base, inDiscovery: true };
+    if (this.own?.adapters?.available.includes(name)) return { base: this.own.model, inDiscovery: false };
     const left = this.adapterLastServed.get(name);
     return left !== undefined && now - left.at < MODEL_MEMORY_MS ? { base: left.base, inDiscovery: false } : undefined;
   }
@@ -172,6 +180,7 @@ export class WorkerPool {
   knownAdapters(now = Date.now()): Array<{ name: string; base: string; available: boolean }> {
     const out = [...this.adapterBases].map(([name, bases]) => ({ name, base: [...bases.keys()][0]!, available: true }));
     for (const [name, left] of this.adapterLastServed) if (now - left.at < MODEL_MEMORY_MS) out.push({ name, base: left.base, available: false });
+    for (const name of this.own?.adapters?.available ?? []) if (!out.some((a) => a.name === name)) out.push({ name, base: this.own!.model, available: false });
     return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   }
 
@@ -306,12 +315,13 @@ export class WorkerPool {
   knownModels(now = Date.now()): string[] {
     const known = new Set(this.counts.keys());
     for (const [model, left] of this.lastServed) if (now - left < MODEL_MEMORY_MS) known.add(model);
+    if (this.own !== undefined) known.add(this.own.model);
     return [...known].sort();
   }
 
   /** A model in discovery, or one whose last worker left it less than MODEL_MEMORY_MS ago. */
   knows(model: string, now = Date.now()): boolean {
-    if (this.hasModel(model)) return true;
+    if (this.hasModel(model) || this.own?.model === model) return true;
     const left = this.lastServed.get(model);
     return left !== undefined && now - left < MODEL_MEMORY_MS;
   }
