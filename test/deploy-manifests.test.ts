@@ -247,19 +247,30 @@ describe('deploy/kubernetes: documents', () => {
 });
 
 describe('deploy/kubernetes: the InferencePool', () => {
-  it("selects ebb worker pods and targets a port they expose; the picker's metrics are on their system port", () => {
+  it("selects ebb worker pods and targets the OpenAI port they expose and serve (--openai-port, off loopback, aggregated); the picker's metrics are on their system port", () => {
     const pools = docs.filter((d) => d.kind === 'InferencePool');
     assert.ok(pools.length >= 1, 'an example InferencePool');
     for (const pool of pools) {
       const where = `InferencePool/${pool.metadata.name}`;
+      const target = pool.spec.targetPortNumber as number;
       const selected = workloads.filter((w) => Object.entries(pool.spec.selector as Record<string, string>).every(([k, v]) => w.spec.template.metadata.labels?.[k] === v));
       assert.ok(selected.length > 0, `${where}: selects no pod`);
       for (const w of selected) {
         const worker = ebbContainers(podSpec(w)).find((c) => c.args?.[0] === 'worker') ?? assert.fail(`${where}: ${w.metadata.name} runs no ebb worker`);
-        assert.ok((worker.ports ?? []).some((p) => p.containerPort === pool.spec.targetPortNumber), `${where}: ${w.metadata.name} exposes ${pool.spec.targetPortNumber}`);
-        assert.ok(argValue(worker.args!, '--system-port'), `${where}: ${w.metadata.name} serves /metrics on a system port`);
+        const args = worker.args!;
+        const port = (worker.ports ?? []).find((p) => p.containerPort === target) ?? assert.fail(`${where}: ${w.metadata.name} exposes no port ${target}`);
+        assert.ok(port.name, `${where}: ${w.metadata.name}'s port ${target} is named`);
+        // The picker forwards the client's OpenAI request: the target must be the worker's OpenAI listener, not its request plane.
+        assert.equal(argValue(args, '--openai-port'), String(target), `${where}: ${w.metadata.name} serves the OpenAI API (--openai-port) on the target port`);
+        assert.notEqual(argValue(args, '--port'), String(target), `${where}: the target is not the request plane`);
+        assert.ok(!/^(127\.|localhost$|::1$)/.test(argValue(args, '--host') ?? '127.0.0.1'), `${where}: ${w.metadata.name} binds --openai-port (on --host) off loopback, where the Gateway reaches it`);
+        assert.equal(argValue(args, '--mode') ?? 'aggregated', 'aggregated', `${where}: --openai-port needs an aggregated worker`);
+        assert.ok(argValue(args, '--system-port'), `${where}: ${w.metadata.name} serves /metrics on a system port`);
       }
     }
+    const comment = readFileSync(join(DEPLOY, 'inference-pool.yaml'), 'utf8').replace(/\n# ?/g, ' ');
+    for (const said of [/--model-server-metrics-port=9090/, /not migrated/, /handed off/, /not resumable/, /drain-aware/, /Which to use/])
+      assert.match(comment, said, 'the comment says where the picker reads metrics, what it gives up compared with the frontend, and when to use which');
   });
 });
 
