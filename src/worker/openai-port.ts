@@ -22,7 +22,7 @@ export interface OpenAIPortOptions {
  */
 export function startOpenAIPort(opts: OpenAIPortOptions, own: Discovery, record: WorkerRecord, requestToken: string | undefined, log: Logger): Promise<RunningFrontend> {
   return startFrontend(
-    { host: opts.host, port: opts.port, discoveryUrl: own.url, own: { discovery: own, record }, router: 'least-loaded', migrationLimit: 0, requestToken, apiGuard: opts.apiGuard },
+    { host: opts.host, port: opts.port, discoveryUrl: own.url, own: { discovery: own, record }, router: 'least-loaded', requestToken, apiGuard: opts.apiGuard },
     log.child({ component: 'openai-port' }),
   );
 }
