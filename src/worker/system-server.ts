@@ -61,7 +61,7 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
   };
   const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => {
     const kv = kvCacheStatus(r.engine);
-    return { ...s, ...scaleDownFacts(r, s), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }) };
+    return { ...s, ...scaleDownFacts(r, s), overloaded: r.engine.isOverloaded(), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }) };
   };
   /** Who is acting, for the audit trail: the admin token's name, or on an open listener the caller's address. */
   const actorOf = (req: FastifyRequest): string => (guardAdmin ? guardAdmin(req.headers.authorization) || DEFAULT_TOKEN_NAME : req.ip);

@@ -32,6 +32,7 @@ import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
+import { tagTickets } from './admission-ticket.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -59,6 +60,8 @@ export interface OpenAIServerDeps {
   cluster?: Pick<ClusterHooks, 'slot' | 'scrape' | 'peerUrl'> | undefined;
   /** Where streams are kept for resumption (--stream-store); none: streams end with their connection, as before. */
   streams?: StreamStore | undefined;
+  /** Requests no worker can take now wait (--queue-timeout); none: 503 at once, as before. */
+  queueing?: boolean | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -106,6 +109,7 @@ export function createOpenAIServer({
   apiGuard,
   cluster,
   streams,
+  queueing = false,
 }: OpenAIServerDeps): FastifyInstance {
   // The Responses API's state (retrieve, cancel, background, previous_response_id) lives beside the kept streams.
   const records = streams === undefined ? undefined : new ResponseRecords(streams.opts.responseTtlMs, streams.opts.maxStreams, streams.mirror);
@@ -188,10 +192,21 @@ export function createOpenAIServer({
   const scrape = cluster?.scrape ?? (() => metrics.registry.metrics());
   app.get('/metrics', async (_req, reply) => reply.header('content-type', metrics.registry.contentType).send(await scrape()));
 
-  /** What every generating route checks first: a model somebody serves, and fields the fleet can honour. */
+  /**
+   * What every generating route checks first: a model somebody serves, and fields the fleet can
+   * honour. With a queue, a known model with no worker in discovery goes on to wait for one (its
+   * fields are then the worker's to check).
+   */
   const admit = (body: { model: string }, table: FieldPolicy) => {
-    if (!pool.hasModel(body.model)) throw unavailableModel(pool, body.model);
+    if (!pool.hasModel(body.model)) {
+      if (queueing && pool.knows(body.model)) return;
+      throw unavailableModel(pool, body.model);
+    }
     checkFields(body as unknown as Record<string, unknown>, table, pool);
+  };
+  /** The queue's ticket on each generate body (none without a queue: nothing per request then). */
+  const ticket = (gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest) => {
+    if (queueing) tagTickets(gens, tier, req.headers, apiGuard);
   };
 
   /** Room for a request's sequences, held until its response is done, however it ends (a kept stream: until its generation is). */
@@ -346,6 +361,7 @@ export function createOpenAIServer({
       admit(body, FIELD_POLICY);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${newId()}`;
       const gens = toGenerateBodies(endpoint, body, id);
+      ticket(gens, body.service_tier, req);
       const n = body.n ?? 1;
       const room = holdLanes(reply, body.model, gens.length, n);
       const signal = shutdown.requestSignal(reply.raw);
@@ -395,6 +411,7 @@ export function createOpenAIServer({
     const room = holdLanes(reply, body.model, 1, 1);
     const shell = new ResponseShell(newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
+    ticket([gen], body.service_tier, req);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined = records === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
     if (record !== undefined) records!.add(record);
