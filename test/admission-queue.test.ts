@@ -96,3 +96,76 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     assert.doesNotMatch(await fetch(`${frontend.url}/metrics`).then((r) => r.text()), /ebb_frontend_queue_depth/, 'no queue at all');
   });
 });
+
+/** The tier (or tenant) of each admission from the queue, in the order the frontend logged them. */
+async function admissions(frontend: EbbProcess, count: number, after: number, field: 'tier' | 'tenant'): Promise<string[]> {
+  await events(frontend, 'request_dequeued', count, after, (l) => l.outcome === 'admitted');
+  return frontend.logs
+    .slice(after)
+    .filter((l) => l.event === 'request_dequeued' && l.outcome === 'admitted')
+    .map((l) => String(l[field]));
+}
+
+describe('admission queue: order', () => {
+  it('priority is admitted before default before flex (body service_tier, or the x-ebb-service-tier header over it)', async () => {
+    const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2']);
+    started.push(frontend, ...workers);
+    const [w] = workers;
+    await drainAndWait(frontend, w!);
+    const mark = frontend.mark();
+    const pending: Array<Promise<Response>> = [];
+    // Queued lowest first, so that arrival order alone would admit them the wrong way round.
+    for (const [tier, headers] of [['flex', {}], ['auto', { 'x-ebb-service-tier': 'flex' }], ['default', {}], ['flex', { 'x-ebb-service-tier': 'default' }], ['priority', {}], ['default', { 'x-ebb-service-tier': 'priority' }]] as const) {
+      const queued = mark + pending.length;
+      pending.push(completion(frontend, { service_tier: tier }, headers));
+      await events(frontend, 'request_queued', 1, queued);
+    }
+    const queuedAt = frontend.mark();
+    assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.deepEqual(await admissions(frontend, 6, queuedAt, 'tier'), ['priority', 'priority', 'default', 'default', 'flex', 'flex']);
+    assert.deepEqual((await Promise.all(pending)).map((r) => r.status), [200, 200, 200, 200, 200, 200]);
+  });
+
+  it("a flooding tenant does not starve a trickling one: each tenant's requests take turns", async () => {
+    const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2']);
+    started.push(frontend, ...workers);
+    const [w] = workers;
+    await drainAndWait(frontend, w!);
+    const mark = frontend.mark();
+    const pending: Array<Promise<Response>> = [];
+    // The flood is queued first: first come, first served would admit all 8 of it before the trickle.
+    for (let i = 0; i < 8; i++) pending.push(completion(frontend, {}, { 'x-ebb-tenant': 'flood' }));
+    await events(frontend, 'request_queued', 8, mark);
+    for (let i = 0; i < 2; i++) pending.push(completion(frontend, {}, { 'x-ebb-tenant': 'trickle' }));
+    await events(frontend, 'request_queued', 10, mark);
+    const queuedAt = frontend.mark();
+    assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
+    const order = await admissions(frontend, 10, queuedAt, 'tenant');
+    assert.deepEqual(order.slice(0, 4).sort(), ['flood', 'flood', 'trickle', 'trickle'], `turns taken: ${order.join(' ')}`);
+    assert.ok((await Promise.all(pending)).every((r) => r.status === 200));
+  });
+});
+
+describe('admission queue: saturation is the worker\'s own word', () => {
+  it('two frontends do not over-admit one small worker: its refusals wait in the queues, and its own status admits them', async () => {
+    const discovery = tempDiscoveryUrl();
+    // One sequence at a time, one queued: a third is refused with worker_overloaded.
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-batch-slots', '1', '--mocker-max-queue', '1', '--mocker-itl-ms', '20']);
+    started.push(w);
+    const [a, b] = [await startFrontend(discovery), await startFrontend(discovery, ['--queue-timeout', '20000'])];
+    started.push(a!, b!);
+    for (const f of [a!, b!]) await frontendSeesWorkers(f, 1);
+    // A fills the worker: its third request is refused and waits in A's queue.
+    let mark = a!.mark();
+    const fromA = [0, 1, 2].map(() => completion(a!, { max_tokens: 40 }));
+    await events(a!, 'request_queued', 1, mark);
+    // B has nothing on the worker: no request of its own ends to wake its queue; only the worker's word can.
+    mark = b!.mark();
+    const fromB = [0, 1].map(() => completion(b!, { max_tokens: 5 }));
+    await events(b!, 'request_queued', 1, mark);
+    const answers = await Promise.all([...fromA, ...fromB]);
+    assert.deepEqual(answers.map((r) => r.status), [200, 200, 200, 200, 200], 'every request served, no refusal surfaced');
+    const refusals = await metricValue(w.systemUrl, 'ebb_worker_admission_refusals_total', 'code="worker_overloaded"');
+    assert.ok(refusals >= 2, 'the worker refused what it could not take, from both frontends');
+  });
+});

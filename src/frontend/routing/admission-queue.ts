@@ -10,8 +10,6 @@ export type ServiceTier = (typeof SERVICE_TIERS)[number];
 export const DEFAULT_QUEUE_TIMEOUT_MS = 30_000;
 /** Per model: a few seconds of a busy fleet's arrivals; past it a wait would rarely end in time. */
 export const DEFAULT_QUEUE_DEPTH = 256;
-/** Tokens a tenant's turn is worth in the deficit round robin (about one short request). */
-export const TENANT_QUANTUM_TOKENS = 1024;
 /** Admissions remembered per model for its service rate. */
 const RATE_SAMPLES = 32;
 
@@ -58,6 +56,8 @@ class Waiter implements Place {
   readonly enteredAt = performance.now();
   /** Granted a turn and trying the workers. */
   trying = false;
+  /** Its fair-queueing tag within its tier (see TierQueue). */
+  tag = 0;
   private wake: { resolve: () => void; reject: (err: unknown) => void } | undefined;
   private failure: unknown;
   private timer: NodeJS.Timeout | undefined;
@@ -120,77 +120,58 @@ class Waiter implements Place {
   }
 }
 
-/** One tier's waiters: each tenant's in arrival order, served by deficit round robin weighted by their cost. */
+/**
+ * One tier's waiters: each tenant's in arrival order, served by start-time fair queueing weighted by
+ * the tokens each request asks for (the deficit round robin's shares without its quantum: a
+ * request's tag is where its tenant's tokens would end if every busy tenant were served in turn).
+ * The smallest tag goes first; a flood only lengthens its own tenant's tags.
+ */
 class TierQueue {
-  private readonly tenants = new Map<string, Waiter[]>();
-  /** Tenants with waiters, in turn order; the first is the one being served. */
-  private ring: string[] = [];
-  private readonly deficit = new Map<string, number>();
+  private readonly tenants = new Map<string, { waiters: Waiter[]; lastTag: number }>();
+  /** The tag of the last request given a turn: a tenant that was idle starts from here, not from its old share. */
+  private vtime = 0;
   size = 0;
 
-  push(w: Waiter, front = false): void {
-    let list = this.tenants.get(w.ticket.tenant);
-    if (!list) {
-      this.tenants.set(w.ticket.tenant, (list = []));
-      this.ring.push(w.ticket.tenant);
-    }
-    if (front) list.unshift(w);
-    else list.push(w);
+  push(w: Waiter): void {
+    let t = this.tenants.get(w.ticket.tenant);
+    if (!t) this.tenants.set(w.ticket.tenant, (t = { waiters: [], lastTag: 0 }));
+    w.tag = Math.max(this.vtime, t.lastTag) + Math.max(1, w.ticket.cost);
+    t.lastTag = w.tag;
+    t.waiters.push(w);
     this.size++;
   }
 
   remove(w: Waiter): boolean {
-    const list = this.tenants.get(w.ticket.tenant);
-    const i = list?.indexOf(w) ?? -1;
+    const t = this.tenants.get(w.ticket.tenant);
+    const i = t?.waiters.indexOf(w) ?? -1;
     if (i < 0) return false;
-    list!.splice(i, 1);
+    t!.waiters.splice(i, 1);
     this.size--;
-    if (list!.length === 0) this.drop(w.ticket.tenant);
+    if (t!.waiters.length === 0 && t!.lastTag <= this.vtime) this.tenants.delete(w.ticket.tenant);
     return true;
   }
 
-  /** The next waiter not already trying, by deficit round robin; its cost is charged to its tenant. */
+  /** The waiter with the smallest tag not already trying (ties: the earlier arrival). */
   next(): Waiter | undefined {
-    for (let spins = 0; spins < this.ring.length * 64 + 1 && this.ring.length > 0; spins++) {
-      const tenant = this.ring[0]!;
-      const head = this.tenants.get(tenant)!.find((w) => !w.trying);
-      if (head === undefined) {
-        this.ring.push(this.ring.shift()!);
-        continue;
-      }
-      const credit = this.deficit.get(tenant) ?? 0;
-      if (credit >= head.ticket.cost || credit >= TENANT_QUANTUM_TOKENS * 64) {
-        this.deficit.set(tenant, credit - head.ticket.cost);
-        return head;
-      }
-      // Out of credit: a quantum more, and the next tenant's turn.
-      this.deficit.set(tenant, credit + TENANT_QUANTUM_TOKENS);
-      this.ring.push(this.ring.shift()!);
+    let best: Waiter | undefined;
+    for (const t of this.tenants.values()) {
+      const head = t.waiters.find((w) => !w.trying);
+      if (head !== undefined && (best === undefined || head.tag < best.tag || (head.tag === best.tag && head.enteredAt < best.enteredAt))) best = head;
     }
-    return undefined;
-  }
-
-  /** A granted waiter that found no worker: its tenant gets its cost back (it was not served). */
-  refund(w: Waiter): void {
-    if (this.tenants.has(w.ticket.tenant)) this.deficit.set(w.ticket.tenant, (this.deficit.get(w.ticket.tenant) ?? 0) + w.ticket.cost);
+    if (best !== undefined) this.vtime = Math.max(this.vtime, best.tag - Math.max(1, best.ticket.cost));
+    return best;
   }
 
   /** The newest waiter (a flex one to shed for a higher tier). */
   newest(): Waiter | undefined {
     let out: Waiter | undefined;
-    for (const list of this.tenants.values()) for (const w of list) if (!w.trying && (out === undefined || w.enteredAt > out.enteredAt)) out = w;
+    for (const t of this.tenants.values()) for (const w of t.waiters) if (!w.trying && (out === undefined || w.enteredAt > out.enteredAt)) out = w;
     return out;
   }
 
   /** Waiters per tenant (for the depth gauge). */
-  byTenant(): IterableIterator<[string, Waiter[]]> {
-    return this.tenants.entries();
-  }
-
-  private drop(tenant: string): void {
-    this.tenants.delete(tenant);
-    this.deficit.delete(tenant);
-    this.ring = this.ring.filter((t) => t !== tenant);
+  *byTenant(): Generator<[string, number]> {
+    for (const [tenant, t] of this.tenants) if (t.waiters.length > 0) yield [tenant, t.waiters.length];
   }
 }
 
@@ -225,8 +206,7 @@ class ModelQueue {
 
   refused(w: Waiter): void {
     this.trying--;
-    // It waits for the next change: trying again at once would spin on a fleet that has not moved.
-    this.classes.get(w.cls)!.refund(w);
+    // It waits for the next change, keeping its tag: trying again at once would spin on a fleet that has not moved.
   }
 
   expire(w: Waiter): void {
@@ -295,7 +275,7 @@ export class AdmissionQueue {
 
   /** Every model's queue, for the gauges: [model, class, tenant, waiters]. */
   *depths(): Generator<[string, Class, string, number]> {
-    for (const q of this.models.values()) for (const [cls, tier] of q.classes) for (const [tenant, list] of tier.byTenant()) yield [q.model, cls, tenant, list.length];
+    for (const q of this.models.values()) for (const [cls, tier] of q.classes) for (const [tenant, n] of tier.byTenant()) yield [q.model, cls, tenant, n];
   }
 
   modelDepths(): Map<string, number> {
