@@ -191,7 +191,10 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const queueTimeoutMs = opts.queueTimeoutMs ?? DEFAULT_QUEUE_TIMEOUT_MS;
   const fleetAgent = createAdminAgent();
   const admission = queueTimeoutMs === 0 ? undefined : new AdmissionQueue({ timeoutMs: queueTimeoutMs, depth: opts.queueDepth ?? DEFAULT_QUEUE_DEPTH, log: log.child({ component: 'admission' }) }, queueFleet(pool, fleet, fleetAgent), createQueueMetrics(metrics.registry));
-  if (admission !== undefined) pool.onRoom = (model) => admission.changed(model);
+  if (admission !== undefined) {
+    pool.onRoom = (model) => admission.changed(model);
+    metrics.stats.queued = (model) => admission.waiting(model);
+  }
   // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
   const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken);
   const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
