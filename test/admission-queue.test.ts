@@ -106,6 +106,30 @@ async function admissions(frontend: EbbProcess, count: number, after: number, fi
     .map((l) => String(l[field]));
 }
 
+describe('admission queue: --processes 2', () => {
+  it('the fleet gauge counts each queued request once, whichever process holds it', async () => {
+    const discovery = tempDiscoveryUrl();
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
+    started.push(w);
+    const frontend = await startFrontend(discovery, ['--processes', '2']);
+    started.push(frontend);
+    for (const slot of [0, 1]) await frontend.waitForLog((l) => l.event === 'frontend_process_ready' && l.slot === slot, `process ${slot} ready`);
+    let seen = 0;
+    await frontend.waitForLog((l) => ((l.event === 'worker_added' && l.worker_id === w.workerId) || (l.event === 'discovery_reset' && (l.workers as string[]).includes(w.workerId))) && ++seen === 2, 'both processes see the worker');
+    let gone = 0;
+    const mark = frontend.mark();
+    assert.equal((await call('POST', `${w.systemUrl}/engine/drain`)).body.state, 'drained');
+    await frontend.waitForLog((l) => l.event === 'worker_removed' && ++gone === 2, 'both processes see it leave', { after: mark });
+    const queuedFrom = frontend.mark();
+    // A connection each (no keep-alive): the kernel spreads them over the processes.
+    const pending = [0, 1, 2, 3].map(() => completion(frontend, {}, { connection: 'close' }));
+    await events(frontend, 'request_queued', 4, queuedFrom);
+    assert.equal(await metricValue(frontend.url, 'ebb_frontend_fleet_queued_requests', 'model="m1"'), 4);
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.deepEqual((await Promise.all(pending)).map((r) => r.status), [200, 200, 200, 200]);
+  });
+});
+
 describe('admission queue: order', () => {
   it('priority is admitted before default before flex (body service_tier, or the x-ebb-service-tier header over it)', async () => {
     const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2']);
