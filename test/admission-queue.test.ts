@@ -23,27 +23,30 @@ async function drainAndWait(frontend: EbbProcess, w: { systemUrl: string; worker
   await frontend.waitForEvent('worker_removed', (l) => l.worker_id === w.workerId, { after: mark });
 }
 
+/** A frontend (with `args`) whose model's only worker is drained: requests queue until `w` resumes. */
+async function drainedFleet(args: string[] = []) {
+  const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2'], args);
+  started.push(frontend, ...workers);
+  const w = workers[0]!;
+  await drainAndWait(frontend, w);
+  return { frontend, w };
+}
+
 describe('admission queue: when capacity shrinks, requests wait instead of failing', () => {
   it('requests sent while the only worker is drained wait, and complete once it resumes', async () => {
-    const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2']);
-    started.push(frontend, ...workers);
-    const [w] = workers;
-    await drainAndWait(frontend, w!);
+    const { frontend, w } = await drainedFleet();
     const mark = frontend.mark();
     const pending = [0, 1, 2].map(() => completion(frontend));
     await events(frontend, 'request_queued', 3, mark);
     assert.equal(await metricValue(frontend.url, 'ebb_frontend_fleet_queued_requests', 'model="m1"'), 3, 'the autoscaler gauge counts them');
-    assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
     const answers = await Promise.all(pending);
     assert.deepEqual(answers.map((r) => r.status), [200, 200, 200], 'admitted on resume');
     assert.equal(await metricValue(frontend.url, 'ebb_frontend_fleet_queued_requests', 'model="m1"'), 0);
   });
 
   it('a client leaving the queue frees its place; a full queue sheds with 429 and a Retry-After', async () => {
-    const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2'], ['--queue-depth', '1']);
-    started.push(frontend, ...workers);
-    const [w] = workers;
-    await drainAndWait(frontend, w!);
+    const { frontend, w } = await drainedFleet(['--queue-depth', '1']);
     let mark = frontend.mark();
     const leaving = new AbortController();
     const gone = completion(frontend, {}, {}, leaving.signal).catch((err: Error) => err);
@@ -62,7 +65,7 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     mark = frontend.mark();
     const next = completion(frontend);
     await events(frontend, 'request_queued', 1, mark);
-    assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
     assert.equal((await next).status, 200, 'the later request took the freed place');
   });
 
@@ -82,13 +85,7 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
   });
 
   it('--queue-timeout 0 restores the answer at once: 503 no_serving_worker while the only worker is drained', async () => {
-    const discovery = tempDiscoveryUrl();
-    const w = await startWorker(['--discovery', discovery, '--model', 'm1']);
-    started.push(w);
-    const frontend = await startFrontend(discovery, ['--queue-timeout', '0']);
-    started.push(frontend);
-    await frontendSeesWorkers(frontend, 1);
-    await drainAndWait(frontend, w);
+    const { frontend } = await drainedFleet(['--queue-timeout', '0']);
     const res = await completion(frontend);
     assert.equal(res.status, 503);
     assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'no_serving_worker');
@@ -132,10 +129,7 @@ describe('admission queue: --processes 2', () => {
 
 describe('admission queue: order', () => {
   it('priority is admitted before default before flex (body service_tier, or the x-ebb-service-tier header over it)', async () => {
-    const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2']);
-    started.push(frontend, ...workers);
-    const [w] = workers;
-    await drainAndWait(frontend, w!);
+    const { frontend, w } = await drainedFleet();
     const mark = frontend.mark();
     const pending: Array<Promise<Response>> = [];
     // Queued lowest first, so that arrival order alone would admit them the wrong way round.
@@ -145,16 +139,13 @@ describe('admission queue: order', () => {
       await events(frontend, 'request_queued', 1, queued);
     }
     const queuedAt = frontend.mark();
-    assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
     assert.deepEqual(await admissions(frontend, 6, queuedAt, 'tier'), ['priority', 'priority', 'default', 'default', 'flex', 'flex']);
     assert.deepEqual((await Promise.all(pending)).map((r) => r.status), [200, 200, 200, 200, 200, 200]);
   });
 
   it("a flooding tenant does not starve a trickling one: each tenant's requests take turns", async () => {
-    const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2']);
-    started.push(frontend, ...workers);
-    const [w] = workers;
-    await drainAndWait(frontend, w!);
+    const { frontend, w } = await drainedFleet();
     const mark = frontend.mark();
     const pending: Array<Promise<Response>> = [];
     // The flood is queued first: first come, first served would admit all 8 of it before the trickle.
@@ -163,7 +154,7 @@ describe('admission queue: order', () => {
     for (let i = 0; i < 2; i++) pending.push(completion(frontend, {}, { 'x-ebb-tenant': 'trickle' }));
     await events(frontend, 'request_queued', 10, mark);
     const queuedAt = frontend.mark();
-    assert.equal((await call('POST', `${w!.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
     const order = await admissions(frontend, 10, queuedAt, 'tenant');
     assert.deepEqual(order.slice(0, 4).sort(), ['flood', 'flood', 'trickle', 'trickle'], `turns taken: ${order.join(' ')}`);
     assert.ok((await Promise.all(pending)).every((r) => r.status === 200));
