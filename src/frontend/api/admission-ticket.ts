@@ -14,17 +14,18 @@ export const UNBOUNDED_COMPLETION_TOKENS = 256;
 const MAX_TENANT_CHARS = 64;
 
 /**
- * Tags a request's generate bodies with its ticket for the admission queue: its tier (the header,
- * else the body's service_tier), its tenant (the API key's name, else the tenant header, else
- * anonymous) and its cost (about four characters a prompt token, plus max_tokens).
+ * Tags a request's generate bodies with how to make its ticket for the admission queue: its tier
+ * (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
+ * header, else anonymous) and its cost (about four characters a prompt token, plus max_tokens).
+ * Made only if the request ever waits: a request a worker takes at once pays for none of it.
  */
 export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
-  const header = headers[TIER_HEADER];
-  const tier = serviceTier(typeof header === 'string' ? header : bodyTier);
-  const named = headers[TENANT_HEADER];
-  const tenant = (apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT).slice(0, MAX_TENANT_CHARS);
-  for (const gen of gens) {
-    const ticket: Ticket = { tier, tenant, cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) };
-    AdmissionQueue.tag(gen, ticket);
-  }
+  let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
+  const whoAsks = () => {
+    const header = headers[TIER_HEADER];
+    const named = headers[TENANT_HEADER];
+    const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
+    return { tier: serviceTier(typeof header === 'string' ? header : bodyTier), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
+  };
+  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks()), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
 }

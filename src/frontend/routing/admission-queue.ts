@@ -239,8 +239,8 @@ export interface AdmissionQueueOptions {
   log: Logger;
 }
 
-/** Generate bodies' tickets: bodies the API made carry one; a continuation's body (made by a lane) does not. */
-const tickets = new WeakMap<object, Ticket>();
+/** Generate bodies' tickets, made when one waits: bodies the API made carry one; a continuation's body (made by a lane) does not. */
+const tickets = new WeakMap<object, () => Ticket>();
 
 /**
  * Requests no worker can take now wait here, per model, instead of failing: up to the queue
@@ -264,7 +264,7 @@ export class AdmissionQueue {
     metrics.observe(this);
   }
 
-  static tag(body: object, ticket: Ticket): void {
+  static tag(body: object, ticket: () => Ticket): void {
     tickets.set(body, ticket);
   }
 
@@ -289,7 +289,7 @@ export class AdmissionQueue {
    */
   async enter(body: { model: string }, signal: AbortSignal, cause: EbbError, skip: ReadonlySet<string> = new Set()): Promise<Place> {
     const model = body.model;
-    const ticket = tickets.get(body);
+    const ticket = tickets.get(body)?.();
     const cls: Class = ticket === undefined ? 'continuation' : ticket.tier;
     const t = ticket ?? { tier: 'priority', tenant: '-', cost: 0 };
     if (this.waiting(model) === 0 && !(await this.fleet.prospects(model, skip))) {
