@@ -95,7 +95,7 @@ class Waiter implements Place {
 
   refused(): void {
     this.trying = false;
-    this.queue.refused(this);
+    this.queue.refused();
   }
 
   leave(): void {
@@ -204,7 +204,7 @@ class ModelQueue {
     this.owner.left(this, w, why);
   }
 
-  refused(w: Waiter): void {
+  refused(): void {
     this.trying--;
     // It waits for the next change, keeping its tag: trying again at once would spin on a fleet that has not moved.
   }
@@ -251,7 +251,7 @@ const tickets = new WeakMap<object, () => Ticket>();
  * per routable worker is out at a time, so a resume is not met by the whole queue at once; a turn
  * that finds no worker keeps its place until the next change. Order: continuations (streams moving
  * off a draining worker: their client is mid-answer), then priority, default, flex; within a tier,
- * tenants by deficit round robin weighted by the tokens each request asks for.
+ * tenants in fair shares of the tokens their requests ask for (TierQueue).
  */
 export class AdmissionQueue {
   private readonly models = new Map<string, ModelQueue>();
