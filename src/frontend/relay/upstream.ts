@@ -181,7 +181,7 @@ export class Upstream {
    * skip (a migration's), until a worker takes it or the queue answers (429, or 503 when waiting
    * cannot help). Without a queue it is `attempt` itself.
    */
-  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, attempt: () => Promise<T>): Promise<T> {
+  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, attempt: (admitted?: () => void) => Promise<T>): Promise<T> {
     const queue = this.admission;
     if (queue === undefined) return attempt();
     const skip = new Set(tried);
@@ -192,16 +192,24 @@ export class Upstream {
         tried.clear();
         for (const id of skip) tried.add(id);
       }
+      // A worker's 200 is its admission: the next in line gets its turn then, not a first token later.
+      let out = false;
+      const admitted = () => {
+        if (out || place === undefined) return;
+        out = true;
+        place.admitted();
+      };
       try {
-        const value = await attempt();
-        place?.admitted();
+        const value = await attempt(admitted);
+        admitted();
         return value;
       } catch (err) {
         if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) {
-          place?.leave();
+          if (!out) place?.leave();
           throw err;
         }
-        if (place === undefined) place = await queue.enter(body, signal, err, skip);
+        // Out of the queue already (its worker took it, then failed before a token): in again, at the back.
+        if (place === undefined || out) place = await queue.enter(body, signal, err, skip);
         else place.refused();
       }
     }
@@ -268,8 +276,8 @@ export class Upstream {
     }
   }
 
-  /** POST /generate on `w`, up to its first batch of lines. */
-  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal) {
+  /** POST /generate on `w`, up to its first batch of lines; `admitted` is told when the worker took it (its 200, before any token). */
+  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal, admitted?: () => void) {
     const url = generateUrl(w.record.request_url);
     const call = WorkerCall.start(
       this.agent,
@@ -286,6 +294,7 @@ export class Upstream {
     );
     const status = await call.head;
     if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json());
+    admitted?.();
     // Watched from here: a worker that hangs before its first token is as hung as one after.
     const stopWatch = this.idle.watch(w, call);
     let first: IteratorResult<BatchLine[], void>;
@@ -328,7 +337,7 @@ export class Upstream {
 
   /** Opens a token stream on an aggregated worker. */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const { worker, value, release } = await this.queued(body, signal, tried, () => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal), capabilitiesNeeded(body), body));
+    const { worker, value, release } = await this.queued(body, signal, tried, (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), capabilitiesNeeded(body), body));
     return this.stream(worker, value, release);
   }
 
