@@ -1,5 +1,6 @@
 import type { Agent } from 'undici';
 import { fetchLiveStatus } from '../../common/worker-admin.js';
+import type { DrainIntentStore } from '../../discovery/drain-intent.js';
 import type { FleetView } from '../admin/fleet-view.js';
 import type { QueueFleet } from './admission-queue.js';
 import type { WorkerPool } from './worker-pool.js';
@@ -12,9 +13,11 @@ const PROBE_TIMEOUT_MS = 1000;
  * in discovery and answering (draining, full: it may take the request soon) or while one that left it
  * still answers and is not shutting down (drained: it may resume). A departed worker is asked once
  * per request that finds no other; one whose system server refuses connections is forgotten then
- * (FleetView.forgetIfGone), so a model whose workers are all gone fails fast.
+ * (FleetView.forgetIfGone), so a model whose workers are all gone fails fast. A worker under a drain
+ * intent (etcd: it comes back drained after a restart, for an operator to resume) counts as one that
+ * may come back too, while its process restarts.
  */
-export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent): QueueFleet {
+export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, intents?: DrainIntentStore): QueueFleet {
   return {
     routable: (model) => pool.routable(model),
     async prospects(model, skip) {
@@ -29,7 +32,11 @@ export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent): Qu
           return !live.reachable || !live.status.shutting_down;
         }),
       );
-      return answers.some(Boolean);
+      if (answers.some(Boolean)) return true;
+      const held = await intents?.list().catch(() => undefined);
+      const now = Date.now();
+      for (const [id, intent] of held ?? []) if (intent.worker?.model === model && !skip.has(id) && !(intent.expires_at !== undefined && Date.parse(intent.expires_at) <= now)) return true;
+      return false;
     },
   };
 }
