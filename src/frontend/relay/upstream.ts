@@ -79,6 +79,9 @@ export interface UpstreamOptions {
   admission?: AdmissionQueue | undefined;
 }
 
+/** The workers a new request is told to skip: none (shared, never written). */
+const NOTHING_SKIPPED: ReadonlySet<string> = new Set();
+
 /** A prompt's KV takes seconds on a slow engine, rarely more; a prefill silent this long is hung. */
 export const DEFAULT_PREFILL_TIMEOUT_MS = 30_000;
 
@@ -184,20 +187,28 @@ export class Upstream {
   private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, attempt: (admitted?: () => void) => Promise<T>): Promise<T> {
     const queue = this.admission;
     if (queue === undefined) return attempt();
-    const skip = new Set(tried);
-    let place: Place | undefined = queue.waiting(body.model) > 0 ? await queue.enter(body, signal, noServingWorker(`no worker of "${body.model}" can take the request`), skip) : undefined;
-    for (;;) {
-      if (place !== undefined) {
-        await place.turn();
-        tried.clear();
-        for (const id of skip) tried.add(id);
+    // What the request was told to skip before any attempt (a continuation: the worker it leaves).
+    const skip: ReadonlySet<string> = tried.size === 0 ? NOTHING_SKIPPED : new Set(tried);
+    let place: Place | undefined;
+    if (queue.waiting(body.model) === 0) {
+      try {
+        return await attempt();
+      } catch (err) {
+        if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) throw err;
+        place = await queue.enter(body, signal, err, skip);
       }
+    } else place = await queue.enter(body, signal, noServingWorker(`no worker of "${body.model}" can take the request`), skip);
+    for (;;) {
+      await place.turn();
+      tried.clear();
+      for (const id of skip) tried.add(id);
       // A worker's 200 is its admission: the next in line gets its turn then, not a first token later.
       let out = false;
+      const current = place;
       const admitted = () => {
-        if (out || place === undefined) return;
+        if (out) return;
         out = true;
-        place.admitted();
+        current.admitted();
       };
       try {
         const value = await attempt(admitted);
@@ -205,11 +216,11 @@ export class Upstream {
         return value;
       } catch (err) {
         if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) {
-          if (!out) place?.leave();
+          if (!out) place.leave();
           throw err;
         }
         // Out of the queue already (its worker took it, then failed before a token): in again, at the back.
-        if (place === undefined || out) place = await queue.enter(body, signal, err, skip);
+        if (out) place = await queue.enter(body, signal, err, skip);
         else place.refused();
       }
     }
