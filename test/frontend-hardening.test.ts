@@ -80,7 +80,8 @@ function sharedFleet() {
   return (shared ??= (async () => {
     const discovery = tempDiscoveryUrl();
     const w = await worker(discovery, ['--worker-id', 'w☃-1', '--mocker-itl-ms', '20']);
-    const fe = await frontend(discovery);
+    // No admission queue: a refusal is answered at once (the in-flight accounting test reads it).
+    const fe = await frontend(discovery, ['--queue-timeout', '0']);
     await sees(fe, w.workerId);
     return { discovery, w, fe };
   })());
@@ -226,7 +227,7 @@ describe('frontend: disaggregated serving does not leak KV', () => {
   it('answers 503 without a decode worker, and releases the KV when the decode worker refuses', async () => {
     const discovery = tempDiscoveryUrl();
     const prefill = await worker(discovery, ['--mode', 'prefill', '--kv-transfer-ttl-ms', '600000']);
-    // No queue: a refusing decode worker is answered for at once (a queue would wait for it).
+    // No admission queue: a refusing decode worker is answered for at once.
     const fe = await frontend(discovery, ['--queue-timeout', '0']);
     await sees(fe, prefill.workerId);
     const pending = async () => (await call('GET', `${prefill.systemUrl}/engine/status`)).body.engine.kv_transfers_pending;
