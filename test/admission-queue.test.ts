@@ -69,6 +69,25 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     assert.equal((await next).status, 200, 'the later request took the freed place');
   });
 
+  it('a full queue sheds flex first: a default request takes a waiting flex request\'s place, a flex one finds it full', async () => {
+    const { frontend, w } = await drainedFleet(['--queue-depth', '1']);
+    let mark = frontend.mark();
+    const flex = completion(frontend, { service_tier: 'flex' });
+    await events(frontend, 'request_queued', 1, mark);
+    const another = await completion(frontend, { service_tier: 'flex' });
+    assert.equal(another.status, 429, 'a flex request does not displace a flex one');
+    mark = frontend.mark();
+    const priority = completion(frontend, {}, { 'x-ebb-service-tier': 'priority' });
+    const displaced = await flex;
+    assert.equal(displaced.status, 429);
+    assert.equal(((await displaced.json()) as { error: { code: string; message: string } }).error.message.includes('took this flex request'), true);
+    assert.match(displaced.headers.get('retry-after') ?? '', /^[1-9]\d*$/);
+    await events(frontend, 'request_queued', 1, mark, (l) => l.tier === 'priority');
+    assert.equal(await metricValue(frontend.url, 'ebb_frontend_queue_sheds_total', 'model="m1",reason="flex_displaced"'), 1);
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.equal((await priority).status, 200);
+  });
+
   it('a model with no worker and none coming fails fast with 503 no_serving_worker', async () => {
     const { frontend, workers } = await startFleet(1, []);
     started.push(frontend);

@@ -304,6 +304,8 @@ export class AdmissionQueue {
       if (flex === undefined) throw this.shed(q, 'queue_full', `the queue for "${model}" is full (${this.opts.depth} waiting)`);
       flex.fail(this.shedError(q, 'queue_full', `a higher-tier request took this flex request's place in the full queue for "${model}"`), 'shed');
       this.metrics.shed(model, 'flex_displaced');
+      // Its leaving may have emptied (and dropped) the model's queue: the newcomer's is this one.
+      this.models.set(model, q);
     } else if (cls === 'flex') {
       // Flex goes first when its wait would not end in time anyway.
       const rate = q.rate();

@@ -8,12 +8,13 @@ import type { WorkerPool } from './worker-pool.js';
 const CONNECT_TIMEOUT_MS = 2000;
 
 /**
- * Saturation is the worker's own word. Once a worker refuses a request for being full, this frontend
- * follows that worker's status stream (GET /engine/status/events, pushed on every in-flight change)
- * for as long as it is in discovery: `overloaded: true` holds it out before anything is sent to it,
- * `overloaded: false` ends the hold and gives queued requests their turn at once. Each frontend
- * reads the same counts from the worker, so several frontends agree on who is full (no frontend
- * counts alone); a frontend whose requests never met a full worker holds no such stream.
+ * Saturation is the worker's own word. Once a worker refuses a request (full, or draining: a resumed
+ * worker is in discovery a moment before its admission reopens), this frontend follows that
+ * worker's status stream (GET /engine/status/events, pushed on every transition and in-flight
+ * change) for as long as it is in discovery: `overloaded: true` holds it out before anything is sent
+ * to it; admission open and not overloaded ends the hold and gives queued requests their turn at
+ * once. Each frontend reads the same counts from the worker, so several frontends agree on who is
+ * full (no frontend counts alone); a frontend whose requests were never refused holds no such stream.
  */
 export class SaturationWatch {
   private readonly subs = new Map<string, Subscription>();
@@ -26,7 +27,7 @@ export class SaturationWatch {
     token: string | undefined,
   ) {
     this.headers = bearerHeader(token);
-    pool.onOverloaded = (record) => this.follow(record);
+    pool.onRefused = (record) => this.follow(record);
   }
 
   private follow(record: WorkerRecord): void {
@@ -46,9 +47,9 @@ export class SaturationWatch {
       return;
     }
     if (event !== 'status' && event !== 'connected') return;
-    const overloaded = (data as { overloaded?: unknown } | null)?.overloaded;
-    if (overloaded === true) this.pool.hold(id, 'overloaded');
-    else if (overloaded === false) this.pool.roomAgain(id);
+    const status = data as { overloaded?: unknown; admission_open?: unknown } | null;
+    if (status?.overloaded === true) this.pool.hold(id, 'overloaded');
+    else if (status?.overloaded === false && status.admission_open === true) this.pool.roomAgain(id);
   }
 
   async close(): Promise<void> {

@@ -112,8 +112,8 @@ export class WorkerPool {
    * said it has room again. The admission queue gives turns on it; unset, nothing is called.
    */
   onRoom: ((model: string) => void) | undefined;
-  /** Told when a worker refused for being full (the saturation watch then follows its own word on it). */
-  onOverloaded: ((record: WorkerRecord) => void) | undefined;
+  /** Told when a worker refused for being full or draining (the saturation watch then follows its own word on it). */
+  onRefused: ((record: WorkerRecord) => void) | undefined;
 
   /** `onInflight`: told each change of this process's own in-flight counts (to share them with peer processes). */
   constructor(private readonly onInflight?: InflightListener) {}
@@ -210,10 +210,13 @@ export class WorkerPool {
     };
   }
 
-  /** The worker's own word that it has room again (its status): its overload hold ends, and queued requests get their turn. */
+  /**
+   * The worker's own word that it takes requests again (its status: admission open, not full): its
+   * overload or drain hold ends, and queued requests get their turn.
+   */
   roomAgain(workerId: string): void {
     const w = this.workers.get(workerId);
-    if (w?.hold?.kind !== 'overloaded') return;
+    if (w?.hold === undefined || w.hold.kind === 'unreachable') return;
     w.hold = undefined;
     this.onRoom?.(w.record.model);
   }
@@ -268,7 +271,7 @@ export class WorkerPool {
     const w = this.workers.get(workerId);
     if (!w) return;
     w.hold = { kind, until: now + HOLD_MS[kind] };
-    if (kind === 'overloaded') this.onOverloaded?.(w.record);
+    if (kind !== 'unreachable') this.onRefused?.(w.record);
   }
 
   get size(): number {
