@@ -69,7 +69,7 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     assert.equal((await next).status, 200, 'the later request took the freed place');
   });
 
-  it('a full queue sheds flex first: a default request takes a waiting flex request\'s place, a flex one finds it full', async () => {
+  it('a full queue sheds flex first: a priority request takes a waiting flex request\'s place, a flex one finds it full', async () => {
     const { frontend, w } = await drainedFleet(['--queue-depth', '1']);
     let mark = frontend.mark();
     const flex = completion(frontend, { service_tier: 'flex' });

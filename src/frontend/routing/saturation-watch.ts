@@ -38,14 +38,15 @@ export class SaturationWatch {
     this.subs.set(record.worker_id, sub);
   }
 
+  /** Out of discovery (drained, gone): a registration brings it back, and a refusal follows it again. */
+  forget(id: string): void {
+    this.subs.get(id)?.close();
+    this.subs.delete(id);
+  }
+
   private onEvent(id: string, sub: Subscription, event: string, data: unknown): void {
     if (this.subs.get(id) !== sub) return;
-    if (this.pool.get(id) === undefined) {
-      // Out of discovery (drained, gone): a registration brings it back, and a refusal follows it again.
-      sub.close();
-      this.subs.delete(id);
-      return;
-    }
+    if (this.pool.get(id) === undefined) return this.forget(id);
     if (event !== 'status' && event !== 'connected') return;
     const status = data as { overloaded?: unknown; admission_open?: unknown } | null;
     if (status?.overloaded === true) this.pool.hold(id, 'overloaded');
