@@ -94,6 +94,8 @@ class Waiter implements Place {
   }
 
   refused(): void {
+    // Timed out or left while trying: out of the queue already, and counted out of its turns.
+    if (this.failure !== undefined) return;
     this.trying = false;
     this.queue.refused();
   }
