@@ -5,7 +5,6 @@ import type { AdmissionQueue } from './admission-queue.js';
 export const MAX_TENANT_LABELS = 20;
 
 export type ShedReason = 'queue_full' | 'flex_displaced' | 'expected_wait' | 'queue_timeout' | 'no_worker';
-const SHED_REASONS = { queue_full: 0, flex_displaced: 0, expected_wait: 0, queue_timeout: 0, no_worker: 0 } satisfies Record<ShedReason, 0>;
 
 /**
  * The admission queue on the frontend's /metrics: depth and wait per model, tier and tenant, sheds
