@@ -1,5 +1,8 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { call } from './helpers/http.js';
 import { frontendSeesWorkers, metricValue, startFleet, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
 
@@ -177,6 +180,21 @@ describe('admission queue: order', () => {
     const order = await admissions(frontend, 10, queuedAt, 'tenant');
     assert.deepEqual(order.slice(0, 4).sort(), ['flood', 'flood', 'trickle', 'trickle'], `turns taken: ${order.join(' ')}`);
     assert.ok((await Promise.all(pending)).every((r) => r.status === 200));
+  });
+});
+
+describe('admission queue: tenants', () => {
+  it("with --api-key-file the tenant is the key's name, whatever x-ebb-tenant says", async () => {
+    const keys = join(mkdtempSync(join(tmpdir(), 'ebb-keys-')), 'api-keys');
+    writeFileSync(keys, 'team-a:sk-ebb-a\nteam-b:sk-ebb-b\n', { mode: 0o600 });
+    const { frontend, w } = await drainedFleet(['--api-key-file', keys]);
+    const mark = frontend.mark();
+    const pending = completion(frontend, {}, { authorization: 'Bearer sk-ebb-b', 'x-ebb-tenant': 'team-a' });
+    const queued = await events(frontend, 'request_queued', 1, mark);
+    assert.equal(queued.tenant, 'team-b');
+    assert.equal(await metricValue(frontend.url, 'ebb_frontend_queue_depth', 'model="m1",tier="default",tenant="team-b"'), 1);
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.equal((await pending).status, 200);
   });
 });
 
