@@ -80,7 +80,8 @@ function sharedFleet() {
   return (shared ??= (async () => {
     const discovery = tempDiscoveryUrl();
     const w = await worker(discovery, ['--worker-id', 'w☃-1', '--mocker-itl-ms', '20']);
-    const fe = await frontend(discovery);
+    // No admission queue: a refusal is answered at once (the in-flight accounting test reads it).
+    const fe = await frontend(discovery, ['--queue-timeout', '0']);
     await sees(fe, w.workerId);
     return { discovery, w, fe };
   })());
@@ -226,7 +227,8 @@ describe('frontend: disaggregated serving does not leak KV', () => {
   it('answers 503 without a decode worker, and releases the KV when the decode worker refuses', async () => {
     const discovery = tempDiscoveryUrl();
     const prefill = await worker(discovery, ['--mode', 'prefill', '--kv-transfer-ttl-ms', '600000']);
-    const fe = await frontend(discovery);
+    // No admission queue: a refusing decode worker is answered for at once.
+    const fe = await frontend(discovery, ['--queue-timeout', '0']);
     await sees(fe, prefill.workerId);
     const pending = async () => (await call('GET', `${prefill.systemUrl}/engine/status`)).body.engine.kv_transfers_pending;
 
@@ -261,7 +263,7 @@ describe('frontend: disaggregated serving does not leak KV', () => {
     fakes.push(prefill, decode);
     injectRecord(discovery, { worker_id: 'w-p', model: 'm1', mode: 'prefill', request_url: prefill.url, system_url: prefill.url });
     injectRecord(discovery, { worker_id: 'w-d', model: 'm1', mode: 'decode', request_url: decode.url, system_url: decode.url });
-    const fe = await frontend(discovery, ['--request-token-file', tokenFile('rp-tok')]);
+    const fe = await frontend(discovery, ['--request-token-file', tokenFile('rp-tok'), '--queue-timeout', '0']);
     await sees(fe, 'w-p');
     await sees(fe, 'w-d');
     assert.equal((await call('POST', `${fe.url}/v1/completions`, { model: 'm1', prompt: 'x' })).status, 503);

@@ -19,7 +19,8 @@ async function cluster(workers: number, workerArgs: string[] = [], model = 'm1')
     started.push(w);
     ws.push(w);
   }
-  const frontend = await startFrontend(discovery);
+  // No admission queue: these tests read the answers a frontend gives at once (admission-queue.test.ts has the queue's).
+  const frontend = await startFrontend(discovery, ['--queue-timeout', '0']);
   started.push(frontend);
   return { discovery, workers: ws, frontend };
 }
@@ -127,7 +128,7 @@ describe('frontend: OpenAI API through the official SDK', () => {
     const refusing = await fakeWorker((_req, res) => json(res, 503, { error: { code: 'worker_draining', message: 'draining', type: 'service_unavailable', retryable: true } }));
     after(() => refusing.close());
     injectRecord(discovery, { worker_id: 'w-refusing', model: 'm1', request_url: refusing.url, system_url: refusing.url });
-    const frontend = await startFrontend(discovery);
+    const frontend = await startFrontend(discovery, ['--queue-timeout', '0']);
     started.push(frontend);
     await frontend.waitForEvent('discovery_reset', (l) => (l.workers as string[]).includes('w-refusing'));
     const res = await call('POST', `${frontend.url}/v1/completions`, { model: 'm1', prompt: 'x' });
@@ -135,14 +136,14 @@ describe('frontend: OpenAI API through the official SDK', () => {
     assert.equal(res.body.error.code, 'no_serving_worker');
     assert.equal(res.body.error.retryable, true);
     assert.equal(refusing.seen.length, 1, 'the refusal came from the worker');
-    assert.equal(res.headers.get('retry-after'), '1');
+    assert.equal(res.headers.get('retry-after'), '10', 'when the frontend tries the draining worker again (its hold)');
     const models = await call('GET', `${frontend.url}/v1/models`);
     assert.deepEqual(models.body.data.map((m: { id: string }) => m.id), ['m1'], 'a draining model is still a model');
   });
 });
 
 describe('frontend: a model whose workers are all out of rotation is still a model', () => {
-  it('answers 503 no_serving_worker with Retry-After while every worker is drained, and 200 once one resumes; 404 only for a model nobody serves', async () => {
+  it('answers 503 no_serving_worker while every worker is drained (no queue), and 200 once one resumes; 404 only for a model nobody serves', async () => {
     const { frontend, workers } = await sharedFleet();
     const [w, ...others] = workers;
     const body = { model: 'm1', prompt: 'x', max_tokens: 2 };
@@ -153,7 +154,7 @@ describe('frontend: a model whose workers are all out of rotation is still a mod
     const refused = await call('POST', `${frontend.url}/v1/completions`, body);
     assert.equal(refused.status, 503);
     assert.equal(refused.body.error.code, 'no_serving_worker');
-    assert.equal(refused.headers.get('retry-after'), '1');
+    assert.equal(refused.headers.get('retry-after'), null, 'nothing known of when one comes back: no guess');
     assert.equal((await call('POST', `${frontend.url}/v1/completions`, { ...body, model: 'nobody' })).status, 404);
     // /v1/models agrees with the 503: the model is listed (unavailable), not missing.
     const listed = (await call('GET', `${frontend.url}/v1/models`)).body.data;

@@ -14,6 +14,7 @@ import { ROUTER_KINDS, DEFAULT_OVERLAP_WEIGHT, type RouterKind } from '../fronte
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { DEFAULT_CLIENT_WRITE_TIMEOUT_MS } from '../frontend/relay/client-stream.js';
 import { STREAM_STORE_DEFAULTS } from '../frontend/streams/stream-store.js';
+import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/routing/admission-queue.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 
@@ -53,6 +54,8 @@ interface FrontendFlags {
   streamStoreMaxResponseBytes: number;
   streamStoreMaxBytes: number;
   streamStoreMaxStreams: number;
+  queueTimeout: number;
+  queueDepth: number;
 }
 
 /** --processes: a count, or `auto` for one per core. */
@@ -108,6 +111,8 @@ export function frontendCommand(): Command {
         .default(1),
     )
     .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
+    .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 queue_timeout past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
+    .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 queue_full (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
     .option('--stream-store <where>', 'where streams are kept so a client can resume one (GET .../{id}?stream=true&starting_after=N): memory (this process), redis://host:port (shared by a fleet of frontends: a resume at any of them), or none', streamStoreOption, 'memory')
     .option('--resume-grace-ms <n>', "a stream whose client left goes on this long for a resume, then is cancelled (0 = at once, nothing kept running)", msOption(0), STREAM_STORE_DEFAULTS.graceMs)
     .option('--resume-window-ms <n>', 'an ended stream stays resumable this long', msOption(0), STREAM_STORE_DEFAULTS.windowMs)
@@ -144,6 +149,8 @@ export function frontendCommand(): Command {
         workerAdminToken,
         router: flags.router,
         kvOverlapWeight: flags.kvOverlapWeight,
+        queueTimeoutMs: flags.queueTimeout,
+        queueDepth: flags.queueDepth,
         limits: { ...timeouts, maxConnections: flags.maxConnections },
         admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },
         streamStore:

@@ -16,6 +16,8 @@ import { removeUpState, runningUps, writeUpState } from './up-state.js';
 import { assertAdminBindAllowed, loadAdminTokens } from '../common/admin-auth.js';
 
 interface UpFlags {
+  queueTimeout?: number;
+  queueDepth?: number;
   workers?: number;
   prefill: number;
   decode: number;
@@ -106,6 +108,8 @@ export function upCommand(): Command {
     .option('--mocker-max-context <n>', 'mocker model length: what a request without max_tokens may fill', intOption(1))
     .addOption(new Option('--router <kind>', ROUTER_HELP).choices(ROUTER_KINDS).default('kv'))
     .option('--kv-overlap-weight <w>', OVERLAP_WEIGHT_HELP, weightOption)
+    .option('--queue-timeout <ms>', 'the frontend: how long a request no worker can take now waits for one (default 30000; 0 = no queue, 503 at once)', msOption(0))
+    .option('--queue-depth <n>', 'the frontend: requests waiting per model at most (default 256); past it 429 queue_full', intOption(1))
     .addOption(new Option('--mocker-kv-cache <mode>', 'mocker prefix KV cache (default on)').choices(['on', 'off']))
     .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks, per worker', intOption(1))
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute: uncached prompt tokens per second, per worker', intOption(1))
@@ -171,8 +175,9 @@ export function upCommand(): Command {
       );
       const overlapWeight = flags.kvOverlapWeight === undefined ? [] : ['--kv-overlap-weight', String(flags.kvOverlapWeight)];
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
+      const queue = [...(flags.queueTimeout === undefined ? [] : ['--queue-timeout', String(flags.queueTimeout)]), ...(flags.queueDepth === undefined ? [] : ['--queue-depth', String(flags.queueDepth)])];
       // Nothing balances load onto `ebb up`'s frontend: no shutdown grace to wait out.
-      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--admin-host', flags.adminHost, ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), '--router', flags.router, ...overlapWeight, ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
+      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--admin-host', flags.adminHost, ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), '--router', flags.router, ...overlapWeight, ...queue, ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
       const all = [...workers, frontend];
 
       let stopping: Promise<void> | undefined;

@@ -27,6 +27,10 @@ import type { KvEventSource } from './routing/kv-subscription.js';
 import { createKvRouterMetrics } from './routing/kv-metrics.js';
 import { Router, type RouterKind } from './routing/router.js';
 import { workerTokenizer } from './routing/worker-tokenize.js';
+import { AdmissionQueue, DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from './routing/admission-queue.js';
+import { createQueueMetrics } from './routing/queue-metrics.js';
+import { queueFleet } from './routing/queue-fleet.js';
+import { SaturationWatch } from './routing/saturation-watch.js';
 
 export interface FrontendOptions {
   host: string;
@@ -70,6 +74,10 @@ export interface FrontendOptions {
   streamStore?: StreamStoreOptions | undefined;
   /** A worker's own --openai-port (worker/openai-port.ts): its registration as the only discovery (discoveryUrl names it), its record never forgotten. */
   own?: { discovery: Discovery; record: WorkerRecord } | undefined;
+  /** How long a request no worker can take now may wait for one (default 30 s; 0: no queue, 503 at once). */
+  queueTimeoutMs?: number | undefined;
+  /** Requests waiting per model at most (default DEFAULT_QUEUE_DEPTH); past it 429 queue_full. */
+  queueDepth?: number | undefined;
 }
 
 export interface ClusterHooks {
@@ -182,14 +190,24 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const routerLog = log.child({ component: 'router' });
   const router = new Router(pool, { kind: routerKind, overlapWeight: opts.kvOverlapWeight, feed: kvFeed, metrics: createKvRouterMetrics(metrics.registry, kvFeed), log: routerLog });
   log.info({ event: 'router', router: routerKind, kv_overlap_weight: opts.kvOverlapWeight ?? 1 }, `routing: ${routerKind}`);
-  const upstream = new Upstream(pool, metrics, { router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
+  const queueTimeoutMs = opts.queueTimeoutMs ?? DEFAULT_QUEUE_TIMEOUT_MS;
+  const fleetAgent = createAdminAgent();
+  const admission = queueTimeoutMs === 0 ? undefined : new AdmissionQueue({ timeoutMs: queueTimeoutMs, depth: opts.queueDepth ?? DEFAULT_QUEUE_DEPTH, log: log.child({ component: 'admission' }) }, queueFleet(pool, fleet, fleetAgent, discovery.drainIntents), createQueueMetrics(metrics.registry));
+  if (admission !== undefined) {
+    pool.onRoom = (model) => admission.changed(model);
+    metrics.stats.queued = (model) => admission.waiting(model);
+  }
+  // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
+  const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken);
+  if (saturation !== undefined) fleet.on('left', (id: string) => saturation.forget(id));
+  const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   // Tokenizing through a worker shares the request plane's connections and its token.
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
   const streams = opts.streamStore === undefined ? undefined : keptStreams(opts.streamStore, opts.clientWriteTimeoutMs, metrics.registry, log);
   await streams?.mirror?.connect(5_000);
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, queueing: admission !== undefined });
   const url = await listen(app, opts.host, opts.port);
   // A process of several: its peers reach it here (the shared port gives a connection to any of them).
   const peerServer = opts.cluster === undefined ? undefined : createServer((req, res) => app.server.emit('request', req, res));
@@ -271,6 +289,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await watch.close();
       await kvFeed?.close();
       await upstream.close();
+      await fleetAgent.close().catch(() => undefined);
+      await saturation?.close();
       await discovery.close();
       return cutting === undefined;
     },

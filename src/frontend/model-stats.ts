@@ -27,6 +27,8 @@ export interface ModelSummary {
   ttft_p95_ms: number | null;
   /** Requests per second, oldest first, one per second of the window. */
   rate_series: number[];
+  /** Requests waiting in the admission queue now (0 without one). */
+  queued: number;
 }
 
 /**
@@ -36,6 +38,8 @@ export interface ModelSummary {
  */
 export class ModelStats {
   private readonly models = new Map<string, Slot[]>();
+  /** Requests of a model waiting in the admission queue now (set where there is one). */
+  queued: (model: string) => number = () => 0;
 
   answered(model: string, status: number, now = Date.now()): void {
     const slot = this.slot(model, now);
@@ -70,6 +74,7 @@ export class ModelStats {
         ttft_p50_ms: pct(0.5),
         ttft_p95_ms: pct(0.95),
         rate_series,
+        queued: this.queued(model),
       });
     }
     return out.sort((a, b) => a.model.localeCompare(b.model));

@@ -66,6 +66,8 @@ export interface WorkerStatus {
   eta_if_drained_ms?: number | null;
   /** When the worker process started (a scale-down takes the youngest first among equals). */
   started_at?: string;
+  /** Its engine is full (queue or KV past its limit): it refuses new requests with worker_overloaded. Frontends hold it out until it says false. */
+  overloaded?: boolean;
   state_since: string;
   last_error: string | null;
   engine?: Record<string, unknown>;

@@ -28,6 +28,10 @@ export const ERROR_CODES = {
   payload_too_large: { status: 413, type: 'invalid_request_error' },
   unsupported_media_type: { status: 415, type: 'invalid_request_error' },
   header_fields_too_large: { status: 431, type: 'invalid_request_error' },
+  /** The frontend's admission queue for the model is full (or a flex request's wait would pass the queue timeout): shed, retry after Retry-After. */
+  queue_full: { status: 429, type: 'rate_limit_exceeded', retryable: true },
+  /** The request waited the whole --queue-timeout and no worker of the model could take it: retry after Retry-After. */
+  queue_timeout: { status: 429, type: 'rate_limit_exceeded', retryable: true },
   /** A request field no worker of the model can honour (its engines do not declare the capability). */
   unsupported_parameter: { status: 400, type: 'invalid_request_error' },
   /** The prompt (with the tokens asked for) does not fit the engine's context; OpenAI's code for it. */

@@ -77,6 +77,8 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   unsupported_media_type: bad,
   header_fields_too_large: bad,
   frontend_overloaded: bad,
+  queue_full: bad,
+  queue_timeout: bad,
   // The frontend's own resume answers; never a worker's.
   response_not_found: bad,
   response_expired: bad,

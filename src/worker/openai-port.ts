@@ -18,11 +18,12 @@ export interface OpenAIPortOptions {
  * told), so a drain empties it at once and a request is a retryable 503. Requests reach the worker's
  * request plane over one loopback HTTP hop with the fleet's request token, through its admission
  * like any frontend's: counted in flight, waited for by a drain, refused once draining. Nothing
- * migrates (there is no other worker) and no stream is kept for resumption.
+ * migrates (there is no other worker), no stream is kept for resumption, and nothing queues: a
+ * refusal is answered at once, for the picker to send the request to another pod.
  */
 export function startOpenAIPort(opts: OpenAIPortOptions, own: Discovery, record: WorkerRecord, requestToken: string | undefined, log: Logger): Promise<RunningFrontend> {
   return startFrontend(
-    { host: opts.host, port: opts.port, discoveryUrl: own.url, own: { discovery: own, record }, router: 'least-loaded', requestToken, apiGuard: opts.apiGuard },
+    { host: opts.host, port: opts.port, discoveryUrl: own.url, own: { discovery: own, record }, router: 'least-loaded', requestToken, apiGuard: opts.apiGuard, queueTimeoutMs: 0 },
     log.child({ component: 'openai-port' }),
   );
 }

@@ -121,7 +121,7 @@ export class FleetEvents {
  * status) once the worker proved its identity, and `error` (a reason) when the stream fails. Keeps
  * the worker's last minute (in-flight samples, recent audit events) for dashboards that open later.
  */
-class Subscription {
+export class Subscription {
   readonly url: string;
   private readonly abort = new AbortController();
   private readonly backoff = new Backoff(RESUBSCRIBE);

@@ -109,7 +109,7 @@ export const FIELD_POLICY: FieldPolicy = {
   user: ignored,
   metadata: ignored,
   store: ignored,
-  service_tier: ignored,
+  service_tier: carried, // the admission queue's tier (--queue-timeout)
   parallel_tool_calls: carried,
   logprobs: { kind: 'capability', needs: (v) => (v === true || typeof v === 'number' ? 'logprobs' : undefined) },
   top_logprobs: checked(onlyWithLogprobs),
@@ -137,7 +137,7 @@ export const RESPONSES_FIELD_POLICY: FieldPolicy = {
   text: { kind: 'capability', needs: responsesFormatNeed },
   user: ignored,
   metadata: ignored,
-  service_tier: ignored,
+  service_tier: carried, // the admission queue's tier (--queue-timeout)
   parallel_tool_calls: carried,
   truncation: ignored,
   max_tool_calls: ignored, // meaningless without tools

@@ -46,6 +46,7 @@ const common = {
   stream_options: { type: ['object', 'null'], properties: { include_usage: { type: 'boolean' } } },
   user: { type: 'string' },
   response_format: responseFormat,
+  service_tier: { type: ['string', 'null'], enum: ['auto', 'default', 'flex', 'priority', null] },
 } as const;
 
 const contentPart = { type: 'object', required: ['type'], properties: { type: { type: 'string' }, text: { type: 'string' } } };
@@ -125,6 +126,7 @@ export const responsesSchema = {
     tool_choice: { anyOf: [{ type: 'string', enum: ['none', 'auto', 'required'] }, { type: 'object', required: ['type'], properties: { type: { type: 'string' }, name: { type: 'string' } } }, { type: 'null' }] },
     parallel_tool_calls: { type: ['boolean', 'null'] },
     max_output_tokens: { type: ['integer', 'null'], minimum: 1, maximum: 1_000_000 },
+    service_tier: common.service_tier,
     temperature: { type: ['number', 'null'], minimum: 0, maximum: 2 },
     top_p: { type: ['number', 'null'], minimum: 0, maximum: 1 },
     stream: { type: ['boolean', 'null'] },
@@ -162,6 +164,7 @@ export interface OpenAIRequest {
   prompt?: string | unknown[];
   n?: number | null;
   max_tokens?: number | null;
+  service_tier?: string | null;
   max_completion_tokens?: number | null;
   temperature?: number | null;
   top_p?: number | null;

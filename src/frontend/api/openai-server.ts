@@ -33,6 +33,7 @@ import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
+import { tagTickets } from './admission-ticket.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -60,6 +61,8 @@ export interface OpenAIServerDeps {
   cluster?: Pick<ClusterHooks, 'slot' | 'scrape' | 'peerUrl'> | undefined;
   /** Where streams are kept for resumption (--stream-store); none: streams end with their connection, as before. */
   streams?: StreamStore | undefined;
+  /** Requests no worker can take now wait (--queue-timeout); none: 503 at once, as before. */
+  queueing?: boolean | undefined;
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -107,6 +110,7 @@ export function createOpenAIServer({
   apiGuard,
   cluster,
   streams,
+  queueing = false,
 }: OpenAIServerDeps): FastifyInstance {
   // The Responses API's state (retrieve, cancel, background, previous_response_id) lives beside the kept streams.
   const records = streams === undefined ? undefined : new ResponseRecords(streams.opts.responseTtlMs, streams.opts.maxStreams, streams.mirror);
@@ -193,11 +197,19 @@ export function createOpenAIServer({
   const scrape = cluster?.scrape ?? (() => metrics.registry.metrics());
   app.get('/metrics', async (_req, reply) => reply.header('content-type', metrics.registry.contentType).send(await scrape()));
 
-  /** What every generating route checks first: a model somebody serves, and fields the fleet can honour. */
+  /**
+   * What every generating route checks first: a model somebody serves (or an adapter some worker can
+   * load), and fields the fleet can honour. With a queue, a known model with no worker in discovery
+   * goes on to wait for one (its fields are then the worker's to check).
+   */
   const admit = (body: { model: string }, table: FieldPolicy): Served => {
-    const served = servedAs(pool, body.model);
-    checkFields((served.adapter === undefined ? body : { ...body, model: served.model }) as unknown as Record<string, unknown>, table, pool);
+    const served = servedAs(pool, body.model, queueing);
+    if (pool.hasModel(served.model)) checkFields((served.adapter === undefined ? body : { ...body, model: served.model }) as unknown as Record<string, unknown>, table, pool);
     return served;
+  };
+  /** The queue's ticket on each generate body (none without a queue: nothing per request then). */
+  const ticket = (gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest) => {
+    if (queueing) tagTickets(gens, tier, req.headers, apiGuard);
   };
 
   /** Room for a request's sequences, held until its response is done, however it ends (a kept stream: until its generation is). */
@@ -352,6 +364,7 @@ export function createOpenAIServer({
       const served = admit(body, FIELD_POLICY);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${newId()}`;
       const gens = onServed(toGenerateBodies(endpoint, body, id), served);
+      ticket(gens, body.service_tier, req);
       const n = body.n ?? 1;
       const room = holdLanes(reply, served.model, gens.length, n);
       const signal = shutdown.requestSignal(reply.raw);
@@ -402,6 +415,7 @@ export function createOpenAIServer({
     const shell = new ResponseShell(newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
     onServed([gen], served);
+    ticket([gen], body.service_tier, req);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined = records === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
     if (record !== undefined) records!.add(record);

@@ -10,6 +10,7 @@ export interface ResponsesRequest {
   input: string | ResponsesInputItem[];
   instructions?: string | null;
   max_output_tokens?: number | null;
+  service_tier?: string | null;
   temperature?: number | null;
   top_p?: number | null;
   stream?: boolean | null;

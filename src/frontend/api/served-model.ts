@@ -12,13 +12,17 @@ export interface Served {
 /**
  * Resolves a request's `model`: a model some worker serves, else an adapter some worker can load
  * (its base model found in the pool's count: no work per request for a base model). 404 for
- * neither; 503 for one whose workers are all out of discovery lately (draining, restarting).
+ * neither; 503 for one whose workers are all out of discovery lately (draining, restarting), unless
+ * `queueing`: then a known model (or an adapter of one) waits in its queue for a worker to come.
  */
-export function servedAs(pool: WorkerPool, name: string): Served {
+export function servedAs(pool: WorkerPool, name: string, queueing = false): Served {
   if (pool.hasModel(name)) return { model: name };
   const a = pool.adapterBase(name);
-  if (a === undefined) throw unavailableModel(pool, name);
-  if (!a.inDiscovery) throw noServingWorker(`no worker that can load adapter "${name}" is serving right now (draining, drained or restarting); retry shortly`);
+  if (a === undefined) {
+    if (queueing && pool.knows(name)) return { model: name };
+    throw unavailableModel(pool, name);
+  }
+  if (!a.inDiscovery && !(queueing && pool.knows(a.base))) throw noServingWorker(`no worker that can load adapter "${name}" is serving right now (draining, drained or restarting); retry shortly`);
   return { model: a.base, adapter: name };
 }
 

@@ -37,6 +37,7 @@ export function mergeModels(views: AdminView[]): ModelSummary[] {
             ttft_p50_ms: slower(was.ttft_p50_ms, m.ttft_p50_ms),
             ttft_p95_ms: slower(was.ttft_p95_ms, m.ttft_p95_ms),
             rate_series: was.rate_series.map((n, i) => n + (m.rate_series[i] ?? 0)),
+            queued: was.queued + (m.queued ?? 0),
           },
     );
   }

@@ -11,6 +11,7 @@ import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
 import { IdleWatch } from './idle-watch.js';
 import { actOn, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
 import { readBounded } from '../../common/bounded-read.js';
+import type { AdmissionQueue, Place } from '../routing/admission-queue.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
@@ -74,7 +75,12 @@ export interface UpstreamOptions {
   prefillTimeoutMs?: number | undefined;
   /** Chooses the worker for each attempt (default: least in-flight). */
   router?: Router | undefined;
+  /** Where requests no worker can take now wait (--queue-timeout); none: they are answered 503 at once. */
+  admission?: AdmissionQueue | undefined;
 }
+
+/** The workers a new request is told to skip: none (shared, never written). */
+const NOTHING_SKIPPED: ReadonlySet<string> = new Set();
 
 /** A prompt's KV takes seconds on a slow engine, rarely more; a prefill silent this long is hung. */
 export const DEFAULT_PREFILL_TIMEOUT_MS = 30_000;
@@ -110,6 +116,7 @@ export class Upstream {
   private readonly headers: Record<string, string>;
   private readonly generateHeaders: Record<string, string>;
   readonly router: Router;
+  private readonly admission: AdmissionQueue | undefined;
 
   /**
    * `headersTimeoutMs` bounds how long a worker may take to answer /generate's headers, which it
@@ -127,6 +134,7 @@ export class Upstream {
     this.generateHeaders = { 'content-type': 'application/json', ...this.headers };
     this.agent = createUpstreamAgent(opts.connections);
     this.router = opts.router ?? new Router(pool, { kind: 'least-loaded' });
+    this.admission = opts.admission;
     registerWaitingGauge(metrics.registry, this.agent);
     this.idle = new IdleWatch(this.agent, pool, opts.streamIdleTimeoutMs ?? 10_000);
   }
@@ -166,7 +174,56 @@ export class Upstream {
     if (!this.pool.hasModel(model)) return unavailableModel(this.pool, model);
     return noServingWorker(
       lastRefusal ? `no ${mode} worker could take the request (last answer: ${lastRefusal}); retry shortly` : `no serving ${mode} worker for "${model}" is reachable; retry shortly`,
+      this.pool.retryAfterS(model),
     );
+  }
+
+  /**
+   * `attempt` now when nobody of its model is queued; else, and when it finds no worker, through
+   * the admission queue: it waits for a turn and tries again, from the workers it was first told to
+   * skip (a migration's), until a worker takes it or the queue answers (429, or 503 when waiting
+   * cannot help). Without a queue it is `attempt` itself.
+   */
+  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, attempt: (admitted?: () => void) => Promise<T>): Promise<T> {
+    const queue = this.admission;
+    if (queue === undefined) return attempt();
+    // What the request was told to skip before any attempt (a continuation: the worker it leaves).
+    const skip: ReadonlySet<string> = tried.size === 0 ? NOTHING_SKIPPED : new Set(tried);
+    let place: Place | undefined;
+    if (queue.waiting(body.model) === 0) {
+      try {
+        return await attempt();
+      } catch (err) {
+        if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) throw err;
+        place = await queue.enter(body, signal, err, skip);
+      }
+    } else place = await queue.enter(body, signal, noServingWorker(`no worker of "${body.model}" can take the request`), skip);
+    for (;;) {
+      await place.turn();
+      tried.clear();
+      for (const id of skip) tried.add(id);
+      // A worker's 200 is its admission: the next in line gets its turn then, not a first token later.
+      let out = false;
+      const current = place;
+      const admitted = () => {
+        if (out) return;
+        out = true;
+        current.admitted();
+      };
+      try {
+        const value = await attempt(admitted);
+        admitted();
+        return value;
+      } catch (err) {
+        if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) {
+          if (!out) place.leave();
+          throw err;
+        }
+        // Out of the queue already (its worker took it, then failed before a token): in again, at the back.
+        if (out) place = await queue.enter(body, signal, err, skip);
+        else place.refused();
+      }
+    }
   }
 
   private async route<T>(
@@ -230,8 +287,8 @@ export class Upstream {
     }
   }
 
-  /** POST /generate on `w`, up to its first batch of lines. */
-  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal) {
+  /** POST /generate on `w`, up to its first batch of lines; `admitted` is told when the worker took it (its 200, before any token). */
+  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal, admitted?: () => void) {
     const url = generateUrl(w.record.request_url);
     const call = WorkerCall.start(
       this.agent,
@@ -248,6 +305,7 @@ export class Upstream {
     );
     const status = await call.head;
     if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json());
+    admitted?.();
     // Watched from here: a worker that hangs before its first token is as hung as one after.
     const stopWatch = this.idle.watch(w, call);
     let first: IteratorResult<BatchLine[], void>;
@@ -290,7 +348,7 @@ export class Upstream {
 
   /** Opens a token stream on an aggregated worker. */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const { worker, value, release } = await this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal), capabilitiesNeeded(body), body);
+    const { worker, value, release } = await this.queued(body, signal, tried, (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), capabilitiesNeeded(body), body));
     return this.stream(worker, value, release);
   }
 
@@ -341,7 +399,11 @@ export class Upstream {
    * (drained, gone, all refusing), the decode worker evaluates the prompt itself, as it does when a
    * pull fails: slower, never a 503 while a decode worker serves.
    */
-  async openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
+  openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
+    return this.queued(body, signal, tried, () => this.pair(body, signal, tried));
+  }
+
+  private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
     // The decode worker generates: it is the one that must honour what the request needs.
     const needs = capabilitiesNeeded(body);
@@ -385,7 +447,7 @@ export class Upstream {
         }
       }
       if (!lost) throw this.noWorker(body.model, 'decode', lastRefusal);
-      if (pair >= MAX_ATTEMPTS) throw noServingWorker(`decode workers could not take the KV of "${body.model}" requests; retry shortly`);
+      if (pair >= MAX_ATTEMPTS) throw noServingWorker(`decode workers could not take the KV of "${body.model}" requests; retry shortly`, this.pool.retryAfterS(body.model));
     }
   }
 

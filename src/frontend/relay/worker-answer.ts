@@ -92,9 +92,12 @@ export function modelNotFound(model: string): EbbError {
   return new EbbError('model_not_found', `the model "${model}" does not exist (no worker serves it)`);
 }
 
-/** A known model that no worker can take right now (draining, drained, overloaded): SDKs retry a 503. */
-export function noServingWorker(message: string): EbbError {
-  return new EbbError('no_serving_worker', message, { headers: { 'retry-after': '1' } });
+/**
+ * A known model that no worker can take right now (draining, drained, overloaded): SDKs retry a 503.
+ * Retry-After only where the frontend knows when it tries again (see WorkerPool.retryAfterS).
+ */
+export function noServingWorker(message: string, retryAfterS?: number): EbbError {
+  return new EbbError('no_serving_worker', message, retryAfterS === undefined ? {} : { headers: { 'retry-after': String(retryAfterS) } });
 }
 
 /** 404 for a model nobody serves; 503 for one whose workers are all out of rotation for now. */

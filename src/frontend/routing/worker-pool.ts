@@ -113,6 +113,14 @@ export class WorkerPool {
   private readonly adapterLastServed = new Map<string, { base: string; at: number }>();
 
   /**
+   * Told that `model`'s workers may take more now: one (re-)registered, a request on one ended, one
+   * said it has room again. The admission queue gives turns on it; unset, nothing is called.
+   */
+  onRoom: ((model: string) => void) | undefined;
+  /** Told when a worker refused for being full or draining (the saturation watch then follows its own word on it). */
+  onRefused: ((record: WorkerRecord) => void) | undefined;
+
+  /**
    * `onInflight`: told each change of this process's own in-flight counts (to share them with peer processes).
    * `own`: the worker whose --openai-port this pool routes for (read live: its adapters change): its
    * model and adapters stay known while it is out of discovery (drained, or started drained), a 503, never a 404.
@@ -229,6 +237,7 @@ export class WorkerPool {
       this.enter(w);
     }
     this.lastServed.delete(record.model);
+    this.onRoom?.(record.model);
   }
 
   /** Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it. */
@@ -240,7 +249,62 @@ export class WorkerPool {
       released = true;
       worker.inflight--;
       if (worker.inflight === 0 && this.departed.get(worker.record.worker_id) === worker) this.departed.delete(worker.record.worker_id);
+      if (this.onRoom !== undefined) {
+        // A slot it refused for freed: an overload hold is over (a drain's is not).
+        const w = this.workers.get(worker.record.worker_id);
+        if (w?.hold?.kind === 'overloaded') w.hold = undefined;
+        this.onRoom(worker.record.model);
+      }
     };
+  }
+
+  /**
+   * The worker's own word that it takes requests again (its status: admission open, not full): its
+   * overload or drain hold ends, and queued requests get their turn.
+   */
+  roomAgain(workerId: string): void {
+    const w = this.workers.get(workerId);
+    if (w?.hold === undefined || w.hold.kind === 'unreachable') return;
+    w.hold = undefined;
+    this.onRoom?.(w.record.model);
+  }
+
+  /** Workers of `model` a new request may be sent to now: in discovery on its serving path, not held. */
+  routable(model: string, now = Date.now()): number {
+    const index = this.indexes.get(keyOf(model, this.servingPath(model) === 'aggregated' ? 'aggregated' : 'decode'));
+    let n = 0;
+    if (index) for (const w of index.values()) if (!(w.hold !== undefined && w.hold.until > now)) n++;
+    return n;
+  }
+
+  /**
+   * Seconds until the frontend tries a held worker of `model` again (the earliest hold's end: a
+   * drain's, an overload's, an unreachable one's); undefined when none is held, as nothing is known then.
+   */
+  retryAfterS(model: string, now = Date.now()): number | undefined {
+    let until: number | undefined;
+    for (const mode of ['aggregated', 'decode'] as const) {
+      const index = this.indexes.get(keyOf(model, mode));
+      if (index) for (const w of index.values()) if (w.hold !== undefined && w.hold.until > now && (until === undefined || w.hold.until < until)) until = w.hold.until;
+    }
+    return until === undefined ? undefined : Math.max(1, Math.ceil((until - now) / 1000));
+  }
+
+  /**
+   * Does `model` have a worker in discovery, on its serving path, that may take a request soon:
+   * routable, or held for draining or for being full? One that stopped answering (unreachable) is not
+   * counted, nor those in `skip` (the worker a continuation leaves).
+   */
+  mayServeSoon(model: string, skip: ReadonlySet<string>, now = Date.now()): boolean {
+    const index = this.indexes.get(keyOf(model, this.servingPath(model) === 'aggregated' ? 'aggregated' : 'decode'));
+    if (index) for (const w of index.values()) if (!skip.has(w.record.worker_id) && !(w.hold?.kind === 'unreachable' && w.hold.until > now)) return true;
+    return false;
+  }
+
+  /** Is `workerId` held out for being full (it refused worker_overloaded lately)? */
+  isOverloaded(workerId: string, now = Date.now()): boolean {
+    const h = this.workers.get(workerId)?.hold;
+    return h?.kind === 'overloaded' && h.until > now;
   }
 
   /** In-flight counts by worker id, including departed workers that still have requests open. */
@@ -253,7 +317,9 @@ export class WorkerPool {
 
   hold(workerId: string, kind: Hold, now = Date.now()): void {
     const w = this.workers.get(workerId);
-    if (w) w.hold = { kind, until: now + HOLD_MS[kind] };
+    if (!w) return;
+    w.hold = { kind, until: now + HOLD_MS[kind] };
+    if (kind !== 'unreachable') this.onRefused?.(w.record);
   }
 
   get size(): number {

@@ -1,0 +1,31 @@
+import type { IncomingHttpHeaders } from 'node:http';
+import type { AdminGuard } from '../../common/admin-auth.js';
+import { promptOf, type GenerateBody } from '../../protocol/request-plane.js';
+import { AdmissionQueue, serviceTier, type Ticket } from '../routing/admission-queue.js';
+
+/** A gateway sets the tier for its clients: it overrides the body's service_tier. */
+export const TIER_HEADER = 'x-ebb-service-tier';
+/** The tenant when the API has no keys (a gateway names its clients). */
+export const TENANT_HEADER = 'x-ebb-tenant';
+export const ANONYMOUS_TENANT = 'anonymous';
+/** What a request without max_tokens is assumed to ask for, in its tenant's share. */
+export const UNBOUNDED_COMPLETION_TOKENS = 256;
+/** Tenant names are label values and log fields: bounded. */
+const MAX_TENANT_CHARS = 64;
+
+/**
+ * Tags a request's generate bodies with how to make its ticket for the admission queue: its tier
+ * (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
+ * header, else anonymous) and its cost (about four characters a prompt token, plus max_tokens).
+ * Made only if the request ever waits: a request a worker takes at once pays for none of it.
+ */
+export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
+  let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
+  const whoAsks = () => {
+    const header = headers[TIER_HEADER];
+    const named = headers[TENANT_HEADER];
+    const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
+    return { tier: serviceTier(typeof header === 'string' ? header : bodyTier), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
+  };
+  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks()), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+}

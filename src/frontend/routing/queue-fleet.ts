@@ -1,0 +1,42 @@
+import type { Agent } from 'undici';
+import { fetchLiveStatus } from '../../common/worker-admin.js';
+import type { DrainIntentStore } from '../../discovery/drain-intent.js';
+import type { FleetView } from '../admin/fleet-view.js';
+import type { QueueFleet } from './admission-queue.js';
+import type { WorkerPool } from './worker-pool.js';
+
+/** A departed worker's status read, when a request asks whether one may come back. */
+const PROBE_TIMEOUT_MS = 1000;
+
+/**
+ * What the admission queue knows of a model's fleet. Waiting can help while a worker of the model is
+ * in discovery and answering (draining, full: it may take the request soon) or while one that left it
+ * still answers and is not shutting down (drained: it may resume). A departed worker is asked once
+ * per request that finds no other; one whose system server refuses connections is forgotten then
+ * (FleetView.forgetIfGone), so a model whose workers are all gone fails fast. A worker under a drain
+ * intent (etcd: it comes back drained after a restart, for an operator to resume) counts as one that
+ * may come back too, while its process restarts.
+ */
+export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, intents?: DrainIntentStore): QueueFleet {
+  return {
+    routable: (model) => pool.routable(model),
+    async prospects(model, skip) {
+      // The workers that would generate it (a disaggregated model's decode workers), unless they stopped answering.
+      if (pool.mayServeSoon(model, skip)) return true;
+      const departed = fleet.all().filter((k) => !k.inDiscovery && k.record.model === model && k.record.mode !== 'prefill' && !skip.has(k.record.worker_id));
+      const answers = await Promise.all(
+        departed.map(async (k) => {
+          const live = await fetchLiveStatus(k.record.system_url, k.record.worker_id, agent, PROBE_TIMEOUT_MS);
+          if (fleet.forgetIfGone(k.record.worker_id, live)) return false;
+          // One that answers with an error (a token it wants, a slow read) is not known gone yet.
+          return !live.reachable || !live.status.shutting_down;
+        }),
+      );
+      if (answers.some(Boolean)) return true;
+      const held = await intents?.list().catch(() => undefined);
+      const now = Date.now();
+      for (const [id, intent] of held ?? []) if (intent.worker?.model === model && !skip.has(id) && !(intent.expires_at !== undefined && Date.parse(intent.expires_at) <= now)) return true;
+      return false;
+    },
+  };
+}
