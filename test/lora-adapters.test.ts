@@ -170,7 +170,8 @@ describe('LoRA adapters (--engine openai)', () => {
       sim.loras.set('pre', '/adapters/pre'); // loaded before the worker started: read back from its /v1/models
       const discovery = tempDiscoveryUrl();
       const worker = await startWorker(['--discovery', discovery, '--model', 'base', '--engine', 'openai', '--engine-url', sim.url, '--engine-kind', kind, '--lora', 'sql=/adapters/sql', '--engine-max-loras', '1']);
-      const fe = await startFrontend(discovery);
+      // No admission queue: the drained worker's adapter is answered at once (a queue would wait for its resume).
+      const fe = await startFrontend(discovery, ['--queue-timeout', '0']);
       try {
         await frontendSeesWorkers(fe, 1);
         const before = (await call('GET', `${worker.systemUrl}/engine/status`)).body.adapters.map((a: { name: string; state: string }) => `${a.name}:${a.state}`);
