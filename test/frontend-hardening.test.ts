@@ -247,7 +247,7 @@ describe('frontend: disaggregated serving does not leak KV', () => {
       assert.equal(r.body.error.code, 'no_serving_worker');
     }
     assert.equal(decode.seen.length, 1, 'refused once, then held out');
-    assert.deepEqual(Object.keys(JSON.parse(decode.seen[0]!.body).kv_transfer).sort(), ['source_url', 'transfer_id', 'worker_id']);
+    assert.deepEqual(Object.keys(JSON.parse(decode.seen[0]!.body).kv_transfer).sort(), ['cached_tokens', 'source_url', 'transfer_id', 'worker_id']);
     assert.equal(await pending(), 0, 'the refused transfer was released on the prefill worker');
     const drained = await call('POST', `${prefill.systemUrl}/engine/drain`);
     assert.equal(drained.body.state, 'drained', 'nothing pending holds the drain');
