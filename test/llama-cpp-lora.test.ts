@@ -16,6 +16,7 @@ import { EbbError } from '../src/protocol/errors.js';
 import { createLogger } from '../src/common/logger.js';
 import { collectLoraFlag, parseLoraFlag } from '../src/cli/lora-flag.js';
 import { writeTinyLlamaGguf, writeTinyLoraGguf } from './helpers/gguf.js';
+import { call } from './helpers/http.js';
 import { drainGeneration } from './helpers/generation.js';
 import { spawnEbb, startFrontend, frontendSeesWorkers, tempDiscoveryUrl, workerReady, type EbbProcess } from './helpers/processes.js';
 
@@ -88,7 +89,7 @@ describe('llama-cpp engine with LoRA adapters', () => {
         'worker',
       );
       procs.push(worker);
-      await workerReady(worker);
+      const { systemUrl } = await workerReady(worker);
       const frontend = await startFrontend(discovery);
       procs.push(frontend);
       await frontendSeesWorkers(frontend, 1);
@@ -101,6 +102,14 @@ describe('llama-cpp engine with LoRA adapters', () => {
       assert.equal(new Set(Object.values(served)).size, 3, `three answers through the frontend: ${JSON.stringify(served)}`);
       assert.deepEqual(served, { base: await answer(), a: await answer('a'), b: await answer('b') }, "each is the in-process engine's answer");
       assert.deepEqual({ a: await ask('a'), b: await ask('b') }, { a: served.a, b: served.b }, 'asked again, each adapter answers alike');
+
+      // An admin load of a file that is no adapter fails, and the name is not offered to clients.
+      const bad = await call('POST', `${systemUrl}/engine/adapters/c/load`, { path: '/nonexistent/lora.gguf' });
+      assert.equal(bad.status, 502);
+      assert.equal(bad.body.error.code, 'adapter_load_failed');
+      assert.match(bad.body.error.message, /cannot load LoRA adapter "c" from \/nonexistent\/lora\.gguf: no such file/);
+      const names = (await call('GET', `${systemUrl}/engine/status`)).body.adapters.map((x: { name: string }) => x.name);
+      assert.deepEqual(names, ['a', 'b'], 'c is not among the adapters the worker (and its record) offers');
     } finally {
       await Promise.all(procs.map((p) => p.stop()));
     }

@@ -115,12 +115,24 @@ export class WorkerAdapters extends EventEmitter {
 
   /** POST /engine/adapters/{name}/load: resident once it resolves (a new source joins those available). */
   async load(source: AdapterSource): Promise<AdapterStatus> {
-    const e = this.entries.get(source.name) ?? this.add(source);
+    const known = this.entries.get(source.name);
+    const e = known ?? this.add(source);
+    const previous = e.source;
     if (e.state === 'unloaded' && source.path !== undefined) e.source = source;
-    if (e.state === 'draining') throw new EbbError('adapter_draining', `adapter "${source.name}" is draining; load it again once it is unloaded`, { headers: { 'retry-after': '1' } });
-    if (e.state === 'unloaded' && !this.startLoad(e))
-      throw new EbbError('adapter_slots_busy', `all ${this.slots} adapter slots hold adapters with requests in flight; retry once one is idle`, { headers: { 'retry-after': '1' } });
-    await e.ready;
+    try {
+      if (e.state === 'draining') throw new EbbError('adapter_draining', `adapter "${source.name}" is draining; load it again once it is unloaded`, { headers: { 'retry-after': '1' } });
+      if (e.state === 'unloaded' && !this.startLoad(e))
+        throw new EbbError('adapter_slots_busy', `all ${this.slots} adapter slots hold adapters with requests in flight; retry once one is idle`, { headers: { 'retry-after': '1' } });
+      await e.ready;
+    } catch (err) {
+      // What did not load is not offered: a new name leaves the record (clients would be routed to
+      // it, and fail, on every request), a known one keeps the path it had.
+      if (e.state === 'unloaded' && known === undefined) {
+        this.entries.delete(source.name);
+        this.emit('change');
+      } else if (e.state === 'unloaded') e.source = previous;
+      throw err;
+    }
     return this.statusOf(e);
   }
 
