@@ -1,12 +1,14 @@
 /**
  * LoRA adapters on the llama-cpp engine (issue 37), in-process against a real llama.cpp and the
  * tiny model with two tiny adapters: which adapter answered, resident slots, bad files refused.
- * One engine for the whole file (a model load is slow on a loaded machine); few tokens.
+ * One engine for the whole file (a model load is slow on a loaded machine); few tokens. One case
+ * runs the same adapters in a worker process behind a frontend, the in-process engine its reference.
  */
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { InvalidArgumentError } from 'commander';
+import OpenAI from 'openai';
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
 import type { GenerateRequest } from '../src/engine/engine.js';
 import type { KvTransfer } from '../src/engine/kv-transfers.js';
@@ -14,7 +16,9 @@ import { EbbError } from '../src/protocol/errors.js';
 import { createLogger } from '../src/common/logger.js';
 import { collectLoraFlag, parseLoraFlag } from '../src/cli/lora-flag.js';
 import { writeTinyLlamaGguf, writeTinyLoraGguf } from './helpers/gguf.js';
+import { call } from './helpers/http.js';
 import { drainGeneration } from './helpers/generation.js';
+import { spawnEbb, startFrontend, frontendSeesWorkers, tempDiscoveryUrl, workerReady, type EbbProcess } from './helpers/processes.js';
 
 const modelPath = writeTinyLlamaGguf();
 const loraA = writeTinyLoraGguf({ seed: 1 });
@@ -73,6 +77,42 @@ describe('llama-cpp engine with LoRA adapters', () => {
     // Each adapter's context decodes on its own: neither answer is touched by the other's.
     const [a2, b2, base2] = await Promise.all([answer('a'), answer('b'), answer()]);
     assert.deepEqual([a2, b2, base2], [a, b, base]);
+  });
+
+  it('a llama-cpp worker process behind a frontend: the openai SDK gets the engine\'s three answers by name; /v1/models lists a and b under the base', async () => {
+    const discovery = tempDiscoveryUrl();
+    const procs: EbbProcess[] = [];
+    try {
+      const worker = spawnEbb(
+        ['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, '--engine', 'llama-cpp', '--model-path', modelPath, '--model', 'tiny', '--threads', '1', '--gpu', 'off',
+          '--parallel', '2', '--context-size', '256', '--lora', `a=${loraA}`, '--lora', `b=${loraB}`, '--lora-slots', '2'],
+        'worker',
+      );
+      procs.push(worker);
+      const { systemUrl } = await workerReady(worker);
+      const frontend = await startFrontend(discovery);
+      procs.push(frontend);
+      await frontendSeesWorkers(frontend, 1);
+      const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+      const models = (await client.models.list()).data as Array<OpenAI.Model & { parent?: string }>;
+      assert.deepEqual(models.map((m) => [m.id, m.parent ?? null]), [['tiny', null], ['a', 'tiny'], ['b', 'tiny']]);
+
+      const ask = async (model: string) => (await client.completions.create({ model, prompt: PROMPT, max_tokens: 12, temperature: 0 })).choices[0]?.text;
+      const served = { base: await ask('tiny'), a: await ask('a'), b: await ask('b') };
+      assert.equal(new Set(Object.values(served)).size, 3, `three answers through the frontend: ${JSON.stringify(served)}`);
+      assert.deepEqual(served, { base: await answer(), a: await answer('a'), b: await answer('b') }, "each is the in-process engine's answer");
+      assert.deepEqual({ a: await ask('a'), b: await ask('b') }, { a: served.a, b: served.b }, 'asked again, each adapter answers alike');
+
+      // An admin load of a file that is no adapter fails, and the name is not offered to clients.
+      const bad = await call('POST', `${systemUrl}/engine/adapters/c/load`, { path: '/nonexistent/lora.gguf' });
+      assert.equal(bad.status, 502);
+      assert.equal(bad.body.error.code, 'adapter_load_failed');
+      assert.match(bad.body.error.message, /cannot load LoRA adapter "c" from \/nonexistent\/lora\.gguf: no such file/);
+      const names = (await call('GET', `${systemUrl}/engine/status`)).body.adapters.map((x: { name: string }) => x.name);
+      assert.deepEqual(names, ['a', 'b'], 'c is not among the adapters the worker (and its record) offers');
+    } finally {
+      await Promise.all(procs.map((p) => p.stop()));
+    }
   });
 
   it("a prompt's KV is reused under the adapter that computed it, never under another or the base", async () => {

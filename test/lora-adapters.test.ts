@@ -65,6 +65,14 @@ describe('LoRA adapters (mocker)', () => {
     assert.equal(r.body.error.code, 'model_not_found');
   });
 
+  it('embeddings naming an adapter: a 400 saying adapters do not embed, with the base model to ask', async () => {
+    const r = await call('POST', `${frontend.url}/v1/embeddings`, { model: 'a1', input: 'tides' });
+    assert.equal(r.status, 400, JSON.stringify(r.body));
+    assert.equal(r.body.error.code, 'unsupported_parameter');
+    assert.equal(r.body.error.param, 'model');
+    assert.match(r.body.error.message, /"a1" is a LoRA adapter of "m1": adapters do not embed; ask "m1"/);
+  });
+
   it('an adapter drain under load loses no request and unloads only once its last stream ended; its requests go to the other worker meanwhile', async () => {
     // a2 resident on one worker, seen so by the frontend: its requests go there.
     const first = await complete('a2', 'the river and the harbor');
@@ -161,6 +169,32 @@ describe('LoRA adapters (mocker)', () => {
 });
 
 describe('LoRA adapters (--engine openai)', () => {
+  it("an evicted adapter whose unload fails: the load waiting for its slot fails at once (adapter_load_failed, retried elsewhere); the slot stays counted until a later drain's unload", async () => {
+    const sim = await startEngineSim({ kind: 'vllm', itlMs: 1 });
+    const worker = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'base', '--engine', 'openai', '--engine-url', sim.url, '--engine-kind', 'vllm', '--lora', 'x=/adapters/x', '--lora', 'y=/adapters/y', '--engine-max-loras', '1']);
+    const gen = (adapter: string) => call('POST', `${worker.requestUrl}/generate`, { model: 'base', prompt: 'select', adapter, max_tokens: 2, stream: false });
+    const states = async () => (await call('GET', `${worker.systemUrl}/engine/status`)).body.adapters.map((a: { name: string; state: string }) => `${a.name}:${a.state}`);
+    try {
+      assert.equal((await gen('x')).status, 200);
+      sim.failUnloads.add('x');
+      const refused = await bounded(gen('y'), 'the request for y, whose slot x could not free, to be answered');
+      assert.equal(refused.status, 502, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'adapter_load_failed');
+      assert.match(refused.body.error.message, /evicting x: unload failed: \/v1\/unload_lora_adapter answered 500/);
+      assert.deepEqual(await states(), ['x:draining', 'y:unloaded'], 'x holds its slot (fail closed), y is not resident');
+      // The engine frees it again: a drain retries the unload, and y loads in the slot.
+      sim.failUnloads.delete('x');
+      const unloaded = worker.waitForNextEvent('adapter_state_changed', (l) => l.adapter === 'x' && l.to === 'unloaded');
+      await call('POST', `${worker.systemUrl}/engine/adapters/x/drain`, {});
+      await bounded(unloaded, 'x to unload once the engine frees it');
+      assert.equal((await gen('y')).status, 200);
+      assert.deepEqual(await states(), ['x:unloaded', 'y:serving']);
+    } finally {
+      await worker.terminate();
+      await sim.close();
+    }
+  });
+
   for (const [kind, load, unload] of [
     ['vllm', '/v1/load_lora_adapter', '/v1/unload_lora_adapter'],
     ['sglang', '/load_lora_adapter', '/unload_lora_adapter'],

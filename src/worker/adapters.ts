@@ -41,8 +41,8 @@ interface Entry {
   /** An unload is under way (draining with nothing in flight). */
   unloading: boolean;
   lastError: string | null;
-  /** Told when it reaches unloaded. */
-  readonly unloadWaiters: Set<() => void>;
+  /** Told when it reaches unloaded, or (with why) when its unload failed. */
+  readonly unloadWaiters: Set<(failed?: Error) => void>;
 }
 
 const RESOLVED = Promise.resolve();
@@ -115,12 +115,24 @@ export class WorkerAdapters extends EventEmitter {
 
   /** POST /engine/adapters/{name}/load: resident once it resolves (a new source joins those available). */
   async load(source: AdapterSource): Promise<AdapterStatus> {
-    const e = this.entries.get(source.name) ?? this.add(source);
+    const known = this.entries.get(source.name);
+    const e = known ?? this.add(source);
+    const previous = e.source;
     if (e.state === 'unloaded' && source.path !== undefined) e.source = source;
-    if (e.state === 'draining') throw new EbbError('adapter_draining', `adapter "${source.name}" is draining; load it again once it is unloaded`, { headers: { 'retry-after': '1' } });
-    if (e.state === 'unloaded' && !this.startLoad(e))
-      throw new EbbError('adapter_slots_busy', `all ${this.slots} adapter slots hold adapters with requests in flight; retry once one is idle`, { headers: { 'retry-after': '1' } });
-    await e.ready;
+    try {
+      if (e.state === 'draining') throw new EbbError('adapter_draining', `adapter "${source.name}" is draining; load it again once it is unloaded`, { headers: { 'retry-after': '1' } });
+      if (e.state === 'unloaded' && !this.startLoad(e))
+        throw new EbbError('adapter_slots_busy', `all ${this.slots} adapter slots hold adapters with requests in flight; retry once one is idle`, { headers: { 'retry-after': '1' } });
+      await e.ready;
+    } catch (err) {
+      // What did not load is not offered: a new name leaves the record (clients would be routed to
+      // it, and fail, on every request), a known one keeps the path it had.
+      if (e.state === 'unloaded' && known === undefined) {
+        this.entries.delete(source.name);
+        this.emit('change');
+      } else if (e.state === 'unloaded') e.source = previous;
+      throw err;
+    }
     return this.statusOf(e);
   }
 
@@ -142,11 +154,11 @@ export class WorkerAdapters extends EventEmitter {
     return this.statusOf(e);
   }
 
-  /** Resolves once the adapter is unloaded (at once when it is). */
+  /** Resolves once the adapter is unloaded (at once when it is); rejects when the engine's unload fails. */
   whenUnloaded(name: string): Promise<void> {
     const e = this.entry(name);
     if (e.state === 'unloaded') return RESOLVED;
-    return new Promise((resolve) => e.unloadWaiters.add(resolve));
+    return new Promise((resolve, reject) => e.unloadWaiters.add((failed) => (failed ? reject(failed) : resolve())));
   }
 
   /** A worker drain drains every adapter with it. */
@@ -278,13 +290,20 @@ export class WorkerAdapters extends EventEmitter {
       // Fail closed: it stays draining (its slot counted) until a later drain's unload succeeds.
       e.lastError = `unload failed: ${(err as Error).message}`;
       this.log.error({ event: 'adapter_unload_failed', adapter: e.source.name, err: (err as Error).message }, `adapter ${e.source.name}: ${e.lastError}`);
+      // A load waiting for its slot fails now (retried on another worker), not when some drain retries the unload.
+      this.tellUnloadWaiters(e, new Error(`evicting ${e.source.name}: ${e.lastError}`));
       return;
     } finally {
       e.unloading = false;
     }
     if (e.state !== 'draining' || e.inflight > 0) return;
     this.move(e, 'unloaded', 'nothing in flight');
-    for (const w of e.unloadWaiters) w();
+    this.tellUnloadWaiters(e);
+  }
+
+  private tellUnloadWaiters(e: Entry, failed?: Error): void {
+    for (const w of e.unloadWaiters) w(failed);
     e.unloadWaiters.clear();
   }
 }
+

@@ -136,6 +136,8 @@ export class EngineSim extends EventEmitter {
   closedEarly = 0;
   /** LoRA adapters loaded through the runtime endpoints (vLLM's /v1/load_lora_adapter, SGLang's /load_lora_adapter): name -> path. */
   readonly loras = new Map<string, string>();
+  /** Adapters whose unload the server refuses (a 500), as an engine that cannot free a slot. */
+  readonly failUnloads = new Set<string>();
   private readonly server: Server;
   private readonly startedAt = Date.now();
   private readonly pendingMetrics = new Set<ServerResponse>();
@@ -250,6 +252,7 @@ export class EngineSim extends EventEmitter {
         this.seen.push({ path, body });
         const name = String(body.lora_name);
         if (path.endsWith('unload_lora_adapter')) {
+          if (this.failUnloads.has(name)) return this.json(res, 500, { error: { message: `cannot free the slot of '${name}'` } });
           if (!this.loras.delete(name)) return this.json(res, 404, { error: { message: `The lora adapter '${name}' cannot be found.` } });
         } else {
           if (this.loras.has(name)) return this.json(res, 400, { error: { message: `The lora adapter '${name}' has already been loaded.` } });

@@ -53,6 +53,10 @@ export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutd
       const engines = pool.engineKinds(body.model).join(', ') || 'unknown';
       throw new EbbError('unsupported_parameter', `model "${body.model}" has no worker that serves embeddings (engines: ${engines}); see README "Embeddings" for the engines that do`, { param: 'model' });
     }
+    // An adapter's model is its base model's, tuned to generate: its vectors would be the base model's under its name.
+    const adapter = pool.hasModel(body.model) ? undefined : pool.adapterBase(body.model);
+    if (adapter !== undefined)
+      throw new EbbError('unsupported_parameter', `"${body.model}" is a LoRA adapter of "${adapter.base}": adapters do not embed; ask "${adapter.base}" for embeddings`, { param: 'model' });
     admit(body, EMBEDDINGS_FIELD_POLICY);
     const input = inputsOf(body.input);
     holdLane(reply, body.model);
