@@ -142,6 +142,25 @@ describe('frontend: OpenAI API through the official SDK', () => {
   });
 });
 
+describe("frontend: a draining worker's ETA", () => {
+  it("is the Retry-After of the 503 when every worker of the model refuses draining and says when its drain ends", async () => {
+    const discovery = tempDiscoveryUrl();
+    const refusing = await fakeWorker((_req, res) => {
+      res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '7' });
+      res.end(JSON.stringify({ error: { code: 'worker_draining', message: 'draining', type: 'service_unavailable', retryable: true } }));
+    });
+    after(() => refusing.close());
+    injectRecord(discovery, { worker_id: 'w-eta', model: 'm1', request_url: refusing.url, system_url: refusing.url });
+    const frontend = await startFrontend(discovery, ['--queue-timeout', '0']);
+    started.push(frontend);
+    await frontend.waitForEvent('discovery_reset', (l) => (l.workers as string[]).includes('w-eta'));
+    const res = await call('POST', `${frontend.url}/v1/completions`, { model: 'm1', prompt: 'x' });
+    assert.equal(res.status, 503);
+    assert.equal(res.body.error.code, 'no_serving_worker');
+    assert.equal(res.headers.get('retry-after'), '7', "the worker's drain ETA, not the frontend's 10 s hold");
+  });
+});
+
 describe('frontend: a model whose workers are all out of rotation is still a model', () => {
   it('answers 503 no_serving_worker while every worker is drained (no queue), and 200 once one resumes; 404 only for a model nobody serves', async () => {
     const { frontend, workers } = await sharedFleet();

@@ -164,7 +164,7 @@ export class Upstream {
         throw err;
       }
       const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
-      if (failure.hold) this.pool.hold(id, failure.hold);
+      if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS);
       this.metrics.attempt(id, failure.outcome);
       throw failure;
     }
@@ -279,7 +279,7 @@ export class Upstream {
         headersTimeout: timeout,
         bodyTimeout: timeout,
       });
-      if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, parseOr({}, await readBounded(res.body, MAX_ERROR_BODY, { cut: true })));
+      if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, parseOr({}, await readBounded(res.body, MAX_ERROR_BODY, { cut: true })), res.headers['retry-after']);
       return JSON.parse(await readBounded(res.body, maxAnswer, { what: `worker ${w.record.worker_id}'s ${path.slice(1)} answer` })) as T;
     } catch (err) {
       if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) throw new TryElsewhere('prefill_timeout', 'unreachable');
@@ -304,7 +304,7 @@ export class Upstream {
       signal,
     );
     const status = await call.head;
-    if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json());
+    if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json(), call.retryAfter);
     admitted?.();
     // Watched from here: a worker that hangs before its first token is as hung as one after.
     const stopWatch = this.idle.watch(w, call);
