@@ -1,7 +1,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { AdminGuard } from '../../common/admin-auth.js';
 import { promptOf, type GenerateBody } from '../../protocol/request-plane.js';
-import { AdmissionQueue, serviceTier, type Ticket } from '../routing/admission-queue.js';
+import { AdmissionQueue, serviceTier, type ServiceTier, type Ticket } from '../routing/admission-queue.js';
 
 /** A gateway sets the tier for its clients: it overrides the body's service_tier. */
 export const TIER_HEADER = 'x-ebb-service-tier';
@@ -13,6 +13,12 @@ export const UNBOUNDED_COMPLETION_TOKENS = 256;
 /** Tenant names are label values and log fields: bounded. */
 const MAX_TENANT_CHARS = 64;
 
+/** The tier a request is admitted in: the gateway's header, else the body's service_tier (`auto`: default). */
+export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
+  const header = headers[TIER_HEADER];
+  return serviceTier(typeof header === 'string' ? header : bodyTier);
+}
+
 /**
  * Tags a request's generate bodies with how to make its ticket for the admission queue: its tier
  * (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
@@ -22,10 +28,9 @@ const MAX_TENANT_CHARS = 64;
 export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
   let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
   const whoAsks = () => {
-    const header = headers[TIER_HEADER];
     const named = headers[TENANT_HEADER];
     const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
-    return { tier: serviceTier(typeof header === 'string' ? header : bodyTier), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
+    return { tier: requestTier(bodyTier, headers), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
   };
   for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks()), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
 }
