@@ -1,6 +1,6 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { AdminGuard } from '../../common/admin-auth.js';
-import { promptOf, type GenerateBody } from '../../protocol/request-plane.js';
+import { promptOf, type EmbedBody, type GenerateBody } from '../../protocol/request-plane.js';
 import { AdmissionQueue, serviceTier, type ServiceTier, type Ticket } from '../routing/admission-queue.js';
 
 /** A gateway sets the tier for its clients: it overrides the body's service_tier. */
@@ -27,10 +27,21 @@ export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): Se
  */
 export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
   let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
-  const whoAsks = () => {
-    const named = headers[TENANT_HEADER];
-    const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
-    return { tier: requestTier(bodyTier, headers), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
-  };
-  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks()), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks(bodyTier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+}
+
+/**
+ * An embedding request's ticket: it waits in its model's queue as a generation does, in the tier the
+ * header gives (OpenAI's embeddings have no service_tier), weighted by its inputs' tokens (about
+ * four characters a token; token-id inputs count their ids).
+ */
+export function tagEmbedTicket(body: EmbedBody, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
+  AdmissionQueue.tag(body, () => ({ ...whoAsks(undefined, headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
+}
+
+/** A request's tier and tenant: the API key's name, else the tenant header, else anonymous. */
+function whoAsks(bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): Pick<Ticket, 'tier' | 'tenant'> {
+  const named = headers[TENANT_HEADER];
+  const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
+  return { tier: requestTier(bodyTier, headers), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
 }

@@ -33,7 +33,7 @@ import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
-import { requestTier, tagTickets } from './admission-ticket.js';
+import { requestTier, tagEmbedTicket, tagTickets } from './admission-ticket.js';
 import type { ServiceTier } from '../routing/admission-queue.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
@@ -501,7 +501,10 @@ export function createOpenAIServer({
   }
 
   methods('/v1/embeddings', ['POST']);
-  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => void holdLanes(reply, model, 1, 1) });
+  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => void holdLanes(reply, model, 1, 1), ticket: (body, req) => {
+      if (queueing) tagEmbedTicket(body, req.headers, apiGuard);
+    },
+  });
 
   return app;
 }

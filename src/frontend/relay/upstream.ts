@@ -360,7 +360,9 @@ export class Upstream {
   async embed(body: EmbedBody, signal: AbortSignal): Promise<{ worker: PoolWorker; answer: EmbedResponse }> {
     const mode: WorkerMode = this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode';
     const send = (w: PoolWorker) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER);
-    const { worker, value, release } = await this.route(body.model, mode, signal, new Set(), send, embeddingNeeds(body));
+    const tried = new Set<string>();
+    // It waits in its model's queue as a generation does (its ticket: the header's tier, its inputs' tokens).
+    const { worker, value, release } = await this.queued(body, signal, tried, () => this.route(body.model, mode, signal, tried, send, embeddingNeeds(body)));
     release();
     return { worker, answer: value };
   }
