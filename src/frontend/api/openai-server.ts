@@ -272,9 +272,11 @@ export function createOpenAIServer({
       if (point === undefined) return false;
       const kept = store.adopt(id, events);
       const made = plan.responses;
+      const shell = made === undefined ? undefined : new ResponseShell(made.uuid, made.request, made);
+      if (shell !== undefined && plan.serviceTier !== undefined) shell.serviceTier = plan.serviceTier;
       const fmt =
-        plan.endpoint === 'responses' && made !== undefined
-          ? new ResponsesStream(Object.assign(new ResponseShell(made.uuid, made.request, made), plan.serviceTier === undefined ? {} : { serviceTier: plan.serviceTier }), true, { seq: point.lastId + 1, text: point.resumed[0]!.text })
+        plan.endpoint === 'responses' && shell !== undefined
+          ? new ResponsesStream(shell, true, { seq: point.lastId + 1, text: point.resumed[0]!.text })
           : new SseFormatter(plan.endpoint === 'completion' ? 'completion' : 'chat', id, plan.model, 1, plan.includeUsage, false, new EventIds(point.lastId + 1), plan.created, plan.serviceTier);
       const detached = { raw: detachedResponse(), hijack: () => undefined };
       void relay
