@@ -106,6 +106,26 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     assert.equal(await metricValue(frontend.url, 'ebb_frontend_queue_sheds_total', 'model="m1",reason="no_worker"'), 1);
   });
 
+  it("a model whose only worker is restarted (SIGTERM, replaced under its id) waits for the replacement instead of failing", async () => {
+    const { discovery, frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '20']);
+    started.push(frontend, ...workers);
+    const w = workers[0]!;
+    // A stream in flight keeps the old worker draining (and answering) a while after it leaves discovery.
+    const inflight = await completion(frontend, { max_tokens: 40, stream: true });
+    const reader = inflight.body!.getReader();
+    await reader.read();
+    const mark = frontend.mark();
+    w.signal('SIGTERM');
+    await frontend.waitForLog((l) => l.event === 'model_restarting' && l.model === 'm1', 'the frontend to take the departure as a restart', { after: mark });
+    const waiting = completion(frontend);
+    await events(frontend, 'request_queued', 1, mark);
+    while (!(await reader.read()).done);
+    await w.exitCode();
+    const next = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', w.workerId]);
+    started.push(next);
+    assert.equal((await waiting).status, 200, 'served by the replacement');
+  });
+
   it('--queue-timeout 0 restores the answer at once: 503 no_serving_worker while the only worker is drained', async () => {
     const { frontend } = await drainedFleet(['--queue-timeout', '0']);
     const res = await completion(frontend);

@@ -160,16 +160,16 @@ describe('embeddings: the openai SDK against a frontend and its workers', () => 
     assert.deepEqual(vector(same.data[0]!), a, 'its own size is no change');
   });
 
-  it('a model whose only worker drained: 503 no_serving_worker, retryable, as for chat', async () => {
+  it('a model whose only worker drained: the embedding waits in the admission queue, as a generation does, and is answered once it resumes', async () => {
     const cursor = frontend.mark();
     assert.equal((await call('POST', `${vllmEmbed.systemUrl}/engine/drain`)).body.state, 'drained');
     await frontend.waitForEvent('worker_removed', (l) => l.worker_id === vllmEmbed.workerId, { after: cursor });
-    await assert.rejects(client().embeddings.create({ model: 'vllm-embed', input: 'x' }), (err: unknown) => {
-      assert.ok(err instanceof OpenAI.APIError);
-      assert.equal(err.status, 503);
-      assert.equal(err.code, 'no_serving_worker');
-      return true;
-    });
+    const waiting = client().embeddings.create({ model: 'vllm-embed', input: 'x' }, { headers: { 'x-ebb-service-tier': 'priority', 'x-ebb-tenant': 'search' } });
+    const queued = await frontend.waitForEvent('request_queued', (l) => l.model === 'vllm-embed', { after: cursor });
+    assert.equal(queued.tier, 'priority', "the header's tier");
+    assert.equal(queued.tenant, 'search');
+    assert.equal((await call('POST', `${vllmEmbed.systemUrl}/engine/resume`)).body.state, 'serving');
+    assert.equal((await waiting).data.length, 1, 'answered by the resumed worker');
   });
 });
 

@@ -58,7 +58,7 @@ describe('frontend: sequences per request and the fd budget', { skip: process.pl
     assert.equal(refused.status, 503, JSON.stringify(refused.body));
     assert.equal(refused.body.error.code, 'frontend_overloaded');
     assert.equal(refused.body.error.retryable, true);
-    assert.equal(refused.headers.get('retry-after'), '1');
+    assert.equal(refused.headers.get('retry-after'), null, 'no guess: when streams end is not known');
     assert.match(refused.body.error.message, /file-descriptor budget .* of 64/);
     assert.equal(proc.exitCode, null, 'the frontend is alive');
 

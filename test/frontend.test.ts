@@ -1,7 +1,7 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { call, fakeWorker, injectRecord, json } from './helpers/http.js';
+import { call, fakeWorker, injectRecord } from './helpers/http.js';
 import { drainOneUnderLoad } from './helpers/load.js';
 import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
@@ -123,15 +123,8 @@ describe('frontend: OpenAI API through the official SDK', () => {
   });
 
   it('answers 503 no_serving_worker when every worker of the model refuses (still listed, draining)', async () => {
-    const discovery = tempDiscoveryUrl();
     // Listed in discovery but refusing: what the frontend sees of a drained worker before discovery catches up.
-    const refusing = await fakeWorker((_req, res) => json(res, 503, { error: { code: 'worker_draining', message: 'draining', type: 'service_unavailable', retryable: true } }));
-    after(() => refusing.close());
-    injectRecord(discovery, { worker_id: 'w-refusing', model: 'm1', request_url: refusing.url, system_url: refusing.url });
-    const frontend = await startFrontend(discovery, ['--queue-timeout', '0']);
-    started.push(frontend);
-    await frontend.waitForEvent('discovery_reset', (l) => (l.workers as string[]).includes('w-refusing'));
-    const res = await call('POST', `${frontend.url}/v1/completions`, { model: 'm1', prompt: 'x' });
+    const { frontend, refusing, res } = await refusedByDraining({});
     assert.equal(res.status, 503);
     assert.equal(res.body.error.code, 'no_serving_worker');
     assert.equal(res.body.error.retryable, true);
@@ -139,6 +132,33 @@ describe('frontend: OpenAI API through the official SDK', () => {
     assert.equal(res.headers.get('retry-after'), '10', 'when the frontend tries the draining worker again (its hold)');
     const models = await call('GET', `${frontend.url}/v1/models`);
     assert.deepEqual(models.body.data.map((m: { id: string }) => m.id), ['m1'], 'a draining model is still a model');
+  });
+});
+
+/**
+ * A frontend without a queue whose model's one worker (listed in discovery) refuses every request
+ * as a draining worker does, with `headers`; and that frontend's answer to a completion.
+ */
+async function refusedByDraining(headers: Record<string, string>) {
+  const discovery = tempDiscoveryUrl();
+  const refusing = await fakeWorker((_req, res) => {
+    res.writeHead(503, { 'content-type': 'application/json', ...headers });
+    res.end(JSON.stringify({ error: { code: 'worker_draining', message: 'draining', type: 'service_unavailable', retryable: true } }));
+  });
+  after(() => refusing.close());
+  injectRecord(discovery, { worker_id: 'w-refusing', model: 'm1', request_url: refusing.url, system_url: refusing.url });
+  const frontend = await startFrontend(discovery, ['--queue-timeout', '0']);
+  started.push(frontend);
+  await frontend.waitForEvent('discovery_reset', (l) => (l.workers as string[]).includes('w-refusing'));
+  return { frontend, refusing, res: await call('POST', `${frontend.url}/v1/completions`, { model: 'm1', prompt: 'x' }) };
+}
+
+describe("frontend: a draining worker's ETA", () => {
+  it("is the Retry-After of the 503 when every worker of the model refuses draining and says when its drain ends", async () => {
+    const { res } = await refusedByDraining({ 'retry-after': '7' });
+    assert.equal(res.status, 503);
+    assert.equal(res.body.error.code, 'no_serving_worker');
+    assert.equal(res.headers.get('retry-after'), '7', "the worker's drain ETA, not the frontend's 10 s hold");
   });
 });
 

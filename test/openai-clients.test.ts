@@ -47,6 +47,25 @@ describe('clients: the official openai SDK', () => {
     assert.equal(messages.usage?.output_tokens, 2);
   });
 
+  it('service_tier: each answer says the tier it was admitted in (default when none), whole and in every streamed chunk', async () => {
+    const c = client();
+    const messages = [{ role: 'user' as const, content: 'hi' }];
+    assert.equal((await c.chat.completions.create({ model: 'm1', messages, max_tokens: 2 })).service_tier, 'default');
+    assert.equal((await c.chat.completions.create({ model: 'm1', messages, max_tokens: 2, service_tier: 'auto' })).service_tier, 'default');
+    assert.equal((await c.chat.completions.create({ model: 'm1', messages, max_tokens: 2, service_tier: 'priority' })).service_tier, 'priority');
+    const tiers: Array<string | null | undefined> = [];
+    for await (const chunk of await c.chat.completions.create({ model: 'm1', messages, max_tokens: 3, service_tier: 'flex', stream: true, stream_options: { include_usage: true } })) tiers.push(chunk.service_tier);
+    assert.ok(tiers.length >= 5, `role, 3 tokens, finish, usage: ${tiers.length} chunks`);
+    assert.deepEqual(new Set(tiers), new Set(['flex']), 'every chunk, the usage chunk too');
+    // A gateway's header is the tier it was admitted in, over the body's.
+    const gated = await c.chat.completions.create({ model: 'm1', messages, max_tokens: 2, service_tier: 'flex' }, { headers: { 'x-ebb-service-tier': 'priority' } });
+    assert.equal(gated.service_tier, 'priority');
+    assert.equal((await c.responses.create({ model: 'm1', input: 'hi', max_output_tokens: 2, service_tier: 'flex' })).service_tier, 'flex');
+    let streamed: string | null | undefined;
+    for await (const event of await c.responses.create({ model: 'm1', input: 'hi', max_output_tokens: 2, stream: true })) if (event.type === 'response.incomplete') streamed = event.response.service_tier;
+    assert.equal(streamed, 'default');
+  });
+
   it('models.retrieve', async () => {
     const c = client();
     assert.equal((await c.models.retrieve('m1')).id, 'm1');

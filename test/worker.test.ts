@@ -52,6 +52,7 @@ describe('worker process: drain, resume, admission', () => {
     assert.equal(refused.status, 503);
     assert.equal(refused.body.error.code, 'worker_draining');
     assert.equal(refused.body.error.retryable, true);
+    assert.equal(refused.headers.get('retry-after'), null, 'drained: nothing will change by itself, so no Retry-After');
     const health = await call('GET', `${w.systemUrl}/health`);
     assert.equal(health.status, 503);
     assert.equal(health.body.state, 'drained');
@@ -85,6 +86,21 @@ describe('worker process: drain, resume, admission', () => {
     const status = await call('GET', `${w.systemUrl}/engine/status`);
     assert.equal(status.body.state, 'drained');
     assert.equal(status.body.inflight_requests, 0);
+  });
+
+  it("a draining worker's refusal says when its drain ends: Retry-After from its ETA (here bounded by the drain's deadline)", async () => {
+    const w = await worker(['--mocker-itl-ms', '40']);
+    const s = await gen(w, { max_tokens: 2000 });
+    await s.first;
+    const drain = await call('POST', `${w.systemUrl}/engine/drain`, { deadline_ms: 30_000 });
+    assert.equal(drain.body.state, 'draining');
+    assert.equal(typeof drain.body.eta_ms, 'number', `an ETA while draining: ${JSON.stringify(drain.body)}`);
+    const late = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'late' });
+    assert.equal(late.body.error.code, 'worker_draining');
+    const retryAfter = Number(late.headers.get('retry-after'));
+    assert.ok(Number.isSafeInteger(retryAfter) && retryAfter >= 1 && retryAfter <= Math.ceil(drain.body.eta_ms / 1000), `Retry-After is the ETA in seconds (${late.headers.get('retry-after')}; eta ${drain.body.eta_ms} ms)`);
+    assert.ok(retryAfter > 1, 'not the old constant 1 s: the stream has ~80 s left, the deadline 30 s');
+    s.abort();
   });
 
   it('releases the slot of a client that disconnects mid-stream', async () => {

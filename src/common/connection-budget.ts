@@ -51,7 +51,7 @@ const isProbe = (req: IncomingMessage, probes: readonly string[]): boolean =>
 
 function refuse(res: ServerResponse, message: string): void {
   const body = JSON.stringify(errorBody('listener_busy', message));
-  res.writeHead(503, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), 'retry-after': '1', connection: 'close' });
+  res.writeHead(503, { 'content-type': 'application/json; charset=utf-8', 'content-length': Buffer.byteLength(body), connection: 'close' }); // no Retry-After: when a connection frees is not known
   res.end(body);
 }
 

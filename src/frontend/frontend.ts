@@ -192,7 +192,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   log.info({ event: 'router', router: routerKind, kv_overlap_weight: opts.kvOverlapWeight ?? 1 }, `routing: ${routerKind}`);
   const queueTimeoutMs = opts.queueTimeoutMs ?? DEFAULT_QUEUE_TIMEOUT_MS;
   const fleetAgent = createAdminAgent();
-  const admission = queueTimeoutMs === 0 ? undefined : new AdmissionQueue({ timeoutMs: queueTimeoutMs, depth: opts.queueDepth ?? DEFAULT_QUEUE_DEPTH, log: log.child({ component: 'admission' }) }, queueFleet(pool, fleet, fleetAgent, discovery.drainIntents), createQueueMetrics(metrics.registry));
+  const admissionLog = log.child({ component: 'admission' });
+  const admission = queueTimeoutMs === 0 ? undefined : new AdmissionQueue({ timeoutMs: queueTimeoutMs, depth: opts.queueDepth ?? DEFAULT_QUEUE_DEPTH, log: admissionLog }, queueFleet(pool, fleet, fleetAgent, { timeoutMs: queueTimeoutMs, log: admissionLog }, discovery.drainIntents), createQueueMetrics(metrics.registry));
   if (admission !== undefined) {
     pool.onRoom = (model) => admission.changed(model);
     metrics.stats.queued = (model) => admission.waiting(model);

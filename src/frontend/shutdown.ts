@@ -59,7 +59,8 @@ export class Shutdown {
 
   /** Ends every open request with server_closing; resolves once all have answered (bounded: a client that never reads). */
   async cutOpen(message: string): Promise<void> {
-    const cut = (this.cut = new EbbError('server_closing', message, { headers: { 'retry-after': '1' } }));
+    // No Retry-After: this process is going away; when another serves its address is not known here.
+    const cut = (this.cut = new EbbError('server_closing', message));
     for (const controller of this.open.values()) controller.abort(cut);
     if (this.open.size === 0) return;
     let timer: NodeJS.Timeout | undefined;

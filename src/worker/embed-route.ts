@@ -5,7 +5,7 @@ import { encodeVector } from '../protocol/embedding-vector.js';
 import { EmbedBodySchema, type EmbedBody, type EmbedResponse } from '../protocol/request-plane.js';
 import type { Generations } from './generation.js';
 import type { WorkerMetrics } from './metrics.js';
-import { refusal, type RequestGate } from './request-gate.js';
+import type { RequestGate } from './request-gate.js';
 
 export interface EmbedRouteDeps {
   engine: Engine;
@@ -26,7 +26,7 @@ export function addEmbedRoute(app: FastifyInstance, { engine, gate, generations,
     const body = req.body;
     // An engine without embed() declares no `embeddings`: the gate answers 400 before admission.
     const admitted = gate.admitEmbedding(body, reply.raw);
-    if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
+    if ('refused' in admitted) return gate.refuse(reply, admitted.refused);
     const { scope } = admitted;
     reply.hijack();
     try {

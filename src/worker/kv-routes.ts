@@ -7,7 +7,7 @@ import { GenerateBodySchema, type GenerateBody, type PrefillResponse } from '../
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { Generations } from './generation.js';
 import { KV_STATE_HEADER } from './kv-state-wire.js';
-import { refusal, type RequestGate } from './request-gate.js';
+import type { RequestGate } from './request-gate.js';
 
 export interface KvRoutesDeps {
   workerId: string;
@@ -30,7 +30,7 @@ export function addKvRoutes(app: FastifyInstance, { workerId, mode, engine, self
     allowOnly(app, '/prefill', ['POST']);
     app.post<{ Body: GenerateBody }>('/prefill', { schema: { body: GenerateBodySchema } }, async (req, reply) => {
       const admitted = gate.admit(req.body, reply.raw);
-      if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
+      if ('refused' in admitted) return gate.refuse(reply, admitted.refused);
       const { gen, scope } = admitted;
       reply.hijack();
       try {

@@ -1,3 +1,4 @@
+import type { FastifyReply } from 'fastify';
 import { randomUUID } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { Engine, GenerateRequest } from '../engine/engine.js';
@@ -22,6 +23,8 @@ export interface RequestGateDeps {
   prefillPeers?: PrefillPeers | undefined;
   /** The engine's LoRA adapters, where it has any. */
   adapters?: WorkerAdapters | undefined;
+  /** The drain's ETA (ms) while draining, null when none is known: a draining refusal's Retry-After. */
+  drainEtaMs?: (() => number | null) | undefined;
 }
 
 const REFUSALS: Record<RefusalCode | AdapterRefusal, string> = {
@@ -46,6 +49,17 @@ export class RequestGate {
     private readonly deps: RequestGateDeps,
     private readonly open: OpenRequests,
   ) {}
+
+  /**
+   * Answers a refusal: 503 with its body; a draining one says when the drain should be over (its
+   * ETA, the soonest this worker's state changes), others a short retry.
+   */
+  refuse(reply: FastifyReply, code: RefusalCode | AdapterRefusal): FastifyReply {
+    const eta = code === 'worker_draining' ? this.deps.drainEtaMs?.() : undefined;
+    const retry = code !== 'worker_draining' ? '1' : eta === null || eta === undefined ? undefined : String(Math.max(1, Math.ceil(eta / 1000)));
+    if (retry !== undefined) void reply.header('retry-after', retry);
+    return reply.code(503).send(refusal(code));
+  }
 
   admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode | AdapterRefusal } {
     const { model, engine } = this.deps;

@@ -12,7 +12,7 @@ import type { PrefillPeers } from './prefill-peers.js';
 import { Generations } from './generation.js';
 import { addKvRoutes } from './kv-routes.js';
 import { OpenRequests } from './open-requests.js';
-import { refusal, RequestGate } from './request-gate.js';
+import { RequestGate } from './request-gate.js';
 import { addTokenizeRoute } from './tokenize-route.js';
 import { addEmbedRoute } from './embed-route.js';
 import type { WorkerAdapters } from './adapters.js';
@@ -38,6 +38,8 @@ export interface RequestPlaneDeps {
   /** Counts each pull of a real KV state by how it ended. */
   onKvPull?: ((outcome: KvPullOutcome) => void) | undefined;
   adapters?: WorkerAdapters | undefined;
+  /** The drain's ETA (the lifecycle's status eta_ms): a draining refusal's Retry-After. */
+  drainEtaMs?: (() => number | null) | undefined;
 }
 
 export interface RequestPlane {
@@ -65,7 +67,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken, onKvPull, adapters } = deps;
   const app = createHttpServer({ role: 'internal' });
   const open = new OpenRequests();
-  const gate = new RequestGate({ model, mode, engine, admission, metrics, log, prefillPeers, adapters }, open);
+  const gate = new RequestGate({ model, mode, engine, admission, metrics, log, prefillPeers, adapters, drainEtaMs: deps.drainEtaMs }, open);
   const generations = new Generations({ workerId, engine, metrics, log, selfUrl, requestToken, onKvPull, pace: open.pace });
 
   if (guard) app.addHook('onRequest', async (req) => guard(req.headers.authorization));
@@ -73,7 +75,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   allowOnly(app, '/generate', ['POST']);
   app.post<{ Body: GenerateBody }>('/generate', { schema: { body: GenerateBodySchema } }, async (req, reply) => {
     const admitted = gate.admit(req.body, reply.raw);
-    if ('refused' in admitted) return reply.code(503).header('retry-after', '1').send(refusal(admitted.refused));
+    if ('refused' in admitted) return gate.refuse(reply, admitted.refused);
     reply.hijack();
     open.generating(admitted.scope);
     await generations.serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, gate.trustedHandoff(req.body.handoff_kv));

@@ -168,6 +168,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     requestToken: opts.requestToken,
     onKvPull: kvPulls,
     adapters,
+    drainEtaMs: () => lifecycle.status().eta_ms ?? null,
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.

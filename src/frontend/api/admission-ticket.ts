@@ -1,7 +1,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { AdminGuard } from '../../common/admin-auth.js';
-import { promptOf, type GenerateBody } from '../../protocol/request-plane.js';
-import { AdmissionQueue, serviceTier, type Ticket } from '../routing/admission-queue.js';
+import { promptOf, type EmbedBody, type GenerateBody } from '../../protocol/request-plane.js';
+import { AdmissionQueue, serviceTier, type ServiceTier, type Ticket } from '../routing/admission-queue.js';
 
 /** A gateway sets the tier for its clients: it overrides the body's service_tier. */
 export const TIER_HEADER = 'x-ebb-service-tier';
@@ -13,6 +13,12 @@ export const UNBOUNDED_COMPLETION_TOKENS = 256;
 /** Tenant names are label values and log fields: bounded. */
 const MAX_TENANT_CHARS = 64;
 
+/** The tier a request is admitted in: the gateway's header, else the body's service_tier (`auto`: default). */
+export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
+  const header = headers[TIER_HEADER];
+  return serviceTier(typeof header === 'string' ? header : bodyTier);
+}
+
 /**
  * Tags a request's generate bodies with how to make its ticket for the admission queue: its tier
  * (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
@@ -21,11 +27,21 @@ const MAX_TENANT_CHARS = 64;
  */
 export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
   let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
-  const whoAsks = () => {
-    const header = headers[TIER_HEADER];
-    const named = headers[TENANT_HEADER];
-    const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
-    return { tier: serviceTier(typeof header === 'string' ? header : bodyTier), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
-  };
-  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks()), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks(bodyTier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+}
+
+/**
+ * An embedding request's ticket: it waits in its model's queue as a generation does, in the tier the
+ * header gives (OpenAI's embeddings have no service_tier), weighted by its inputs' tokens (about
+ * four characters a token; token-id inputs count their ids).
+ */
+export function tagEmbedTicket(body: EmbedBody, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
+  AdmissionQueue.tag(body, () => ({ ...whoAsks(undefined, headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
+}
+
+/** A request's tier and tenant: the API key's name, else the tenant header, else anonymous. */
+function whoAsks(bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): Pick<Ticket, 'tier' | 'tenant'> {
+  const named = headers[TENANT_HEADER];
+  const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
+  return { tier: requestTier(bodyTier, headers), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
 }

@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { decodeVector } from '../../protocol/embedding-vector.js';
 import { EbbError } from '../../protocol/errors.js';
 import type { EmbedBody, EmbedResponse } from '../../protocol/request-plane.js';
@@ -18,6 +18,8 @@ export interface EmbeddingsRouteDeps {
   admit: (body: { model: string }, table: FieldPolicy) => void;
   /** Room for the request's one upstream call, held until its response is done. */
   holdLane: (reply: FastifyReply, model: string) => void;
+  /** Its ticket for the admission queue (none without a queue). */
+  ticket: (body: EmbedBody, req: FastifyRequest) => void;
 }
 
 /** The request plane's inputs: always a list, of texts or of token-id arrays. */
@@ -45,7 +47,7 @@ function embeddingsResponse(model: string, base64: boolean, answer: EmbedRespons
   return { object: 'list', data, model, usage: { prompt_tokens: tokens, total_tokens: tokens } };
 }
 
-export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutdown, admit, holdLane }: EmbeddingsRouteDeps): void {
+export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutdown, admit, holdLane, ticket }: EmbeddingsRouteDeps): void {
   app.post<{ Body: EmbeddingsRequest }>('/v1/embeddings', { schema: { body: embeddingsSchema } }, async (req, reply) => {
     const body = req.body;
     // Before the fields: what a model that cannot embed at all lacks is the whole route, not a field.
@@ -65,6 +67,7 @@ export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutd
       // The answer's x-request-id (a sane id, set on every request): the worker's logs name the request by it.
       const requestId = String(reply.raw.getHeader('x-request-id'));
       const sent: EmbedBody = { model: body.model, input, request_id: requestId, ...(body.dimensions != null && { dimensions: body.dimensions }) };
+      ticket(sent, req);
       const { worker, answer } = await upstream.embed(sent, signal);
       void reply.header('x-ebb-worker-id', headerValue(worker.record.worker_id));
       return embeddingsResponse(body.model, body.encoding_format === 'base64', answer, input.length, worker.record.worker_id);

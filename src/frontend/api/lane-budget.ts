@@ -60,8 +60,7 @@ export class LaneBudget {
         throw new EbbError(
           'frontend_overloaded',
           `this frontend is at its file-descriptor budget (${this.connections} client connections and ${this.sockets} worker sockets of ${this.fds}; ${asked}); retry shortly`,
-          { headers: { 'retry-after': '1' } },
-        );
+        ); // no Retry-After: when streams end is not known here, and a guess would only synchronize retries
       }
     }
     this.sockets += sockets;

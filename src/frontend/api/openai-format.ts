@@ -106,6 +106,8 @@ const SPLICE_TAIL: Record<Endpoint, Buffer> = { chat: Buffer.from(`"${TOKEN_CLOS
 export class SseFormatter implements StreamFormat {
   private readonly heads: string[];
   private readonly object: string;
+  /** `"service_tier":"…",` for chat chunks that carry one; else empty. */
+  private readonly tierField: string;
   /** Completions' logprobs.text_offset: each choice's text so far, in characters. */
   private readonly offsets: number[];
   readonly created: number;
@@ -122,11 +124,14 @@ export class SseFormatter implements StreamFormat {
     readonly ids?: EventIds,
     /** A takeover keeps the creation time the other frontend's chunks carry. */
     created = Math.floor(Date.now() / 1000),
+    /** Chat chunks say the tier the request was admitted in, as OpenAI's do (in the head: no per-token cost). */
+    readonly serviceTier?: string,
   ) {
     this.created = created;
     this.offsets = new Array<number>(lanes).fill(0);
     this.object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
-    const prefix = `data: {"id":${JSON.stringify(id)},"object":"${this.object}","created":${this.created},"model":${JSON.stringify(model)},"choices":[{"index":`;
+    this.tierField = endpoint === 'chat' && serviceTier !== undefined ? `"service_tier":"${serviceTier}",` : '';
+    const prefix = `data: {"id":${JSON.stringify(id)},"object":"${this.object}","created":${this.created},"model":${JSON.stringify(model)},${this.tierField}"choices":[{"index":`;
     this.heads = Array.from({ length: lanes }, (_, i) => `${prefix}${i},`);
   }
 
@@ -171,7 +176,7 @@ export class SseFormatter implements StreamFormat {
   }
 
   end(usage: Usage): string {
-    const tail = this.includeUsage ? `${this.idLine()}data: ${JSON.stringify({ id: this.id, object: this.object, created: this.created, model: this.model, choices: [], usage })}\n\n` : '';
+    const tail = this.includeUsage ? `${this.idLine()}data: ${JSON.stringify({ id: this.id, object: this.object, created: this.created, model: this.model, ...(this.tierField === '' ? {} : { service_tier: this.serviceTier }), choices: [], usage })}\n\n` : '';
     return `${tail}${this.idLine()}data: [DONE]\n\n`;
   }
 
@@ -181,7 +186,7 @@ export class SseFormatter implements StreamFormat {
 }
 
 
-export function completionResponse(endpoint: Endpoint, id: string, model: string, choices: CollectedChoice[], usage: Usage) {
+export function completionResponse(endpoint: Endpoint, id: string, model: string, choices: CollectedChoice[], usage: Usage, serviceTier?: string) {
   const created = Math.floor(Date.now() / 1000);
   if (endpoint === 'chat') {
     return {
@@ -189,6 +194,7 @@ export function completionResponse(endpoint: Endpoint, id: string, model: string
       object: 'chat.completion',
       created,
       model,
+      ...(serviceTier === undefined ? {} : { service_tier: serviceTier }),
       choices: choices.map((c, index) => ({ index, message: chatAnswer(c), logprobs: c.logprobs === undefined ? null : { content: c.logprobs, refusal: null }, finish_reason: c.finishReason })),
       usage,
     };

@@ -33,7 +33,8 @@ import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
-import { tagTickets } from './admission-ticket.js';
+import { requestTier, tagEmbedTicket, tagTickets } from './admission-ticket.js';
+import type { ServiceTier } from '../routing/admission-queue.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 
@@ -211,6 +212,8 @@ export function createOpenAIServer({
   const ticket = (gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest) => {
     if (queueing) tagTickets(gens, tier, req.headers, apiGuard);
   };
+  /** The service_tier an answer says: the tier it was admitted in; without a queue there are no tiers, so default. */
+  const answeredTier = (tier: unknown, req: FastifyRequest): ServiceTier => (queueing ? requestTier(tier, req.headers) : 'default');
 
   /** Room for a request's sequences, held until its response is done, however it ends (a kept stream: until its generation is). */
   const holdLanes = (reply: FastifyReply, model: string, count: number, n: number) => {
@@ -269,10 +272,12 @@ export function createOpenAIServer({
       if (point === undefined) return false;
       const kept = store.adopt(id, events);
       const made = plan.responses;
+      const shell = made === undefined ? undefined : new ResponseShell(made.uuid, made.request, made);
+      if (shell !== undefined && plan.serviceTier !== undefined) shell.serviceTier = plan.serviceTier;
       const fmt =
-        plan.endpoint === 'responses' && made !== undefined
-          ? new ResponsesStream(new ResponseShell(made.uuid, made.request, made), true, { seq: point.lastId + 1, text: point.resumed[0]!.text })
-          : new SseFormatter(plan.endpoint === 'completion' ? 'completion' : 'chat', id, plan.model, 1, plan.includeUsage, false, new EventIds(point.lastId + 1), plan.created);
+        plan.endpoint === 'responses' && shell !== undefined
+          ? new ResponsesStream(shell, true, { seq: point.lastId + 1, text: point.resumed[0]!.text })
+          : new SseFormatter(plan.endpoint === 'completion' ? 'completion' : 'chat', id, plan.model, 1, plan.includeUsage, false, new EventIds(point.lastId + 1), plan.created, plan.serviceTier);
       const detached = { raw: detachedResponse(), hijack: () => undefined };
       void relay
         .stream(detached, fmt, plan.gens, 1, kept.signal, performance.now(), kept, point.resumed)
@@ -365,6 +370,7 @@ export function createOpenAIServer({
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${newId()}`;
       const gens = onServed(toGenerateBodies(endpoint, body, id), served);
       ticket(gens, body.service_tier, req);
+      const tier = answeredTier(body.service_tier, req);
       const n = body.n ?? 1;
       const room = holdLanes(reply, served.model, gens.length, n);
       const signal = shutdown.requestSignal(reply.raw);
@@ -377,11 +383,11 @@ export function createOpenAIServer({
           const created = Math.floor(Date.now() / 1000);
           const includeUsage = body.stream_options?.include_usage === true;
           const fmtFor = (kept: boolean) => {
-            const sse = new SseFormatter(endpoint, id, body.model, gens.length, includeUsage, gens[0]!.logprobs === true, kept ? new EventIds() : undefined, created);
+            const sse = new SseFormatter(endpoint, id, body.model, gens.length, includeUsage, gens[0]!.logprobs === true, kept ? new EventIds() : undefined, created, tier);
             return tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, tools.idsFor, gens.length);
           };
           // One plain sequence can be continued by another frontend from its events alone.
-          const plan: TakeoverPlan | undefined = gens.length === 1 && tools === undefined && gens[0]!.logprobs !== true ? { endpoint, gens, model: body.model, includeUsage, created } : undefined;
+          const plan: TakeoverPlan | undefined = gens.length === 1 && tools === undefined && gens[0]!.logprobs !== true ? { endpoint, gens, model: body.model, includeUsage, created, serviceTier: tier } : undefined;
           return await streamOut(reply, id, fmtFor, gens, n, signal, started, room, { plan });
         }
         const { choices, usage, workerId } = await relay.collect(gens, n, signal);
@@ -391,7 +397,7 @@ export function createOpenAIServer({
             c.tools = parseToolCalls(c.text, tools.syntax, tools.idsFor(lane));
             c.finishReason = finishWithCalls(c.finishReason, c.tools.calls.length);
           }
-        return completionResponse(endpoint, id, body.model, choices, usage);
+        return completionResponse(endpoint, id, body.model, choices, usage, tier);
       } catch (err) {
         throw Shutdown.cutReason(signal) ?? err;
       }
@@ -416,6 +422,7 @@ export function createOpenAIServer({
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
     onServed([gen], served);
     ticket([gen], body.service_tier, req);
+    shell.serviceTier = answeredTier(body.service_tier, req);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined = records === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
     if (record !== undefined) records!.add(record);
@@ -426,7 +433,7 @@ export function createOpenAIServer({
     };
     // How another frontend continues it (or answers for it) from the shared store.
     const plan: TakeoverPlan | undefined =
-      tools === undefined ? { endpoint: 'responses', gens: [gen], model: body.model, includeUsage: false, created: shell.createdAt, responses: { uuid: shell.id.slice('resp_'.length), request: body, messageId: shell.messageId, createdAt: shell.createdAt } } : undefined;
+      tools === undefined ? { endpoint: 'responses', gens: [gen], model: body.model, includeUsage: false, created: shell.createdAt, serviceTier: shell.serviceTier, responses: { uuid: shell.id.slice('resp_'.length), request: body, messageId: shell.messageId, createdAt: shell.createdAt } } : undefined;
     if (body.background === true) {
       // Runs with no client: its events are kept (GET ?stream=true follows them), its object retrievable, cancel stops it.
       const detached = { raw: detachedResponse(), hijack: () => undefined };
@@ -496,7 +503,10 @@ export function createOpenAIServer({
   }
 
   methods('/v1/embeddings', ['POST']);
-  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => void holdLanes(reply, model, 1, 1) });
+  addEmbeddingsRoute(app, { pool, upstream, shutdown, admit, holdLane: (reply, model) => void holdLanes(reply, model, 1, 1), ticket: (body, req) => {
+      if (queueing) tagEmbedTicket(body, req.headers, apiGuard);
+    },
+  });
 
   return app;
 }

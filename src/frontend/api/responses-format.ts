@@ -164,6 +164,8 @@ export class ResponseShell {
   readonly id: string;
   readonly messageId: string;
   createdAt: number = Math.floor(Date.now() / 1000);
+  /** The tier the request was admitted in (the object's service_tier). */
+  serviceTier: string = 'default';
 
   constructor(
     uuid: string,
@@ -196,6 +198,7 @@ export class ResponseShell {
       instructions: this.req.instructions ?? null,
       max_output_tokens: this.req.max_output_tokens ?? null,
       model: this.req.model,
+      service_tier: this.serviceTier,
       output: items ?? (text === undefined ? [] : [this.message(text, status === 'incomplete' ? 'incomplete' : 'completed')]),
       parallel_tool_calls: this.req.parallel_tool_calls ?? true,
       previous_response_id: typeof this.req.previous_response_id === 'string' ? this.req.previous_response_id : null,

@@ -164,7 +164,7 @@ export class Upstream {
         throw err;
       }
       const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
-      if (failure.hold) this.pool.hold(id, failure.hold);
+      if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS);
       this.metrics.attempt(id, failure.outcome);
       throw failure;
     }
@@ -279,7 +279,7 @@ export class Upstream {
         headersTimeout: timeout,
         bodyTimeout: timeout,
       });
-      if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, parseOr({}, await readBounded(res.body, MAX_ERROR_BODY, { cut: true })));
+      if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, parseOr({}, await readBounded(res.body, MAX_ERROR_BODY, { cut: true })), res.headers['retry-after']);
       return JSON.parse(await readBounded(res.body, maxAnswer, { what: `worker ${w.record.worker_id}'s ${path.slice(1)} answer` })) as T;
     } catch (err) {
       if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) throw new TryElsewhere('prefill_timeout', 'unreachable');
@@ -304,7 +304,7 @@ export class Upstream {
       signal,
     );
     const status = await call.head;
-    if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json());
+    if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json(), call.retryAfter);
     admitted?.();
     // Watched from here: a worker that hangs before its first token is as hung as one after.
     const stopWatch = this.idle.watch(w, call);
@@ -360,7 +360,9 @@ export class Upstream {
   async embed(body: EmbedBody, signal: AbortSignal): Promise<{ worker: PoolWorker; answer: EmbedResponse }> {
     const mode: WorkerMode = this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode';
     const send = (w: PoolWorker) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER);
-    const { worker, value, release } = await this.route(body.model, mode, signal, new Set(), send, embeddingNeeds(body));
+    const tried = new Set<string>();
+    // It waits in its model's queue as a generation does (its ticket: the header's tier, its inputs' tokens).
+    const { worker, value, release } = await this.queued(body, signal, tried, () => this.route(body.model, mode, signal, tried, send, embeddingNeeds(body)));
     release();
     return { worker, answer: value };
   }

@@ -83,6 +83,8 @@ export class TryElsewhere extends Error {
     readonly hold?: Hold,
     /** What the worker said, for the client's message when no worker takes the request. */
     readonly said?: string,
+    /** Its Retry-After in seconds (a draining worker's ETA): how long it is held, and what the client is told. */
+    readonly retryAfterS?: number,
   ) {
     super(said ?? outcome);
   }
@@ -123,16 +125,17 @@ export function isConnectFailure(err: unknown): boolean {
  * A worker's error answer, as a non-200 body or as the terminal line of a stream with no token
  * yet, acted on as WORKER_ANSWERS says: passed to the client, re-routed, or turned into a 502.
  */
-export function actOn(workerId: string, status: number, said: { code?: unknown; message?: unknown; param?: unknown } | undefined): never {
+export function actOn(workerId: string, status: number, said: { code?: unknown; message?: unknown; param?: unknown } | undefined, retryAfter?: unknown): never {
   const code = said?.code;
   const message = typeof said?.message === 'string' ? said.message : `worker ${workerId} answered HTTP ${status}`;
   const row = workerAnswer(code);
   if (row.action === 'pass_to_client') throw new EbbError(code as ErrorCode, message, typeof said?.param === 'string' ? { param: said.param } : {});
   if (row.action === 'bad_gateway') throw new EbbError('worker_protocol_error', `worker ${workerId} answered ${String(code)} (HTTP ${status}), which the request plane does not allow: ${message}`);
   if (row.keep) throw new KvTransferLost(message);
-  throw new TryElsewhere(isErrorCode(code) ? code : 'worker_error', row.hold, `worker ${workerId}: ${message}`);
+  const seconds = Number(retryAfter);
+  throw new TryElsewhere(isErrorCode(code) ? code : 'worker_error', row.hold, `worker ${workerId}: ${message}`, retryAfter !== undefined && Number.isSafeInteger(seconds) && seconds > 0 ? seconds : undefined);
 }
 
-export function rejectNon200(workerId: string, statusCode: number, body: unknown): never {
-  actOn(workerId, statusCode, (body as { error?: { code?: unknown; message?: unknown; param?: unknown } } | null)?.error);
+export function rejectNon200(workerId: string, statusCode: number, body: unknown, retryAfter?: unknown): never {
+  actOn(workerId, statusCode, (body as { error?: { code?: unknown; message?: unknown; param?: unknown } } | null)?.error, retryAfter);
 }

@@ -83,8 +83,17 @@ export class CallReleased extends Error {
  * A body that ended on its own is never aborted, so the success path builds no error and the
  * socket stays pooled.
  */
+/** The retry-after value among undici's raw header pairs. */
+function retryAfterOf(headers: Buffer[] | string[] | null): string | undefined {
+  if (headers === null) return undefined;
+  for (let i = 0; i + 1 < headers.length; i += 2) if (String(headers[i]).toLowerCase() === 'retry-after') return String(headers[i + 1]);
+  return undefined;
+}
+
 export class WorkerCall implements Dispatcher.DispatchHandler {
   statusCode = 0;
+  /** A refusal's Retry-After (a draining worker's ETA), read only off a non-200 head. */
+  retryAfter: string | undefined;
   /** The terminal line (done, error, handoff) has been read. */
   final = false;
   /** Set on every network read; the idle watch clears it (a flag, not a timer re-armed per read). */
@@ -150,10 +159,13 @@ export class WorkerCall implements Dispatcher.DispatchHandler {
     if (this.pendingAbort) abort(this.pendingAbort);
   }
 
-  onHeaders(statusCode: number, _headers: Buffer[] | string[] | null, resume: () => void): boolean {
+  onHeaders(statusCode: number, headers: Buffer[] | string[] | null, resume: () => void): boolean {
     this.statusCode = statusCode;
     this.resumeFn = resume;
-    if (statusCode !== 200) this.errorBody = new BoundedBytes(MAX_ERROR_BODY);
+    if (statusCode !== 200) {
+      this.errorBody = new BoundedBytes(MAX_ERROR_BODY);
+      this.retryAfter = retryAfterOf(headers);
+    }
     this.headResolve(statusCode);
     return true;
   }

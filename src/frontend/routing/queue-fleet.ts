@@ -1,3 +1,4 @@
+import type { Logger } from 'pino';
 import type { Agent } from 'undici';
 import { fetchLiveStatus } from '../../common/worker-admin.js';
 import type { DrainIntentStore } from '../../discovery/drain-intent.js';
@@ -7,6 +8,7 @@ import type { WorkerPool } from './worker-pool.js';
 
 /** A departed worker's status read, when a request asks whether one may come back. */
 const PROBE_TIMEOUT_MS = 1000;
+const NOTHING_SKIPPED: ReadonlySet<string> = new Set();
 
 /**
  * What the admission queue knows of a model's fleet. Waiting can help while a worker of the model is
@@ -16,8 +18,33 @@ const PROBE_TIMEOUT_MS = 1000;
  * (FleetView.forgetIfGone), so a model whose workers are all gone fails fast. A worker under a drain
  * intent (etcd: it comes back drained after a restart, for an operator to resume) counts as one that
  * may come back too, while its process restarts.
+ *
+ * A model whose last worker left discovery draining for its exit (SIGTERM: a restart, as a
+ * StatefulSet or a supervisor does it, or a scale-down; ebb cannot tell which) may have a
+ * replacement loading: for `timeoutMs` (the queue timeout) after it left, waiting can help. Its
+ * status is read once when it leaves; a worker that no longer answers then (it crashed: its record
+ * went with its process or its lease) is a failure, not a restart, and its model fails fast.
  */
-export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, intents?: DrainIntentStore): QueueFleet {
+export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, opts: { timeoutMs: number; log: Logger }, intents?: DrainIntentStore): QueueFleet {
+  /** Per model: when its last worker left discovery shutting down (see above). */
+  const restarting = new Map<string, number>();
+  fleet.on('left', (id: string, at: number) => {
+    const k = fleet.get(id);
+    if (k === undefined || k.record.mode === 'prefill' || pool.mayServeSoon(k.record.model, NOTHING_SKIPPED)) return;
+    const model = k.record.model;
+    void fetchLiveStatus(k.record.system_url, id, agent, PROBE_TIMEOUT_MS).then((live) => {
+      if (!live.reachable || !live.status.shutting_down || pool.mayServeSoon(model, NOTHING_SKIPPED)) return;
+      restarting.set(model, at);
+      opts.log.info({ event: 'model_restarting', model, worker_id: id }, `the last worker of "${model}" left shutting down: its requests wait up to ${opts.timeoutMs} ms for a replacement`);
+    });
+  });
+  const mayRestart = (model: string): boolean => {
+    const at = restarting.get(model);
+    if (at === undefined) return false;
+    if (Date.now() - at < opts.timeoutMs) return true;
+    restarting.delete(model);
+    return false;
+  };
   return {
     routable: (model) => pool.routable(model),
     async prospects(model, skip) {
@@ -32,7 +59,7 @@ export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, int
           return !live.reachable || !live.status.shutting_down;
         }),
       );
-      if (answers.some(Boolean)) return true;
+      if (answers.some(Boolean) || mayRestart(model)) return true;
       const held = await intents?.list().catch(() => undefined);
       const now = Date.now();
       for (const [id, intent] of held ?? []) if (intent.worker?.model === model && !skip.has(id) && !(intent.expires_at !== undefined && Date.parse(intent.expires_at) <= now)) return true;

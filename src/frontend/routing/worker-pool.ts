@@ -315,10 +315,11 @@ export class WorkerPool {
     return out;
   }
 
-  hold(workerId: string, kind: Hold, now = Date.now()): void {
+  /** `forS`: the worker's own word on how long (a draining worker's ETA), for a drain hold. */
+  hold(workerId: string, kind: Hold, now = Date.now(), forS?: number): void {
     const w = this.workers.get(workerId);
     if (!w) return;
-    w.hold = { kind, until: now + HOLD_MS[kind] };
+    w.hold = { kind, until: now + (kind === 'draining' && forS !== undefined ? forS * 1000 : HOLD_MS[kind]) };
     if (kind !== 'unreachable') this.onRefused?.(w.record);
   }
 

@@ -15,6 +15,8 @@ export interface TakeoverPlan {
   model: string;
   includeUsage: boolean;
   created: number;
+  /** The tier the answer says (its chunks' and object's service_tier), kept so the continuation says it too. */
+  serviceTier?: string | undefined;
   responses?: { uuid: string; request: ResponsesRequest; messageId: string; createdAt: number } | undefined;
 }
 
