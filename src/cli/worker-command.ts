@@ -44,6 +44,7 @@ interface WorkerFlags extends LlamaCppFlags {
   leaseTtlMs?: number;
   shutdownGraceMs: number;
   drainTimeoutMs: number;
+  priorityReserveSlots?: number;
   mockerTtftMs: number;
   mockerItlMs: number;
   mockerBatchSlots: number;
@@ -104,6 +105,7 @@ export function workerCommand(): Command {
     .addOption(new Option('--drain-intent-ttl-ms <n>', 'etcd discovery: how long a drain outlives this process (a restart with the same --worker-id comes back drained; resume clears it)').argParser(msOption(1000)).default(24 * 3600_000, '24h'))
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))
     .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', msOption(0), 1000)
+    .option('--priority-reserve-slots <n>', 'batch slots flex requests leave free for priority and default ones: flex is refused (worker_overloaded, it waits in the frontend\'s queue) unless a slot beyond them is free (default: 1 where the engine has >= 4 batch slots, else 0)', intOption(0))
     .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', msOption(0), 30_000)
     .option('--mocker-ttft-ms <n>', 'mocker base time to first token (with the KV cache off it grows with prompt length; on, prefill adds the uncached tokens\' time)', msOption(0), MOCKER_DEFAULTS.ttftMs)
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0), MOCKER_DEFAULTS.itlMs)
@@ -237,6 +239,7 @@ export function workerCommand(): Command {
             engine: flags.engine === 'openai' ? openaiEngineSpec(flags) : engineSpec(flags),
             startDrained: selfPod?.intent ?? undefined,
             openai: flags.openaiPort === undefined ? undefined : { host: flags.host, port: flags.openaiPort, apiGuard },
+            priorityReserveSlots: flags.priorityReserveSlots,
           },
           log,
           exit,

@@ -1,5 +1,5 @@
 import type { EngineCapabilities } from '../protocol/capabilities.js';
-import type { ChatMessage, ResponseFormat, TokenLogprob } from '../protocol/request-plane.js';
+import type { ChatMessage, RequestTier, ResponseFormat, TokenLogprob } from '../protocol/request-plane.js';
 import type { ToolChoice, ToolSpec } from '../protocol/tools.js';
 
 export type { EngineCapabilities } from '../protocol/capabilities.js';
@@ -47,6 +47,8 @@ export interface GenerateRequest {
    * resident before calling generate and keeps it so until the generation ends.
    */
   adapter?: string | undefined;
+  /** Its service tier (absent: default): an engine with a queue of its own serves waiting requests by tier. */
+  tier?: RequestTier | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
   /** With `prefilled`: the prompt tokens the prefill worker found cached, which this request's usage reports as cached. */

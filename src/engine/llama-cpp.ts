@@ -482,7 +482,7 @@ export class LlamaCppEngine implements Engine {
     // A pulled state was computed on the base model (adapters' states are never exported): under an adapter it is evaluated again here.
     const pulled = req.adapter === undefined ? req.kv_state : undefined;
 
-    await this.slots.acquire(signal);
+    await this.slots.acquire(signal, req.tier);
     let lease: SequenceLease | undefined;
     let failed = false;
     let tokens: AsyncGenerator<SampledToken, void, void | Token | Token[]> | undefined;

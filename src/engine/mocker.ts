@@ -232,7 +232,7 @@ export class MockerEngine implements Engine {
     // As a real engine does: a prompt that leaves no room in the context is refused, not queued.
     if (promptTokens >= this.opts.maxContext)
       throw new EbbError('context_length_exceeded', `the prompt is ${promptTokens} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`);
-    await this.slots.acquire(signal);
+    await this.slots.acquire(signal, req.tier);
     // With its KV pulled from a prefill worker, decode starts at the first token, without a prefix lookup here.
     const seq = req.prefilled ? undefined : this.cache?.begin(this.sequenceTokens(req), adapterRoot(req.adapter));
     /** What this call delivered, cached with the prompt when the sequence ends (as vLLM keeps decoded blocks). */

@@ -1,14 +1,18 @@
+import type { RequestTier } from '../protocol/request-plane.js';
 import type { Quiescence } from './engine.js';
 
+/** Waiters' order by tier: priority, then default, then flex (first come, first served within one). */
+const TIER_RANK: Record<RequestTier, number> = { priority: 0, default: 1, flex: 2 };
+
 /**
- * FIFO counting semaphore for batch slots; a waiter whose signal aborts leaves the queue. Its
+ * Counting semaphore for batch slots, its queue served by tier (FIFO within one); a waiter whose signal aborts leaves the queue. Its
  * change listeners run whenever running or queued went down (a release, a queued waiter dropped),
  * or the engine says something else its idleness probe reads changed (`changed`): a drain may be
  * waiting for exactly that. What an in-process engine (mocker, llama-cpp) counts of its load.
  */
 export class Slots {
   private free: number;
-  private readonly waiters: Array<{ grant: () => void }> = [];
+  private readonly waiters: Array<{ rank: number; grant: () => void }> = [];
   private readonly listeners = new Set<() => void>();
 
   constructor(readonly capacity: number) {
@@ -39,7 +43,7 @@ export class Slots {
     return this.capacity - this.free;
   }
 
-  acquire(signal: AbortSignal): Promise<void> {
+  acquire(signal: AbortSignal, tier: RequestTier = 'default'): Promise<void> {
     if (signal.aborted) return Promise.reject(signal.reason);
     if (this.free > 0 && this.waiters.length === 0) {
       this.free--;
@@ -47,6 +51,7 @@ export class Slots {
     }
     return new Promise<void>((resolve, reject) => {
       const waiter = {
+        rank: TIER_RANK[tier],
         grant: () => {
           signal.removeEventListener('abort', onAbort);
           resolve();
@@ -59,7 +64,10 @@ export class Slots {
         this.changed();
       };
       signal.addEventListener('abort', onAbort, { once: true });
-      this.waiters.push(waiter);
+      // Behind every waiter of its tier or a higher one.
+      let i = this.waiters.length;
+      while (i > 0 && this.waiters[i - 1]!.rank > waiter.rank) i--;
+      this.waiters.splice(i, 0, waiter);
     });
   }
 

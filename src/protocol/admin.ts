@@ -68,6 +68,12 @@ export interface WorkerStatus {
   started_at?: string;
   /** Its engine is full (queue or KV past its limit): it refuses new requests with worker_overloaded. Frontends hold it out until it says false. */
   overloaded?: boolean;
+  /** Batch slots free now (its engine's, less its admitted requests). */
+  free_slots?: number;
+  /** Batch slots flex requests leave free (--priority-reserve-slots). */
+  priority_reserve_slots?: number;
+  /** Would a flex request be admitted now (a free slot beyond the reserve)? Frontends give queued flex a turn on it. */
+  flex_room?: boolean;
   state_since: string;
   last_error: string | null;
   engine?: Record<string, unknown>;

@@ -15,6 +15,10 @@ import { ToolCallSchema, ToolChoiceSchema, ToolSpecSchema } from './tools.js';
  * doing any work, so the caller can retry elsewhere.
  */
 
+/** OpenAI's service tiers as the request plane carries them, first served first (`auto` is `default`). */
+export const RequestTierSchema = Type.Union([Type.Literal('priority'), Type.Literal('default'), Type.Literal('flex')]);
+export type RequestTier = Static<typeof RequestTierSchema>;
+
 /** A chat message; an assistant turn may carry its tool calls, a `tool` turn answers one (`tool_call_id`). */
 export const ChatMessageSchema = Type.Object({
   role: Type.String(),
@@ -117,6 +121,11 @@ export const GenerateBodySchema = Type.Object(
     top_logprobs: Type.Optional(Type.Integer({ minimum: 0, maximum: 20 })),
     /** A LoRA adapter over `model` (the client named it as its model): the worker loads it when it is not resident. */
     adapter: Type.Optional(Type.String({ minLength: 1, maxLength: 128, pattern: '^[A-Za-z0-9][A-Za-z0-9._:@-]*$' })),
+    /**
+     * The tier the frontend admitted it in (absent: default). A worker admits `flex` only while its
+     * engine has a free batch slot beyond its priority reserve; its engine's queue serves by tier.
+     */
+    service_tier: Type.Optional(RequestTierSchema),
   },
   { additionalProperties: false },
 );

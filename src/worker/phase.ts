@@ -1,3 +1,4 @@
+import type { PriorityReserve } from './priority-reserve.js';
 import type { Engine } from '../engine/engine.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { WorkerMetrics } from './metrics.js';
@@ -12,6 +13,8 @@ export interface WorkerRuntime {
   drainEta: () => number | null;
   /** The engine's LoRA adapters, where it has any. */
   adapters?: WorkerAdapters | undefined;
+  /** The batch slots flex requests leave free: its status says whether flex would be admitted now. */
+  priorityReserve?: PriorityReserve | undefined;
 }
 
 /**

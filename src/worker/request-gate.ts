@@ -10,6 +10,7 @@ import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { OpenRequests } from './open-requests.js';
 import type { PrefillPeers } from './prefill-peers.js';
+import type { PriorityReserve } from './priority-reserve.js';
 import { RequestScope } from './request-scope.js';
 import type { AdapterRefusal, WorkerAdapters } from './adapters.js';
 
@@ -25,6 +26,8 @@ export interface RequestGateDeps {
   adapters?: WorkerAdapters | undefined;
   /** The drain's ETA (ms) while draining, null when none is known: a draining refusal's Retry-After. */
   drainEtaMs?: (() => number | null) | undefined;
+  /** The batch slots flex requests leave free (--priority-reserve-slots). */
+  priorityReserve?: PriorityReserve | undefined;
 }
 
 const REFUSALS: Record<RefusalCode | AdapterRefusal, string> = {
@@ -79,6 +82,12 @@ export class RequestGate {
     if (body.tool_choice !== undefined && typeof body.tool_choice !== 'string' && !body.tools?.some((t) => t.function.name === (body.tool_choice as { function: { name: string } }).function.name))
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
     const requestId = body.request_id ?? randomUUID();
+    // Flex only into a free slot beyond the priority reserve: refused here, it waits in the
+    // frontend's queue (which this worker's status wakes), not in the engine's ahead of priority work.
+    if (body.service_tier === 'flex' && this.deps.admission.open && this.deps.priorityReserve?.flexRoom === false) {
+      this.deps.metrics.refused('worker_overloaded');
+      return { refused: 'worker_overloaded' };
+    }
     // The adapter first: its admission and the worker's are one synchronous step, so neither a
     // drain of the adapter nor the worker's can fall between them. A worker that refuses anyway
     // (draining) starts no load.
@@ -116,6 +125,7 @@ export class RequestGate {
       ...(body.tools !== undefined && body.tools.length > 0 && { tools: body.tools, tool_choice: body.tool_choice ?? 'auto', parallel_tool_calls: body.parallel_tool_calls ?? true }),
       logprobs: body.logprobs === true ? (body.top_logprobs ?? 0) : undefined,
       adapter: body.adapter,
+      tier: body.service_tier,
     };
     return { gen, scope };
   }

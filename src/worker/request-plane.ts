@@ -9,6 +9,7 @@ import { GenerateBodySchema, type GenerateBody } from '../protocol/request-plane
 import type { KvPullOutcome } from './kv-state-wire.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { PrefillPeers } from './prefill-peers.js';
+import type { PriorityReserve } from './priority-reserve.js';
 import { Generations } from './generation.js';
 import { addKvRoutes } from './kv-routes.js';
 import { OpenRequests } from './open-requests.js';
@@ -40,6 +41,8 @@ export interface RequestPlaneDeps {
   adapters?: WorkerAdapters | undefined;
   /** The drain's ETA (the lifecycle's status eta_ms): a draining refusal's Retry-After. */
   drainEtaMs?: (() => number | null) | undefined;
+  /** The batch slots flex requests leave free (--priority-reserve-slots). */
+  priorityReserve?: PriorityReserve | undefined;
 }
 
 export interface RequestPlane {
@@ -67,7 +70,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   const { model, workerId, mode, engine, admission, metrics, log, selfUrl, prefillPeers, guard, requestToken, onKvPull, adapters } = deps;
   const app = createHttpServer({ role: 'internal' });
   const open = new OpenRequests();
-  const gate = new RequestGate({ model, mode, engine, admission, metrics, log, prefillPeers, adapters, drainEtaMs: deps.drainEtaMs }, open);
+  const gate = new RequestGate({ model, mode, engine, admission, metrics, log, prefillPeers, adapters, drainEtaMs: deps.drainEtaMs, priorityReserve: deps.priorityReserve }, open);
   const generations = new Generations({ workerId, engine, metrics, log, selfUrl, requestToken, onKvPull, pace: open.pace });
 
   if (guard) app.addHook('onRequest', async (req) => guard(req.headers.authorization));

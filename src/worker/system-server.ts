@@ -62,7 +62,7 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
   };
   const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => {
     const kv = kvCacheStatus(r.engine);
-    return { ...s, ...scaleDownFacts(r, s), overloaded: r.engine.isOverloaded(), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }), ...(r.adapters === undefined ? {} : { adapters: r.adapters.status() }) };
+    return { ...s, ...scaleDownFacts(r, s), overloaded: r.engine.isOverloaded(), ...r.priorityReserve?.status(), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }), ...(r.adapters === undefined ? {} : { adapters: r.adapters.status() }) };
   };
   /** Who is acting, for the audit trail: the admin token's name, or on an open listener the caller's address. */
   const actor = (authorization: string | undefined, ip: string): string => (guardAdmin ? guardAdmin(authorization) || DEFAULT_TOKEN_NAME : ip);

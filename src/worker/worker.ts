@@ -10,6 +10,7 @@ import type { Engine } from '../engine/engine.js';
 import type { KvTransfer } from '../engine/kv-transfers.js';
 import { createEngine, type EngineSpec } from '../engine/create-engine.js';
 import { Admission } from '../lifecycle/admission.js';
+import { defaultPriorityReserve, PriorityReserve } from './priority-reserve.js';
 import { Lifecycle } from '../lifecycle/lifecycle.js';
 import { createWorkerMetrics } from './metrics.js';
 import { PrefillPeers } from './prefill-peers.js';
@@ -54,6 +55,8 @@ export interface WorkerOptions {
   startDrained?: { reason: string; deadlineMs?: number | undefined } | undefined;
   /** Also serve the OpenAI API for this worker alone (--openai-port; see openai-port.ts). */
   openai?: OpenAIPortOptions | undefined;
+  /** Batch slots flex requests leave free for priority and default ones (default: defaultPriorityReserve). */
+  priorityReserveSlots?: number | undefined;
 }
 
 export interface RunningWorker {
@@ -153,6 +156,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     registerAdapterMetrics(metrics.registry, adapters);
   }
   await prefillPeers?.start(discovery);
+  const priorityReserve = new PriorityReserve(() => engine.stats().batch_slots, opts.priorityReserveSlots ?? defaultPriorityReserve(engine.stats().batch_slots), admission);
   let requestUrl = '';
   const requestPlane = createRequestPlane({
     model: opts.model,
@@ -169,6 +173,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     onKvPull: kvPulls,
     adapters,
     drainEtaMs: () => lifecycle.status().eta_ms ?? null,
+    priorityReserve,
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.
@@ -187,7 +192,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
   });
-  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta(), adapters });
+  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta(), adapters, priorityReserve });
   const intents = discovery.drainIntents;
   const intentTtlMs = opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS;
   // Followed from here: an operator may drain the worker while its first registration is retried.

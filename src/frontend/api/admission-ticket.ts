@@ -20,13 +20,17 @@ export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): Se
 }
 
 /**
- * Tags a request's generate bodies with how to make its ticket for the admission queue: its tier
- * (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
+ * Tags a request's generate bodies with their tier (service_tier: the worker's priority reserve and
+ * its engine's queue order read it) and with how to make its ticket for the admission queue: its
+ * tier (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
  * header, else anonymous) and its cost (about four characters a prompt token, plus max_tokens).
- * Made only if the request ever waits: a request a worker takes at once pays for none of it.
+ * The ticket is made only if the request ever waits: a request a worker takes at once pays for none of it.
  */
 export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
   let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
+  // Default goes unsaid.
+  const tier = requestTier(bodyTier, headers);
+  if (tier !== 'default') for (const gen of gens) gen.service_tier = tier;
   for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks(bodyTier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
 }
 

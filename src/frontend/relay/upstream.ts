@@ -144,9 +144,9 @@ export class Upstream {
    * classified: EbbError (the client's answer), KvTransferLost, the abort itself, or TryElsewhere
    * (with the worker held out when the failure says it should be).
    */
-  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>, hint?: RouteHint): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
+  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>, hint?: RouteHint, flex = false): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     const id = worker.record.worker_id;
-    const release = this.pool.acquire(worker);
+    const release = this.pool.acquire(worker, flex);
     // Its uncached prompt is queued prefill on the worker until the first token (or the failure).
     const prefilled = this.router.begin(worker, hint);
     try {
@@ -164,7 +164,9 @@ export class Upstream {
         throw err;
       }
       const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
-      if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS);
+      // A flex refusal says only that the worker's free slots are its priority reserve: other tiers still go to it.
+      if (flex && failure.hold === 'overloaded') this.pool.holdFlex(id);
+      else if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS);
       this.metrics.attempt(id, failure.outcome);
       throw failure;
     }
@@ -237,6 +239,8 @@ export class Upstream {
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
     // The prompt's blocks, once for every attempt (the router scores the eligible workers by them).
+    const flex = body?.service_tier === 'flex';
+    if (flex) this.pool.skipFlexHeld(model, tried);
     const hint = body === undefined || this.router.kind !== 'kv' ? undefined : await this.router.prepare(body, mode, tried, needs);
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       if (signal.aborted) throw signal.reason;
@@ -244,7 +248,7 @@ export class Upstream {
       if (!worker) break;
       tried.add(worker.record.worker_id);
       try {
-        return await this.tryOn(worker, signal, send, hint);
+        return await this.tryOn(worker, signal, send, hint, flex);
       } catch (err) {
         if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
         if (!(err instanceof TryElsewhere)) throw err;

@@ -13,7 +13,7 @@ const CONNECT_TIMEOUT_MS = 2000;
  * worker's status stream (GET /engine/status/events, pushed on every transition and in-flight
  * change) for as long as it is in discovery: `overloaded: true` holds it out before anything is sent
  * to it; admission open and not overloaded ends the hold and gives queued requests their turn at
- * once. Each frontend reads the same counts from the worker, so several frontends agree on who is
+ * once; `flex_room: true` (a free slot beyond its priority reserve) ends a flex refusal's hold. Each frontend reads the same counts from the worker, so several frontends agree on who is
  * full (no frontend counts alone); a frontend whose requests were never refused holds no such stream.
  */
 export class SaturationWatch {
@@ -48,9 +48,10 @@ export class SaturationWatch {
     if (this.subs.get(id) !== sub) return;
     if (this.pool.get(id) === undefined) return this.forget(id);
     if (event !== 'status' && event !== 'connected') return;
-    const status = data as { overloaded?: unknown; admission_open?: unknown } | null;
+    const status = data as { overloaded?: unknown; admission_open?: unknown; flex_room?: unknown } | null;
     if (status?.overloaded === true) this.pool.hold(id, 'overloaded');
     else if (status?.overloaded === false && status.admission_open === true) this.pool.roomAgain(id);
+    if (status?.flex_room === true && status.admission_open === true) this.pool.flexRoom(id);
   }
 
   async close(): Promise<void> {

@@ -16,6 +16,12 @@ export const HOLD_MS: Record<Hold, number> = {
 };
 
 /**
+ * How long a worker that refused a flex request (no free slot beyond its priority reserve) gets no
+ * flex unless it says flex_room first (its status stream): the fallback where that stream is lost.
+ */
+export const FLEX_HOLD_MS = 5_000;
+
+/**
  * How long a model stays known after its last worker left discovery: requests for it get a
  * retryable 503 no_serving_worker (its workers are drained or restarting), not a 404 that SDKs
  * never retry. A model nobody has served for this long is gone.
@@ -51,6 +57,8 @@ class Member implements PoolWorker, Ranked {
   pickedAt = 0;
   slot = -1;
   hold: { kind: Hold; until: number } | undefined;
+  /** Until when it gets no flex request (it refused one: its free slots are its priority reserve). */
+  flexHeldUntil = 0;
   /** The index it is ranked in while in discovery; undefined once departed. */
   index: LeastLoaded<Member> | undefined;
 
@@ -228,6 +236,7 @@ export class WorkerPool {
       if (existing.index) this.leave(existing);
       existing.record = record;
       existing.hold = undefined; // a (re-)registration is the worker saying it serves: any local hold ends
+      existing.flexHeldUntil = 0;
       this.workers.set(record.worker_id, existing);
       this.enter(existing);
     } else {
@@ -240,8 +249,11 @@ export class WorkerPool {
     this.onRoom?.(record.model);
   }
 
-  /** Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it. */
-  acquire(worker: PoolWorker): () => void {
+  /**
+   * Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it.
+   * A `flex` one ending frees a slot beyond the worker's priority reserve: its flex hold ends.
+   */
+  acquire(worker: PoolWorker, flex = false): () => void {
     worker.inflight++;
     let released = false;
     return () => {
@@ -253,6 +265,7 @@ export class WorkerPool {
         // A slot it refused for freed: an overload hold is over (a drain's is not).
         const w = this.workers.get(worker.record.worker_id);
         if (w?.hold?.kind === 'overloaded') w.hold = undefined;
+        if (flex && w !== undefined) w.flexHeldUntil = 0;
         this.onRoom(worker.record.model);
       }
     };
@@ -267,6 +280,30 @@ export class WorkerPool {
     if (w?.hold === undefined || w.hold.kind === 'unreachable') return;
     w.hold = undefined;
     this.onRoom?.(w.record.model);
+  }
+
+  /** `workerId` refused a flex request: no flex goes to it until it says it has room for one (flexRoom) or FLEX_HOLD_MS. */
+  holdFlex(workerId: string, now = Date.now()): void {
+    const w = this.workers.get(workerId);
+    if (!w) return;
+    w.flexHeldUntil = now + FLEX_HOLD_MS;
+    this.onRefused?.(w.record);
+  }
+
+  /** The worker's own word that it would admit a flex request now: queued flex gets its turn. */
+  flexRoom(workerId: string): void {
+    const w = this.workers.get(workerId);
+    if (w === undefined || w.flexHeldUntil === 0) return;
+    w.flexHeldUntil = 0;
+    this.onRoom?.(w.record.model);
+  }
+
+  /** Adds to `skip` the workers of `model` that take no flex request now (a flex request's route skips them). */
+  skipFlexHeld(model: string, skip: Set<string>, now = Date.now()): void {
+    for (const mode of ['aggregated', 'decode'] as const) {
+      const index = this.indexes.get(keyOf(model, mode));
+      if (index) for (const w of index.values()) if (w.flexHeldUntil > now) skip.add(w.record.worker_id);
+    }
   }
 
   /** Workers of `model` a new request may be sent to now: in discovery on its serving path, not held. */
