@@ -33,7 +33,7 @@
  */
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { frontendSeesWorkers, runEbb, startFrontend, startWorker, START_BOUND_MS, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
+import { frontendSeesWorkers, metricValue, runEbb, startFrontend, startWorker, START_BOUND_MS, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
 import { arg } from './cli-arg.js';
 import { guardedDiscovery } from './run-guard.js';
 import { openLoop, summarize, timedCompletion, type Sample, type Summary } from './open-loop.js';
@@ -102,7 +102,7 @@ async function measureCapacity(url: string): Promise<number> {
 interface Column {
   a?: Summary & { restart_ms: number[] };
   b?: Summary & { restart_ms: number };
-  c?: { priority_unloaded_ttft_p99_ms: number; priority: Summary; priority_p99_over_unloaded: number; flex: Summary; flex_shed_429: number };
+  c?: { priority_unloaded_ttft_p99_ms: number; priority: Summary; priority_p99_over_unloaded: number; flex: Summary; flex_shed_429: number; worker_refusals: number };
   d?: { a: Summary; b: Summary; b_rate: number; b_fair_share: number; b_throughput: number; b_fraction_of_fair_share: number };
 }
 
@@ -131,9 +131,13 @@ async function caseC(url: string, capacity: number): Promise<NonNullable<Column[
   const base = summarize(unloaded);
   if (base.errors > 0) throw new Error(`unloaded priority requests failed: ${JSON.stringify(base.codes)}`);
   const tier = (i: number) => (i % 5 === 0 ? 'priority' : 'flex');
+  // The workers' worker_overloaded refusals during the load: a frontend that retried flex on a full worker would show here.
+  const refusals = () => Promise.all(fleet.m1.map((w) => metricValue(w.systemUrl, 'ebb_worker_admission_refusals_total', 'code="worker_overloaded"'))).then((n) => n.reduce((a, b) => a + b, 0));
+  const refusedBefore = await refusals();
   const load = openLoop(o.overload * capacity, (i) => completion(url, 'm1', tier(i), i, { service_tier: tier(i) }));
   await sleep(o.caseMs);
   const samples = await load.stop();
+  const workerRefusals = (await refusals()) - refusedBefore;
   const priority = summarize(samples.filter((s) => s.label === 'priority'));
   const flex = samples.filter((s) => s.label === 'flex');
   return {
@@ -142,6 +146,7 @@ async function caseC(url: string, capacity: number): Promise<NonNullable<Column[
     priority_p99_over_unloaded: Math.round((priority.ttft_p99_ms / base.ttft_p99_ms) * 100) / 100,
     flex: summarize(flex),
     flex_shed_429: flex.filter((s) => s.status === 429).length,
+    worker_refusals: workerRefusals,
   };
 }
 
@@ -211,6 +216,7 @@ async function main(): Promise<void> {
     ['(c) priority errors', (c) => codes(c.c?.priority)],
     ['(c) flex: requests / ok / shed 429', (c) => c.c && `${c.c.flex.requests} / ${c.c.flex.ok} / ${c.c.flex_shed_429}`],
     ['(c) flex errors', (c) => codes(c.c?.flex)],
+    ['(c) workers\' worker_overloaded refusals', (c) => c.c?.worker_refusals],
     ['(d) B req/s: offered / fair / got', (c) => c.d && `${c.d.b_rate} / ${c.d.b_fair_share} / ${c.d.b_throughput}`],
     ['(d) B share of fair (goal >= 0.9)', (c) => c.d?.b_fraction_of_fair_share],
     ['(d) errors A / B', (c) => c.d && `${codes(c.d.a)} / ${codes(c.d.b)}`],

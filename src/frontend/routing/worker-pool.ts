@@ -59,6 +59,8 @@ class Member implements PoolWorker, Ranked {
   hold: { kind: Hold; until: number } | undefined;
   /** Until when it gets no flex request (it refused one: its free slots are its priority reserve). */
   flexHeldUntil = 0;
+  /** While flex-held: flex slots this frontend's own flex streams freed there since, one flex request each. */
+  flexCredits = 0;
   /** The index it is ranked in while in discovery; undefined once departed. */
   index: LeastLoaded<Member> | undefined;
 
@@ -237,6 +239,7 @@ export class WorkerPool {
       existing.record = record;
       existing.hold = undefined; // a (re-)registration is the worker saying it serves: any local hold ends
       existing.flexHeldUntil = 0;
+      existing.flexCredits = 0;
       this.workers.set(record.worker_id, existing);
       this.enter(existing);
     } else {
@@ -251,10 +254,12 @@ export class WorkerPool {
 
   /**
    * Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it.
-   * A `flex` one ending frees a slot beyond the worker's priority reserve: its flex hold ends.
+   * A `flex` one ending frees a slot beyond the worker's priority reserve: while the worker is
+   * flex-held, that slot is one flex request's (a credit), not every waiter's.
    */
   acquire(worker: PoolWorker, flex = false): () => void {
     worker.inflight++;
+    if (flex) this.spendFlexCredit(worker.record.worker_id);
     let released = false;
     return () => {
       if (released) return;
@@ -265,7 +270,7 @@ export class WorkerPool {
         // A slot it refused for freed: an overload hold is over (a drain's is not).
         const w = this.workers.get(worker.record.worker_id);
         if (w?.hold?.kind === 'overloaded') w.hold = undefined;
-        if (flex && w !== undefined) w.flexHeldUntil = 0;
+        if (flex && w !== undefined && w.flexHeldUntil > Date.now()) w.flexCredits++;
         this.onRoom(worker.record.model);
       }
     };
@@ -287,7 +292,13 @@ export class WorkerPool {
     const w = this.workers.get(workerId);
     if (!w) return;
     w.flexHeldUntil = now + FLEX_HOLD_MS;
+    w.flexCredits = 0;
     this.onRefused?.(w.record);
+  }
+
+  private spendFlexCredit(workerId: string): void {
+    const w = this.workers.get(workerId);
+    if (w !== undefined && w.flexCredits > 0) w.flexCredits--;
   }
 
   /** The worker's own word that it would admit a flex request now: queued flex gets its turn. */
@@ -295,6 +306,7 @@ export class WorkerPool {
     const w = this.workers.get(workerId);
     if (w === undefined || w.flexHeldUntil === 0) return;
     w.flexHeldUntil = 0;
+    w.flexCredits = 0;
     this.onRoom?.(w.record.model);
   }
 
@@ -302,7 +314,7 @@ export class WorkerPool {
   skipFlexHeld(model: string, skip: Set<string>, now = Date.now()): void {
     for (const mode of ['aggregated', 'decode'] as const) {
       const index = this.indexes.get(keyOf(model, mode));
-      if (index) for (const w of index.values()) if (w.flexHeldUntil > now) skip.add(w.record.worker_id);
+      if (index) for (const w of index.values()) if (w.flexHeldUntil > now && w.flexCredits === 0) skip.add(w.record.worker_id);
     }
   }
 
