@@ -13,7 +13,8 @@ const CONNECT_TIMEOUT_MS = 2000;
  * worker's status stream (GET /engine/status/events, pushed on every transition and in-flight
  * change) for as long as it is in discovery: `overloaded: true` holds it out before anything is sent
  * to it; admission open and not overloaded ends the hold and gives queued requests their turn at
- * once; `flex_room: true` (a free slot beyond its priority reserve) ends a flex refusal's hold. Each frontend reads the same counts from the worker, so several frontends agree on who is
+ * once; after a flex refusal, `flex_room` and `free_slots` beyond `priority_reserve_slots` say how
+ * many queued flex requests it would take now. Each frontend reads the same counts from the worker, so several frontends agree on who is
  * full (no frontend counts alone); a frontend whose requests were never refused holds no such stream.
  */
 export class SaturationWatch {
@@ -48,10 +49,10 @@ export class SaturationWatch {
     if (this.subs.get(id) !== sub) return;
     if (this.pool.get(id) === undefined) return this.forget(id);
     if (event !== 'status' && event !== 'connected') return;
-    const status = data as { overloaded?: unknown; admission_open?: unknown; flex_room?: unknown } | null;
+    const status = data as { overloaded?: unknown; admission_open?: unknown; flex_room?: unknown; free_slots?: unknown; priority_reserve_slots?: unknown } | null;
     if (status?.overloaded === true) this.pool.hold(id, 'overloaded');
     else if (status?.overloaded === false && status.admission_open === true) this.pool.roomAgain(id);
-    if (status?.flex_room === true && status.admission_open === true) this.pool.flexRoom(id);
+    if (typeof status?.flex_room === 'boolean') this.pool.flexRoom(id, status.flex_room && status.admission_open === true ? flexSlots(status.free_slots, status.priority_reserve_slots) : 0);
   }
 
   async close(): Promise<void> {
@@ -59,4 +60,9 @@ export class SaturationWatch {
     this.subs.clear();
     await this.agent.close().catch(() => undefined);
   }
+}
+
+/** Free slots beyond the reserve (at least one where the worker says flex_room without the counts). */
+function flexSlots(free: unknown, reserve: unknown): number {
+  return typeof free === 'number' && typeof reserve === 'number' ? Math.max(1, free - reserve) : 1;
 }

@@ -16,8 +16,8 @@ export const HOLD_MS: Record<Hold, number> = {
 };
 
 /**
- * How long a worker that refused a flex request (no free slot beyond its priority reserve) gets no
- * flex unless it says flex_room first (its status stream): the fallback where that stream is lost.
+ * How long a worker that refused a flex request (no free slot beyond its priority reserve) gets only
+ * the flex requests its status says it has room for (flex_room, free_slots); then it is tried again.
  */
 export const FLEX_HOLD_MS = 5_000;
 
@@ -59,7 +59,7 @@ class Member implements PoolWorker, Ranked {
   hold: { kind: Hold; until: number } | undefined;
   /** Until when it gets no flex request (it refused one: its free slots are its priority reserve). */
   flexHeldUntil = 0;
-  /** While flex-held: flex slots this frontend's own flex streams freed there since, one flex request each. */
+  /** While flex-held: the flex requests its status last said it would take (one each). */
   flexCredits = 0;
   /** The index it is ranked in while in discovery; undefined once departed. */
   index: LeastLoaded<Member> | undefined;
@@ -254,8 +254,7 @@ export class WorkerPool {
 
   /**
    * Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it.
-   * A `flex` one ending frees a slot beyond the worker's priority reserve: while the worker is
-   * flex-held, that slot is one flex request's (a credit), not every waiter's.
+   * A `flex` one spends one of the flex requests a flex-held worker said it would take.
    */
   acquire(worker: PoolWorker, flex = false): () => void {
     worker.inflight++;
@@ -270,7 +269,6 @@ export class WorkerPool {
         // A slot it refused for freed: an overload hold is over (a drain's is not).
         const w = this.workers.get(worker.record.worker_id);
         if (w?.hold?.kind === 'overloaded') w.hold = undefined;
-        if (flex && w !== undefined && w.flexHeldUntil > Date.now()) w.flexCredits++;
         this.onRoom(worker.record.model);
       }
     };
@@ -287,7 +285,7 @@ export class WorkerPool {
     this.onRoom?.(w.record.model);
   }
 
-  /** `workerId` refused a flex request: no flex goes to it until it says it has room for one (flexRoom) or FLEX_HOLD_MS. */
+  /** `workerId` refused a flex request: for FLEX_HOLD_MS only what it says it has room for (flexRoom) goes to it. */
   holdFlex(workerId: string, now = Date.now()): void {
     const w = this.workers.get(workerId);
     if (!w) return;
@@ -301,13 +299,16 @@ export class WorkerPool {
     if (w !== undefined && w.flexCredits > 0) w.flexCredits--;
   }
 
-  /** The worker's own word that it would admit a flex request now: queued flex gets its turn. */
-  flexRoom(workerId: string): void {
+  /**
+   * The worker's own word on how many flex requests it would admit now (its free slots beyond its
+   * reserve): while it is flex-held, that many queued flex requests may go to it, one each, so a
+   * freed slot is not met by every waiter at once.
+   */
+  flexRoom(workerId: string, room: number): void {
     const w = this.workers.get(workerId);
     if (w === undefined || w.flexHeldUntil === 0) return;
-    w.flexHeldUntil = 0;
-    w.flexCredits = 0;
-    this.onRoom?.(w.record.model);
+    w.flexCredits = room;
+    if (room > 0) this.onRoom?.(w.record.model);
   }
 
   /** Adds to `skip` the workers of `model` that take no flex request now (a flex request's route skips them). */
