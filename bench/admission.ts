@@ -216,7 +216,7 @@ async function main(): Promise<void> {
     ['(c) priority errors', (c) => codes(c.c?.priority)],
     ['(c) flex: requests / ok / shed 429', (c) => c.c && `${c.c.flex.requests} / ${c.c.flex.ok} / ${c.c.flex_shed_429}`],
     ['(c) flex errors', (c) => codes(c.c?.flex)],
-    ['(c) workers\' worker_overloaded refusals', (c) => c.c?.worker_refusals],
+    ['(c) workers\' overloaded refusals', (c) => c.c?.worker_refusals],
     ['(d) B req/s: offered / fair / got', (c) => c.d && `${c.d.b_rate} / ${c.d.b_fair_share} / ${c.d.b_throughput}`],
     ['(d) B share of fair (goal >= 0.9)', (c) => c.d?.b_fraction_of_fair_share],
     ['(d) errors A / B', (c) => c.d && `${codes(c.d.a)} / ${codes(c.d.b)}`],
