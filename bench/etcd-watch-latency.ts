@@ -16,6 +16,7 @@ import { performance } from 'node:perf_hooks';
 import { call } from '../test/helpers/http.js';
 import { etcdBinary, startEtcd, type EtcdServer } from '../test/helpers/etcd.js';
 import { startFrontend, startWorker, type EbbProcess, type LogLine } from '../test/helpers/processes.js';
+import { percentile } from './percentile.js';
 
 const ROUNDS = Number(process.argv[2] ?? 50);
 if (!Number.isInteger(ROUNDS) || ROUNDS < 1) throw new Error(`rounds must be a positive integer, got ${process.argv[2]}`);
@@ -36,15 +37,10 @@ function readAfter(p: EbbProcess, after: number, what: string, pred: (l: LogLine
     .then((line) => ({ line, readAt }));
 }
 
-function percentile(sorted: number[], q: number): number {
-  const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1)); // nearest rank
-  return sorted[i] as number;
-}
-
 function stats(values: number[]) {
   const s = [...values].sort((a, b) => a - b);
   const r = (v: number) => Math.round(v * 100) / 100;
-  return { median: r(percentile(s, 0.5)), p90: r(percentile(s, 0.9)), p99: r(percentile(s, 0.99)), min: r(s[0] as number), max: r(s[s.length - 1] as number) };
+  return { median: r(percentile(s, 50)), p90: r(percentile(s, 90)), p99: r(percentile(s, 99)), min: r(s[0] as number), max: r(s[s.length - 1] as number) };
 }
 
 async function main(): Promise<void> {

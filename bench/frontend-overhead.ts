@@ -24,6 +24,7 @@ import { Agent, request } from 'undici';
 import { splitBody } from '../test/helpers/http.js';
 import { bounded, killAllNow, startFrontend, startWorker, type EbbProcess, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
 import { CLOCK_TICKS, procCpuMs } from './proc-cpu.js';
+import { percentile } from './percentile.js';
 
 const MODEL = 'm1';
 const CONTENT = 'tell me about tides';
@@ -334,12 +335,6 @@ async function runPhase(agent: Agent, t: Target, concurrency: number, ms: number
 
 // ---------------------------------------------------------------------------------------------
 // Statistics and output
-
-function percentile(sorted: number[], p: number): number {
-  if (sorted.length === 0) return NaN;
-  const rank = Math.ceil((p / 100) * sorted.length) - 1;
-  return sorted[Math.min(sorted.length - 1, Math.max(0, rank))] as number;
-}
 
 interface PointStats {
   path: Path;

@@ -6,6 +6,7 @@
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { streamCompletion } from '../test/helpers/sse.js';
+import { percentile } from './percentile.js';
 
 /** One request as its client saw it. `ok`: HTTP 200, every token asked for, [DONE], no error event. */
 export interface Sample {
@@ -78,11 +79,6 @@ export function openLoop(ratePerS: number, send: (i: number) => Promise<Sample>)
   };
 }
 
-/** Nearest-rank percentile of unsorted values; NaN for none. */
-export function percentile(values: number[], p: number): number {
-  const sorted = values.slice().sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)] ?? NaN;
-}
 
 export interface Summary {
   requests: number;

@@ -5,7 +5,8 @@
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { prng } from '../src/engine/mocker.js';
-import { openLoop, percentile, summarize, timedCompletion, zipf, type Sample } from '../bench/open-loop.js';
+import { openLoop, summarize, timedCompletion, zipf, type Sample } from '../bench/open-loop.js';
+import { percentile } from '../bench/percentile.js';
 import { metricSum, metricValue, startFleet, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 describe('bench load: a request as its client saw it', () => {
