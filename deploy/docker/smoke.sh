@@ -27,14 +27,14 @@ trap cleanup EXIT
 logs() { docker logs "$c" 2>&1 | tail -n 30 >&2; }
 
 # Up once the banner is printed (its lines come after every worker is ready and the frontend listens);
-# the log stream ends if the container exits first.
-exec 3< <(docker logs -f "$c" 2>&1)
+# the log stream ends if the container exits first, or after 300 s (an `ebb up` that hangs).
+exec 3< <(timeout 300 docker logs -f "$c" 2>&1)
 follower=$!
 up=
 while IFS= read -r line <&3; do
   case $line in "ebb is up"*) up=1; break ;; esac
 done
-[ -n "$up" ] || { logs; fail "waited for 'ebb up' to print its banner; the container's log ended first"; }
+[ -n "$up" ] || { logs; fail "waited for 'ebb up' to print its banner; the container's log ended first (or 300 s passed)"; }
 kill "$follower" 2>/dev/null || true
 follower=
 exec 3<&-
