@@ -23,6 +23,12 @@ export function collectLoraFlag(value: string, previous: AdapterSource[] = []): 
   return [...previous, source];
 }
 
+/** --mocker-lora, repeatable: a name clients may send as `model` (ebb worker and ebb up). */
+export function collectAdapterName(value: string, previous: string[]): string[] {
+  if (!isAdapterName(value)) throw new InvalidArgumentError(`"${value}" is not an adapter name (letters, digits, . _ : @ -; at most 128)`);
+  return [...previous, value];
+}
+
 /** The repeatable --lora option, one for every engine that loads adapters from a path. */
 export function loraOption(): Option {
   return new Option('--lora <name=path>', 'a LoRA adapter the engine can load, clients naming it as their `model` (repeatable; llama-cpp: a GGUF for the model; --engine openai: vLLM or SGLang load it through their runtime endpoints)')

@@ -7,8 +7,10 @@ import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { discoveryOption, fleetNameOption, intOption, msOption, portOption, weightOption } from './options.js';
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { ROUTER_KINDS } from '../frontend/routing/router.js';
+import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/routing/admission-queue.js';
+import { LLAMA_CPP_DEFAULTS } from '../engine/llama-cpp-options.js';
 import { servedModelName } from './llama-cpp-flags.js';
-import { collectLoraFlag } from './lora-flag.js';
+import { collectAdapterName, collectLoraFlag } from './lora-flag.js';
 import type { AdapterSource } from '../engine/engine-adapters.js';
 import { Supervised, type ReadyLine } from './supervisor.js';
 import { processesOption } from './frontend-command.js';
@@ -95,7 +97,7 @@ export function upCommand(): Command {
     .option('--threads <n>', 'llama-cpp: CPU threads per worker (default 1)', intOption(1))
     .addOption(new Option('--gpu <kind>', 'llama-cpp: GPU backend, or off').choices(['auto', 'cuda', 'vulkan', 'off']))
     .option('--lora <name=path>', 'llama-cpp: a LoRA adapter GGUF every worker can load, served as model NAME (repeatable)', collectLoraFlag)
-    .option('--lora-slots <n>', 'llama-cpp: LoRA adapters resident at once per worker (default 1)', intOption(1))
+    .option('--lora-slots <n>', `llama-cpp: LoRA adapters resident at once per worker (default ${LLAMA_CPP_DEFAULTS.loraSlots})`, intOption(1))
     .option('--host <addr>', 'frontend bind address', '127.0.0.1')
     .option('--port <n>', 'frontend port', portOption, 8000)
     .addOption(new Option('--processes <n>', 'frontend relaying processes on the one port (`auto` = one per core)').argParser(processesOption).default(1))
@@ -108,12 +110,12 @@ export function upCommand(): Command {
     .option('--mocker-max-context <n>', 'mocker model length: what a request without max_tokens may fill', intOption(1))
     .addOption(new Option('--router <kind>', ROUTER_HELP).choices(ROUTER_KINDS).default('kv'))
     .option('--kv-overlap-weight <w>', OVERLAP_WEIGHT_HELP, weightOption)
-    .option('--queue-timeout <ms>', 'the frontend: how long a request no worker can take now waits for one (default 30000; 0 = no queue, 503 at once)', msOption(0))
-    .option('--queue-depth <n>', 'the frontend: requests waiting per model at most (default 256); past it 429 queue_full', intOption(1))
+    .option('--queue-timeout <ms>', `the frontend: how long a request no worker can take now waits for one (default ${DEFAULT_QUEUE_TIMEOUT_MS}; 0 = no queue, 503 at once)`, msOption(0))
+    .option('--queue-depth <n>', `the frontend: requests waiting per model at most (default ${DEFAULT_QUEUE_DEPTH}); past it 429 queue_full`, intOption(1))
     .addOption(new Option('--mocker-kv-cache <mode>', 'mocker prefix KV cache (default on)').choices(['on', 'off']))
     .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks, per worker', intOption(1))
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute: uncached prompt tokens per second, per worker', intOption(1))
-    .addOption(new Option('--mocker-lora <name>', 'mocker LoRA adapter every worker can load, named by clients as their `model` (repeatable)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
+    .addOption(new Option('--mocker-lora <name>', 'mocker LoRA adapter every worker can load, named by clients as their `model` (repeatable)').argParser(collectAdapterName).default([] as string[], 'none'))
     .option('--mocker-lora-slots <n>', 'mocker LoRA adapters resident at once, per worker', intOption(1))
     .option('--mocker-lora-load-ms <n>', 'mocker time to load a LoRA adapter', msOption(0))
     .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))

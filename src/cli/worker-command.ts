@@ -14,14 +14,13 @@ import { createLogger } from '../common/logger.js';
 import type { EngineSpec } from '../engine/create-engine.js';
 import { ENGINE_KINDS, OPENAI_ENGINE_DEFAULTS, QUIESCENCE_MODES, type EngineKind, type QuiescenceMode } from '../engine/openai-engine-options.js';
 import { MOCKER_DEFAULTS } from '../engine/mocker.js';
-import { isAdapterName } from '../protocol/adapters.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, workerIdOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
-import { loraOption } from './lora-flag.js';
+import { collectAdapterName, loraOption } from './lora-flag.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 import type { AdapterSource } from '../engine/engine-adapters.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
@@ -328,11 +327,6 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
   };
 }
 
-/** --mocker-lora, repeatable: a name clients may send as `model`. */
-function collectAdapterName(value: string, previous: string[]): string[] {
-  if (!isAdapterName(value)) throw new InvalidArgumentError(`"${value}" is not an adapter name (letters, digits, . _ : @ -; at most 128)`);
-  return [...previous, value];
-}
 
 /** --engine-tool-syntax, refused as commander refuses a bad value. */
 function toolSyntaxOption(value: string): ToolCallSyntax {

@@ -14,14 +14,25 @@ export class EngineTimeout extends Error {}
  * GET with a hard bound on the whole exchange (headers and body) and on the body size: an engine
  * page that is slow or huge must never stall a probe or the worker's memory.
  */
-export async function getBounded(url: string, dispatcher: Dispatcher, timeoutMs: number, maxBytes = 4 << 20, signal?: AbortSignal): Promise<BoundedAnswer> {
+export function getBounded(url: string, dispatcher: Dispatcher, timeoutMs: number, maxBytes = 4 << 20, signal?: AbortSignal): Promise<BoundedAnswer> {
+  return requestBounded(url, dispatcher, timeoutMs, { maxBytes, signal });
+}
+
+/** Any method, bounded as getBounded is; `json` is sent as the body. */
+export async function requestBounded(
+  url: string,
+  dispatcher: Dispatcher,
+  timeoutMs: number,
+  { method = 'GET', json, maxBytes = 4 << 20, signal }: { method?: 'GET' | 'POST'; json?: unknown; maxBytes?: number; signal?: AbortSignal | undefined },
+): Promise<BoundedAnswer> {
   const bound = AbortSignal.timeout(timeoutMs);
   const all = signal ? AbortSignal.any([bound, signal]) : bound;
+  const body = json === undefined ? {} : { headers: { 'content-type': 'application/json' }, body: JSON.stringify(json) };
   try {
-    const res = await request(url, { method: 'GET', dispatcher, signal: all, headersTimeout: timeoutMs, bodyTimeout: timeoutMs });
+    const res = await request(url, { method, ...body, dispatcher, signal: all, headersTimeout: timeoutMs, bodyTimeout: timeoutMs });
     return { status: res.statusCode, text: await readBounded(res.body, maxBytes, { cut: true }) };
   } catch (err) {
-    if (bound.aborted) throw new EngineTimeout(`GET ${url} did not answer within ${timeoutMs} ms`);
+    if (bound.aborted) throw new EngineTimeout(`${method} ${url} did not answer within ${timeoutMs} ms`);
     throw err;
   }
 }

@@ -1,7 +1,6 @@
-import { request, type Dispatcher } from 'undici';
-import { readBounded } from '../common/bounded-read.js';
+import type { Dispatcher } from 'undici';
 import type { AdapterSource, EngineAdapters } from './engine-adapters.js';
-import { getBounded } from './engine-http.js';
+import { getBounded, requestBounded, type BoundedAnswer } from './engine-http.js';
 import type { EngineKind } from './openai-engine-options.js';
 
 /** How long an engine server may take to load or unload an adapter (it reads weights from disk or a hub). */
@@ -12,10 +11,6 @@ const RUNTIME_PATHS: Partial<Record<EngineKind, { load: string; unload: string }
   vllm: { load: '/v1/load_lora_adapter', unload: '/v1/unload_lora_adapter' },
   sglang: { load: '/load_lora_adapter', unload: '/unload_lora_adapter' },
 };
-
-export function runtimeAdaptersSupported(kind: EngineKind): boolean {
-  return RUNTIME_PATHS[kind] !== undefined;
-}
 
 /**
  * `--engine openai` adapters: loads and unloads are forwarded to the engine server's runtime
@@ -53,7 +48,7 @@ export class OpenAIEngineAdapters implements EngineAdapters {
   }
 
   async unload(name: string): Promise<void> {
-    const { status, text } = await this.post(this.paths.unload, { lora_name: name }, AbortSignal.timeout(ADAPTER_CALL_TIMEOUT_MS));
+    const { status, text } = await this.post(this.paths.unload, { lora_name: name });
     // Gone already: what an unload asks for.
     if (status === 200 || status === 404 || (status === 400 && /not (be )?found|cannot be found/i.test(text))) return;
     throw new Error(`${this.paths.unload} answered ${status}: ${text.slice(0, 300)}`);
@@ -66,9 +61,7 @@ export class OpenAIEngineAdapters implements EngineAdapters {
     return (list.data ?? []).filter((m) => typeof m.id === 'string' && typeof m.parent === 'string').map((m) => m.id as string);
   }
 
-  private async post(path: string, body: unknown, signal: AbortSignal): Promise<{ status: number; text: string }> {
-    const all = AbortSignal.any([signal, AbortSignal.timeout(ADAPTER_CALL_TIMEOUT_MS)]);
-    const res = await request(`${this.baseUrl}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), dispatcher: this.dispatcher, signal: all });
-    return { status: res.statusCode, text: await readBounded(res.body, 64 * 1024, { cut: true }) };
+  private post(path: string, body: unknown, signal?: AbortSignal): Promise<BoundedAnswer> {
+    return requestBounded(`${this.baseUrl}${path}`, this.dispatcher, ADAPTER_CALL_TIMEOUT_MS, { method: 'POST', json: body, maxBytes: 64 * 1024, signal });
   }
 }

@@ -191,9 +191,10 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const router = new Router(pool, { kind: routerKind, overlapWeight: opts.kvOverlapWeight, feed: kvFeed, metrics: createKvRouterMetrics(metrics.registry, kvFeed), log: routerLog });
   log.info({ event: 'router', router: routerKind, kv_overlap_weight: opts.kvOverlapWeight ?? 1 }, `routing: ${routerKind}`);
   const queueTimeoutMs = opts.queueTimeoutMs ?? DEFAULT_QUEUE_TIMEOUT_MS;
-  const fleetAgent = createAdminAgent();
+  // The queue's reads of departed workers' status; none without a queue (every --openai-port, --queue-timeout 0).
+  const fleetAgent = queueTimeoutMs === 0 ? undefined : createAdminAgent();
   const admissionLog = log.child({ component: 'admission' });
-  const admission = queueTimeoutMs === 0 ? undefined : new AdmissionQueue({ timeoutMs: queueTimeoutMs, depth: opts.queueDepth ?? DEFAULT_QUEUE_DEPTH, log: admissionLog }, queueFleet(pool, fleet, fleetAgent, { timeoutMs: queueTimeoutMs, log: admissionLog }, discovery.drainIntents), createQueueMetrics(metrics.registry));
+  const admission = fleetAgent === undefined ? undefined : new AdmissionQueue({ timeoutMs: queueTimeoutMs, depth: opts.queueDepth ?? DEFAULT_QUEUE_DEPTH, log: admissionLog }, queueFleet(pool, fleet, fleetAgent, { timeoutMs: queueTimeoutMs, log: admissionLog }, discovery.drainIntents), createQueueMetrics(metrics.registry));
   if (admission !== undefined) {
     pool.onRoom = (model) => admission.changed(model);
     metrics.stats.queued = (model) => admission.waiting(model);
@@ -236,6 +237,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await watch.close();
       await kvFeed?.close();
       await upstream.close();
+      await fleetAgent?.close().catch(() => undefined);
+      await saturation?.close();
       await discovery.close();
       throw new Error(`admin listener on ${opts.admin.host}:${opts.admin.port}: ${(err as Error).message}`);
     }
@@ -290,7 +293,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await watch.close();
       await kvFeed?.close();
       await upstream.close();
-      await fleetAgent.close().catch(() => undefined);
+      await fleetAgent?.close().catch(() => undefined);
       await saturation?.close();
       await discovery.close();
       return cutting === undefined;

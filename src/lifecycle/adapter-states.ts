@@ -1,4 +1,4 @@
-import { ADAPTER_STATES, type AdapterState } from '../protocol/adapters.js';
+import { ADAPTER_STATES, RESIDENT_STATES, type AdapterState } from '../protocol/adapters.js';
 
 /**
  * One LoRA adapter's lifecycle on a worker, as one table (issue 37), in the discipline of the
@@ -38,8 +38,8 @@ export const ADAPTER_TRANSITIONS: Readonly<Record<AdapterState, Readonly<Partial
   draining: { unloaded: 'unloaded', drain: 'draining' },
 };
 
-/** States that hold one of the engine's adapter slots. */
-export const SLOT_STATES: ReadonlySet<AdapterState> = new Set(['loading', 'serving', 'draining']);
+/** States that hold one of the engine's adapter slots: those a discovery record shows as resident. */
+export const SLOT_STATES = RESIDENT_STATES;
 
 /** Throws unless the table has the move: the setter's check (worker/adapters.ts). */
 export function nextAdapterState(from: AdapterState, event: AdapterEvent): AdapterState {

@@ -11,7 +11,8 @@ export type AdapterState = (typeof ADAPTER_STATES)[number];
 
 /** An adapter's state as the discovery record holds it: only those that occupy a slot. */
 export type ResidentState = Exclude<AdapterState, 'unloaded'>;
-const RESIDENT_STATES: ReadonlySet<string> = new Set(['loading', 'serving', 'draining']);
+/** The states that hold one of the engine's adapter slots (lifecycle/adapter-states.ts: SLOT_STATES). */
+export const RESIDENT_STATES: ReadonlySet<AdapterState> = new Set<ResidentState>(['loading', 'serving', 'draining']);
 
 /**
  * A worker's adapters in its discovery record: small, and written only when one changes state
@@ -43,7 +44,7 @@ export function isAdapterRecord(v: unknown): v is AdapterRecord {
   if (typeof r.load_ms !== 'number' || !Number.isFinite(r.load_ms) || r.load_ms < 0) return false;
   if (!Array.isArray(r.available) || r.available.length > 10_000 || !r.available.every(isAdapterName)) return false;
   if (typeof r.resident !== 'object' || r.resident === null || Array.isArray(r.resident)) return false;
-  return Object.entries(r.resident as Record<string, unknown>).every(([name, state]) => isAdapterName(name) && RESIDENT_STATES.has(state as string));
+  return Object.entries(r.resident as Record<string, unknown>).every(([name, state]) => isAdapterName(name) && RESIDENT_STATES.has(state as AdapterState));
 }
 
 /** One adapter in GET /engine/status's `adapters`, and the answer of the adapter routes. */

@@ -25,6 +25,8 @@ export function registerAdapterMetrics(registry: Registry, adapters: WorkerAdapt
     labelNames: ['adapter'],
     registers: [registry],
     collect() {
+      // An adapter dropped from the worker (an admin load of a new name that failed) leaves no series behind.
+      this.reset();
       for (const [adapter, a] of adapters.inflightByName()) this.set({ adapter }, a.inflight);
     },
   });

@@ -24,12 +24,16 @@ export class PriorityReserve {
 
   /** Would a flex request be admitted now? */
   get flexRoom(): boolean {
-    const slots = this.batchSlots();
-    return slots === 0 || this.admission.inflight < slots - this.reserve;
+    return this.flexRoomIn(this.batchSlots());
   }
 
   /** What /engine/status and its event stream say of it: frontends give flex a turn only on flex_room. */
   status(): { free_slots: number; priority_reserve_slots: number; flex_room: boolean } {
-    return { free_slots: Math.max(0, this.batchSlots() - this.admission.inflight), priority_reserve_slots: this.reserve, flex_room: this.flexRoom };
+    const slots = this.batchSlots();
+    return { free_slots: Math.max(0, slots - this.admission.inflight), priority_reserve_slots: this.reserve, flex_room: this.flexRoomIn(slots) };
+  }
+
+  private flexRoomIn(slots: number): boolean {
+    return slots === 0 || this.admission.inflight < slots - this.reserve;
   }
 }

@@ -119,6 +119,8 @@ export class RequestScope {
     const hold = this.adapter;
     if (hold === undefined) return Promise.resolve();
     const signal = this.abort.signal;
+    // Aborted before it was asked (the client left during a KV pull): an 'abort' listener would never fire.
+    if (signal.aborted) return Promise.reject(signal.reason);
     return new Promise<void>((resolve, reject) => {
       const onAbort = () => reject(signal.reason);
       signal.addEventListener('abort', onAbort, { once: true });

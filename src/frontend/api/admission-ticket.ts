@@ -14,7 +14,7 @@ export const UNBOUNDED_COMPLETION_TOKENS = 256;
 const MAX_TENANT_CHARS = 64;
 
 /** The tier a request is admitted in: the gateway's header, else the body's service_tier (`auto`: default). */
-export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
+function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
   const header = headers[TIER_HEADER];
   return serviceTier(typeof header === 'string' ? header : bodyTier);
 }
@@ -25,13 +25,15 @@ export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): Se
  * tier (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
  * header, else anonymous) and its cost (about four characters a prompt token, plus max_tokens).
  * The ticket is made only if the request ever waits: a request a worker takes at once pays for none of it.
+ * Returns the tier.
  */
-export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
+export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): ServiceTier {
   let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
-  // Default goes unsaid.
   const tier = requestTier(bodyTier, headers);
+  // Default goes unsaid.
   if (tier !== 'default') for (const gen of gens) gen.service_tier = tier;
-  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks(bodyTier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+  return tier;
 }
 
 /**
@@ -40,12 +42,12 @@ export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, hea
  * four characters a token; token-id inputs count their ids).
  */
 export function tagEmbedTicket(body: EmbedBody, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
-  AdmissionQueue.tag(body, () => ({ ...whoAsks(undefined, headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
+  AdmissionQueue.tag(body, () => ({ ...whoAsks(requestTier(undefined, headers), headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
 }
 
-/** A request's tier and tenant: the API key's name, else the tenant header, else anonymous. */
-function whoAsks(bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): Pick<Ticket, 'tier' | 'tenant'> {
+/** A request's tier, and its tenant: the API key's name, else the tenant header, else anonymous. */
+function whoAsks(tier: ServiceTier, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): Pick<Ticket, 'tier' | 'tenant'> {
   const named = headers[TENANT_HEADER];
   const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
-  return { tier: requestTier(bodyTier, headers), tenant: tenant.slice(0, MAX_TENANT_CHARS) };
+  return { tier, tenant: tenant.slice(0, MAX_TENANT_CHARS) };
 }

@@ -130,7 +130,7 @@ export class SseFormatter implements StreamFormat {
     this.created = created;
     this.offsets = new Array<number>(lanes).fill(0);
     this.object = endpoint === 'chat' ? 'chat.completion.chunk' : 'text_completion';
-    this.tierField = endpoint === 'chat' && serviceTier !== undefined ? `"service_tier":"${serviceTier}",` : '';
+    this.tierField = endpoint === 'chat' && serviceTier !== undefined ? `"service_tier":${JSON.stringify(serviceTier)},` : '';
     const prefix = `data: {"id":${JSON.stringify(id)},"object":"${this.object}","created":${this.created},"model":${JSON.stringify(model)},${this.tierField}"choices":[{"index":`;
     this.heads = Array.from({ length: lanes }, (_, i) => `${prefix}${i},`);
   }

@@ -33,7 +33,7 @@ import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
-import { requestTier, tagEmbedTicket, tagTickets } from './admission-ticket.js';
+import { tagEmbedTicket, tagTickets } from './admission-ticket.js';
 import type { ServiceTier } from '../routing/admission-queue.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
@@ -208,12 +208,11 @@ export function createOpenAIServer({
     if (pool.hasModel(served.model)) checkFields((served.adapter === undefined ? body : { ...body, model: served.model }) as unknown as Record<string, unknown>, table, pool);
     return served;
   };
-  /** The queue's ticket on each generate body (none without a queue: nothing per request then). */
-  const ticket = (gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest) => {
-    if (queueing) tagTickets(gens, tier, req.headers, apiGuard);
-  };
-  /** The service_tier an answer says: the tier it was admitted in; without a queue there are no tiers, so default. */
-  const answeredTier = (tier: unknown, req: FastifyRequest): ServiceTier => (queueing ? requestTier(tier, req.headers) : 'default');
+  /**
+   * The queue's ticket on each generate body (none without a queue: nothing per request then), and
+   * the service_tier its answer says: the tier it was admitted in; without a queue there are no tiers, so default.
+   */
+  const ticket = (gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest): ServiceTier => (queueing ? tagTickets(gens, tier, req.headers, apiGuard) : 'default');
 
   /** Room for a request's sequences, held until its response is done, however it ends (a kept stream: until its generation is). */
   const holdLanes = (reply: FastifyReply, model: string, count: number, n: number) => {
@@ -369,8 +368,7 @@ export function createOpenAIServer({
       const served = admit(body, FIELD_POLICY);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${newId()}`;
       const gens = onServed(toGenerateBodies(endpoint, body, id), served);
-      ticket(gens, body.service_tier, req);
-      const tier = answeredTier(body.service_tier, req);
+      const tier = ticket(gens, body.service_tier, req);
       const n = body.n ?? 1;
       const room = holdLanes(reply, served.model, gens.length, n);
       const signal = shutdown.requestSignal(reply.raw);
@@ -421,8 +419,7 @@ export function createOpenAIServer({
     const shell = new ResponseShell(newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
     onServed([gen], served);
-    ticket([gen], body.service_tier, req);
-    shell.serviceTier = answeredTier(body.service_tier, req);
+    shell.serviceTier = ticket([gen], body.service_tier, req);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined = records === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
     if (record !== undefined) records!.add(record);

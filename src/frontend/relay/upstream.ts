@@ -4,7 +4,7 @@ import { EbbError } from '../../protocol/errors.js';
 import type { WorkerMode } from '../../discovery/discovery.js';
 import type { EmbedBody, EmbedResponse, GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
-import type { PoolWorker, WorkerPool } from '../routing/worker-pool.js';
+import { NOTHING_SKIPPED, type PoolWorker, type WorkerPool } from '../routing/worker-pool.js';
 import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
 import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
@@ -78,9 +78,6 @@ export interface UpstreamOptions {
   /** Where requests no worker can take now wait (--queue-timeout); none: they are answered 503 at once. */
   admission?: AdmissionQueue | undefined;
 }
-
-/** The workers a new request is told to skip: none (shared, never written). */
-const NOTHING_SKIPPED: ReadonlySet<string> = new Set();
 
 /** A prompt's KV takes seconds on a slow engine, rarely more; a prefill silent this long is hung. */
 export const DEFAULT_PREFILL_TIMEOUT_MS = 30_000;
@@ -240,7 +237,7 @@ export class Upstream {
     let lastRefusal: string | undefined;
     // The prompt's blocks, once for every attempt (the router scores the eligible workers by them).
     const flex = body?.service_tier === 'flex';
-    if (flex) this.pool.skipFlexHeld(model, tried);
+    if (flex) this.pool.skipFlexHeld(model, mode, tried);
     const hint = body === undefined || this.router.kind !== 'kv' ? undefined : await this.router.prepare(body, mode, tried, needs);
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       if (signal.aborted) throw signal.reason;
@@ -387,7 +384,8 @@ export class Upstream {
   }
 
   /** The next decode worker for this request, counted as taken (while its prefill runs, too), or undefined. */
-  private reserveDecode(model: string, tried: Set<string>, needs: readonly Capability[], adapter?: string): { worker: PoolWorker; release: () => void } | undefined {
+  private reserveDecode(model: string, tried: Set<string>, needs: readonly Capability[], adapter?: string, flex = false): { worker: PoolWorker; release: () => void } | undefined {
+    if (flex) this.pool.skipFlexHeld(model, 'decode', tried);
     const worker = this.pool.pick(model, 'decode', tried, needs, undefined, adapter);
     if (!worker) return undefined;
     tried.add(worker.record.worker_id);
@@ -413,9 +411,10 @@ export class Upstream {
     let lastRefusal: string | undefined;
     // The decode worker generates: it is the one that must honour what the request needs.
     const needs = capabilitiesNeeded(body);
+    const flex = body.service_tier === 'flex';
     for (let pair = 1; ; pair++) {
       if (signal.aborted) throw signal.reason;
-      let decode = this.reserveDecode(body.model, tried, needs, body.adapter);
+      let decode = this.reserveDecode(body.model, tried, needs, body.adapter, flex);
       if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
       let kv: KvTransferRef | undefined;
       try {
@@ -436,7 +435,7 @@ export class Upstream {
         const { worker, release: reserved } = decode;
         decode = undefined;
         try {
-          const { value, release } = await this.tryOn(worker, signal, (w) => this.generate(w, sent, signal));
+          const { value, release } = await this.tryOn(worker, signal, (w) => this.generate(w, sent, signal), undefined, flex);
           return this.stream(worker, value, release);
         } catch (err) {
           if (err instanceof KvTransferLost) {
@@ -444,7 +443,7 @@ export class Upstream {
             lost = true;
           } else if (err instanceof TryElsewhere) {
             if (err.said !== undefined) lastRefusal = err.said;
-            if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs, body.adapter);
+            if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs, body.adapter, flex);
           }
           if (!decode && kv !== undefined) await this.releaseKv(kv);
           if (!(err instanceof TryElsewhere) && !lost) throw err;

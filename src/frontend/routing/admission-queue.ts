@@ -1,10 +1,11 @@
 import type { Logger } from 'pino';
 import { EbbError, type ErrorCode } from '../../protocol/errors.js';
 import type { QueueMetrics } from './queue-metrics.js';
+import type { RequestTier } from '../../protocol/request-plane.js';
 
-/** OpenAI's service tiers, first served first; `auto` is `default`. */
-export const SERVICE_TIERS = ['priority', 'default', 'flex'] as const;
-export type ServiceTier = (typeof SERVICE_TIERS)[number];
+/** OpenAI's service tiers (the request plane's, which the worker reads), first served first; `auto` is `default`. */
+export type ServiceTier = RequestTier;
+export const SERVICE_TIERS: readonly ServiceTier[] = ['priority', 'default', 'flex'];
 
 /** A worker restart (drain, replace, register) fits in it. */
 export const DEFAULT_QUEUE_TIMEOUT_MS = 30_000;
@@ -329,8 +330,9 @@ export class AdmissionQueue {
   }
 
   private dispatch(q: ModelQueue): void {
-    const room = Math.max(1, this.fleet.routable(q.model));
-    while (q.trying < room && this.fleet.routable(q.model) > 0) {
+    // A grant only resolves a waiter's promise: nothing routes before this loop ends, so one count serves it.
+    const room = this.fleet.routable(q.model);
+    while (q.trying < room) {
       const w = q.next();
       if (!w) return;
       q.trying++;

@@ -4,11 +4,10 @@ import { fetchLiveStatus } from '../../common/worker-admin.js';
 import type { DrainIntentStore } from '../../discovery/drain-intent.js';
 import type { FleetView } from '../admin/fleet-view.js';
 import type { QueueFleet } from './admission-queue.js';
-import type { WorkerPool } from './worker-pool.js';
+import { NOTHING_SKIPPED, type WorkerPool } from './worker-pool.js';
 
 /** A departed worker's status read, when a request asks whether one may come back. */
 const PROBE_TIMEOUT_MS = 1000;
-const NOTHING_SKIPPED: ReadonlySet<string> = new Set();
 
 /**
  * What the admission queue knows of a model's fleet. Waiting can help while a worker of the model is

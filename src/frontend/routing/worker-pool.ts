@@ -28,6 +28,9 @@ export const FLEX_HOLD_MS = 5_000;
  */
 export const MODEL_MEMORY_MS = 10 * 60_000;
 
+/** A skip set with nothing in it, for the pool's calls that take one: shared, never written. */
+export const NOTHING_SKIPPED: ReadonlySet<string> = new Set();
+
 export interface PoolWorker {
   readonly record: WorkerRecord;
   /**
@@ -311,12 +314,10 @@ export class WorkerPool {
     if (room > 0) this.onRoom?.(w.record.model);
   }
 
-  /** Adds to `skip` the workers of `model` that take no flex request now (a flex request's route skips them). */
-  skipFlexHeld(model: string, skip: Set<string>, now = Date.now()): void {
-    for (const mode of ['aggregated', 'decode'] as const) {
-      const index = this.indexes.get(keyOf(model, mode));
-      if (index) for (const w of index.values()) if (w.flexHeldUntil > now && w.flexCredits === 0) skip.add(w.record.worker_id);
-    }
+  /** Adds to `skip` the workers of `model` in `mode` that take no flex request now (a flex request's route skips them). */
+  skipFlexHeld(model: string, mode: WorkerMode, skip: Set<string>, now = Date.now()): void {
+    const index = this.indexes.get(keyOf(model, mode));
+    if (index) for (const w of index.values()) if (w.flexHeldUntil > now && w.flexCredits === 0) skip.add(w.record.worker_id);
   }
 
   /** Workers of `model` a new request may be sent to now: in discovery on its serving path, not held. */
@@ -349,12 +350,6 @@ export class WorkerPool {
     const index = this.indexes.get(keyOf(model, this.servingPath(model) === 'aggregated' ? 'aggregated' : 'decode'));
     if (index) for (const w of index.values()) if (!skip.has(w.record.worker_id) && !(w.hold?.kind === 'unreachable' && w.hold.until > now)) return true;
     return false;
-  }
-
-  /** Is `workerId` held out for being full (it refused worker_overloaded lately)? */
-  isOverloaded(workerId: string, now = Date.now()): boolean {
-    const h = this.workers.get(workerId)?.hold;
-    return h?.kind === 'overloaded' && h.until > now;
   }
 
   /** In-flight counts by worker id, including departed workers that still have requests open. */
