@@ -52,8 +52,11 @@ async function readEvents(res: Response, controller: AbortController | undefined
   return events;
 }
 
+/** A client that will resume its stream says so: only then is it kept. */
+const KEPT = { 'content-type': 'application/json', 'x-ebb-resumable': '1' };
+
 function post(path: string, body: unknown, controller?: AbortController): Promise<Response> {
-  return fetch(`${frontend.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: controller?.signal });
+  return fetch(`${frontend.url}${path}`, { method: 'POST', headers: KEPT, body: JSON.stringify(body), signal: controller?.signal });
 }
 
 /** Resolves once the worker has nothing in flight (its status, asked until it says so; bounded). */
@@ -108,7 +111,7 @@ describe('resumable streams: one frontend, kept in memory', () => {
   });
 
   it('the Responses API through the openai SDK: responses.retrieve(id, { stream, starting_after }) after a cut', async () => {
-    const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused', maxRetries: 0, defaultHeaders: { 'x-ebb-resumable': '1' } });
     const stream = await client.responses.create({ model: 'm1', input: 'tell me about the tides', max_output_tokens: 30, stream: true });
     let id = '';
     let last = -1;
@@ -163,7 +166,7 @@ describe('resumable streams: a client that leaves and does not come back', () =>
     started.push(short);
     await frontendSeesWorkers(short, 2);
     const cut = new AbortController();
-    const res = await fetch(`${short.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(chat(100_000, 4)), signal: cut.signal });
+    const res = await fetch(`${short.url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: JSON.stringify(chat(100_000, 4)), signal: cut.signal });
     const servedBy = workers.find((w) => w.workerId === res.headers.get('x-ebb-worker-id'))!;
     const mark = short.mark();
     const first = await readEvents(res, cut, (e) => e.id === 3);
@@ -180,7 +183,7 @@ describe('resumable streams: a client that leaves and does not come back', () =>
 });
 
 describe('the Responses API keeps its responses: background, retrieve, cancel, store, previous_response_id', () => {
-  const client = () => new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+  const client = () => new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused', maxRetries: 0, defaultHeaders: { 'x-ebb-resumable': '1' } });
 
   it('background: answered queued at once, runs with no client, its events followed later from starting_after, its object retrieved completed', async () => {
     const c = client();

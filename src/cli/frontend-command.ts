@@ -15,6 +15,7 @@ import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { DEFAULT_CLIENT_WRITE_TIMEOUT_MS } from '../frontend/relay/client-stream.js';
 import { STREAM_STORE_DEFAULTS } from '../frontend/streams/stream-store.js';
 import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/routing/admission-queue.js';
+import { isStoreUrl, parseStoreUrl, redactUrl, storePassword, STORE_PASSWORD_ENV } from '../frontend/streams/redis-store.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 
@@ -48,6 +49,8 @@ interface FrontendFlags {
   router: RouterKind;
   kvOverlapWeight: number;
   streamStore: string;
+  streamStorePasswordFile?: string;
+  keepStreams: string;
   resumeGraceMs: number;
   resumeWindowMs: number;
   responseTtlMs: number;
@@ -113,7 +116,18 @@ export function frontendCommand(): Command {
     .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
     .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 queue_timeout past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
     .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 queue_full (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
-    .option('--stream-store <where>', 'where streams are kept so a client can resume one (GET .../{id}?stream=true&starting_after=N): memory (this process), redis://host:port (shared by a fleet of frontends: a resume at any of them), or none', streamStoreOption, 'memory')
+    .option(
+      '--stream-store <where>',
+      'where streams are kept so a client can resume one (GET .../{id}?stream=true with Last-Event-ID): memory (this process), a Redis shared by a fleet of frontends (a resume at any of them; one taking over a stream whose frontend died): redis://[user:password@]host:port[/db], rediss://... (TLS), redis+sentinel://host:26379[,host:port...]/<master name> (Sentinel, failovers followed), redis+cluster://host:port[,host:port...] (Redis Cluster); or none',
+      streamStoreOption,
+      'memory',
+    )
+    .option('--stream-store-password-file <path>', `file holding the stream store's Redis password (its first line; env ${STORE_PASSWORD_ENV}), kept out of the URL, which is logged`)
+    .addOption(
+      new Option('--keep-streams <which>', 'which streams are kept for resumption: resumable (those whose client sends x-ebb-resumable: 1, as @ebb/client does; any other stream costs nothing extra and its client leaving cancels it at once), or all. Background responses always are')
+        .choices(['resumable', 'all'])
+        .default('resumable'),
+    )
     .option('--resume-grace-ms <n>', "a stream whose client left goes on this long for a resume, then is cancelled (0 = at once, nothing kept running)", msOption(0), STREAM_STORE_DEFAULTS.graceMs)
     .option('--resume-window-ms <n>', 'an ended stream stays resumable this long', msOption(0), STREAM_STORE_DEFAULTS.windowMs)
     .option('--response-ttl-ms <n>', 'a stored Responses API response (store, the default) stays retrievable, and usable as previous_response_id, this long after it ended', msOption(0), STREAM_STORE_DEFAULTS.responseTtlMs)
@@ -164,8 +178,10 @@ export function frontendCommand(): Command {
                 maxTotalBytes: flags.streamStoreMaxBytes,
                 maxStreams: flags.streamStoreMaxStreams,
                 writeTimeoutMs: flags.clientWriteTimeoutMs,
-                redisUrl: flags.streamStore.startsWith('redis') ? flags.streamStore : undefined,
+                redisUrl: isStoreUrl(flags.streamStore) ? flags.streamStore : undefined,
+                redisPassword: storePassword(flags.streamStorePasswordFile),
               },
+        keepStreams: flags.keepStreams as 'resumable' | 'all',
       };
       if (flags.processes > 1) {
         const stopOpts = { shutdownTimeoutMs: flags.shutdownTimeoutMs, shutdownGraceMs: flags.shutdownGraceMs };
@@ -217,8 +233,13 @@ export function frontendCommand(): Command {
     });
 }
 
-/** --stream-store: memory, none, or a Redis URL. */
+/** --stream-store: memory, none, or a Redis URL in one of the forms parseStoreUrl takes. */
 function streamStoreOption(v: string): string {
-  if (v === 'memory' || v === 'none' || /^rediss?:\/\/./.test(v)) return v;
-  throw new InvalidArgumentError(`expected memory, none or redis://host:port, got "${v}"`);
+  if (v === 'memory' || v === 'none') return v;
+  try {
+    if (isStoreUrl(v)) return parseStoreUrl(v) && v;
+  } catch (err) {
+    throw new InvalidArgumentError((err as Error).message);
+  }
+  throw new InvalidArgumentError(`expected memory, none, redis://host:port, rediss://, redis+sentinel://host:26379/<master> or redis+cluster://host:port, got "${redactUrl(v)}"`);
 }

@@ -16,7 +16,9 @@ import { fdLimits, streamsRoom } from './fd-room.js';
 import { Shutdown } from './shutdown.js';
 import { StreamStore, type StreamStoreOptions } from './streams/stream-store.js';
 import { createStreamMetrics } from './streams/stream-metrics.js';
-import { RedisMirror } from './streams/redis-mirror.js';
+import { SharedStreams } from './streams/shared-streams.js';
+import { parseStoreUrl, RedisStore } from './streams/redis-store.js';
+import { EbbError } from '../protocol/errors.js';
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
@@ -72,6 +74,8 @@ export interface FrontendOptions {
   cluster?: ClusterHooks | undefined;
   /** Streams kept for resumption (--stream-store memory, the default); undefined: none kept. */
   streamStore?: StreamStoreOptions | undefined;
+  /** Which streams are kept: those whose client asks (x-ebb-resumable: 1), or all; background responses always. */
+  keepStreams?: 'resumable' | 'all' | undefined;
   /** A worker's own --openai-port (worker/openai-port.ts): its registration as the only discovery (discoveryUrl names it), its record never forgotten. */
   own?: { discovery: Discovery; record: WorkerRecord } | undefined;
   /** How long a request no worker can take now may wait for one (default 30 s; 0: no queue, 503 at once). */
@@ -121,15 +125,21 @@ export interface RunningFrontend {
   interrupt(message: string): Promise<void>;
 }
 
-/** The stream store: this process's memory, mirrored to Redis for a fleet when one is named. */
+/** The stream store: this process's memory, shared through Redis by a fleet of frontends when one is named. */
 function keptStreams(o: StreamStoreOptions, clientWriteTimeoutMs: number | undefined, registry: Registry, log: Logger): StreamStore {
   const writeTimeoutMs = clientWriteTimeoutMs ?? o.writeTimeoutMs;
   const metrics = createStreamMetrics(registry, log);
-  const mirror =
+  const shared =
     o.redisUrl === undefined
       ? undefined
-      : new RedisMirror({ url: o.redisUrl, owner: `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`, windowMs: o.windowMs, maxResponseBytes: o.maxResponseBytes, writeTimeoutMs, log, onHealth: metrics.storeUp });
-  return new StreamStore({ ...o, writeTimeoutMs }, metrics, mirror);
+      : new SharedStreams(new RedisStore(parseStoreUrl(o.redisUrl, o.redisPassword), log, metrics.storeUp), {
+          owner: `${hostname()}:${process.pid}`,
+          windowMs: o.windowMs,
+          maxResponseBytes: o.maxResponseBytes,
+          writeTimeoutMs,
+          log,
+        });
+  return new StreamStore({ ...o, writeTimeoutMs }, metrics, shared);
 }
 
 /** A loopback listener on any free port; resolves with its URL. */
@@ -208,8 +218,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
   const streams = opts.streamStore === undefined ? undefined : keptStreams(opts.streamStore, opts.clientWriteTimeoutMs, metrics.registry, log);
-  await streams?.mirror?.connect(5_000);
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, queueing: admission !== undefined });
+  await streams?.shared?.store.connect(5_000);
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, keepStreams: opts.keepStreams, queueing: admission !== undefined });
   const url = await listen(app, opts.host, opts.port);
   // A process of several: its peers reach it here (the shared port gives a connection to any of them).
   const peerServer = opts.cluster === undefined ? undefined : createServer((req, res) => app.server.emit('request', req, res));
@@ -277,9 +287,14 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       // One deadline for both listeners: a stalled admin call (half a request, a client that never
       // reads) is cut with the streams, never waited on past it. Requests get their answer first.
       const deadline = setTimeout(() => {
+        // Kept streams the fleet's store shares are handed on (their clients resume at another frontend); the rest end with server_closing.
+        const handedOn = streams?.shared?.healthy === true ? streams.liveShared().length : 0;
+        const open = shutdown.openRequests;
         log.warn(
-          { event: 'shutdown_deadline', open_requests: shutdown.openRequests, open_connections: 'cut' },
-          `${shutdown.openRequests} request(s) still open after ${timeoutMs} ms: ending them with server_closing, then closing the connections`,
+          { event: 'shutdown_deadline', open_requests: open, handed_on: handedOn, open_connections: 'cut' },
+          handedOn === 0
+            ? `${open} request(s) still open after ${timeoutMs} ms: ending them with server_closing (an error their clients raise), then closing the connections`
+            : `${open} request(s) still open after ${timeoutMs} ms: ${handedOn} kept stream(s) handed on (their clients get stream_interrupted with where to resume, at any frontend), the rest ended with server_closing; then closing the connections`,
         );
         void cutAll(`the frontend is shutting down: the request was still open at its shutdown deadline (${timeoutMs} ms); retry`);
       }, timeoutMs);
@@ -287,8 +302,9 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await Promise.all([adminApp?.close().then(() => adminAgent?.close().catch(() => undefined)), app.close()]);
       clearTimeout(deadline);
       peerServer?.closeAllConnections();
-      // Generations whose client left (within their resume grace) have no connection to wait on: they end with the frontend.
-      streams?.cancelAll(new Error('the frontend is closing'));
+      // Generations with no connection to wait on (background responses, clients gone within their resume
+      // grace): handed on where the fleet's store shares them, else ended with the frontend.
+      await streams?.cancelAll(new EbbError('server_closing', 'the frontend is closing'));
       await streams?.close();
       await watch.close();
       await kvFeed?.close();

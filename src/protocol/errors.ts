@@ -51,6 +51,8 @@ export const ERROR_CODES = {
   continuation_unsupported: { status: 503, type: 'service_unavailable', retryable: true },
   /** The stream store (Redis) cannot be reached: resumes are refused until it is back; new streams run unkept. */
   stream_store_unavailable: { status: 503, type: 'service_unavailable', retryable: true },
+  /** The fleet's copy of a stream is missing events (the store lost some): never served with a gap; its frontend rewrites it whole. */
+  stream_copy_incomplete: { status: 503, type: 'service_unavailable', retryable: true },
   /** A non-streaming request handed off at a drain deadline: nothing was returned, retry elsewhere. */
   request_handed_off: { status: 503, type: 'service_unavailable', retryable: true },
   /** The request's LoRA adapter is draining on this worker (its in-flight finishing before an unload): retry on another. */
@@ -73,6 +75,14 @@ export const ERROR_CODES = {
   worker_shut_down: { status: 503, type: 'server_error' },
   /** A stream that broke (or was handed off) and that no other worker could continue. */
   migration_failed: { status: 502, type: 'server_error' },
+  /** A kept stream this frontend let go of (its shutdown, a lost lease): the error carries where to resume it, at any frontend. */
+  stream_interrupted: { status: 503, type: 'server_error', retryable: true },
+  /** A stream followed at another frontend that cannot go on (its copy expired, is incomplete, or could not be continued). */
+  stream_lost: { status: 502, type: 'server_error' },
+  /** A kept stream whose client left and that nobody resumed within the grace: its generation was stopped. */
+  stream_abandoned: { status: 503, type: 'server_error' },
+  /** A background response cancelled by its client. */
+  cancelled: { status: 499, type: 'invalid_request_error' },
 } as const satisfies Record<string, { status: number; type: string; retryable?: boolean }>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -83,6 +83,11 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   response_not_found: bad,
   response_expired: bad,
   stream_store_unavailable: bad,
+  stream_copy_incomplete: bad,
+  stream_interrupted: bad,
+  stream_lost: bad,
+  stream_abandoned: bad,
+  cancelled: bad,
 };
 
 /** An answer with no catalogue code (a proxy's page, a non-JSON body): not a worker speaking, so not the client's answer. */

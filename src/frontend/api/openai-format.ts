@@ -183,6 +183,10 @@ export class SseFormatter implements StreamFormat {
   error(code: string, message: string): string {
     return `${this.idLine()}data: ${JSON.stringify({ error: { message, type: 'server_error', param: null, code } })}\n\n`;
   }
+
+  continueFrom(next: number): void {
+    this.ids?.restart(next);
+  }
 }
 
 

@@ -224,6 +224,15 @@ export function responsesEvent(type: string, seq: number, body: Record<string, u
   return `${kept ? `id: ${seq}\n` : ''}event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: seq, ...body })}\n\n`;
 }
 
+/**
+ * A Responses stream's error event body: OpenAI's fields (code, message, param), and the same as an
+ * `error` object, which is what makes SDKs raise (the openai SDK's stream reader throws on a data
+ * object with `error`; without it a plain `for await` over the events ends short, as if complete).
+ */
+export function errorEventBody(code: string, message: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return { code, message, param: null, ...extra, error: { type: 'server_error', code, message, param: null } };
+}
+
 /** A finish reason of the request plane as a Responses status. */
 export const statusOf = (finishReason: string): 'completed' | 'incomplete' => (finishReason === 'length' ? 'incomplete' : 'completed');
 
@@ -247,13 +256,7 @@ export class ResponsesStream implements StreamFormat, ResponseProgress {
   constructor(
     private readonly shell: ResponseShell,
     private readonly kept = false,
-    /** A takeover goes on from the events and the text the other frontend sent. */
-    from?: { seq: number; text: string },
   ) {
-    if (from !== undefined) {
-      this.seq = from.seq;
-      this.text = from.text;
-    }
     this.deltaHead = `"item_id":${JSON.stringify(shell.messageId)},"output_index":0,"content_index":0,"logprobs":[],"delta":`;
   }
 
@@ -294,7 +297,11 @@ export class ResponsesStream implements StreamFormat, ResponseProgress {
   }
 
   error(code: string, message: string): string {
-    return this.event('error', { code, message, param: null });
+    return this.event('error', errorEventBody(code, message));
+  }
+
+  continueFrom(next: number): void {
+    this.seq = next;
   }
 
   now() {

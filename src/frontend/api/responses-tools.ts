@@ -3,7 +3,7 @@ import type { ToolCallSyntax } from '../../protocol/tools.js';
 import type { ParsedCalls } from '../wire/tool-call-parser.js';
 import { ToolCallParser, type ToolEvent } from '../wire/tool-call-parser.js';
 import type { CollectedChoice, StreamFormat } from '../wire/stream-format.js';
-import { part, responsesEvent, statusOf, type ResponseProgress, type ResponseShell } from './responses-format.js';
+import { errorEventBody, part, responsesEvent, statusOf, type ResponseProgress, type ResponseShell } from './responses-format.js';
 
 /** A function call output item, as the Responses API has it. */
 function callItem(call: { id: string; name: string; arguments: string }, status: 'in_progress' | 'completed') {
@@ -79,7 +79,11 @@ export class ResponsesToolStream implements StreamFormat, ResponseProgress {
   }
 
   error(code: string, message: string): string {
-    return this.event('error', { code, message, param: null });
+    return this.event('error', errorEventBody(code, message));
+  }
+
+  continueFrom(next: number): void {
+    this.seq = next;
   }
 
   private render(events: ToolEvent[]): string {

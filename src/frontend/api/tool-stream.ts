@@ -51,6 +51,10 @@ export class ToolCallStream implements StreamFormat {
     return this.inner.error(code, message);
   }
 
+  continueFrom(next: number): void {
+    this.inner.continueFrom(next);
+  }
+
   private render(lane: number, events: ToolEvent[]): string {
     let out = '';
     for (const e of events) {

@@ -1,12 +1,22 @@
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
+import type { Delivered } from './migration.js';
+import type { LaneDone } from './lane.js';
 
 const CRLF = 0x0d0a;
 const CR = 0x0d;
 
 /** What a kept (resumable) stream takes of a response's body: its bytes, without the HTTP framing. */
 export interface StreamTap {
-  append(payload: Buffer): void;
+  /** False: the bytes must not go out (the stream is no longer this frontend's to write: another one took it over). */
+  append(payload: Buffer): boolean;
+  /**
+   * Where sequence `lane` stands after the bytes just appended: what it delivered (its model's raw
+   * text, before any tool-call parsing, and its tokens). Another frontend continues the stream from it.
+   */
+  progress?(lane: number, delivered: Delivered): void;
+  /** Sequence `lane` finished (its finish event waits for the response's end). */
+  laneDone?(lane: number, done: LaneDone): void;
   end(payload: Buffer): void;
 }
 
@@ -38,7 +48,7 @@ export class ClientStream {
     readonly res: ServerResponse,
     private readonly writeTimeoutMs = DEFAULT_CLIENT_WRITE_TIMEOUT_MS,
     /** A kept stream (resumable): every byte of the body is given to it too, the client there or not. */
-    private readonly tap?: StreamTap,
+    readonly tap?: StreamTap,
   ) {
     this.socket = res.socket;
   }
@@ -73,7 +83,7 @@ export class ClientStream {
 
   /** false: the socket's buffer is full; whenDrained says when to write again. */
   send(buf: Buffer): boolean {
-    if (this.tap !== undefined) this.tap.append(this.chunked ? buf.subarray(buf.indexOf(CR) + 2, buf.length - 2) : buf);
+    if (this.tap !== undefined && !this.tap.append(this.chunked ? buf.subarray(buf.indexOf(CR) + 2, buf.length - 2) : buf)) return true;
     const socket = this.socket;
     if (socket === null || socket.destroyed) return true; // the client left: the relay's signal ends it
     return socket.write(buf);

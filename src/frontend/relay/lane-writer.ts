@@ -113,9 +113,11 @@ export class LaneWriter implements LaneSink {
       this.segIds.length = 0;
       this.idBytes = 0;
       ok = this.out.send(buf);
+      this.out.tap?.progress?.(this.lane, this.delivered);
     } else if (this.text !== '') {
       ok = this.out.write(this.text);
       this.text = '';
+      this.out.tap?.progress?.(this.lane, this.delivered);
     }
     if (!ok && this.body) {
       this.body.holdReads();

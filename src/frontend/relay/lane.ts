@@ -35,10 +35,14 @@ export class LaneFailed extends Error {
   }
 }
 
-/** What one sequence had delivered when its frontend went away: its text, and its tokens as counted then. */
+/**
+ * What one sequence had delivered when its frontend went away: its text, and its tokens as counted
+ * then; `done` when it had already finished (its finish event waits for the response's end).
+ */
 export interface Resumed {
   text: string;
   tokens: number;
+  done?: LaneDone | undefined;
 }
 
 /** How a lane finished: the reason, and the usage of the whole sequence across its workers. */
@@ -209,8 +213,9 @@ export class Lane {
  */
 export async function openLanes(gens: GenerateBody[], ctx: LaneContext, signal: AbortSignal, resumed?: Resumed[]): Promise<Lane[]> {
   const open = (gen: GenerateBody, index: number) => (resumed === undefined ? Lane.open(index, gen, ctx, signal) : Lane.resume(index, gen, ctx, signal, resumed[index]!));
-  if (gens.length === 1) return [await open(gens[0]!, 0)];
-  const opened = await Promise.allSettled(gens.map(open));
+  if (gens.length === 1) return resumed?.[0]?.done === undefined ? [await open(gens[0]!, 0)] : [];
+  // A takeover opens only the sequences that had not finished.
+  const opened = await Promise.allSettled(gens.flatMap((gen, index) => (resumed?.[index]?.done === undefined ? [open(gen, index)] : [])));
   const failed = opened.find((r): r is PromiseRejectedResult => r.status === 'rejected');
   if (failed) {
     for (const r of opened) if (r.status === 'fulfilled') r.value.close();

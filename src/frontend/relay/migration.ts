@@ -24,6 +24,16 @@ export class Delivered {
     return this.bytes.toString('utf8', 0, this.length);
   }
 
+  /** The text's length in UTF-8 bytes: a mark a kept stream records with the events it copied (see StreamTap.progress). */
+  get byteLength(): number {
+    return this.length;
+  }
+
+  /** The text between two marks (byte offsets at token boundaries). */
+  textBetween(from: number, to: number): string {
+    return this.bytes.toString('utf8', from, to);
+  }
+
   /** One token without ids whose text is the UTF-8 of buf[start, end). */
   addBytes(buf: Buffer, start: number, end: number): void {
     this.room(end - start);

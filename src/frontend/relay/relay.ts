@@ -7,6 +7,7 @@ import { LaneWriter } from './lane-writer.js';
 import type { FrontendMetrics } from '../metrics.js';
 import { sumUsage, type CollectedChoice, type StreamFormat } from '../wire/stream-format.js';
 import { Lane, LaneFailed, openLanes, type LaneContext, type Resumed } from './lane.js';
+import { MidStreamFailure } from './worker-answer.js';
 import type { Upstream } from './upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 
@@ -50,14 +51,26 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
     const out = new ClientStream(res, clientWriteTimeoutMs, kept);
     // One lane failing stops the others: the response ends once, with the error.
     const stop = new AbortController();
-    const laneSignal = lanes.length === 1 ? signal : AbortSignal.any([signal, stop.signal]);
+    const laneSignal = gens.length === 1 ? signal : AbortSignal.any([signal, stop.signal]);
     // A single lane's last tokens wait for the end, to leave with it.
     const linger = lanes.length === 1;
+    const runLane = async (lane: Lane) => {
+      try {
+        const done = await lane.run(laneSignal);
+        if (!linger) lane.flush();
+        kept?.laneDone?.(lane.index, done);
+        return done;
+      } catch (err) {
+        stop.abort(err);
+        throw err;
+      }
+    };
     try {
       metrics.firstToken((performance.now() - started) / 1000, gens[0]?.model);
       reply.hijack();
       out.cork();
-      out.begin(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-worker-id': headerValue(lanes[0]!.workerId) });
+      // A takeover whose every sequence had finished runs on no worker: it only writes the end.
+      out.begin(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', ...(lanes.length > 0 && { 'x-ebb-worker-id': headerValue(lanes[0]!.workerId) }) });
       if (resumed === undefined) out.write(fmt.opening());
       for (const lane of lanes) {
         lane.start(new LaneWriter(out, lane.index, fmt, lane.delivered));
@@ -66,16 +79,13 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
       // Answers that came whole (every done line already read) stay corked: the end below follows
       // within this turn, and the whole response leaves in one system call instead of two.
       if (!lanes.every((lane) => lane.answered)) out.uncork();
+      const running = new Map(lanes.map((lane) => [lane.index, lane]));
       const ends = await Promise.all(
-        lanes.map(async (lane) => {
-          try {
-            const done = await lane.run(laneSignal);
-            if (!linger) lane.flush();
-            return { tail: fmt.finished(lane.index, done.finishReason), usage: done.usage };
-          } catch (err) {
-            stop.abort(err);
-            throw err;
-          }
+        gens.map(async (_, index) => {
+          const lane = running.get(index);
+          // A sequence another frontend saw finish (a takeover): its finish waits for the end, as it did there.
+          const done = lane === undefined ? resumed![index]!.done! : await runLane(lane);
+          return { tail: fmt.finished(index, done.finishReason), usage: done.usage };
         }),
       );
       const usages = ends.map((e) => e.usage);
@@ -87,14 +97,14 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
     } finally {
       for (const lane of lanes) lane.close();
       // The client left; closing the lanes freed the workers' slots.
-      if (signal.aborted) log.info({ event: 'client_gone', worker_id: lanes[0]!.workerId }, `client left a stream on ${lanes[0]!.workerId}`);
+      if (signal.aborted && lanes.length > 0) log.info({ event: 'client_gone', worker_id: lanes[0]!.workerId }, `client left a stream on ${lanes[0]!.workerId}`);
     }
   }
 
   /** Ends a stream that broke: an SSE error event when it had started, a JSON 500 when it never could. */
   function fail(out: ClientStream, lanes: Lane[], err: unknown, fmt: StreamFormat): void {
     const res = out.res;
-    const workerId = lanes[0]!.workerId;
+    const workerId = lanes[0]?.workerId ?? 'none';
     try {
       if (!res.headersSent) {
         log.error({ event: 'response_failed', worker_id: workerId, err: (err as Error).message }, `could not start the response: ${(err as Error).message}`);
@@ -102,7 +112,7 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
         res.end(JSON.stringify(errorBody('internal_error', `could not start the response: ${(err as Error).message}`)));
         return;
       }
-      const failure = lanes[0]!.failure(err);
+      const failure = lanes[0]?.failure(err) ?? new MidStreamFailure(workerId, err);
       metrics.midStreamFailure();
       log.warn({ event: 'midstream_failure', worker_id: failure.workerId, code: failure.code, err: failure.message }, failure.message);
       out.end(fmt.error(failure.code, failure.message));

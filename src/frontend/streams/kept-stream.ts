@@ -1,9 +1,18 @@
 import type { ServerResponse } from 'node:http';
-import { ClientStream } from '../relay/client-stream.js';
+import { EbbError } from '../../protocol/errors.js';
+import { ClientStream, type StreamTap } from '../relay/client-stream.js';
+import type { LaneDone } from '../relay/lane.js';
+import type { Delivered } from '../relay/migration.js';
 import { Shutdown } from '../shutdown.js';
+import type { StreamLease } from './stream-lease.js';
 
-/** Where a kept stream is in its life: resumable while live, and for the window after it ended. */
-export type KeptState = 'live' | 'ended' | 'abandoned' | 'handed_on';
+/**
+ * Where a kept stream is in its life: live while its generation runs; then ended (its end written),
+ * stopped (cancelled or failed: an error written), abandoned (its client left and nobody came back
+ * within the grace: no longer resumable) or handed on (its frontend went away and another continues
+ * it). Resumable while live, and for the window after it ended or stopped.
+ */
+export type KeptState = 'live' | 'ended' | 'stopped' | 'abandoned' | 'handed_on';
 
 export interface KeptStreamHooks {
   /** The stream's byte bound: past it the stream runs on, no longer kept (resumes are refused). */
@@ -14,12 +23,10 @@ export interface KeptStreamHooks {
   writeTimeoutMs: number;
   /** The store's accounting: bytes kept changed by `delta`. */
   onBytes(delta: number): void;
-  /** The stream is over (ended or abandoned): it stays resumable until the store's window passes. */
+  /** The stream is over: it stays resumable until the store's window passes. */
   onOver(stream: KeptStream): void;
   /** Events generated while nobody followed, for a stream cancelled at the end of its grace: wasted work. */
   onAbandoned(events: number): void;
-  /** A shared store (Redis) the stream's events are copied to, for resumes at other frontends. */
-  mirror?: { append(id: string, payload: Buffer): void; ended(id: string, payload: Buffer | undefined): void; release(id: string): void } | undefined;
 }
 
 /** A follower's resume point: events after this id (undefined: from the first). */
@@ -28,19 +35,27 @@ export type ResumeFrom = number | undefined;
 const ID_PREFIX = Buffer.from('id: ');
 const EVENT_END = Buffer.from('\n\n');
 
+/** Why a kept stream's generation was stopped when nobody came back to it. */
+export class Abandoned extends Error {
+  constructor(id: string) {
+    super(`stream ${id} was stopped: its client left and nobody resumed it within the grace`);
+  }
+}
+
 /**
  * One streamed response, kept so that a client can come back to it: every SSE event as it was
  * written (each starts with `id: <n>`), the clients following it, and its generation's own signal,
  * which outlives the original client by a grace (a network blip is not a cancel). Followers get
  * exactly the bytes the original connection got: the kept bytes after their resume point, then
- * the live rest, then the one end.
+ * the live rest, then the one end. In a fleet its lease copies it to the shared store, the only
+ * writer there; a lease lost to another frontend stops the generation here.
  */
-export class KeptStream {
+export class KeptStream implements StreamTap {
   private chunks: Buffer[] = [];
   private bytes = 0;
-  state: KeptState = 'live';
+  private state: KeptState = 'live';
   /** Past maxBytes: no longer kept, so no longer resumable; its followers still get it live. */
-  overflowed = false;
+  private overflowed = false;
   endedAt = 0;
   /** Each follower, and the event it waits for when it asked to resume after one not yet made (sent nothing until it passes). */
   private readonly followers = new Map<ClientStream, number | undefined>();
@@ -49,24 +64,40 @@ export class KeptStream {
   private background = false;
   private grace: NodeJS.Timeout | undefined;
   private unfollowed = 0;
-  /** Resolves once the generation is over (ended, failed, abandoned, cancelled). */
+  /** Resolves once the generation is over (ended, stopped, handed on). */
   readonly over: Promise<void>;
   private settle!: () => void;
 
   constructor(
     readonly id: string,
     private readonly hooks: KeptStreamHooks,
+    /** The tenant that made it (its API key's name): nobody else can resume it. */
+    readonly tenant: string,
+    /** Its copy in the fleet's shared store; none: this frontend's memory alone. */
+    readonly lease?: StreamLease | undefined,
   ) {
     this.over = new Promise((resolve) => (this.settle = resolve));
+    if (lease !== undefined) {
+      lease.snapshot = () => this.whole();
+      lease.lost.addEventListener('abort', () => this.cancel(lease.lost.reason), { once: true });
+    }
   }
 
-  /** The generation's signal: aborted by a cancel, at the end of a grace nobody used, or with the request's own cut (shutdown). */
+  get current(): KeptState {
+    return this.state;
+  }
+
+  /** The generation's signal: aborted by a cancel, at the end of a grace nobody used, with the request's own cut (shutdown), or when its lease is lost. */
   get signal(): AbortSignal {
     return this.controller.signal;
   }
 
   get keptBytes(): number {
     return this.bytes;
+  }
+
+  get followerCount(): number {
+    return this.followers.size;
   }
 
   /**
@@ -87,7 +118,7 @@ export class KeptStream {
     );
   }
 
-  /** A background response: nobody follows it from the start, and it runs to its end all the same. */
+  /** A background response (or a stream taken over): nobody follows it from the start, and it runs to its end all the same. */
   detach(): void {
     this.primary = false;
     this.background = true;
@@ -98,11 +129,16 @@ export class KeptStream {
     this.keep(payload);
   }
 
-  /** Bytes the original connection was sent (one or more whole events); followers get them too. */
-  append(payload: Buffer): void {
-    if (this.state !== 'live') return;
+  /**
+   * Bytes the original connection is about to be sent (one or more whole events); followers get
+   * them too. False when they must not go out: the lease is no longer this frontend's (the stream
+   * is stopped here; another frontend has it).
+   */
+  append(payload: Buffer): boolean {
+    if (this.state !== 'live') return false;
+    if (this.lease !== undefined && !this.lease.valid) return false;
     this.keep(payload);
-    this.hooks.mirror?.append(this.id, payload);
+    this.lease?.append(payload);
     if (!this.primary && this.followers.size === 0) this.unfollowed++;
     for (const [f, waiting] of this.followers) {
       if (waiting === undefined) this.sendTo(f, payload);
@@ -113,67 +149,81 @@ export class KeptStream {
         if (rest.length > 0) this.sendTo(f, rest);
       }
     }
+    return true;
   }
 
-  /** The stream's last bytes (its end event, or an error event): every follower's response ends with them. */
+  progress(lane: number, delivered: Delivered): void {
+    this.lease?.progress(lane, delivered);
+  }
+
+  laneDone(lane: number, done: LaneDone): void {
+    this.lease?.laneDone(lane, done);
+  }
+
+  /** The stream's last bytes, its end event: every follower's response ends with them. */
   end(payload: Buffer): void {
     if (this.state !== 'live') return;
     this.keep(payload);
-    this.hooks.mirror?.ended(this.id, payload);
-    this.state = 'ended';
-    // A follower still waiting for its event gets how the stream ended all the same (never a silent cut).
-    for (const [f, waiting] of this.followers) f.end(waiting === undefined ? payload : (eventsAfter(payload, waiting) ?? payload));
-    this.followers.clear();
+    this.set('ended');
+    void this.lease?.finish(payload, 'end');
+    this.endFollowers(payload);
     this.finish();
   }
 
-  /** Stops the generation (an explicit cancel, a shutdown cut); followers are ended by what the relay writes next. */
+  /**
+   * The generation stopped without its end (cancelled, abandoned at the end of its grace, failed):
+   * `error` (an error event in the stream's format) is its last event, for every follower here and
+   * at other frontends: never a silent cut.
+   */
+  stop(error: Buffer, abandoned = false): void {
+    if (this.state !== 'live') return;
+    this.keep(error);
+    this.set(abandoned ? 'abandoned' : 'stopped');
+    void this.lease?.finish(error, 'x');
+    this.endFollowers(error);
+    this.finish();
+  }
+
+  /** Stops the generation (an explicit cancel, a shutdown cut, a lost lease); the stream's end is written by whoever ran it. */
   cancel(reason: unknown): void {
     if (!this.controller.signal.aborted) this.controller.abort(reason);
   }
 
-  /** The generation stopped without an end written (its client left and the grace passed, or it was cancelled). */
-  stopped(): void {
-    if (this.state !== 'live') return;
-    this.hooks.mirror?.ended(this.id, undefined);
-    this.state = 'abandoned';
-    for (const f of this.followers.keys()) f.res.destroy();
-    this.followers.clear();
-    this.finish();
-  }
-
   /**
    * The frontend is going away with the stream unfinished: it lets go of it in the shared store
-   * (no end written, its owner mark dropped at once), so a peer takes it over on the client's
-   * resume. Returns the id of the last event kept: where the client resumes after.
+   * (no end written, its lease dropped at once), so a peer takes it over on the client's resume.
+   * Followers here get `event(last)` (the hand-on error saying where to resume). Resolves with the id
+   * of the last event kept (where a client resumes after), or undefined when it could not be handed on.
    */
-  handOn(): number | undefined {
-    if (this.state !== 'live' || this.hooks.mirror === undefined) return undefined;
-    this.state = 'handed_on';
-    this.hooks.mirror.release(this.id);
-    for (const f of this.followers.keys()) f.res.destroy();
-    this.followers.clear();
+  async handOn(event: (last: number) => Buffer): Promise<number | undefined> {
+    if (this.state !== 'live' || this.lease === undefined || this.overflowed) return undefined;
+    const last = lastEventId(this.whole());
+    // Lost: another frontend runs it already. Else let go of it, so one does.
+    if (this.lease.current !== 'lost' && !(await this.lease.release())) return undefined;
+    this.set('handed_on');
+    this.endFollowers(event(last ?? -1));
     this.finish();
-    const all = this.whole();
-    const at = all.lastIndexOf('\n\nid: ');
-    return eventId(all, at < 0 ? 0 : at + EVENT_END.length);
+    return last ?? -1;
   }
 
-  /** Whether a resume can be served: the stream is kept whole. */
+  /** Whether a resume can be served: the stream is kept whole, not abandoned, and was not handed on. */
   get resumable(): boolean {
-    return !this.overflowed && this.state !== 'abandoned';
+    return !this.overflowed && this.state !== 'handed_on' && this.state !== 'abandoned';
   }
 
   /**
    * A client resuming: the kept events after `from`, then (while live) every event as it comes,
-   * then the end. Its response's headers are the stream's; it may leave and come back again.
+   * then the end. Its response's headers are the stream's; it may leave and come back again. A
+   * point past the end of a stream that is over is refused (400): nothing would follow it.
    */
   follow(res: ServerResponse, from: ResumeFrom, headers: Record<string, string>): void {
-    const out = new ClientStream(res, this.hooks.writeTimeoutMs);
-    out.begin(200, headers);
     const all = this.whole();
     const replay = from === undefined || from < 0 ? all : eventsAfter(all, from);
-    if (this.state !== 'live') return out.end(replay ?? Buffer.alloc(0));
+    if (replay === undefined && this.state !== 'live')
+      throw new EbbError('invalid_request', `response ${this.id} has no event ${from}: it ended at event ${lastEventId(all) ?? 'none'}`, { param: 'starting_after' });
+    const out = new ClientStream(res, this.hooks.writeTimeoutMs);
+    out.begin(200, headers);
+    if (this.state !== 'live') return out.end(replay!);
     if (replay !== undefined && replay.length > 0) out.write(replay);
     // Its event is not made yet (a client ahead of a background response's start): it waits for it.
     this.followers.set(out, replay === undefined ? from : undefined);
@@ -184,9 +234,16 @@ export class KeptStream {
   }
 
   /** Every kept byte, in one buffer (kept so: the next resume does not copy again). */
-  private whole(): Buffer {
+  whole(): Buffer {
     if (this.chunks.length > 1) this.chunks = [Buffer.concat(this.chunks)];
     return this.chunks[0] ?? Buffer.alloc(0);
+  }
+
+  /** Frees what the store no longer needs (it forgets the stream). */
+  drop(): void {
+    this.hooks.onBytes(-this.bytes);
+    this.chunks = [];
+    this.bytes = 0;
   }
 
   private keep(payload: Buffer): void {
@@ -209,23 +266,33 @@ export class KeptStream {
     f.write(payload);
   }
 
-  /** Nobody follows a live stream: it runs on for the grace, then is cancelled (its work metered as wasted). */
+  /** Every follower's response ends with `payload` (a follower still waiting for its event gets it all the same). */
+  private endFollowers(payload: Buffer): void {
+    for (const [f, waiting] of this.followers) f.end(waiting === undefined ? payload : (eventsAfter(payload, waiting) ?? payload));
+    this.followers.clear();
+  }
+
+  /**
+   * Nobody follows a live stream here: it runs on for the grace, then is cancelled (its work
+   * metered as wasted), unless clients at other frontends follow it through the shared store.
+   */
   private maybeOrphaned(): void {
     if (this.state !== 'live' || this.primary || this.background || this.followers.size > 0) return;
     clearTimeout(this.grace);
-    const abandon = () => {
+    const abandon = async () => {
+      if (this.followers.size > 0 || this.state !== 'live') return;
+      if (this.lease !== undefined && (await this.lease.followedElsewhere())) return void (this.grace = setTimeout(abandon, Math.max(this.hooks.graceMs, 1_000)).unref());
+      if (this.followers.size > 0 || this.state !== 'live') return;
       this.hooks.onAbandoned(this.unfollowed);
-      this.cancel(new Error('client disconnected'));
+      this.cancel(new Abandoned(this.id));
     };
-    if (this.hooks.graceMs <= 0) return abandon();
+    if (this.hooks.graceMs <= 0 && this.lease === undefined) return void abandon();
     this.grace = setTimeout(abandon, this.hooks.graceMs).unref();
   }
 
-  /** Frees what the store no longer needs (it forgets the stream). */
-  drop(): void {
-    this.hooks.onBytes(-this.bytes);
-    this.chunks = [];
-    this.bytes = 0;
+  /** The one setter of the stream's state. */
+  private set(next: KeptState): void {
+    this.state = next;
   }
 
   private finish(): void {
@@ -248,6 +315,24 @@ export function eventsAfter(events: Buffer, from: number): Buffer | undefined {
     at = next + EVENT_END.length;
   }
   return undefined;
+}
+
+/** The id of the last event of `events` (where a client that has them all resumes after); undefined when none has one. */
+export function lastEventId(events: Buffer): number | undefined {
+  const at = events.lastIndexOf('\n\nid: ', events.length - EVENT_END.length - 1);
+  return eventId(events, at < 0 ? 0 : at + EVENT_END.length);
+}
+
+/** The highest event id of `events` (the next one is numbered after it); -1 when none has one. */
+export function maxEventId(events: Buffer): number {
+  let max = -1;
+  for (let at = 0; at < events.length; ) {
+    const next = events.indexOf(EVENT_END, at);
+    if (next < 0) break;
+    max = Math.max(max, eventId(events, at) ?? -1);
+    at = next + EVENT_END.length;
+  }
+  return max;
 }
 
 /** The id of the event that starts at `at` (its `id: <n>` line), or undefined when it has none. */

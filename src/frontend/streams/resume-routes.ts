@@ -5,7 +5,7 @@ import type { ResumeFrom } from './kept-stream.js';
 import type { StreamStore } from './stream-store.js';
 
 /** What a resumed stream's response carries, as the original did. */
-export const SSE_HEADERS: Record<string, string> = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' };
+export const SSE_HEADERS: Record<string, string> = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-resumable': '1' };
 
 /** `starting_after` (the API's) or `Last-Event-ID` (EventSource's): the last event the client has. */
 export function resumePoint(startingAfter: unknown, lastEventId: unknown): ResumeFrom {
@@ -21,6 +21,8 @@ export interface ResumeDeps {
   /** With --processes N: passes the request to the process that holds `id`, when another one does (undefined: served here). */
   toHolder?: ((id: string, req: FastifyRequest, reply: FastifyReply) => Promise<void> | undefined) | undefined;
   methods(url: string, allowed: Array<'GET' | 'POST'>): void;
+  /** Who asks (the API key's name; '' without keys): another tenant's stream is one never heard of. */
+  tenantOf(req: FastifyRequest): string;
 }
 
 /**
@@ -39,12 +41,12 @@ export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
         throw new EbbError('invalid_request', 'ebb keeps streams to resume them, not completions to retrieve: add ?stream=true (and starting_after)', { param: 'stream' });
       const passed = deps.toHolder?.(req.params.id, req, reply);
       if (passed !== undefined) return passed;
-      return resumeStream(deps.store, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
+      return resumeStream(deps.store, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, deps.tenantOf(req), req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
     });
   }
 }
 
 /** Follows kept stream `id` on `res` from the client's resume point; throws the 404 (or 400) when it cannot. */
-export function resumeStream(store: StreamStore, id: string, startingAfter: unknown, lastEventId: unknown, res: ServerResponse, hijack: () => void): Promise<void> {
-  return store.resume(id, res, resumePoint(startingAfter, lastEventId), SSE_HEADERS, hijack);
+export function resumeStream(store: StreamStore, id: string, tenant: string, startingAfter: unknown, lastEventId: unknown, res: ServerResponse, hijack: () => void): Promise<void> {
+  return store.resume(id, tenant, res, resumePoint(startingAfter, lastEventId), SSE_HEADERS, hijack);
 }

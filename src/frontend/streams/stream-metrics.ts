@@ -29,6 +29,23 @@ export function createStreamMetrics(registry: Registry, log: Logger): StreamStor
     registers: [registry],
   });
   const forgotten = new Counter({ name: 'ebb_frontend_streams_forgotten_total', help: 'Kept streams forgotten, by why (window, bytes, count)', labelNames: ['reason'], registers: [registry] });
+  let responses: { keptBytes: number; size: number } | undefined;
+  new Gauge({
+    name: 'ebb_frontend_responses_kept',
+    help: 'Responses API responses kept (live, and stored ones within --response-ttl-ms)',
+    registers: [registry],
+    collect() {
+      this.set(responses?.size ?? 0);
+    },
+  });
+  new Gauge({
+    name: 'ebb_frontend_response_store_bytes',
+    help: "Bytes of the kept responses' conversations and objects",
+    registers: [registry],
+    collect() {
+      this.set(responses?.keptBytes ?? 0);
+    },
+  });
   const up = new Gauge({ name: 'ebb_frontend_stream_store_up', help: 'Whether the shared stream store (Redis) can be reached (1 without one)', registers: [registry], aggregator: 'min' });
   up.set(1);
   for (const outcome of ['resumed', 'not_found', 'expired']) resumes.inc({ outcome }, 0);
@@ -36,6 +53,9 @@ export function createStreamMetrics(registry: Registry, log: Logger): StreamStor
   return {
     watch(s) {
       store = s;
+    },
+    watchResponses(r) {
+      responses = r;
     },
     abandoned(id, events) {
       abandoned.inc();

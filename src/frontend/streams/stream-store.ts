@@ -1,7 +1,7 @@
 import { EbbError } from '../../protocol/errors.js';
 import type { ServerResponse } from 'node:http';
 import { KeptStream, type ResumeFrom } from './kept-stream.js';
-import type { RedisMirror } from './redis-mirror.js';
+import type { SharedStreams, TakenStream } from './shared-streams.js';
 
 export interface StreamStoreOptions {
   /** How long an ended stream stays resumable (OpenAI keeps 5 minutes). */
@@ -17,8 +17,10 @@ export interface StreamStoreOptions {
   /** Kept streams at most (ended ones forgotten first, oldest first). */
   maxStreams: number;
   writeTimeoutMs: number;
-  /** redis://host:port: a store shared by a fleet of frontends (see RedisMirror); undefined: this process's memory alone. */
+  /** A store shared by a fleet of frontends (redis-store.ts names the URL forms); undefined: this process's memory alone. */
   redisUrl?: string | undefined;
+  /** The store's password (--stream-store-password-file, $EBB_STREAM_STORE_PASSWORD), kept out of the URL. */
+  redisPassword?: string | undefined;
 }
 
 export const STREAM_STORE_DEFAULTS: StreamStoreOptions = {
@@ -37,6 +39,8 @@ const EXPIRED_MEMORY = 50_000;
 export interface StreamStoreMetrics {
   /** What the store holds, read at each scrape (not told at each event: that is the hot path). */
   watch(store: { keptBytes: number; size: number }): void;
+  /** What the Responses API's records hold, likewise. */
+  watchResponses(records: { keptBytes: number; size: number }): void;
   abandoned(id: string, events: number): void;
   forgotten(reason: 'window' | 'bytes' | 'count'): void;
   resume(outcome: 'resumed' | 'not_found' | 'expired'): void;
@@ -60,13 +64,32 @@ export class StreamStore {
     readonly opts: StreamStoreOptions,
     private readonly metrics?: StreamStoreMetrics,
     /** A fleet's shared store: every kept stream is copied there, and resumes of streams kept elsewhere read it. */
-    readonly mirror?: RedisMirror | undefined,
+    readonly shared?: SharedStreams | undefined,
   ) {
     metrics?.watch(this);
   }
 
-  /** A new stream to keep, under `id` (a response id: chatcmpl-, cmpl-, resp_). */
-  open(id: string): KeptStream {
+  /**
+   * A new stream to keep, under `id` (a response id: chatcmpl-, cmpl-, resp_), for `tenant`; in a
+   * fleet copied to the shared store with `plan` (how another frontend would continue it).
+   */
+  open(id: string, tenant: string, plan: string): KeptStream {
+    const lease = this.shared?.healthy === true ? this.shared.open(id, plan, tenant) : undefined;
+    return this.keep(id, tenant, lease);
+  }
+
+  /**
+   * A stream taken over from a frontend that went away: kept here from now on, its earlier events
+   * (as the store had them) first; it runs to its end with nobody following here, as a background one.
+   */
+  adopt(taken: TakenStream): KeptStream {
+    const stream = this.keep(taken.id, taken.tenant, taken.lease);
+    stream.seed(taken.copy.events);
+    stream.detach();
+    return stream;
+  }
+
+  private keep(id: string, tenant: string, lease: KeptStream['lease']): KeptStream {
     const stream = new KeptStream(id, {
       maxBytes: this.opts.maxResponseBytes,
       graceMs: this.opts.graceMs,
@@ -80,40 +103,51 @@ export class StreamStore {
         this.sweepLater();
       },
       onAbandoned: (events) => this.metrics?.abandoned(id, events),
-      mirror: this.mirror,
-    });
-    this.mirror?.opened(id);
+    }, tenant, lease);
+    const before = this.streams.get(id);
+    if (before !== undefined) {
+      // Taken back over (this frontend had lost it): the new run replaces the old.
+      this.ended.delete(before);
+      before.drop();
+    }
     this.streams.set(id, stream);
     if (this.streams.size > this.opts.maxStreams) this.forgetOldest('count', () => this.streams.size > this.opts.maxStreams);
     return stream;
   }
 
-  /** The kept stream `id`, or the 404 saying why there is none. */
-  get(id: string): KeptStream {
+  /** The kept stream `id` of `tenant`, or the 404 saying why there is none (another tenant's is none). */
+  get(id: string, tenant: string): KeptStream {
     this.sweep();
     const stream = this.streams.get(id);
+    if (stream !== undefined && stream.tenant !== tenant) throw new EbbError('response_not_found', `no response ${id} is kept here`);
     if (stream !== undefined && stream.resumable) return stream;
-    if (stream !== undefined || this.expired.has(id))
+    if ((stream !== undefined && stream.current !== 'handed_on') || this.expired.has(id))
       throw new EbbError('response_expired', `response ${id} can no longer be streamed: it ended more than the resume window ago, was abandoned, or was larger than the store keeps`);
     throw new EbbError('response_not_found', `no response ${id} is kept here`);
+  }
+
+  /** The live stream `id`, if this frontend runs it (a cancel asked anywhere stops it here). */
+  running(id: string): KeptStream | undefined {
+    const stream = this.streams.get(id);
+    return stream?.current === 'live' && stream.lease?.current !== 'lost' ? stream : undefined;
   }
 
   /**
    * Follows kept stream `id` on `res` from `from`: here, or (a fleet) from the shared store when
    * another frontend runs it. Counts each resume once, by how it ended; throws its 404 or 503.
    */
-  async resume(id: string, res: ServerResponse, from: ResumeFrom, headers: Record<string, string>, hijack: () => void): Promise<void> {
+  async resume(id: string, tenant: string, res: ServerResponse, from: ResumeFrom, headers: Record<string, string>, hijack: () => void): Promise<void> {
     try {
       let kept: KeptStream;
       try {
-        kept = this.get(id);
+        kept = this.get(id, tenant);
       } catch (err) {
-        if (this.mirror === undefined || !(err instanceof EbbError) || err.code !== 'response_not_found') throw err;
-        await this.mirror.follow(id, res, from, headers, hijack);
+        if (this.shared === undefined || !(err instanceof EbbError) || err.code !== 'response_not_found') throw err;
+        await this.shared.follow(id, tenant, res, from, headers, hijack);
         return this.metrics?.resume('resumed');
       }
-      hijack();
       kept.follow(res, from, headers);
+      hijack();
       this.metrics?.resume('resumed');
     } catch (err) {
       if (err instanceof EbbError && (err.code === 'response_expired' || err.code === 'response_not_found')) this.metrics?.resume(err.code === 'response_expired' ? 'expired' : 'not_found');
@@ -122,40 +156,50 @@ export class StreamStore {
   }
 
   /**
-   * A stream taken over from a frontend that went away: kept here from now on, its earlier events
-   * (`seed`, as the store had them) first; it runs to its end with nobody following, as a background one.
+   * A stream that never started (its request failed before any byte): forgotten here, as if never
+   * kept; its copy in the fleet's store says it stopped (`error`), so nobody takes it over.
    */
-  adopt(id: string, seed: Buffer): KeptStream {
-    const stream = this.open(id);
-    stream.seed(seed);
-    stream.detach();
-    return stream;
-  }
-
-  /** A stream that never started (its request failed before any byte): forgotten, as if never kept. */
-  discard(stream: KeptStream): void {
+  discard(stream: KeptStream, error: string): void {
+    void stream.lease?.finish(Buffer.from(error), 'x');
     if (this.streams.get(stream.id) !== stream) return;
     this.streams.delete(stream.id);
     this.ended.delete(stream);
     stream.drop();
   }
 
+  /** Every live stream this frontend runs and copies to the fleet's store (a shutdown hands them on). */
+  liveShared(): KeptStream[] {
+    return [...this.streams.values()].filter((s) => s.current === 'live' && s.lease !== undefined);
+  }
+
   get size(): number {
     return this.streams.size;
+  }
+
+  watchResponses(records: { keptBytes: number; size: number }): void {
+    this.metrics?.watchResponses(records);
   }
 
   get keptBytes(): number {
     return this.bytes;
   }
 
-  /** Cancels every live generation (the frontend is closing): nothing runs on behind it. */
-  cancelAll(reason: unknown): void {
-    for (const s of this.streams.values()) if (s.state === 'live') s.cancel(reason);
+  /**
+   * Stops every live generation (the frontend is closing): nothing runs on behind it. `reason` says
+   * why (server_closing: those the fleet's store shares are handed on). Resolves once each has ended
+   * (bounded: a stream whose end cannot be written is not waited for).
+   */
+  async cancelAll(reason: unknown, boundMs = 2_000): Promise<void> {
+    const live = [...this.streams.values()].filter((s) => s.current === 'live');
+    for (const s of live) s.cancel(reason);
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([Promise.all(live.map((s) => s.over)), new Promise((resolve) => (timer = setTimeout(resolve, boundMs)))]);
+    clearTimeout(timer);
   }
 
   async close(): Promise<void> {
     clearTimeout(this.sweeper);
-    await this.mirror?.close();
+    await this.shared?.close();
   }
 
   private forget(stream: KeptStream, reason: 'window' | 'bytes' | 'count'): void {

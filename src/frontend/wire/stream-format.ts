@@ -25,6 +25,8 @@ export interface StreamFormat {
   /** Every choice ended: the usage of the whole response and the end marker. */
   end(usage: Usage): string;
   error(code: string, message: string): string;
+  /** A takeover: the events made from here on are numbered from `next` (the copy's last id + 1). */
+  continueFrom(next: number): void;
 }
 
 /** A kept (resumable) stream's event numbering: `id: <n>` before each SSE event, n from 0. */
@@ -38,6 +40,11 @@ export class EventIds {
 
   take(): number {
     return this.next++;
+  }
+
+  /** A takeover numbers on from the copy's events. */
+  restart(next: number): void {
+    this.next = next;
   }
 }
 

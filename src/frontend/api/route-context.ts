@@ -1,0 +1,45 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Logger } from 'pino';
+import type { GenerateBody } from '../../protocol/request-plane.js';
+import type { ServiceTier } from '../routing/admission-queue.js';
+import type { WorkerPool } from '../routing/worker-pool.js';
+import type { Relay } from '../relay/relay.js';
+import type { Shutdown } from '../shutdown.js';
+import type { StreamStore } from '../streams/stream-store.js';
+import type { FieldPolicy } from './field-policy.js';
+import type { ResponseStore } from './response-store.js';
+import type { Served } from './served-model.js';
+import type { Room, StreamOut } from './stream-out.js';
+import type { StreamPlan } from './stream-plan.js';
+
+/** What every generating route of the public API is given (createOpenAIServer makes it once). */
+export interface RouteContext {
+  app: FastifyInstance;
+  pool: WorkerPool;
+  relay: Relay;
+  out: StreamOut;
+  shutdown: Shutdown;
+  log: Logger;
+  /** Kept streams (resumes); none with --stream-store none. */
+  streams?: StreamStore | undefined;
+  /** The Responses API's records (background, retrieve, cancel, previous_response_id); none without kept streams. */
+  responses?: ResponseStore | undefined;
+  /** Declares the methods a URL answers (405 for the rest, OPTIONS with CORS). */
+  methods(url: string, allowed: Array<'GET' | 'POST'>): void;
+  /** A model somebody serves (or an adapter some worker can load), and fields the fleet can honour. */
+  admit(body: { model: string }, table: FieldPolicy): Served;
+  /** The queue's ticket on each generate body; the tier the answer says. */
+  ticket(gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest): ServiceTier;
+  /** Room for a request's sequences, held until its response is done (a kept stream: until its generation is). */
+  holdLanes(reply: FastifyReply, model: string, count: number, n: number): Room;
+  /** A fresh response id's random part (with --processes N, it names this process). */
+  newId(): string;
+  /** The request, passed to the process that holds `id` when another one does (undefined: served here). */
+  toHolder(id: string, req: FastifyRequest, reply: FastifyReply, body?: unknown): Promise<void> | undefined;
+  /** Who asks: the API key's name (--api-key-file); '' when the API has no keys. Kept responses are theirs alone. */
+  tenantOf(req: FastifyRequest): string;
+  /** Whether the request's stream is kept for resumption: its client says it will come back (x-ebb-resumable: 1), or the operator keeps all. */
+  keeps(req: FastifyRequest): boolean;
+  /** How a tool request's answers are parsed: the model's call syntax, and the key its call ids come from. */
+  toolParsing(gen: GenerateBody): NonNullable<StreamPlan['tools']>;
+}

@@ -1,0 +1,73 @@
+import type { GenerateBody } from '../../protocol/request-plane.js';
+import type { ToolCallSyntax } from '../../protocol/tools.js';
+import type { Resumed } from '../relay/lane.js';
+import { callIds } from '../wire/tool-call-parser.js';
+import { EventIds, type StreamFormat } from '../wire/stream-format.js';
+import type { Endpoint } from './openai-format.js';
+import { SseFormatter } from './openai-format.js';
+import { ResponseShell, ResponsesStream, type ResponseProgress, type ResponsesRequest } from './responses-format.js';
+import { ResponsesToolStream } from './responses-tools.js';
+import { ToolCallStream } from './tool-stream.js';
+
+/**
+ * Everything a streamed response's wire format is made from: the requests its workers get and what
+ * its events carry besides tokens (ids, creation time, tier, a Responses object's echo of its
+ * request, the tool-call syntax). A kept stream's plan is copied to the fleet's store, so another
+ * frontend builds the same format and continues it byte for byte (StreamPlan -> streamFormat).
+ */
+export interface StreamPlan {
+  endpoint: Endpoint | 'responses';
+  /** The response id (chatcmpl-, cmpl-, resp_). */
+  id: string;
+  gens: GenerateBody[];
+  /** Choices per prompt (usage counts a prompt once per n). */
+  n: number;
+  /** The model as the request named it (an adapter's name, say). */
+  model: string;
+  includeUsage: boolean;
+  created: number;
+  serviceTier: string;
+  logprobs: boolean;
+  /** With tools: the syntax the model's calls are parsed in, and the key call ids are made from. */
+  tools?: { syntax: ToolCallSyntax; key: string } | undefined;
+  responses?: { uuid: string; request: ResponsesRequest; messageId: string; createdAt: number } | undefined;
+}
+
+/** The key a request's tool call ids are derived from (the same at every frontend, so a takeover names calls alike). */
+export function toolKey(gen: GenerateBody): string {
+  return JSON.stringify([gen.model, gen.messages, gen.tools, gen.tool_choice, gen.seed ?? null]);
+}
+
+/** The Responses shell a plan describes (the same ids and creation time at every frontend). */
+export function planShell(plan: StreamPlan): ResponseShell {
+  const r = plan.responses!;
+  const shell = new ResponseShell(r.uuid, r.request, r);
+  shell.serviceTier = plan.serviceTier;
+  return shell;
+}
+
+/** A plan's wire format; `kept`: its events carry ids (a kept stream). */
+export function streamFormat(plan: StreamPlan, kept: boolean, shell?: ResponseShell): StreamFormat & Partial<ResponseProgress> {
+  const tools = plan.tools;
+  if (plan.endpoint === 'responses') {
+    const s = shell ?? planShell(plan);
+    return tools === undefined ? new ResponsesStream(s, kept) : new ResponsesToolStream(s, tools.syntax, callIds(tools.key, 0), kept);
+  }
+  const sse = new SseFormatter(plan.endpoint, plan.id, plan.model, plan.gens.length, plan.includeUsage, plan.logprobs, kept ? new EventIds() : undefined, plan.created, plan.serviceTier);
+  return tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, (lane) => callIds(tools.key, lane), plan.gens.length);
+}
+
+/**
+ * A taken-over stream's format, standing where the copy left it: its opening and each sequence's
+ * delivered text fed through it (the output thrown away: the copy has it), so a tool-call parser
+ * holds what it held and a Responses object has what it had; its next event numbered after the copy's last.
+ */
+export function replayedFormat(plan: StreamPlan, resumed: readonly Resumed[], maxId: number): StreamFormat & Partial<ResponseProgress> {
+  const fmt = streamFormat(plan, true);
+  fmt.opening();
+  resumed.forEach((r, lane) => {
+    if (r.text !== '') fmt.token(lane, r.text);
+  });
+  fmt.continueFrom(maxId + 1);
+  return fmt;
+}

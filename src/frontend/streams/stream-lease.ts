@@ -1,0 +1,272 @@
+import type { Logger } from 'pino';
+import type { LaneDone, Resumed } from '../relay/lane.js';
+import type { Delivered } from '../relay/migration.js';
+import { ProgressMarks } from './stream-progress.js';
+import { streamKeys, type StepAnswer } from './shared-protocol.js';
+
+type Keys = ReturnType<typeof streamKeys>;
+
+/** The atomic steps a lease takes in the store (SharedStreams runs them), and the batch timer it is flushed by. */
+export interface SharedSteps {
+  readonly healthy: boolean;
+  /** Flushes `lease` with the next batch (within the batch window). */
+  schedule(lease: StreamLease): void;
+  append(k: Keys, token: string, bounds: LeaseBounds, batch: number, events: Buffer, progress: string): Promise<StepAnswer>;
+  renew(k: Keys, token: string, bounds: LeaseBounds): Promise<StepAnswer>;
+  finish(k: Keys, token: string, bounds: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string): Promise<StepAnswer>;
+  release(k: Keys, token: string): Promise<StepAnswer>;
+  rewrite(k: Keys, token: string, bounds: LeaseBounds, plan: string, tenant: string, events: Buffer, progress: string, last: '' | 'end' | 'x'): Promise<StepAnswer>;
+  followed(k: Keys): Promise<boolean>;
+}
+
+/**
+ * Where a writer's hold on a shared stream stands:
+ * - held: its batches are copied (the fence checked at each);
+ * - rewrite: a batch was lost (or refused): the next flush rewrites the whole copy from memory;
+ * - overflow: the copy outgrew its bound: nothing more is copied (nor can it be taken over);
+ * - lost: another frontend took the stream over (this one paused past its lease): it writes nothing more;
+ * - released: handed on (this frontend is going away); finished: ended or stopped, for good.
+ */
+export type LeaseState = 'held' | 'rewrite' | 'overflow' | 'lost' | 'released' | 'finished';
+
+/** Why a generation stopped: its frontend no longer holds its stream (another one took it over). */
+export class LeaseLost extends Error {
+  constructor(id: string) {
+    super(`stream ${id} was taken over by another frontend (this one lost its lease): resume it there`);
+  }
+}
+
+/** The bounds a lease works within (SharedStreams' options). */
+export interface LeaseBounds {
+  leaseMs: number;
+  /** How long a live stream's keys live without a renewal (a crashed frontend's go after this). */
+  liveTtlMs: number;
+  /** How long an ended stream's copy is kept (the resume window). */
+  windowMs: number;
+  maxBytes: number;
+}
+
+/** How long after a failed rewrite the next is tried (a store refusing writes is not asked 100 times a second). */
+const REWRITE_BACKOFF_MS = 1_000;
+
+/**
+ * One frontend's hold on one shared stream: the only writer of its copy in Redis. Every batch,
+ * renewal, end and hand-on is one atomic step that checks the fence (the holder token taken with
+ * the stream), so a writer that lost its lease writes nothing more; `lost` tells its generation to
+ * stop (it releases its worker at once). Batches are numbered, so a lost one is noticed and the
+ * whole copy rewritten from the writer's memory: a copy is whole or marked as not.
+ */
+export class StreamLease {
+  private state: LeaseState = 'held';
+  private readonly pending: Buffer[] = [];
+  private readonly marks: ProgressMarks;
+  private batch: number;
+  /** Bumped at each rewrite: answers to steps sent before it are stale. */
+  private epoch = 0;
+  private nextRewriteAt = 0;
+  /** When the last step the store confirmed was sent: the local lease runs from there. */
+  private confirmedAt = performance.now();
+  private readonly controller = new AbortController();
+  /** The stream's whole events, as its writer keeps them (for a rewrite). */
+  snapshot: () => Buffer = () => Buffer.alloc(0);
+  /** Resolves once the store has the new stream (a background response is announced only then). */
+  opened: Promise<void> = Promise.resolve();
+  /** Told once the lease is over (finished, released or lost): nothing renews it any more. */
+  onOver: () => void = () => undefined;
+
+  constructor(
+    readonly id: string,
+    private readonly token: string,
+    private readonly steps: SharedSteps,
+    private readonly bounds: LeaseBounds,
+    private readonly plan: string,
+    private readonly tenant: string,
+    private readonly log: Logger,
+    /** A takeover: where the copy stood (its next batch, each sequence). */
+    from?: { batch: number; resumed: readonly Resumed[] },
+  ) {
+    this.batch = from?.batch ?? 0;
+    this.marks = new ProgressMarks(from?.resumed);
+  }
+
+  /** Aborted (with LeaseLost) once another frontend holds the stream. */
+  get lost(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  get current(): LeaseState {
+    return this.state;
+  }
+
+  /** Whether the stream can still be written to clients here: not lost, and (the store answering) confirmed within the lease. */
+  get valid(): boolean {
+    if (this.state === 'lost') return false;
+    if (this.state !== 'held' || !this.steps.healthy) return true;
+    // Paused past the lease (GC, throttling, SIGSTOP): another frontend may hold the stream now. Fail closed.
+    if (performance.now() - this.confirmedAt > this.bounds.leaseMs) {
+      this.lose('unconfirmed');
+      return false;
+    }
+    return true;
+  }
+
+  append(payload: Buffer): void {
+    if (this.state === 'held' || this.state === 'rewrite') {
+      this.pending.push(payload);
+      this.steps.schedule(this);
+    }
+  }
+
+  progress(lane: number, delivered: Delivered): void {
+    this.marks.mark(lane, delivered);
+  }
+
+  laneDone(lane: number, done: LaneDone): void {
+    this.marks.finished(lane, done);
+  }
+
+  /** The batch written since the last flush, copied now (called by SharedSteps' batch timer). */
+  flush(): void {
+    if (this.state === 'rewrite') return this.rewrite('');
+    if (this.state !== 'held' || this.pending.length === 0) return;
+    const events = this.takePending();
+    const epoch = this.epoch;
+    const sentAt = performance.now();
+    const k = streamKeys(this.id);
+    this.steps
+      .append(k, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
+      .then(
+        (answer) => this.answered(answer, epoch, sentAt),
+        () => this.failed(epoch),
+      );
+  }
+
+  /** Keeps the lease and the copy alive (SharedSteps' renewal timer). */
+  renew(): void {
+    if (this.state !== 'held' && this.state !== 'overflow') return;
+    const epoch = this.epoch;
+    const sentAt = performance.now();
+    this.steps.renew(streamKeys(this.id), this.token, this.bounds).then(
+      (answer) => this.answered(answer, epoch, sentAt),
+      () => undefined,
+    );
+  }
+
+  /**
+   * The stream's last events (its end, or `kind` x: the error it stopped with), after what is
+   * pending; kept for the resume window. Resolves once the store has it (never rejects). The
+   * snapshot already holds `payload`.
+   */
+  async finish(payload: Buffer, kind: 'end' | 'x'): Promise<void> {
+    const from = this.state;
+    if (from !== 'held' && from !== 'rewrite' && from !== 'overflow') return;
+    if (from === 'held') this.flush();
+    this.pending.length = 0;
+    this.set('finished', kind === 'end' ? 'ended' : 'stopped');
+    try {
+      if (from === 'rewrite') return void (await this.rewriteNow(kind));
+      const epoch = this.epoch;
+      const answer = await this.steps.finish(streamKeys(this.id), this.token, this.bounds, this.batch++, kind, payload, this.marks.takeDelta());
+      if (answer === 'resync' && epoch === this.epoch) await this.rewriteNow(kind);
+    } catch {
+      // The store is away: the copy ends unfinished there (its keys expire with the live TTL).
+    }
+  }
+
+  /**
+   * Lets go of the stream (its frontend is going away): another frontend takes it over at once.
+   * Resolves once the store has it (never rejects); false when it could not be handed on.
+   */
+  async release(): Promise<boolean> {
+    const from = this.state;
+    if (from !== 'held' && from !== 'rewrite') return false;
+    if (from === 'held') this.flush();
+    this.pending.length = 0;
+    this.set('released', 'handed on');
+    try {
+      if (from === 'rewrite' && !(await this.rewriteNow(''))) return false;
+      return (await this.steps.release(streamKeys(this.id), this.token)) === 'ok';
+    } catch {
+      return false;
+    }
+  }
+
+  /** Clients at other frontends follow the stream now (their frontends say so while they do). */
+  followedElsewhere(): Promise<boolean> {
+    return this.steps.followed(streamKeys(this.id)).catch(() => false);
+  }
+
+  private takePending(): Buffer {
+    const events = this.pending.length === 1 ? this.pending[0]! : Buffer.concat(this.pending);
+    this.pending.length = 0;
+    return events;
+  }
+
+  private answered(answer: StepAnswer, epoch: number, sentAt: number): void {
+    if (epoch !== this.epoch) return;
+    if (answer === 'ok') {
+      if (sentAt > this.confirmedAt) this.confirmedAt = sentAt;
+      return;
+    }
+    if (answer === 'lost') return this.lose('taken');
+    if (answer === 'resync') {
+      if (this.state === 'held') this.set('rewrite', 'a batch did not reach the store');
+      return;
+    }
+    if (answer === 'overflow' && this.state === 'held') this.set('overflow', `the copy passed ${this.bounds.maxBytes} bytes`);
+  }
+
+  private failed(epoch: number): void {
+    if (epoch === this.epoch && this.state === 'held') this.set('rewrite', 'a batch failed');
+  }
+
+  private rewrite(last: '' | 'end' | 'x'): void {
+    if (performance.now() < this.nextRewriteAt) return;
+    void this.rewriteNow(last);
+  }
+
+  /** The whole copy again, from this writer's memory; true once the store has it. */
+  private async rewriteNow(last: '' | 'end' | 'x'): Promise<boolean> {
+    this.epoch++;
+    this.pending.length = 0;
+    const epoch = this.epoch;
+    const sentAt = performance.now();
+    this.nextRewriteAt = sentAt + REWRITE_BACKOFF_MS;
+    try {
+      const answer = await this.steps.rewrite(streamKeys(this.id), this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last);
+      if (epoch !== this.epoch) return false;
+      if (answer === 'lost') {
+        this.lose('taken');
+        return false;
+      }
+      this.batch = 1;
+      if (answer === 'overflow') {
+        if (this.state === 'rewrite') this.set('overflow', `the copy passed ${this.bounds.maxBytes} bytes`);
+        return false;
+      }
+      if (sentAt > this.confirmedAt) this.confirmedAt = sentAt;
+      if (this.state === 'rewrite') this.set('held', 'the copy was rewritten whole');
+      else if (this.state === 'finished') this.log.info({ event: 'stream_lease', response_id: this.id, to: 'finished', why: 'rewritten whole at its end' }, `stream ${this.id}'s copy was rewritten whole at its end`);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  private lose(why: 'taken' | 'unconfirmed'): void {
+    if (this.state === 'lost' || this.state === 'finished' || this.state === 'released') return;
+    this.set('lost', why === 'taken' ? 'another frontend holds it' : `unconfirmed for ${this.bounds.leaseMs} ms (this process paused?)`);
+    // Not taken yet (only unconfirmed): handed on, so a follower takes it over now rather than at the lease's end.
+    if (why === 'unconfirmed') this.steps.release(streamKeys(this.id), this.token).catch(() => undefined);
+    this.controller.abort(new LeaseLost(this.id));
+  }
+
+  /** The one setter: every change logged at debug, the losses and mends at info. */
+  private set(next: LeaseState, why: string): void {
+    const from = this.state;
+    this.state = next;
+    if (next === 'finished' || next === 'released' || next === 'lost') this.onOver();
+    if (next === 'held' || next === 'rewrite' || next === 'lost' || next === 'overflow')
+      this.log.info({ event: 'stream_lease', response_id: this.id, from, to: next, why }, `stream ${this.id}'s copy: ${from} -> ${next} (${why})`);
+  }
+}
