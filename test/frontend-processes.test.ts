@@ -273,7 +273,8 @@ describe('frontend: --processes 2 keeps streams resumable whichever process a re
   it('a resume, a retrieve and a next turn reaching the other process are passed to the one that holds the stream', async () => {
     const discovery = tempDiscoveryUrl();
     started.push(await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0']));
-    const frontend = await startFrontend(discovery, ['--processes', '2']);
+    // Every stream kept (no client here says x-ebb-resumable): the flag's job.
+    const frontend = await startFrontend(discovery, ['--processes', '2', '--keep-streams', 'all']);
     started.push(frontend);
     await Promise.all([0, 1].map((slot) => frontend.waitForLog((l) => l.event === 'frontend_process_ready' && l.slot === slot, `process ${slot} ready`)));
     await frontend.waitForLog((l) => l.event === 'worker_added' || (l.event === 'discovery_reset' && (l.workers as string[]).length === 1), 'the worker seen');

@@ -11,9 +11,15 @@ import { skipWithout } from './required-tool.js';
 
 export interface RedisServer {
   url: string;
+  port: number;
   /** SIGKILL: the store gone at once (a crash, a network cut). */
   kill(): Promise<void>;
   stop(): Promise<void>;
+  /** A crash and a restart on the same port: everything it held is gone. */
+  restart(): Promise<void>;
+  /** SIGSTOP / SIGCONT: a Redis that answers nothing (frozen), then answers again. */
+  freeze(): void;
+  thaw(): void;
 }
 
 export function redisSkipReason(): string | undefined {
@@ -26,24 +32,41 @@ export function redisSkipReason(): string | undefined {
   return skipWithout(available, 'redis-server not installed: Redis stream-store tests SKIPPED; install redis-server');
 }
 
-export async function startRedis(): Promise<RedisServer> {
-  const port = await freePort();
-  const proc: ChildProcess = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let output = '';
-  const ready = new Promise<void>((resolve, reject) => {
-    proc.stdout!.on('data', (d: Buffer) => {
-      output += d.toString();
-      if (output.includes('Ready to accept connections')) resolve();
-    });
-    proc.once('exit', (code) => reject(new Error(`redis-server exited (${code}) before it was ready: ${output}`)));
-  });
-  await bounded(ready, `redis-server on port ${port} to be ready`);
-  const exited = once(proc, 'exit');
+/** redis-server on a free port (or `port`), its own extra arguments appended (a replica's, a password). */
+export async function startRedis(args: string[] = [], port?: number): Promise<RedisServer> {
+  const p = port ?? (await freePort());
+  let proc = await spawnRedis(p, args);
   const kill = async () => {
     if (proc.exitCode === null && proc.signalCode === null) {
+      const exited = once(proc, 'exit');
       proc.kill('SIGKILL');
       await exited;
     }
   };
-  return { url: `redis://127.0.0.1:${port}`, kill, stop: kill };
+  return {
+    url: `redis://127.0.0.1:${p}`,
+    port: p,
+    kill,
+    stop: kill,
+    restart: async () => {
+      await kill();
+      proc = await spawnRedis(p, args);
+    },
+    freeze: () => void proc.kill('SIGSTOP'),
+    thaw: () => void proc.kill('SIGCONT'),
+  };
+}
+
+export async function spawnRedis(port: number, args: string[], binary = 'redis-server', readyLine = 'Ready to accept connections'): Promise<ChildProcess> {
+  const proc: ChildProcess = spawn(binary, [...(binary === 'redis-server' ? ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'] : []), ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  const ready = new Promise<void>((resolve, reject) => {
+    proc.stdout!.on('data', (d: Buffer) => {
+      output += d.toString();
+      if (output.includes(readyLine)) resolve();
+    });
+    proc.once('exit', (code) => reject(new Error(`${binary} exited (${code}) before it was ready: ${output}`)));
+  });
+  await bounded(ready, `${binary} on port ${port} to be ready`);
+  return proc;
 }

@@ -29,7 +29,8 @@ export function resumePath(plan: Pick<StreamPlan, 'endpoint' | 'id'>): string {
 export function handOnEvent(plan: Pick<StreamPlan, 'endpoint' | 'id'>, last: number): string {
   const resume = { response_id: plan.id, last_event_id: last, url: `${resumePath(plan)}?stream=true&starting_after=${last}` };
   const message = `this frontend let go of the stream: resume it after event ${last} (GET ${resume.url}, or with Last-Event-ID: ${last}) at any frontend of the fleet`;
-  if (plan.endpoint === 'responses') return `event: error\ndata: ${JSON.stringify({ type: 'error', ...errorEventBody('stream_interrupted', message, { resume }) })}\n\n`;
+  // A Responses event carries a sequence number: the resume point's (the last the client has), so a reader skips nothing.
+  if (plan.endpoint === 'responses') return `event: error\ndata: ${JSON.stringify({ type: 'error', sequence_number: last, ...errorEventBody('stream_interrupted', message, { resume }) })}\n\n`;
   return `data: ${JSON.stringify({ error: { message, type: 'server_error', param: null, code: 'stream_interrupted', resume } })}\n\n`;
 }
 

@@ -17,7 +17,8 @@ export interface StreamTap {
   progress?(lane: number, delivered: Delivered): void;
   /** Sequence `lane` finished (its finish event waits for the response's end). */
   laneDone?(lane: number, done: LaneDone): void;
-  end(payload: Buffer): void;
+  /** The last bytes; false, as for append: they must not go out (the response stays open for what its owner writes instead). */
+  end(payload: Buffer): boolean;
 }
 
 /** How long a streaming client may leave its socket full (reading nothing) before it is disconnected. */
@@ -116,7 +117,7 @@ export class ClientStream {
 
   /** Ends the response; ServerResponse.end also fully uncorks the socket. */
   end(text: string | Buffer): void {
-    this.tap?.end(typeof text === 'string' ? Buffer.from(text) : text);
+    if (this.tap !== undefined && !this.tap.end(typeof text === 'string' ? Buffer.from(text) : text)) return this.uncork();
     this.res.end(text);
   }
 }

@@ -80,18 +80,14 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
       // within this turn, and the whole response leaves in one system call instead of two.
       if (!lanes.every((lane) => lane.answered)) out.uncork();
       const running = new Map(lanes.map((lane) => [lane.index, lane]));
-      const ends = await Promise.all(
-        gens.map(async (_, index) => {
-          const lane = running.get(index);
-          // A sequence another frontend saw finish (a takeover): its finish waits for the end, as it did there.
-          const done = lane === undefined ? resumed![index]!.done! : await runLane(lane);
-          return { tail: fmt.finished(index, done.finishReason), usage: done.usage };
-        }),
-      );
-      const usages = ends.map((e) => e.usage);
+      // A sequence another frontend saw finish (a takeover): its finish waits for the end, as it did there.
+      const ends = await Promise.all(gens.map((_, index) => (running.has(index) ? runLane(running.get(index)!) : resumed![index]!.done!)));
+      // Stopped as it finished (its client left, a kept stream's cut or lost lease): whoever stopped it writes its end.
+      if (signal.aborted) return;
       out.cork();
       for (const lane of lanes) lane.flush();
-      out.end(ends.map((e) => e.tail).join('') + fmt.end(sumLanes(usages, n)));
+      // The finishes in choice order, made now: event ids rise along the stream (a resuming client relies on it).
+      out.end(ends.map((done, index) => fmt.finished(index, done.finishReason)).join('') + fmt.end(sumLanes(ends.map((e) => e.usage), n)));
     } catch (err) {
       if (!signal.aborted) fail(out, lanes, err, fmt);
     } finally {

@@ -160,14 +160,16 @@ export class KeptStream implements StreamTap {
     this.lease?.laneDone(lane, done);
   }
 
-  /** The stream's last bytes, its end event: every follower's response ends with them. */
-  end(payload: Buffer): void {
-    if (this.state !== 'live') return;
+  /** The stream's last bytes, its end event: every follower's response ends with them. False as for append. */
+  end(payload: Buffer): boolean {
+    if (this.state !== 'live') return false;
+    if (this.lease !== undefined && !this.lease.valid) return false;
     this.keep(payload);
     this.set('ended');
     void this.lease?.finish(payload, 'end');
     this.endFollowers(payload);
     this.finish();
+    return true;
   }
 
   /**

@@ -19,6 +19,8 @@ const LEASE_MS = 5_000;
 const BATCH_MS = 10;
 /** A remote follower's wait per read; between reads it checks that the stream's writer is still there. */
 const BLOCK_MS = 2_000;
+/** How long a follower reads on through a store that does not answer (a restart, a failover) before it gives up, saying so. */
+const FOLLOW_OUTAGE_MS = 15_000;
 /** Entries per read of a copy (XRANGE pages: a copy is read in bounded steps). */
 const PAGE = 256;
 
@@ -253,7 +255,7 @@ export class SharedStreams implements SharedSteps {
     const replica = new KeptStream(id, { maxBytes: this.opts.maxResponseBytes, graceMs: 0, writeTimeoutMs: this.opts.writeTimeoutMs, onBytes: () => undefined, onOver: () => this.replicas.delete(id), onAbandoned: () => undefined }, tenant);
     replica.detach();
     replica.seed(copy.events);
-    if (copy.last === 'ended') replica.end(Buffer.alloc(0));
+    if (copy.last === 'ended') void replica.end(Buffer.alloc(0));
     else if (copy.last === 'stopped') replica.stop(Buffer.alloc(0));
     else {
       this.replicas.set(id, replica);
@@ -272,52 +274,73 @@ export class SharedStreams implements SharedSteps {
     // Whether the writer may be gone: checked first, then whenever a read waited its whole block or a hand-on came.
     let check = true;
     let handedOn = copy.handedOn;
+    /** Since when reads fail, or the copy is missing (Redis away, restarted): followed on for a while, as its writer mends the copy. */
+    let failingSince: number | undefined;
+    let missingSince: number | undefined;
+    let beatAt = 0;
     const stop = (message: string) => replica.stop(Buffer.from(gone(id, message)));
     try {
       for (;;) {
         if (replica.current !== 'live') return;
-        if (check) {
-          check = false;
-          // Nobody here follows it any more (for two blocks): this copy is let go; a later resume makes another.
-          idle = replica.followerCount === 0 ? idle + 1 : 0;
-          if (idle > 2) return replica.stop(Buffer.alloc(0));
-          // Its writer, wherever it is, keeps the stream going while clients follow it here.
-          if (replica.followerCount > 0) reader.set(k.followed, '1', 'PX', 3 * BLOCK_MS).catch(() => undefined);
-          if (handedOn || (await reader.exists(k.lease)) === 0) {
-            // No writer: take it over here (or another frontend does). An end already copied is read next.
-            const answer = await this.takeOver(id);
-            if (answer === 'none' || answer === 'overflow') return stop(answer === 'none' ? 'its copy expired' : 'its copy was larger than the store keeps');
-            handedOn = false;
+        try {
+          // Its writer, wherever it is, keeps the stream going while clients follow it here (it looks before abandoning it).
+          if (replica.followerCount > 0 && performance.now() - beatAt > BLOCK_MS / 2) {
+            beatAt = performance.now();
+            reader.set(k.followed, '1', 'PX', 3 * BLOCK_MS).catch(() => undefined);
           }
-        }
-        const got = await reader.xreadBuffer('BLOCK', BLOCK_MS, 'STREAMS', k.events, cursor);
-        if (got === null) check = true;
-        for (const [, entries] of got ?? []) {
-          for (const [entryId, fields] of entries) {
-            cursor = entryId.toString();
-            const e = parseEntry(fields);
-            if (e.rewrite) {
-              // The whole copy again (its writer mended a loss): what this replica lacks of it, if it is the same stream.
-              const have = replica.whole();
-              if (e.events === undefined || e.events.length < have.length || e.events.compare(have, 0, have.length, 0, have.length) !== 0) return stop('its copy changed under this frontend');
-              expected = 0;
-              e.events = e.events.subarray(have.length);
+          if (check) {
+            // Nobody here follows it any more (for two blocks): this copy is let go; a later resume makes another.
+            idle = replica.followerCount === 0 ? idle + 1 : 0;
+            if (idle > 2) return replica.stop(Buffer.alloc(0));
+            if (handedOn || (await reader.exists(k.lease)) === 0) {
+              // No writer: take it over here (or another frontend does). An end already copied is read next.
+              const answer = await this.takeOver(id);
+              if (answer === 'overflow') return stop('its copy was larger than the store keeps');
+              // No copy at all: expired, or the store restarted empty and its writer is about to rewrite it.
+              if (answer === 'none') {
+                missingSince ??= Date.now();
+                if (Date.now() - missingSince > FOLLOW_OUTAGE_MS) return stop('its copy expired');
+              } else missingSince = undefined;
+              handedOn = false;
             }
-            if (e.marker === 'handed_on') handedOn = check = true;
-            if (e.marker === 'overflow') return stop('its copy grew larger than the store keeps');
-            if (e.batch === undefined) continue;
-            if (e.batch !== expected) return stop('its copy is missing events');
-            expected = e.batch + 1;
-            if (e.last === 'ended') return replica.end(e.events ?? Buffer.alloc(0));
-            if (e.last === 'stopped') return replica.stop(e.events ?? Buffer.from(gone(id, 'it was stopped')));
-            if (e.events !== undefined && e.events.length > 0) replica.append(e.events);
+            check = false;
           }
+          const got = await reader.xreadBuffer('BLOCK', BLOCK_MS, 'STREAMS', k.events, cursor);
+          failingSince = undefined;
+          if (got === null) check = true;
+          for (const [, entries] of got ?? []) {
+            for (const [entryId, fields] of entries) {
+              cursor = entryId.toString();
+              const e = parseEntry(fields);
+              if (e.rewrite) {
+                // The whole copy again (its writer mended a loss): what this replica lacks of it, if it is the same stream.
+                const have = replica.whole();
+                if (e.events === undefined || e.events.length < have.length || e.events.compare(have, 0, have.length, 0, have.length) !== 0) return stop('its copy changed under this frontend');
+                expected = 0;
+                e.events = e.events.subarray(have.length);
+              }
+              if (e.marker === 'handed_on') handedOn = check = true;
+              if (e.marker === 'overflow') return stop('its copy grew larger than the store keeps');
+              if (e.batch === undefined) continue;
+              if (e.batch !== expected) return stop('its copy is missing events');
+              expected = e.batch + 1;
+              if (e.last === 'ended') return void replica.end(e.events ?? Buffer.alloc(0));
+              if (e.last === 'stopped') return replica.stop(e.events ?? Buffer.from(gone(id, 'it was stopped')));
+              if (e.events !== undefined && e.events.length > 0) replica.append(e.events);
+            }
+          }
+        } catch (err) {
+          if (this.closing) return replica.stop(Buffer.from(gone(id, 'this frontend is closing')));
+          // Redis away (restarting, failing over): read on once it answers; its writer rewrites what it lost.
+          failingSince ??= Date.now();
+          if (Date.now() - failingSince > FOLLOW_OUTAGE_MS) {
+            this.opts.log.warn({ event: 'stream_store_follow_failed', response_id: id, err: (err as Error).message }, `following ${id} in the stream store failed: ${(err as Error).message}`);
+            return stop(`the stream store could not be read for ${FOLLOW_OUTAGE_MS / 1000} s: ${(err as Error).message}`);
+          }
+          check = true;
+          await new Promise((resolve) => setTimeout(resolve, 250));
         }
       }
-    } catch (err) {
-      if (this.closing) return replica.stop(Buffer.from(gone(id, 'this frontend is closing')));
-      this.opts.log.warn({ event: 'stream_store_follow_failed', response_id: id, err: (err as Error).message }, `following ${id} in the stream store failed: ${(err as Error).message}`);
-      stop(`following it failed: ${(err as Error).message}`);
     } finally {
       this.replicas.delete(id);
       reader.disconnect();

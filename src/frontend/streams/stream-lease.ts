@@ -137,7 +137,7 @@ export class StreamLease {
       .append(k, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
       .then(
         (answer) => this.answered(answer, epoch, sentAt),
-        () => this.failed(epoch),
+        (err: unknown) => this.failed(err, epoch, sentAt),
       );
   }
 
@@ -148,7 +148,7 @@ export class StreamLease {
     const sentAt = performance.now();
     this.steps.renew(streamKeys(this.id), this.token, this.bounds).then(
       (answer) => this.answered(answer, epoch, sentAt),
-      () => undefined,
+      (err: unknown) => this.refused(err, sentAt),
     );
   }
 
@@ -216,8 +216,18 @@ export class StreamLease {
     if (answer === 'overflow' && this.state === 'held') this.set('overflow', `the copy passed ${this.bounds.maxBytes} bytes`);
   }
 
-  private failed(epoch: number): void {
-    if (epoch === this.epoch && this.state === 'held') this.set('rewrite', 'a batch failed');
+  private failed(err: unknown, epoch: number, sentAt: number): void {
+    this.refused(err, sentAt);
+    if (epoch === this.epoch && this.state === 'held') this.set('rewrite', `a batch failed: ${(err as Error).message}`);
+  }
+
+  /**
+   * A step Redis answered with an error (maxmemory, a read-only replica): the store is there and
+   * refuses every write, another frontend's takeover too, so the lease still stands here. Only
+   * silence (a pause, a partition) leaves it unconfirmed.
+   */
+  private refused(err: unknown, sentAt: number): void {
+    if ((err as Error | undefined)?.name === 'ReplyError' && sentAt > this.confirmedAt) this.confirmedAt = sentAt;
   }
 
   private rewrite(last: '' | 'end' | 'x'): void {
