@@ -160,6 +160,66 @@ describe('resumable streams: one frontend, kept in memory', () => {
   });
 });
 
+describe('which streams are kept: those whose client will resume them', () => {
+  it('a plain stream (no x-ebb-resumable) costs nothing extra: no event ids, not resumable, and its client leaving frees its worker at once', async () => {
+    const cut = new AbortController();
+    const res = await fetch(`${frontend.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(chat(100_000, 31)), signal: cut.signal });
+    assert.equal(res.headers.get('x-ebb-resumable'), null, 'not said to be resumable');
+    const servedBy = workers.find((w) => w.workerId === res.headers.get('x-ebb-worker-id'))!;
+    const mark = frontend.mark();
+    const first = await readEvents(res, cut, (e) => e.raw.includes('"content":"') && !e.raw.includes('"role"'));
+    assert.ok(first.every((e) => e.id === undefined), 'no event carries an id');
+    // No grace: the worker's slot is freed once the client is gone (well before the 15 s resume grace).
+    await workerIdle(servedBy);
+    assert.ok(!frontend.logs.slice(mark).some((l) => l.event === 'stream_abandoned'), 'not kept, so never abandoned after a grace');
+    const resume = await call('GET', `${frontend.url}/v1/chat/completions/${idOf(first)}?stream=true`);
+    assert.equal(resume.status, 404);
+    assert.equal(resume.body.error.code, 'response_not_found');
+  });
+
+  it('a kept stream says so (x-ebb-resumable: 1); --keep-streams all keeps every stream, asked or not', async () => {
+    const kept = await post('/v1/chat/completions', chat(3, 32));
+    assert.equal(kept.headers.get('x-ebb-resumable'), '1');
+    await kept.text();
+    const all = await startFrontend(discovery, ['--keep-streams', 'all']);
+    started.push(all);
+    await frontendSeesWorkers(all, 2);
+    const plain = await fetch(`${all.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(chat(5, 33)) });
+    assert.equal(plain.headers.get('x-ebb-resumable'), '1');
+    const events = await readEvents(plain, undefined);
+    const again = await readEvents(await fetch(`${all.url}/v1/chat/completions/${idOf(events)}?stream=true`), undefined);
+    assert.deepEqual(again.map((e) => e.raw), events.map((e) => e.raw));
+  });
+
+  it('starting_after -1 is the whole stream; an event past the end of an ended stream is a 400 naming starting_after, not an empty 200', async () => {
+    const whole = await readEvents(await post('/v1/chat/completions', chat(5, 34)), undefined);
+    const id = idOf(whole);
+    const fromStart = await readEvents(await fetch(`${frontend.url}/v1/chat/completions/${id}?stream=true&starting_after=-1`), undefined);
+    assert.deepEqual(fromStart.map((e) => e.raw), whole.map((e) => e.raw));
+    const last = whole.at(-1)!.id!;
+    const atEnd = await fetch(`${frontend.url}/v1/chat/completions/${id}?stream=true&starting_after=${last}`);
+    assert.equal(atEnd.status, 200);
+    assert.equal(await atEnd.text(), '', 'after its last event: nothing more');
+    const past = await call('GET', `${frontend.url}/v1/chat/completions/${id}?stream=true&starting_after=${last + 5}`);
+    assert.equal(past.status, 400);
+    assert.equal(past.body.error.param, 'starting_after');
+  });
+
+  it('stored responses are bounded in bytes too: large inputs push the oldest out, and the gauge counts them', async () => {
+    const small = await startFrontend(discovery, ['--stream-store-max-bytes', '1500000']);
+    started.push(small);
+    await frontendSeesWorkers(small, 2);
+    const client = new OpenAI({ baseURL: `${small.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const big = 'tide '.repeat(60_000);
+    const ids: string[] = [];
+    for (let i = 0; i < 8; i++) ids.push((await client.responses.create({ model: 'm1', input: big, max_output_tokens: 1 })).id);
+    const bytes = await metricValue(small.url, 'ebb_frontend_response_store_bytes');
+    assert.ok(bytes > 0 && bytes <= 1_500_000, `the records' bytes are counted and bounded: ${bytes}`);
+    await assert.rejects(client.responses.retrieve(ids[0]!), (err: unknown) => err instanceof OpenAI.NotFoundError, 'the oldest is forgotten');
+    assert.equal((await client.responses.retrieve(ids.at(-1)!)).id, ids.at(-1));
+  });
+});
+
 describe('resumable streams: a client that leaves and does not come back', () => {
   it('its generation runs on for the grace, then is cancelled (the worker freed, the waste metered); a late resume is a 404 response_expired', async () => {
     const short = await startFrontend(discovery, ['--resume-grace-ms', '300']);

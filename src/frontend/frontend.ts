@@ -274,6 +274,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     adminView: () => ({ kv: Object.fromEntries(pool.all().map((w) => [w.record.worker_id, kvView(w.record.worker_id)])), models: metrics.stats.summary() }),
     async close(timeoutMs, graceMs = 0) {
       shutdown.notReady = true;
+      // What this frontend lets go of is for the others to continue: it takes nothing over from now on.
+      streams?.shared?.retire();
       if (graceMs > 0) {
         log.info({ event: 'shutdown_grace', grace_ms: graceMs }, `/health answers 503; still accepting for ${graceMs} ms`);
         await new Promise((resolve) => setTimeout(resolve, graceMs));
@@ -316,6 +318,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     },
     async interrupt(message) {
       shutdown.notReady = true;
+      streams?.shared?.retire();
       app.server.close();
       adminApp?.server.close();
       log.warn({ event: 'shutdown_interrupted', open_requests: shutdown.openRequests }, `${shutdown.openRequests} request(s) still open: ending them with server_closing now (${message})`);

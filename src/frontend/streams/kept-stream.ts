@@ -100,6 +100,7 @@ export class KeptStream implements StreamTap {
     return this.followers.size;
   }
 
+
   /**
    * The original request's signal: a cut (shutdown deadline) ends the generation now; its client
    * leaving is only the start of the grace, unless a resumed client follows.
@@ -201,7 +202,8 @@ export class KeptStream implements StreamTap {
     if (this.state !== 'live' || this.lease === undefined || this.overflowed) return undefined;
     const last = lastEventId(this.whole());
     // Lost: another frontend runs it already. Else let go of it, so one does.
-    if (this.lease.current !== 'lost' && !(await this.lease.release())) return undefined;
+    // Unattended (a background response): the fleet is told, so another frontend continues it unasked.
+    if (this.lease.current !== 'lost' && !(await this.lease.release(this.background))) return undefined;
     this.set('handed_on');
     this.endFollowers(event(last ?? -1));
     this.finish();

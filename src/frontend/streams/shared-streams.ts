@@ -444,8 +444,13 @@ export class SharedStreams implements SharedSteps {
   }
 
   /** A stream handed on by this frontend, announced so that another frontend continues it now (a background response has nobody to resume it). */
-  announce(id: string): void {
-    this.store.publish(HANDED_ON_CHANNEL, id).catch(() => undefined);
+  announce(id: string): Promise<void> {
+    return this.store.publish(HANDED_ON_CHANNEL, id).catch(() => undefined);
+  }
+
+  /** The frontend is shutting down: it takes nothing over any more (what it hands on goes to the others). */
+  retire(): void {
+    this.closing = true;
   }
 
   async close(): Promise<void> {

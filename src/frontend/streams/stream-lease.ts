@@ -17,6 +17,8 @@ export interface SharedSteps {
   release(k: Keys, token: string): Promise<StepAnswer>;
   rewrite(k: Keys, token: string, bounds: LeaseBounds, plan: string, tenant: string, events: Buffer, progress: string, last: '' | 'end' | 'x'): Promise<StepAnswer>;
   followed(k: Keys): Promise<boolean>;
+  /** Tells the fleet a stream was handed on, for another frontend to continue it now (nobody will resume it). */
+  announce(id: string): Promise<void>;
 }
 
 /**
@@ -177,7 +179,7 @@ export class StreamLease {
    * Lets go of the stream (its frontend is going away): another frontend takes it over at once.
    * Resolves once the store has it (never rejects); false when it could not be handed on.
    */
-  async release(): Promise<boolean> {
+  async release(announce = false): Promise<boolean> {
     const from = this.state;
     if (from !== 'held' && from !== 'rewrite') return false;
     if (from === 'held') this.flush();
@@ -185,7 +187,9 @@ export class StreamLease {
     this.set('released', 'handed on');
     try {
       if (from === 'rewrite' && !(await this.rewriteNow(''))) return false;
-      return (await this.steps.release(streamKeys(this.id), this.token)) === 'ok';
+      if ((await this.steps.release(streamKeys(this.id), this.token)) !== 'ok') return false;
+      if (announce) await this.steps.announce(this.id);
+      return true;
     } catch {
       return false;
     }
