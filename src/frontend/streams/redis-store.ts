@@ -96,6 +96,7 @@ export class RedisStore {
   private subscriber: RedisClient | undefined;
   private readonly handlers = new Map<string, (message: string) => void>();
   private up = false;
+  private upSince = performance.now();
   private known = false;
   private pinger: NodeJS.Timeout | undefined;
   private closing = false;
@@ -112,6 +113,11 @@ export class RedisStore {
 
   get healthy(): boolean {
     return this.up;
+  }
+
+  /** Since when (performance.now()) the store has answered without a break: a lease unconfirmed for longer than its term is this process's fault. */
+  get healthySince(): number {
+    return this.upSince;
   }
 
   /**
@@ -171,6 +177,7 @@ export class RedisStore {
     const first = !this.known;
     this.known = true;
     this.up = up;
+    if (up) this.upSince = performance.now();
     this.onHealth(up);
     const where = { url: this.address.display, kind: this.address.kind };
     if (up) this.log.info({ event: first ? 'stream_store_connected' : 'stream_store_available', ...where }, `the stream store (${this.address.display}) is ${first ? 'connected' : 'back'}: streams are shared with the fleet's other frontends`);

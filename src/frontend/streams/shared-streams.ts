@@ -136,6 +136,10 @@ export class SharedStreams implements SharedSteps {
     return this.store.healthy;
   }
 
+  get healthySince(): number {
+    return this.store.healthySince;
+  }
+
   /**
    * A new stream, held here: its copy is written as it runs. Resolves once the store has it
    * (callers need not wait: its batches follow in order on the same connection).

@@ -9,6 +9,8 @@ type Keys = ReturnType<typeof streamKeys>;
 /** The atomic steps a lease takes in the store (SharedStreams runs them), and the batch timer it is flushed by. */
 export interface SharedSteps {
   readonly healthy: boolean;
+  /** Since when the store has answered without a break (performance.now()). */
+  readonly healthySince: number;
   /** Flushes `lease` with the next batch (within the batch window). */
   schedule(lease: StreamLease): void;
   append(k: Keys, token: string, bounds: LeaseBounds, batch: number, events: Buffer, progress: string): Promise<StepAnswer>;
@@ -50,6 +52,8 @@ export interface LeaseBounds {
 
 /** How long after a failed rewrite the next is tried (a store refusing writes is not asked 100 times a second). */
 const REWRITE_BACKOFF_MS = 1_000;
+/** How many times a stream's end is offered again to a store that did not take it (about as many seconds). */
+const FINISH_RETRIES = 30;
 
 /**
  * One frontend's hold on one shared stream: the only writer of its copy in Redis. Every batch,
@@ -100,12 +104,16 @@ export class StreamLease {
     return this.state;
   }
 
-  /** Whether the stream can still be written to clients here: not lost, and (the store answering) confirmed within the lease. */
+  /**
+   * Whether the stream can still be written to clients here: not lost, and confirmed within the
+   * lease whenever the store could have confirmed it (it answered throughout).
+   */
   get valid(): boolean {
     if (this.state === 'lost') return false;
     if (this.state !== 'held' || !this.steps.healthy) return true;
-    // Paused past the lease (GC, throttling, SIGSTOP): another frontend may hold the stream now. Fail closed.
-    if (performance.now() - this.confirmedAt > this.bounds.leaseMs) {
+    // Paused past the lease (GC, throttling, SIGSTOP) while the store answered: another frontend may hold the stream now. Fail closed.
+    const now = performance.now();
+    if (now - this.confirmedAt > this.bounds.leaseMs && now - this.steps.healthySince > this.bounds.leaseMs) {
       this.lose('unconfirmed');
       return false;
     }
@@ -166,13 +174,30 @@ export class StreamLease {
     this.pending.length = 0;
     this.set('finished', kind === 'end' ? 'ended' : 'stopped');
     try {
-      if (from === 'rewrite') return void (await this.rewriteNow(kind));
+      if (from === 'rewrite') {
+        if (!(await this.rewriteNow(kind))) await this.finishLater(kind);
+        return;
+      }
       const epoch = this.epoch;
       const answer = await this.steps.finish(streamKeys(this.id), this.token, this.bounds, this.batch++, kind, payload, this.marks.takeDelta());
-      if (answer === 'resync' && epoch === this.epoch) await this.rewriteNow(kind);
+      if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) await this.finishLater(kind);
     } catch {
-      // The store is away: the copy ends unfinished there (its keys expire with the live TTL).
+      await this.finishLater(kind);
     }
+  }
+
+  /**
+   * The store did not take the stream's end (away, failing over): the whole copy, with its end, is
+   * written once it answers again (tried each second for a while), so the copy says it ended rather
+   * than wait to be taken over and regenerated.
+   */
+  private async finishLater(kind: 'end' | 'x'): Promise<void> {
+    for (let tries = 0; tries < FINISH_RETRIES; tries++) {
+      await new Promise((resolve) => setTimeout(resolve, REWRITE_BACKOFF_MS).unref());
+      if (!this.steps.healthy) continue;
+      if (await this.rewriteNow(kind)) return;
+    }
+    this.log.warn({ event: 'stream_copy_unfinished', response_id: this.id }, `the stream store did not take stream ${this.id}'s end: its copy there stays unfinished until it expires`);
   }
 
   /**
