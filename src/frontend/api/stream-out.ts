@@ -9,7 +9,6 @@ import { LeaseLost } from '../streams/stream-lease.js';
 import type { StreamStore } from '../streams/stream-store.js';
 import type { StreamFormat } from '../wire/stream-format.js';
 import { ResponseCancelled } from './response-store.js';
-import { errorEventBody } from './responses-format.js';
 import { replayedFormat, streamFormat, type StreamPlan } from './stream-plan.js';
 
 /** The header a client sends when it will resume a cut stream (`@ebb/client` sends it); a kept stream's answer carries it back. */
@@ -28,10 +27,12 @@ export function resumePath(plan: Pick<StreamPlan, 'endpoint' | 'id'>): string {
  */
 export function handOnEvent(plan: Pick<StreamPlan, 'endpoint' | 'id'>, last: number): string {
   const resume = { response_id: plan.id, last_event_id: last, url: `${resumePath(plan)}?stream=true&starting_after=${last}` };
+  // The resume point in the words too: some SDKs pass on only an error's message and code.
   const message = `this frontend let go of the stream: resume it after event ${last} (GET ${resume.url}, or with Last-Event-ID: ${last}) at any frontend of the fleet`;
+  const error = { message, type: 'server_error', param: null, code: 'stream_interrupted', resume };
   // A Responses event carries a sequence number: the resume point's (the last the client has), so a reader skips nothing.
-  if (plan.endpoint === 'responses') return `event: error\ndata: ${JSON.stringify({ type: 'error', sequence_number: last, ...errorEventBody('stream_interrupted', message, { resume }) })}\n\n`;
-  return `data: ${JSON.stringify({ error: { message, type: 'server_error', param: null, code: 'stream_interrupted', resume } })}\n\n`;
+  if (plan.endpoint === 'responses') return `event: error\ndata: ${JSON.stringify({ type: 'error', sequence_number: last, code: error.code, message, param: null, resume, error })}\n\n`;
+  return `data: ${JSON.stringify({ error })}\n\n`;
 }
 
 /** How a streamed response ended, for whoever keeps its record (the Responses API). */
