@@ -166,7 +166,7 @@ export class AdminClient {
     const unlisted = [...(intents ?? new Map<string, DrainIntent>()).values()].flatMap((i) => (i.worker !== undefined && !listed.has(i.worker.worker_id) ? [i.worker] : []));
     const entries = await Promise.all(
       [...records, ...unlisted].map(async (r): Promise<FleetEntry> => {
-        const live = await fetchLiveStatus(r.system_url, r.worker_id, this.agent, statusTimeoutMs);
+        const live = await fetchLiveStatus(r.system_url, r.worker_id, this.agent, statusTimeoutMs, { token: this.token, proveFirst: true });
         const intent = intents?.get(r.worker_id);
         return { ...r, in_discovery: listed.has(r.worker_id), state: live.reachable ? live.status.state : null, ...live, ...(intent ? { drain_intent: intent } : {}) };
       }),
@@ -253,8 +253,8 @@ export class AdminClient {
       throw new CliError(
         `worker "${target}" is not in ${this.sourceLabel} (a draining or drained worker unregisters itself): pass its system URL, or --frontend URL, which remembers it`,
       );
-    // The URL is discovery's: it gets the operator's token only once it answers as that worker.
-    const live = await fetchLiveStatus(record.system_url, record.worker_id, this.agent, CALL_TIMEOUT_MS);
+    // The URL is discovery's: it gets the operator's token only once it answers as that worker (its open /live says).
+    const live = await fetchLiveStatus(record.system_url, record.worker_id, this.agent, CALL_TIMEOUT_MS, { token: this.token, proveFirst: true });
     if (!live.reachable) throw new CliError(`worker ${record.worker_id} (${record.system_url}) from ${this.sourceLabel}: ${live.error}; nothing was sent to it`);
     return this.direct(record.system_url, record);
   }
