@@ -7,7 +7,7 @@ import { createLogger } from '../common/logger.js';
 import { startFrontend, type FrontendOptions } from '../frontend/frontend.js';
 import { runChild } from '../frontend/cluster/child.js';
 import { runPrimary } from '../frontend/cluster/primary.js';
-import { DEFAULT_SHUTDOWN_GRACE_MS } from '../frontend/shutdown.js';
+import { DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_SHUTDOWN_TIMEOUT_MS, INTERACTIVE_SHUTDOWN_TIMEOUT_MS, shutdownTimeoutFor } from '../frontend/shutdown.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
 import { ROUTER_KINDS, DEFAULT_OVERLAP_WEIGHT, type RouterKind } from '../frontend/routing/router.js';
@@ -110,7 +110,7 @@ export function frontendCommand(): Command {
         .argParser(processesOption)
         .default(1),
     )
-    .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
+    .option('--shutdown-timeout-ms <n>', `then, how long open streams and admin calls may finish before they are ended (server_closing; a kept stream is handed on to another frontend) and cut (exit 1 then); a Ctrl-C (SIGINT) waits at most ${INTERACTIVE_SHUTDOWN_TIMEOUT_MS / 1000} s`, msOption(0), DEFAULT_SHUTDOWN_TIMEOUT_MS)
     .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 queue_timeout past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
     .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 queue_full (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
     .option('--stream-store <where>', 'where streams are kept so a client can resume one (GET .../{id}?stream=true&starting_after=N): memory (this process), redis://host:port (shared by a fleet of frontends: a resume at any of them), or none', streamStoreOption, 'memory')
@@ -196,8 +196,9 @@ export function frontendCommand(): Command {
       const stop = (signal: NodeJS.Signals, graceMs = 0) => {
         if (stopping) return force(`${signal} again`);
         stopping = true;
-        log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs }, 'stopping: finishing open streams');
-        frontend.close(flags.shutdownTimeoutMs, graceMs).then(
+        const timeoutMs = shutdownTimeoutFor(signal, flags.shutdownTimeoutMs);
+        log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs, timeout_ms: timeoutMs }, `stopping: finishing open streams (at most ${timeoutMs / 1000} s; ${signal} again to stop now)`);
+        frontend.close(timeoutMs, graceMs).then(
           (clean) => (interrupted ? undefined : process.exit(clean ? 0 : 1)),
           (err: unknown) => {
             log.error({ err }, 'stop failed');
