@@ -38,7 +38,7 @@ export function addSourceOptions(cmd: Command): Command {
   return cmd
     .addOption(new Option('--frontend <url>', "a frontend's admin API, e.g. http://127.0.0.1:8001 (its --admin-port)").conflicts(['discovery', 'fleet']))
     .addOption(new Option('--fleet <name>', 'the running `ebb up` named so (its --name, else its pid), when several run').argParser(fleetNameOption).conflicts('discovery'))
-    .addOption(new Option('--discovery <url>', `read the fleet from discovery instead (default: env EBB_DISCOVERY, else the running \`ebb up\`'s frontend, else ${discoveryDefault()})`).argParser(discoveryOption))
+    .addOption(new Option('--discovery <url>', `read the fleet from discovery instead (default: env EBB_DISCOVERY, else the running \`ebb up\`'s frontend, else file://$XDG_RUNTIME_DIR/ebb/discovery, else file://$TMPDIR/ebb-<uid>/discovery)`).argParser(discoveryOption))
     .option('--token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     // The servers' name for the same file, so either spelling works everywhere.
     .addOption(new Option('--admin-token-file <path>', 'the same as --token-file').hideHelp().conflicts('tokenFile'));

@@ -15,7 +15,7 @@ import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { DEFAULT_CLIENT_WRITE_TIMEOUT_MS } from '../frontend/relay/client-stream.js';
 import { STREAM_STORE_DEFAULTS } from '../frontend/streams/stream-store.js';
 import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/routing/admission-queue.js';
-import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
+import { discoveryFlag, intOption, msOption, portOption, weightOption } from './options.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 
 interface FrontendFlags {
@@ -81,18 +81,18 @@ export function frontendCommand(): Command {
     .description('run the OpenAI-compatible frontend: routes requests to serving workers found through discovery')
     .option('--host <addr>', 'bind address', '127.0.0.1')
     .option('--port <n>', 'port (0 = any free port)', portOption, 8000)
-    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryOption, discoveryDefault())
+    .addOption(discoveryFlag())
     .option('--admin-host <addr>', 'admin listener bind address (fleet view, drain/resume); non-loopback needs an admin token', '127.0.0.1')
     .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', portOption)
-    .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
+    .option('--admin-token-file <path>', `file holding the admin bearer token, for every admin route but the dashboard's page (env ${ADMIN_TOKEN_ENV})`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
-    .option('--worker-admin-token-file <path>', `file holding the admin token presented to workers' event streams (KV events, status), which need it where a worker has an admin token (env ${WORKER_ADMIN_TOKEN_ENV}; default: the first token of --admin-token-file)`)
+    .option('--worker-admin-token-file <path>', `file holding the admin token presented to workers' status reads and event streams (KV events, status), which need it where a worker has an admin token (env ${WORKER_ADMIN_TOKEN_ENV}; default: the first token of --admin-token-file, else the request-plane token)`)
     .addOption(apiKeyFileOption())
     .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
     .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
     .option('--client-write-timeout-ms <n>', 'a streaming client that reads none of its answer for this long (its socket full) is disconnected, freeing its worker (0 = never)', msOption(0), DEFAULT_CLIENT_WRITE_TIMEOUT_MS)
     .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', msOption(1), PUBLIC.keepAliveTimeoutMs)
-    .addOption(new Option('--max-connections <n>', 'open connections on the public port; past it a new one displaces an idle or slow one, or may only ask for /health').argParser(intOption(1)).default(PUBLIC.maxConnections, `${PUBLIC.maxConnections}, from the fd limit`))
+    .addOption(new Option('--max-connections <n>', 'open connections on the public port; past it a new one displaces an idle or slow one, or may only ask for /health').argParser(intOption(1)).default(PUBLIC.maxConnections, '(ulimit -n - 192) / 2, at least 16'))
     .option('--admin-max-connections <n>', 'open connections on the admin listener; past it a new one displaces an idle or slow one, or may only ask for a probe', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', msOption(1), 10_000)
     .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", msOption(0), 10_000)

@@ -27,7 +27,7 @@ const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
 export function prestopCommand(): Command {
   return new Command('prestop')
     .description('preStop hook: drain the local worker and return once it is drained (or at --timeout)')
-    .option('--system-url <url>', "the worker's system-status server (env EBB_SYSTEM_URL)", process.env.EBB_SYSTEM_URL ?? 'http://127.0.0.1:9090')
+    .addOption(new Option('--system-url <url>', "the worker's system-status server").default(process.env.EBB_SYSTEM_URL ?? 'http://127.0.0.1:9090', 'env EBB_SYSTEM_URL, else http://127.0.0.1:9090'))
     .addOption(new Option('--timeout <duration>', 'return after this long even if not drained (exit 2); SIGTERM then hands off what still runs').argParser(durationOption).default(durationOption('5m'), '5m'))
     .addOption(new Option('--deadline <duration>', 'hand streams still running after this long off to other workers').argParser(durationOption))
     .option('--reason <text>', 'recorded by the worker as drain_reason', 'preStop hook')
