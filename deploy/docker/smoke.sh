@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Smoke-runs a built ebb image as README's container quick start does (.ci/run runs it after building):
+# Smoke-runs a built ebb image as docs/kubernetes.md's container quick start does (.ci/run runs it after building):
 #   deploy/docker/smoke.sh [IMAGE]          IMAGE: ebb:0.1.0 unless given
 # `--version` is package.json's; `ebb` is on the PATH (the worker's preStop runs it); `ebb up` with the
 # OpenAI port and the admin port (the dashboard) published on loopback: a streamed chat completion

@@ -22,7 +22,7 @@ const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
  * A container preStop exec hook: drain the worker in this pod through its local Admin API and
  * return once it is drained, so the kubelet's SIGTERM finds nothing in flight. The kubelet's grace
  * countdown (terminationGracePeriodSeconds) starts before the hook runs, so --timeout must leave
- * room for the shutdown after it (see README, "Kubernetes").
+ * room for the shutdown after it (see docs/kubernetes.md, "Workers and their pods").
  */
 export function prestopCommand(): Command {
   return new Command('prestop')
