@@ -38,7 +38,9 @@ FROM npm AS deps
 WORKDIR /app
 COPY package.json package-lock.json ./
 ARG LLAMA_PREBUILTS="linux-x64 linux-arm64"
-RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund && npm cache clean --force \
+# No `npm cache clean`: this stage's cache never reaches the image (only node_modules is copied), and
+# npm answers --force with a warning a user must learn to ignore.
+RUN npm ci --omit=dev --ignore-scripts --no-audit --no-fund \
  && for d in node_modules/@node-llama-cpp/*/; do \
       case " ${LLAMA_PREBUILTS} " in *" $(basename "$d") "*) ;; *) rm -rf "$d" ;; esac; \
     done

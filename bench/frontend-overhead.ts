@@ -24,6 +24,7 @@ import { Agent, request } from 'undici';
 import { splitBody } from '../test/helpers/http.js';
 import { bounded, killAllNow, startFrontend, startWorker, type EbbProcess, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
 import { CLOCK_TICKS, procCpuMs } from './proc-cpu.js';
+import { procPeakRssBytes } from './proc-memory.js';
 import { percentile } from './percentile.js';
 
 const MODEL = 'm1';
@@ -578,6 +579,11 @@ async function main(): Promise<void> {
         ),
       );
     }
+    // Peak resident set over the whole run (what a container's memory limit must hold).
+    const mib = (b: number | undefined) => (b === undefined ? null : round(b / 2 ** 20, 0));
+    const peakRss = { frontend: mib(procPeakRssBytes(pids.frontend)), worker: mib(procPeakRssBytes(pids.worker)) };
+    console.log('');
+    console.log(`peak RSS (VmHWM) over the run: frontend ${peakRss.frontend ?? '-'} MiB, worker ${peakRss.worker ?? '-'} MiB`);
     const errors = stats.reduce((n, s) => n + s.errors, 0);
     const maxOther = Math.max(0, ...stats.map((s) => s.cpuPct.other ?? 0));
     if (maxOther >= 15) {
@@ -598,6 +604,7 @@ async function main(): Promise<void> {
         client_parse: opts.jsonParse ? 'json' : 'scan',
         errors,
         max_other_cpu_pct: round(maxOther, 0),
+        peak_rss_mib: peakRss,
         ratios,
         points: stats.map((s) => ({
           concurrency: s.concurrency,

@@ -5,7 +5,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { call } from './helpers/http.js';
-import { spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
+import { openEventStream } from './helpers/event-stream.js';
+import { runEbb, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -39,7 +40,7 @@ function sees(fe: EbbProcess, id: string) {
 }
 
 describe('admin auth: worker Admin API', () => {
-  it('needs the bearer token (env EBB_ADMIN_TOKEN) on drain and resume: 401 without, 403 wrong; probes and status stay open', async () => {
+  it('needs the bearer token (env EBB_ADMIN_TOKEN) on drain and resume: 401 without, 403 wrong; probes and /metrics stay open', async () => {
     const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--mocker-lora', 'a1', '--mocker-lora-load-ms', '0'], { EBB_ADMIN_TOKEN: 'tok-from-env' });
     started.push(w);
 
@@ -59,15 +60,16 @@ describe('admin auth: worker Admin API', () => {
       assert.equal((await call('POST', `${w.systemUrl}/engine/adapters/a1/${action}`)).status, 401, `adapter ${action} without the token`);
       assert.equal((await call('POST', `${w.systemUrl}/engine/adapters/a1/${action}`, undefined, bearer('nope'))).status, 403, `adapter ${action} with a wrong token`);
     }
-    assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.adapters[0].state, 'unloaded', 'refused adapter calls changed nothing');
+    assert.equal((await call('GET', `${w.systemUrl}/engine/status`, undefined, bearer('tok-from-env'))).body.adapters[0].state, 'unloaded', 'refused adapter calls changed nothing');
     const loaded = await call('POST', `${w.systemUrl}/engine/adapters/a1/load`, undefined, bearer('tok-from-env'));
     assert.equal(loaded.body.state, 'serving');
 
-    for (const path of ['/live', '/health', '/metrics', '/engine/status']) {
+    for (const path of ['/live', '/health', '/metrics']) {
       const res = await call('GET', `${w.systemUrl}${path}`);
       assert.equal(res.status, 200, `${path} stays open`);
     }
-    assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving', 'refused calls changed nothing');
+    assert.equal((await call('GET', `${w.systemUrl}/live`)).body.worker_id, w.workerId, '/live says who answers (a caller proves it before it sends a token)');
+    assert.equal((await call('GET', `${w.systemUrl}/engine/status`, undefined, bearer('tok-from-env'))).body.state, 'serving', 'refused calls changed nothing');
 
     const drained = await call('POST', `${w.systemUrl}/engine/drain`, { reason: 'auth test' }, bearer('tok-from-env'));
     assert.ok(drained.status === 200 || drained.status === 202, `got ${drained.status}`);
@@ -75,6 +77,55 @@ describe('admin auth: worker Admin API', () => {
     const resumed = await call('POST', `${w.systemUrl}/engine/resume`, undefined, bearer('tok-from-env'));
     assert.equal(resumed.status, 200);
     assert.equal(resumed.body.state, 'serving');
+  });
+
+  it('needs the token on every read of what the worker holds (status, audit, event streams): 401 without, 403 wrong; the admin or the request-plane token opens them', async () => {
+    const env = { EBB_ADMIN_TOKEN: undefined, EBB_REQUEST_TOKEN: undefined };
+    const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--admin-token-file', tokenFile('read-admin-tok'), '--request-token-file', tokenFile('read-request-tok')], env);
+    started.push(w);
+    for (const path of ['/engine/status', '/engine/events', '/engine/status/events', '/kv/events']) {
+      const missing = await call('GET', `${w.systemUrl}${path}`);
+      assert.equal(missing.status, 401, `GET ${path} without the token`);
+      assert.equal(missing.body.error.code, 'unauthorized');
+      assert.match(missing.headers.get('www-authenticate') ?? '', /^Bearer\b/);
+      const wrong = await call('GET', `${w.systemUrl}${path}`, undefined, bearer('not-a-token'));
+      assert.equal(wrong.status, 403, `GET ${path} with a wrong token`);
+      assert.equal(wrong.body.error.code, 'forbidden');
+    }
+    for (const token of ['read-admin-tok', 'read-request-tok']) {
+      const status = await call('GET', `${w.systemUrl}/engine/status`, undefined, bearer(token));
+      assert.equal(status.status, 200, `GET /engine/status with the ${token}`);
+      assert.equal(status.body.worker_id, w.workerId);
+      const audit = await call('GET', `${w.systemUrl}/engine/events`, undefined, bearer(token));
+      assert.equal(audit.status, 200, `GET /engine/events with the ${token}`);
+      assert.ok(Array.isArray(audit.body.events));
+    }
+    const stream = await openEventStream(`${w.systemUrl}/engine/status/events`, bearer('read-admin-tok'));
+    try {
+      assert.equal((await stream.waitFor((e) => e.event === 'status', 'the first status')).data.worker_id, w.workerId);
+    } finally {
+      stream.close();
+    }
+    // A typo'd path is no way around it.
+    assert.equal((await call('GET', `${w.systemUrl}/engine/statu`)).status, 401);
+  });
+
+  it('the CLI reads a guarded worker found in discovery with its --token-file, once its open /live said it is that worker', async () => {
+    const discovery = tempDiscoveryUrl();
+    const file = tokenFile('cli-read-tok');
+    const w = await startWorker(['--discovery', discovery, '--admin-token-file', file], NO_TOKEN);
+    started.push(w);
+    const without = await runEbb(['workers', '--discovery', discovery, '--json'], NO_TOKEN);
+    assert.equal(without.code, 0, without.stderr);
+    const unread = (JSON.parse(without.stdout) as { workers: Array<{ reachable: boolean; error?: string }> }).workers[0];
+    assert.equal(unread?.reachable, false);
+    assert.match(unread?.error ?? '', /HTTP 401/);
+    const listed = await runEbb(['workers', '--discovery', discovery, '--json', '--token-file', file], NO_TOKEN);
+    assert.equal(listed.code, 0, listed.stderr);
+    assert.equal((JSON.parse(listed.stdout) as { workers: Array<{ state: string }> }).workers[0]?.state, 'serving');
+    const status = await runEbb(['status', w.workerId, '--discovery', discovery, '--token-file', file], NO_TOKEN);
+    assert.equal(status.code, 0, status.stderr);
+    assert.match(status.stdout, new RegExp(`^worker ${w.workerId}: serving`));
   });
 
   it('takes the token from --admin-token-file, which allows a non-loopback --system-host', async () => {
@@ -150,10 +201,35 @@ describe('admin auth: frontend admin listener', () => {
       assert.equal(res.body.error.code, 'not_found');
     }
 
-    // Read-only fleet view stays open.
-    const list = await call('GET', `${fe.adminUrl}/workers`);
+    // Reads need the token too (issue 49): the fleet view names every worker and its internal URLs.
+    for (const path of ['/workers', `/workers/${w.workerId}`, '/workers/w-nobody', '/workers/events']) {
+      const missing = await call('GET', `${fe.adminUrl}${path}`);
+      assert.equal(missing.status, 401, `GET ${path} without the token`);
+      assert.equal(missing.body.error.code, 'unauthorized');
+      assert.match(missing.headers.get('www-authenticate') ?? '', /^Bearer\b/);
+      assert.equal((await call('GET', `${fe.adminUrl}${path}`, undefined, bearer('nope'))).status, 403, `GET ${path} with a wrong token`);
+    }
+    // The dashboard's page loads, without the fleet; what it reads next needs the token.
+    const page = await fetch(`${fe.adminUrl}/`);
+    const html = await page.text();
+    assert.equal(page.status, 200);
+    assert.ok(!html.includes(w.workerId) && !html.includes(w.systemUrl), 'the page carries no worker');
+    assert.deepEqual((await call('GET', `${fe.adminUrl}/dashboard/info`)).body, { admin_auth: 'bearer', writable: true });
+
+    const list = await call('GET', `${fe.adminUrl}/workers`, undefined, bearer('shared-tok'));
     assert.equal(list.status, 200);
     assert.deepEqual(list.body.workers.map((x: { worker_id: string }) => x.worker_id), [w.workerId]);
+    // The frontend read the worker's status with its own token (the worker's reads need it).
+    assert.equal(list.body.workers[0].reachable, true, JSON.stringify(list.body.workers[0]));
+    assert.equal(list.body.workers[0].state, 'serving');
+    assert.equal((await call('GET', `${fe.adminUrl}/workers/${w.workerId}`, undefined, bearer('shared-tok'))).body.state, 'serving');
+    const fleet = await openEventStream(`${fe.adminUrl}/workers/events`, bearer('shared-tok'));
+    try {
+      const snapshot = await fleet.waitFor((e) => e.event === 'snapshot', 'the fleet snapshot');
+      assert.deepEqual(snapshot.data.workers.map((x: { worker_id: string }) => x.worker_id), [w.workerId]);
+    } finally {
+      fleet.close();
+    }
 
     const drainUrl = `${fe.adminUrl}/workers/${w.workerId}/drain`;
     const missing = await call('POST', drainUrl);
@@ -161,12 +237,12 @@ describe('admin auth: frontend admin listener', () => {
     assert.match(missing.headers.get('www-authenticate') ?? '', /^Bearer\b/);
     const wrong = await call('POST', drainUrl, undefined, bearer('nope'));
     assert.equal(wrong.status, 403);
-    assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving', 'refused at the frontend, never reached the worker');
+    assert.equal((await call('GET', `${w.systemUrl}/engine/status`, undefined, bearer('shared-tok'))).body.state, 'serving', 'refused at the frontend, never reached the worker');
 
     const unknown = await call('POST', `${fe.adminUrl}/workers/w-nobody/drain`, undefined, bearer('shared-tok'));
     assert.equal(unknown.status, 404);
     assert.equal(unknown.body.error.code, 'worker_not_found');
-    const wrongMethod = await call('GET', drainUrl);
+    const wrongMethod = await call('GET', drainUrl, undefined, bearer('shared-tok'));
     assert.equal(wrongMethod.status, 405);
     assert.equal(wrongMethod.headers.get('allow'), 'POST');
     assert.equal((await call('DELETE', `${fe.adminUrl}/workers`)).status, 405);

@@ -114,12 +114,13 @@ describe('admin boundary: browsers (item 11)', () => {
     await fe.waitForEvent('worker_added', (l) => l.worker_id === LONG_ID, { after: back });
   });
 
-  it('with a token, answers under any Host name (pod IPs, Service names): the bearer token guards mutations', async () => {
+  it('with a token, answers under any Host name (pod IPs, Service names): the bearer token guards mutations and reads', async () => {
     const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'm1'], { EBB_ADMIN_TOKEN: 'tok', EBB_ADMIN_ORIGINS: undefined });
     started.push(w);
     const port = new URL(w.systemUrl).port;
     const elsewhere = { host: `10.1.2.3:${port}` };
-    assert.equal((await raw('GET', `${w.systemUrl}/engine/status`, elsewhere)).status, 200);
+    assert.equal((await raw('GET', `${w.systemUrl}/engine/status`, elsewhere)).status, 401, 'a read needs the token too');
+    assert.equal((await raw('GET', `${w.systemUrl}/engine/status`, { ...elsewhere, authorization: 'Bearer tok' })).status, 200);
     assert.equal((await raw('POST', `${w.systemUrl}/engine/drain`, { ...elsewhere, origin: `http://10.1.2.3:${port}` })).status, 415, 'a browser POST still needs JSON');
     const rebound = await raw('POST', `${w.systemUrl}/engine/drain`, { ...elsewhere, origin: `http://10.1.2.3:${port}`, 'content-type': 'application/json' }, '{}');
     assert.equal(rebound.status, 401, 'and the token');

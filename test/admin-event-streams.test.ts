@@ -75,7 +75,7 @@ describe("a worker's event streams", () => {
     assert.deepEqual(await answer(`${worker.systemUrl}/kv/events`, bearer), { status: 503, code: 'listener_busy' }, 'a KV stream past the cap');
 
     // 127 streams open on the worker's system port; the Admin API answers as if there were none.
-    const st = await call('GET', `${worker.systemUrl}/engine/status`);
+    const st = await call('GET', `${worker.systemUrl}/engine/status`, undefined, bearer);
     assert.equal(st.status, 200, `status: ${JSON.stringify(st.body)}`);
     const drained = await call('POST', `${worker.systemUrl}/engine/drain`, undefined, bearer);
     assert.equal(drained.status, 200, `drain: ${JSON.stringify(drained.body)}`);
@@ -94,10 +94,10 @@ describe("a worker's event streams", () => {
 
 describe("the frontend's fleet event streams", () => {
   it('leave its admin API answering with every stream slot held', async () => {
-    const held = await Promise.all(Array.from({ length: 64 }, () => hold(`${frontendAdmin}/workers/events`, {})));
+    const held = await Promise.all(Array.from({ length: 64 }, () => hold(`${frontendAdmin}/workers/events`)));
     assert.deepEqual([...new Set(held)], [200], 'every fleet stream up to the cap opened');
-    assert.deepEqual(await answer(`${frontendAdmin}/workers/events`), { status: 503, code: 'listener_busy' }, 'a fleet stream past the cap');
-    const workers = await call('GET', `${frontendAdmin}/workers`);
+    assert.deepEqual(await answer(`${frontendAdmin}/workers/events`, bearer), { status: 503, code: 'listener_busy' }, 'a fleet stream past the cap');
+    const workers = await call('GET', `${frontendAdmin}/workers`, undefined, bearer);
     assert.equal(workers.status, 200, `GET /workers: ${JSON.stringify(workers.body)}`);
     const drained = await call('POST', `${frontendAdmin}/workers/${worker.workerId}/drain`, undefined, bearer);
     assert.ok(drained.status === 200 || drained.status === 202, `drain through the frontend: ${drained.status} ${JSON.stringify(drained.body)}`);

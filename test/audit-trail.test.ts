@@ -22,7 +22,7 @@ function tokenFile(text: string): string {
   return path;
 }
 
-const events = async (systemUrl: string) => (await call('GET', `${systemUrl}/engine/events`)).body.events as Array<Record<string, any>>;
+const events = async (systemUrl: string, token?: string) => (await call('GET', `${systemUrl}/engine/events`, undefined, token === undefined ? {} : bearer(token))).body.events as Array<Record<string, any>>;
 
 describe('admin token files', () => {
   it('reads name:token lines as named tokens, anything else as one token named admin', () => {
@@ -49,7 +49,7 @@ describe('audit trail: worker', () => {
     const resumed = await call('POST', `${w.systemUrl}/engine/resume`, undefined, bearer('tok-a'));
     assert.equal(resumed.body.state, 'serving');
 
-    const trail = await events(w.systemUrl);
+    const trail = await events(w.systemUrl, 'tok-a');
     assert.deepEqual(trail.map((e) => [e.what, e.actor, e.result, e.generation]), [
       ['drain', 'bob', drained.body.state, 1],
       ['drained', 'bob', 'drained', 1],
@@ -128,7 +128,7 @@ describe('audit trail and status through the frontend: GET /workers/events', () 
     const adminUrl = (await fe.waitForEvent('frontend_ready')).admin_url as string;
     await fe.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(w.workerId)) || (l.event === 'worker_added' && l.worker_id === w.workerId), 'frontend sees the worker');
 
-    const s = await openEventStream(`${adminUrl}/workers/events`);
+    const s = await openEventStream(`${adminUrl}/workers/events`, bearer('tok-carol'));
     try {
       const snapshot = await s.waitFor((e) => e.event === 'snapshot', 'snapshot');
       assert.deepEqual(snapshot.data.workers.map((x: { worker_id: string }) => x.worker_id), [w.workerId]);

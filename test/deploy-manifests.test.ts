@@ -1,11 +1,13 @@
 /**
- * The Kubernetes manifests and the Dockerfile, checked offline (no cluster, no Docker engine on the
- * test machines): every YAML document parses and is a kind we mean; every Secret, ConfigMap,
- * Service, ServiceAccount, claim and Role it refers to exists (or README creates it, before the
- * manifests that need it); Services select pods that expose their target ports; ebb's container args
- * are flags `ebb` accepts; every probe path answers on the listener its port names, asked of real
- * ebb processes started with the manifests' own args; the Dockerfile's entry point is a file the
- * build makes.
+ * The Kubernetes manifests, the load balancers' configs, the Dockerfile and the docs, checked offline
+ * (no cluster, no Docker engine on the test machines): every YAML document parses and is a kind we
+ * mean; every Secret, ConfigMap, Service, ServiceAccount, claim and Role it refers to exists (or
+ * docs/kubernetes.md creates it, before the manifests that need it); Services select pods that
+ * expose their target ports; every container asks for resources and is bounded; ebb's container
+ * args are flags `ebb` accepts; every probe path answers on the listener its port names, asked of
+ * real ebb processes started with the manifests' own args; nginx and HAProxy parse their configs;
+ * the Dockerfile's entry point is a file the build makes; README and docs/ name only commands,
+ * flags and files that exist.
  */
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -19,17 +21,24 @@ import { Agent, fetch as fetchWith } from 'undici';
 import { CLI, spawnEbb, tempDiscoveryUrl, type EbbProcess } from './helpers/processes.js';
 import { durationOption } from '../src/cli/options.js';
 import { makeCert } from './helpers/tls.js';
+import { skipWithout } from './helpers/required-tool.js';
 import { EVICTION_PATH } from '../src/k8s/webhook-server.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
 const DEPLOY = join(ROOT, 'deploy', 'kubernetes');
 const README = readFileSync(join(ROOT, 'README.md'), 'utf8');
-/** The walk-through README links: its commands are checked as README's are. */
+/** The page that creates the Secrets and applies the manifests. */
+const KUBERNETES_DOC = 'docs/kubernetes.md';
+const KUBERNETES = readFileSync(join(ROOT, KUBERNETES_DOC), 'utf8');
+/** The walk-through docs/kubernetes.md links: it creates Secrets and applies manifests too. */
 const WALKTHROUGH = 'docs/kubernetes-vllm.md';
+/** README and every docs page (the generated flag reference aside: it is the CLI's own). */
+const DOC_FILES = ['README.md', ...readdirSync(join(ROOT, 'docs')).filter((f) => f.endsWith('.md') && f !== 'configuration.md').map((f) => `docs/${f}`)];
+const DOCS = new Map(DOC_FILES.map((f) => [f, readFileSync(join(ROOT, f), 'utf8')]));
 const VERSION = (JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { version: string }).version;
 
 /* eslint-disable @typescript-eslint/no-explicit-any -- manifests are untyped YAML */
-type Doc = { apiVersion: string; kind: string; metadata: { name: string; namespace?: string; labels?: Record<string, string> }; spec?: any; subjects?: any[]; roleRef?: any; rules?: any[]; webhooks?: any[] };
+type Doc = { apiVersion: string; kind: string; metadata: { name: string; namespace?: string; labels?: Record<string, string>; annotations?: Record<string, string> }; spec?: any; subjects?: any[]; roleRef?: any; rules?: any[]; webhooks?: any[] };
 type Container = { name: string; image: string; args?: string[]; command?: string[]; env?: Array<{ name: string; valueFrom?: any }>; ports?: Array<{ name?: string; containerPort: number }>; livenessProbe?: any; readinessProbe?: any; startupProbe?: any; lifecycle?: any; volumeMounts?: Array<{ name: string }>; resources?: any };
 type PodSpec = { containers: Container[]; initContainers?: Container[]; volumes?: any[]; serviceAccountName?: string };
 
@@ -38,8 +47,11 @@ const KINDS: Record<string, string[]> = {
   'apps/v1': ['Deployment', 'StatefulSet'],
   'rbac.authorization.k8s.io/v1': ['Role', 'RoleBinding'],
   'admissionregistration.k8s.io/v1': ['ValidatingWebhookConfiguration'],
-  'networking.k8s.io/v1': ['NetworkPolicy'],
-  'inference.networking.x-k8s.io/v1alpha2': ['InferencePool'],
+  'networking.k8s.io/v1': ['NetworkPolicy', 'Ingress'],
+  'policy/v1': ['PodDisruptionBudget'],
+  'gateway.networking.k8s.io/v1': ['HTTPRoute'],
+  'inference.networking.k8s.io/v1': ['InferencePool'],
+  'inference.networking.x-k8s.io/v1alpha2': ['InferenceObjective'],
   'monitoring.coreos.com/v1': ['PodMonitor', 'ServiceMonitor'],
   'autoscaling/v2': ['HorizontalPodAutoscaler'],
   'keda.sh/v1alpha1': ['ScaledObject'],
@@ -58,16 +70,20 @@ const allContainers = (p: PodSpec): Container[] => [...(p.initContainers ?? []),
 const ebbContainers = (p: PodSpec) => allContainers(p).filter((c) => /^ebb:/.test(c.image));
 
 /**
- * The Secrets README creates with `kubectl create secret generic NAME --from-literal=KEY=...` or
- * `kubectl create secret tls NAME --cert=... --key=...` (keys tls.crt and tls.key), with their keys and line.
+ * The Secrets a page creates with `kubectl create secret generic NAME --from-literal=KEY=...` or
+ * `kubectl create secret tls NAME --cert=... --key=...` (keys tls.crt and tls.key), with their keys,
+ * line and literal values.
  */
-function readmeSecrets(text = README): Map<string, { keys: string[]; line: number }> {
-  const out = new Map<string, { keys: string[]; line: number }>();
+function readmeSecrets(text = KUBERNETES): Map<string, { keys: string[]; line: number; values: Map<string, string> }> {
+  const out = new Map<string, { keys: string[]; line: number; values: Map<string, string> }>();
   text.split('\n').forEach((l, line) => {
     const m = /kubectl .*create secret generic ([a-z0-9-]+)(.*)$/.exec(l);
-    if (m) out.set(m[1]!, { keys: [...m[2]!.matchAll(/--from-(?:literal|file)=([a-z0-9.-]+)[=\s]/g)].map((k) => k[1]!), line });
+    if (m) {
+      const values = new Map([...m[2]!.matchAll(/--from-literal=([a-z0-9.-]+)=(\S+)/g)].map((k) => [k[1]!, k[2]!.replace(/^["']|["']$/g, '')]));
+      out.set(m[1]!, { keys: [...m[2]!.matchAll(/--from-(?:literal|file)=([a-z0-9.-]+)[=\s]/g)].map((k) => k[1]!), line, values });
+    }
     const t = /kubectl .*create secret tls ([a-z0-9-]+) .*--cert[= ]\S+.*--key[= ]\S+/.exec(l);
-    if (t) out.set(t[1]!, { keys: ['tls.crt', 'tls.key'], line });
+    if (t) out.set(t[1]!, { keys: ['tls.crt', 'tls.key'], line, values: new Map() });
   });
   return out;
 }
@@ -88,18 +104,24 @@ function secretsNeeded(ds: Doc[]): Map<string, Set<string>> {
   return need;
 }
 
-/** Long flags a command's --help lists (commander prints each as "--flag <value>" or "--no-flag"). */
-const helpFlags = new Map<string, Set<string>>();
-function flagsOf(command: string): Set<string> {
-  let flags = helpFlags.get(command);
-  if (flags === undefined) {
-    const res = spawnSync(process.execPath, [CLI, command, '--help'], { encoding: 'utf8', timeout: 30_000 });
+/** What `ebb COMMAND [SUBCOMMAND] --help` lists: its long flags ("--flag <value>", "--no-flag") and its subcommands. */
+const helps = new Map<string, { flags: Set<string>; commands: Set<string> }>();
+function helpOf(command: string): { flags: Set<string>; commands: Set<string> } {
+  let help = helps.get(command);
+  if (help === undefined) {
+    const res = spawnSync(process.execPath, [CLI, ...command.split(' ').filter((w) => w !== ''), '--help'], { encoding: 'utf8', timeout: 30_000 });
     assert.equal(res.status, 0, `ebb ${command} --help: ${res.stderr}`);
-    flags = new Set([...res.stdout.matchAll(/(?:^|[\s,])(--[a-z0-9-]+)/g)].map((m) => m[1]!));
-    helpFlags.set(command, flags);
+    const at = res.stdout.search(/^(?:[A-Za-z ]+ )?[Cc]ommands:$/m);
+    const [options, commands] = at < 0 ? [res.stdout, ''] : [res.stdout.slice(0, at), res.stdout.slice(at)];
+    help = {
+      flags: new Set([...options.matchAll(/(?:^|[\s,])(--[a-z0-9-]+)/g)].map((m) => m[1]!)),
+      commands: new Set([...commands.matchAll(/^ {2}([a-z][a-z-]*)\b/gm)].map((m) => m[1]!)),
+    };
+    helps.set(command, help);
   }
-  return flags;
+  return help;
 }
+const flagsOf = (command: string): Set<string> => helpOf(command).flags;
 
 /** Checks an `ebb` command line (args after the program name): a real command, only flags it accepts. */
 function checkEbbArgs(args: string[], where: string, env: string[] = []): void {
@@ -182,8 +204,8 @@ describe('deploy/kubernetes: documents', () => {
       }
       for (const [name, keys] of secretsNeeded([w])) {
         const made = named('Secret', name) ? undefined : secrets.get(name);
-        assert.ok(named('Secret', name) || made, `${where}: Secret ${name} is neither a manifest nor created in README`);
-        for (const key of keys) if (made) assert.ok(made.keys.includes(key), `${where}: README's Secret ${name} has no key ${key} (it has ${made.keys.join(', ')})`);
+        assert.ok(named('Secret', name) || made, `${where}: Secret ${name} is neither a manifest nor created in ${KUBERNETES_DOC}`);
+        for (const key of keys) if (made) assert.ok(made.keys.includes(key), `${where}: ${KUBERNETES_DOC}'s Secret ${name} has no key ${key} (it has ${made.keys.join(', ')})`);
       }
       if (w.kind === 'StatefulSet') {
         const svc = named('Service', w.spec.serviceName);
@@ -212,7 +234,7 @@ describe('deploy/kubernetes: documents', () => {
     }
   });
 
-  for (const doc of ['README.md', WALKTHROUGH])
+  for (const doc of [KUBERNETES_DOC, WALKTHROUGH])
   it(`${doc} creates the Secret after the namespace and before applying any manifest that needs it`, () => {
     const text = readFileSync(join(ROOT, doc), 'utf8');
     const lines = text.split('\n');
@@ -236,22 +258,49 @@ describe('deploy/kubernetes: documents', () => {
     assert.ok(applies > 1, `${doc} applies the manifests`);
   });
 
-  it(`README links ${WALKTHROUGH}; its ebb commands take only flags ebb accepts`, () => {
-    assert.ok(README.includes(`(${WALKTHROUGH})`), `README links ${WALKTHROUGH}`);
-    const commands = readFileSync(join(ROOT, WALKTHROUGH), 'utf8').split('\n').filter((l) => /^ebb [a-z]/.test(l));
-    assert.ok(commands.length >= 3, `ebb commands in the walk-through: ${commands.length}`);
-    for (const l of commands) checkEbbArgs(l.replace(/\s+#.*$/, '').split(/\s+/).slice(1), `${WALKTHROUGH}: ${l}`);
+  it(`README links ${KUBERNETES_DOC}, which links ${WALKTHROUGH}`, () => {
+    assert.ok(README.includes(`(${KUBERNETES_DOC})`), `README links ${KUBERNETES_DOC}`);
+    assert.ok(KUBERNETES.includes(`(${WALKTHROUGH.replace('docs/', '')})`), `${KUBERNETES_DOC} links ${WALKTHROUGH}`);
   });
 });
 
-describe('deploy/kubernetes: the InferencePool', () => {
-  it("selects ebb worker pods and targets the OpenAI port they expose and serve (--openai-port, off loopback, aggregated); the picker's metrics are on their system port", () => {
-    const pools = docs.filter((d) => d.kind === 'InferencePool');
+describe('deploy/kubernetes: the InferencePool (GA: inference.networking.k8s.io/v1)', () => {
+  const pools = docs.filter((d) => d.kind === 'InferencePool');
+
+  it("has v1's schema: selector.matchLabels, one of targetPorts, endpointPickerRef to the picker's Service port; no alpha pool left", () => {
     assert.ok(pools.length >= 1, 'an example InferencePool');
     for (const pool of pools) {
       const where = `InferencePool/${pool.metadata.name}`;
-      const target = pool.spec.targetPortNumber as number;
-      const selected = workloads.filter((w) => Object.entries(pool.spec.selector as Record<string, string>).every(([k, v]) => w.spec.template.metadata.labels?.[k] === v));
+      assert.equal(pool.apiVersion, 'inference.networking.k8s.io/v1', where);
+      assert.deepEqual(Object.keys(pool.spec).sort(), ['endpointPickerRef', 'selector', 'targetPorts'], `${where}: v1's spec fields only (v1alpha2's targetPortNumber and extensionRef are gone)`);
+      assert.deepEqual(Object.keys(pool.spec.selector), ['matchLabels'], `${where}: v1's selector is matchLabels alone`);
+      assert.equal(pool.spec.targetPorts.length, 1, `${where}: v1 takes exactly one target port`);
+      assert.ok(Number.isInteger(pool.spec.targetPorts[0].number), `${where}: targetPorts[0].number`);
+      const ref = pool.spec.endpointPickerRef;
+      assert.match(ref.name, /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/, `${where}: endpointPickerRef.name`);
+      if ((ref.kind ?? 'Service') === 'Service') assert.ok(Number.isInteger(ref.port?.number), `${where}: a Service picker needs endpointPickerRef.port.number`);
+      assert.ok(['FailOpen', 'FailClose'].includes(ref.failureMode ?? 'FailClose'), `${where}: failureMode`);
+    }
+    assert.ok(!docs.some((d) => d.kind === 'InferencePool' && d.apiVersion !== 'inference.networking.k8s.io/v1'), 'no v1alpha2 pool: every supported gateway reads v1');
+  });
+
+  it('has InferenceObjectives (InferenceModel\'s successor) naming a pool of the manifests', () => {
+    const objectives = docs.filter((d) => d.kind === 'InferenceObjective');
+    assert.ok(objectives.length >= 1, 'an example InferenceObjective');
+    for (const o of objectives) {
+      const where = `InferenceObjective/${o.metadata.name}`;
+      assert.ok(Number.isInteger(o.spec.priority), `${where}: an integer priority`);
+      assert.equal(o.spec.poolRef.group, 'inference.networking.k8s.io', `${where}: names the v1 pool's group`);
+      assert.equal(o.spec.poolRef.kind ?? 'InferencePool', 'InferencePool');
+      assert.ok(named('InferencePool', o.spec.poolRef.name), `${where}: pool ${o.spec.poolRef.name}`);
+    }
+  });
+
+  it("selects ebb worker pods and targets the OpenAI port they expose and serve (--openai-port, off loopback, aggregated); the picker's metrics are on their system port", () => {
+    for (const pool of pools) {
+      const where = `InferencePool/${pool.metadata.name}`;
+      const target = pool.spec.targetPorts[0].number as number;
+      const selected = workloads.filter((w) => Object.entries(pool.spec.selector.matchLabels as Record<string, string>).every(([k, v]) => w.spec.template.metadata.labels?.[k] === v));
       assert.ok(selected.length > 0, `${where}: selects no pod`);
       for (const w of selected) {
         const worker = ebbContainers(podSpec(w)).find((c) => c.args?.[0] === 'worker') ?? assert.fail(`${where}: ${w.metadata.name} runs no ebb worker`);
@@ -267,8 +316,8 @@ describe('deploy/kubernetes: the InferencePool', () => {
       }
     }
     const comment = readFileSync(join(DEPLOY, 'inference-pool.yaml'), 'utf8').replace(/\n# ?/g, ' ');
-    for (const said of [/--model-server-metrics-port=9090/, /not migrated/, /handed off/, /not resumable/, /drain-aware/, /Which to use/])
-      assert.match(comment, said, 'the comment says where the picker reads metrics, what it gives up compared with the frontend, and when to use which');
+    for (const said of [/--model-server-metrics-port=9090/, /helm install \S+ oci:\/\/registry\.k8s\.io\/gateway-api-inference-extension\/charts\/inferencepool/, /not migrated/, /handed off/, /not resumable/, /drain-aware/, /Which to use/])
+      assert.match(comment, said, "the comment names the picker's install, where it reads metrics, what it gives up compared with the frontend, and when to use which");
   });
 });
 
@@ -414,6 +463,130 @@ describe('deploy/kubernetes: the eviction guard webhook', () => {
   });
 });
 
+/** A Kubernetes quantity ("500m", "2", "512Mi", "1Gi") as a number (cores, bytes). */
+function quantity(q: string | number): number {
+  const m = /^(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G)?$/.exec(String(q)) ?? assert.fail(`not a quantity: ${q}`);
+  const unit = { m: 1e-3, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, k: 1e3, M: 1e6, G: 1e9 }[m[2] ?? ''] ?? 1;
+  return Number(m[1]) * unit;
+}
+
+/** A Go duration ("0s", "3600s", "1h") in seconds. */
+function seconds(d: string): number {
+  const m = /^(\d+)(ms|s|m|h)$/.exec(d) ?? assert.fail(`not a duration: ${d}`);
+  return Number(m[1]) * { ms: 1e-3, s: 1, m: 60, h: 3600 }[m[2] as 'ms' | 's' | 'm' | 'h'];
+}
+
+describe('deploy/kubernetes: what a cluster accepts as it is', () => {
+  const frontend = workloads.find((w) => ebbContainers(podSpec(w)).some((c) => c.args?.[0] === 'frontend')) ?? assert.fail('a frontend workload');
+  const frontendContainer = ebbContainers(podSpec(frontend)).find((c) => c.args?.[0] === 'frontend')!;
+  const frontendArgs = frontendContainer.args!;
+  const frontendService = docs.find((d) => d.kind === 'Service' && selects({ matchLabels: d.spec.selector }, templateLabels(frontend)) && (d.spec.ports as Array<{ targetPort?: string | number }>).some((p) => (frontendContainer.ports ?? []).some((c) => c.name === p.targetPort && String(c.containerPort) === argValue(frontendArgs, '--port')))) ?? assert.fail("a Service to the frontend's public port");
+  const publicPort = (frontendService.spec.ports as Array<{ name: string; port: number; targetPort: string }>).find((p) => (frontendContainer.ports ?? []).some((c) => c.name === p.targetPort && String(c.containerPort) === argValue(frontendArgs, '--port')))!;
+
+  it('every container (sidecars and init containers too) has CPU and memory requests and limits, requests within limits', () => {
+    let checked = 0;
+    for (const w of workloads) {
+      for (const c of allContainers(podSpec(w))) {
+        const where = `${w.metadata.name}/${c.name}`;
+        for (const kind of ['requests', 'limits'] as const) for (const r of ['cpu', 'memory']) assert.ok(c.resources?.[kind]?.[r] !== undefined, `${where}: resources.${kind}.${r}`);
+        for (const r of ['cpu', 'memory', 'nvidia.com/gpu']) {
+          if (c.resources.requests[r] === undefined) continue;
+          assert.ok(quantity(c.resources.requests[r]) <= quantity(c.resources.limits[r] ?? assert.fail(`${where}: a limit for ${r}`)), `${where}: ${r} requested within its limit`);
+        }
+        checked++;
+      }
+    }
+    assert.ok(checked >= 8, `containers checked: ${checked}`);
+  });
+
+  it("an Ingress and an HTTPRoute route /v1 alone to the frontend's public port, SSE-safe: no buffering, no timeout a stream runs into", () => {
+    const ingresses = docs.filter((d) => d.kind === 'Ingress');
+    const routes = docs.filter((d) => d.kind === 'HTTPRoute');
+    assert.ok(ingresses.length >= 1 && routes.length >= 1, 'an Ingress and an HTTPRoute');
+    for (const ing of ingresses) {
+      const where = `Ingress/${ing.metadata.name}`;
+      const paths = (ing.spec.rules as any[]).flatMap((r) => r.http.paths);
+      for (const p of paths) {
+        assert.equal(p.path, '/v1', `${where}: only the OpenAI API is public (not /metrics, /health)`);
+        assert.equal(p.backend.service.name, frontendService.metadata.name, `${where}: the frontend's Service`);
+        assert.ok(p.backend.service.port.name === publicPort.name || p.backend.service.port.number === publicPort.port, `${where}: the Service port that reaches the frontend's --port`);
+      }
+      const a = ing.metadata.annotations ?? {};
+      assert.equal(a['nginx.ingress.kubernetes.io/proxy-buffering'], 'off', `${where}: events pass as they come`);
+      assert.ok(Number(a['nginx.ingress.kubernetes.io/proxy-read-timeout']) >= 3600, `${where}: a stream may be silent for minutes`);
+      assert.ok(Number(a['nginx.ingress.kubernetes.io/proxy-send-timeout']) >= 3600, `${where}: send timeout`);
+      assert.doesNotMatch(a['nginx.ingress.kubernetes.io/proxy-next-upstream'] ?? '', /non_idempotent/, `${where}: a POST (a generation) is never sent twice`);
+      assert.equal(a['nginx.ingress.kubernetes.io/affinity'], undefined, `${where}: no stickiness: any frontend serves a resume`);
+    }
+    for (const route of routes) {
+      const where = `HTTPRoute/${route.metadata.name}`;
+      assert.ok(route.spec.parentRefs?.length > 0, `${where}: attached to a Gateway`);
+      for (const rule of route.spec.rules) {
+        assert.deepEqual(rule.matches, [{ path: { type: 'PathPrefix', value: '/v1' } }], `${where}: /v1 alone`);
+        assert.deepEqual(rule.backendRefs.map((b: any) => [b.kind ?? 'Service', b.name, b.port]), [['Service', frontendService.metadata.name, publicPort.port]], `${where}: the frontend's Service port`);
+        const t = seconds(rule.timeouts?.request ?? assert.fail(`${where}: timeouts.request (a gateway's default would cut long streams)`));
+        assert.ok(t === 0 || t >= 3600, `${where}: timeouts.request off (0s) or an hour at least`);
+      }
+    }
+  });
+
+  it('the API keys are a Secret mounted where --api-key-file points, as the file every flag names is', () => {
+    assert.ok(argValue(frontendArgs, '--api-key-file'), 'the frontend takes clients\' keys');
+    for (const w of workloads) {
+      for (const c of ebbContainers(podSpec(w))) {
+        for (const [i, a] of (c.args ?? []).entries()) {
+          const m = /^(--[a-z-]+-file)(?:=(.*))?$/.exec(a);
+          if (!m) continue;
+          const file = m[2] ?? c.args![i + 1]!;
+          const where = `${w.metadata.name}/${c.name} ${m[1]} ${file}`;
+          const mount = ((c.volumeMounts ?? []) as Array<{ name: string; mountPath: string }>).find((v) => file.startsWith(`${v.mountPath}/`)) ?? assert.fail(`${where}: on no mount`);
+          const volume = podSpec(w).volumes?.find((v) => v.name === mount.name);
+          assert.ok(volume?.secret, `${where}: from a Secret`);
+          const items = (volume.secret.items ?? []) as Array<{ key: string; path: string }>;
+          assert.ok(items.length === 0 || items.some((it) => `${mount.mountPath}/${it.path}` === file), `${where}: the Secret volume has the file`);
+        }
+      }
+    }
+    const keyFile = argValue(frontendArgs, '--api-key-file')!;
+    const keyMount = (frontendContainer.volumeMounts as Array<{ name: string; mountPath: string }>).find((m) => keyFile.startsWith(`${m.mountPath}/`))!;
+    const secret = podSpec(frontend).volumes!.find((v) => v.name === keyMount.name)!.secret.secretName as string;
+    const made = readmeSecrets().get(secret) ?? assert.fail(`${KUBERNETES_DOC} creates the API keys' Secret ${secret}`);
+    assert.match([...made.values.values()].join('\n'), /^[A-Za-z0-9_.-]+:/, `${KUBERNETES_DOC} gives the keys names (name:key), the tenants of the admission queue`);
+  });
+
+  it('frontends drain like workers: 300 s for open streams, a grace period above it, rollouts with surge, a PodDisruptionBudget', () => {
+    const grace = durationOption(argValue(frontendArgs, '--shutdown-grace-ms') ?? '5s');
+    const timeout = durationOption(argValue(frontendArgs, '--shutdown-timeout-ms') ?? '300s');
+    assert.ok(timeout >= 300_000, `--shutdown-timeout-ms ${timeout} ms: agent-length streams need minutes`);
+    const termination = podSpec(frontend) as PodSpec & { terminationGracePeriodSeconds?: number };
+    assert.ok((termination.terminationGracePeriodSeconds ?? 30) * 1000 > grace + timeout, `terminationGracePeriodSeconds ${termination.terminationGracePeriodSeconds} above grace + timeout (${(grace + timeout) / 1000} s)`);
+    assert.equal(frontend.spec.strategy?.type, 'RollingUpdate');
+    assert.equal(frontend.spec.strategy.rollingUpdate.maxUnavailable, 0, 'a new frontend is ready before an old one stops');
+    assert.ok(frontend.spec.strategy.rollingUpdate.maxSurge >= 1, 'rollouts surge');
+    assert.ok(frontend.spec.replicas >= 2, 'two frontends, so one takes the other\'s streams');
+    const pdb = docs.find((d) => d.kind === 'PodDisruptionBudget' && selects(d.spec.selector, templateLabels(frontend))) ?? assert.fail("a PodDisruptionBudget for the frontend's pods");
+    assert.ok((pdb.spec.minAvailable ?? 0) >= 1 || (pdb.spec.maxUnavailable !== undefined && pdb.spec.maxUnavailable < frontend.spec.replicas), 'one frontend stays through node drains');
+  });
+
+  it("the frontends share a stream store: --stream-store names a Redis the docs point at one of the manifests' Services", () => {
+    const store = argValue(frontendArgs, '--stream-store') ?? assert.fail('--stream-store');
+    const fromEnv = /^\$\(([A-Z_]+)\)$/.exec(store);
+    let url = store;
+    if (fromEnv) {
+      const ref = (frontendContainer.env ?? []).find((e) => e.name === fromEnv[1])?.valueFrom?.secretKeyRef ?? assert.fail(`${fromEnv[1]} comes from a Secret (a managed Redis's URL carries its password)`);
+      url = readmeSecrets().get(ref.name)?.values.get(ref.key) ?? assert.fail(`${KUBERNETES_DOC} creates Secret ${ref.name} with a literal ${ref.key}`);
+    }
+    const u = new URL(url);
+    assert.match(u.protocol, /^rediss?:$/, `a Redis URL: ${url}`);
+    const [svcName, ns] = u.hostname.split('.');
+    const svc = named('Service', svcName!) ?? assert.fail(`${url} names Service ${svcName}, which no manifest makes`);
+    assert.equal(ns, 'ebb');
+    assert.ok((svc.spec.ports as Array<{ port: number }>).some((p) => p.port === Number(u.port || 6379)), `Service ${svcName} has port ${u.port}`);
+    const redis = workloads.find((w) => selects({ matchLabels: svc.spec.selector }, templateLabels(w))) ?? assert.fail(`Service ${svcName} selects a workload`);
+    assert.ok(allContainers(podSpec(redis)).some((c) => /^redis:/.test(c.image)), `${redis.metadata.name} runs Redis`);
+  });
+});
+
 describe('deploy/kubernetes: ebb containers', () => {
   it('run the image the Dockerfile builds, with args and preStop commands ebb accepts', () => {
     let seen = 0;
@@ -506,7 +679,10 @@ describe('deploy/kubernetes: ebb containers', () => {
           if (flag === '--discovery') return `--discovery=${discovery}`;
           if (flag === '--advertise-host') return '--advertise-host=127.0.0.1';
           if (flag === '--worker-id') return '--worker-id=manifest-worker';
-          return a.replace('/etc/ebb/', `${dir}/`).replace(/\/etc\/ebb-eviction-guard(?:-client-ca)?\//, `${dir}/`);
+          // The Redis is the cluster's: here the frontend keeps its streams in memory.
+          if (flag === '--stream-store') return '--stream-store=memory';
+          // Every file from a Secret mount (tokens, API keys, TLS) is a file of the same name under `dir`.
+          return a.replace(/\/etc\/ebb[a-z-]*\//, `${dir}/`);
         });
 
     const container = (deployment: string) => ebbContainers(podSpec(named('Deployment', deployment)!))[0]!;
@@ -517,6 +693,7 @@ describe('deploy/kubernetes: ebb containers', () => {
 
     before(async () => {
       writeFileSync(join(dir, 'admin-token'), 'manifest-admin-token\n', { mode: 0o600 });
+      writeFileSync(join(dir, 'api-keys'), 'app:manifest-api-key\n', { mode: 0o600 });
       guardCa = makeCert(dir, 'guard', 'tls').cert; // tls.crt / tls.key, as the guard's Secret mounts them
       const client = makeCert(dir, 'apiserver-client', 'ca'); // ca.crt, as the client CA Secret mounts it
       apiServerClient = { cert: client.cert, key: client.key };
@@ -680,7 +857,7 @@ describe('Dockerfile and Dockerfile.cuda', () => {
     }
   });
 
-  it('npm in the build takes NPM_REGISTRY and NPM_CA; Dockerfile.cuda\'s build stages are Dockerfile\'s; README passes only args they declare', () => {
+  it('npm in the build takes NPM_REGISTRY and NPM_CA and is never forced; Dockerfile.cuda\'s build stages are Dockerfile\'s; the docs pass only args they declare', () => {
     const npm = cpuFile.stage('npm');
     assert.equal(npm.from, '${NODE_IMAGE}');
     for (const a of ['NPM_REGISTRY', 'NPM_CA']) assert.ok(npm.lines.includes(`ARG ${a}=`), `npm stage: ARG ${a}, empty by default`);
@@ -691,6 +868,8 @@ describe('Dockerfile and Dockerfile.cuda', () => {
         assert.equal(s.from, 'npm', `${f.file}: stage ${s.name} installs packages through the npm stage's registry and CA`);
       }
       assert.notEqual(f.stages.at(-1)?.from, 'npm', `${f.file}: the image itself carries no npm configuration`);
+      // npm answers --force with "Recommended protections disabled", a warning every build would print.
+      for (const l of f.stages.flatMap((x) => x.lines).filter((x) => /\bnpm\b/.test(x))) assert.doesNotMatch(l, /--force\b|\bcache clean\b/, `${f.file}: no forced npm step (${l.trim()})`);
     }
     const prebuilts = /^ARG LLAMA_PREBUILTS=.*$/m;
     for (const name of ['npm', 'build', 'deps']) {
@@ -700,13 +879,18 @@ describe('Dockerfile and Dockerfile.cuda', () => {
     }
     const declared = (f: typeof cpuFile) => new Set([...f.globals, ...f.stages.flatMap((s) => s.lines)].map((l) => /^ARG\s+([A-Z_]+)/.exec(l)?.[1]).filter((x) => x !== undefined));
     let builds = 0;
-    for (const l of README.replace(/\\\n\s*/g, ' ').split('\n').filter((x) => /^\s*(DOCKER_BUILDKIT=\d\s+)?docker build\b/.test(x))) {
-      const f = /\s-f\s+Dockerfile\.cuda\b/.test(l) ? cudaFile : cpuFile;
-      for (const m of l.matchAll(/--build-arg\s+([A-Z_]+)=/g)) assert.ok(declared(f).has(m[1]!), `README: ${f.file} declares ARG ${m[1]} (${l.trim()})`);
-      assert.doesNotMatch(l, /--target/, `README: ${l.trim()} builds a file's default target`);
-      builds++;
+    let legacy = false;
+    for (const [doc, text] of DOCS) {
+      for (const l of text.replace(/\\\n\s*/g, ' ').split('\n').filter((x) => /^\s*(DOCKER_BUILDKIT=\d\s+)?docker build\b/.test(x))) {
+        const f = /\s-f\s+Dockerfile\.cuda\b/.test(l) ? cudaFile : cpuFile;
+        for (const m of l.matchAll(/--build-arg\s+([A-Z_]+)=/g)) assert.ok(declared(f).has(m[1]!), `${doc}: ${f.file} declares ARG ${m[1]} (${l.trim()})`);
+        assert.doesNotMatch(l, /--target/, `${doc}: ${l.trim()} builds a file's default target`);
+        legacy ||= /DOCKER_BUILDKIT=0/.test(l) && /NPM_CA=/.test(l);
+        builds++;
+      }
     }
-    assert.ok(builds >= 3, 'README builds the CPU and the CUDA image, and with a registry and CA');
+    assert.ok(builds >= 3, 'the docs build the CPU and the CUDA image, and with a registry and CA');
+    assert.ok(legacy, "the docs show the legacy builder's build (Debian's docker.io) with the CA");
   });
 
   it('copies only what exists and .dockerignore keeps; keeps only real node-llama-cpp prebuilt packages', () => {
@@ -730,5 +914,101 @@ describe('Dockerfile and Dockerfile.cuda', () => {
     }
     assert.match(kept(cudaFile), /\blinux-x64-cuda\b/, 'the CUDA image keeps the CUDA prebuilt');
     assert.doesNotMatch(kept(cpuFile), /cuda|vulkan/, 'the CPU image keeps no GPU prebuilt');
+  });
+});
+
+describe('deploy/load-balancer: nginx and HAProxy in front of several frontends', () => {
+  const LB = join(ROOT, 'deploy', 'load-balancer');
+  /** A Debian binary: on root's PATH, else in /usr/sbin (a user's PATH often lacks it). */
+  const binary = (name: string) => [spawnSync('sh', ['-c', `command -v ${name}`], { encoding: 'utf8' }).stdout.trim(), `/usr/sbin/${name}`].find((p) => p !== '' && existsSync(p));
+  const nginx = binary('nginx');
+  const haproxy = binary('haproxy');
+  /** The two frontends of the step-by-step (docs/frontends.md): ports 8000 and 8010 on one machine. */
+  const GUIDE_FRONTENDS = ['127.0.0.1:8000', '127.0.0.1:8010'];
+
+  it('nginx.conf parses (nginx -t) and is what SSE needs: no buffering, hour-long timeouts, retries that never repeat a POST, no stickiness', { skip: skipWithout(nginx !== undefined, 'nginx is not installed (Debian nginx): deploy/load-balancer/nginx.conf is not parsed') }, () => {
+    const file = join(LB, 'nginx.conf');
+    const prefix = mkdtempSync(join(tmpdir(), 'ebb-nginx-'));
+    const res = spawnSync(nginx!, ['-t', '-c', file, '-p', prefix, '-g', `pid ${prefix}/nginx.pid; error_log stderr;`], { encoding: 'utf8', timeout: 30_000 });
+    assert.equal(res.status, 0, `nginx -t: ${res.stderr}`);
+    assert.match(res.stderr, /test is successful/);
+    const conf = readFileSync(file, 'utf8').replace(/#.*$/gm, '');
+    assert.match(conf, /\bproxy_buffering off;/);
+    assert.match(conf, /\bproxy_cache off;/);
+    for (const t of ['proxy_read_timeout', 'proxy_send_timeout']) assert.ok(Number(new RegExp(`\\b${t} (\\d+)s;`).exec(conf)?.[1]) >= 3600, `${t} an hour at least`);
+    assert.match(conf, /\bproxy_http_version 1\.1;/, 'HTTP/1.1 to the frontends (keep-alive, chunked streams)');
+    assert.match(conf, /\bproxy_next_upstream [^;]*\berror\b/, 'a connection that fails goes to the other frontend');
+    assert.doesNotMatch(conf, /non_idempotent/, 'a POST (a generation) is never sent twice');
+    assert.doesNotMatch(conf, /\b(ip_hash|hash|sticky)\b/, 'no stickiness: any frontend serves a resume');
+    assert.deepEqual([...conf.matchAll(/^\s*server (\d+\.\d+\.\d+\.\d+:\d+)/gm)].map((m) => m[1]), GUIDE_FRONTENDS, "the step-by-step's two frontends");
+  });
+
+  it('haproxy.cfg parses (haproxy -c) without a warning and is what SSE needs: hour-long timeouts, answers retried for a GET only, /health checks, no stickiness', { skip: skipWithout(haproxy !== undefined, 'haproxy is not installed (Debian haproxy): deploy/load-balancer/haproxy.cfg is not parsed') }, () => {
+    const file = join(LB, 'haproxy.cfg');
+    const res = spawnSync(haproxy!, ['-c', '-f', file], { encoding: 'utf8', timeout: 30_000 });
+    assert.equal(res.status, 0, `haproxy -c: ${res.stdout}${res.stderr}`);
+    assert.doesNotMatch(`${res.stdout}${res.stderr}`, /\[WARNING\]|\[ALERT\]/, `haproxy -c: ${res.stdout}${res.stderr}`);
+    const cfg = readFileSync(file, 'utf8').replace(/#.*$/gm, '');
+    for (const t of ['client', 'server']) assert.match(cfg, new RegExp(`\\btimeout ${t} (1h|[6-9]\\dm|\\d{4,}s)\\b`), `timeout ${t}: an hour at least`);
+    assert.match(cfg, /\bretry-on\b/, 'answers a resume may be retried on');
+    assert.match(cfg, /\bhttp-request disable-l7-retry unless METH_GET\b/, 'only a GET (a resume) is retried on an answer; a POST only when its connection failed');
+    assert.match(cfg, /\boption httpchk GET \/health\b/, "a frontend leaves the rotation when its /health fails (its shutdown's grace)");
+    assert.doesNotMatch(cfg, /\b(stick|cookie|balance source|balance uri)\b/, 'no stickiness: any frontend serves a resume');
+    assert.doesNotMatch(cfg, /\bcompression\b/, 'no compression: events are not held for a block');
+    assert.deepEqual([...cfg.matchAll(/^\s*server \S+ (\S+)/gm)].map((m) => m[1]), GUIDE_FRONTENDS, "the step-by-step's two frontends");
+  });
+});
+
+describe('README and docs/: a front door, and every command, flag and file they name exists', () => {
+  it('README is a front door (under 400 lines) that links every docs page', () => {
+    const lines = README.split('\n').length;
+    assert.ok(lines < 400, `README.md has ${lines} lines`);
+    for (const page of readdirSync(join(ROOT, 'docs')).filter((f) => f.endsWith('.md'))) assert.ok(README.includes(`(docs/${page}`), `README links docs/${page}`);
+  });
+
+  it('every relative link resolves, and every repository path they name in backticks exists', () => {
+    let links = 0;
+    for (const [doc, text] of DOCS) {
+      const base = doc.includes('/') ? join(ROOT, doc, '..') : ROOT;
+      for (const [, target] of text.matchAll(/\]\(([^)\s]+)\)/g)) {
+        if (/^[a-z]+:|^#/.test(target!)) continue;
+        const path = target!.split('#')[0]!;
+        assert.ok(existsSync(join(base, path)), `${doc}: the link (${target}) resolves`);
+        links++;
+      }
+      for (const [, path] of text.matchAll(/`((?:src|test|bench|deploy|docs)\/[A-Za-z0-9_./-]+)`/g)) {
+        if (/[*<{]/.test(path!)) continue;
+        assert.ok(existsSync(join(ROOT, path!)), `${doc}: \`${path}\` exists`);
+      }
+    }
+    assert.ok(links > 20, `links checked: ${links}`);
+  });
+
+  it("every ebb command line in their code blocks is a command ebb has, with flags it accepts", () => {
+    let checked = 0;
+    for (const [doc, text] of DOCS) {
+      for (const block of text.matchAll(/^```[a-z]*\n([\s\S]*?)^```/gm)) {
+        for (const raw of block[1]!.replace(/\\\n\s*/g, ' ').split('\n')) {
+          // `$ ebb ...` (a console), `npx ebb ...`, `node dist/bin/ebb.js ...`; the rest of a pipeline or a comment is not ebb's.
+          const m = /^\s*(?:\$\s+)?(?:[A-Z_]+=\S+\s+)*(?:npx\s+ebb|ebb|node\s+dist\/bin\/ebb\.js)\s+(.*)$/.exec(raw);
+          if (!m) continue;
+          const line = m[1]!.split(/\s(?:#|\||&&|;|&)(?:\s|$)/)[0]!.trim();
+          const words = line.split(/\s+/);
+          // Global options first, then the command (and a subcommand: `ebb intents clear`).
+          while (words[0] === '--log-format' || words[0] === '--log-level') words.splice(0, 2);
+          const command = words.shift();
+          if (command === undefined || command === '--help' || command === '--version') continue;
+          assert.ok(helpOf('').commands.has(command), `${doc}: "ebb ${line}": ebb has no command ${command}`);
+          const path = words[0] !== undefined && helpOf(command).commands.has(words[0]) ? `${command} ${words.shift()}` : command;
+          const flags = flagsOf(path);
+          for (const [, flag] of line.matchAll(/(?:^|[\s[(|])(--[a-z][a-z0-9-]*)/g)) {
+            if (flag === '--log-format' || flag === '--log-level') continue;
+            assert.ok(flags.has(flag!), `${doc}: "ebb ${line}": ebb ${path} has no flag ${flag}`);
+          }
+          checked++;
+        }
+      }
+    }
+    assert.ok(checked >= 30, `ebb command lines checked: ${checked}`);
   });
 });

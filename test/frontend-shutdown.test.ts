@@ -59,3 +59,26 @@ describe('frontend: SIGTERM', () => {
     assert.equal(await frontend.exitCode(), 1, 'exit 1: requests had to be ended');
   });
 });
+
+describe('frontend: the shutdown deadline by default (issue 43)', () => {
+  it('gives open streams 300 s after SIGTERM (an agent turn runs minutes), and a Ctrl-C (SIGINT) at most 10 s', async () => {
+    const discovery = tempDiscoveryUrl();
+    started.push(await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '50']));
+    const idle = await startFrontend(discovery, ['--shutdown-grace-ms', '0']);
+    started.push(idle);
+    idle.signal('SIGTERM');
+    assert.equal((await idle.waitForEvent('frontend_stopping')).timeout_ms, 300_000, 'SIGTERM: the default deadline');
+    assert.equal(await idle.exitCode(), 0, 'nothing open: it exits at once, whatever the deadline');
+
+    const frontend = await startFrontend(discovery);
+    started.push(frontend);
+    const open = await longStream(frontend.url);
+    frontend.signal('SIGINT');
+    assert.equal((await frontend.waitForEvent('frontend_stopping')).timeout_ms, 10_000, 'Ctrl-C: capped');
+    // Bounded well under the 30 s the deadline was before: a Ctrl-C does not hang for the SIGTERM deadline.
+    const cut = await bounded(open.outcome, 'the stream ended at the Ctrl-C deadline', 25_000);
+    assert.equal(cut.done, false);
+    assert.equal(cut.errorCode, 'server_closing', `an error event, not a bare close: ${cut.error}`);
+    assert.equal(await frontend.exitCode(), 1, 'exit 1: a stream had to be ended');
+  });
+});

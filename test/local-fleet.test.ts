@@ -74,13 +74,16 @@ after(async () => {
 });
 
 describe('operator commands without flags find the fleet `ebb up` runs', () => {
-  it('ebb workers lists its workers; ebb status, drain --wait and resume act on them by id, with the token `ebb up --admin-token-file` set', async () => {
-    const listed = await ebb('workers', '--json');
+  it('ebb workers lists its workers; ebb status, drain --wait and resume act on them by id, with the token `ebb up --admin-token-file` set (reads too)', async () => {
+    const unread = await ebb('workers', '--json');
+    assert.notEqual(unread.code, 0, 'the fleet has an admin token: its view is not read without it');
+    assert.match(unread.stderr, /HTTP 401/);
+    const listed = await ebb('workers', '--json', '--token-file', tokenFile);
     assert.equal(listed.code, 0, listed.stderr);
     workers = (JSON.parse(listed.stdout) as { workers: typeof workers }).workers;
     assert.equal(workers.length, 2, listed.stdout);
     const id = workers[0]!.worker_id;
-    const status = await ebb('status', id);
+    const status = await ebb('status', id, '--token-file', tokenFile);
     assert.equal(status.code, 0, status.stderr);
     assert.match(status.stdout, new RegExp(`^worker ${id}: serving`));
     const refused = await ebb('drain', id);
@@ -92,7 +95,7 @@ describe('operator commands without flags find the fleet `ebb up` runs', () => {
     // Drained, it left discovery; `ebb up`'s frontend still knows it, so its id still works.
     const resume = await ebb('resume', id, '--token-file', tokenFile);
     assert.equal(resume.code, 0, resume.stderr);
-    assert.match((await ebb('status', id)).stdout, new RegExp(`^worker ${id}: serving`));
+    assert.match((await ebb('status', id, '--token-file', tokenFile)).stdout, new RegExp(`^worker ${id}: serving`));
   });
 });
 

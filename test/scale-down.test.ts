@@ -17,6 +17,8 @@ import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
  * two m2 workers, the youngest of which can never drain (its engine cannot tell it is idle).
  */
 const NO_TOKEN = { EBB_ADMIN_TOKEN: undefined };
+/** The admin token of the worker that refuses the callers' drains (the last test). */
+const GUARDED_TOKEN = 'a-token-the-caller-lacks';
 const started: EbbProcess[] = [];
 after(async () => {
   await Promise.all(started.map((p) => p.stop()));
@@ -51,7 +53,9 @@ before(async () => {
     m2.push(w);
   }
   await Promise.all([...m1, ...m2].map(warmUp));
-  const frontend = await startFrontend(discovery, ['--admin-port', '0'], NO_TOKEN);
+  // It reads every worker's status with the token the last test's worker holds (a worker's reads need
+  // its token); the callers of its admin API hold none.
+  const frontend = await startFrontend(discovery, ['--admin-port', '0'], { ...NO_TOKEN, EBB_WORKER_ADMIN_TOKEN: GUARDED_TOKEN });
   started.push(frontend);
   const adminUrl = (await frontend.waitForEvent('frontend_ready')).admin_url as string;
   for (const w of [...m1, ...m2])
@@ -346,7 +350,7 @@ describe('frontend admin API: POST /models/{model}/scale-down starts whole or no
   // Last in this file: it adds a fifth m1 worker.
   it('resumes the victim that took its drain when another refuses its own, and says so', async () => {
     // This worker wants a token the caller does not have: it refuses the drain forwarded with the caller's credential.
-    const guarded = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', 'm1-t', '--mocker-itl-ms', '20', '--mocker-kv-cache', 'off'], { EBB_ADMIN_TOKEN: 'a-token-the-caller-lacks' });
+    const guarded = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', 'm1-t', '--mocker-itl-ms', '20', '--mocker-kv-cache', 'off'], { EBB_ADMIN_TOKEN: GUARDED_TOKEN });
     started.push(guarded);
     await fe.waitForLog((l) => l.event === 'worker_added' && l.worker_id === 'm1-t', 'frontend sees m1-t');
     const a = byId('m1-a');
@@ -358,6 +362,6 @@ describe('frontend admin API: POST /models/{model}/scale-down starts whole or no
     const after = (await call('GET', `${a.systemUrl}/engine/status`)).body;
     assert.equal(after.state, 'serving', 'm1-a resumed');
     assert.equal(after.generation, before.generation + 2, 'm1-a took its drain, then its resume');
-    assert.equal((await call('GET', `${guarded.systemUrl}/engine/status`)).body.state, 'serving');
+    assert.equal((await call('GET', `${guarded.systemUrl}/engine/status`, undefined, { authorization: `Bearer ${GUARDED_TOKEN}` })).body.state, 'serving');
   });
 });

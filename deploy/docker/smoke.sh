@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Smoke-runs a built ebb image as README's container quick start does (.ci/run runs it after building):
+# Smoke-runs a built ebb image as docs/kubernetes.md's container quick start does (.ci/run runs it after building):
 #   deploy/docker/smoke.sh [IMAGE]          IMAGE: ebb:0.1.0 unless given
 # `--version` is package.json's; `ebb` is on the PATH (the worker's preStop runs it); `ebb up` with the
 # OpenAI port and the admin port (the dashboard) published on loopback: a streamed chat completion
@@ -48,7 +48,10 @@ grep -q '"finish_reason":"length"' <<<"$answer" && grep -qx 'data: \[DONE\]' <<<
   || { logs; fail "the streamed chat completion through $api did not run to its end: $answer"; }
 page=$(curl -sS --fail --max-time 30 "http://$admin/") || { logs; fail "GET / (the dashboard) through the published port $admin failed"; }
 grep -qi '<html' <<<"$page" || fail "GET / through $admin is not the dashboard's page"
-fleet=$(curl -sS --fail --max-time 30 "http://$admin/workers") || fail "GET /workers through $admin failed"
+# The fleet is read with the admin token (without it: 401), as the dashboard reads it once given the token.
+code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 30 "http://$admin/workers")
+[ "$code" = 401 ] || fail "GET /workers through $admin without the admin token answered $code, not 401"
+fleet=$(curl -sS --fail --max-time 30 -H "authorization: Bearer $token" "http://$admin/workers") || fail "GET /workers through $admin with the admin token failed"
 grep -q '"state":"serving"' <<<"$fleet" || fail "the dashboard's fleet (GET /workers) has no serving worker: $fleet"
 
 # docker stop is SIGTERM: ebb up drains its workers and exits 0, well inside Docker's 10 s.

@@ -38,7 +38,7 @@ export function addSourceOptions(cmd: Command): Command {
   return cmd
     .addOption(new Option('--frontend <url>', "a frontend's admin API, e.g. http://127.0.0.1:8001 (its --admin-port)").conflicts(['discovery', 'fleet']))
     .addOption(new Option('--fleet <name>', 'the running `ebb up` named so (its --name, else its pid), when several run').argParser(fleetNameOption).conflicts('discovery'))
-    .addOption(new Option('--discovery <url>', `read the fleet from discovery instead (default: env EBB_DISCOVERY, else the running \`ebb up\`'s frontend, else ${discoveryDefault()})`).argParser(discoveryOption))
+    .addOption(new Option('--discovery <url>', `read the fleet from discovery instead (default: env EBB_DISCOVERY, else the running \`ebb up\`'s frontend, else file://$XDG_RUNTIME_DIR/ebb/discovery, else file://$TMPDIR/ebb-<uid>/discovery)`).argParser(discoveryOption))
     .option('--token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
     // The servers' name for the same file, so either spelling works everywhere.
     .addOption(new Option('--admin-token-file <path>', 'the same as --token-file').hideHelp().conflicts('tokenFile'));
@@ -166,7 +166,7 @@ export class AdminClient {
     const unlisted = [...(intents ?? new Map<string, DrainIntent>()).values()].flatMap((i) => (i.worker !== undefined && !listed.has(i.worker.worker_id) ? [i.worker] : []));
     const entries = await Promise.all(
       [...records, ...unlisted].map(async (r): Promise<FleetEntry> => {
-        const live = await fetchLiveStatus(r.system_url, r.worker_id, this.agent, statusTimeoutMs);
+        const live = await fetchLiveStatus(r.system_url, r.worker_id, this.agent, statusTimeoutMs, { token: this.token, proveFirst: true });
         const intent = intents?.get(r.worker_id);
         return { ...r, in_discovery: listed.has(r.worker_id), state: live.reachable ? live.status.state : null, ...live, ...(intent ? { drain_intent: intent } : {}) };
       }),
@@ -253,8 +253,8 @@ export class AdminClient {
       throw new CliError(
         `worker "${target}" is not in ${this.sourceLabel} (a draining or drained worker unregisters itself): pass its system URL, or --frontend URL, which remembers it`,
       );
-    // The URL is discovery's: it gets the operator's token only once it answers as that worker.
-    const live = await fetchLiveStatus(record.system_url, record.worker_id, this.agent, CALL_TIMEOUT_MS);
+    // The URL is discovery's: it gets the operator's token only once it answers as that worker (its open /live says).
+    const live = await fetchLiveStatus(record.system_url, record.worker_id, this.agent, CALL_TIMEOUT_MS, { token: this.token, proveFirst: true });
     if (!live.reachable) throw new CliError(`worker ${record.worker_id} (${record.system_url}) from ${this.sourceLabel}: ${live.error}; nothing was sent to it`);
     return this.direct(record.system_url, record);
   }

@@ -7,7 +7,7 @@ import { createLogger } from '../common/logger.js';
 import { startFrontend, type FrontendOptions } from '../frontend/frontend.js';
 import { runChild } from '../frontend/cluster/child.js';
 import { runPrimary } from '../frontend/cluster/primary.js';
-import { DEFAULT_SHUTDOWN_GRACE_MS } from '../frontend/shutdown.js';
+import { DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_SHUTDOWN_TIMEOUT_MS, INTERACTIVE_SHUTDOWN_TIMEOUT_MS, shutdownTimeoutFor } from '../frontend/shutdown.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
 import { ROUTER_KINDS, DEFAULT_OVERLAP_WEIGHT, type RouterKind } from '../frontend/routing/router.js';
@@ -16,7 +16,7 @@ import { DEFAULT_CLIENT_WRITE_TIMEOUT_MS } from '../frontend/relay/client-stream
 import { STREAM_STORE_DEFAULTS } from '../frontend/streams/stream-store.js';
 import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/routing/admission-queue.js';
 import { isStoreUrl, parseStoreUrl, redactUrl, storePassword, STORE_PASSWORD_ENV } from '../frontend/streams/redis-store.js';
-import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
+import { discoveryFlag, intOption, msOption, portOption, weightOption } from './options.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 
 interface FrontendFlags {
@@ -84,18 +84,18 @@ export function frontendCommand(): Command {
     .description('run the OpenAI-compatible frontend: routes requests to serving workers found through discovery')
     .option('--host <addr>', 'bind address', '127.0.0.1')
     .option('--port <n>', 'port (0 = any free port)', portOption, 8000)
-    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryOption, discoveryDefault())
+    .addOption(discoveryFlag())
     .option('--admin-host <addr>', 'admin listener bind address (fleet view, drain/resume); non-loopback needs an admin token', '127.0.0.1')
     .option('--admin-port <n>', 'admin listener port (default: --port + 1, i.e. 8001; any free port when --port is 0; 0 = any)', portOption)
-    .option('--admin-token-file <path>', `file holding the admin bearer token (env ${ADMIN_TOKEN_ENV})`)
+    .option('--admin-token-file <path>', `file holding the admin bearer token, for every admin route but the dashboard's page (env ${ADMIN_TOKEN_ENV})`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token sent to workers (env ${REQUEST_TOKEN_ENV})`)
-    .option('--worker-admin-token-file <path>', `file holding the admin token presented to workers' event streams (KV events, status), which need it where a worker has an admin token (env ${WORKER_ADMIN_TOKEN_ENV}; default: the first token of --admin-token-file)`)
+    .option('--worker-admin-token-file <path>', `file holding the admin token presented to workers' status reads and event streams (KV events, status), which need it where a worker has an admin token (env ${WORKER_ADMIN_TOKEN_ENV}; default: the first token of --admin-token-file, else the request-plane token)`)
     .addOption(apiKeyFileOption())
     .option('--request-timeout-ms <n>', 'a client request (headers and body) must arrive within this; 408 otherwise (both listeners)', msOption(1), PUBLIC.requestTimeoutMs)
     .option('--headers-timeout-ms <n>', 'request headers must arrive within this of the connection or previous response (both listeners)', msOption(1), PUBLIC.headersTimeoutMs)
     .option('--client-write-timeout-ms <n>', 'a streaming client that reads none of its answer for this long (its socket full) is disconnected, freeing its worker (0 = never)', msOption(0), DEFAULT_CLIENT_WRITE_TIMEOUT_MS)
     .option('--keep-alive-timeout-ms <n>', 'idle keep-alive connections are closed after this (both listeners)', msOption(1), PUBLIC.keepAliveTimeoutMs)
-    .addOption(new Option('--max-connections <n>', 'open connections on the public port; past it a new one displaces an idle or slow one, or may only ask for /health').argParser(intOption(1)).default(PUBLIC.maxConnections, `${PUBLIC.maxConnections}, from the fd limit`))
+    .addOption(new Option('--max-connections <n>', 'open connections on the public port; past it a new one displaces an idle or slow one, or may only ask for /health').argParser(intOption(1)).default(PUBLIC.maxConnections, '(ulimit -n - 192) / 2, at least 16'))
     .option('--admin-max-connections <n>', 'open connections on the admin listener; past it a new one displaces an idle or slow one, or may only ask for a probe', intOption(1), ADMIN.maxConnections)
     .option('--upstream-headers-timeout-ms <n>', 'a worker that has not started answering after this long is treated as hung; the request moves on', msOption(1), 10_000)
     .option('--stream-idle-timeout-ms <n>', "a stream silent this long has its worker's /live probed; when that does not answer either, the stream moves to another worker (0 = never)", msOption(0), 10_000)
@@ -113,7 +113,7 @@ export function frontendCommand(): Command {
         .argParser(processesOption)
         .default(1),
     )
-    .option('--shutdown-timeout-ms <n>', 'then, how long open streams and admin calls may finish before they are ended (server_closing) and cut (exit 1 then)', msOption(0), 30_000)
+    .option('--shutdown-timeout-ms <n>', `then, how long open streams and admin calls may finish before they are ended (server_closing; a kept stream is handed on to another frontend) and cut (exit 1 then); a Ctrl-C (SIGINT) waits at most ${INTERACTIVE_SHUTDOWN_TIMEOUT_MS / 1000} s`, msOption(0), DEFAULT_SHUTDOWN_TIMEOUT_MS)
     .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 queue_timeout past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
     .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 queue_full (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
     .option(
@@ -212,8 +212,9 @@ export function frontendCommand(): Command {
       const stop = (signal: NodeJS.Signals, graceMs = 0) => {
         if (stopping) return force(`${signal} again`);
         stopping = true;
-        log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs }, 'stopping: finishing open streams');
-        frontend.close(flags.shutdownTimeoutMs, graceMs).then(
+        const timeoutMs = shutdownTimeoutFor(signal, flags.shutdownTimeoutMs);
+        log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs, timeout_ms: timeoutMs }, `stopping: finishing open streams (at most ${timeoutMs / 1000} s; ${signal} again to stop now)`);
+        frontend.close(timeoutMs, graceMs).then(
           (clean) => (interrupted ? undefined : process.exit(clean ? 0 : 1)),
           (err: unknown) => {
             log.error({ err }, 'stop failed');

@@ -1,4 +1,4 @@
-import { InvalidArgumentError } from 'commander';
+import { InvalidArgumentError, Option } from 'commander';
 import { FLEET_NAME } from './up-state.js';
 import { defaultDiscoveryDir } from '../discovery/private-dir.js';
 import { workerIdProblem } from '../discovery/worker-id.js';
@@ -46,6 +46,14 @@ export function msOption(min: number) {
  */
 export function discoveryDefault(): string {
   return process.env.EBB_DISCOVERY ?? `file://${defaultDiscoveryDir()}`;
+}
+
+/** discoveryDefault() in words: the same on every machine (the flag reference is generated from it). */
+export const DISCOVERY_DEFAULT_TEXT = 'env EBB_DISCOVERY, else file://$XDG_RUNTIME_DIR/ebb/discovery, else file://$TMPDIR/ebb-<uid>/discovery';
+
+/** A server's --discovery: a URL, by default discoveryDefault(). */
+export function discoveryFlag(): Option {
+  return new Option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379]').argParser(discoveryOption).default(discoveryDefault(), DISCOVERY_DEFAULT_TEXT);
 }
 
 /** --worker-id: refused at start when it is not a worker id (see discovery/worker-id). */

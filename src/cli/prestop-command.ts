@@ -22,12 +22,12 @@ const say = (line: string) => process.stderr.write(`${printable(line)}\n`);
  * A container preStop exec hook: drain the worker in this pod through its local Admin API and
  * return once it is drained, so the kubelet's SIGTERM finds nothing in flight. The kubelet's grace
  * countdown (terminationGracePeriodSeconds) starts before the hook runs, so --timeout must leave
- * room for the shutdown after it (see README, "Kubernetes").
+ * room for the shutdown after it (see docs/kubernetes.md, "Workers and their pods").
  */
 export function prestopCommand(): Command {
   return new Command('prestop')
     .description('preStop hook: drain the local worker and return once it is drained (or at --timeout)')
-    .option('--system-url <url>', "the worker's system-status server (env EBB_SYSTEM_URL)", process.env.EBB_SYSTEM_URL ?? 'http://127.0.0.1:9090')
+    .addOption(new Option('--system-url <url>', "the worker's system-status server").default(process.env.EBB_SYSTEM_URL ?? 'http://127.0.0.1:9090', 'env EBB_SYSTEM_URL, else http://127.0.0.1:9090'))
     .addOption(new Option('--timeout <duration>', 'return after this long even if not drained (exit 2); SIGTERM then hands off what still runs').argParser(durationOption).default(durationOption('5m'), '5m'))
     .addOption(new Option('--deadline <duration>', 'hand streams still running after this long off to other workers').argParser(durationOption))
     .option('--reason <text>', 'recorded by the worker as drain_reason', 'preStop hook')

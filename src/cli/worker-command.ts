@@ -18,7 +18,7 @@ import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { newWorkerId, startWorker, type RunningWorker } from '../worker/worker.js';
 import { CliError } from './cli-error.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
-import { discoveryDefault, discoveryOption, intOption, msOption, portOption, workerIdOption } from './options.js';
+import { discoveryFlag, intOption, msOption, portOption, workerIdOption } from './options.js';
 import { llamaCppOptions, llamaCppSpec, servedModelName, type LlamaCppFlags } from './llama-cpp-flags.js';
 import { collectAdapterName, loraOption } from './lora-flag.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
@@ -94,11 +94,11 @@ export function workerCommand(): Command {
     .option('--system-host <addr>', 'system-status server bind address', '127.0.0.1')
     .option('--advertise-host <host>', 'host name or address peers use to reach this worker (default: the bound address; the hostname when bound to 0.0.0.0 or ::)')
     .option('--system-port <n>', 'system-status server port (0 = any free port)', portOption, 0)
-    .option('--admin-token-file <path>', `file holding the admin bearer token for drain/resume (env ${ADMIN_TOKEN_ENV}); required when --system-host is not loopback`)
+    .option('--admin-token-file <path>', `file holding the admin bearer token for the Admin API: drain, resume and every read but /live, /health and /metrics (env ${ADMIN_TOKEN_ENV}); required when --system-host is not loopback`)
     .option('--request-token-file <path>', `file holding the request-plane bearer token, shared with the fleet's frontends and workers (env ${REQUEST_TOKEN_ENV}); required when --host is not loopback`)
     .option('--openai-port <n>', "also serve the OpenAI API for this worker alone on this port, bound to --host (for an InferencePool's endpoint picker; 0 = any free port); its requests go through the worker's admission", portOption)
     .addOption(apiKeyFileOption(' of --openai-port'))
-    .option('--discovery <url>', 'memory:, file:///dir or etcd://host:2379[,host:2379] (env EBB_DISCOVERY)', discoveryOption, discoveryDefault())
+    .addOption(discoveryFlag())
     .option('--worker-id <id>', 'worker id (default: random w-xxxxxxxx; at most 253 bytes, no "/", controls or whitespace, not . or ..)', workerIdOption)
     .option('--register-timeout-ms <n>', 'at start, how long to keep retrying discovery registration before giving up', msOption(0), 30_000)
     .addOption(new Option('--drain-intent-ttl-ms <n>', 'etcd discovery: how long a drain outlives this process (a restart with the same --worker-id comes back drained; resume clears it)').argParser(msOption(1000)).default(24 * 3600_000, '24h'))

@@ -23,6 +23,10 @@ import { EbbError } from '../protocol/errors.js';
  * With a token, the bearer header is what guards mutations (a page cannot add it cross-origin
  * without a preflight either); the Host rule is off, so such listeners serve any name they are
  * reached under.
+ *
+ * - Reads too: with a token, every GET but the listener's open paths (probes, scrapes, the
+ *   dashboard's page) needs it. A fleet view names every worker and its internal URLs, an audit
+ *   trail who drained what: whoever reaches an admin port off loopback must not read them.
  */
 
 /** Extra origins (comma-separated) allowed to drive the admin listeners: a dashboard behind a reverse proxy. */
@@ -34,6 +38,13 @@ export const PROBE_PATHS: readonly string[] = ['/live', '/health'];
 export interface AdminBoundaryOptions {
   /** Whether mutations need an admin token (the listener may then be off loopback). */
   tokenRequired: boolean;
+  /**
+   * Checks a read (GET, HEAD) of any path but `openReads` when a token is configured: throws the
+   * 401 or 403 to answer. Undefined: reads are open (no token: the listener is loopback-only).
+   */
+  guardRead?: ((authorization: string | undefined) => unknown) | undefined;
+  /** GET paths answered without a token besides the probes: a scrape, the dashboard's page. */
+  openReads?: readonly string[] | undefined;
   /** Origins allowed besides the listener's own; default: EBB_ADMIN_ORIGINS. */
   allowedOrigins?: readonly string[] | undefined;
 }
@@ -104,6 +115,7 @@ const pathOf = (url: string): string => url.split('?', 1)[0] as string;
 /** Adds the boundary's checks to an admin listener (before routing, so even unknown paths get them). */
 export function addAdminBoundary(app: FastifyInstance, opts: AdminBoundaryOptions): void {
   const allowed = new Set(opts.allowedOrigins ?? originsFromEnv());
+  const openReads = new Set(opts.openReads ?? []);
   app.addHook('onRequest', async (req) => {
     const method = req.method;
     if ((method === 'GET' || method === 'HEAD') && PROBE_PATHS.includes(pathOf(req.url))) return;
@@ -126,7 +138,10 @@ export function addAdminBoundary(app: FastifyInstance, opts: AdminBoundaryOption
         throw new EbbError('forbidden', `cross-origin admin call from ${JSON.stringify(origin.slice(0, 200))} refused (allowed: this listener's own origin${allowed.size > 0 ? `, ${[...allowed].join(', ')}` : ''}; see ${ADMIN_ORIGINS_ENV})`);
     }
 
-    if (SAFE_METHODS.has(method)) return;
+    if (SAFE_METHODS.has(method)) {
+      if ((method === 'GET' || method === 'HEAD') && !openReads.has(pathOf(req.url))) opts.guardRead?.(req.headers.authorization);
+      return;
+    }
     const contentType = req.headers['content-type'];
     if ((origin !== undefined || hasBody(req) || contentType !== undefined) && !isJson(contentType))
       throw new EbbError('unsupported_media_type', `admin ${method}s take a JSON body: send Content-Type: application/json${origin !== undefined ? ' (required from a browser)' : ''}`);

@@ -1,6 +1,7 @@
 import { Agent, request } from 'undici';
 import type { WorkerStatus } from '../protocol/admin.js';
 import { codeOf } from '../protocol/errors.js';
+import { bearerHeader } from './admin-auth.js';
 import { AnswerTooLarge, readBounded } from './bounded-read.js';
 
 /**
@@ -100,15 +101,42 @@ function isWorkerStatus(v: unknown): v is WorkerStatus {
 }
 
 /**
+ * Who answers at a system URL, from its open /live (no credential needed): the worker_id it says, or
+ * undefined when it says none (a worker older than that, or no ebb worker at all: its status read
+ * tells). Throws Unreachable when nothing answers.
+ */
+export async function identityAt(systemUrl: string, agent: Agent, timeoutMs: number): Promise<unknown> {
+  const live = await adminCall<{ worker_id?: unknown } | string>(`${systemUrl}/live`, { agent, timeoutMs, maxBytes: WORKER_ANSWER_LIMIT });
+  return typeof live.body === 'object' && live.body !== null ? live.body.worker_id : undefined;
+}
+
+export interface StatusReadOptions {
+  /** Presented as a bearer token: a worker with an admin token answers its status to token holders only. */
+  token?: string | undefined;
+  /**
+   * Ask the worker's open /live who it is before the token goes out (the operator's own token, to a
+   * URL read from discovery): a port reused by another worker, or a stale record, never gets it.
+   */
+  proveFirst?: boolean | undefined;
+}
+
+/**
  * GET {systemUrl}/engine/status with a short timeout and a bounded read, folded into a LiveStatus.
  * The URL comes from a discovery record, so the answer is trusted only as far as it proves to be
  * worker `workerId`'s status: anything else is reported as unreachable without echoing it (the
  * record may point at any service; its answer must not come back through the fleet view). An ebb
  * error body (a loading worker's 503) keeps its catalogue code and message.
  */
-export async function fetchLiveStatus(systemUrl: string, workerId: string, agent: Agent, timeoutMs: number): Promise<LiveStatus> {
+export async function fetchLiveStatus(systemUrl: string, workerId: string, agent: Agent, timeoutMs: number, opts: StatusReadOptions = {}): Promise<LiveStatus> {
   try {
-    const res = await adminCall(`${systemUrl}/engine/status`, { agent, timeoutMs, maxBytes: WORKER_ANSWER_LIMIT });
+    let token = opts.token;
+    if (token !== undefined && opts.proveFirst === true) {
+      const said = await identityAt(systemUrl, agent, timeoutMs);
+      if (said !== undefined && said !== workerId) return { reachable: false, error: identityMismatch(systemUrl, said, workerId) };
+      // A worker older than worker_id on /live keeps its status open: read it without the token.
+      if (said === undefined) token = undefined;
+    }
+    const res = await adminCall(`${systemUrl}/engine/status`, { agent, timeoutMs, maxBytes: WORKER_ANSWER_LIMIT, headers: bearerHeader(token) });
     if (res.statusCode !== 200) {
       const code = codeOf(res.body);
       return { reachable: false, error: `HTTP ${res.statusCode}${code === undefined ? '' : `: ${errorMessageOf(res.body)}`}` };

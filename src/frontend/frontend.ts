@@ -204,7 +204,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   // The queue's reads of departed workers' status; none without a queue (every --openai-port, --queue-timeout 0).
   const fleetAgent = queueTimeoutMs === 0 ? undefined : createAdminAgent();
   const admissionLog = log.child({ component: 'admission' });
-  const admission = fleetAgent === undefined ? undefined : new AdmissionQueue({ timeoutMs: queueTimeoutMs, depth: opts.queueDepth ?? DEFAULT_QUEUE_DEPTH, log: admissionLog }, queueFleet(pool, fleet, fleetAgent, { timeoutMs: queueTimeoutMs, log: admissionLog }, discovery.drainIntents), createQueueMetrics(metrics.registry));
+  const admission = fleetAgent === undefined ? undefined : new AdmissionQueue({ timeoutMs: queueTimeoutMs, depth: opts.queueDepth ?? DEFAULT_QUEUE_DEPTH, log: admissionLog }, queueFleet(pool, fleet, fleetAgent, { timeoutMs: queueTimeoutMs, log: admissionLog, workerAdminToken: opts.workerAdminToken ?? opts.requestToken }, discovery.drainIntents), createQueueMetrics(metrics.registry));
   if (admission !== undefined) {
     pool.onRoom = (model) => admission.changed(model);
     metrics.stats.queued = (model) => admission.waiting(model);

@@ -5,6 +5,23 @@ import type { StreamFormat } from './wire/stream-format.js';
 /** Default --shutdown-grace-ms: about what endpoint controllers and proxies take to stop sending to a terminating pod. */
 export const DEFAULT_SHUTDOWN_GRACE_MS = 5_000;
 
+/**
+ * Default --shutdown-timeout-ms: how long open streams may finish after SIGTERM. An agent's turn
+ * streams for minutes, and a plain stream still open at the deadline is lost to its client (a kept
+ * one is handed on to another frontend), while a frontend whose streams ended exits at once: the
+ * bound costs nothing until streams are that long. Supervisors must wait longer than grace + this
+ * (Kubernetes' terminationGracePeriodSeconds, systemd's TimeoutStopSec), or they kill it first.
+ */
+export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 300_000;
+
+/** A Ctrl-C (SIGINT) is someone at a terminal: open streams get at most this long, not minutes. */
+export const INTERACTIVE_SHUTDOWN_TIMEOUT_MS = 10_000;
+
+/** The deadline a stop by `signal` gets: the configured one, capped for an interactive SIGINT. */
+export function shutdownTimeoutFor(signal: string, configuredMs: number): number {
+  return signal === 'SIGINT' ? Math.min(configuredMs, INTERACTIVE_SHUTDOWN_TIMEOUT_MS) : configuredMs;
+}
+
 /** How long requests ended at the deadline get to write their answer before their connections are cut. */
 const ANSWER_BOUND_MS = 1_000;
 

@@ -50,7 +50,21 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
   // Event streams have their own budget: 64 open streams took every admin connection (drain answered 503).
   const eventStreams = { paths: [KV_EVENTS_PATH, STATUS_EVENTS_PATH], max: KV_EVENT_SUBSCRIBERS_MAX + STATUS_STREAM_SUBSCRIBERS_MAX };
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, eventStreams });
-  addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
+  // With an admin token set, reads (status, audit, event streams) are for the fleet's token holders
+  // only: the admin token, or the request-plane token every frontend holds. /metrics stays open for
+  // scrapers and pickers (an InferencePool's endpoint picker reads it with no credential).
+  const requestGuard = createAdminGuard(requestToken, 'request-plane');
+  const isRequestToken = (authorization: string | undefined): boolean => {
+    try {
+      return requestGuard?.(authorization) !== undefined;
+    } catch {
+      return false; // then the admin token's answer (401 or 403) is the one to give
+    }
+  };
+  const readGuard = (authorization: string | undefined): void => {
+    if (guardAdmin !== undefined && !isRequestToken(authorization)) guardAdmin(authorization);
+  };
+  addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined, guardRead: guardAdmin === undefined ? undefined : readGuard, openReads: ['/metrics'] });
 
   const loadingRegistry = new Registry();
   new Gauge({ name: 'ebb_worker_loading', help: '1 while the worker loads its engine (not yet in discovery)', registers: [loadingRegistry] }).set(1);
@@ -71,8 +85,9 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
   allowOnly(app, '/live', ['GET']);
   app.get('/live', async (_req, reply) => {
     const { state, engineFailure } = phase.lifecycle;
-    if (engineFailure !== undefined) return reply.code(503).send({ status: 'engine_failed', state, reason: engineFailure });
-    return { status: 'alive', state };
+    // worker_id: who answers here, so a caller can tell before it sends a token (a reused port, a stale record).
+    if (engineFailure !== undefined) return reply.code(503).send({ status: 'engine_failed', state, reason: engineFailure, worker_id: workerId });
+    return { status: 'alive', state, worker_id: workerId };
   });
 
   allowOnly(app, '/health', ['GET']);
@@ -116,19 +131,6 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
   allowOnly(app, '/engine/events', ['GET']);
   app.get('/engine/events', async () => ({ events: runtime().lifecycle.audit.list() }));
 
-  // Streams hold a connection for as long as they last: with an admin token set, only the fleet's
-  // token holders may (the admin token, or the request-plane token every frontend holds).
-  const requestGuard = createAdminGuard(requestToken, 'request-plane');
-  const isRequestToken = (authorization: string | undefined): boolean => {
-    try {
-      return requestGuard?.(authorization) !== undefined;
-    } catch {
-      return false; // then the admin token's answer (401 or 403) is the one to give
-    }
-  };
-  const readGuard = (authorization: string | undefined): void => {
-    if (guardAdmin !== undefined && !isRequestToken(authorization)) guardAdmin(authorization);
-  };
   addStatusStream(app, runtime, (r) => statusBody(r, r.lifecycle.status()), readGuard);
   addKvEventStream(app, workerId, runtime, readGuard);
 

@@ -1,17 +1,17 @@
 import type { FastifyInstance } from 'fastify';
 import type { Agent } from 'undici';
-import type { AdminGuard } from '../../common/admin-auth.js';
+import { bearerHeader, type AdminGuard } from '../../common/admin-auth.js';
 import { addAdminBoundary } from '../../common/admin-boundary.js';
 import { DrainBodySchema, type DrainBody } from '../../protocol/admin.js';
 import { codeOf, EbbError } from '../../protocol/errors.js';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
-import { adminCall, errorMessageOf, fetchLiveStatus, identityMismatch, Unreachable, WORKER_ANSWER_LIMIT, type LiveStatus } from '../../common/worker-admin.js';
+import { adminCall, errorMessageOf, fetchLiveStatus, identityAt, identityMismatch, Unreachable, WORKER_ANSWER_LIMIT, type LiveStatus } from '../../common/worker-admin.js';
 import type { DiscoveryEvent, WorkerRecord } from '../../discovery/discovery.js';
 import type { DrainIntent, DrainIntentStore } from '../../discovery/drain-intent.js';
 import type { ScaleDownLocks } from '../../discovery/scale-down-lock.js';
 import type { ModelStats } from '../model-stats.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
-import { addDashboard } from './dashboard.js';
+import { addDashboard, DASHBOARD_OPEN_PATHS } from './dashboard.js';
 import { FLEET_EVENTS_PATH, FLEET_STREAM_CLIENTS_MAX, FleetEvents } from './fleet-events.js';
 import type { FleetView, Known } from './fleet-view.js';
 import { fleetCapacity } from './fleet-capacity.js';
@@ -39,9 +39,9 @@ export interface AdminServerDeps {
   /** Per-model request rate, errors and TTFT, for the dashboard. */
   stats?: Pick<ModelStats, 'summary'> | undefined;
   agent: Agent;
-  /** Checks mutating routes when an admin token is configured. */
+  /** Checks every route but the probes and the dashboard's page when an admin token is configured. */
   guardAdmin?: AdminGuard | undefined;
-  /** Presented to workers' event streams, which require the admin token where the worker has one. */
+  /** Presented to workers' status reads and event streams, which require a token where the worker has one. */
   workerAdminToken?: string | undefined;
   limits?: HttpServerLimits | undefined;
   /** Where the fleet's capacity gauges (per model, for an autoscaler) and scale-down counts go: the frontend's /metrics. */
@@ -65,7 +65,7 @@ export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, st
     [...held.values()].flatMap((i) => (i.worker !== undefined && !fleet.get(i.worker.worker_id) ? [{ record: i.worker, inDiscovery: false, failures: 0 }] : []));
 
   const describe = async (k: Known, intent?: DrainIntent) => {
-    const live = await fetchLiveStatus(k.record.system_url, k.record.worker_id, agent, STATUS_TIMEOUT_MS);
+    const live = await fetchLiveStatus(k.record.system_url, k.record.worker_id, agent, STATUS_TIMEOUT_MS, { token: workerAdminToken });
     const routed = pool.get(k.record.worker_id);
     const now = Date.now();
     const hold = routed?.hold && routed.hold.until > now ? routed.hold.kind : null;
@@ -107,7 +107,9 @@ export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, st
     ].sort((a, b) => a.worker_id.localeCompare(b.worker_id));
   };
 
-  addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined });
+  // With a token, reads need it too (the fleet view names every worker and its internal URLs); the
+  // dashboard's page loads without it and asks for it before it reads anything.
+  addAdminBoundary(app, { tokenRequired: guardAdmin !== undefined, guardRead: guardAdmin, openReads: DASHBOARD_OPEN_PATHS });
   const scaleDowns = metricsRegistry ? registerFleetMetrics(metricsRegistry, async () => fleetCapacity(await listWorkers())).scaleDown : undefined;
 
   allowOnly(app, '/workers', ['GET']);
@@ -130,15 +132,22 @@ export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, st
    * record). Its answer is read bounded and never echoed unless it proves that.
    */
   const assertIdentity = async (k: Known, id: string): Promise<void> => {
-    let res;
+    const url = k.record.system_url;
+    let said: unknown;
     try {
-      res = await adminCall<{ worker_id?: unknown }>(`${k.record.system_url}/engine/status`, { agent, timeoutMs: STATUS_TIMEOUT_MS, maxBytes: WORKER_ANSWER_LIMIT });
+      // Its open /live says who it is (no credential goes out for that); a worker older than that says it in its status.
+      said = await identityAt(url, agent, STATUS_TIMEOUT_MS);
+      if (said === undefined) {
+        const res = await adminCall<{ worker_id?: unknown }>(`${url}/engine/status`, { agent, timeoutMs: STATUS_TIMEOUT_MS, maxBytes: WORKER_ANSWER_LIMIT, headers: bearerHeader(workerAdminToken) });
+        if (res.statusCode !== 200)
+          throw new EbbError('worker_unreachable', `worker ${id} at ${url} answered HTTP ${res.statusCode}${codeOf(res.body) ? `: ${errorMessageOf(res.body)}` : ''}; nothing was forwarded`);
+        said = res.body?.worker_id;
+      }
     } catch (err) {
-      throw new EbbError('worker_unreachable', `cannot reach worker ${id} at ${k.record.system_url}: ${err instanceof Unreachable ? err.reason : (err as Error).message}; nothing was forwarded`);
+      if (err instanceof EbbError) throw err;
+      throw new EbbError('worker_unreachable', `cannot reach worker ${id} at ${url}: ${err instanceof Unreachable ? err.reason : (err as Error).message}; nothing was forwarded`);
     }
-    if (res.statusCode !== 200)
-      throw new EbbError('worker_unreachable', `worker ${id} at ${k.record.system_url} answered HTTP ${res.statusCode}${codeOf(res.body) ? `: ${errorMessageOf(res.body)}` : ''}; nothing was forwarded`);
-    if (res.body?.worker_id !== id) throw new EbbError('worker_identity_mismatch', `${identityMismatch(k.record.system_url, res.body?.worker_id, id)}; nothing was forwarded`);
+    if (said !== id) throw new EbbError('worker_identity_mismatch', `${identityMismatch(url, said, id)}; nothing was forwarded`);
   };
 
   /**

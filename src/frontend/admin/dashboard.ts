@@ -7,11 +7,12 @@ import { packageFile } from '../../common/package-files.js';
 /**
  * The fleet dashboard: one hand-written page (HTML, CSS and JS in one file, no build step, nothing
  * fetched from elsewhere), served from the package by the frontend's admin listener at GET /. It
- * reads GET /workers/events with EventSource (the stream is read-only and as open as GET /workers,
- * so no credential has to travel in a URL) and sends drain and resume with fetch, the admin token
- * as a bearer header. GET /dashboard/info tells it whether it may act. The page comes with the fleet
- * as it is (the snapshot the stream would send first, and the info) embedded, so its first paint
- * shows the workers, before the stream opens.
+ * reads GET /workers/events with fetch (not EventSource, which cannot send a header: the admin token
+ * goes as a bearer header, never in a URL) and sends drain and resume the same way. GET
+ * /dashboard/info tells it whether it needs the token. The page loads without the token; its data
+ * does not: on a listener without a token (loopback only) it comes with the fleet as it is embedded
+ * (the snapshot the stream would send first), so its first paint shows the workers before the
+ * stream opens; with a token it carries no fleet and asks for the token first.
  */
 
 /** The page, in the source tree (it has no build step). */
@@ -22,6 +23,9 @@ const INITIAL = '<script type="application/json" id="initial">null</script>';
 
 /** A favicon, so a browser's request for one is not a 404 in the listener's log. */
 const FAVICON = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#3560b5"/><path d="M2 11c2-3 4-3 6 0s4 3 6 0" stroke="#fff" stroke-width="2" fill="none"/></svg>';
+
+/** What the admin listener serves without its token: the page, whether it needs one, its icon. */
+export const DASHBOARD_OPEN_PATHS: readonly string[] = ['/', '/dashboard/info', '/favicon.svg', '/favicon.ico'];
 
 export interface DashboardOptions {
   tokenRequired: boolean;
@@ -41,7 +45,8 @@ export function addDashboard(app: FastifyInstance, opts: DashboardOptions): void
 
   allowOnly(app, '/', ['GET']);
   app.get('/', async (req, reply) => {
-    const initial = { at: new Date().toISOString(), info: info(req), snapshot: await opts.snapshot() };
+    // The fleet is the token holders' to read: a page served to anyone who reaches the listener carries none.
+    const initial = { at: new Date().toISOString(), info: info(req), snapshot: opts.tokenRequired ? null : await opts.snapshot() };
     // `<` escaped: no text from a worker can close the script element.
     const embedded = INITIAL.replace('null', () => JSON.stringify(initial).replaceAll('<', '\\u003c'));
     return reply

@@ -53,7 +53,7 @@ export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutd
     // Before the fields: what a model that cannot embed at all lacks is the whole route, not a field.
     if (pool.hasModel(body.model) && !pool.declares(body.model, 'embeddings')) {
       const engines = pool.engineKinds(body.model).join(', ') || 'unknown';
-      throw new EbbError('unsupported_parameter', `model "${body.model}" has no worker that serves embeddings (engines: ${engines}); see README "Embeddings" for the engines that do`, { param: 'model' });
+      throw new EbbError('unsupported_parameter', `model "${body.model}" has no worker that serves embeddings (engines: ${engines}); see docs/api.md, "Embeddings", for the engines that do`, { param: 'model' });
     }
     // An adapter's model is its base model's, tuned to generate: its vectors would be the base model's under its name.
     const adapter = pool.hasModel(body.model) ? undefined : pool.adapterBase(body.model);

@@ -1,5 +1,6 @@
 import type { Logger } from 'pino';
 import { startFrontend, type FrontendOptions } from '../frontend.js';
+import { shutdownTimeoutFor } from '../shutdown.js';
 import { KvFollower } from './kv-follow.js';
 import { isMessage, PROCESS_SLOT_ENV, type ChildMessage, type Counts, type PrimaryMessage } from './messages.js';
 
@@ -57,11 +58,11 @@ export async function runChild(opts: FrontendOptions, stopOpts: ChildStop, baseL
   const frontend = await startFrontend({ ...opts, admin: undefined, cluster: { slot, onInflight, scrape, kvSource: (r) => kv.source(r), peerUrl: (s) => peers.get(s) } }, log);
 
   let stopping = false;
-  const stop = (why: string, graceMs: number) => {
+  const stop = (why: string, graceMs: number, timeoutMs: number) => {
     if (stopping) return; // the primary's word and a signal to the whole group both arrive
     stopping = true;
-    log.info({ event: 'frontend_process_stopping', reason: why, grace_ms: graceMs }, `process ${slot} stopping (${why}): finishing open streams`);
-    frontend.close(stopOpts.shutdownTimeoutMs, graceMs).then(
+    log.info({ event: 'frontend_process_stopping', reason: why, grace_ms: graceMs, timeout_ms: timeoutMs }, `process ${slot} stopping (${why}): finishing open streams`);
+    frontend.close(timeoutMs, graceMs).then(
       (clean) => process.exit(clean ? 0 : 1),
       (err: unknown) => {
         log.error({ err }, 'stop failed');
@@ -80,14 +81,14 @@ export async function runChild(opts: FrontendOptions, stopOpts: ChildStop, baseL
       if (msg.text !== undefined) waiting?.resolve(msg.text);
       else waiting?.reject(new Error(`metrics of the other frontend processes: ${msg.error ?? 'no answer'}`));
     } else if (msg.type === 'ebb:metrics-req') void frontend.registry.getMetricsAsJSON().then((metrics) => send({ type: 'ebb:metrics', id: msg.id, metrics, view: frontend.adminView() }));
-    else if (msg.type === 'ebb:stop') stop('primary', msg.graceMs);
+    else if (msg.type === 'ebb:stop') stop('primary', msg.graceMs, msg.timeoutMs);
     else if (msg.type === 'ebb:peers') {
       peers.clear();
       for (const [s, url] of msg.urls) peers.set(s, url);
     }
   });
-  process.on('SIGTERM', () => stop('SIGTERM', stopOpts.shutdownGraceMs));
-  process.on('SIGINT', () => stop('SIGINT', 0));
+  process.on('SIGTERM', () => stop('SIGTERM', stopOpts.shutdownGraceMs, stopOpts.shutdownTimeoutMs));
+  process.on('SIGINT', () => stop('SIGINT', 0, shutdownTimeoutFor('SIGINT', stopOpts.shutdownTimeoutMs)));
   // The primary gone without a word: node:cluster exits this process at once (its 'disconnect' handler).
 
   send({ type: 'ebb:ready', url: frontend.url, pid: process.pid, peer_url: frontend.peerUrl });

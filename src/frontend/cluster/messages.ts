@@ -35,7 +35,7 @@ export type PrimaryMessage =
   | { type: 'ebb:scraped'; id: number; text?: string; error?: string }
   | { type: 'ebb:metrics-req'; id: number }
   /** Drain and exit: the frontend's shutdown (grace, then the deadline) in this child. */
-  | { type: 'ebb:stop'; graceMs: number }
+  | { type: 'ebb:stop'; graceMs: number; timeoutMs: number }
   /** A followed worker's KV event (a snapshot of what the primary holds first, then its batches). */
   | { type: 'ebb:kv-event'; worker_id: string; follow: number; event: 'snapshot' | 'kv'; data: unknown }
   /** The primary's stream of that worker ended: follow again for a fresh snapshot. */

@@ -11,6 +11,7 @@ import { createAdminServer } from '../admin/admin-server.js';
 import { FleetView } from '../admin/fleet-view.js';
 import type { FrontendOptions } from '../frontend.js';
 import { KvFeed } from '../routing/kv-feed.js';
+import { shutdownTimeoutFor } from '../shutdown.js';
 import { WorkerPool } from '../routing/worker-pool.js';
 import { KvRelay } from './kv-relay.js';
 import type { ChildStop } from './child.js';
@@ -78,6 +79,8 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   const slots: Slot[] = Array.from({ length: processes }, (_, index) => ({ index, ready: false, backoff: new Backoff(REPLACE_BACKOFF), answeredAt: 0 }));
   const bySlotOf = new Map<Worker, Slot>();
   let stopping = false;
+  /** The deadline the processes are told to stop within (a Ctrl-C's is capped: shutdownTimeoutFor). */
+  let stopTimeoutMs = stopOpts.shutdownTimeoutMs;
 
   // --- in-flight: children's reports summed, each child told its peers' sum (coalesced per turn) ---
   let flushing = false;
@@ -206,7 +209,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
         s.backoff.reset();
         url ??= msg.url;
         tell(worker, { type: 'ebb:peer-inflight', counts: table.peersOf(worker.id) }); // it starts knowing its peers' load
-        if (stopping) tell(worker, { type: 'ebb:stop', graceMs: 0 });
+        if (stopping) tell(worker, { type: 'ebb:stop', graceMs: 0, timeoutMs: stopTimeoutMs });
         else if (slots.every((x) => x.ready)) resolveReady(msg.url);
       } else if (msg.type === 'ebb:scrape') {
         scrape().then(
@@ -288,11 +291,12 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   const stop = (signal: string, graceMs: number) => {
     if (stopping) process.exit(130);
     stopping = true;
+    stopTimeoutMs = shutdownTimeoutFor(signal, stopOpts.shutdownTimeoutMs);
     clearInterval(heartbeat);
     log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs, processes: slots.filter((s) => s.worker).length }, 'stopping: every process finishes its open streams');
     for (const s of slots) {
       clearTimeout(s.timer);
-      if (s.worker && s.ready) tell(s.worker, { type: 'ebb:stop', graceMs });
+      if (s.worker && s.ready) tell(s.worker, { type: 'ebb:stop', graceMs, timeoutMs: stopTimeoutMs });
       // One still starting is told when it is ready.
     }
     const childrenGone = slots.every((s) => s.worker === undefined) ? Promise.resolve() : new Promise<void>((resolve) => (lastExit = resolve));
@@ -305,7 +309,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
         cut = true;
         adminApp.server.closeAllConnections();
         adminAgent?.destroy().catch(() => undefined);
-      }, stopOpts.shutdownTimeoutMs);
+      }, stopTimeoutMs);
       await adminApp.close();
       clearTimeout(deadline);
       await adminAgent?.close().catch(() => undefined);

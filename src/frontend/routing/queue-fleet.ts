@@ -24,14 +24,15 @@ const PROBE_TIMEOUT_MS = 1000;
  * status is read once when it leaves; a worker that no longer answers then (it crashed: its record
  * went with its process or its lease) is a failure, not a restart, and its model fails fast.
  */
-export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, opts: { timeoutMs: number; log: Logger }, intents?: DrainIntentStore): QueueFleet {
+export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, opts: { timeoutMs: number; log: Logger; workerAdminToken?: string | undefined }, intents?: DrainIntentStore): QueueFleet {
+  const read = { token: opts.workerAdminToken };
   /** Per model: when its last worker left discovery shutting down (see above). */
   const restarting = new Map<string, number>();
   fleet.on('left', (id: string, at: number) => {
     const k = fleet.get(id);
     if (k === undefined || k.record.mode === 'prefill' || pool.mayServeSoon(k.record.model, NOTHING_SKIPPED)) return;
     const model = k.record.model;
-    void fetchLiveStatus(k.record.system_url, id, agent, PROBE_TIMEOUT_MS).then((live) => {
+    void fetchLiveStatus(k.record.system_url, id, agent, PROBE_TIMEOUT_MS, read).then((live) => {
       if (!live.reachable || !live.status.shutting_down || pool.mayServeSoon(model, NOTHING_SKIPPED)) return;
       restarting.set(model, at);
       opts.log.info({ event: 'model_restarting', model, worker_id: id }, `the last worker of "${model}" left shutting down: its requests wait up to ${opts.timeoutMs} ms for a replacement`);
@@ -52,7 +53,7 @@ export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, opt
       const departed = fleet.all().filter((k) => !k.inDiscovery && k.record.model === model && k.record.mode !== 'prefill' && !skip.has(k.record.worker_id));
       const answers = await Promise.all(
         departed.map(async (k) => {
-          const live = await fetchLiveStatus(k.record.system_url, k.record.worker_id, agent, PROBE_TIMEOUT_MS);
+          const live = await fetchLiveStatus(k.record.system_url, k.record.worker_id, agent, PROBE_TIMEOUT_MS, read);
           if (fleet.forgetIfGone(k.record.worker_id, live)) return false;
           // One that answers with an error (a token it wants, a slow read) is not known gone yet.
           return !live.reachable || !live.status.shutting_down;
