@@ -7,7 +7,7 @@ import type { FrontendMetrics } from '../metrics.js';
 import { NOTHING_SKIPPED, type PoolWorker, type WorkerPool } from '../routing/worker-pool.js';
 import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
-import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
+import { MAX_ERROR_BODY, StreamLineTooLong, WorkerCall, type BatchLine } from './worker-call.js';
 import { IdleWatch } from './idle-watch.js';
 import { actOn, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
 import { readBounded } from '../../common/bounded-read.js';
@@ -189,6 +189,8 @@ export class Upstream {
     // What the request was told to skip before any attempt (a continuation: the worker it leaves).
     const skip: ReadonlySet<string> = tried.size === 0 ? NOTHING_SKIPPED : new Set(tried);
     let place: Place | undefined;
+    // Turns that a worker took, then failed before a token: a request every worker fails is answered, not queued for ever.
+    let failedTurns = 0;
     if (queue.waiting(body.model) === 0) {
       try {
         return await attempt();
@@ -219,8 +221,10 @@ export class Upstream {
           throw err;
         }
         // Out of the queue already (its worker took it, then failed before a token): in again, at the back.
-        if (out) place = await queue.enter(body, signal, err, skip);
-        else place.refused();
+        if (out) {
+          if (++failedTurns >= MAX_ATTEMPTS) throw noServingWorker(`workers of "${body.model}" took the request ${failedTurns} times and failed before its first token each time (${err.message})`, this.pool.retryAfterS(body.model));
+          place = await queue.enter(body, signal, err, skip);
+        } else place.refused();
       }
     }
   }
@@ -315,6 +319,8 @@ export class Upstream {
     } catch (err) {
       stopWatch();
       call.abort();
+      // The answer's own token is past the bound, not the worker at fault: any worker would send it again.
+      if (err instanceof StreamLineTooLong) throw new EbbError('worker_protocol_error', `worker ${w.record.worker_id} sent ${err.message}, which the frontend cannot relay (not tried elsewhere: any worker would send it again)`);
       throw err instanceof WorkerUnresponsive ? new TryElsewhere('unresponsive', 'unreachable') : err;
     }
     // Nothing has reached the client yet: another worker can still serve it whole, unless the
