@@ -95,6 +95,7 @@ function followAdapters(adapters: WorkerAdapters, lifecycle: Lifecycle, record: 
   });
   lifecycle.on('transition', (t: Transition) => {
     if (t.to === 'draining') adapters.drainAll('worker drain');
+    else if (t.to === 'serving') adapters.retryFailedUnloads();
   });
 }
 
