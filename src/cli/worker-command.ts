@@ -24,6 +24,7 @@ import { collectAdapterName, loraOption } from './lora-flag.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 import type { AdapterSource } from '../engine/engine-adapters.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
+import { DEFAULT_MAX_EMBEDDING_TOKENS } from '../worker/embedding-tokens.js';
 
 interface WorkerFlags extends LlamaCppFlags {
   engine: string;
@@ -44,6 +45,7 @@ interface WorkerFlags extends LlamaCppFlags {
   shutdownGraceMs: number;
   drainTimeoutMs: number;
   priorityReserveSlots?: number;
+  maxEmbeddingTokens: number;
   mockerTtftMs: number;
   mockerItlMs: number;
   mockerBatchSlots: number;
@@ -105,6 +107,7 @@ export function workerCommand(): Command {
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))
     .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', msOption(0), 1000)
     .option('--priority-reserve-slots <n>', 'batch slots flex requests leave free for priority and default ones: flex is refused (worker_overloaded, it waits in the frontend\'s queue) unless a slot beyond them is free (default: 1 where the engine has >= 4 batch slots, else 0)', intOption(0))
+    .option('--max-embedding-tokens <n>', 'the most tokens one /v1/embeddings request may carry, all its inputs together (OpenAI\'s bound); past it the request is refused 400 naming input, before any work. Texts are counted by the engine\'s tokenizer when their bytes could pass it', intOption(1), DEFAULT_MAX_EMBEDDING_TOKENS)
     .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', msOption(0), 30_000)
     .option('--mocker-ttft-ms <n>', 'mocker base time to first token (with the KV cache off it grows with prompt length; on, prefill adds the uncached tokens\' time)', msOption(0), MOCKER_DEFAULTS.ttftMs)
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0), MOCKER_DEFAULTS.itlMs)
@@ -239,6 +242,7 @@ export function workerCommand(): Command {
             startDrained: selfPod?.intent ?? undefined,
             openai: flags.openaiPort === undefined ? undefined : { host: flags.host, port: flags.openaiPort, apiGuard },
             priorityReserveSlots: flags.priorityReserveSlots,
+            maxEmbeddingTokens: flags.maxEmbeddingTokens,
           },
           log,
           exit,

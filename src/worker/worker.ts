@@ -57,6 +57,8 @@ export interface WorkerOptions {
   openai?: OpenAIPortOptions | undefined;
   /** Batch slots flex requests leave free for priority and default ones (default: defaultPriorityReserve). */
   priorityReserveSlots?: number | undefined;
+  /** The most tokens one embedding request may carry, all its inputs together (default: OpenAI's 300,000). */
+  maxEmbeddingTokens?: number | undefined;
 }
 
 export interface RunningWorker {
@@ -175,6 +177,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     adapters,
     drainEtaMs: () => lifecycle.status().eta_ms ?? null,
     priorityReserve,
+    maxEmbeddingTokens: opts.maxEmbeddingTokens,
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.
