@@ -167,6 +167,18 @@ describe('LoRA adapters (mocker)', () => {
     }
   });
 
+  it('an admin load on the mocker: a new name, never a path, never the model\'s name', async () => {
+    const w = workers[0]!;
+    const withPath = await call('POST', `${w.systemUrl}/engine/adapters/a9/load`, { path: '/etc/passwd' });
+    assert.equal(withPath.status, 400, JSON.stringify(withPath.body));
+    assert.equal(withPath.body.error.param, 'path');
+    const model = await call('POST', `${w.systemUrl}/engine/adapters/m1/load`, {});
+    assert.equal(model.status, 400, JSON.stringify(model.body));
+    assert.equal(model.body.error.param, 'name');
+    const names = (await call('GET', `${w.systemUrl}/engine/status`)).body.adapters.map((a: { name: string }) => a.name);
+    assert.ok(!names.includes('a9') && !names.includes('m1'), `nothing refused is offered: ${names}`);
+  });
+
   it('an adapter draining with a request in flight still holds its slot: a request for a third waits for its unload', async () => {
     const knows = await Promise.all(workers.map(async (x) => (await call('GET', `${x.systemUrl}/engine/status`)).body.adapters.some((a: { name: string }) => a.name === 'a3')));
     const w = workers[knows.indexOf(true)]!;
@@ -247,6 +259,45 @@ describe('LoRA adapters (--engine openai)', () => {
       assert.equal((await gen('x')).status, 200, 'x loads again in its slot');
     } finally {
       await worker.terminate();
+      await sim.close();
+    }
+  });
+
+  it('an admin load on a worker without an admin token reads only the paths the operator gave: the adapter\'s own, or one under --lora-dir', async () => {
+    const sim = await startEngineSim({ kind: 'vllm', itlMs: 1 });
+    const start = (extra: string[]) =>
+      startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'base', '--engine', 'openai', '--engine-url', sim.url, '--engine-kind', 'vllm', '--lora', 'x=/adapters/x', '--engine-max-loras', '4', ...extra]);
+    const workers: WorkerHandle[] = [];
+    const load = (w: WorkerHandle, name: string, body: Record<string, unknown> = {}) => call('POST', `${w.systemUrl}/engine/adapters/${encodeURIComponent(name)}/load`, body);
+    const loaded = () => sim.seen.filter((r) => r.path === '/v1/load_lora_adapter').map((r) => r.body.lora_path);
+    try {
+      const withDir = await start(['--lora-dir', '/adapters/extra']);
+      workers.push(withDir);
+      const without = await start([]);
+      workers.push(without);
+      assert.equal((await load(withDir, 'x')).status, 200, 'a --lora adapter, from its own path');
+      assert.equal((await load(withDir, 'y', { path: '/adapters/extra/y' })).status, 200, 'a new one under --lora-dir');
+      for (const path of ['/etc/passwd', '/adapters/x', '/adapters/extra/../../etc/passwd', 'org/hub-model', '/adapters/extra']) {
+        const refused = await load(withDir, 'z', { path });
+        assert.equal(refused.status, 403, `${path}: ${JSON.stringify(refused.body)}`);
+        assert.equal(refused.body.error.code, 'forbidden');
+      }
+      const pathless = await load(withDir, 'z');
+      assert.equal(pathless.status, 400, JSON.stringify(pathless.body));
+      assert.equal(pathless.body.error.param, 'path', 'a new adapter names its path');
+      const model = await load(withDir, 'base');
+      assert.equal(model.status, 400, JSON.stringify(model.body));
+      assert.equal(model.body.error.param, 'name', "the model's own name");
+      const other = await load(withDir, 'x', { path: '/tmp/x' });
+      assert.equal(other.status, 403, 'a --lora adapter from another path');
+      const noDir = await load(without, 'y', { path: '/adapters/extra/y' });
+      assert.equal(noDir.status, 403);
+      assert.match(noDir.body.error.message, /under a --lora-dir \(this worker has none\)/);
+      assert.deepEqual(loaded(), ['/adapters/x', '/adapters/extra/y'], 'the engine was asked to read nothing else');
+      const names = (await call('GET', `${withDir.systemUrl}/engine/status`)).body.adapters.map((a: { name: string }) => a.name);
+      assert.deepEqual(names, ['x', 'y'], 'no refused name is offered');
+    } finally {
+      await Promise.all(workers.map((w) => w.terminate()));
       await sim.close();
     }
   });

@@ -46,6 +46,7 @@ interface WorkerFlags extends LlamaCppFlags {
   drainTimeoutMs: number;
   priorityReserveSlots?: number;
   maxEmbeddingTokens: number;
+  loraDir: string[];
   mockerTtftMs: number;
   mockerItlMs: number;
   mockerBatchSlots: number;
@@ -156,6 +157,11 @@ export function workerCommand(): Command {
     .addOption(new Option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to').default('', 'every topic'))
     .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
     .option('--engine-embeddings', '--engine openai: the engine\'s model serves /v1/embeddings (vLLM/SGLang pooling models, llama-server --embeddings): the worker declares embeddings')
+    .addOption(
+      new Option('--lora-dir <dir>', 'where an admin load (POST /engine/adapters/NAME/load) may read an adapter the worker was not started with (repeatable; llama-cpp: on this machine, symlinks followed; --engine openai: on the engine server). Without it a load reads only the paths --lora gave')
+        .argParser((dir: string, previous: string[]) => [...previous, dir])
+        .default([] as string[], 'none'),
+    )
     .option('--engine-max-loras <n>', '--engine openai with --lora: adapters the engine holds at once, as it is configured (vLLM --max-loras, SGLang --max-loras-per-batch)', intOption(1), 1)
     .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
     .option('--engine-tool-syntax <syntax>', '--engine openai: how the served model writes a tool call, which ebb parses from its raw text: hermes (Qwen 2.5/3, Hermes) or JSON {"prefix","params_prefix","suffix"}; unset: no tools', toolSyntaxOption)
@@ -168,6 +174,9 @@ export function workerCommand(): Command {
       // Its one worker must answer a whole request: a prefill or decode worker alone does not.
       if (flags.openaiPort !== undefined && flags.mode !== 'aggregated') throw new CliError(`--openai-port serves a whole request on this worker: it needs --mode aggregated, not ${flags.mode}`);
       if (flags.apiKeyFile !== undefined && flags.openaiPort === undefined) throw new CliError('--api-key-file guards the --openai-port listener: pass --openai-port too');
+      // Clients name an adapter as their model: one named as the model would shadow it.
+      const shadowing = [...flags.mockerLora, ...flags.lora.map((s) => s.name)].find((name) => name === servedModelName(flags, 'ebb-mock'));
+      if (shadowing !== undefined) throw new CliError(`adapter "${shadowing}" has the name of the model: give it a name of its own`);
       const apiGuard = await loadApiGuard(flags.apiKeyFile);
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
@@ -243,6 +252,7 @@ export function workerCommand(): Command {
             openai: flags.openaiPort === undefined ? undefined : { host: flags.host, port: flags.openaiPort, apiGuard },
             priorityReserveSlots: flags.priorityReserveSlots,
             maxEmbeddingTokens: flags.maxEmbeddingTokens,
+            loraDirs: flags.loraDir,
           },
           log,
           exit,

@@ -4,6 +4,7 @@ import type { AdapterSource, EngineAdapters } from '../engine/engine-adapters.js
 import { nextAdapterState, SLOT_STATES, type AdapterEvent, type AdapterState } from '../lifecycle/adapter-states.js';
 import type { AdapterRecord, AdapterStatus, ResidentState } from '../protocol/adapters.js';
 import { EbbError } from '../protocol/errors.js';
+import type { AdapterPolicy } from './adapter-policy.js';
 
 /** What the record says a load takes before this worker has timed one. */
 export const DEFAULT_ADAPTER_LOAD_MS = 1000;
@@ -68,6 +69,8 @@ export class WorkerAdapters extends EventEmitter {
   constructor(
     private readonly engine: EngineAdapters,
     private readonly log: Logger,
+    /** What an admin load may read (adapter-policy.ts). */
+    private readonly policy: AdapterPolicy,
   ) {
     super();
     for (const source of engine.available()) this.add(source);
@@ -125,6 +128,7 @@ export class WorkerAdapters extends EventEmitter {
 
   /** POST /engine/adapters/{name}/load: resident once it resolves (a new source joins those available). */
   async load(source: AdapterSource): Promise<AdapterStatus> {
+    await this.policy.check(source, this.entries.get(source.name)?.source);
     const known = this.entries.get(source.name);
     const e = known ?? this.add(source);
     const previous = e.source;
