@@ -7,7 +7,7 @@ import type { FrontendMetrics } from '../metrics.js';
 import { NOTHING_SKIPPED, type PoolWorker, type WorkerPool } from '../routing/worker-pool.js';
 import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
-import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
+import { MAX_ERROR_BODY, StreamLineTooLong, WorkerCall, type BatchLine } from './worker-call.js';
 import { IdleWatch } from './idle-watch.js';
 import { actOn, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
 import { readBounded } from '../../common/bounded-read.js';
@@ -77,6 +77,24 @@ export interface UpstreamOptions {
   router?: Router | undefined;
   /** Where requests no worker can take now wait (--queue-timeout); none: they are answered 503 at once. */
   admission?: AdmissionQueue | undefined;
+}
+
+/**
+ * The no-worker answers of rounds in which a worker failed the request (not a refusal, not a
+ * hand-off at a drain deadline): a request taken and failed this way MAX_ATTEMPTS turns running is
+ * answered instead of queued again (refusals and hand-offs wait on: their workers are busy or
+ * draining, not failing).
+ */
+const failedRounds = new WeakSet<EbbError>();
+
+function isFailure(err: TryElsewhere): boolean {
+  return err.hold !== 'draining' && err.hold !== 'overloaded' && err.outcome !== 'handed_off' && err.outcome !== 'request_handed_off';
+}
+
+/** `err`, remembered as a round a worker failed when `failed`. */
+function roundEnd(err: EbbError, failed: boolean): EbbError {
+  if (failed) failedRounds.add(err);
+  return err;
 }
 
 /** A prompt's KV takes seconds on a slow engine, rarely more; a prefill silent this long is hung. */
@@ -189,6 +207,8 @@ export class Upstream {
     // What the request was told to skip before any attempt (a continuation: the worker it leaves).
     const skip: ReadonlySet<string> = tried.size === 0 ? NOTHING_SKIPPED : new Set(tried);
     let place: Place | undefined;
+    // Turns in which a worker took the request and failed it before a token (failedRounds): a request every worker fails is answered, not queued for ever.
+    let failedTurns = 0;
     if (queue.waiting(body.model) === 0) {
       try {
         return await attempt();
@@ -219,8 +239,10 @@ export class Upstream {
           throw err;
         }
         // Out of the queue already (its worker took it, then failed before a token): in again, at the back.
-        if (out) place = await queue.enter(body, signal, err, skip);
-        else place.refused();
+        if (out) {
+          if (failedRounds.has(err) && ++failedTurns >= MAX_ATTEMPTS) throw noServingWorker(`workers of "${body.model}" took the request ${failedTurns} times and failed before its first token each time (${err.message})`, this.pool.retryAfterS(body.model));
+          place = await queue.enter(body, signal, err, skip);
+        } else place.refused();
       }
     }
   }
@@ -235,6 +257,7 @@ export class Upstream {
     body?: GenerateBody,
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
+    let failed = false;
     // The prompt's blocks, once for every attempt (the router scores the eligible workers by them).
     const flex = body?.service_tier === 'flex';
     if (flex) this.pool.skipFlexHeld(model, mode, tried);
@@ -250,6 +273,7 @@ export class Upstream {
         if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
         if (!(err instanceof TryElsewhere)) throw err;
         if (err.said !== undefined) lastRefusal = err.said;
+        failed ||= isFailure(err);
         // Handed off before its first token (its worker reached a drain deadline with it queued): the
         // request starts afresh from that worker, as a migration does, so a worker passed over earlier
         // (the one it left, serving again after a restart) may take it.
@@ -259,7 +283,7 @@ export class Upstream {
         }
       }
     }
-    throw this.noWorker(model, mode, lastRefusal);
+    throw roundEnd(this.noWorker(model, mode, lastRefusal), failed);
   }
 
   /**
@@ -315,6 +339,8 @@ export class Upstream {
     } catch (err) {
       stopWatch();
       call.abort();
+      // The answer's own token is past the bound, not the worker at fault: any worker would send it again.
+      if (err instanceof StreamLineTooLong) throw new EbbError('worker_protocol_error', `worker ${w.record.worker_id} sent ${err.message}, which the frontend cannot relay (not tried elsewhere: any worker would send it again)`);
       throw err instanceof WorkerUnresponsive ? new TryElsewhere('unresponsive', 'unreachable') : err;
     }
     // Nothing has reached the client yet: another worker can still serve it whole, unless the
@@ -409,13 +435,14 @@ export class Upstream {
 
   private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
+    let failed = false;
     // The decode worker generates: it is the one that must honour what the request needs.
     const needs = capabilitiesNeeded(body);
     const flex = body.service_tier === 'flex';
     for (let pair = 1; ; pair++) {
       if (signal.aborted) throw signal.reason;
       let decode = this.reserveDecode(body.model, tried, needs, body.adapter, flex);
-      if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
+      if (!decode) throw roundEnd(this.noWorker(body.model, 'decode', lastRefusal), failed);
       let kv: KvTransferRef | undefined;
       try {
         // The prefill worker is the one that computes the prompt: chosen by what it holds, too.
@@ -443,6 +470,7 @@ export class Upstream {
             lost = true;
           } else if (err instanceof TryElsewhere) {
             if (err.said !== undefined) lastRefusal = err.said;
+            failed ||= isFailure(err);
             if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs, body.adapter, flex);
           }
           if (!decode && kv !== undefined) await this.releaseKv(kv);
@@ -451,7 +479,7 @@ export class Upstream {
           reserved();
         }
       }
-      if (!lost) throw this.noWorker(body.model, 'decode', lastRefusal);
+      if (!lost) throw roundEnd(this.noWorker(body.model, 'decode', lastRefusal), failed);
       if (pair >= MAX_ATTEMPTS) throw noServingWorker(`decode workers could not take the KV of "${body.model}" requests; retry shortly`, this.pool.retryAfterS(body.model));
     }
   }
