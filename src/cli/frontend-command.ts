@@ -15,7 +15,7 @@ import { ROUTER_KINDS, type RouterKind } from '../frontend/routing/router-kinds.
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { DEFAULT_CLIENT_WRITE_TIMEOUT_MS } from '../frontend/relay/client-stream.js';
 import { STREAM_STORE_DEFAULTS } from '../frontend/streams/stream-store.js';
-import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/routing/admission-queue.js';
+import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/admission/admission-queue.js';
 import { discoveryDefault, discoveryOption, intOption, msOption, portOption, weightOption } from './options.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 

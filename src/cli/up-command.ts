@@ -7,7 +7,7 @@ import { temporaryDiscoveryUrl } from '../discovery/connect.js';
 import { discoveryOption, fleetNameOption, intOption, msOption, portOption, weightOption } from './options.js';
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
 import { ROUTER_KINDS } from '../frontend/routing/router-kinds.js';
-import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/routing/admission-queue.js';
+import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/admission/admission-queue.js';
 import { LLAMA_CPP_DEFAULTS } from '../engine/llama-cpp-options.js';
 import { servedModelName } from './llama-cpp-flags.js';
 import { collectAdapterName, collectLoraFlag } from './lora-flag.js';

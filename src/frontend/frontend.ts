@@ -28,10 +28,10 @@ import { createKvRouterMetrics } from './routing/kv-metrics.js';
 import { Router } from './routing/router.js';
 import type { RouterKind } from './routing/router-kinds.js';
 import { workerTokenizer } from './routing/worker-tokenize.js';
-import { AdmissionQueue, DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from './routing/admission-queue.js';
-import { createQueueMetrics } from './routing/queue-metrics.js';
-import { queueFleet } from './routing/queue-fleet.js';
-import { SaturationWatch } from './routing/saturation-watch.js';
+import { AdmissionQueue, DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from './admission/admission-queue.js';
+import { createQueueMetrics } from './admission/queue-metrics.js';
+import { queueFleet } from './admission/queue-fleet.js';
+import { SaturationWatch } from './admission/saturation-watch.js';
 
 export interface FrontendOptions {
   host: string;

@@ -33,8 +33,7 @@ import { finishWithCalls, ToolCallStream } from './tool-stream.js';
 import { responseWithCalls, ResponsesToolStream } from './responses-tools.js';
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
-import { tagEmbedTicket, tagTickets } from './admission-ticket.js';
-import type { ServiceTier } from '../routing/admission-queue.js';
+import { tagEmbedTicket, tagTickets, type ServiceTier } from '../admission/ticket.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { ClusterHooks } from '../frontend.js';
 

@@ -11,7 +11,7 @@ import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
 import { IdleWatch } from './idle-watch.js';
 import { actOn, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
 import { readBounded } from '../../common/bounded-read.js';
-import type { AdmissionQueue, Place } from '../routing/admission-queue.js';
+import type { AdmissionQueue, Place } from '../admission/admission-queue.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;

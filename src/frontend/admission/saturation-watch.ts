@@ -2,7 +2,7 @@ import { Agent } from 'undici';
 import { bearerHeader } from '../../common/admin-auth.js';
 import type { WorkerRecord } from '../../discovery/discovery.js';
 import { Subscription } from '../admin/fleet-events.js';
-import type { WorkerPool } from './worker-pool.js';
+import type { WorkerPool } from '../routing/worker-pool.js';
 
 /** Bound on a worker's answer to the stream request (headers); the stream itself then lasts. */
 const CONNECT_TIMEOUT_MS = 2000;

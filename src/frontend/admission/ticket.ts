@@ -1,7 +1,10 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { AdminGuard } from '../../common/admin-auth.js';
-import { promptOf, type EmbedBody, type GenerateBody } from '../../protocol/request-plane.js';
-import { AdmissionQueue, serviceTier, type ServiceTier, type Ticket } from '../routing/admission-queue.js';
+import { promptOf, type EmbedBody, type GenerateBody, type RequestTier } from '../../protocol/request-plane.js';
+
+/** OpenAI's service tiers (the request plane's, which the worker reads), first served first; `auto` is `default`. */
+export type ServiceTier = RequestTier;
+export const SERVICE_TIERS: readonly ServiceTier[] = ['priority', 'default', 'flex'];
 
 /** A gateway sets the tier for its clients: it overrides the body's service_tier. */
 export const TIER_HEADER = 'x-ebb-service-tier';
@@ -12,6 +15,26 @@ export const ANONYMOUS_TENANT = 'anonymous';
 export const UNBOUNDED_COMPLETION_TOKENS = 256;
 /** Tenant names are label values and log fields: bounded. */
 const MAX_TENANT_CHARS = 64;
+
+/** Who asks, how urgently and for how much: set on a request's generate bodies by the API (tagTickets). */
+export interface Ticket {
+  tier: ServiceTier;
+  tenant: string;
+  /** Tokens it asks for: the prompt's estimate plus max_tokens; its weight in its tenant's share. */
+  cost: number;
+}
+
+export function serviceTier(value: unknown): ServiceTier {
+  return value === 'priority' || value === 'flex' ? value : 'default';
+}
+
+/** Bodies' tickets, made when one waits: bodies the API made carry one; a continuation's body (made by a lane) does not. */
+const tickets = new WeakMap<object, () => Ticket>();
+
+/** The ticket of a request body that is about to wait; undefined for a continuation. */
+export function ticketOf(body: object): Ticket | undefined {
+  return tickets.get(body)?.();
+}
 
 /** The tier a request is admitted in: the gateway's header, else the body's service_tier (`auto`: default). */
 function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
@@ -32,7 +55,7 @@ export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, hea
   const tier = requestTier(bodyTier, headers);
   // Default goes unsaid.
   if (tier !== 'default') for (const gen of gens) gen.service_tier = tier;
-  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+  for (const gen of gens) tickets.set(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
   return tier;
 }
 
@@ -42,7 +65,7 @@ export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, hea
  * four characters a token; token-id inputs count their ids).
  */
 export function tagEmbedTicket(body: EmbedBody, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
-  AdmissionQueue.tag(body, () => ({ ...whoAsks(requestTier(undefined, headers), headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
+  tickets.set(body, () => ({ ...whoAsks(requestTier(undefined, headers), headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
 }
 
 /** A request's tier, and its tenant: the API key's name, else the tenant header, else anonymous. */

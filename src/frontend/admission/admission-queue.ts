@@ -1,11 +1,8 @@
 import type { Logger } from 'pino';
 import { EbbError, type ErrorCode } from '../../protocol/errors.js';
-import type { QueueMetrics } from './queue-metrics.js';
-import type { RequestTier } from '../../protocol/request-plane.js';
-
-/** OpenAI's service tiers (the request plane's, which the worker reads), first served first; `auto` is `default`. */
-export type ServiceTier = RequestTier;
-export const SERVICE_TIERS: readonly ServiceTier[] = ['priority', 'default', 'flex'];
+import type { QueueFleet } from './queue-fleet.js';
+import type { QueueDepths, QueueMetrics } from './queue-metrics.js';
+import { SERVICE_TIERS, ticketOf, type ServiceTier, type Ticket } from './ticket.js';
 
 /** A worker restart (drain, replace, register) fits in it. */
 export const DEFAULT_QUEUE_TIMEOUT_MS = 30_000;
@@ -13,29 +10,6 @@ export const DEFAULT_QUEUE_TIMEOUT_MS = 30_000;
 export const DEFAULT_QUEUE_DEPTH = 256;
 /** Admissions remembered per model for its service rate. */
 const RATE_SAMPLES = 32;
-
-/** Who asks, how urgently and for how much: set on a request's generate bodies by the API (tag). */
-export interface Ticket {
-  tier: ServiceTier;
-  tenant: string;
-  /** Tokens it asks for: the prompt's estimate plus max_tokens; its weight in its tenant's share. */
-  cost: number;
-}
-
-export function serviceTier(value: unknown): ServiceTier {
-  return value === 'priority' || value === 'flex' ? value : 'default';
-}
-
-/**
- * What the queue asks of the rest of the frontend: whether a worker may take a request of `model`
- * now (one in discovery and not held), and whether waiting can help at all (a worker in discovery,
- * or a drained one still answering that may resume).
- */
-export interface QueueFleet {
-  routable(model: string): number;
-  /** `skip`: workers this request may not go to (the one a continuation leaves). */
-  prospects(model: string, skip: ReadonlySet<string>): Promise<boolean>;
-}
 
 /** A request's place in its model's queue, from its first failed pick until it is admitted or leaves. */
 export interface Place {
@@ -242,9 +216,6 @@ export interface AdmissionQueueOptions {
   log: Logger;
 }
 
-/** Generate bodies' tickets, made when one waits: bodies the API made carry one; a continuation's body (made by a lane) does not. */
-const tickets = new WeakMap<object, () => Ticket>();
-
 /**
  * Requests no worker can take now wait here, per model, instead of failing: up to the queue
  * timeout, within the queue depth. A request enters only after its pick found no worker (the
@@ -256,7 +227,7 @@ const tickets = new WeakMap<object, () => Ticket>();
  * off a draining worker: their client is mid-answer), then priority, default, flex; within a tier,
  * tenants in fair shares of the tokens their requests ask for (TierQueue).
  */
-export class AdmissionQueue {
+export class AdmissionQueue implements QueueDepths {
   private readonly models = new Map<string, ModelQueue>();
 
   constructor(
@@ -265,10 +236,6 @@ export class AdmissionQueue {
     readonly metrics: QueueMetrics,
   ) {
     metrics.observe(this);
-  }
-
-  static tag(body: object, ticket: () => Ticket): void {
-    tickets.set(body, ticket);
   }
 
   /** Waiters of `model` (0: the fast path routes at once). */
@@ -292,7 +259,7 @@ export class AdmissionQueue {
    */
   async enter(body: { model: string }, signal: AbortSignal, cause: EbbError, skip: ReadonlySet<string> = new Set()): Promise<Place> {
     const model = body.model;
-    const ticket = tickets.get(body)?.();
+    const ticket = ticketOf(body);
     const cls: Class = ticket === undefined ? 'continuation' : ticket.tier;
     const t = ticket ?? { tier: 'priority', tenant: '-', cost: 0 };
     if (this.waiting(model) === 0 && !(await this.fleet.prospects(model, skip))) {
