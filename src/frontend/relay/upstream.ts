@@ -11,7 +11,8 @@ import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
 import { IdleWatch } from './idle-watch.js';
 import { actOn, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
 import { readBounded } from '../../common/bounded-read.js';
-import type { AdmissionQueue, Place } from '../admission/admission-queue.js';
+import type { AdmissionQueue } from '../admission/admission-queue.js';
+import type { Place } from '../admission/waiter.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
@@ -93,6 +94,11 @@ function parseOr(fallback: unknown, text: string): unknown {
   }
 }
 
+/** What a queued request needs of a worker (its adapter, room for flex, capabilities, workers it skips): its need in the queue. */
+function needOf(adapter: string | undefined, flex: boolean, needs: readonly Capability[], skip: ReadonlySet<string>): string {
+  return JSON.stringify([adapter ?? null, flex, needs, skip.size === 0 ? [] : [...skip]]);
+}
+
 /** Vectors as base64 float32: 2048 inputs of 4096 dimensions take 45 MB. */
 const MAX_EMBED_ANSWER = 128 * 1024 * 1024;
 
@@ -154,7 +160,7 @@ export class Upstream {
       return { worker, value, release };
     } catch (err) {
       prefilled();
-      release();
+      release(false);
       if (signal.aborted) throw err;
       if (err instanceof EbbError || err instanceof KvTransferLost) {
         this.metrics.attempt(id, err instanceof KvTransferLost ? 'kv_transfer_lost' : 'client_error');
@@ -181,9 +187,10 @@ export class Upstream {
    * `attempt` now when nobody of its model is queued; else, and when it finds no worker, through
    * the admission queue: it waits for a turn and tries again, from the workers it was first told to
    * skip (a migration's), until a worker takes it or the queue answers (429, or 503 when waiting
-   * cannot help). Without a queue it is `attempt` itself.
+   * cannot help). `need`: what it needs of a worker (waiters that need alike are refused alike).
+   * Without a queue it is `attempt` itself.
    */
-  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, attempt: (admitted?: () => void) => Promise<T>): Promise<T> {
+  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, need: (skip: ReadonlySet<string>) => string, attempt: (admitted?: () => void) => Promise<T>): Promise<T> {
     const queue = this.admission;
     if (queue === undefined) return attempt();
     // What the request was told to skip before any attempt (a continuation: the worker it leaves).
@@ -194,9 +201,9 @@ export class Upstream {
         return await attempt();
       } catch (err) {
         if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) throw err;
-        place = await queue.enter(body, signal, err, skip);
+        place = await queue.enter(body, signal, err, need(skip), skip);
       }
-    } else place = await queue.enter(body, signal, noServingWorker(`no worker of "${body.model}" can take the request`), skip);
+    } else place = await queue.enter(body, signal, noServingWorker(`no worker of "${body.model}" can take the request`), need(skip), skip);
     for (;;) {
       await place.turn();
       tried.clear();
@@ -219,7 +226,7 @@ export class Upstream {
           throw err;
         }
         // Out of the queue already (its worker took it, then failed before a token): in again, at the back.
-        if (out) place = await queue.enter(body, signal, err, skip);
+        if (out) place = await queue.enter(body, signal, err, need(skip), skip);
         else place.refused();
       }
     }
@@ -349,7 +356,14 @@ export class Upstream {
 
   /** Opens a token stream on an aggregated worker. */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const { worker, value, release } = await this.queued(body, signal, tried, (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), capabilitiesNeeded(body), body));
+    const needs = capabilitiesNeeded(body);
+    const { worker, value, release } = await this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
+      (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), needs, body),
+    );
     return this.stream(worker, value, release);
   }
 
@@ -363,7 +377,8 @@ export class Upstream {
     const send = (w: PoolWorker) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER);
     const tried = new Set<string>();
     // It waits in its model's queue as a generation does (its ticket: the header's tier, its inputs' tokens).
-    const { worker, value, release } = await this.queued(body, signal, tried, () => this.route(body.model, mode, signal, tried, send, embeddingNeeds(body)));
+    const needs = embeddingNeeds(body);
+    const { worker, value, release } = await this.queued(body, signal, tried, (skip) => needOf(undefined, false, needs, skip), () => this.route(body.model, mode, signal, tried, send, needs));
     release();
     return { worker, answer: value };
   }
@@ -389,7 +404,9 @@ export class Upstream {
     const worker = this.pool.pick(model, 'decode', tried, needs, undefined, adapter);
     if (!worker) return undefined;
     tried.add(worker.record.worker_id);
-    return { worker, release: this.pool.acquire(worker) };
+    // A reservation frees no slot the worker used (the request it makes holds its own count).
+    const release = this.pool.acquire(worker);
+    return { worker, release: () => release(false) };
   }
 
   /**
@@ -404,7 +421,8 @@ export class Upstream {
    * pull fails: slower, never a 503 while a decode worker serves.
    */
   openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    return this.queued(body, signal, tried, () => this.pair(body, signal, tried));
+    const needs = capabilitiesNeeded(body);
+    return this.queued(body, signal, tried, (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip), () => this.pair(body, signal, tried));
   }
 
   private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>): Promise<UpstreamStream> {

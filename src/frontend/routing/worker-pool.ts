@@ -257,23 +257,26 @@ export class WorkerPool {
 
   /**
    * Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it.
-   * A `flex` one spends one of the flex requests a flex-held worker said it would take.
+   * A `flex` one spends one of the flex requests a flex-held worker said it would take. Ended
+   * `served` (the default: the worker took it, and its slot is free now), it is room on the worker:
+   * an overload hold ends and the queue is told. An attempt the worker refused, or a reservation,
+   * ends unserved: nothing freed there, and the queue is not woken by its own tries.
    */
-  acquire(worker: PoolWorker, flex = false): () => void {
+  acquire(worker: PoolWorker, flex = false): (served?: boolean) => void {
     worker.inflight++;
     if (flex) this.spendFlexCredit(worker.record.worker_id);
     let released = false;
-    return () => {
+    return (served = true) => {
       if (released) return;
       released = true;
       worker.inflight--;
       if (worker.inflight === 0 && this.departed.get(worker.record.worker_id) === worker) this.departed.delete(worker.record.worker_id);
-      if (this.onRoom !== undefined) {
-        // A slot it refused for freed: an overload hold is over (a drain's is not).
-        const w = this.workers.get(worker.record.worker_id);
-        if (w?.hold?.kind === 'overloaded') w.hold = undefined;
-        this.onRoom(worker.record.model);
-      }
+      // A prefill worker's slot is not what a queued request waits for (decode or aggregated workers are).
+      if (!served || worker.record.mode === 'prefill' || this.onRoom === undefined) return;
+      // A slot it refused for freed: an overload hold is over (a drain's is not).
+      const w = this.workers.get(worker.record.worker_id);
+      if (w?.hold?.kind === 'overloaded') w.hold = undefined;
+      this.onRoom(worker.record.model);
     };
   }
 
