@@ -201,7 +201,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     metrics.stats.queued = (model) => admission.waiting(model);
   }
   // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
-  const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken);
+  const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken, admissionLog);
   if (saturation !== undefined) fleet.on('left', (id: string) => saturation.forget(id));
   const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   // Tokenizing through a worker shares the request plane's connections and its token.

@@ -150,6 +150,8 @@ export class Upstream {
   private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>, hint?: RouteHint, flex = false): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     const id = worker.record.worker_id;
     const release = this.pool.acquire(worker, flex);
+    // A refusal the worker's room overtook (a request on it ended, it said so) holds it out for nothing.
+    const sentAt = this.pool.roomMark;
     // Its uncached prompt is queued prefill on the worker until the first token (or the failure).
     const prefilled = this.router.begin(worker, hint);
     try {
@@ -168,8 +170,8 @@ export class Upstream {
       }
       const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
       // A flex refusal says only that the worker's free slots are its priority reserve: other tiers still go to it.
-      if (flex && failure.hold === 'overloaded') this.pool.holdFlex(id);
-      else if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS);
+      if (flex && failure.hold === 'overloaded') this.pool.holdFlex(id, Date.now(), sentAt);
+      else if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS, sentAt);
       this.metrics.attempt(id, failure.outcome);
       throw failure;
     }
