@@ -1,13 +1,13 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ServerResponse } from 'node:http';
-import { fakeWorker, injectRecord, json, type FakeWorker } from './helpers/http.js';
+import { call, fakeWorker, injectRecord, json, type FakeWorker } from './helpers/http.js';
 import { metricValue, startFleet, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
 
 /**
  * The admission queue's waiters (issue 42): one a worker cannot take does not hold the others'
- * turn, a change while one tries is not lost, and a worker that says it is full gets nothing until
- * it says it has room.
+ * turn, a change while one tries is not lost, a client that left leaves the queue at once, and a
+ * worker that says it is full gets nothing until it says it has room.
  */
 const started: EbbProcess[] = [];
 const fakes: FakeWorker[] = [];
@@ -143,6 +143,33 @@ describe('admission queue: no lost wake-up', () => {
     const res = await waiting;
     assert.equal(res.status, 200, `tried again at once, not left asleep until its queue timeout: ${res.status} ${await res.clone().text()}`);
     assert.equal(w.calls(), 4, 'one more try, on the worker that freed a slot');
+  });
+});
+
+describe('admission queue: a client that left leaves the queue', () => {
+  it('queued streams whose clients left leave at once (their places go to live clients) and are never generated', async () => {
+    // A long resume grace: a kept stream outlives its client by it, but one still queued has produced nothing to resume.
+    const { frontend, workers } = await startFleet(1, ['--mocker-itl-ms', '2'], ['--queue-depth', '4', '--resume-grace-ms', '60000']);
+    started.push(frontend, ...workers);
+    const w = workers[0]!;
+    let mark = frontend.mark();
+    assert.equal((await call('POST', `${w.systemUrl}/engine/drain`)).body.state, 'drained');
+    await frontend.waitForEvent('worker_removed', (l) => l.worker_id === w.workerId, { after: mark });
+    mark = frontend.mark();
+    const leaving = [0, 1, 2, 3].map(() => new AbortController());
+    const gone = leaving.map((c) => completion(frontend, { stream: true }, c.signal).catch(() => undefined));
+    await events(frontend, 'request_queued', 4, mark);
+    mark = frontend.mark();
+    for (const c of leaving) c.abort();
+    await Promise.all(gone);
+    await events(frontend, 'request_dequeued', 4, mark, (l) => l.outcome === 'left');
+    const live = completion(frontend, { stream: true });
+    await events(frontend, 'request_queued', 1, mark);
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+    const res = await live;
+    assert.equal(res.status, 200, 'the live client took a freed place');
+    assert.match(await res.text(), /data: \[DONE\]/);
+    assert.equal(await metricValue(w.systemUrl, 'ebb_worker_admitted_total'), 1, 'only the live request was generated');
   });
 });
 

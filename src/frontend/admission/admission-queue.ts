@@ -69,6 +69,7 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
       throw this.withRetryAfter(cause, model);
     }
     if (signal.aborted) throw signal.reason;
+    if (ticket?.client?.aborted === true) throw ticket.client.reason;
     let q = this.models.get(model);
     if (!q) this.models.set(model, (q = new ModelQueue(model, this)));
     if (q.size >= this.opts.depth) {
@@ -85,7 +86,7 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
       if (rate !== undefined && ahead / rate > this.opts.timeoutMs / 1000) throw this.shed(q, 'expected_wait', `flex requests for "${model}" would wait about ${Math.ceil(ahead / rate)} s, past the queue timeout`);
     }
     const t = ticket ?? CONTINUATION;
-    const w = new Waiter(q, cls, t, need, [signal], this.opts.timeoutMs);
+    const w = new Waiter(q, cls, t, need, [signal, t.client], this.opts.timeoutMs);
     this.metrics.entered(model, cls);
     this.opts.log.info({ event: 'request_queued', model, tier: cls, tenant: t.tenant, depth: q.size + 1 }, `no worker of "${model}" can take a ${cls} request now: queued (${q.size + 1} waiting)`);
     q.add(w);

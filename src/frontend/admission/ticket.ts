@@ -22,6 +22,12 @@ export interface Ticket {
   tenant: string;
   /** Tokens it asks for: the prompt's estimate plus max_tokens; its weight in its tenant's share. */
   cost: number;
+  /**
+   * The client's own presence, where it differs from the generation's signal (a kept stream's
+   * generation outlives its client by a grace): a queued request whose client left leaves at once,
+   * as it has produced nothing to resume. None for a background response (it has no client).
+   */
+  client?: AbortSignal | undefined;
 }
 
 export function serviceTier(value: unknown): ServiceTier {
@@ -46,16 +52,16 @@ function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTi
  * Tags a request's generate bodies with their tier (service_tier: the worker's priority reserve and
  * its engine's queue order read it) and with how to make its ticket for the admission queue: its
  * tier (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
- * header, else anonymous) and its cost (about four characters a prompt token, plus max_tokens).
- * The ticket is made only if the request ever waits: a request a worker takes at once pays for none of it.
- * Returns the tier.
+ * header, else anonymous), its cost (about four characters a prompt token, plus max_tokens) and
+ * its client's signal. The ticket is made only if the request ever waits: a request a worker takes
+ * at once pays for none of it. Returns the tier.
  */
-export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): ServiceTier {
+export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined, client?: AbortSignal): ServiceTier {
   let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
   const tier = requestTier(bodyTier, headers);
   // Default goes unsaid.
   if (tier !== 'default') for (const gen of gens) gen.service_tier = tier;
-  for (const gen of gens) tickets.set(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+  for (const gen of gens) tickets.set(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS), client }));
   return tier;
 }
 

@@ -32,6 +32,8 @@ export interface Place {
   refused(): void;
   /** It leaves with another answer (the client's error, a failure of its own). */
   leave(): void;
+  /** Why it left with its client (or its generation) gone, if it did: a worker that takes it now serves nobody. */
+  readonly clientGone: unknown;
 }
 
 /** The one owner of waiters' states (a model's queue): it decides every move, and its counts follow each. */
@@ -47,7 +49,8 @@ export interface WaiterOwner {
 
 /**
  * One request waiting in the admission queue: ONE state (WaiterState), set by ONE setter (set),
- * which only its owner calls. It leaves at once when its request's signal aborts, and is shed at its queue timeout (never before: a timer that fires early waits out the rest).
+ * which only its owner calls. It leaves at once when its generation's signal or its client's aborts,
+ * and is shed at its queue timeout (never before: a timer that fires early waits out the rest).
  */
 export class Waiter implements Place {
   readonly enteredAt = performance.now();
@@ -110,6 +113,11 @@ export class Waiter implements Place {
 
   leave(): void {
     this.owner.leave(this, 'left');
+  }
+
+  get clientGone(): unknown {
+    const s = this.#state;
+    return s.kind === 'gone' && s.outcome === 'left' ? s.error : undefined;
   }
 
   /** The queue timeout counts from its entry: a timer that fires early (a stale loop clock) is re-armed for the rest. */

@@ -210,8 +210,9 @@ export function createOpenAIServer({
   /**
    * The queue's ticket on each generate body (none without a queue: nothing per request then), and
    * the service_tier its answer says: the tier it was admitted in; without a queue there are no tiers, so default.
+   * `client`: the request's signal, so a queued request whose client left leaves the queue at once (none: a background response).
    */
-  const ticket = (gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest): ServiceTier => (queueing ? tagTickets(gens, tier, req.headers, apiGuard) : 'default');
+  const ticket = (gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest, client: AbortSignal | undefined): ServiceTier => (queueing ? tagTickets(gens, tier, req.headers, apiGuard, client) : 'default');
 
   /** Room for a request's sequences, held until its response is done, however it ends (a kept stream: until its generation is). */
   const holdLanes = (reply: FastifyReply, model: string, count: number, n: number) => {
@@ -367,10 +368,10 @@ export function createOpenAIServer({
       const served = admit(body, FIELD_POLICY);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${newId()}`;
       const gens = onServed(toGenerateBodies(endpoint, body, id), served);
-      const tier = ticket(gens, body.service_tier, req);
       const n = body.n ?? 1;
       const room = holdLanes(reply, served.model, gens.length, n);
       const signal = shutdown.requestSignal(reply.raw);
+      const tier = ticket(gens, body.service_tier, req, signal);
       probeHalfClosedClient(req, reply);
       const started = performance.now();
       // With tools: the answers' raw text is parsed into calls, in the syntax the model's workers declare.
@@ -418,7 +419,8 @@ export function createOpenAIServer({
     const shell = new ResponseShell(newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
     onServed([gen], served);
-    shell.serviceTier = ticket([gen], body.service_tier, req);
+    const signal = shutdown.requestSignal(reply.raw);
+    shell.serviceTier = ticket([gen], body.service_tier, req, body.background === true ? undefined : signal);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined = records === undefined ? undefined : { id: shell.id, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0 };
     if (record !== undefined) records!.add(record);
@@ -440,7 +442,6 @@ export function createOpenAIServer({
       await streams?.mirror?.applied();
       return shell.object('queued', undefined, undefined);
     }
-    const signal = shutdown.requestSignal(reply.raw);
     probeHalfClosedClient(req, reply);
     try {
       if (body.stream) return await streamOut(reply, shell.id, fmtFor, [gen], 1, signal, performance.now(), room, { record, plan });

@@ -189,10 +189,11 @@ export class Upstream {
    * `attempt` now when nobody of its model is queued; else, and when it finds no worker, through
    * the admission queue: it waits for a turn and tries again, from the workers it was first told to
    * skip (a migration's), until a worker takes it or the queue answers (429, or 503 when waiting
-   * cannot help). `need`: what it needs of a worker (waiters that need alike are refused alike).
-   * Without a queue it is `attempt` itself.
+   * cannot help). `need`: what it needs of a worker (waiters that need alike are refused alike);
+   * `drop`: frees what a worker took for a request whose client left while it tried. Without a
+   * queue it is `attempt` itself.
    */
-  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, need: (skip: ReadonlySet<string>) => string, attempt: (admitted?: () => void) => Promise<T>): Promise<T> {
+  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, need: (skip: ReadonlySet<string>) => string, attempt: (admitted?: () => void) => Promise<T>, drop: (won: T) => void): Promise<T> {
     const queue = this.admission;
     if (queue === undefined) return attempt();
     // What the request was told to skip before any attempt (a continuation: the worker it leaves).
@@ -218,10 +219,9 @@ export class Upstream {
         out = true;
         current.admitted();
       };
+      let won: T;
       try {
-        const value = await attempt(admitted);
-        admitted();
-        return value;
+        won = await attempt(admitted);
       } catch (err) {
         if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) {
           if (!out) place.leave();
@@ -230,7 +230,15 @@ export class Upstream {
         // Out of the queue already (its worker took it, then failed before a token): in again, at the back.
         if (out) place = await queue.enter(body, signal, err, need(skip), skip);
         else place.refused();
+        continue;
       }
+      admitted();
+      // Its client left while it tried: the queue let it go then, and nobody is there for the answer.
+      if (current.clientGone !== undefined) {
+        drop(won);
+        throw current.clientGone;
+      }
+      return won;
     }
   }
 
@@ -365,6 +373,7 @@ export class Upstream {
       tried,
       (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
       (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), needs, body),
+      (won) => this.stream(won.worker, won.value, won.release).release(),
     );
     return this.stream(worker, value, release);
   }
@@ -380,7 +389,14 @@ export class Upstream {
     const tried = new Set<string>();
     // It waits in its model's queue as a generation does (its ticket: the header's tier, its inputs' tokens).
     const needs = embeddingNeeds(body);
-    const { worker, value, release } = await this.queued(body, signal, tried, (skip) => needOf(undefined, false, needs, skip), () => this.route(body.model, mode, signal, tried, send, needs));
+    const { worker, value, release } = await this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(undefined, false, needs, skip),
+      () => this.route(body.model, mode, signal, tried, send, needs),
+      (won) => won.release(),
+    );
     release();
     return { worker, answer: value };
   }
@@ -424,7 +440,14 @@ export class Upstream {
    */
   openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
     const needs = capabilitiesNeeded(body);
-    return this.queued(body, signal, tried, (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip), () => this.pair(body, signal, tried));
+    return this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
+      () => this.pair(body, signal, tried),
+      (won) => won.release(),
+    );
   }
 
   private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>): Promise<UpstreamStream> {
