@@ -2,7 +2,7 @@ import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ServerResponse } from 'node:http';
 import { call, fakeWorker, injectRecord, json, type FakeWorker } from './helpers/http.js';
-import { metricValue, startFleet, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
+import { bounded, metricValue, startFleet, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
 
 /**
  * The admission queue's waiters (issue 42): one a worker cannot take does not hold the others'
@@ -131,10 +131,10 @@ describe('admission queue: no lost wake-up', () => {
     const mark = frontend.mark();
     const waiting = completion(frontend);
     await events(frontend, 'request_queued', 1, mark);
-    await w.statusOpen;
+    await bounded(w.statusOpen, 'the frontend to follow the worker that refused (its status stream)');
     // The worker says it has room: the waiter's turn, which the worker keeps waiting.
     w.say({ overloaded: false });
-    await w.arrived(2);
+    await bounded(w.arrived(2), "the waiter's try on the worker");
     // The running stream ends meanwhile (a slot freed): the change comes while the waiter is trying.
     (await stream.promise).end(DONE);
     while (!(await reader.read()).done);
@@ -189,7 +189,7 @@ describe("admission queue: a worker's word that it is full holds it out", () => 
     let mark = frontend.mark();
     const first = completion(frontend);
     await events(frontend, 'request_queued', 1, mark);
-    await w.statusOpen;
+    await bounded(w.statusOpen, 'the frontend to follow the worker that refused (its status stream)');
     w.say({ overloaded: false });
     assert.equal((await first).status, 200);
     // Now full by the worker's own word (another frontend's load): the next request waits for its room.

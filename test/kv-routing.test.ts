@@ -2,7 +2,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { call } from './helpers/http.js';
-import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { bounded, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
 import { sseData } from '../src/common/sse-events.js';
 
@@ -149,7 +149,7 @@ describe('kv routing (real processes)', () => {
     const reading = (async () => {
       for await (const data of sseData(res.body as AsyncIterable<Uint8Array>)) if (data !== '[DONE]' && typeof JSON.parse(data).choices?.[0]?.delta?.content === 'string' && ++tokens === 200) enough();
     })().catch(() => undefined);
-    await read;
+    await bounded(read, 'the client to read 200 tokens of the stream on x');
     const mark = frontend.mark();
     const drain = await call('POST', `${x.systemUrl}/engine/drain`, { reason: 'kv continuation', deadline_ms: 200 });
     assert.ok(drain.status === 200 || drain.status === 202, JSON.stringify(drain.body));
