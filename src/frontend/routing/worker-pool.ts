@@ -276,14 +276,15 @@ export class WorkerPool {
       released = true;
       worker.inflight--;
       if (worker.inflight === 0 && this.departed.get(worker.record.worker_id) === worker) this.departed.delete(worker.record.worker_id);
-      // A prefill worker's slot is not what a queued request waits for (decode or aggregated workers are).
-      if (!served || worker.record.mode === 'prefill') return;
+      // Without a queue nothing waits for room. A prefill worker's slot is not what a queued request
+      // waits for (decode or aggregated workers are).
+      if (!served || worker.record.mode === 'prefill' || this.onRoom === undefined) return;
       const w = this.workers.get(worker.record.worker_id);
       if (w === undefined) return;
       w.roomAt = ++this.rooms;
       // A slot it refused for freed: an overload hold is over (a drain's is not).
       if (w.hold?.kind === 'overloaded') w.hold = undefined;
-      this.onRoom?.(worker.record.model);
+      this.onRoom(worker.record.model);
     };
   }
 
