@@ -91,7 +91,7 @@ describe('worker: its engine dies', () => {
     assert.equal(lifecycle.engineFailed('the engine process exited (code 137)'), true);
     const live = await call('GET', `${system}/live`);
     assert.equal(live.status, 503);
-    assert.deepEqual(live.body, { status: 'engine_failed', state: 'failed', reason: 'the engine process exited (code 137)' });
+    assert.deepEqual(live.body, { status: 'engine_failed', state: 'failed', reason: 'the engine process exited (code 137)', worker_id: 'w-test' });
     assert.equal((await call('GET', `${system}/health`)).status, 503);
     lifecycle.stopped();
     assert.equal((await call('GET', `${system}/live`)).body.reason, 'the engine process exited (code 137)', 'still failed once stopped');
