@@ -67,15 +67,17 @@ describe('the Responses API across a fleet: background responses outlive their f
   });
 
   it('a background response whose frontend stops gracefully: handed on, another frontend continues it at once', async () => {
-    const undisturbed = await as(b).responses.create(request);
+    // Long enough to be running when its frontend's shutdown gets to it (the undisturbed run alongside).
+    const long = { ...request, max_output_tokens: 600 };
     const a = await frontend(['--shutdown-grace-ms', '0']);
-    const queued = await as(a).responses.create({ ...request, background: true });
+    const undisturbed = as(b).responses.create(long);
+    const queued = await as(a).responses.create({ ...long, background: true });
     for await (const ev of await as(a).responses.retrieve(queued.id, { stream: true })) if (ev.type === 'response.output_text.delta') break;
     const mark = b.mark();
     a.proc.kill('SIGTERM');
     await b.waitForEvent('stream_taken_over', (l) => l.response_id === queued.id, { after: mark });
     const done = await settled(b, queued.id);
-    assert.equal(done.output_text, undisturbed.output_text);
+    assert.equal(done.output_text, (await undisturbed).output_text);
   });
 
   it('a cancel asked at another frontend stops a background response wherever it runs, and one whose frontend died', async () => {
