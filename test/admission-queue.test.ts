@@ -4,7 +4,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { call } from './helpers/http.js';
-import { frontendSeesWorkers, metricValue, startFleet, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
+import { bounded, frontendSeesWorkers, metricValue, startFleet, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
 after(async () => {
@@ -59,7 +59,7 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     const body = (await full.json()) as { error: { code: string; message: string } };
     assert.equal(body.error.code, 'queue_full');
     assert.match(body.error.message, /full/);
-    assert.match(full.headers.get('retry-after') ?? '', /^[1-9]\d*$/, 'a Retry-After in seconds');
+    assert.equal(full.headers.get('retry-after'), '30', 'no admission rate known yet: Retry-After is the queue timeout (30 s)');
     mark = frontend.mark();
     leaving.abort();
     await gone;
@@ -124,6 +124,37 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     const next = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', w.workerId]);
     started.push(next);
     assert.equal((await waiting).status, 200, 'served by the replacement');
+  });
+
+  it('a request no worker takes within --queue-timeout is answered 429 queue_timeout once it has waited that long', async () => {
+    const { frontend } = await drainedFleet(['--queue-timeout', '1500']);
+    const mark = frontend.mark();
+    const res = await bounded(completion(frontend), 'the queued request to be shed at its 1.5 s queue timeout');
+    assert.equal(res.status, 429);
+    const body = (await res.json()) as { error: { code: string; message: string } };
+    assert.equal(body.error.code, 'queue_timeout');
+    assert.match(body.error.message, /within the queue timeout \(1500 ms\)/);
+    assert.equal(res.headers.get('retry-after'), '2', 'no admission rate known: Retry-After is the queue timeout, rounded up');
+    const left = await events(frontend, 'request_dequeued', 1, mark, (l) => l.outcome === 'shed');
+    assert.ok((left.waited_ms as number) >= 1500, `shed after its full timeout, not before (${String(left.waited_ms)} ms)`);
+    assert.equal(await metricValue(frontend.url, 'ebb_frontend_queue_sheds_total', 'model="m1",reason="queue_timeout"'), 1);
+  });
+
+  it('an admission gives the next waiter its turn at once: a second request is admitted while the first still streams', async () => {
+    // Nothing else changes in the fleet meanwhile: only the first's admission can give the second its turn.
+    const { frontend, w } = await drainedFleet(['--queue-timeout', '10000', '--resume-grace-ms', '0']);
+    const mark = frontend.mark();
+    const long = new AbortController();
+    const first = completion(frontend, { max_tokens: 100_000, stream: true }, {}, long.signal);
+    await events(frontend, 'request_queued', 1, mark);
+    const second = completion(frontend);
+    await events(frontend, 'request_queued', 2, mark);
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+    const running = await first;
+    assert.equal(running.status, 200);
+    assert.equal((await second).status, 200, 'admitted beside the first stream, not at its end (or at the queue timeout)');
+    long.abort();
+    await running.body?.cancel().catch(() => undefined);
   });
 
   it('--queue-timeout 0 restores the answer at once: 503 no_serving_worker while the only worker is drained', async () => {
@@ -199,6 +230,47 @@ describe('admission queue: order', () => {
     assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
     const order = await admissions(frontend, 10, queuedAt, 'tenant');
     assert.deepEqual(order.slice(0, 4).sort(), ['flood', 'flood', 'trickle', 'trickle'], `turns taken: ${order.join(' ')}`);
+    assert.ok((await Promise.all(pending)).every((r) => r.status === 200));
+  });
+
+  it("a tenant's share is weighed in the tokens its requests ask for: one long request is worth many short ones", async () => {
+    const { frontend, w } = await drainedFleet();
+    const mark = frontend.mark();
+    const pending: Array<Promise<Response>> = [];
+    for (let i = 0; i < 2; i++) pending.push(completion(frontend, { max_tokens: 1000 }, { 'x-ebb-tenant': 'heavy' }));
+    await events(frontend, 'request_queued', 2, mark);
+    for (let i = 0; i < 4; i++) pending.push(completion(frontend, { max_tokens: 2 }, { 'x-ebb-tenant': 'light' }));
+    await events(frontend, 'request_queued', 6, mark);
+    const queuedAt = frontend.mark();
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+    const order = await admissions(frontend, 6, queuedAt, 'tenant');
+    // heavy's first request asks for 1001 tokens; light's four for 3 each: they all fit in heavy's share before its second.
+    assert.deepEqual(order, ['heavy', 'light', 'light', 'light', 'light', 'heavy'], `turns taken: ${order.join(' ')}`);
+    assert.ok((await Promise.all(pending)).every((r) => r.status === 200));
+  });
+
+  it('requests that left without being served are not charged: a tenant whose burst left is not put behind another', async () => {
+    const { frontend, w } = await drainedFleet();
+    let mark = frontend.mark();
+    // c keeps the queue busy throughout; a's burst leaves unserved.
+    const pending = [completion(frontend, {}, { 'x-ebb-tenant': 'c' })];
+    await events(frontend, 'request_queued', 1, mark);
+    const leaving = Array.from({ length: 10 }, () => new AbortController());
+    const burst = leaving.map((c) => completion(frontend, {}, { 'x-ebb-tenant': 'a' }, c.signal).catch(() => undefined));
+    await events(frontend, 'request_queued', 11, mark);
+    const leftAt = frontend.mark();
+    for (const c of leaving) c.abort();
+    await Promise.all(burst);
+    await events(frontend, 'request_dequeued', 10, leftAt, (l) => l.outcome === 'left');
+    mark = frontend.mark();
+    for (let i = 0; i < 10; i++) pending.push(completion(frontend, {}, { 'x-ebb-tenant': 'b' }));
+    await events(frontend, 'request_queued', 10, mark);
+    pending.push(completion(frontend, {}, { 'x-ebb-tenant': 'a' }));
+    await events(frontend, 'request_queued', 11, mark);
+    const queuedAt = frontend.mark();
+    assert.equal((await call('POST', `${w.systemUrl}/engine/resume`)).body.state, 'serving');
+    const order = await admissions(frontend, 12, queuedAt, 'tenant');
+    assert.deepEqual(order.slice(0, 3), ['c', 'b', 'a'], `a takes its turn among the first, not after b's ten: ${order.join(' ')}`);
     assert.ok((await Promise.all(pending)).every((r) => r.status === 200));
   });
 });

@@ -226,3 +226,41 @@ describe('embeddings: drain', () => {
     assert.equal(await metricValue(w.systemUrl, 'ebb_worker_requests_total', 'outcome="completed"'), 1);
   });
 });
+
+describe('embeddings: the tokens one request may carry', () => {
+  it("a million tokens are refused at once with OpenAI's default bound: 400 naming input, nothing embedded", async () => {
+    const before = await metricValue(mocker.systemUrl, 'ebb_worker_embedding_inputs_total');
+    // 2048 inputs (OpenAI's most) of 500 one-word tokens: 1,024,000 tokens, about 2 MB.
+    const input = Array.from({ length: 2048 }, () => 'a '.repeat(500).trim());
+    const refused = await bounded(
+      client().embeddings.create({ model: 'm1', input }).then(
+        (r) => `answered ${r.data.length} vectors for ${r.usage.prompt_tokens} tokens`,
+        (err: unknown) => err,
+      ),
+      'the embedding of a million tokens to be answered',
+    );
+    assert.ok(refused instanceof OpenAI.BadRequestError, String(refused));
+    assert.equal(refused.param, 'input');
+    assert.match(refused.message, /Requested 1024000 tokens, max 300000 tokens per request/);
+    assert.equal(await metricValue(mocker.systemUrl, 'ebb_worker_embedding_inputs_total'), before, 'nothing was embedded');
+  });
+
+  it('--max-embedding-tokens: texts whose bytes pass it are counted by the engine tokenizer; token ids count as themselves', async () => {
+    const w = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'e1', '--mocker-ttft-ms', '0', '--max-embedding-tokens', '1000']);
+    started.push(w);
+    const embed = (input: string[] | number[][]) => call('POST', `${w.requestUrl}/embed`, { model: 'e1', input });
+    const words = (n: number) => 'tide '.repeat(n).trim();
+    // 2 x 400 tokens in 3,998 bytes: over the bound by bytes, under it once tokenized.
+    const fits = await embed([words(400), words(400)]);
+    assert.equal(fits.status, 200, JSON.stringify(fits.body));
+    assert.equal(fits.body.usage.prompt_tokens, 800);
+    const over = await embed([words(400), words(400), words(400)]);
+    assert.equal(over.status, 400);
+    assert.deepEqual([over.body.error.code, over.body.error.param], ['invalid_request', 'input']);
+    assert.match(over.body.error.message, /^Requested 1200 tokens, max 1000 tokens per request/);
+    const ids = await embed([Array.from({ length: 600 }, (_, i) => i), Array.from({ length: 600 }, (_, i) => i)]);
+    assert.equal(ids.status, 400);
+    assert.match(ids.body.error.message, /^Requested 1200 tokens, max 1000 tokens per request/);
+    assert.equal(await metricValue(w.systemUrl, 'ebb_worker_embedding_inputs_total'), 2, 'only the request within the bound was embedded');
+  });
+});

@@ -2,8 +2,9 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { call } from './helpers/http.js';
-import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { bounded, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
+import { sseData } from '../src/common/sse-events.js';
 
 /**
  * Prefix-cache-aware routing through real processes: three mocker workers (their prefix caches on,
@@ -113,6 +114,53 @@ describe('kv routing (real processes)', () => {
     assert.equal(r.worker, target.workerId, 'its prompt goes back to it at once');
     assert.ok(r.cached >= DOC_CACHED, `served warm: ${JSON.stringify(r)}`);
     assert.equal((await kvOf(target.workerId)).masked, false);
+  });
+
+  it('a continuation is routed by its prompt and what was delivered: to the worker holding both, not to one holding the prompt alone', async () => {
+    const [x, y, z] = workers as [WorkerHandle, WorkerHandle, WorkerHandle];
+    const chat = (tag: string) => [{ role: 'user', content: doc(tag) }];
+    // Seeds `tag` (and `maxTokens` of its answer) on `w`'s request plane; resolves once the frontend indexed `blocks` more there.
+    const seed = async (w: WorkerHandle, tag: string, maxTokens: number, blocks: number) => {
+      const before = (await kvOf(w.workerId)).cached_blocks;
+      const mark = frontend.mark();
+      const r = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', messages: chat(tag), max_tokens: maxTokens, stream: false });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      await indexed(w.workerId, before + blocks, mark);
+    };
+    // g (the stream's prompt) on x only, h on z only: 25 blocks each.
+    await seed(x, 'g', 1, 25);
+    await seed(z, 'h', 1, 25);
+    // A stream of h holds z busy (one request in flight there) for the whole case.
+    const busy = new AbortController();
+    const onZ = await fetch(`${frontend.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm1', messages: chat('h'), max_tokens: 100_000, stream: true }), signal: busy.signal });
+    assert.equal(onZ.headers.get('x-ebb-worker-id'), z.workerId, 'h is routed where it is cached');
+    // The stream of g starts on x, where g is cached.
+    const streaming = new AbortController();
+    const res = await fetch(`${frontend.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm1', messages: chat('g'), max_tokens: 3000, stream: true }), signal: streaming.signal });
+    assert.equal(res.headers.get('x-ebb-worker-id'), x.workerId);
+    // Meanwhile y gets g alone; z gets g and its answer's first 300 words (the mocker answers a prompt alike everywhere).
+    // (g, "assistant:" and 300 words: 702 tokens, 43 whole blocks.)
+    await Promise.all([seed(y, 'g', 1, 25), seed(z, 'g', 300, 43)]);
+    // Once the client has 200 tokens, x's drain hands the stream off: prompt + delivered text is on z
+    // (busy: 64 tokens' worth), the prompt alone on y (idle) too.
+    let tokens = 0;
+    let enough!: () => void;
+    const read = new Promise<void>((resolve) => (enough = resolve));
+    const reading = (async () => {
+      for await (const data of sseData(res.body as AsyncIterable<Uint8Array>)) if (data !== '[DONE]' && typeof JSON.parse(data).choices?.[0]?.delta?.content === 'string' && ++tokens === 200) enough();
+    })().catch(() => undefined);
+    await bounded(read, 'the client to read 200 tokens of the stream on x');
+    const mark = frontend.mark();
+    const drain = await call('POST', `${x.systemUrl}/engine/drain`, { reason: 'kv continuation', deadline_ms: 200 });
+    assert.ok(drain.status === 200 || drain.status === 202, JSON.stringify(drain.body));
+    const moved = await frontend.waitForEvent('stream_migrated', (l) => l.from_worker === x.workerId, { after: mark });
+    assert.equal(moved.to_worker, z.workerId, `the continuation went where its prompt and delivered text are cached, not to ${y.workerId} (the prompt alone)`);
+    streaming.abort();
+    busy.abort();
+    await reading;
+    const back = frontend.mark();
+    assert.equal((await call('POST', `${x.systemUrl}/engine/resume`)).status, 200);
+    await frontend.waitForEvent('worker_added', (l) => l.worker_id === x.workerId, { after: back });
   });
 
   it("a stream handed off at a drain deadline moves to the worker holding its prompt and what it delivered", async () => {

@@ -85,7 +85,7 @@ describe('llama-cpp engine with LoRA adapters', () => {
     try {
       const worker = spawnEbb(
         ['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, '--engine', 'llama-cpp', '--model-path', modelPath, '--model', 'tiny', '--threads', '1', '--gpu', 'off',
-          '--parallel', '2', '--context-size', '256', '--lora', `a=${loraA}`, '--lora', `b=${loraB}`, '--lora-slots', '2'],
+          '--parallel', '2', '--context-size', '256', '--lora', `a=${loraA}`, '--lora', `b=${loraB}`, '--lora-slots', '2', '--lora-dir', '/nonexistent'],
         'worker',
       );
       procs.push(worker);
@@ -103,7 +103,11 @@ describe('llama-cpp engine with LoRA adapters', () => {
       assert.deepEqual(served, { base: await answer(), a: await answer('a'), b: await answer('b') }, "each is the in-process engine's answer");
       assert.deepEqual({ a: await ask('a'), b: await ask('b') }, { a: served.a, b: served.b }, 'asked again, each adapter answers alike');
 
-      // An admin load of a file that is no adapter fails, and the name is not offered to clients.
+      // An admin load reads nothing outside the adapters' own paths and --lora-dir.
+      const outside = await call('POST', `${systemUrl}/engine/adapters/c/load`, { path: '/etc/passwd' });
+      assert.equal(outside.status, 403, JSON.stringify(outside.body));
+      assert.match(outside.body.error.message, /may not be loaded from \/etc\/passwd: a load reads only the adapter's own path \(its --lora\) or one under --lora-dir \(\/nonexistent\)/);
+      // One under --lora-dir that is no adapter fails, and the name is not offered to clients.
       const bad = await call('POST', `${systemUrl}/engine/adapters/c/load`, { path: '/nonexistent/lora.gguf' });
       assert.equal(bad.status, 502);
       assert.equal(bad.body.error.code, 'adapter_load_failed');

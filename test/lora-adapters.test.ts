@@ -166,10 +166,47 @@ describe('LoRA adapters (mocker)', () => {
       for (const h of held) h.abort();
     }
   });
+
+  it('an admin load on the mocker: a new name, never a path, never the model\'s name', async () => {
+    const w = workers[0]!;
+    const withPath = await call('POST', `${w.systemUrl}/engine/adapters/a9/load`, { path: '/etc/passwd' });
+    assert.equal(withPath.status, 400, JSON.stringify(withPath.body));
+    assert.equal(withPath.body.error.param, 'path');
+    const model = await call('POST', `${w.systemUrl}/engine/adapters/m1/load`, {});
+    assert.equal(model.status, 400, JSON.stringify(model.body));
+    assert.equal(model.body.error.param, 'name');
+    const names = (await call('GET', `${w.systemUrl}/engine/status`)).body.adapters.map((a: { name: string }) => a.name);
+    assert.ok(!names.includes('a9') && !names.includes('m1'), `nothing refused is offered: ${names}`);
+  });
+
+  it('an adapter draining with a request in flight still holds its slot: a request for a third waits for its unload', async () => {
+    const knows = await Promise.all(workers.map(async (x) => (await call('GET', `${x.systemUrl}/engine/status`)).body.adapters.some((a: { name: string }) => a.name === 'a3')));
+    const w = workers[knows.indexOf(true)]!;
+    const gen = (adapter: string, maxTokens: number) => ({ model: 'm1', prompt: 'hold the slot', adapter, max_tokens: maxTokens });
+    const [a1, a2] = await Promise.all(['a1', 'a2'].map((a) => openLineStream(`${w.requestUrl}/generate`, gen(a, 100_000))));
+    try {
+      await Promise.all([a1!.first, a2!.first]);
+      const draining = await call('POST', `${w.systemUrl}/engine/adapters/a2/drain`, { reason: 'test' });
+      assert.equal(draining.status, 202);
+      assert.equal(draining.body.state, 'draining');
+      assert.equal(draining.body.inflight_requests, 1);
+      // Two slots: a1 serving, a2 draining; both hold theirs until their requests end.
+      const refused = await call('POST', `${w.requestUrl}/generate`, { ...gen('a3', 2), stream: false });
+      assert.equal(refused.status, 503, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'adapter_slots_busy');
+      const unloaded = w.waitForNextEvent('adapter_state_changed', (l) => l.adapter === 'a2' && l.to === 'unloaded');
+      a2!.abort();
+      await bounded(unloaded, 'a2 to unload once its stream ended');
+      assert.equal((await call('POST', `${w.requestUrl}/generate`, { ...gen('a3', 2), stream: false })).status, 200, 'a3 loads in the slot a2 freed');
+    } finally {
+      a1!.abort();
+      a2!.abort();
+    }
+  });
 });
 
 describe('LoRA adapters (--engine openai)', () => {
-  it("an evicted adapter whose unload fails: the load waiting for its slot fails at once (adapter_load_failed, retried elsewhere); the slot stays counted until a later drain's unload", async () => {
+  it('an evicted adapter whose unload fails: the load waiting for its slot fails at once (adapter_load_failed, retried elsewhere); the slot stays counted, and the next load that needs it retries the unload', async () => {
     const sim = await startEngineSim({ kind: 'vllm', itlMs: 1 });
     const worker = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'base', '--engine', 'openai', '--engine-url', sim.url, '--engine-kind', 'vllm', '--lora', 'x=/adapters/x', '--lora', 'y=/adapters/y', '--engine-max-loras', '1']);
     const gen = (adapter: string) => call('POST', `${worker.requestUrl}/generate`, { model: 'base', prompt: 'select', adapter, max_tokens: 2, stream: false });
@@ -182,15 +219,85 @@ describe('LoRA adapters (--engine openai)', () => {
       assert.equal(refused.body.error.code, 'adapter_load_failed');
       assert.match(refused.body.error.message, /evicting x: unload failed: \/v1\/unload_lora_adapter answered 500/);
       assert.deepEqual(await states(), ['x:draining', 'y:unloaded'], 'x holds its slot (fail closed), y is not resident');
-      // The engine frees it again: a drain retries the unload, and y loads in the slot.
+      // The next request for y retries x's unload (the engine still refuses): y is not loaded beside x.
+      const again = await bounded(gen('y'), 'the second request for y to be answered');
+      assert.equal(again.status, 502, JSON.stringify(again.body));
+      assert.equal(again.body.error.code, 'adapter_load_failed');
+      assert.equal(sim.seen.filter((r) => r.path === '/v1/unload_lora_adapter').length, 2, 'the unload was tried again');
+      assert.deepEqual(sim.seen.filter((r) => r.path === '/v1/load_lora_adapter').map((r) => r.body.lora_name), ['x'], 'y was never loaded while x held the only slot');
+      // The engine frees it again: the next request for y retries the unload, and y loads in the slot.
       sim.failUnloads.delete('x');
-      const unloaded = worker.waitForNextEvent('adapter_state_changed', (l) => l.adapter === 'x' && l.to === 'unloaded');
-      await call('POST', `${worker.systemUrl}/engine/adapters/x/drain`, {});
-      await bounded(unloaded, 'x to unload once the engine frees it');
       assert.equal((await gen('y')).status, 200);
       assert.deepEqual(await states(), ['x:unloaded', 'y:serving']);
     } finally {
       await worker.terminate();
+      await sim.close();
+    }
+  });
+
+  it('an adapter whose unload failed gets its slot back from a worker drain and resume, each retrying the unload', async () => {
+    const sim = await startEngineSim({ kind: 'vllm', itlMs: 1 });
+    const worker = await startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'base', '--engine', 'openai', '--engine-url', sim.url, '--engine-kind', 'vllm', '--lora', 'x=/adapters/x', '--engine-max-loras', '1']);
+    const gen = (adapter: string) => call('POST', `${worker.requestUrl}/generate`, { model: 'base', prompt: 'select', adapter, max_tokens: 2, stream: false });
+    const unloads = () => sim.seen.filter((r) => r.path === '/v1/unload_lora_adapter').length;
+    try {
+      assert.equal((await gen('x')).status, 200);
+      sim.failUnloads.add('x');
+      let failed = worker.waitForNextEvent('adapter_unload_failed');
+      assert.equal((await call('POST', `${worker.systemUrl}/engine/adapters/x/unload`, {})).status, 202);
+      await bounded(failed, 'the admin unload of x to fail');
+      // A worker drain retries it (the engine still refuses), its resume again (the engine lets go).
+      failed = worker.waitForNextEvent('adapter_unload_failed');
+      assert.equal((await call('POST', `${worker.systemUrl}/engine/drain`, {})).status < 300, true);
+      await bounded(failed, 'the worker drain to retry the unload of x');
+      assert.equal(unloads(), 2);
+      sim.failUnloads.delete('x');
+      const unloaded = worker.waitForNextEvent('adapter_state_changed', (l) => l.adapter === 'x' && l.to === 'unloaded');
+      assert.equal((await call('POST', `${worker.systemUrl}/engine/resume`, {})).status, 200);
+      await bounded(unloaded, 'the resume to retry the unload of x');
+      assert.equal(unloads(), 3);
+      assert.equal((await gen('x')).status, 200, 'x loads again in its slot');
+    } finally {
+      await worker.terminate();
+      await sim.close();
+    }
+  });
+
+  it('an admin load on a worker without an admin token reads only the paths the operator gave: the adapter\'s own, or one under --lora-dir', async () => {
+    const sim = await startEngineSim({ kind: 'vllm', itlMs: 1 });
+    const start = (extra: string[]) =>
+      startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'base', '--engine', 'openai', '--engine-url', sim.url, '--engine-kind', 'vllm', '--lora', 'x=/adapters/x', '--engine-max-loras', '4', ...extra]);
+    const workers: WorkerHandle[] = [];
+    const load = (w: WorkerHandle, name: string, body: Record<string, unknown> = {}) => call('POST', `${w.systemUrl}/engine/adapters/${encodeURIComponent(name)}/load`, body);
+    const loaded = () => sim.seen.filter((r) => r.path === '/v1/load_lora_adapter').map((r) => r.body.lora_path);
+    try {
+      const withDir = await start(['--lora-dir', '/adapters/extra']);
+      workers.push(withDir);
+      const without = await start([]);
+      workers.push(without);
+      assert.equal((await load(withDir, 'x')).status, 200, 'a --lora adapter, from its own path');
+      assert.equal((await load(withDir, 'y', { path: '/adapters/extra/y' })).status, 200, 'a new one under --lora-dir');
+      for (const path of ['/etc/passwd', '/adapters/x', '/adapters/extra/../../etc/passwd', 'org/hub-model', '/adapters/extra']) {
+        const refused = await load(withDir, 'z', { path });
+        assert.equal(refused.status, 403, `${path}: ${JSON.stringify(refused.body)}`);
+        assert.equal(refused.body.error.code, 'forbidden');
+      }
+      const pathless = await load(withDir, 'z');
+      assert.equal(pathless.status, 400, JSON.stringify(pathless.body));
+      assert.equal(pathless.body.error.param, 'path', 'a new adapter names its path');
+      const model = await load(withDir, 'base');
+      assert.equal(model.status, 400, JSON.stringify(model.body));
+      assert.equal(model.body.error.param, 'name', "the model's own name");
+      const other = await load(withDir, 'x', { path: '/tmp/x' });
+      assert.equal(other.status, 403, 'a --lora adapter from another path');
+      const noDir = await load(without, 'y', { path: '/adapters/extra/y' });
+      assert.equal(noDir.status, 403);
+      assert.match(noDir.body.error.message, /under a --lora-dir \(this worker has none\)/);
+      assert.deepEqual(loaded(), ['/adapters/x', '/adapters/extra/y'], 'the engine was asked to read nothing else');
+      const names = (await call('GET', `${withDir.systemUrl}/engine/status`)).body.adapters.map((a: { name: string }) => a.name);
+      assert.deepEqual(names, ['x', 'y'], 'no refused name is offered');
+    } finally {
+      await Promise.all(workers.map((w) => w.terminate()));
       await sim.close();
     }
   });

@@ -65,6 +65,44 @@ describe('tool call parser', () => {
     assert.deepEqual(r.calls.map((c) => [c.name, c.args]), [['get_time', '{"tz": "UTC"}']]);
   });
 
+  it('arguments written as a JSON string: the string\'s text is the arguments, however cut, and nothing of the call is content', () => {
+    const args = { city: 'Pa"ris}', n: [1, { a: 2 }], path: 'C:\\tmp' };
+    // The model writes the arguments object's text as a JSON string (a fine-tune's habit); a second call as an object.
+    const text = `Checking.\n<tool_call>\n{"name": "get_weather", "arguments": ${JSON.stringify(JSON.stringify(args))}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>`;
+    const whole = assemble([text]);
+    assert.equal(whole.content, 'Checking.');
+    assert.deepEqual(whole.calls.map((c) => [c.name, c.args]), [
+      ['get_weather', JSON.stringify(args)],
+      ['get_time', '{"tz": "UTC"}'],
+    ]);
+    assert.deepEqual(JSON.parse(whole.calls[0]!.args), args);
+    for (let seed = 1; seed <= 200; seed++) assert.deepEqual(assemble(cut(text, seed)), whole, `cut with seed ${seed}`);
+    const parsed = parseToolCalls(text.slice(text.indexOf('<tool_call>')), HERMES_SYNTAX, ids);
+    assert.equal(parsed.content, null, 'non-streamed: only calls, no content');
+    assert.equal(parsed.calls[0]!.function.arguments, JSON.stringify(args));
+  });
+
+  it('string arguments with \\u escapes: a surrogate pair is never sent in halves, however cut', () => {
+    const text = '<tool_call>\n{"name": "f", "arguments": "{\\"e\\": \\"\\u00e9\\ud83d\\ude00\\", \\"t\\": \\"a\\\\tb\\"}"}\n</tool_call>';
+    const expected = '{"e": "\u00e9\ud83d\ude00", "t": "a\\tb"}';
+    assert.equal(assemble([text]).calls[0]!.args, expected);
+    for (let seed = 1; seed <= 200; seed++) {
+      const parser = new ToolCallParser(HERMES_SYNTAX, ids);
+      const events: ToolEvent[] = [];
+      for (const p of cut(text, seed)) parser.feed(p, events);
+      parser.end(events);
+      const pieces = events.filter((e) => e.kind === 'args').map((e) => (e as { text: string }).text);
+      assert.equal(pieces.join(''), expected, `cut with seed ${seed}`);
+      for (const p of pieces) assert.equal(Buffer.from(p).toString(), p, `seed ${seed}: a piece UTF-8 carries whole (${JSON.stringify(p)})`);
+      assert.deepEqual(events.filter((e) => e.kind === 'content'), [], `seed ${seed}: no content`);
+    }
+  });
+
+  it('bare scalar arguments and space before the value: the value alone, nothing leaks into content', () => {
+    assert.deepEqual(assemble(['<tool_call>\n{"name": "f", "arguments": null}\n</tool_call>']), { content: '', calls: [{ id: ids(0), name: 'f', args: 'null' }], called: 1 });
+    assert.deepEqual(assemble(['<tool_call>\n{"name": "f", "arguments":', '  ', ' {"a": 1}}\n</tool_call> done']), { content: 'done', calls: [{ id: ids(0), name: 'f', args: '{"a": 1}' }], called: 1 });
+  });
+
   it('non-streamed answers: content null when only calls; ids from the request, per choice and call', () => {
     const parsed = parseToolCalls(TWO_CALLS.slice(TWO_CALLS.indexOf('<tool_call>')), HERMES_SYNTAX, ids);
     assert.equal(parsed.content, null);

@@ -318,3 +318,34 @@ describe('tool calling: in front of vLLM (simulated)', () => {
     assert.match(continued.messages.at(-1).content, /^<tool_call>\n\{"name": "get_weather", "arguments": /);
   });
 });
+
+describe('tool calling: a model that writes its arguments as a JSON string', () => {
+  it('the call comes out with the arguments object\'s text, streamed and not, and nothing of it in content', async () => {
+    const sim = await startEngineSim({ kind: 'vllm', itlMs: 1, stringArguments: true });
+    const discovery = tempDiscoveryUrl();
+    const worker = await startWorker(['--discovery', discovery, '--model', 's1', '--engine', 'openai', '--engine-kind', 'vllm', '--engine-url', sim.url, '--engine-tool-syntax', 'hermes']);
+    const fe = await startFrontend(discovery);
+    started.push(worker, fe);
+    try {
+      await frontendSeesWorkers(fe, 1);
+      const c = new OpenAI({ baseURL: `${fe.url}/v1`, apiKey: 'unused', maxRetries: 0 });
+      const expected = JSON.stringify({ city: 'harbor town', days: 3, unit: 'c' });
+      const plain = await c.chat.completions.create({ model: 's1', messages: ask, tools: [weather] });
+      assert.match(sim.seen.at(-1)!.path, /chat\/completions/);
+      assert.equal(plain.choices[0]!.finish_reason, 'tool_calls');
+      assert.equal(plain.choices[0]!.message.content, null, 'nothing of the call is content');
+      assert.deepEqual(callsOf(plain.choices[0]!.message).map((x) => [x.name, x.arguments]), [['get_weather', expected]]);
+      const stream = await c.chat.completions.create({ model: 's1', messages: ask, tools: [weather], stream: true });
+      let content = '';
+      let args = '';
+      for await (const chunk of stream) {
+        content += chunk.choices[0]?.delta.content ?? '';
+        for (const d of chunk.choices[0]?.delta.tool_calls ?? []) args += d.function?.arguments ?? '';
+      }
+      assert.equal(content, '', 'streamed: nothing of the call is content');
+      assert.equal(args, expected);
+    } finally {
+      await sim.close();
+    }
+  });
+});

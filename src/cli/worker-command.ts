@@ -24,6 +24,7 @@ import { collectAdapterName, loraOption } from './lora-flag.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 import type { AdapterSource } from '../engine/engine-adapters.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
+import { DEFAULT_MAX_EMBEDDING_TOKENS } from '../worker/embedding-tokens.js';
 
 interface WorkerFlags extends LlamaCppFlags {
   engine: string;
@@ -44,6 +45,8 @@ interface WorkerFlags extends LlamaCppFlags {
   shutdownGraceMs: number;
   drainTimeoutMs: number;
   priorityReserveSlots?: number;
+  maxEmbeddingTokens: number;
+  loraDir: string[];
   mockerTtftMs: number;
   mockerItlMs: number;
   mockerBatchSlots: number;
@@ -105,6 +108,7 @@ export function workerCommand(): Command {
     .option('--lease-ttl-ms <n>', 'discovery lease TTL (file default 3000, etcd default 10000)', msOption(1))
     .option('--shutdown-grace-ms <n>', 'after SIGTERM, keep refusing while routers converge', msOption(0), 1000)
     .option('--priority-reserve-slots <n>', 'batch slots flex requests leave free for priority and default ones: flex is refused (worker_overloaded, it waits in the frontend\'s queue) unless a slot beyond them is free (default: 1 where the engine has >= 4 batch slots, else 0)', intOption(0))
+    .option('--max-embedding-tokens <n>', 'the most tokens one /v1/embeddings request may carry, all its inputs together (OpenAI\'s bound); past it the request is refused 400 naming input, before any work. Texts are counted by the engine\'s tokenizer when their bytes could pass it', intOption(1), DEFAULT_MAX_EMBEDDING_TOKENS)
     .option('--drain-timeout-ms <n>', 'after the grace, how long streams may run before they are handed off to other workers (cut only where that fails)', msOption(0), 30_000)
     .option('--mocker-ttft-ms <n>', 'mocker base time to first token (with the KV cache off it grows with prompt length; on, prefill adds the uncached tokens\' time)', msOption(0), MOCKER_DEFAULTS.ttftMs)
     .option('--mocker-itl-ms <n>', 'mocker inter-token latency', msOption(0), MOCKER_DEFAULTS.itlMs)
@@ -153,6 +157,11 @@ export function workerCommand(): Command {
     .addOption(new Option('--engine-kv-events-topic <topic>', '--engine-kv-events: the ZMQ topic to subscribe to').default('', 'every topic'))
     .option('--engine-kv-events-replay <endpoint>', '--engine-kv-events: the publisher\'s replay socket (vLLM replay_endpoint), asked for batches lost in a gap instead of clearing the index')
     .option('--engine-embeddings', '--engine openai: the engine\'s model serves /v1/embeddings (vLLM/SGLang pooling models, llama-server --embeddings): the worker declares embeddings')
+    .addOption(
+      new Option('--lora-dir <dir>', 'where an admin load (POST /engine/adapters/NAME/load) may read an adapter the worker was not started with (repeatable; llama-cpp: on this machine, symlinks followed; --engine openai: on the engine server). Without it a load reads only the paths --lora gave')
+        .argParser((dir: string, previous: string[]) => [...previous, dir])
+        .default([] as string[], 'none'),
+    )
     .option('--engine-max-loras <n>', '--engine openai with --lora: adapters the engine holds at once, as it is configured (vLLM --max-loras, SGLang --max-loras-per-batch)', intOption(1), 1)
     .option('--engine-kv-block-size <n>', '--engine openai: tokens per KV block, as the engine is configured (vLLM --block-size)', intOption(1), DEFAULT_BLOCK_SIZE)
     .option('--engine-tool-syntax <syntax>', '--engine openai: how the served model writes a tool call, which ebb parses from its raw text: hermes (Qwen 2.5/3, Hermes) or JSON {"prefix","params_prefix","suffix"}; unset: no tools', toolSyntaxOption)
@@ -165,6 +174,9 @@ export function workerCommand(): Command {
       // Its one worker must answer a whole request: a prefill or decode worker alone does not.
       if (flags.openaiPort !== undefined && flags.mode !== 'aggregated') throw new CliError(`--openai-port serves a whole request on this worker: it needs --mode aggregated, not ${flags.mode}`);
       if (flags.apiKeyFile !== undefined && flags.openaiPort === undefined) throw new CliError('--api-key-file guards the --openai-port listener: pass --openai-port too');
+      // Clients name an adapter as their model: one named as the model would shadow it.
+      const shadowing = [...flags.mockerLora, ...flags.lora.map((s) => s.name)].find((name) => name === servedModelName(flags, 'ebb-mock'));
+      if (shadowing !== undefined) throw new CliError(`adapter "${shadowing}" has the name of the model: give it a name of its own`);
       const apiGuard = await loadApiGuard(flags.apiKeyFile);
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
@@ -239,6 +251,8 @@ export function workerCommand(): Command {
             startDrained: selfPod?.intent ?? undefined,
             openai: flags.openaiPort === undefined ? undefined : { host: flags.host, port: flags.openaiPort, apiGuard },
             priorityReserveSlots: flags.priorityReserveSlots,
+            maxEmbeddingTokens: flags.maxEmbeddingTokens,
+            loraDirs: flags.loraDir,
           },
           log,
           exit,

@@ -27,12 +27,13 @@ import type { AdminView, KvView } from './cluster/admin-view.js';
 import { KvFeed } from './routing/kv-feed.js';
 import type { KvEventSource } from './routing/kv-subscription.js';
 import { createKvRouterMetrics } from './routing/kv-metrics.js';
-import { Router, type RouterKind } from './routing/router.js';
+import { Router } from './routing/router.js';
+import type { RouterKind } from './routing/router-kinds.js';
 import { workerTokenizer } from './routing/worker-tokenize.js';
-import { AdmissionQueue, DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from './routing/admission-queue.js';
-import { createQueueMetrics } from './routing/queue-metrics.js';
-import { queueFleet } from './routing/queue-fleet.js';
-import { SaturationWatch } from './routing/saturation-watch.js';
+import { AdmissionQueue, DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from './admission/admission-queue.js';
+import { createQueueMetrics } from './admission/queue-metrics.js';
+import { queueFleet } from './admission/queue-fleet.js';
+import { SaturationWatch } from './admission/saturation-watch.js';
 
 export interface FrontendOptions {
   host: string;
@@ -212,7 +213,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     metrics.stats.queued = (model) => admission.waiting(model);
   }
   // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
-  const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken);
+  const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken, admissionLog);
   if (saturation !== undefined) fleet.on('left', (id: string) => saturation.forget(id));
   const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   // Tokenizing through a worker shares the request plane's connections and its token.

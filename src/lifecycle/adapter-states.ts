@@ -25,7 +25,10 @@ import { ADAPTER_STATES, RESIDENT_STATES, type AdapterState } from '../protocol/
  *   serving   | load         | serving   | idempotent
  *
  * A load of an adapter that is draining is refused (adapter_draining): it is retried once the
- * drain is done. `unloaded` keeps the adapter available: a later request loads it again.
+ * drain is done. `unloaded` keeps the adapter available: a later request loads it again. An
+ * engine unload that fails leaves it `draining`, its slot counted (the engine may still hold it);
+ * the unload is tried again by the next load that needs a slot, a request or load naming it, an
+ * admin drain or unload, and a worker drain or resume (worker/adapters.ts), never lost for good.
  */
 
 export { ADAPTER_STATES, type AdapterState };

@@ -4,6 +4,7 @@ import type { AdapterSource, EngineAdapters } from '../engine/engine-adapters.js
 import { nextAdapterState, SLOT_STATES, type AdapterEvent, type AdapterState } from '../lifecycle/adapter-states.js';
 import type { AdapterRecord, AdapterStatus, ResidentState } from '../protocol/adapters.js';
 import { EbbError } from '../protocol/errors.js';
+import type { AdapterPolicy } from './adapter-policy.js';
 
 /** What the record says a load takes before this worker has timed one. */
 export const DEFAULT_ADAPTER_LOAD_MS = 1000;
@@ -22,6 +23,14 @@ export interface AdapterHold {
 
 export type AdapterRefusal = 'adapter_draining' | 'adapter_slots_busy';
 
+/**
+ * The engine's unload of a draining adapter: not started (requests in flight), under way, or failed.
+ * A failed one keeps its slot (fail closed: the engine may still hold it) until a retry succeeds:
+ * the next load that needs a slot, a request or load for the adapter itself, an admin drain or
+ * unload, a worker drain or resume.
+ */
+type UnloadState = 'none' | 'running' | 'failed';
+
 interface Entry {
   /** Where the engine reads it: an admin load may name another path for an adapter that is not resident. */
   source: AdapterSource;
@@ -38,8 +47,7 @@ interface Entry {
   /** What holds wait on: resolved when serving, rejected when the load ends any other way. */
   ready: Promise<void>;
   settle: ((err?: EbbError) => void) | undefined;
-  /** An unload is under way (draining with nothing in flight). */
-  unloading: boolean;
+  unload: UnloadState;
   lastError: string | null;
   /** Told when it reaches unloaded, or (with why) when its unload failed. */
   readonly unloadWaiters: Set<(failed?: Error) => void>;
@@ -61,6 +69,8 @@ export class WorkerAdapters extends EventEmitter {
   constructor(
     private readonly engine: EngineAdapters,
     private readonly log: Logger,
+    /** What an admin load may read (adapter-policy.ts). */
+    private readonly policy: AdapterPolicy,
   ) {
     super();
     for (const source of engine.available()) this.add(source);
@@ -76,7 +86,10 @@ export class WorkerAdapters extends EventEmitter {
    */
   admit(name: string): AdapterHold | { refused: AdapterRefusal } {
     const e = this.entry(name);
-    if (e.state === 'draining') return { refused: 'adapter_draining' };
+    if (e.state === 'draining') {
+      this.retryUnload(e);
+      return { refused: 'adapter_draining' };
+    }
     if (e.state === 'unloaded' && !this.startLoad(e)) return { refused: 'adapter_slots_busy' };
     e.inflight++;
     this.touch(e);
@@ -115,12 +128,16 @@ export class WorkerAdapters extends EventEmitter {
 
   /** POST /engine/adapters/{name}/load: resident once it resolves (a new source joins those available). */
   async load(source: AdapterSource): Promise<AdapterStatus> {
+    await this.policy.check(source, this.entries.get(source.name)?.source);
     const known = this.entries.get(source.name);
     const e = known ?? this.add(source);
     const previous = e.source;
     if (e.state === 'unloaded' && source.path !== undefined) e.source = source;
     try {
-      if (e.state === 'draining') throw new EbbError('adapter_draining', `adapter "${source.name}" is draining; load it again once it is unloaded`, { headers: { 'retry-after': '1' } });
+      if (e.state === 'draining') {
+        this.retryUnload(e);
+        throw new EbbError('adapter_draining', `adapter "${source.name}" is draining; load it again once it is unloaded`, { headers: { 'retry-after': '1' } });
+      }
       if (e.state === 'unloaded' && !this.startLoad(e))
         throw new EbbError('adapter_slots_busy', `all ${this.slots} adapter slots hold adapters with requests in flight; retry once one is idle`, { headers: { 'retry-after': '1' } });
       await e.ready;
@@ -161,9 +178,14 @@ export class WorkerAdapters extends EventEmitter {
     return new Promise((resolve, reject) => e.unloadWaiters.add((failed) => (failed ? reject(failed) : resolve())));
   }
 
-  /** A worker drain drains every adapter with it. */
+  /** A worker drain drains every adapter with it (and retries the unloads that failed). */
   drainAll(reason: string): void {
-    for (const e of this.entries.values()) if (e.state === 'loading' || e.state === 'serving') this.drain(e.source.name, reason);
+    for (const e of this.entries.values()) if (e.state !== 'unloaded') this.drain(e.source.name, reason);
+  }
+
+  /** A worker resuming: the unloads that failed are tried again, so their slots come back once the engine lets go. */
+  retryFailedUnloads(): void {
+    for (const e of this.entries.values()) this.retryUnload(e);
   }
 
   status(): AdapterStatus[] {
@@ -172,7 +194,7 @@ export class WorkerAdapters extends EventEmitter {
 
   statusOf(e: Entry | string): AdapterStatus {
     const x = typeof e === 'string' ? this.entry(e) : e;
-    const waiting = x.state !== 'draining' ? [] : x.inflight > 0 ? [`${x.inflight} in-flight request${x.inflight === 1 ? '' : 's'}`] : [x.lastError ?? 'the engine unloading it'];
+    const waiting = x.state !== 'draining' ? [] : x.inflight > 0 ? [`${x.inflight} in-flight request${x.inflight === 1 ? '' : 's'}`] : [x.unload === 'failed' && x.lastError !== null ? x.lastError : 'the engine unloading it'];
     return {
       name: x.source.name,
       state: x.state,
@@ -203,7 +225,7 @@ export class WorkerAdapters extends EventEmitter {
   }
 
   private add(source: AdapterSource): Entry {
-    const e: Entry = { source, state: 'unloaded', since: new Date(), inflight: 0, loads: 0, lastUsed: 0, lastUsedAt: null, resident: false, load: undefined, ready: RESOLVED, settle: undefined, unloading: false, lastError: null, unloadWaiters: new Set() };
+    const e: Entry = { source, state: 'unloaded', since: new Date(), inflight: 0, loads: 0, lastUsed: 0, lastUsedAt: null, resident: false, load: undefined, ready: RESOLVED, settle: undefined, unload: 'none', lastError: null, unloadWaiters: new Set() };
     this.entries.set(source.name, e);
     return e;
   }
@@ -226,7 +248,8 @@ export class WorkerAdapters extends EventEmitter {
 
   /**
    * unloaded -> loading in this synchronous step, given a slot: a free one, or the least recently
-   * used adapter that is serving with nothing in flight, drained (at once) for it. False: none.
+   * used adapter that is serving with nothing in flight, drained (at once) for it, or else one whose
+   * unload failed, its unload tried again. False: none.
    */
   private startLoad(e: Entry): boolean {
     let used = 0;
@@ -234,8 +257,12 @@ export class WorkerAdapters extends EventEmitter {
     let victim: Entry | undefined;
     if (used >= this.slots) {
       for (const x of this.entries.values()) if (x.state === 'serving' && x.inflight === 0 && (victim === undefined || x.lastUsed < victim.lastUsed)) victim = x;
-      if (victim === undefined) return false;
-      this.drain(victim.source.name, `evicted for ${e.source.name}`);
+      if (victim !== undefined) this.drain(victim.source.name, `evicted for ${e.source.name}`);
+      else {
+        for (const x of this.entries.values()) if (x.unload === 'failed' && (victim === undefined || x.lastUsed < victim.lastUsed)) victim = x;
+        if (victim === undefined) return false;
+        this.retryUnload(victim);
+      }
     }
     const freed = victim === undefined ? RESOLVED : this.whenUnloaded(victim.source.name);
     this.move(e, 'load', victim === undefined ? 'a free slot' : `evicting ${victim.source.name}`);
@@ -273,10 +300,17 @@ export class WorkerAdapters extends EventEmitter {
     return true;
   }
 
+  /** A draining adapter whose unload failed: its unload again (a no-op for any other). */
+  private retryUnload(e: Entry): void {
+    if (e.unload !== 'failed') return;
+    this.log.info({ event: 'adapter_unload_retried', adapter: e.source.name }, `adapter ${e.source.name}: unloading it again (${e.lastError})`);
+    void this.unloadWhenIdle(e);
+  }
+
   /** Draining with nothing in flight: the engine frees its slot, then it is unloaded. */
   private async unloadWhenIdle(e: Entry): Promise<void> {
-    if (e.state !== 'draining' || e.inflight > 0 || e.unloading) return;
-    e.unloading = true;
+    if (e.state !== 'draining' || e.inflight > 0 || e.unload === 'running') return;
+    e.unload = 'running';
     try {
       // An aborted load may still have made it resident: known once the engine's load settles.
       if (e.load !== undefined) {
@@ -286,15 +320,15 @@ export class WorkerAdapters extends EventEmitter {
       if (e.resident) await this.engine.unload(e.source.name);
       e.resident = false;
       e.lastError = null;
+      e.unload = 'none';
     } catch (err) {
-      // Fail closed: it stays draining (its slot counted) until a later drain's unload succeeds.
+      // Fail closed: it stays draining (its slot counted) until a retry's unload succeeds (see UnloadState).
+      e.unload = 'failed';
       e.lastError = `unload failed: ${(err as Error).message}`;
       this.log.error({ event: 'adapter_unload_failed', adapter: e.source.name, err: (err as Error).message }, `adapter ${e.source.name}: ${e.lastError}`);
-      // A load waiting for its slot fails now (retried on another worker), not when some drain retries the unload.
+      // A load waiting for its slot fails now (retried on another worker), not when a retry frees it.
       this.tellUnloadWaiters(e, new Error(`evicting ${e.source.name}: ${e.lastError}`));
       return;
-    } finally {
-      e.unloading = false;
     }
     if (e.state !== 'draining' || e.inflight > 0) return;
     this.move(e, 'unloaded', 'nothing in flight');

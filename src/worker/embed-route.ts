@@ -6,21 +6,26 @@ import { EmbedBodySchema, type EmbedBody, type EmbedResponse } from '../protocol
 import type { Generations } from './generation.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { RequestGate } from './request-gate.js';
+import { checkEmbeddingTokens } from './embedding-tokens.js';
 
 export interface EmbedRouteDeps {
   engine: Engine;
   gate: RequestGate;
   generations: Generations;
   metrics: WorkerMetrics;
+  /** The most tokens one request's inputs may carry together (--max-embedding-tokens). */
+  maxTokens: number;
 }
 
 /**
  * POST /embed: admitted through the gate as a /generate is (a draining worker refuses it, a drain
  * waits for it), its scope open until the answer is flushed; failures answered as a generation's
  * are before its first byte. Not handed off at a drain deadline: like a prefill, it finishes where it runs.
+ * Its inputs' tokens are bounded (embedding-tokens.ts): past the bound it is refused before any work.
  */
-export function addEmbedRoute(app: FastifyInstance, { engine, gate, generations, metrics }: EmbedRouteDeps): void {
+export function addEmbedRoute(app: FastifyInstance, { engine, gate, generations, metrics, maxTokens }: EmbedRouteDeps): void {
   const embed = engine.embed?.bind(engine);
+  const tokenize = engine.tokenize?.bind(engine);
   allowOnly(app, '/embed', ['POST']);
   app.post<{ Body: EmbedBody }>('/embed', { schema: { body: EmbedBodySchema } }, async (req, reply) => {
     const body = req.body;
@@ -31,6 +36,7 @@ export function addEmbedRoute(app: FastifyInstance, { engine, gate, generations,
     reply.hijack();
     try {
       if (embed === undefined) throw new Error(`the engine (${engine.kind}) declares embeddings but cannot embed`);
+      await checkEmbeddingTokens(body.input, maxTokens, tokenize, scope.signal);
       const result = await embed(body.input, { dimensions: body.dimensions }, scope.signal);
       if (result.vectors.length !== body.input.length) throw new Error(`the engine answered ${result.vectors.length} vectors for ${body.input.length} inputs`);
       metrics.embedded(body.input.length);

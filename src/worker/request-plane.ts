@@ -16,6 +16,7 @@ import { OpenRequests } from './open-requests.js';
 import { RequestGate } from './request-gate.js';
 import { addTokenizeRoute } from './tokenize-route.js';
 import { addEmbedRoute } from './embed-route.js';
+import { DEFAULT_MAX_EMBEDDING_TOKENS } from './embedding-tokens.js';
 import type { WorkerAdapters } from './adapters.js';
 
 export { MAX_TOKENIZING } from './tokenize-route.js';
@@ -43,6 +44,8 @@ export interface RequestPlaneDeps {
   drainEtaMs?: (() => number | null) | undefined;
   /** The batch slots flex requests leave free (--priority-reserve-slots). */
   priorityReserve?: PriorityReserve | undefined;
+  /** The most tokens one /embed may carry, all its inputs together (--max-embedding-tokens). */
+  maxEmbeddingTokens?: number | undefined;
 }
 
 export interface RequestPlane {
@@ -84,7 +87,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     await generations.serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, gate.trustedHandoff(req.body.handoff_kv));
   });
   addTokenizeRoute(app, model, engine, admission);
-  addEmbedRoute(app, { engine, gate, generations, metrics });
+  addEmbedRoute(app, { engine, gate, generations, metrics, maxTokens: deps.maxEmbeddingTokens ?? DEFAULT_MAX_EMBEDDING_TOKENS });
   addKvRoutes(app, { workerId, mode, engine, selfUrl, gate, generations });
 
   return {

@@ -22,6 +22,7 @@ import { WorkerPhase } from './phase.js';
 import { DEFAULT_REGISTER_TIMEOUT_MS, registerFirst } from './first-registration.js';
 import { adoptDrainIntent, DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from './drain-intent-sync.js';
 import { WorkerAdapters } from './adapters.js';
+import { AdapterPolicy, adapterFilesOf } from './adapter-policy.js';
 import { registerAdapterMetrics } from './adapter-metrics.js';
 import type { Transition } from '../lifecycle/lifecycle.js';
 import { MemoryDiscovery } from '../discovery/memory.js';
@@ -57,6 +58,10 @@ export interface WorkerOptions {
   openai?: OpenAIPortOptions | undefined;
   /** Batch slots flex requests leave free for priority and default ones (default: defaultPriorityReserve). */
   priorityReserveSlots?: number | undefined;
+  /** The most tokens one embedding request may carry, all its inputs together (default: OpenAI's 300,000). */
+  maxEmbeddingTokens?: number | undefined;
+  /** --lora-dir: where an admin load may read adapters the worker was not started with (adapter-policy.ts). */
+  loraDirs?: string[] | undefined;
 }
 
 export interface RunningWorker {
@@ -95,6 +100,7 @@ function followAdapters(adapters: WorkerAdapters, lifecycle: Lifecycle, record: 
   });
   lifecycle.on('transition', (t: Transition) => {
     if (t.to === 'draining') adapters.drainAll('worker drain');
+    else if (t.to === 'serving') adapters.retryFailedUnloads();
   });
 }
 
@@ -150,7 +156,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   // Decode workers pull prefills' KV; engines that load KV state also take hand-offs' from any worker.
   const prefillPeers = opts.mode === 'decode' || engine.importKv ? new PrefillPeers() : undefined;
   const kvPulls = registerKvStateMetrics(metrics.registry, engine);
-  const adapters = engine.adapters === undefined ? undefined : new WorkerAdapters(engine.adapters, log);
+  const adapters = engine.adapters === undefined ? undefined : new WorkerAdapters(engine.adapters, log, new AdapterPolicy({ model: opts.model, dirs: opts.loraDirs ?? [], files: adapterFilesOf(engine.kind) }));
   if (adapters !== undefined) {
     await adapters.adoptResident();
     registerAdapterMetrics(metrics.registry, adapters);
@@ -174,6 +180,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     adapters,
     drainEtaMs: () => lifecycle.status().eta_ms ?? null,
     priorityReserve,
+    maxEmbeddingTokens: opts.maxEmbeddingTokens,
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.

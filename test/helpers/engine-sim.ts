@@ -27,6 +27,8 @@ export interface EngineSimOptions {
   cachedTokens?: number;
   /** llamacpp: a llama-server started without --metrics (/metrics 501); /slots says which slots process. */
   slotsOnly?: boolean;
+  /** Raw calls carry their arguments as a JSON string (`"arguments": "{\"city\": ...}"`), as some fine-tunes write them. */
+  stringArguments?: boolean;
 }
 
 export interface SeenEngineRequest {
@@ -281,7 +283,7 @@ export class EngineSim extends EventEmitter {
       deltas.push({ tool_calls: [{ index: 0, id: `chatcmpl-tool-${id}`, type: 'function', function: { name: call.name, arguments: '' } }] });
       for (const piece of argPieces(call.args)) deltas.push({ tool_calls: [{ index: 0, function: { arguments: piece } }] });
     } else {
-      const raw = rawPieces(call);
+      const raw = rawPieces(this.opts.stringArguments === true ? { name: call.name, args: JSON.stringify(call.args) } : call);
       if (!raw.join('').startsWith(prefix)) return this.json(res, 400, { error: { message: 'the simulator continues only its own call' } });
       let skip = prefix.length;
       for (const piece of raw) {

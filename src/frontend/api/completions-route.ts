@@ -20,10 +20,10 @@ export function addCompletionRoutes(ctx: RouteContext): void {
       const served = ctx.admit(body, FIELD_POLICY);
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${ctx.newId()}`;
       const gens = onServed(toGenerateBodies(endpoint, body, id), served);
-      const tier = ctx.ticket(gens, body.service_tier, req);
       const n = body.n ?? 1;
       const room = ctx.holdLanes(reply, served.model, gens.length, n);
       const signal = ctx.shutdown.requestSignal(reply.raw);
+      const tier = ctx.ticket(gens, body.service_tier, req, signal);
       probeHalfClosedClient(req, reply);
       const started = performance.now();
       // With tools: the answers' raw text is parsed into calls, in the syntax the model's workers declare.

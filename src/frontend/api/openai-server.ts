@@ -12,7 +12,7 @@ import type { WorkerPool } from '../routing/worker-pool.js';
 import { Shutdown } from '../shutdown.js';
 import { addResumeRoutes } from '../streams/resume-routes.js';
 import type { StreamStore } from '../streams/stream-store.js';
-import { tagEmbedTicket, tagTickets } from './admission-ticket.js';
+import { tagEmbedTicket, tagTickets } from '../admission/ticket.js';
 import { addCompletionRoutes } from './completions-route.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
 import { checkFields } from './field-policy.js';
@@ -139,7 +139,7 @@ export function createOpenAIServer({
       return served;
     },
     // The queue's ticket (none without a queue: nothing per request then); the tier its answer says (default without a queue).
-    ticket: (gens, tier, req) => (queueing ? tagTickets(gens, tier, req.headers, apiGuard) : 'default'),
+    ticket: (gens, tier, req, client) => (queueing ? tagTickets(gens, tier, req.headers, apiGuard, client) : 'default'),
     holdLanes: (reply, model, count, n) => {
       const release = lanes.take(count, pool.servingPath(model) === 'disaggregated' ? 2 : 1, { prompts: count / n, n });
       let until: Promise<void> | undefined;

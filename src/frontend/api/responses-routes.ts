@@ -38,7 +38,8 @@ export function addResponsesRoutes(ctx: RouteContext): void {
     const shell = new ResponseShell(ctx.newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
     onServed([gen], served);
-    shell.serviceTier = ctx.ticket([gen], body.service_tier, req);
+    const signal = ctx.shutdown.requestSignal(reply.raw);
+    shell.serviceTier = ctx.ticket([gen], body.service_tier, req, body.background === true ? undefined : signal);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? ctx.toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined =
       responses === undefined ? undefined : { id: shell.id, tenant, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0, bytes: 0 };
@@ -71,7 +72,6 @@ export function addResponsesRoutes(ctx: RouteContext): void {
       await streams?.running(shell.id)?.lease?.opened;
       return shell.object('queued', undefined, undefined);
     }
-    const signal = ctx.shutdown.requestSignal(reply.raw);
     probeHalfClosedClient(req, reply);
     try {
       if (body.stream) {

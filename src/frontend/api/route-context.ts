@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import type { GenerateBody } from '../../protocol/request-plane.js';
-import type { ServiceTier } from '../routing/admission-queue.js';
+import type { ServiceTier } from '../admission/ticket.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { Relay } from '../relay/relay.js';
 import type { Shutdown } from '../shutdown.js';
@@ -28,8 +28,11 @@ export interface RouteContext {
   methods(url: string, allowed: Array<'GET' | 'POST'>): void;
   /** A model somebody serves (or an adapter some worker can load), and fields the fleet can honour. */
   admit(body: { model: string }, table: FieldPolicy): Served;
-  /** The queue's ticket on each generate body; the tier the answer says. */
-  ticket(gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest): ServiceTier;
+  /**
+   * The queue's ticket on each generate body; the tier the answer says. `client`: the request's
+   * signal, so a queued request whose client left leaves the queue at once (none: a background response).
+   */
+  ticket(gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest, client: AbortSignal | undefined): ServiceTier;
   /** Room for a request's sequences, held until its response is done (a kept stream: until its generation is). */
   holdLanes(reply: FastifyReply, model: string, count: number, n: number): Room;
   /** A fresh response id's random part (with --processes N, it names this process). */

@@ -5,7 +5,7 @@ import type { FrontendMetrics } from '../metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
 import type { UpstreamStream } from './upstream.js';
 import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive } from './worker-answer.js';
-import { feedLines, type BatchLine, type TokenSink } from './worker-call.js';
+import { feedLines, StreamLineTooLong, type BatchLine, type TokenSink } from './worker-call.js';
 
 /** Where a lane's tokens go: the client's stream writer, or a collector for a non-streaming answer. */
 export interface LaneSink extends TokenSink {
@@ -126,8 +126,10 @@ export class Lane {
           if (err instanceof HandedOff && err.kv !== undefined) void this.ctx.releaseKv?.(err.kv);
           throw err;
         }
-        // Tokens read before the break were delivered: the client gets them before the continuation.
+        // Tokens read before the break were delivered: the client gets them before the continuation (or the error).
         sink.flush?.();
+        // A line the frontend cannot read is the answer's token, not the worker failing: a worker continuing the sequence would send it again.
+        if (err instanceof StreamLineTooLong) throw new LaneFailed(new MidStreamFailure(this.workerId, err));
         await this.moveOn(err, signal);
       }
     }

@@ -7,11 +7,12 @@ import type { FrontendMetrics } from '../metrics.js';
 import { NOTHING_SKIPPED, type PoolWorker, type WorkerPool } from '../routing/worker-pool.js';
 import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
-import { MAX_ERROR_BODY, WorkerCall, type BatchLine } from './worker-call.js';
+import { MAX_ERROR_BODY, StreamLineTooLong, WorkerCall, type BatchLine } from './worker-call.js';
 import { IdleWatch } from './idle-watch.js';
 import { actOn, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
 import { readBounded } from '../../common/bounded-read.js';
-import type { AdmissionQueue, Place } from '../routing/admission-queue.js';
+import type { AdmissionQueue } from '../admission/admission-queue.js';
+import type { Place } from '../admission/waiter.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
@@ -79,6 +80,24 @@ export interface UpstreamOptions {
   admission?: AdmissionQueue | undefined;
 }
 
+/**
+ * The no-worker answers of rounds in which a worker failed the request (not a refusal, not a
+ * hand-off at a drain deadline): a request taken and failed this way MAX_ATTEMPTS turns running is
+ * answered instead of queued again (refusals and hand-offs wait on: their workers are busy or
+ * draining, not failing).
+ */
+const failedRounds = new WeakSet<EbbError>();
+
+function isFailure(err: TryElsewhere): boolean {
+  return err.hold !== 'draining' && err.hold !== 'overloaded' && err.outcome !== 'handed_off' && err.outcome !== 'request_handed_off';
+}
+
+/** `err`, remembered as a round a worker failed when `failed`. */
+function roundEnd(err: EbbError, failed: boolean): EbbError {
+  if (failed) failedRounds.add(err);
+  return err;
+}
+
 /** A prompt's KV takes seconds on a slow engine, rarely more; a prefill silent this long is hung. */
 export const DEFAULT_PREFILL_TIMEOUT_MS = 30_000;
 
@@ -91,6 +110,11 @@ function parseOr(fallback: unknown, text: string): unknown {
   } catch {
     return fallback;
   }
+}
+
+/** What a queued request needs of a worker (its adapter, room for flex, capabilities, workers it skips): its need in the queue. */
+function needOf(adapter: string | undefined, flex: boolean, needs: readonly Capability[], skip: ReadonlySet<string>): string {
+  return JSON.stringify([adapter ?? null, flex, needs, skip.size === 0 ? [] : [...skip]]);
 }
 
 /** Vectors as base64 float32: 2048 inputs of 4096 dimensions take 45 MB. */
@@ -144,6 +168,8 @@ export class Upstream {
   private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>, hint?: RouteHint, flex = false): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     const id = worker.record.worker_id;
     const release = this.pool.acquire(worker, flex);
+    // A refusal the worker's room overtook (a request on it ended, it said so) holds it out for nothing.
+    const sentAt = this.pool.roomMark;
     // Its uncached prompt is queued prefill on the worker until the first token (or the failure).
     const prefilled = this.router.begin(worker, hint);
     try {
@@ -154,7 +180,7 @@ export class Upstream {
       return { worker, value, release };
     } catch (err) {
       prefilled();
-      release();
+      release(false);
       if (signal.aborted) throw err;
       if (err instanceof EbbError || err instanceof KvTransferLost) {
         this.metrics.attempt(id, err instanceof KvTransferLost ? 'kv_transfer_lost' : 'client_error');
@@ -162,8 +188,8 @@ export class Upstream {
       }
       const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
       // A flex refusal says only that the worker's free slots are its priority reserve: other tiers still go to it.
-      if (flex && failure.hold === 'overloaded') this.pool.holdFlex(id);
-      else if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS);
+      if (flex && failure.hold === 'overloaded') this.pool.holdFlex(id, Date.now(), sentAt);
+      else if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS, sentAt);
       this.metrics.attempt(id, failure.outcome);
       throw failure;
     }
@@ -181,22 +207,26 @@ export class Upstream {
    * `attempt` now when nobody of its model is queued; else, and when it finds no worker, through
    * the admission queue: it waits for a turn and tries again, from the workers it was first told to
    * skip (a migration's), until a worker takes it or the queue answers (429, or 503 when waiting
-   * cannot help). Without a queue it is `attempt` itself.
+   * cannot help). `need`: what it needs of a worker (waiters that need alike are refused alike);
+   * `drop`: frees what a worker took for a request whose client left while it tried. Without a
+   * queue it is `attempt` itself.
    */
-  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, attempt: (admitted?: () => void) => Promise<T>): Promise<T> {
+  private async queued<T>(body: { model: string }, signal: AbortSignal, tried: Set<string>, need: (skip: ReadonlySet<string>) => string, attempt: (admitted?: () => void) => Promise<T>, drop: (won: T) => void): Promise<T> {
     const queue = this.admission;
     if (queue === undefined) return attempt();
     // What the request was told to skip before any attempt (a continuation: the worker it leaves).
     const skip: ReadonlySet<string> = tried.size === 0 ? NOTHING_SKIPPED : new Set(tried);
     let place: Place | undefined;
+    // Turns in which a worker took the request and failed it before a token (failedRounds): a request every worker fails is answered, not queued for ever.
+    let failedTurns = 0;
     if (queue.waiting(body.model) === 0) {
       try {
         return await attempt();
       } catch (err) {
         if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) throw err;
-        place = await queue.enter(body, signal, err, skip);
+        place = await queue.enter(body, signal, err, need(skip), skip);
       }
-    } else place = await queue.enter(body, signal, noServingWorker(`no worker of "${body.model}" can take the request`), skip);
+    } else place = await queue.enter(body, signal, noServingWorker(`no worker of "${body.model}" can take the request`), need(skip), skip);
     for (;;) {
       await place.turn();
       tried.clear();
@@ -209,19 +239,28 @@ export class Upstream {
         out = true;
         current.admitted();
       };
+      let won: T;
       try {
-        const value = await attempt(admitted);
-        admitted();
-        return value;
+        won = await attempt(admitted);
       } catch (err) {
         if (!(err instanceof EbbError && err.code === 'no_serving_worker') || signal.aborted) {
           if (!out) place.leave();
           throw err;
         }
         // Out of the queue already (its worker took it, then failed before a token): in again, at the back.
-        if (out) place = await queue.enter(body, signal, err, skip);
-        else place.refused();
+        if (out) {
+          if (failedRounds.has(err) && ++failedTurns >= MAX_ATTEMPTS) throw noServingWorker(`workers of "${body.model}" took the request ${failedTurns} times and failed before its first token each time (${err.message})`, this.pool.retryAfterS(body.model));
+          place = await queue.enter(body, signal, err, need(skip), skip);
+        } else place.refused();
+        continue;
       }
+      admitted();
+      // Its client left while it tried: the queue let it go then, and nobody is there for the answer.
+      if (current.clientGone !== undefined) {
+        drop(won);
+        throw current.clientGone;
+      }
+      return won;
     }
   }
 
@@ -235,6 +274,7 @@ export class Upstream {
     body?: GenerateBody,
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
+    let failed = false;
     // The prompt's blocks, once for every attempt (the router scores the eligible workers by them).
     const flex = body?.service_tier === 'flex';
     if (flex) this.pool.skipFlexHeld(model, mode, tried);
@@ -250,6 +290,7 @@ export class Upstream {
         if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
         if (!(err instanceof TryElsewhere)) throw err;
         if (err.said !== undefined) lastRefusal = err.said;
+        failed ||= isFailure(err);
         // Handed off before its first token (its worker reached a drain deadline with it queued): the
         // request starts afresh from that worker, as a migration does, so a worker passed over earlier
         // (the one it left, serving again after a restart) may take it.
@@ -259,7 +300,7 @@ export class Upstream {
         }
       }
     }
-    throw this.noWorker(model, mode, lastRefusal);
+    throw roundEnd(this.noWorker(model, mode, lastRefusal), failed);
   }
 
   /**
@@ -315,6 +356,8 @@ export class Upstream {
     } catch (err) {
       stopWatch();
       call.abort();
+      // The answer's own token is past the bound, not the worker at fault: any worker would send it again.
+      if (err instanceof StreamLineTooLong) throw new EbbError('worker_protocol_error', `worker ${w.record.worker_id} sent ${err.message}, which the frontend cannot relay (not tried elsewhere: any worker would send it again)`);
       throw err instanceof WorkerUnresponsive ? new TryElsewhere('unresponsive', 'unreachable') : err;
     }
     // Nothing has reached the client yet: another worker can still serve it whole, unless the
@@ -349,7 +392,15 @@ export class Upstream {
 
   /** Opens a token stream on an aggregated worker. */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const { worker, value, release } = await this.queued(body, signal, tried, (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), capabilitiesNeeded(body), body));
+    const needs = capabilitiesNeeded(body);
+    const { worker, value, release } = await this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
+      (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), needs, body),
+      (won) => this.stream(won.worker, won.value, won.release).release(),
+    );
     return this.stream(worker, value, release);
   }
 
@@ -363,7 +414,15 @@ export class Upstream {
     const send = (w: PoolWorker) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER);
     const tried = new Set<string>();
     // It waits in its model's queue as a generation does (its ticket: the header's tier, its inputs' tokens).
-    const { worker, value, release } = await this.queued(body, signal, tried, () => this.route(body.model, mode, signal, tried, send, embeddingNeeds(body)));
+    const needs = embeddingNeeds(body);
+    const { worker, value, release } = await this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(undefined, false, needs, skip),
+      () => this.route(body.model, mode, signal, tried, send, needs),
+      (won) => won.release(),
+    );
     release();
     return { worker, answer: value };
   }
@@ -389,7 +448,9 @@ export class Upstream {
     const worker = this.pool.pick(model, 'decode', tried, needs, undefined, adapter);
     if (!worker) return undefined;
     tried.add(worker.record.worker_id);
-    return { worker, release: this.pool.acquire(worker) };
+    // A reservation frees no slot the worker used (the request it makes holds its own count).
+    const release = this.pool.acquire(worker);
+    return { worker, release: () => release(false) };
   }
 
   /**
@@ -404,18 +465,27 @@ export class Upstream {
    * pull fails: slower, never a 503 while a decode worker serves.
    */
   openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    return this.queued(body, signal, tried, () => this.pair(body, signal, tried));
+    const needs = capabilitiesNeeded(body);
+    return this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
+      () => this.pair(body, signal, tried),
+      (won) => won.release(),
+    );
   }
 
   private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
+    let failed = false;
     // The decode worker generates: it is the one that must honour what the request needs.
     const needs = capabilitiesNeeded(body);
     const flex = body.service_tier === 'flex';
     for (let pair = 1; ; pair++) {
       if (signal.aborted) throw signal.reason;
       let decode = this.reserveDecode(body.model, tried, needs, body.adapter, flex);
-      if (!decode) throw this.noWorker(body.model, 'decode', lastRefusal);
+      if (!decode) throw roundEnd(this.noWorker(body.model, 'decode', lastRefusal), failed);
       let kv: KvTransferRef | undefined;
       try {
         // The prefill worker is the one that computes the prompt: chosen by what it holds, too.
@@ -443,6 +513,7 @@ export class Upstream {
             lost = true;
           } else if (err instanceof TryElsewhere) {
             if (err.said !== undefined) lastRefusal = err.said;
+            failed ||= isFailure(err);
             if (attempt < MAX_ATTEMPTS && !signal.aborted) decode = this.reserveDecode(body.model, tried, needs, body.adapter, flex);
           }
           if (!decode && kv !== undefined) await this.releaseKv(kv);
@@ -451,7 +522,7 @@ export class Upstream {
           reserved();
         }
       }
-      if (!lost) throw this.noWorker(body.model, 'decode', lastRefusal);
+      if (!lost) throw roundEnd(this.noWorker(body.model, 'decode', lastRefusal), failed);
       if (pair >= MAX_ATTEMPTS) throw noServingWorker(`decode workers could not take the KV of "${body.model}" requests; retry shortly`, this.pool.retryAfterS(body.model));
     }
   }

@@ -1,6 +1,6 @@
 import { Counter, Gauge, type Registry } from 'prom-client';
 import type { KvFeed } from './kv-feed.js';
-import { ROUTER_KINDS, type RouterKind } from './router.js';
+import { ROUTER_KINDS, type RouterKind } from './router-kinds.js';
 
 /**
  * The router's metrics, on the frontend's registry. The predicted hit rate is

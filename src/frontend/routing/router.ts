@@ -8,9 +8,8 @@ import { kvProfile, localTokens, promptBlocks, type KvProfile, type PromptBlocks
 import type { PoolWorker, WorkerPool } from './worker-pool.js';
 import { adapterView } from './adapter-view.js';
 import { adapterRoot } from '../../protocol/block-hash.js';
+import type { RouterKind } from './router-kinds.js';
 
-export const ROUTER_KINDS = ['kv', 'least-loaded', 'round-robin'] as const;
-export type RouterKind = (typeof ROUTER_KINDS)[number];
 
 /**
  * What an in-flight request is worth in the load term, in prompt tokens: a request decoding on a

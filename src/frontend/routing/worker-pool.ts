@@ -64,6 +64,8 @@ class Member implements PoolWorker, Ranked {
   flexHeldUntil = 0;
   /** While flex-held: the flex requests its status last said it would take (one each). */
   flexCredits = 0;
+  /** The pool's room mark when it last had room (a request on it ended, it said so, it registered): refusals sent before it are old news. */
+  roomAt = 0;
   /** The index it is ranked in while in discovery; undefined once departed. */
   index: LeastLoaded<Member> | undefined;
 
@@ -116,6 +118,8 @@ export class WorkerPool {
   private readonly indexes = new Map<string, LeastLoaded<Member>>();
   private readonly counts = new Map<string, ModelCounts>();
   private picks = 0;
+  /** Room events so far (see Member.roomAt). */
+  private rooms = 0;
   /** When the last worker of each model left discovery (see MODEL_MEMORY_MS). */
   private readonly lastServed = new Map<string, number>();
   /** Peer processes' in-flight counts by worker id, kept for workers this view does not hold yet. */
@@ -243,6 +247,7 @@ export class WorkerPool {
       existing.hold = undefined; // a (re-)registration is the worker saying it serves: any local hold ends
       existing.flexHeldUntil = 0;
       existing.flexCredits = 0;
+      existing.roomAt = ++this.rooms;
       this.workers.set(record.worker_id, existing);
       this.enter(existing);
     } else {
@@ -257,41 +262,76 @@ export class WorkerPool {
 
   /**
    * Counts a request this frontend opens on `worker`; the returned function (idempotent) ends it.
-   * A `flex` one spends one of the flex requests a flex-held worker said it would take.
+   * A `flex` one spends one of the flex requests a flex-held worker said it would take. Ended
+   * `served` (the default: the worker took it, and its slot is free now), it is room on the worker:
+   * an overload hold ends and the queue is told. An attempt the worker refused, or a reservation,
+   * ends unserved: nothing freed there, and the queue is not woken by its own tries.
    */
-  acquire(worker: PoolWorker, flex = false): () => void {
+  acquire(worker: PoolWorker, flex = false): (served?: boolean) => void {
     worker.inflight++;
     if (flex) this.spendFlexCredit(worker.record.worker_id);
     let released = false;
-    return () => {
+    return (served = true) => {
       if (released) return;
       released = true;
       worker.inflight--;
       if (worker.inflight === 0 && this.departed.get(worker.record.worker_id) === worker) this.departed.delete(worker.record.worker_id);
-      if (this.onRoom !== undefined) {
-        // A slot it refused for freed: an overload hold is over (a drain's is not).
-        const w = this.workers.get(worker.record.worker_id);
-        if (w?.hold?.kind === 'overloaded') w.hold = undefined;
-        this.onRoom(worker.record.model);
-      }
+      // Without a queue nothing waits for room. A prefill worker's slot is not what a queued request
+      // waits for (decode or aggregated workers are).
+      if (!served || worker.record.mode === 'prefill' || this.onRoom === undefined) return;
+      const w = this.workers.get(worker.record.worker_id);
+      if (w === undefined) return;
+      w.roomAt = ++this.rooms;
+      // A slot it refused for freed: an overload hold is over (a drain's is not).
+      if (w.hold?.kind === 'overloaded') w.hold = undefined;
+      this.onRoom(worker.record.model);
     };
+  }
+
+  /** The room mark now: an attempt notes it when sent, and its refusal holds the worker only if it had no room since (see hold). */
+  get roomMark(): number {
+    return this.rooms;
   }
 
   /**
    * The worker's own word that it takes requests again (its status: admission open, not full): its
-   * overload or drain hold ends, and queued requests get their turn.
+   * overload or drain hold ends, a refusal sent before it is old news, and queued requests get their turn.
    */
   roomAgain(workerId: string): void {
     const w = this.workers.get(workerId);
-    if (w?.hold === undefined || w.hold.kind === 'unreachable') return;
-    w.hold = undefined;
+    if (w === undefined) return;
+    w.roomAt = ++this.rooms;
+    if (w.hold !== undefined && w.hold.kind !== 'unreachable') w.hold = undefined;
     this.onRoom?.(w.record.model);
   }
 
-  /** `workerId` refused a flex request: for FLEX_HOLD_MS only what it says it has room for (flexRoom) goes to it. */
-  holdFlex(workerId: string, now = Date.now()): void {
+  /**
+   * The worker's own word that it is full (its status: overloaded): it is held out until it says it
+   * has room (roomAgain), a request on it ends, or its word is lost (wordLost). Returns whether
+   * that is news (it was not held so already).
+   */
+  holdFull(workerId: string): boolean {
     const w = this.workers.get(workerId);
-    if (!w) return;
+    if (w === undefined || (w.hold?.kind === 'overloaded' && w.hold.until === Infinity)) return false;
+    if (w.hold?.kind === 'draining' || w.hold?.kind === 'unreachable') return false;
+    w.hold = { kind: 'overloaded', until: Infinity };
+    return true;
+  }
+
+  /** Its status stream broke: a hold on its word alone ends as a refusal's would. */
+  wordLost(workerId: string, now = Date.now()): void {
+    const w = this.workers.get(workerId);
+    if (w?.hold?.kind === 'overloaded' && w.hold.until === Infinity) w.hold = { kind: 'overloaded', until: now + HOLD_MS.overloaded };
+  }
+
+  /**
+   * `workerId` refused a flex request: for FLEX_HOLD_MS only what it says it has room for (flexRoom)
+   * goes to it. `sentAt`: the room mark when the refused attempt was sent (a refusal the worker's
+   * room has overtaken holds nothing).
+   */
+  holdFlex(workerId: string, now = Date.now(), sentAt?: number): void {
+    const w = this.workers.get(workerId);
+    if (!w || (sentAt !== undefined && w.roomAt > sentAt)) return;
     w.flexHeldUntil = now + FLEX_HOLD_MS;
     w.flexCredits = 0;
     this.onRefused?.(w.record);
@@ -336,7 +376,8 @@ export class WorkerPool {
     let until: number | undefined;
     for (const mode of ['aggregated', 'decode'] as const) {
       const index = this.indexes.get(keyOf(model, mode));
-      if (index) for (const w of index.values()) if (w.hold !== undefined && w.hold.until > now && (until === undefined || w.hold.until < until)) until = w.hold.until;
+      // A hold on the worker's word alone (until it says it has room) says nothing of when.
+      if (index) for (const w of index.values()) if (w.hold !== undefined && w.hold.until > now && w.hold.until !== Infinity && (until === undefined || w.hold.until < until)) until = w.hold.until;
     }
     return until === undefined ? undefined : Math.max(1, Math.ceil((until - now) / 1000));
   }
@@ -360,11 +401,18 @@ export class WorkerPool {
     return out;
   }
 
-  /** `forS`: the worker's own word on how long (a draining worker's ETA), for a drain hold. */
-  hold(workerId: string, kind: Hold, now = Date.now(), forS?: number): void {
+  /**
+   * `forS`: the worker's own word on how long (a draining worker's ETA), for a drain hold. `sentAt`:
+   * the room mark when the refused attempt was sent: a worker that had room since (a request on it
+   * ended, it said so) is not held for being full or draining, its refusal is old news.
+   */
+  hold(workerId: string, kind: Hold, now = Date.now(), forS?: number, sentAt?: number): void {
     const w = this.workers.get(workerId);
     if (!w) return;
-    w.hold = { kind, until: now + (kind === 'draining' && forS !== undefined ? forS * 1000 : HOLD_MS[kind]) };
+    if (kind !== 'unreachable' && sentAt !== undefined && w.roomAt > sentAt) return;
+    // The worker's word that it is full holds it already, for as long as it says so.
+    if (!(kind === 'overloaded' && w.hold?.kind === 'overloaded' && w.hold.until === Infinity))
+      w.hold = { kind, until: now + (kind === 'draining' && forS !== undefined ? forS * 1000 : HOLD_MS[kind]) };
     if (kind !== 'unreachable') this.onRefused?.(w.record);
   }
 

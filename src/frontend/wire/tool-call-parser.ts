@@ -12,16 +12,23 @@ const MAX_NAME = 256;
 const LEADING_SPACE = /^\s+/;
 const TRAILING_SPACE = /\s*$/;
 
+/** What may continue a bare JSON scalar (a number, true, false, null): it ends at the first other character. */
+const SCALAR_CHAR = /[\w.+-]/;
+const SIMPLE_ESCAPES: Readonly<Record<string, string>> = { '"': '"', '\\': '\\', '/': '/', b: '\b', f: '\f', n: '\n', r: '\r', t: '\t' };
+
 /**
  * Tool calls out of a model's raw text, as it streams: `prefix` name `params_prefix` arguments
- * `suffix` (ToolCallSyntax), the arguments a JSON value whose end is found by its brackets. What
- * it emits depends only on the text so far, never on how the text was cut into pieces: a stream
- * that moved to another worker mid-call (its continuation is the same raw text) parses to the
- * same calls. Text that might be a prefix's start is held until it is told apart; whitespace
- * around calls is not content.
+ * `suffix` (ToolCallSyntax), the arguments a JSON value whose end is found by its brackets. A
+ * model that writes the arguments as a JSON string (`"arguments": "{\"a\": 1}"`) is read as
+ * meaning the string's text: that is delivered, unescaped, as the call's arguments. What it emits
+ * depends only on the text so far, never on how the text was cut into pieces: a stream that moved
+ * to another worker mid-call (its continuation is the same raw text) parses to the same calls.
+ * Text that might be a prefix's start is held until it is told apart; whitespace around calls
+ * (and before the arguments) is not content.
  */
 export class ToolCallParser {
-  private state: 'text' | 'name' | 'args' | 'suffix' = 'text';
+  /** `args`: an object, array or bare scalar, its end found by its brackets; `string_args`: a string, unescaped as it comes. */
+  private state: 'text' | 'name' | 'args' | 'string_args' | 'suffix' = 'text';
   private buf = '';
   private heldSpace = '';
   private afterCall = false;
@@ -30,6 +37,12 @@ export class ToolCallParser {
   private inString = false;
   private escaped = false;
   private started = false;
+  /** The arguments are a bare scalar (a number, true, false, null). */
+  private scalar = false;
+  /** In string arguments: an escape not complete yet (`\`, `\u00`). */
+  private escape = '';
+  /** In string arguments: a high surrogate waiting for its low half (never sent alone: UTF-8 cannot carry it). */
+  private high = '';
   private readonly suffix: string;
 
   constructor(
@@ -41,7 +54,7 @@ export class ToolCallParser {
 
   /** Calls begun so far (a call cut by max_tokens counts: its arguments were sent). */
   get called(): number {
-    return this.state === 'args' || this.state === 'suffix' ? this.calls + 1 : this.calls;
+    return this.state === 'args' || this.state === 'string_args' || this.state === 'suffix' ? this.calls + 1 : this.calls;
   }
 
   feed(text: string, out: ToolEvent[]): void {
@@ -50,6 +63,7 @@ export class ToolCallParser {
       if (this.state === 'text') rest = this.inText(rest, out);
       else if (this.state === 'name') rest = this.inName(rest, out);
       else if (this.state === 'args') rest = this.inArgs(rest, out);
+      else if (this.state === 'string_args') rest = this.inStringArgs(rest, out);
       else rest = this.inSuffix(rest);
     }
   }
@@ -97,14 +111,32 @@ export class ToolCallParser {
     this.state = 'args';
     this.depth = 0;
     this.started = false;
+    this.scalar = false;
     this.inString = false;
     this.escaped = false;
+    this.escape = '';
+    this.high = '';
     return buf.slice(at + this.syntax.params_prefix.length);
   }
 
   private inArgs(text: string, out: ToolEvent[]): string {
-    for (let i = 0; i < text.length; i++) {
+    let from = 0;
+    if (!this.started) {
+      from = text.search(/\S/);
+      if (from < 0) return ''; // space before the value is not part of it
+      this.started = true;
+      if (text[from] === '"') {
+        this.state = 'string_args';
+        return text.slice(from + 1);
+      }
+      this.scalar = text[from] !== '{' && text[from] !== '[';
+    }
+    for (let i = from; i < text.length; i++) {
       const c = text[i]!;
+      if (this.scalar) {
+        if (!SCALAR_CHAR.test(c)) return this.argsDone(text.slice(from, i), text.slice(i), out);
+        continue;
+      }
       if (this.inString) {
         if (this.escaped) this.escaped = false;
         else if (c === '\\') this.escaped = true;
@@ -114,16 +146,49 @@ export class ToolCallParser {
       if (c === '"') this.inString = true;
       else if (c === '{' || c === '[') this.depth++;
       else if (c === '}' || c === ']') this.depth--;
-      if (!this.started && !/\s/.test(c)) this.started = true;
-      if (this.started && this.depth <= 0) {
-        out.push({ kind: 'args', index: this.calls, text: text.slice(0, i + 1) });
-        this.state = 'suffix';
-        this.buf = '';
-        return text.slice(i + 1);
-      }
+      if (this.depth <= 0) return this.argsDone(text.slice(from, i + 1), text.slice(i + 1), out);
     }
-    out.push({ kind: 'args', index: this.calls, text });
+    if (from < text.length) out.push({ kind: 'args', index: this.calls, text: text.slice(from) });
     return '';
+  }
+
+  /** Arguments written as a JSON string: its text, unescaped, up to its closing quote. */
+  private inStringArgs(text: string, out: ToolEvent[]): string {
+    let decoded = '';
+    for (let i = 0; i < text.length; i++) {
+      const c = text[i]!;
+      if (this.escape !== '') {
+        this.escape += c;
+        const char = unescape(this.escape);
+        if (char === undefined) continue;
+        decoded += char;
+        this.escape = '';
+      } else if (c === '\\') this.escape = c;
+      else if (c === '"') return this.argsDone(this.whole(decoded), text.slice(i + 1), out);
+      else decoded += c;
+    }
+    const whole = this.whole(decoded);
+    // A high surrogate is held for its low half, in whichever piece that comes.
+    const last = whole.charCodeAt(whole.length - 1);
+    this.high = last >= 0xd800 && last <= 0xdbff ? whole.slice(-1) : '';
+    const sent = this.high === '' ? whole : whole.slice(0, -1);
+    if (sent !== '') out.push({ kind: 'args', index: this.calls, text: sent });
+    return '';
+  }
+
+  /** What string arguments decoded, after a high surrogate held from the piece before. */
+  private whole(decoded: string): string {
+    const whole = this.high + decoded;
+    this.high = '';
+    return whole;
+  }
+
+  /** The arguments' last text; what follows is the suffix's. */
+  private argsDone(last: string, rest: string, out: ToolEvent[]): string {
+    if (last !== '') out.push({ kind: 'args', index: this.calls, text: last });
+    this.state = 'suffix';
+    this.buf = '';
+    return rest;
   }
 
   /** The suffix, matched without regard to whitespace (models space it as they like). */
@@ -174,6 +239,16 @@ export class ToolCallParser {
     if (this.heldSpace !== '') out.push({ kind: 'content', text: this.heldSpace });
     this.heldSpace = '';
   }
+}
+
+/** A JSON string escape's character: undefined while incomplete, the escape as written when it is not one JSON knows. */
+function unescape(escape: string): string | undefined {
+  if (escape.length < 2) return undefined;
+  const c = escape[1]!;
+  if (c !== 'u') return SIMPLE_ESCAPES[c] ?? escape;
+  if (escape.length < 6) return undefined;
+  const hex = escape.slice(2);
+  return /^[0-9a-fA-F]{4}$/.test(hex) ? String.fromCharCode(parseInt(hex, 16)) : escape;
 }
 
 /** How many of text's last characters begin `prefix` (held back until the next piece tells). */

@@ -1,10 +1,16 @@
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
-import type { AdmissionQueue } from './admission-queue.js';
 
 /** Tenants named in the queue's labels at most; the rest are counted as `other` (a key file can name thousands). */
 export const MAX_TENANT_LABELS = 20;
 
 export type ShedReason = 'queue_full' | 'flex_displaced' | 'expected_wait' | 'queue_timeout' | 'no_worker';
+
+/** What the gauges read at each scrape: the admission queue's waiters. */
+export interface QueueDepths {
+  /** [model, class, tenant, waiters] */
+  depths(): Iterable<[string, string, string, number]>;
+  modelDepths(): Map<string, number>;
+}
 
 /**
  * The admission queue on the frontend's /metrics: depth and wait per model, tier and tenant, sheds
@@ -21,7 +27,7 @@ export function createQueueMetrics(registry: Registry) {
     }
     return 'other';
   };
-  let queue: AdmissionQueue | undefined;
+  let queue: QueueDepths | undefined;
   new Gauge({
     name: 'ebb_frontend_queue_depth',
     help: 'Requests waiting in the admission queue, by model, tier (continuation, priority, default, flex) and tenant',
@@ -57,7 +63,7 @@ export function createQueueMetrics(registry: Registry) {
     registers: [registry],
   });
   return {
-    observe: (q: AdmissionQueue) => void (queue = q),
+    observe: (q: QueueDepths) => void (queue = q),
     entered: (model: string, tier: string) => entered.inc({ model, tier }),
     left: (model: string, tier: string, tenant: string, seconds: number, outcome: string) => wait.observe({ model, tier, tenant: tenantLabel(tenant), outcome }, seconds),
     shed: (model: string, reason: ShedReason) => sheds.inc({ model, reason }),

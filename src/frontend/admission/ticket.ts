@@ -1,7 +1,10 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { AdminGuard } from '../../common/admin-auth.js';
-import { promptOf, type EmbedBody, type GenerateBody } from '../../protocol/request-plane.js';
-import { AdmissionQueue, serviceTier, type ServiceTier, type Ticket } from '../routing/admission-queue.js';
+import { promptOf, type EmbedBody, type GenerateBody, type RequestTier } from '../../protocol/request-plane.js';
+
+/** OpenAI's service tiers (the request plane's, which the worker reads), first served first; `auto` is `default`. */
+export type ServiceTier = RequestTier;
+export const SERVICE_TIERS: readonly ServiceTier[] = ['priority', 'default', 'flex'];
 
 /** A gateway sets the tier for its clients: it overrides the body's service_tier. */
 export const TIER_HEADER = 'x-ebb-service-tier';
@@ -13,6 +16,32 @@ export const UNBOUNDED_COMPLETION_TOKENS = 256;
 /** Tenant names are label values and log fields: bounded. */
 const MAX_TENANT_CHARS = 64;
 
+/** Who asks, how urgently and for how much: set on a request's generate bodies by the API (tagTickets). */
+export interface Ticket {
+  tier: ServiceTier;
+  tenant: string;
+  /** Tokens it asks for: the prompt's estimate plus max_tokens; its weight in its tenant's share. */
+  cost: number;
+  /**
+   * The client's own presence, where it differs from the generation's signal (a kept stream's
+   * generation outlives its client by a grace): a queued request whose client left leaves at once,
+   * as it has produced nothing to resume. None for a background response (it has no client).
+   */
+  client?: AbortSignal | undefined;
+}
+
+export function serviceTier(value: unknown): ServiceTier {
+  return value === 'priority' || value === 'flex' ? value : 'default';
+}
+
+/** Bodies' tickets, made when one waits: bodies the API made carry one; a continuation's body (made by a lane) does not. */
+const tickets = new WeakMap<object, () => Ticket>();
+
+/** The ticket of a request body that is about to wait; undefined for a continuation. */
+export function ticketOf(body: object): Ticket | undefined {
+  return tickets.get(body)?.();
+}
+
 /** The tier a request is admitted in: the gateway's header, else the body's service_tier (`auto`: default). */
 function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
   const header = headers[TIER_HEADER];
@@ -23,16 +52,16 @@ function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTi
  * Tags a request's generate bodies with their tier (service_tier: the worker's priority reserve and
  * its engine's queue order read it) and with how to make its ticket for the admission queue: its
  * tier (the header, else the body's service_tier), its tenant (the API key's name, else the tenant
- * header, else anonymous) and its cost (about four characters a prompt token, plus max_tokens).
- * The ticket is made only if the request ever waits: a request a worker takes at once pays for none of it.
- * Returns the tier.
+ * header, else anonymous), its cost (about four characters a prompt token, plus max_tokens) and
+ * its client's signal. The ticket is made only if the request ever waits: a request a worker takes
+ * at once pays for none of it. Returns the tier.
  */
-export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): ServiceTier {
+export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined, client?: AbortSignal): ServiceTier {
   let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
   const tier = requestTier(bodyTier, headers);
   // Default goes unsaid.
   if (tier !== 'default') for (const gen of gens) gen.service_tier = tier;
-  for (const gen of gens) AdmissionQueue.tag(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS) }));
+  for (const gen of gens) tickets.set(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS), client }));
   return tier;
 }
 
@@ -42,7 +71,7 @@ export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, hea
  * four characters a token; token-id inputs count their ids).
  */
 export function tagEmbedTicket(body: EmbedBody, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
-  AdmissionQueue.tag(body, () => ({ ...whoAsks(requestTier(undefined, headers), headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
+  tickets.set(body, () => ({ ...whoAsks(requestTier(undefined, headers), headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
 }
 
 /** A request's tier, and its tenant: the API key's name, else the tenant header, else anonymous. */

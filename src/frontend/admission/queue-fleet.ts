@@ -3,8 +3,18 @@ import type { Agent } from 'undici';
 import { fetchLiveStatus } from '../../common/worker-admin.js';
 import type { DrainIntentStore } from '../../discovery/drain-intent.js';
 import type { FleetView } from '../admin/fleet-view.js';
-import type { QueueFleet } from './admission-queue.js';
-import { NOTHING_SKIPPED, type WorkerPool } from './worker-pool.js';
+import { NOTHING_SKIPPED, type WorkerPool } from '../routing/worker-pool.js';
+
+/**
+ * What the queue asks of the rest of the frontend: whether a worker may take a request of `model`
+ * now (one in discovery and not held), and whether waiting can help at all (a worker in discovery,
+ * or a drained one still answering that may resume).
+ */
+export interface QueueFleet {
+  routable(model: string): number;
+  /** `skip`: workers this request may not go to (the one a continuation leaves). */
+  prospects(model: string, skip: ReadonlySet<string>): Promise<boolean>;
+}
 
 /** A departed worker's status read, when a request asks whether one may come back. */
 const PROBE_TIMEOUT_MS = 1000;
