@@ -130,11 +130,13 @@ export interface RunningFrontend {
 function keptStreams(o: StreamStoreOptions, clientWriteTimeoutMs: number | undefined, registry: Registry, log: Logger): StreamStore {
   const writeTimeoutMs = clientWriteTimeoutMs ?? o.writeTimeoutMs;
   const metrics = createStreamMetrics(registry, log);
+  // Unique per process start: a restarted frontend (the same host and pid in a container) is another owner.
+  const owner = `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
   const shared =
     o.redisUrl === undefined
       ? undefined
-      : new SharedStreams(new RedisStore(parseStoreUrl(o.redisUrl, o.redisPassword), log, metrics.storeUp), {
-          owner: `${hostname()}:${process.pid}`,
+      : new SharedStreams(new RedisStore(parseStoreUrl(o.redisUrl, o.redisPassword), log, metrics.storeUp, owner), {
+          owner,
           windowMs: o.windowMs,
           maxResponseBytes: o.maxResponseBytes,
           writeTimeoutMs,

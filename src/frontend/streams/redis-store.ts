@@ -81,6 +81,12 @@ export function storePassword(file: string | undefined): string | undefined {
   return process.env[STORE_PASSWORD_ENV] || undefined;
 }
 
+/** A frontend's connections' name: no spaces (CLIENT LIST separates fields by them). */
+const connectionName = (owner: string) => `ebb-frontend:${owner.replace(/[^\w.:-]/g, '_')}`;
+
+/** How long one CLIENT LIST answers who is connected. */
+const CLIENT_LIST_MS = 250;
+
 /** How often the store's health is checked, and how long a PING may take before Redis counts as down (a frozen Redis answers nothing). */
 const HEALTH_EVERY_MS = 1_000;
 const COMMAND_TIMEOUT_MS = 2_000;
@@ -95,6 +101,7 @@ export class RedisStore {
   readonly client: RedisClient;
   private subscriber: RedisClient | undefined;
   private readonly handlers = new Map<string, (message: string) => void>();
+  private clients: { at: number; list: Promise<string> } | undefined;
   private up = false;
   private upSince = performance.now();
   private known = false;
@@ -105,8 +112,10 @@ export class RedisStore {
     readonly address: StoreAddress,
     private readonly log: Logger,
     private readonly onHealth: (up: boolean) => void,
+    /** This frontend: its connections are named for it, so the others see at once when it is gone (connected()). */
+    private readonly owner: string,
   ) {
-    this.client = address.connect({ enableOfflineQueue: false, maxRetriesPerRequest: 0, enableAutoPipelining: true, lazyConnect: true, commandTimeout: COMMAND_TIMEOUT_MS });
+    this.client = address.connect({ enableOfflineQueue: false, maxRetriesPerRequest: 0, enableAutoPipelining: true, lazyConnect: true, commandTimeout: COMMAND_TIMEOUT_MS, connectionName: connectionName(owner) });
     // Connection errors are the health check's to report, once per change.
     this.client.on('error', () => undefined);
   }
@@ -162,6 +171,24 @@ export class RedisStore {
     const c = this.client;
     if (c instanceof Cluster) return c.duplicate(undefined, { enableOfflineQueue: true, redisOptions: { ...c.options.redisOptions, commandTimeout } });
     return c.duplicate({ enableOfflineQueue: true, commandTimeout });
+  }
+
+  /**
+   * Whether frontend `owner` still has a connection to the store: a frontend killed or crashed
+   * loses its connections at once (the kernel closes them), long before its leases run out.
+   * Undefined when that cannot be told (a Redis Cluster: its connections are spread over nodes).
+   * One CLIENT LIST serves every question for a quarter of a second.
+   */
+  async connected(owner: string): Promise<boolean | undefined> {
+    if (this.address.kind === 'cluster') return undefined;
+    const now = performance.now();
+    if (this.clients === undefined || now - this.clients.at > CLIENT_LIST_MS) this.clients = { at: now, list: (this.client as Redis).call('CLIENT', 'LIST', 'TYPE', 'normal') as Promise<string> };
+    try {
+      return (await this.clients.list).includes(` name=${connectionName(owner)} `);
+    } catch {
+      this.clients = undefined;
+      return undefined;
+    }
   }
 
   private async ping(): Promise<boolean> {

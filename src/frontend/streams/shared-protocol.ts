@@ -140,11 +140,13 @@ redis.call('DEL', KEYS[2])
 return 'ok'`;
 
 /**
- * TAKE (meta, lease, events; token, leaseMs, ttlMs): a stream whose writer is gone (no lease), taken
- * by `token`: one frontend wins. Answers [answer, next batch, plan, tenant].
+ * TAKE (meta, lease, events; token, leaseMs, ttlMs, gone): a stream whose writer is gone (no lease,
+ * or a lease still held by `gone`, a writer seen gone: its frontend's connections closed), taken by
+ * `token`: one frontend wins. Answers [answer, next batch, plan, tenant].
  */
 export const TAKE = `
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'held'} end
+local holder = redis.call('GET', KEYS[2])
+if holder and (ARGV[4] == '' or holder ~= ARGV[4]) then return {'held'} end
 local m = redis.call('HMGET', KEYS[1], 'state', 'next', 'plan', 'tenant')
 if not m[1] then return {'none'} end
 if m[1] ~= 'live' and m[1] ~= 'handed_on' then return {m[1]} end

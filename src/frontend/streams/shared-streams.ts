@@ -17,8 +17,15 @@ const LEASE_MS = 5_000;
  * of a batch.
  */
 const BATCH_MS = 10;
-/** A remote follower's wait per read; between reads it checks that the stream's writer is still there. */
-const BLOCK_MS = 2_000;
+/**
+ * A remote follower's wait per read: a stream that brings nothing for this long has its writer
+ * checked (gone: taken over here), so a frontend killed mid-stream is replaced well within a second.
+ */
+const BLOCK_MS = 300;
+/** How long a follower's frontend says it follows (refreshed each second while a client follows there). */
+const FOLLOWED_MS = 3_000;
+/** A replica nobody here has followed for this long is let go (a later resume makes another). */
+const IDLE_REPLICA_MS = 2_000;
 /** How long a follower reads on through a store that does not answer (a restart, a failover) before it gives up, saying so. */
 const FOLLOW_OUTAGE_MS = 15_000;
 /** Entries per read of a copy (XRANGE pages: a copy is read in bounded steps). */
@@ -274,7 +281,7 @@ export class SharedStreams implements SharedSteps {
     const k = streamKeys(id);
     let cursor = copy.cursor;
     let expected = copy.nextBatch;
-    let idle = 0;
+    let followedAt = performance.now();
     // Whether the writer may be gone: checked first, then whenever a read waited its whole block or a hand-on came.
     let check = true;
     let handedOn = copy.handedOn;
@@ -288,17 +295,21 @@ export class SharedStreams implements SharedSteps {
         if (replica.current !== 'live') return;
         try {
           // Its writer, wherever it is, keeps the stream going while clients follow it here (it looks before abandoning it).
-          if (replica.followerCount > 0 && performance.now() - beatAt > BLOCK_MS / 2) {
-            beatAt = performance.now();
-            reader.set(k.followed, '1', 'PX', 3 * BLOCK_MS).catch(() => undefined);
+          const now = performance.now();
+          if (replica.followerCount > 0) {
+            followedAt = now;
+            if (now - beatAt > FOLLOWED_MS / 3) {
+              beatAt = now;
+              reader.set(k.followed, '1', 'PX', FOLLOWED_MS).catch(() => undefined);
+            }
           }
+          // Nobody here follows it any more: this copy is let go; a later resume makes another.
+          if (now - followedAt > IDLE_REPLICA_MS) return replica.stop(Buffer.alloc(0));
           if (check) {
-            // Nobody here follows it any more (for two blocks): this copy is let go; a later resume makes another.
-            idle = replica.followerCount === 0 ? idle + 1 : 0;
-            if (idle > 2) return replica.stop(Buffer.alloc(0));
-            if (handedOn || (await reader.exists(k.lease)) === 0) {
+            const gone = handedOn ? '' : await this.writerGone(reader, id);
+            if (gone !== undefined) {
               // No writer: take it over here (or another frontend does). An end already copied is read next.
-              const answer = await this.takeOver(id);
+              const answer = await this.takeOver(id, { gone });
               if (answer === 'overflow') return stop('its copy was larger than the store keeps');
               // No copy at all: expired, or the store restarted empty and its writer is about to rewrite it.
               if (answer === 'none') {
@@ -356,11 +367,11 @@ export class SharedStreams implements SharedSteps {
    * it from its copy. 'taken' here, 'held' when another frontend holds it now; 'none' when the
    * fleet keeps no such stream, else its state (ended, stopped, overflow).
    */
-  private async takeOver(id: string, opts: { cancel?: boolean } = {}): Promise<string> {
+  private async takeOver(id: string, opts: { cancel?: boolean; gone?: string } = {}): Promise<string> {
     if (this.takeover === undefined || this.closing) return 'held';
     const k = streamKeys(id);
     const token = this.token();
-    const [answer, next, plan, tenant] = await this.redis.ebbTake(k.meta, k.lease, k.events, token, LEASE_MS, this.bounds.liveTtlMs);
+    const [answer, next, plan, tenant] = await this.redis.ebbTake(k.meta, k.lease, k.events, token, LEASE_MS, this.bounds.liveTtlMs, opts.gone ?? '');
     if (answer !== 'taken') return answer;
     const copy = await this.copy(id);
     const lanes = plan === undefined ? 1 : Math.max(1, (JSON.parse(plan) as { gens?: unknown[] }).gens?.length ?? 1);
@@ -384,13 +395,25 @@ export class SharedStreams implements SharedSteps {
   }
 
   /**
+   * Whether stream `id`'s writer is gone: '' when nobody holds its lease, the lease's token when its
+   * holder's frontend has no connection to the store any more (killed, crashed: gone long before its
+   * lease runs out), undefined while a writer holds it (or that cannot be told).
+   */
+  private async writerGone(r: RedisClient, id: string): Promise<string | undefined> {
+    const holder = await r.get(streamKeys(id).lease);
+    if (holder === null) return '';
+    const owner = holder.slice(0, holder.lastIndexOf(':'));
+    return (await this.store.connected(owner)) === false ? holder : undefined;
+  }
+
+  /**
    * A stream nobody may be following (a background response polled with GET): if its writer is
    * gone, continue it here now. Resolves once decided; never rejects.
    */
   async ensureRunning(id: string): Promise<void> {
     try {
-      if ((await this.redis.exists(streamKeys(id).lease)) === 1) return;
-      await this.takeOver(id);
+      const gone = await this.writerGone(this.redis, id);
+      if (gone !== undefined) await this.takeOver(id, { gone });
     } catch {
       // Redis away: whoever asks next tries again.
     }
@@ -405,7 +428,7 @@ export class SharedStreams implements SharedSteps {
     const reader = this.store.reader(BLOCK_MS);
     try {
       let cursor = (await this.copy(id)).cursor;
-      for (let waited = 0; waited < 10_000; waited += BLOCK_MS) {
+      for (const until = performance.now() + 10_000; performance.now() < until; ) {
         const got = await reader.xreadBuffer('BLOCK', BLOCK_MS, 'STREAMS', streamKeys(id).events, cursor);
         for (const [, entries] of got ?? [])
           for (const [entryId, fields] of entries) {
@@ -413,8 +436,9 @@ export class SharedStreams implements SharedSteps {
             if (parseEntry(fields).last !== undefined) return;
           }
         if ((await this.copy(id)).last !== undefined) return;
-        if ((await reader.exists(streamKeys(id).lease)) === 0) {
-          const answer = await this.takeOver(id, { cancel: true });
+        const gone = await this.writerGone(reader, id);
+        if (gone !== undefined) {
+          const answer = await this.takeOver(id, { cancel: true, gone });
           if (answer !== 'held') return;
         }
       }
