@@ -8,6 +8,7 @@ import { cp, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
+import { dieWithFile } from './reaper.js';
 import { skipWithout } from './required-tool.js';
 
 export interface EtcdServer {
@@ -15,6 +16,8 @@ export interface EtcdServer {
   url: string;
   /** Client endpoint for a raw etcd3 client, `http://127.0.0.1:PORT`. */
   endpoint: string;
+  /** The etcd process running now (undefined while stopped). */
+  readonly pid: number | undefined;
   /** Kills etcd and removes its data directory. Safe to call twice. */
   stop(): Promise<void>;
   /** Graceful stop (SIGTERM) if running, then starts again on the same ports and data directory. */
@@ -93,18 +96,6 @@ async function freePorts(count: number): Promise<number[]> {
   }
 }
 
-const live = new Set<ChildProcess>();
-let exitHookInstalled = false;
-
-/** A test run that dies mid-way must not leave etcd servers behind. */
-function installExitHook(): void {
-  if (exitHookInstalled) return;
-  exitHookInstalled = true;
-  process.on('exit', () => {
-    for (const child of live) child.kill('SIGKILL');
-  });
-}
-
 function waitExit(child: ChildProcess, boundMs: number): Promise<boolean> {
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(true);
   return new Promise((resolve) => {
@@ -129,12 +120,10 @@ async function terminate(child: ChildProcess | undefined, signal: NodeJS.Signals
       await waitExit(child, EXIT_BOUND_MS);
     }
   }
-  live.delete(child);
 }
 
 function launch(binary: string, args: string[]): Promise<ChildProcess> {
-  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  live.add(child);
+  const child = dieWithFile(spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] }));
   let output = '';
   return new Promise((resolve, reject) => {
     let settled = false;
@@ -145,7 +134,6 @@ function launch(binary: string, args: string[]): Promise<ChildProcess> {
       child.off('exit', onExit);
       if (err) {
         child.kill('SIGKILL');
-        live.delete(child);
         reject(err);
       } else {
         // Keep draining the pipes so a chatty etcd never blocks on a full pipe.
@@ -172,7 +160,6 @@ function launch(binary: string, args: string[]): Promise<ChildProcess> {
 export async function startEtcd(): Promise<EtcdServer> {
   const binary = etcdBinary();
   if (!binary) throw new Error('etcd not installed: install etcd-server or set ETCD_BIN');
-  installExitHook();
   const dataDir = await mkdtemp(join(tmpdir(), 'ebb-etcd-'));
 
   let clientPort = 0;
@@ -214,6 +201,9 @@ export async function startEtcd(): Promise<EtcdServer> {
   return {
     url: `etcd://127.0.0.1:${clientPort}`,
     endpoint,
+    get pid() {
+      return child?.pid;
+    },
     async stop() {
       if (stopped) return;
       stopped = true;

@@ -7,6 +7,7 @@ import { once } from 'node:events';
 import { execFileSync } from 'node:child_process';
 import { freePort } from '../../src/engine/engine-process.js';
 import { bounded } from './processes.js';
+import { dieWithFile } from './reaper.js';
 import { skipWithout } from './required-tool.js';
 
 export interface RedisServer {
@@ -28,7 +29,7 @@ export function redisSkipReason(): string | undefined {
 
 export async function startRedis(): Promise<RedisServer> {
   const port = await freePort();
-  const proc: ChildProcess = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc: ChildProcess = dieWithFile(spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: ['ignore', 'pipe', 'pipe'] }));
   let output = '';
   const ready = new Promise<void>((resolve, reject) => {
     proc.stdout!.on('data', (d: Buffer) => {
