@@ -4,7 +4,7 @@
  * environment of a user whose own `ebb up` runs) starts an `ebb up` and a worker: an operator
  * command it runs without flags sees only its fleet; and once it is cancelled at its timeout,
  * SIGKILLed, or fails, none of its ebb processes, the `ebb up`'s workers included, is left running
- * (nor, but where it was SIGKILLed, its etcd and its runtime directory).
+ * (nor, but where it was SIGKILLed, its etcd, the etcd's data and its runtime directory).
  */
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -71,7 +71,7 @@ async function allGone(pids: number[], what: string, boundMs = 30_000): Promise<
  * The fleet file as node --test runs each test file (its process: `node <npm test's flags> FILE`),
  * in the user's environment; resolves with its report.
  */
-async function runFleetFile(end: 'hold' | 'fail'): Promise<{ report: FleetFileReport; file: ChildProcess; exited: Promise<unknown>; output: string[] }> {
+async function runFleetFile(end: 'cancel' | 'kill' | 'fail'): Promise<{ report: FleetFileReport; file: ChildProcess; exited: Promise<unknown>; output: string[] }> {
   const file = dieWithFile(
     spawn(process.execPath, [...SUITE_FLAGS, FLEET_FILE], {
       // NODE_TEST_CONTEXT: this file's own, from its runner; the fleet file reports to nobody.
@@ -108,11 +108,12 @@ before(async () => {
 after(async () => {
   for (const pid of started) if (running(pid)) process.kill(pid, 'SIGKILL');
   await userUp?.terminate();
+  rmSync(userRuntime, { recursive: true, force: true });
 });
 
 describe('the suite and the machine it runs on', () => {
-  it("a test file cancelled at its timeout leaves nothing running, nor its runtime directory; its operator commands see its own fleet, not the user's", async () => {
-    const { report, file, exited, output } = await runFleetFile('hold');
+  it("a test file cancelled at its timeout leaves nothing running, nor its runtime and etcd directories; its operator commands see its own fleet, not the user's", async () => {
+    const { report, file, exited, output } = await runFleetFile('cancel');
     assert.equal(report.listed.code, 0, `ebb workers in the test file met the user's fleet: ${report.listed.stderr}`);
     const listed = (JSON.parse(report.listed.stdout) as { workers: Array<{ worker_id: string }> }).workers.map((w) => w.worker_id);
     assert.deepEqual(listed, [report.upWorker], "the test file's own `ebb up` fleet, nothing of the user's");
@@ -120,22 +121,20 @@ describe('the suite and the machine it runs on', () => {
     file.kill('SIGTERM');
     await bounded(exited, 'the cancelled file to exit').catch((err: Error) => assert.fail(`${err.message}\n${output.join('\n')}`));
     await allGone([...report.ebb, ...report.tools], 'every process of the cancelled file to exit');
-    assert.equal(existsSync(report.runtimeDir), false, 'its runtime directory is removed');
+    for (const dir of [report.runtimeDir, ...report.toolDirs]) assert.equal(existsSync(dir), false, `${dir} is removed`);
   });
 
   it('a test file SIGKILLed leaves no ebb process running: they stop when their IPC channel to it closes', async () => {
-    const { report, file } = await runFleetFile('hold');
+    const { report, file } = await runFleetFile('kill');
     file.kill('SIGKILL');
     await allGone(report.ebb, 'every ebb process of the SIGKILLed file to exit');
-    // What nothing could stop: a SIGKILLed file runs no code, and etcd has no channel to it.
-    for (const pid of report.tools) process.kill(pid, 'SIGKILL');
-    rmSync(report.runtimeDir, { recursive: true, force: true });
+    rmSync(report.runtimeDir, { recursive: true, force: true }); // a SIGKILLed file runs no code: nothing removes it
   });
 
   it('a test file that fails with its processes running ends at once, and leaves nothing running', async () => {
     const { report, exited, output } = await runFleetFile('fail');
     await bounded(exited, 'the failed file to exit (its processes still running)').catch((err: Error) => assert.fail(`${err.message}\n${output.join('\n')}`));
     await allGone([...report.ebb, ...report.tools], 'every process of the failed file to exit');
-    assert.equal(existsSync(report.runtimeDir), false, 'its runtime directory is removed');
+    for (const dir of [report.runtimeDir, ...report.toolDirs]) assert.equal(existsSync(dir), false, `${dir} is removed`);
   });
 });

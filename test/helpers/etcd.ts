@@ -8,7 +8,7 @@ import { cp, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
-import { dieWithFile } from './reaper.js';
+import { dieWithFile, removeWithFile } from './reaper.js';
 import { skipWithout } from './required-tool.js';
 
 export interface EtcdServer {
@@ -18,6 +18,8 @@ export interface EtcdServer {
   endpoint: string;
   /** The etcd process running now (undefined while stopped). */
   readonly pid: number | undefined;
+  /** Its data directory: removed by stop(), else at this process's exit. */
+  readonly dataDir: string;
   /** Kills etcd and removes its data directory. Safe to call twice. */
   stop(): Promise<void>;
   /** Graceful stop (SIGTERM) if running, then starts again on the same ports and data directory. */
@@ -160,7 +162,7 @@ function launch(binary: string, args: string[]): Promise<ChildProcess> {
 export async function startEtcd(): Promise<EtcdServer> {
   const binary = etcdBinary();
   if (!binary) throw new Error('etcd not installed: install etcd-server or set ETCD_BIN');
-  const dataDir = await mkdtemp(join(tmpdir(), 'ebb-etcd-'));
+  const dataDir = removeWithFile(await mkdtemp(join(tmpdir(), 'ebb-etcd-')));
 
   let clientPort = 0;
   let child: ChildProcess | undefined;
@@ -201,6 +203,7 @@ export async function startEtcd(): Promise<EtcdServer> {
   return {
     url: `etcd://127.0.0.1:${clientPort}`,
     endpoint,
+    dataDir,
     get pid() {
       return child?.pid;
     },
@@ -226,7 +229,7 @@ export async function startEtcd(): Promise<EtcdServer> {
       if (stopped) throw new Error('etcd already stopped');
       await terminate(child, 'SIGTERM');
       child = undefined;
-      const copy = await mkdtemp(join(tmpdir(), 'ebb-etcd-backup-'));
+      const copy = removeWithFile(await mkdtemp(join(tmpdir(), 'ebb-etcd-backup-')));
       backups.push(copy);
       await cp(dataDir, copy, { recursive: true });
       child = await launch(binary, argsFor());
