@@ -6,6 +6,7 @@ import { Etcd3 } from 'etcd3';
 import type { DiscoveryEvent, WorkerRecord } from '../src/discovery/discovery.js';
 import { ETCD_PREFIX, EtcdDiscovery, etcdKey, parseEtcdUrl, workerIdFromKey } from '../src/discovery/etcd.js';
 import { etcdSkipReason, startEtcd, type EtcdServer } from './helpers/etcd.js';
+import { dieWithFile } from './helpers/reaper.js';
 
 /** Every wait is bounded so a broken behaviour fails the test instead of hanging it. */
 const BOUND_MS = 20_000;
@@ -227,10 +228,12 @@ describe('etcd discovery against a real etcd', { skip: etcdSkipReason() }, () =>
       process.stdout.write('registered\\n');
       setInterval(() => undefined, 1 << 30);
     `;
-    const child = spawn(process.execPath, ['--input-type=module', '-e', script], {
-      env: { ...process.env, ETCD_URL: etcd.url, RECORD: JSON.stringify(crashed) },
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
+    const child = dieWithFile(
+      spawn(process.execPath, ['--input-type=module', '-e', script], {
+        env: { ...process.env, ETCD_URL: etcd.url, RECORD: JSON.stringify(crashed) },
+        stdio: ['ignore', 'pipe', 'inherit'],
+      }),
+    );
     t.after(() => void child.kill('SIGKILL'));
     await within(
       new Promise<void>((resolve, reject) => {

@@ -215,6 +215,14 @@ export function upCommand(): Command {
       };
       process.on('SIGINT', onSignal);
       process.on('SIGTERM', onSignal);
+      // Started over IPC (a test, a supervisor) that went away without a word: stop as on SIGTERM,
+      // as the components do when `ebb up` goes; nobody reads its output any more.
+      const parentGone = () => {
+        for (const out of [process.stdout, process.stderr]) out.on('error', () => undefined);
+        onSignal('SIGTERM');
+      };
+      process.once('disconnect', parentGone);
+      if (process.send !== undefined && !process.connected) parentGone();
 
       try {
         const readies = await Promise.all(all.map((c) => c.firstReady));
