@@ -56,8 +56,9 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     await events(frontend, 'request_queued', 1, mark);
     const full = await completion(frontend);
     assert.equal(full.status, 429, 'the queue holds one');
-    const body = (await full.json()) as { error: { code: string; message: string } };
-    assert.equal(body.error.code, 'queue_full');
+    const body = (await full.json()) as { error: { code: string; type: string; param: null; message: string } };
+    // OpenAI's 429: code rate_limit_exceeded, type requests; the message says it was the queue being full.
+    assert.deepEqual([body.error.code, body.error.type, body.error.param], ['rate_limit_exceeded', 'requests', null]);
     assert.match(body.error.message, /full/);
     assert.match(full.headers.get('retry-after') ?? '', /^[1-9]\d*$/, 'a Retry-After in seconds');
     mark = frontend.mark();

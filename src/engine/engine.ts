@@ -70,6 +70,11 @@ export interface GenerateRequest {
   kv_handoff?: { wanted(reason: unknown): boolean; exported(transfer: KvTransfer): void } | undefined;
 }
 
+/** The field a prompt came in, which a refusal of it names (OpenAI's param for a prompt over the context is `messages`). */
+export function promptParam(req: Pick<GenerateRequest, 'messages'>): 'messages' | 'prompt' {
+  return req.messages === undefined ? 'prompt' : 'messages';
+}
+
 /** A KV state received from a peer, held on this worker until the engine has loaded it. */
 export interface KvStateHandle {
   readonly path: string;

@@ -15,7 +15,7 @@ import {
   type LlamaModel,
   type Token,
 } from 'node-llama-cpp';
-import type { EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, KvPayload, KvStateHandle, Quiescence, TokenizeRequest } from './engine.js';
+import { promptParam, type EmbedInput, type EmbedOptions, type EmbedResult, type Engine, type EngineCapabilities, type EngineStats, type GeneratedPiece, type GenerateRequest, type GenerateResult, type KvCacheStats, type KvPayload, type KvStateHandle, type Quiescence, type TokenizeRequest } from './engine.js';
 import { KV_STATE_DEFAULTS, KvStateFiles, sha256File } from './llama-cpp-kv-state.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
@@ -416,7 +416,7 @@ export class LlamaCppEngine implements Engine {
     const already = [...this.continuationTokens(req), ...(forced?.opening?.tokens ?? [])];
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
-    if (room <= 0) throw new EbbError('context_length_exceeded', `the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
+    if (room <= 0) throw new EbbError('context_length_exceeded', `the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`, { param: promptParam(req) });
     // A forced call is the whole answer: its own grammars constrain it, not response_format's.
     const grammar = forced === undefined ? await this.grammars.grammarFor(req.response_format) : undefined;
     const grammarEvaluationState = grammar ? grammarState(this.llama, this.model, grammar, already, `response_format ${req.response_format?.type ?? ''}`) : undefined;

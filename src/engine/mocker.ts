@@ -1,7 +1,7 @@
 import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
-import type { EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
+import { promptParam, type EmbedInput, type EmbedOptions, type EmbedResult, type Engine, type EngineCapabilities, type EngineStats, type GeneratedPiece, type GenerateRequest, type GenerateResult, type KvCacheStats, type Quiescence, type TokenizeRequest } from './engine.js';
 import { mockerTokenIds } from '../protocol/mocker-tokenizer.js';
 import { truncateNormalized } from '../protocol/embedding-vector.js';
 import { slotQuiescence, Slots } from './slots.js';
@@ -231,7 +231,7 @@ export class MockerEngine implements Engine {
     const promptTokens = countTokens(req.prompt);
     // As a real engine does: a prompt that leaves no room in the context is refused, not queued.
     if (promptTokens >= this.opts.maxContext)
-      throw new EbbError('context_length_exceeded', `the prompt is ${promptTokens} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`);
+      throw new EbbError('context_length_exceeded', `the prompt is ${promptTokens} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`, { param: promptParam(req) });
     await this.slots.acquire(signal, req.tier);
     // With its KV pulled from a prefill worker, decode starts at the first token, without a prefix lookup here.
     const seq = req.prefilled ? undefined : this.cache?.begin(this.sequenceTokens(req), adapterRoot(req.adapter));

@@ -68,7 +68,7 @@ export class RequestGate {
     const { model, engine } = this.deps;
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
-    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
+    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required', { param: 'prompt' });
     if (body.kv_transfer !== undefined) this.checkKvSource(body.kv_transfer);
     // A hand-off's state comes with its continuation.
     if (body.handoff_kv !== undefined && body.continuation === undefined) throw new EbbError('invalid_request', 'handoff_kv is only accepted with a continuation', { param: 'handoff_kv' });
@@ -180,7 +180,7 @@ export class RequestGate {
   /** Only decode workers pull KV, and only from a prefill worker registered in their discovery view. */
   private checkKvSource(ref: KvTransferRef): void {
     const { mode, prefillPeers } = this.deps;
-    if (mode !== 'decode') throw new EbbError('invalid_request', `kv_transfer is only accepted by decode workers; this worker is ${mode}`);
+    if (mode !== 'decode') throw new EbbError('invalid_request', `kv_transfer is only accepted by decode workers; this worker is ${mode}`, { param: 'kv_transfer' });
     if (!prefillPeers?.trusts(ref)) throw new EbbError('forbidden', `kv_transfer source is not a registered prefill worker (worker_id "${ref.worker_id}" at that URL)`);
   }
 }

@@ -1,5 +1,6 @@
 import type { ChatMessage, GenerateBody, ResponseFormat, TokenLogprob, Usage } from '../../protocol/request-plane.js';
 import { promptShape } from './prompt-shape.js';
+import { ERROR_CODES, isErrorCode } from '../../protocol/errors.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 import type { SpliceFrame } from '../wire/token-splice.js';
 import type { CollectedChoice, EventIds, StreamFormat } from '../wire/stream-format.js';
@@ -181,7 +182,8 @@ export class SseFormatter implements StreamFormat {
   }
 
   error(code: string, message: string): string {
-    return `${this.idLine()}data: ${JSON.stringify({ error: { message, type: 'server_error', param: null, code } })}\n\n`;
+    const type = isErrorCode(code) ? ERROR_CODES[code].type : 'server_error';
+    return `${this.idLine()}data: ${JSON.stringify({ error: { message, type, param: null, code } })}\n\n`;
   }
 }
 

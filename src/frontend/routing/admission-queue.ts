@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { EbbError, type ErrorCode } from '../../protocol/errors.js';
+import { EbbError } from '../../protocol/errors.js';
 import type { QueueMetrics } from './queue-metrics.js';
 import type { RequestTier } from '../../protocol/request-plane.js';
 
@@ -305,7 +305,7 @@ export class AdmissionQueue {
     if (q.size >= this.opts.depth) {
       const flex = cls === 'flex' ? undefined : q.classes.get('flex')!.newest();
       if (flex === undefined) throw this.shed(q, 'queue_full', `the queue for "${model}" is full (${this.opts.depth} waiting)`);
-      flex.fail(this.shedError(q, 'queue_full', `a higher-tier request took this flex request's place in the full queue for "${model}"`), 'shed');
+      flex.fail(this.shedError(q, `a higher-tier request took this flex request's place in the full queue for "${model}"`), 'shed');
       this.metrics.shed(model, 'flex_displaced');
       // Its leaving may have emptied (and dropped) the model's queue: the newcomer's is this one.
       this.models.set(model, q);
@@ -351,16 +351,17 @@ export class AdmissionQueue {
 
   expire(q: ModelQueue, w: Waiter): void {
     this.metrics.shed(q.model, 'queue_timeout');
-    w.fail(this.shedError(q, 'queue_timeout', `no worker of "${q.model}" could take the request within the queue timeout (${this.opts.timeoutMs} ms)`), 'shed');
+    w.fail(this.shedError(q, `no worker of "${q.model}" could take the request within the queue timeout (${this.opts.timeoutMs} ms)`), 'shed');
   }
 
   private shed(q: ModelQueue, reason: 'queue_full' | 'expected_wait', message: string): EbbError {
     this.metrics.shed(q.model, reason);
-    return this.shedError(q, 'queue_full', message);
+    return this.shedError(q, message);
   }
 
-  private shedError(q: ModelQueue, code: ErrorCode, message: string): EbbError {
-    return new EbbError(code, message, { headers: { 'retry-after': String(this.retryAfterS(q.model) ?? Math.ceil(this.opts.timeoutMs / 1000)) } });
+  /** A shed request's 429: OpenAI's rate_limit_exceeded (the message says why; the shed metric's reason label counts each). */
+  private shedError(q: ModelQueue, message: string): EbbError {
+    return new EbbError('rate_limit_exceeded', message, { headers: { 'retry-after': String(this.retryAfterS(q.model) ?? Math.ceil(this.opts.timeoutMs / 1000)) } });
   }
 
   /** Seconds until the queue ahead of a newcomer would have drained at the model's recent admission rate. */

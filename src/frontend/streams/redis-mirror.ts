@@ -357,7 +357,7 @@ function eventsOf(entries: Array<[Buffer, Buffer[]]>): Buffer {
 function gone(id: string): string {
   const message = `the frontend that ran response ${id} is gone; it cannot be continued (retry the request)`;
   if (id.startsWith('resp_')) return `event: error\ndata: ${JSON.stringify({ type: 'error', code: 'server_closing', message, param: null })}\n\n`;
-  return `data: ${JSON.stringify({ error: { message, type: 'service_unavailable', param: null, code: 'server_closing' } })}\n\n`;
+  return `data: ${JSON.stringify({ error: { message, type: 'server_error', param: null, code: 'server_closing' } })}\n\n`;
 }
 
 /** A Responses API stream's events, read back into its object: the last one it carried, its output so far. */
