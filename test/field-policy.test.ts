@@ -22,6 +22,16 @@ type Examples = Record<string, { ok: unknown[]; refused: unknown[] }>;
 
 const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
 
+/** Penalties, logit_bias, top_k, min_p: carried to engines that declare `sampling` (the mocker does; their effect: sampling.test.ts). */
+const SAMPLING: Examples = {
+  presence_penalty: { ok: [0, 0.5, -1], refused: [3] },
+  frequency_penalty: { ok: [0, 0.5], refused: [-2.5] },
+  repetition_penalty: { ok: [1, 1.3], refused: [0] },
+  logit_bias: { ok: [{}, { '1': 5 }], refused: [{ x: 1 }, { '1': 101 }, { '2000000': 1 }] }, // 2000000: past the mocker's tokenizer
+  top_k: { ok: [0, -1, 5], refused: [-2] },
+  min_p: { ok: [0, 0.1], refused: [1.5] },
+};
+
 const CHAT: Examples = {
   model: { ok: ['m1'], refused: [] },
   messages: { ok: [[{ role: 'user', content: [{ type: 'text', text: 'hi' }] }]], refused: [[{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'http://x/y.png' } }] }]] },
@@ -47,9 +57,7 @@ const CHAT: Examples = {
   tool_choice: { ok: ['none', 'auto'], refused: ['required', { type: 'function', function: { name: 'f' } }] }, // without tools to choose from
   functions: { ok: [[]], refused: [[{ name: 'f' }]] },
   function_call: { ok: ['none'], refused: ['auto'] },
-  presence_penalty: { ok: [0], refused: [0.5] },
-  frequency_penalty: { ok: [0], refused: [0.5] },
-  logit_bias: { ok: [{}], refused: [{ '1': 5 }] },
+  ...SAMPLING,
   best_of: { ok: [1], refused: [2] },
   echo: { ok: [false], refused: [true] },
   suffix: { ok: [null], refused: ['tail'] },
@@ -69,6 +77,7 @@ const RESPONSES: Examples = {
   max_output_tokens: { ok: [2], refused: [] },
   temperature: { ok: [0.2], refused: [] },
   top_p: { ok: [0.9], refused: [] },
+  ...SAMPLING,
   stream: { ok: [false], refused: [] },
   text: { ok: [{ format: { type: 'text' } }], refused: [{ format: { type: 'json_object' } }] },
   user: { ok: ['u'], refused: [] },

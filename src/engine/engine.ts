@@ -1,6 +1,7 @@
 import type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { ChatMessage, RequestTier, ResponseFormat, TokenLogprob } from '../protocol/request-plane.js';
 import type { ToolChoice, ToolSpec } from '../protocol/tools.js';
+import type { Sampling } from '../protocol/sampling.js';
 
 export type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
@@ -27,6 +28,8 @@ export interface GenerateRequest {
   temperature: number;
   top_p?: number | undefined;
   seed?: number | undefined;
+  /** Penalties, logit_bias, top_k, min_p, as carried (only ones that change the answer; engines that declare `sampling`). */
+  sampling?: Sampling | undefined;
   stop?: string[] | undefined;
   /** Structured output; only sent to engines whose capabilities declare the format (json_object, json_schema). */
   response_format?: ResponseFormat | undefined;

@@ -11,6 +11,7 @@ import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { PrefixCache, type CachedSequence } from './prefix-cache.js';
 import { PrefillCompute } from './prefill-compute.js';
 import { mockerToolScript } from './mocker-tools.js';
+import { MockerSampler } from './mocker-sampling.js';
 import { HERMES_SYNTAX } from '../protocol/tools.js';
 import { mockerLogprob, scriptedLogprob } from './mocker-logprobs.js';
 import { MOCKER_LORA_DEFAULTS, MockerAdapters, type MockerLoraOptions } from './mocker-adapters.js';
@@ -169,7 +170,7 @@ export class MockerEngine implements Engine {
       const cache = this.cache;
       this.kvCacheStats = () => cache.stats();
     }
-    this.capabilities = { json_object: false, json_schema: false, logprobs: true, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true };
+    this.capabilities = { json_object: false, json_schema: false, logprobs: true, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true, sampling: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
@@ -182,6 +183,11 @@ export class MockerEngine implements Engine {
   /** The simulated load: resolves after `loadMs`, rejects when `signal` aborts first. */
   async load(signal: AbortSignal): Promise<void> {
     if (this.opts.loadMs > 0) await sleep(this.opts.loadMs, undefined, { signal });
+  }
+
+  /** What generate would refuse about the request itself, found before the worker answers (a logit_bias id past the tokenizer). */
+  async check(req: GenerateRequest): Promise<void> {
+    if (req.sampling !== undefined) new MockerSampler(VOCABULARY, req.sampling, '');
   }
 
   /** Prefill costs its time to first token, then the KV is held until a decode peer takes it. */
@@ -243,8 +249,10 @@ export class MockerEngine implements Engine {
       const random = prng(generation);
       // With tools: the answer may be calls instead of words (its own draw, so words stay as they were).
       const script = req.tools === undefined ? undefined : mockerToolScript(req, prng(hashString(JSON.stringify(req.tools), generation)));
+      // Penalties and logit_bias change which word is drawn (none: the plain draw, as before).
+      const sampler = req.sampling === undefined ? undefined : new MockerSampler(VOCABULARY, req.sampling, req.prompt);
       // Position i's word (its VOCABULARY index; drawn in order, so `random` must be at i) and its piece.
-      const wordAt = () => (script === undefined ? pickWord(random) : -1);
+      const wordAt = () => (script !== undefined ? -1 : sampler !== undefined ? sampler.pick(random) : pickWord(random));
       const pieceOf = (i: number, word: number) => (script === undefined ? leadAt(i) + VOCABULARY[word] : (script[i] ?? ''));
       // A continuation replays the words already delivered (no delay), so a migrated stream goes on
       // exactly as the same request would have on one worker.

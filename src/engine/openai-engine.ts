@@ -22,6 +22,7 @@ import type { ToolCallSyntax } from '../protocol/tools.js';
 import { CallWriter, engineToolFields } from './openai-engine-tools.js';
 import type { TokenLogprob } from '../protocol/request-plane.js';
 import { chunkLogprobs, logprobsFields } from './openai-engine-logprobs.js';
+import { engineSamplingFields } from './openai-engine-sampling.js';
 import { OpenAIEngineAdapters } from './openai-engine-adapters.js';
 import type { AdapterSource } from './engine-adapters.js';
 
@@ -187,6 +188,9 @@ export class OpenAIEngine implements Engine {
       // Only the operator knows whether the engine's model embeds (vLLM: a pooling model): asking
       // a generative one would cost a request and prove little.
       embeddings: opts.embeddings === true,
+      // Passed through (openai-engine-sampling.ts): vLLM, SGLang and llama-server honour them all; a
+      // generic server answers for what it does not know (its 400 reaches the client, naming it where it does).
+      sampling: true,
     };
     const blockSize = opts.kvBlockSize ?? DEFAULT_BLOCK_SIZE;
     if (opts.kvEvents !== undefined) {
@@ -331,6 +335,7 @@ export class OpenAIEngine implements Engine {
     const extra = req as GenerateRequest & { top_p?: number; response_format?: unknown };
     if (extra.top_p !== undefined) body.top_p = extra.top_p;
     if (req.seed !== undefined) body.seed = req.seed;
+    Object.assign(body, engineSamplingFields(this.opts.kind, req.sampling));
     if (req.adapter !== undefined && this.opts.kind === 'sglang') body.lora_path = req.adapter;
     if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
     // Only requested of engines that declare json_object (the request plane checks it).

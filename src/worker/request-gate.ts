@@ -6,6 +6,7 @@ import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, embeddingNeeds, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody } from '../protocol/errors.js';
 import { promptOf, type EmbedBody, type GenerateBody, type KvTransferRef } from '../protocol/request-plane.js';
+import { samplingOf, SAMPLING_FIELDS } from '../protocol/sampling.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { OpenRequests } from './open-requests.js';
@@ -78,6 +79,10 @@ export class RequestGate {
     // The frontend routes only to workers that declare it; a direct caller gets the same answer.
     if (lacking === 'tools') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot call tools`, { param: 'tools' });
     if (lacking === 'logprobs') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot report logprobs`, { param: 'logprobs' });
+    if (lacking === 'sampling') {
+      const field = SAMPLING_FIELDS.find((f) => body[f] !== undefined)!;
+      throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour ${field}`, { param: field });
+    }
     if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour response_format ${lacking}`, { param: 'response_format' });
     if (body.tool_choice !== undefined && typeof body.tool_choice !== 'string' && !body.tools?.some((t) => t.function.name === (body.tool_choice as { function: { name: string } }).function.name))
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
@@ -117,6 +122,7 @@ export class RequestGate {
       temperature: body.temperature ?? 1,
       top_p: body.top_p,
       seed: body.seed,
+      sampling: samplingOf(body),
       stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
       prefilled: body.kv_transfer !== undefined,
       prefill_cached_tokens: body.kv_transfer?.cached_tokens,

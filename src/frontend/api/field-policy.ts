@@ -1,5 +1,6 @@
 import type { Capability } from '../../protocol/capabilities.js';
 import { EbbError } from '../../protocol/errors.js';
+import { isNeutral, SAMPLING_FIELDS } from '../../protocol/sampling.js';
 import { promptShape } from './prompt-shape.js';
 import { responsesFormatNeed, responsesToolChoice, responsesTools } from './responses-format.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
@@ -85,6 +86,9 @@ const NOT_CARRIED = 'ebb does not carry it to engines yet';
 
 export type FieldPolicy = Readonly<Record<string, Policy>>;
 
+/** Penalties, logit_bias, top_k, min_p: carried to engines that declare `sampling` when they change the answer (protocol/sampling.ts). */
+const SAMPLING_POLICY: FieldPolicy = Object.fromEntries(SAMPLING_FIELDS.map((f) => [f, { kind: 'capability', needs: (v: unknown) => (isNeutral(f, v) ? undefined : 'sampling') } satisfies Policy]));
+
 /** /v1/chat/completions and /v1/completions. */
 export const FIELD_POLICY: FieldPolicy = {
   model: carried,
@@ -117,9 +121,7 @@ export const FIELD_POLICY: FieldPolicy = {
   tool_choice: checked(toolChoiceFits),
   functions: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
   function_call: refused((v) => v === 'none', NOT_CARRIED),
-  presence_penalty: refused((v) => v === 0, NOT_CARRIED),
-  frequency_penalty: refused((v) => v === 0, NOT_CARRIED),
-  logit_bias: refused((v) => typeof v === 'object' && Object.keys(v as object).length === 0, NOT_CARRIED),
+  ...SAMPLING_POLICY,
   best_of: refused((v) => v === 1, 'ebb generates one sequence per request'),
   echo: refused((v) => v === false, NOT_CARRIED),
   suffix: refused(() => false, NOT_CARRIED),
@@ -133,6 +135,7 @@ export const RESPONSES_FIELD_POLICY: FieldPolicy = {
   max_output_tokens: carried,
   temperature: carried,
   top_p: carried,
+  ...SAMPLING_POLICY,
   stream: carried,
   text: { kind: 'capability', needs: responsesFormatNeed },
   user: ignored,
