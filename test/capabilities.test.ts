@@ -52,8 +52,8 @@ describe('engine capabilities: what the fleet can honour', () => {
     const entry = (await call('GET', `${adminUrl}/workers/${w.workerId}`)).body;
     assert.equal(entry.engine, 'mocker');
     assert.deepEqual(entry.capabilities, {
-      json_object: false,
-      json_schema: false,
+      json_object: true,
+      json_schema: true,
       logprobs: true,
       tools: true,
       tool_syntax: { prefix: '<tool_call>\n{"name": "', params_prefix: '", "arguments": ', suffix: '}\n</tool_call>' },
@@ -67,10 +67,10 @@ describe('engine capabilities: what the fleet can honour', () => {
 
   it('answers 400 unsupported_parameter naming the field when no worker of the model can honour it; never drops it silently', async () => {
     const { frontend } = await mockerOnly();
-    // /v1/models says what the model's workers can do.
+    // /v1/models says what the model's workers can do: the mocker, everything a client can ask for.
     const listed = (await call('GET', `${frontend.url}/v1/models/m1`)).body;
     assert.deepEqual(listed.engines, ['mocker']);
-    assert.deepEqual(listed.capabilities, ['logprobs', 'tools', 'prompt_token_ids', 'embeddings', 'sampling']);
+    assert.deepEqual(listed.capabilities, ['json_object', 'json_schema', 'logprobs', 'tools', 'prompt_token_ids', 'embeddings', 'sampling']);
     assert.deepEqual((await call('GET', `${frontend.url}/v1/models/m2`)).body.capabilities, []);
     const url = `${frontend.url}/v1/chat/completions`;
     const m2 = (extra: Record<string, unknown>) => ({ ...chat(extra), model: 'm2' });
@@ -96,36 +96,27 @@ describe('engine capabilities: what the fleet can honour', () => {
 
   it('routes a request that needs a capability only to workers that declare it, with the field carried', async () => {
     const discovery = tempDiscoveryUrl();
-    const plain = await startWorker(['--discovery', discovery, '--model', 'm1']);
-    started.push(plain);
-    const capable = await fakeWorker((_req, res) => {
-      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
-      res.end('{"text":"{}"}\n{"done":true,"finish_reason":"stop","usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n');
-    });
-    fakes.push(capable);
-    injectRecord(discovery, {
-      worker_id: 'w-json',
-      model: 'm1',
-      request_url: capable.url,
-      system_url: capable.url,
-      engine: 'fake',
-      capabilities: { json_object: true, json_schema: false, logprobs: false, tools: false, max_context: 4096, continuation: false },
-    });
+    // Two workers of m1: one whose engine declares nothing, one that declares json_object.
+    const plain = await answeringFake();
+    injectRecord(discovery, { worker_id: 'w-plain1', model: 'm1', request_url: plain.url, system_url: plain.url, engine: 'other', capabilities: NONE });
+    const capable = await answeringFake();
+    injectRecord(discovery, { worker_id: 'w-json', model: 'm1', request_url: capable.url, system_url: capable.url, engine: 'fake', capabilities: { ...NONE, json_object: true } });
     const frontend = await startFrontend(discovery);
     started.push(frontend);
-    await frontend.waitForEvent('discovery_reset', (l) => (l.workers as string[]).includes('w-json') && (l.workers as string[]).includes(plain.workerId));
+    await frontend.waitForEvent('discovery_reset', (l) => (l.workers as string[]).includes('w-json') && (l.workers as string[]).includes('w-plain1'));
     const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused' });
     for (let i = 0; i < 4; i++) {
       const res = await client.chat.completions.create({ ...chat({}), messages: [{ role: 'user', content: 'hi' }], response_format: { type: 'json_object' } });
       assert.deepEqual(JSON.parse(res.choices[0]?.message.content ?? ''), {});
     }
     assert.equal(capable.seen.length, 4, 'every json_object request went to the worker that declares it');
+    assert.equal(plain.seen.length, 0);
     for (const seen of capable.seen) assert.deepEqual(JSON.parse(seen.body).response_format, { type: 'json_object' });
     const schemaReq = await call('POST', `${frontend.url}/v1/chat/completions`, chat({ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } } }));
     assert.equal(schemaReq.status, 400, 'json_schema: declared by nobody');
-    assert.match(schemaReq.body.error.message, /engines: fake, mocker/);
-    // A model none of whose workers calls tools: tools is refused, naming it (the mocker's model calls them).
-    injectRecord(discovery, { worker_id: 'w-plain', model: 'm2', request_url: capable.url, system_url: capable.url, engine: 'fake', capabilities: { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: 4096, continuation: false } });
+    assert.match(schemaReq.body.error.message, /engines: (fake, other|other, fake)/);
+    // A model none of whose workers calls tools: tools is refused, naming it.
+    injectRecord(discovery, { worker_id: 'w-plain', model: 'm2', request_url: capable.url, system_url: capable.url, engine: 'fake', capabilities: NONE });
     await frontend.waitForEvent('worker_added', (l) => l.worker_id === 'w-plain');
     const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
     const noTools = await call('POST', `${frontend.url}/v1/chat/completions`, { ...chat({ tools }), model: 'm2' });

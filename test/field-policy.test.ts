@@ -21,6 +21,8 @@ after(async () => {
 type Examples = Record<string, { ok: unknown[]; refused: unknown[] }>;
 
 const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
+/** A schema whose smallest answer is 100 million characters: past what any engine is asked to write. */
+const HUGE = { type: 'object', properties: { s: { type: 'string', minLength: 1e8 } }, required: ['s'] };
 
 /** Penalties, logit_bias, top_k, min_p: carried to engines that declare `sampling` (the mocker does; their effect: sampling.test.ts). */
 const SAMPLING: Examples = {
@@ -45,7 +47,8 @@ const CHAT: Examples = {
   stream: { ok: [false, true], refused: [] },
   stream_options: { ok: [], refused: [{ include_usage: true }] }, // without stream: true (with it: the SDK tests)
   n: { ok: [2], refused: [] },
-  response_format: { ok: [{ type: 'text' }], refused: [{ type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } }] },
+  // The mocker writes JSON (a model whose workers do not: capabilities.test.ts); a schema past the bounds is refused (schema-bounds.test.ts).
+  response_format: { ok: [{ type: 'text' }, { type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } }], refused: [{ type: 'json_schema', json_schema: { name: 'x', schema: HUGE } }] },
   user: { ok: ['u-1'], refused: [] },
   metadata: { ok: [{ k: 'v' }], refused: [] },
   store: { ok: [false, true], refused: [] },
@@ -53,7 +56,7 @@ const CHAT: Examples = {
   parallel_tool_calls: { ok: [false, true], refused: [] },
   logprobs: { ok: [false, true], refused: [] }, // the mocker reports them; a model whose workers do not: capabilities.test.ts
   top_logprobs: { ok: [0], refused: [2] }, // without logprobs: true
-  tools: { ok: [[], tools], refused: [] }, // the mocker calls tools; a model whose workers do not: capabilities.test.ts
+  tools: { ok: [[], tools], refused: [[{ type: 'function', function: { name: 'f', parameters: HUGE } }]] }, // the mocker calls tools; a model whose workers do not: capabilities.test.ts
   tool_choice: { ok: ['none', 'auto'], refused: ['required', { type: 'function', function: { name: 'f' } }] }, // without tools to choose from
   functions: { ok: [[]], refused: [[{ name: 'f' }]] },
   function_call: { ok: ['none'], refused: ['auto'] },
@@ -79,7 +82,7 @@ const RESPONSES: Examples = {
   top_p: { ok: [0.9], refused: [] },
   ...SAMPLING,
   stream: { ok: [false], refused: [] },
-  text: { ok: [{ format: { type: 'text' } }], refused: [{ format: { type: 'json_object' } }] },
+  text: { ok: [{ format: { type: 'text' } }, { format: { type: 'json_object' } }], refused: [{ format: { type: 'json_schema', name: 'x', schema: HUGE } }] },
   user: { ok: ['u'], refused: [] },
   metadata: { ok: [{ k: 'v' }], refused: [] },
   service_tier: { ok: ['auto'], refused: [] },
@@ -90,7 +93,7 @@ const RESPONSES: Examples = {
   previous_response_id: { ok: [null], refused: ['resp_1'] }, // one this frontend kept: resumable-streams.test.ts
   conversation: { ok: [null], refused: ['conv_1'] },
   background: { ok: [false, true], refused: [] },
-  tools: { ok: [[], [{ type: 'function', name: 'f', parameters: { type: 'object' } }]], refused: [[{ type: 'web_search' }]] },
+  tools: { ok: [[], [{ type: 'function', name: 'f', parameters: { type: 'object' } }]], refused: [[{ type: 'web_search' }], [{ type: 'function', name: 'f', parameters: HUGE }]] },
   tool_choice: { ok: ['auto', 'none'], refused: ['required', { type: 'function', name: 'f' }] }, // without tools to choose from
   include: { ok: [[]], refused: [['message.output_text.logprobs']] },
   reasoning: { ok: [{}], refused: [{ effort: 'high' }] },

@@ -438,7 +438,8 @@ export class LlamaCppEngine implements Engine {
     const args = new Map<string, LlamaGrammar>();
     for (const t of tools) {
       const grammar = await this.grammars.forSchema(t.function.parameters ?? NO_PARAMETERS).catch((err: unknown) => {
-        throw new EbbError('invalid_request', `the parameters of tool "${t.function.name}" cannot be honoured: ${oneLine(err)}`, { param: 'tools' });
+        const index = req.tools!.indexOf(t);
+        throw new EbbError('invalid_function_parameters', `Invalid schema for function '${t.function.name}': llama.cpp cannot build its grammar: ${oneLine(err)}`, { param: `tools[${index}].function.parameters` });
       });
       args.set(t.function.name, grammar);
     }

@@ -27,6 +27,10 @@ export const ERROR_CODES = {
   empty_string: { status: 400, type: 'invalid_request_error' },
   string_below_min_length: { status: 400, type: 'invalid_request_error' },
   string_above_max_length: { status: 400, type: 'invalid_request_error' },
+  /** A response_format JSON Schema whose guided generation would cost more than ebb bounds it to (schema-bounds.ts). */
+  invalid_json_schema: { status: 400, type: 'invalid_request_error' },
+  /** A tool's parameters schema likewise. */
+  invalid_function_parameters: { status: 400, type: 'invalid_request_error' },
   /** A field the route's schema does not allow (where it allows none it does not know). */
   unknown_parameter: { status: 400, type: 'invalid_request_error' },
   /** No Authorization: Bearer header where one is needed. */

@@ -42,6 +42,8 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   string_below_min_length: pass,
   string_above_max_length: pass,
   unknown_parameter: pass,
+  invalid_json_schema: pass,
+  invalid_function_parameters: pass,
   context_length_exceeded: pass,
   payload_too_large: pass,
   // The fleet, not the client: a worker mid-rotation of the request-plane token, or a decode worker

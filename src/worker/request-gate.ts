@@ -7,6 +7,7 @@ import { capabilitiesNeeded, embeddingNeeds, missingCapability } from '../protoc
 import { EbbError, errorBody } from '../protocol/errors.js';
 import { promptOf, type EmbedBody, type GenerateBody, type KvTransferRef } from '../protocol/request-plane.js';
 import { samplingOf, SAMPLING_FIELDS } from '../protocol/sampling.js';
+import { boundSchemas } from '../protocol/schema-bounds.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { OpenRequests } from './open-requests.js';
@@ -84,6 +85,8 @@ export class RequestGate {
       throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour ${field}`, { param: field });
     }
     if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour response_format ${lacking}`, { param: 'response_format' });
+    // What a schema may make the engine do is bounded before any engine sees it (a direct caller's too).
+    boundSchemas(body.response_format, body.tools);
     if (body.tool_choice !== undefined && typeof body.tool_choice !== 'string' && !body.tools?.some((t) => t.function.name === (body.tool_choice as { function: { name: string } }).function.name))
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
     const requestId = body.request_id ?? randomUUID();
