@@ -3,12 +3,14 @@
  * A 477-byte tool schema of nested minItems blocked the mocker's event loop (RSS 1.8 GB), and the
  * frontend retried it on the next worker: 3 of 3 workers wedged in 12 s. Now every schema is
  * measured before any engine sees it (protocol/schema-bounds.ts) and refused as OpenAI refuses a
- * schema it cannot serve, naming the field.
+ * schema it cannot serve, naming the field; and a request under which two workers died or went
+ * silent is not sent to a third (frontend/relay/worker-losses.ts).
  */
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { call } from './helpers/http.js';
+import { streamCompletion } from './helpers/sse.js';
 import { startFleet, type EbbProcess } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
@@ -64,5 +66,46 @@ describe('a schema that would wedge a worker', () => {
     for (const w of workers) assert.equal((await call('GET', `${w.systemUrl}/live`)).status, 200, w.workerId);
     const served = await client.chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'fill the cube' }], tools: [{ type: 'function', function: { name: 'cube', parameters: { type: 'object', properties: { n: { type: 'integer' } }, required: ['n'] } } }], tool_choice: 'required' });
     assert.equal(served.choices[0]?.finish_reason, 'tool_calls');
+  });
+});
+
+describe('a request under which workers die', () => {
+  it('is tried on a second worker, and when that one dies too it is answered 500 request_broke_workers: a third never gets it', async () => {
+    // Every worker's engine dies on this prompt (--mocker-fail-on-prompt), as under a poison input.
+    const { frontend, workers } = await startFleet(3, ['--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-fail-on-prompt', 'poison pill']);
+    started.push(frontend, ...workers);
+    const res = await call('POST', `${frontend.url}/v1/chat/completions`, { model: 'm1', messages: [{ role: 'user', content: 'swallow the poison pill' }], max_tokens: 4 });
+    assert.equal(res.status, 500, JSON.stringify(res.body));
+    assert.deepEqual([res.body.error.code, res.body.error.type], ['request_broke_workers', 'server_error']);
+    assert.match(res.body.error.message, /^2 workers failed under this request one after the other \(.+; .+\); it is not sent to another/);
+    // Two engines failed (their workers shut down); the third was never sent it and serves.
+    const failed = workers.filter((w) => w.logs.some((l) => l.event === 'engine_failed'));
+    assert.equal(failed.length, 2, `engines failed: ${failed.map((w) => w.workerId).join(', ')}`);
+    const spared = workers.find((w) => !failed.includes(w))!;
+    const ok = await call('POST', `${frontend.url}/v1/chat/completions`, { model: 'm1', messages: [{ role: 'user', content: 'hello' }], max_tokens: 4 });
+    assert.equal(ok.status, 200);
+    assert.equal(ok.headers.get('x-ebb-worker-id'), spared.workerId);
+  });
+
+  it('mid-stream: the first worker SIGKILLed, the stream moves on; the second one SIGKILLed too, it ends with request_broke_workers, not on the third', async () => {
+    const { frontend, workers } = await startFleet(3, ['--mocker-itl-ms', '15', '--mocker-ttft-ms', '0']);
+    started.push(frontend, ...workers);
+    const killed: string[] = [];
+    const kill = (id: string) => {
+      killed.push(id);
+      workers.find((w) => w.workerId === id)!.signal('SIGKILL');
+    };
+    const outcome = await streamCompletion(frontend.url, { model: 'm1', max_tokens: 200, seed: 1 }, undefined, (n, seen) => {
+      if (n === 10 && killed.length === 0) kill(seen.workerId!);
+      // Tokens past the first kill come from the worker the stream moved to, which the frontend logged.
+      else if (n === 30 && killed.length === 1) kill(frontend.logs.filter((l) => l.event === 'stream_migrated').at(-1)!.to_worker as string);
+    });
+    assert.equal(killed.length, 2, `killed ${killed.join(', ')}`);
+    assert.equal(outcome.errorCode, 'request_broke_workers', outcome.error);
+    assert.ok(outcome.tokens >= 30 && outcome.tokens < 200, `${outcome.tokens} tokens`);
+    const moves = frontend.logs.filter((l) => l.event === 'stream_migrated');
+    assert.equal(moves.length, 1, 'moved once, never to the third');
+    const third = workers.find((w) => !killed.includes(w.workerId))!;
+    assert.notEqual(moves[0]!.to_worker, third.workerId);
   });
 });

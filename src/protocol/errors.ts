@@ -98,6 +98,12 @@ export const ERROR_CODES = {
   adapter_load_failed: { status: 502, type: 'server_error' },
   /** A worker answered in a way the request plane does not allow (frontend and worker disagree on the protocol). */
   worker_protocol_error: { status: 502, type: 'server_error' },
+  /**
+   * Workers died, went silent or had their engine fail under this request one after the other
+   * (frontend/relay/worker-losses.ts): it is not sent to another, as the request itself may be what
+   * breaks them. Not retryable as it is.
+   */
+  request_broke_workers: { status: 500, type: 'server_error' },
   // Only ever inside an already-committed stream (SSE error event or NDJSON terminal line)
   worker_failed_mid_stream: { status: 502, type: 'server_error' },
   worker_shut_down: { status: 503, type: 'server_error' },
