@@ -473,7 +473,7 @@ describe('OpenAIEngine in this process', { skip: simOnly }, () => {
     const withLen = await sim('vllm', { maxModelLen: 8192 });
     const e1 = await createEngine(spec({ url: withLen.url }), 'aggregated', captureLog().log, new AbortController().signal);
     engines.push(e1);
-    assert.deepEqual(e1.capabilities, { json_object: true, json_schema: false, logprobs: true, tools: false, max_context: 8192, continuation: true, prompt_token_ids: true, embeddings: false });
+    assert.deepEqual(e1.capabilities, { json_object: true, json_schema: false, logprobs: true, tools: false, max_context: 8192, continuation: true, prompt_token_ids: true, embeddings: false, sampling: true });
     const generic = await sim('generic', { maxModelLen: null });
     const e2 = await createEngine(spec({ url: generic.url, kind: 'generic' }), 'aggregated', captureLog().log, new AbortController().signal);
     engines.push(e2);

@@ -123,7 +123,7 @@ describe('worker pool index', () => {
 
   it('skips tried, held and incapable workers without losing the order of the rest', () => {
     const pool = new WorkerPool();
-    const caps = { json_object: true, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: false, prompt_token_ids: false, embeddings: false };
+    const caps = { json_object: true, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: false, prompt_token_ids: false, embeddings: false, sampling: false };
     pool.apply({ type: 'reset', records: [rec('a'), rec('b'), rec('c'), { ...rec('d'), capabilities: caps }] });
     for (const [id, n] of [['a', 0], ['b', 1], ['c', 2], ['d', 3]] as const) for (let i = 0; i < n; i++) pool.acquire(pool.get(id)!);
     const now = Date.now();

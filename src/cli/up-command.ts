@@ -111,7 +111,7 @@ export function upCommand(): Command {
     .addOption(new Option('--router <kind>', ROUTER_HELP).choices(ROUTER_KINDS).default('kv'))
     .option('--kv-overlap-weight <w>', OVERLAP_WEIGHT_HELP, weightOption)
     .option('--queue-timeout <ms>', `the frontend: how long a request no worker can take now waits for one (default ${DEFAULT_QUEUE_TIMEOUT_MS}; 0 = no queue, 503 at once)`, msOption(0))
-    .option('--queue-depth <n>', `the frontend: requests waiting per model at most (default ${DEFAULT_QUEUE_DEPTH}); past it 429 queue_full`, intOption(1))
+    .option('--queue-depth <n>', `the frontend: requests waiting per model at most (default ${DEFAULT_QUEUE_DEPTH}); past it 429 rate_limit_exceeded`, intOption(1))
     .addOption(new Option('--mocker-kv-cache <mode>', 'mocker prefix KV cache (default on)').choices(['on', 'off']))
     .option('--mocker-kv-blocks <n>', 'mocker prefix cache capacity in blocks, per worker', intOption(1))
     .option('--mocker-prefill-tokens-per-s <n>', 'mocker prefill compute: uncached prompt tokens per second, per worker', intOption(1))

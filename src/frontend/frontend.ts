@@ -81,7 +81,7 @@ export interface FrontendOptions {
   own?: { discovery: Discovery; record: WorkerRecord } | undefined;
   /** How long a request no worker can take now may wait for one (default 30 s; 0: no queue, 503 at once). */
   queueTimeoutMs?: number | undefined;
-  /** Requests waiting per model at most (default DEFAULT_QUEUE_DEPTH); past it 429 queue_full. */
+  /** Requests waiting per model at most (default DEFAULT_QUEUE_DEPTH); past it 429 rate_limit_exceeded. */
   queueDepth?: number | undefined;
 }
 

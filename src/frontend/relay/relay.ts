@@ -29,7 +29,7 @@ export interface RelayDeps {
  */
 export function createRelay({ pool, upstream, metrics, log, migrationLimit, clientWriteTimeoutMs }: RelayDeps) {
   const ctx: LaneContext = {
-    open: (gen, signal, tried) => (pool.servingPath(gen.model) === 'disaggregated' ? upstream.openDisaggregated(gen, signal, tried) : upstream.open(gen, 'aggregated', signal, tried)),
+    open: (gen, signal, tried, losses) => (pool.servingPath(gen.model) === 'disaggregated' ? upstream.openDisaggregated(gen, signal, tried, losses) : upstream.open(gen, 'aggregated', signal, tried, losses)),
     metrics,
     log,
     migrationLimit,
