@@ -142,7 +142,7 @@ function verbsTheCodeUses(): Map<string, Set<string>> {
   const used = new Map<string, Set<string>>();
   const add = (resource: string, verb: string) => used.set(resource, (used.get(resource) ?? new Set()).add(verb));
   for (const [, call, kind] of source.matchAll(/\.(read|list|patch|delete|create|replace)Namespaced(Pod|DeploymentScale)\(/g)) add(resourceOf[kind!]!, verbOf[call!]!);
-  if (/\.watch\(\s*`\/api\/v1\/namespaces\/\$\{[^}]+\}\/pods`/.test(source)) add('/pods', 'watch');
+  if (/(?:\.watch\(|watchPath\(watcher,)\s*`\/api\/v1\/namespaces\/\$\{[^}]+\}\/pods`/.test(source)) add('/pods', 'watch');
   return used;
 }
 
