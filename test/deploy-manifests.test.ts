@@ -539,6 +539,8 @@ describe('deploy/kubernetes: ebb containers', () => {
       listeners.set('frontend:--admin-port', String(f.admin_url));
       // /health is 200 once the frontend routes to the worker (registered before the frontend started).
       await frontend.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes('manifest-worker')) || (l.event === 'worker_added' && l.worker_id === 'manifest-worker'), 'the worker in the routing view');
+      // The worker's /ready is 200 once the frontend marks it as one it routes to.
+      await worker.waitForLog((l) => l.event === 'routing_changed' && l.to === 'routed' && (l.frontends as number) >= 1, 'the frontend to mark the worker');
     });
     after(async () => {
       await Promise.all(procs.map((p) => p.terminate()));
