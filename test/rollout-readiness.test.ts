@@ -6,7 +6,7 @@ import { call } from './helpers/http.js';
 import { etcdFixture } from './helpers/etcd-fixture.js';
 import { etcdSkipReason } from './helpers/etcd.js';
 import { StallProxy } from './helpers/stall-proxy.js';
-import { bounded, frontendSeesWorkers, spawnWorker, startFrontend, startWorker, tempDiscoveryUrl, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { bounded, frontendSeesWorkers, runEbb, spawnWorker, startFrontend, startWorker, tempDiscoveryUrl, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { FileRouteMarks } from '../src/discovery/file-route-marks.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
@@ -188,6 +188,28 @@ describe('GET /ready', () => {
       // A drained worker is not ready, whatever the marks say.
       await call('POST', `${w.systemUrl}/engine/drain`, {});
       assert.equal((await ready()).status, 503);
+    } finally {
+      await lagging.close();
+    }
+  });
+
+  it('ebb rollout --model waits for the serving count among workers every frontend routes to: a frontend that does not route to the resumed worker stops it at --timeout', async () => {
+    const discovery = tempDiscoveryUrl();
+    const ws = await Promise.all(['r-1', 'r-2'].map((id) => startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', id])));
+    started.push(...ws);
+    const fe = await startFrontend(discovery);
+    started.push(fe);
+    for (const w of ws) await w.waitForLog((l) => l.event === 'routing_changed' && l.to === 'routed' && l.frontends === 1, `the frontend to mark ${w.workerId}`);
+    // A frontend whose view has r-2 only (it never saw r-1): r-1 serves, but not every frontend routes to it.
+    const lagging = new FileRouteMarks(new URL(discovery).pathname, 3000);
+    await lagging.publish({ frontend_id: 'f-lagging', workers: ['r-2'] });
+    try {
+      await ws[0]!.waitForLog((l) => l.event === 'routing_changed' && l.to === 'waiting', 'r-1 to see the lagging frontend');
+      const res = await runEbb(['rollout', '--model', 'm1', '--discovery', discovery, '--timeout', '3s'], { EBB_ADMIN_TOKEN: undefined }, 60_000);
+      assert.equal(res.code, 2, res.stderr);
+      assert.match(res.stderr, /r-1: resumed/);
+      assert.match(res.stderr, /model m1 has 1 serving worker\(s\) that every frontend routes to, not 2/);
+      assert.equal((await call('GET', `${ws[1]!.systemUrl}/engine/status`)).body.state, 'serving', 'r-2 was never taken out');
     } finally {
       await lagging.close();
     }
