@@ -8,7 +8,7 @@ import { PROBE_PATHS } from './admin-boundary.js';
 import { applyConnectionBudget, type StreamBudget } from './connection-budget.js';
 import { lazySerializers, lazyValidators, SERVER_AJV_CUSTOM } from './lazy-schema-compilers.js';
 
-/** The probes each kind of listener serves (a worker's system server: /live and /health; the frontend's OpenAI port: /health). */
+/** The probes each kind of listener serves (a worker's system server: /live, /health and /ready; the frontend's OpenAI port: /health). */
 const DEFAULT_PROBES: Record<ListenerRole, readonly string[]> = { admin: PROBE_PATHS, public: ['/health'], internal: [] };
 
 /** Fits the longest worker id percent-encoded (253 bytes, 3 characters each) with room to spare. */
@@ -47,7 +47,7 @@ export interface HttpServerLimits {
 export interface HttpServerOptions extends HttpServerLimits {
   /** Sets the default limits; 'internal' when not given. */
   role?: ListenerRole | undefined;
-  /** Paths (GET) answered even when every connection is busy; default by role (admin: /live, /health; public: /health). */
+  /** Paths (GET) answered even when every connection is busy; default by role (admin: /live, /health, /ready; public: /health). */
   probePaths?: readonly string[] | undefined;
   /** Event streams (GET paths) served from a connection budget of their own (see connection-budget). */
   eventStreams?: StreamBudget | undefined;

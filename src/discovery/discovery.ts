@@ -1,5 +1,6 @@
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { DrainIntentStore } from './drain-intent.js';
+import type { RouteMarks } from './route-marks.js';
 import type { ScaleDownLocks } from './scale-down-lock.js';
 import type { WorkerRecord } from './worker-record.js';
 
@@ -44,5 +45,7 @@ export interface Discovery {
   readonly drainIntents?: DrainIntentStore | undefined;
   /** One scale-down of a model at a time, across every CLI and frontend on this discovery. */
   readonly scaleDownLocks: ScaleDownLocks;
+  /** Which workers each frontend routes to (a worker's /ready waits for every frontend's mark). */
+  readonly routeMarks: RouteMarks;
   close(): Promise<void>;
 }

@@ -1,6 +1,7 @@
 import { EtcdScaleDownLocks } from './scale-down-lock.js';
 import { Etcd3, EtcdLeaseInvalidError, type Lease } from 'etcd3';
 import { EtcdDrainIntents } from './drain-intent.js';
+import { EtcdRouteMarks } from './etcd-route-marks.js';
 import type { Discovery, DiscoveryOptions, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
 import { HostBreaker, watchBackoff, type HostPolicy } from './etcd-breaker.js';
 import { ETCD_PREFIX, etcdKey, parseEtcdUrl, parseRecord, workerIdFromKey } from './etcd-keys.js';
@@ -57,6 +58,7 @@ export class EtcdDiscovery implements Discovery {
 
   readonly drainIntents: EtcdDrainIntents;
   readonly scaleDownLocks: EtcdScaleDownLocks;
+  readonly routeMarks: EtcdRouteMarks;
 
   private constructor(
     readonly url: string,
@@ -65,6 +67,7 @@ export class EtcdDiscovery implements Discovery {
   ) {
     this.drainIntents = new EtcdDrainIntents(client);
     this.scaleDownLocks = new EtcdScaleDownLocks(client);
+    this.routeMarks = new EtcdRouteMarks(client);
   }
 
   /** Builds the client without contacting etcd: an unreachable etcd surfaces on first use. */
@@ -280,6 +283,7 @@ export class EtcdDiscovery implements Discovery {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    await this.routeMarks.close();
     await Promise.all([...this.watches, ...(this.ownWatch ? [this.ownWatch] : [])].map((w) => w.close()));
     // Revoking deletes our keys at once instead of after the TTL; leases that were lost may
     // still hold keys if etcd restarted (it renews leases on startup), so revoke those too.

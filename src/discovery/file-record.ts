@@ -63,7 +63,7 @@ function processAlive(pid: number): boolean {
  * Heartbeat within its TTL, and its owner process alive when it runs on this host. `checkOwner`
  * false skips the process check (a watcher re-reading a heartbeat of an owner it checks each second).
  */
-export function entryLive(e: FileEntry, now: number, checkOwner = true): boolean {
+export function entryLive(e: Pick<FileEntry, 'heartbeat_at' | 'ttl_ms' | 'hostname' | 'pid'>, now: number, checkOwner = true): boolean {
   return now - e.heartbeat_at <= e.ttl_ms && !(checkOwner && e.hostname === HOST && !processAlive(e.pid));
 }
 

@@ -5,6 +5,7 @@ import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './
 import { entryLive, HOST, MAX_TTL_MS, MIN_TTL_MS, parseEntry, type FileEntry } from './file-record.js';
 import { FileWatch } from './file-watch.js';
 import { FileScaleDownLocks } from './scale-down-lock.js';
+import { FileRouteMarks } from './file-route-marks.js';
 import { assertPrivate, ensurePrivateDir, UnsafeDirectoryError } from './private-dir.js';
 
 /** Where records are written before the rename that publishes them. */
@@ -24,6 +25,7 @@ type Read = { name: string; state: 'live'; entry: FileEntry } | { name: string; 
 export class FileDiscovery implements Discovery {
   readonly url: string;
   readonly scaleDownLocks: FileScaleDownLocks;
+  readonly routeMarks: FileRouteMarks;
   /** Per registered worker: its heartbeat timer and the beat being written, if any. */
   private readonly heartbeats = new Map<string, { timer: NodeJS.Timeout; beat: Promise<void> | undefined }>();
   private tmpSeq = 0;
@@ -38,6 +40,7 @@ export class FileDiscovery implements Discovery {
   ) {
     this.url = `file://${dir}`;
     this.scaleDownLocks = new FileScaleDownLocks(dir);
+    this.routeMarks = new FileRouteMarks(dir, ttlMs);
     if (!(ttlMs >= MIN_TTL_MS && ttlMs <= MAX_TTL_MS)) {
       throw new Error(`file discovery lease TTL must be between ${MIN_TTL_MS} ms and ${MAX_TTL_MS} ms, got ${ttlMs}`);
     }
@@ -169,5 +172,6 @@ export class FileDiscovery implements Discovery {
   async close(): Promise<void> {
     await Promise.all([...this.heartbeats.keys()].map((id) => this.stopHeartbeat(id)));
     await Promise.all([...this.closers].map((c) => c()));
+    await this.routeMarks.close();
   }
 }

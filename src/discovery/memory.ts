@@ -2,11 +2,13 @@ import { EventEmitter } from 'node:events';
 import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
 import { callListener } from './guards.js';
 import { MemoryScaleDownLocks } from './scale-down-lock.js';
+import { MemoryRouteMarks } from './route-marks.js';
 
 /** In-process discovery: for tests and for components sharing one process. Nothing expires. */
 export class MemoryDiscovery implements Discovery {
   readonly url = 'memory:';
   readonly scaleDownLocks = new MemoryScaleDownLocks();
+  readonly routeMarks = new MemoryRouteMarks();
   private readonly records = new Map<string, WorkerRecord>();
   private readonly events = new EventEmitter();
 
@@ -37,5 +39,6 @@ export class MemoryDiscovery implements Discovery {
 
   async close(): Promise<void> {
     this.events.removeAllListeners();
+    await this.routeMarks.close();
   }
 }

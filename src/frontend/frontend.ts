@@ -34,6 +34,7 @@ import { AdmissionQueue, DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '.
 import { createQueueMetrics } from './admission/queue-metrics.js';
 import { queueFleet } from './admission/queue-fleet.js';
 import { SaturationWatch } from './admission/saturation-watch.js';
+import { newFrontendId, RouteMarking } from './routing/route-marking.js';
 
 export interface FrontendOptions {
   host: string;
@@ -190,10 +191,13 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const routerKind = opts.router ?? 'kv';
   // The KV index follows discovery from the first event, so the first requests already find it.
   const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource }) : undefined;
+  // Workers are ready for a rollout once every frontend marks them (a worker's own --openai-port marks nothing: no rollout waits on it).
+  const marking = opts.own === undefined ? new RouteMarking(discovery.routeMarks, newFrontendId(), () => pool.all().map((w) => w.record.worker_id), log) : undefined;
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
     fleet.apply(event);
     kvFeed?.apply(event);
+    marking?.changed();
     if (event.type === 'reset') log.info({ event: 'discovery_reset', workers: event.records.map((r) => r.worker_id) }, `routing view: ${event.records.length} worker(s)`);
     else if (event.type === 'put') log.info({ event: 'worker_added', worker_id: event.record.worker_id, model: event.record.model, ...(event.record.adapters ? { adapters: event.record.adapters.resident } : {}) }, `worker ${event.record.worker_id} joined`);
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
@@ -252,6 +256,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await upstream.close();
       await fleetAgent?.close().catch(() => undefined);
       await saturation?.close();
+      marking?.close();
       await discovery.close();
       throw new Error(`admin listener on ${opts.admin.host}:${opts.admin.port}: ${(err as Error).message}`);
     }
@@ -316,6 +321,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await upstream.close();
       await fleetAgent?.close().catch(() => undefined);
       await saturation?.close();
+      marking?.close();
       await discovery.close();
       return cutting === undefined;
     },

@@ -27,6 +27,7 @@ import { registerAdapterMetrics } from './adapter-metrics.js';
 import type { Transition } from '../lifecycle/lifecycle.js';
 import { MemoryDiscovery } from '../discovery/memory.js';
 import type { OpenAIPortOptions } from './openai-port.js';
+import { RoutedBy } from './routed-by.js';
 
 export interface WorkerOptions {
   workerId?: string | undefined;
@@ -199,7 +200,10 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   discovery.onRegistrationLost((id) => {
     if (id === workerId) void lifecycle.registrationLost();
   });
-  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta(), adapters, priorityReserve });
+  // Ready for a rollout (GET /ready) once every frontend marks this worker as one it routes to.
+  const routedBy = new RoutedBy(discovery.routeMarks, workerId, log);
+  await routedBy.start();
+  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta(), adapters, priorityReserve, routedBy });
   const intents = discovery.drainIntents;
   const intentTtlMs = opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS;
   // Followed from here: an operator may drain the worker while its first registration is retried.
@@ -224,6 +228,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   const cleanup = async (signal: AbortSignal) => {
     await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal), openai && openaiPort?.closeOpenAIPort(openai, signal)]);
     await prefillPeers?.close();
+    await routedBy.close();
     await discovery.close();
     await engine.close();
   };
