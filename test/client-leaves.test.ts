@@ -67,16 +67,16 @@ describe('a client that leaves during a disaggregated prefill', () => {
     return () => client.abort();
   }
 
-  it('a plain stream: the prefill stops at once; nothing is left in flight or pending', async () => {
+  it('a plain stream: the prefill stops at once; nothing is left in flight or pending', async (t) => {
     const leave = await leaving('plain', {});
     const left = performance.now();
     leave();
     await until(prefill, 'nothing in flight, no transfer pending', (h) => h.inflight === 0 && h.transfers === 0);
-    console.log(`# plain stream: the prefill worker held nothing ${Math.round(performance.now() - left)} ms after the client left`);
+    t.diagnostic(`the prefill worker held nothing ${Math.round(performance.now() - left)} ms after the client left`);
     assert.equal(await metricValue(prefill.systemUrl, 'ebb_kv_transfer_duration_seconds_count'), 0, 'no KV transfer was made for nobody');
   });
 
-  it('a kept stream (x-ebb-resumable: 1): the prefill goes on for the resume grace, then stops; nothing is left in flight or pending', async () => {
+  it('a kept stream (x-ebb-resumable: 1): the prefill goes on for the resume grace, then stops; nothing is left in flight or pending', async (t) => {
     const leave = await leaving('kept', { 'x-ebb-resumable': '1' });
     const left = performance.now();
     leave();
@@ -84,7 +84,7 @@ describe('a client that leaves during a disaggregated prefill', () => {
     const now = performance.now() - left;
     assert.ok(now >= GRACE_MS || during.inflight === 1, `within the grace (${Math.round(now)} ms of ${GRACE_MS}) the kept stream's prefill goes on: ${JSON.stringify(during)}`);
     await until(prefill, 'nothing in flight, no transfer pending', (h) => h.inflight === 0 && h.transfers === 0);
-    console.log(`# kept stream (grace ${GRACE_MS} ms): the prefill worker held nothing ${Math.round(performance.now() - left)} ms after the client left`);
+    t.diagnostic(`the prefill worker held nothing ${Math.round(performance.now() - left)} ms after the client left (resume grace ${GRACE_MS} ms)`);
     assert.equal(await metricValue(prefill.systemUrl, 'ebb_kv_transfer_duration_seconds_count'), 0, 'no KV transfer was made for nobody');
   });
 });

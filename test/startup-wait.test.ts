@@ -76,7 +76,7 @@ describe('startup: requests wait for loading workers', () => {
     assert.equal(await metricValue(prefill.systemUrl, 'ebb_kv_transfer_duration_seconds_count'), 1, 'its prompt went through the prefill worker: served disaggregated, as the fleet came up');
   });
 
-  it('ebb up --prefill 1 --decode 1 --engine llama-cpp: every request sent while it starts is served (0 x 503)', async () => {
+  it('ebb up --prefill 1 --decode 1 --engine llama-cpp: every request sent while it starts is served (0 x 503)', async (t) => {
     const modelPath = writeTinyLlamaGguf();
     const port = await freePort();
     const url = `http://127.0.0.1:${port}`;
@@ -111,5 +111,6 @@ describe('startup: requests wait for loading workers', () => {
     assert.deepEqual(failed, [], `${failed.length} of ${results.length} requests sent during start were not served`);
     const queued = up.logs.filter((l) => l.event === 'request_queued').length;
     assert.ok(queued > 0, 'some requests reached the frontend while the workers loaded (they waited in the queue)');
+    t.diagnostic(`${results.length} requests sent while it started, every one served; ${queued} of them waited in the queue for the loading workers`);
   });
 });
