@@ -247,6 +247,36 @@ describe('disaggregated prefill/decode', () => {
     }
   });
 
+  it('a decode worker whose caller leaves while it pulls the KV frees the transfer at its source: nobody will pull it again', async () => {
+    const discovery = tempDiscoveryUrl();
+    // A prefill source whose payload never finishes: the pull is under way when the caller leaves.
+    let pullSeen!: () => void;
+    const pulling = new Promise<void>((resolve) => (pullSeen = resolve));
+    let releaseSeen!: (url: string) => void;
+    const released = new Promise<string>((resolve) => (releaseSeen = resolve));
+    const source = await fakeWorker((req, res) => {
+      if (req.method === 'DELETE') {
+        releaseSeen(req.url);
+        return void res.writeHead(204).end();
+      }
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': '65536' });
+      res.write(Buffer.alloc(1024, 0x6b));
+      pullSeen();
+    });
+    try {
+      injectRecord(discovery, { worker_id: 'w-stalled-source', model: 'm1', mode: 'prefill', request_url: source.url, system_url: source.url });
+      const d = await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
+      const kv = { transfer_id: 'kv-stalled', source_url: source.url, worker_id: 'w-stalled-source' };
+      const s = await openLineStream(`${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', max_tokens: 3, kv_transfer: kv });
+      assert.equal(s.status, 200);
+      await bounded(pulling, 'the decode worker to be pulling the KV');
+      s.abort();
+      assert.equal(await bounded(released, 'the source to be told to free the transfer'), '/kv/kv-stalled');
+    } finally {
+      await source.close();
+    }
+  });
+
   it('with no prefill worker serving (drained, then killed), decode workers evaluate the prompt themselves', async () => {
     const discovery = tempDiscoveryUrl();
     const p = await worker(discovery, 'prefill', ['--mocker-itl-ms', '1']);

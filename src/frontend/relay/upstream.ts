@@ -408,7 +408,28 @@ export class Upstream {
     return { worker, first: value.first, body: call, release: end, closed: call.closed };
   }
 
-  /** Opens a token stream on an aggregated worker. */
+  /**
+   * Opens a token stream on the model's serving path as it is at each try: an aggregated worker, or a
+   * prefill+decode pair (pair). Chosen per turn, not once: a request that waited for a model whose
+   * workers were all loading or restarting may find it come up disaggregated.
+   */
+  openServing(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set(), losses?: WorkerLosses): Promise<UpstreamStream> {
+    const needs = capabilitiesNeeded(body);
+    return this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
+      async (admitted) => {
+        if (this.pool.servingPath(body.model) === 'disaggregated') return this.pair(body, signal, tried, losses);
+        const { worker, value, release } = await this.route(body.model, 'aggregated', signal, tried, (w) => this.generate(w, body, signal, admitted), needs, body, losses);
+        return this.stream(worker, value, release);
+      },
+      (won) => won.release(),
+    );
+  }
+
+  /** Opens a token stream on a worker of `mode`. */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set(), losses?: WorkerLosses): Promise<UpstreamStream> {
     const needs = capabilitiesNeeded(body);
     const { worker, value, release } = await this.queued(
@@ -428,7 +449,8 @@ export class Upstream {
    * A disaggregated model's decode workers serve it (they hold whole models; prefill workers hand off KV).
    */
   async embed(body: EmbedBody, signal: AbortSignal): Promise<{ worker: PoolWorker; answer: EmbedResponse }> {
-    const mode: WorkerMode = this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode';
+    // The path as it is at each turn (see openServing).
+    const mode = (): WorkerMode => (this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode');
     const send = (w: PoolWorker) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER);
     const tried = new Set<string>();
     // It waits in its model's queue as a generation does (its ticket: the header's tier, its inputs' tokens).
@@ -438,7 +460,7 @@ export class Upstream {
       signal,
       tried,
       (skip) => needOf(undefined, false, needs, skip),
-      () => this.route(body.model, mode, signal, tried, send, needs, undefined, new WorkerLosses()),
+      () => this.route(body.model, mode(), signal, tried, send, needs, undefined, new WorkerLosses()),
       (won) => won.release(),
     );
     release();
@@ -472,7 +494,7 @@ export class Upstream {
   }
 
   /**
-   * Disaggregated serving: a prefill worker computes the prompt's KV, then a decode worker pulls it
+   * Disaggregated serving (one turn of openServing): a prefill worker computes the prompt's KV, then a decode worker pulls it
    * and streams. A decode worker is picked (and counted) before any prefill: with none, no KV is
    * computed for nobody. A decode worker that refuses leaves the KV unclaimed, so the next decode
    * worker gets the same transfer; when no decode worker takes it (or the client left), the transfer
@@ -482,18 +504,6 @@ export class Upstream {
    * (drained, gone, all refusing), the decode worker evaluates the prompt itself, as it does when a
    * pull fails: slower, never a 503 while a decode worker serves.
    */
-  openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set(), losses?: WorkerLosses): Promise<UpstreamStream> {
-    const needs = capabilitiesNeeded(body);
-    return this.queued(
-      body,
-      signal,
-      tried,
-      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
-      () => this.pair(body, signal, tried, losses),
-      (won) => won.release(),
-    );
-  }
-
   private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>, losses?: WorkerLosses): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
     let failed = false;
