@@ -201,8 +201,9 @@ describe('disaggregated prefill/decode', () => {
     let firsts = 0;
     let bothStarted!: () => void;
     const ready = new Promise<void>((r) => (bothStarted = r));
+    // Long enough (3 s) to still run on both decode workers when the drain comes, on a loaded machine too.
     const streams = Array.from({ length: 6 }, (_, i) =>
-      streamCompletion(frontend.url, { model: 'm1', max_tokens: 30, seed: i }, () => {
+      streamCompletion(frontend.url, { model: 'm1', max_tokens: 150, seed: i }, () => {
         if (++firsts === 6) bothStarted();
       }),
     );
@@ -212,7 +213,7 @@ describe('disaggregated prefill/decode', () => {
     assert.ok(drain.body.inflight_requests > 0, 'the decode worker had streams in flight');
     const results = await Promise.all(streams);
     for (const r of results) {
-      assert.equal(r.tokens, 30, r.error);
+      assert.equal(r.tokens, 150, r.error);
       assert.equal(r.done, true);
     }
     await d1.waitForEvent('state_changed', (l) => l.to === 'drained');
