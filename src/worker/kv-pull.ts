@@ -10,14 +10,19 @@ const MAX_KV_BYTES = 1 << 30;
 
 export { KvPullError } from './kv-pull-error.js';
 
+/** With tracing on: adds the pull's traceparent to its headers (the source's span joins the puller's trace). */
+export interface TracedHeaders {
+  headers(base: Record<string, string>): Record<string, string>;
+}
+
 /**
  * Decode side: fetch the prompt's KV from the prefill worker, then confirm receipt so the prefill
  * worker can free it (and, if draining, reach drained). Returns the bytes received. The caller has
  * checked that `ref` names a registered prefill worker.
  */
-export async function pullKv(ref: KvTransferRef, signal: AbortSignal, token?: string): Promise<number> {
+export async function pullKv(ref: KvTransferRef, signal: AbortSignal, token?: string, trace?: TracedHeaders): Promise<number> {
   const url = `${ref.source_url}/kv/${encodeURIComponent(ref.transfer_id)}`;
-  const headers = bearerHeader(token);
+  const headers = trace === undefined ? bearerHeader(token) : trace.headers(bearerHeader(token));
   const res = await request(url, { method: 'GET', dispatcher: agent, signal, headers });
   if (res.statusCode !== 200) {
     await res.body.dump();

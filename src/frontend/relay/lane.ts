@@ -6,6 +6,8 @@ import { Delivered, type MigrationReason } from './migration.js';
 import type { UpstreamStream } from './upstream.js';
 import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive } from './worker-answer.js';
 import { feedLines, StreamLineTooLong, type BatchLine, type TokenSink } from './worker-call.js';
+import { endMigration, startMigration } from '../../tracing/frontend-spans.js';
+import { bodyLogIds, inheritTrace } from '../../tracing/request-trace.js';
 
 /** Where a lane's tokens go: the client's stream writer, or a collector for a non-streaming answer. */
 export interface LaneSink extends TokenSink {
@@ -85,7 +87,9 @@ export class Lane {
   static async resume(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal, from: Resumed): Promise<Lane> {
     const delivered = new Delivered();
     delivered.restore(from.text, from.tokens);
-    return new Lane(index, gen, ctx, await ctx.open(delivered.continuation(gen), signal, new Set()), delivered);
+    const body = delivered.continuation(gen);
+    inheritTrace(body, gen);
+    return new Lane(index, gen, ctx, await ctx.open(body, signal, new Set()), delivered);
   }
 
   /** The worker serving the lane now. */
@@ -182,17 +186,21 @@ export class Lane {
     // Each move starts afresh, from the worker it leaves: a worker passed over by an earlier move (it
     // handed the stream off while draining, then resumed) may take the stream back.
     let next: UpstreamStream;
+    const body = this.delivered.continuation(this.gen);
+    // Tracing on: the move is a span of the request's trace, the next worker's attempts under it.
+    const moving = startMigration(this.gen, body, reason, fromId, this.delivered.tokens, this.delivered.migrations);
     try {
-      const body = this.delivered.continuation(this.gen);
       // A hand-off's KV: the next worker loads prompt + delivered tokens instead of re-evaluating them.
       if (err instanceof HandedOff && err.kv !== undefined) body.handoff_kv = err.kv;
       next = await this.ctx.open(body, signal, new Set([fromId]));
     } catch (e) {
+      if (moving) endMigration(moving, undefined, { code: e instanceof EbbError ? e.code : 'migration_failed', message: (e as Error).message });
       await unclaimed();
       if (signal.aborted) throw e;
       metrics.migrationFailed(e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
       throw new LaneFailed(new MidStreamFailure(fromId, err, (e as Error).message));
     }
+    if (moving) endMigration(moving, next.worker.record.worker_id);
     this.up = next;
     this.pending = next.first;
     // Closed while the worker was being taken (another lane failed, the client left): it is not kept.
@@ -203,7 +211,7 @@ export class Lane {
     const toId = this.workerId;
     metrics.migrated(reason);
     log.info(
-      { event: 'stream_migrated', request_id: this.gen.request_id, from_worker: fromId, to_worker: toId, tokens_delivered: this.delivered.tokens, reason },
+      { event: 'stream_migrated', request_id: this.gen.request_id, from_worker: fromId, to_worker: toId, tokens_delivered: this.delivered.tokens, reason, ...bodyLogIds(this.gen) },
       `request ${this.gen.request_id} moved from ${fromId} to ${toId} after ${this.delivered.tokens} tokens (${reason})`,
     );
   }

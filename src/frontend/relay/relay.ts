@@ -10,6 +10,7 @@ import { Lane, LaneFailed, openLanes, type LaneContext, type Resumed } from './l
 import { MidStreamFailure } from './worker-answer.js';
 import type { Upstream } from './upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
+import { bodyLogIds, traceStreamFailure } from '../../tracing/request-trace.js';
 
 export interface RelayDeps {
   pool: WorkerPool;
@@ -89,28 +90,29 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, clie
       // The finishes in choice order, made now: event ids rise along the stream (a resuming client relies on it).
       out.end(ends.map((done, index) => fmt.finished(index, done.finishReason)).join('') + fmt.end(sumLanes(ends.map((e) => e.usage), n)));
     } catch (err) {
-      if (!signal.aborted) fail(out, lanes, err, fmt);
+      if (!signal.aborted) fail(out, lanes, err, fmt, gens[0]!);
     } finally {
       for (const lane of lanes) lane.close();
       // The client left; closing the lanes freed the workers' slots.
-      if (signal.aborted && lanes.length > 0) log.info({ event: 'client_gone', worker_id: lanes[0]!.workerId }, `client left a stream on ${lanes[0]!.workerId}`);
+      if (signal.aborted && lanes.length > 0) log.info({ event: 'client_gone', worker_id: lanes[0]!.workerId, ...bodyLogIds(gens[0]!) }, `client left a stream on ${lanes[0]!.workerId}`);
     }
   }
 
   /** Ends a stream that broke: an SSE error event when it had started, a JSON 500 when it never could. */
-  function fail(out: ClientStream, lanes: Lane[], err: unknown, fmt: StreamFormat): void {
+  function fail(out: ClientStream, lanes: Lane[], err: unknown, fmt: StreamFormat, gen: GenerateBody): void {
     const res = out.res;
     const workerId = lanes[0]?.workerId ?? 'none';
     try {
       if (!res.headersSent) {
-        log.error({ event: 'response_failed', worker_id: workerId, err: (err as Error).message }, `could not start the response: ${(err as Error).message}`);
+        log.error({ event: 'response_failed', worker_id: workerId, err: (err as Error).message, ...bodyLogIds(gen) }, `could not start the response: ${(err as Error).message}`);
         res.writeHead(500, { 'content-type': 'application/json; charset=utf-8' });
         res.end(JSON.stringify(errorBody('internal_error', `could not start the response: ${(err as Error).message}`)));
         return;
       }
       const failure = lanes[0]?.failure(err) ?? new MidStreamFailure(workerId, err);
       metrics.midStreamFailure();
-      log.warn({ event: 'midstream_failure', worker_id: failure.workerId, code: failure.code, err: failure.message }, failure.message);
+      traceStreamFailure(res, failure.code, failure.message);
+      log.warn({ event: 'midstream_failure', worker_id: failure.workerId, code: failure.code, err: failure.message, ...bodyLogIds(gen) }, failure.message);
       out.end(fmt.error(failure.code, failure.message));
     } catch {
       res.destroy();
