@@ -1,7 +1,5 @@
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
-
-/** Tenants named in the queue's labels at most; the rest are counted as `other` (a key file can name thousands). */
-export const MAX_TENANT_LABELS = 20;
+import { BoundedLabels } from '../label-bounds.js';
 
 export type ShedReason = 'queue_full' | 'flex_displaced' | 'expected_wait' | 'queue_timeout' | 'no_worker';
 
@@ -18,15 +16,8 @@ export interface QueueDepths {
  * process of `--processes N` queues its own requests, so the aggregated scrape's sum counts each once.
  */
 export function createQueueMetrics(registry: Registry) {
-  const tenants = new Set<string>();
-  const tenantLabel = (tenant: string) => {
-    if (tenants.has(tenant)) return tenant;
-    if (tenants.size < MAX_TENANT_LABELS) {
-      tenants.add(tenant);
-      return tenant;
-    }
-    return 'other';
-  };
+  const tenants = new BoundedLabels();
+  const tenantLabel = (tenant: string) => tenants.of(tenant);
   let queue: QueueDepths | undefined;
   new Gauge({
     name: 'ebb_frontend_queue_depth',

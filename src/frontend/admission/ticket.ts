@@ -43,7 +43,7 @@ export function ticketOf(body: object): Ticket | undefined {
 }
 
 /** The tier a request is admitted in: the gateway's header, else the body's service_tier (`auto`: default). */
-function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
+export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
   const header = headers[TIER_HEADER];
   return serviceTier(typeof header === 'string' ? header : bodyTier);
 }

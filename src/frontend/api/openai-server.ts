@@ -12,7 +12,8 @@ import type { WorkerPool } from '../routing/worker-pool.js';
 import { Shutdown } from '../shutdown.js';
 import { addResumeRoutes } from '../streams/resume-routes.js';
 import type { StreamStore } from '../streams/stream-store.js';
-import { tagEmbedTicket, tagTickets, tenantOf } from '../admission/ticket.js';
+import { requestTier, tagEmbedTicket, tagTickets, tenantOf } from '../admission/ticket.js';
+import { outcomeOf } from '../request-outcome.js';
 import { tracing } from '../../tracing/tracing.js';
 import { traceBodies, traceHttpRequest, TRACEPARENT } from '../../tracing/request-trace.js';
 import { addCompletionRoutes } from './completions-route.js';
@@ -108,12 +109,20 @@ export function createOpenAIServer({
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
     void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER, TRACEPARENT] });
   }
-  // A callback hook: an async one costs every request a promise for synchronous work.
-  app.addHook('onResponse', (req, reply, done) => {
+  // Counted once the response closes (finished, failed, or its client gone), by what the body asked
+  // for. A callback hook: an async one costs every request a promise for synchronous work.
+  app.addHook('onRequest', (req, reply, done) => {
     const url = req.routeOptions.url;
     if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses' || url === '/v1/embeddings') {
-      const model = (req.body as { model?: unknown } | undefined)?.model;
-      metrics.request(url, reply.statusCode, typeof model === 'string' ? model : undefined);
+      const started = performance.now();
+      reply.raw.once('close', () => {
+        const body = req.body as { model?: unknown; service_tier?: unknown } | undefined;
+        const named = typeof body?.model === 'string' ? body.model : undefined;
+        // A label only for a model the fleet knows: a client's typo is no series of its own.
+        const model = named !== undefined && (pool.knows(named) || pool.adapterBase(named) !== undefined) ? named : undefined;
+        const res = reply.raw;
+        metrics.request(url, res.statusCode, model, model === undefined ? undefined : { tier: requestTier(body?.service_tier, req.headers), tenant: tenantOf(req.headers, apiGuard), outcome: outcomeOf(res), seconds: (performance.now() - started) / 1000 });
+      });
     }
     done();
   });

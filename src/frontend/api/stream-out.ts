@@ -11,7 +11,7 @@ import type { StreamFormat } from '../wire/stream-format.js';
 import { ResponseCancelled } from './response-store.js';
 import { replayedFormat, streamFormat, type StreamPlan } from './stream-plan.js';
 import { bodyTraceparent, endTakeover, keepTrace, startTakeover } from '../../tracing/frontend-spans.js';
-import { traceStreamFailure } from '../../tracing/request-trace.js';
+import { streamFailed } from '../request-outcome.js';
 
 /** The header a client sends when it will resume a cut stream (`@ebb/client` sends it); a kept stream's answer carries it back. */
 export const RESUMABLE_HEADER = 'x-ebb-resumable';
@@ -161,7 +161,7 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
               ? reason
               : undefined;
     if (ending === undefined) return;
-    traceStreamFailure(reply.raw, ending.code, ending.message);
+    streamFailed(reply.raw, ending.code, ending.message);
     const why = fmt.error(ending.code, ending.message);
     kept.stop(Buffer.from(why), reason instanceof Abandoned);
     toClient(why);
