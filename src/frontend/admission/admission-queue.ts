@@ -50,6 +50,19 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     return this.models.get(model)?.size ?? 0;
   }
 
+  /** Waiters of `model` by class (continuation and the tiers), those with any: the dashboard's split. */
+  waitingByTier(model: string): Record<string, number> {
+    const out: Record<string, number> = {};
+    const q = this.models.get(model);
+    if (q !== undefined)
+      for (const [cls, c] of q.classes) {
+        let n = 0;
+        for (const list of c.tenants.values()) n += list.length;
+        if (n > 0) out[cls] = n;
+      }
+    return out;
+  }
+
   /** Every model's queue, for the gauges: [model, class, tenant, waiters]. */
   *depths(): Generator<[string, Class, string, number]> {
     for (const q of this.models.values()) for (const [cls, c] of q.classes) for (const [tenant, list] of c.tenants) yield [q.model, cls, tenant, list.length];
