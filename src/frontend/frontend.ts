@@ -141,6 +141,7 @@ function keptStreams(o: StreamStoreOptions, clientWriteTimeoutMs: number | undef
           maxResponseBytes: o.maxResponseBytes,
           writeTimeoutMs,
           log,
+          onTakeover: () => metrics.takenOver(),
         });
   return new StreamStore({ ...o, writeTimeoutMs }, metrics, shared);
 }

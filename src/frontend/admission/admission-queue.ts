@@ -112,7 +112,7 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     }
     const t = ticket ?? CONTINUATION;
     const w = new Waiter(q, cls, t, need, [signal, t.client], this.opts.timeoutMs);
-    this.metrics.entered(model, cls);
+    this.metrics.entered(model, cls, t.tenant);
     const span = queueSpan(body, model, cls, t.tenant, q.size + 1);
     const ids = bodyLogIds(body);
     if (span !== undefined) this.traced.set(w, { span, ids });

@@ -2,6 +2,7 @@ import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
 import { BoundedLabels } from '../label-bounds.js';
 
 export type ShedReason = 'queue_full' | 'flex_displaced' | 'expected_wait' | 'queue_timeout' | 'no_worker';
+const SHED_REASONS = { queue_full: 0, flex_displaced: 0, expected_wait: 0, queue_timeout: 0, no_worker: 0 } satisfies Record<ShedReason, 0>;
 
 /** What the gauges read at each scrape: the admission queue's waiters. */
 export interface QueueDepths {
@@ -53,9 +54,24 @@ export function createQueueMetrics(registry: Registry) {
     labelNames: ['model', 'reason'],
     registers: [registry],
   });
+  const shedModels = new Set<string>();
+  const waitSeries = new Set<string>();
   return {
     observe: (q: QueueDepths) => void (queue = q),
-    entered: (model: string, tier: string) => entered.inc({ model, tier }),
+    entered: (model: string, tier: string, tenant: string) => {
+      // A model's sheds, and its waits by tier and tenant, are there at 0 from its first wait: a
+      // rate() over them sees the first shed or wait (a series born with it would hide it).
+      if (!shedModels.has(model) && shedModels.size < 1024) {
+        shedModels.add(model);
+        for (const reason of Object.keys(SHED_REASONS)) sheds.inc({ model, reason }, 0);
+      }
+      const waits = `${model}\n${tier}\n${tenantLabel(tenant)}`;
+      if (!waitSeries.has(waits) && waitSeries.size < 4096) {
+        waitSeries.add(waits);
+        for (const outcome of ['admitted', 'left', 'shed']) wait.zero({ model, tier, tenant: tenantLabel(tenant), outcome });
+      }
+      entered.inc({ model, tier });
+    },
     left: (model: string, tier: string, tenant: string, seconds: number, outcome: string) => wait.observe({ model, tier, tenant: tenantLabel(tenant), outcome }, seconds),
     shed: (model: string, reason: ShedReason) => sheds.inc({ model, reason }),
   };
