@@ -77,11 +77,14 @@ export interface AttemptTrace {
   headers: Record<string, string>;
 }
 
-export function startAttempt(body: object | undefined, workerId: string, path: string, headers: Record<string, string>): AttemptTrace | undefined {
+export function startAttempt(body: object | undefined, worker: { worker_id: string; model: string; mode: string }, path: string, headers: Record<string, string>): AttemptTrace | undefined {
   const t = tracing();
   const parent = t === undefined || body === undefined ? undefined : traceOf(body);
   if (t === undefined || parent === undefined) return undefined;
-  const { span, ctx } = startSpan(t, `ebb.attempt ${path}`, parent, { kind: t.api.SpanKind.CLIENT, attributes: { [ATTR.workerId]: workerId, [ATTR.urlPath]: path } });
+  const { span, ctx } = startSpan(t, `ebb.attempt ${path}`, parent, {
+    kind: t.api.SpanKind.CLIENT,
+    attributes: { [ATTR.workerId]: worker.worker_id, [ATTR.model]: worker.model, [ATTR.mode]: worker.mode, [ATTR.urlPath]: path },
+  });
   return { span, headers: withTraceHeaders(t, ctx, headers) };
 }
 

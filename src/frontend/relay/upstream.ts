@@ -178,7 +178,7 @@ export class Upstream {
     // Its uncached prompt is queued prefill on the worker until the first token (or the failure).
     const prefilled = this.router.begin(worker, hint);
     // Tracing on: a span per attempt, its traceparent in the headers the worker gets.
-    const attempt = startAttempt(traced, id, path, this.generateHeaders);
+    const attempt = startAttempt(traced, worker.record, path, this.generateHeaders);
     try {
       const value = await send(worker, attempt?.headers ?? this.generateHeaders);
       prefilled();
