@@ -117,8 +117,8 @@ export function frontendCommand(): Command {
         .default(1),
     )
     .option('--shutdown-timeout-ms <n>', `then, how long open streams and admin calls may finish before they are ended (server_closing; a kept stream is handed on to another frontend) and cut (exit 1 then); a Ctrl-C (SIGINT) waits at most ${INTERACTIVE_SHUTDOWN_TIMEOUT_MS / 1000} s`, msOption(0), DEFAULT_SHUTDOWN_TIMEOUT_MS)
-    .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 queue_timeout past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
-    .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 queue_full (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
+    .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 rate_limit_exceeded past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
+    .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 rate_limit_exceeded (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
     .option(
       '--stream-store <where>',
       'where streams are kept so a client can resume one (GET .../{id}?stream=true with Last-Event-ID): memory (this process), a Redis shared by a fleet of frontends (a resume at any of them; one taking over a stream whose frontend died): redis://[user:password@]host:port[/db], rediss://... (TLS), redis+sentinel://host:26379[,host:port...]/<master name> (Sentinel, failovers followed), redis+cluster://host:port[,host:port...] (Redis Cluster); or none',

@@ -9,8 +9,8 @@ import type { WorkerPool } from './routing/worker-pool.js';
 
 // Label values known up front, each list checked against its type (a value added there must be added here).
 const MIGRATION_REASONS = { worker_failed: 0, worker_unresponsive: 0, handoff: 0 } satisfies Record<MigrationReason, 0>;
-export type MigrationFailure = 'no_worker' | 'limit' | 'error';
-const MIGRATION_FAILURES = { no_worker: 0, limit: 0, error: 0 } satisfies Record<MigrationFailure, 0>;
+export type MigrationFailure = 'no_worker' | 'limit' | 'error' | 'broke_workers';
+const MIGRATION_FAILURES = { no_worker: 0, limit: 0, error: 0, broke_workers: 0 } satisfies Record<MigrationFailure, 0>;
 
 /**
  * Frontend metrics. ebb_frontend_upstream_attempts_total is the routing record: which worker each
@@ -30,7 +30,7 @@ export function createFrontendMetrics(pool: WorkerPool) {
   });
   const migrationFailures = new Counter({
     name: 'ebb_frontend_migration_failures_total',
-    help: 'Streams that needed another worker and got none, by why (no_worker, limit, error)',
+    help: 'Streams that needed another worker and got none, by why (no_worker, limit, error; broke_workers: the second worker lost under it, so it is not sent to a third)',
     labelNames: ['reason'],
     registers: [registry],
   });

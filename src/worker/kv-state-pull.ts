@@ -36,7 +36,11 @@ export async function pullKvState(
   try {
     res = await request(url(ref), { method: 'GET', dispatcher: agent, signal, headers: trace === undefined ? bearerHeader(token) : trace.headers(bearerHeader(token)) });
   } catch (err) {
-    if (signal.aborted) throw err;
+    if (signal.aborted) {
+      // The caller left before the source answered: nobody will pull it now.
+      void releaseKvState(ref, token);
+      throw err;
+    }
     throw new KvStatePullError('unavailable', ref, `unreachable (${(err as Error).message})`);
   }
   if (res.statusCode !== 200) {

@@ -3,6 +3,7 @@ import type { Engine } from '../engine/engine.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { WorkerAdapters } from './adapters.js';
+import type { RoutedBy } from './routed-by.js';
 
 /** What the system server answers from once the engine can serve. */
 export interface WorkerRuntime {
@@ -15,6 +16,8 @@ export interface WorkerRuntime {
   adapters?: WorkerAdapters | undefined;
   /** The batch slots flex requests leave free: its status says whether flex would be admitted now. */
   priorityReserve?: PriorityReserve | undefined;
+  /** Whether the frontends route to it (their marks in discovery): /ready waits for it. */
+  routedBy?: RoutedBy | undefined;
 }
 
 /**

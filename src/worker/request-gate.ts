@@ -6,6 +6,8 @@ import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, embeddingNeeds, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody } from '../protocol/errors.js';
 import { promptOf, type EmbedBody, type GenerateBody, type KvTransferRef } from '../protocol/request-plane.js';
+import { samplingOf, SAMPLING_FIELDS } from '../protocol/sampling.js';
+import { boundSchemas } from '../protocol/schema-bounds.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { OpenRequests } from './open-requests.js';
@@ -71,7 +73,7 @@ export class RequestGate {
     const { model, engine } = this.deps;
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
-    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
+    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required', { param: 'prompt' });
     if (body.kv_transfer !== undefined) this.checkKvSource(body.kv_transfer);
     // A hand-off's state comes with its continuation.
     if (body.handoff_kv !== undefined && body.continuation === undefined) throw new EbbError('invalid_request', 'handoff_kv is only accepted with a continuation', { param: 'handoff_kv' });
@@ -81,7 +83,13 @@ export class RequestGate {
     // The frontend routes only to workers that declare it; a direct caller gets the same answer.
     if (lacking === 'tools') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot call tools`, { param: 'tools' });
     if (lacking === 'logprobs') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot report logprobs`, { param: 'logprobs' });
+    if (lacking === 'sampling') {
+      const field = SAMPLING_FIELDS.find((f) => body[f] !== undefined)!;
+      throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour ${field}`, { param: field });
+    }
     if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour response_format ${lacking}`, { param: 'response_format' });
+    // What a schema may make the engine do is bounded before any engine sees it (a direct caller's too).
+    boundSchemas(body.response_format, body.tools);
     if (body.tool_choice !== undefined && typeof body.tool_choice !== 'string' && !body.tools?.some((t) => t.function.name === (body.tool_choice as { function: { name: string } }).function.name))
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
     const requestId = body.request_id ?? randomUUID();
@@ -122,6 +130,7 @@ export class RequestGate {
       temperature: body.temperature ?? 1,
       top_p: body.top_p,
       seed: body.seed,
+      sampling: samplingOf(body),
       stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
       prefilled: body.kv_transfer !== undefined,
       prefill_cached_tokens: body.kv_transfer?.cached_tokens,
@@ -191,7 +200,7 @@ export class RequestGate {
   /** Only decode workers pull KV, and only from a prefill worker registered in their discovery view. */
   private checkKvSource(ref: KvTransferRef): void {
     const { mode, prefillPeers } = this.deps;
-    if (mode !== 'decode') throw new EbbError('invalid_request', `kv_transfer is only accepted by decode workers; this worker is ${mode}`);
+    if (mode !== 'decode') throw new EbbError('invalid_request', `kv_transfer is only accepted by decode workers; this worker is ${mode}`, { param: 'kv_transfer' });
     if (!prefillPeers?.trusts(ref)) throw new EbbError('forbidden', `kv_transfer source is not a registered prefill worker (worker_id "${ref.worker_id}" at that URL)`);
   }
 }

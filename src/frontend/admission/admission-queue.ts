@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { EbbError, type ErrorCode } from '../../protocol/errors.js';
+import { EbbError } from '../../protocol/errors.js';
 import { ModelQueue, type QueueOwner } from './model-queue.js';
 import type { QueueFleet } from './queue-fleet.js';
 import type { QueueDepths, QueueMetrics } from './queue-metrics.js';
@@ -97,7 +97,7 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
         bodyEvent(body, 'ebb.queue.shed', { 'ebb.queue.reason': 'queue_full' });
         throw this.shed(q, 'queue_full', `the queue for "${model}" is full (${this.opts.depth} waiting)`);
       }
-      q.leave(flex, 'shed', this.shedError(q, 'queue_full', `a higher-tier request took this flex request's place in the full queue for "${model}"`));
+      q.leave(flex, 'shed', this.shedError(q, `a higher-tier request took this flex request's place in the full queue for "${model}"`));
       this.metrics.shed(model, 'flex_displaced');
       // Its leaving may have emptied (and dropped) the model's queue: the newcomer's is this one.
       this.models.set(model, q);
@@ -144,16 +144,17 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
 
   expire(q: ModelQueue, w: Waiter): void {
     this.metrics.shed(q.model, 'queue_timeout');
-    q.leave(w, 'shed', this.shedError(q, 'queue_timeout', `no worker of "${q.model}" could take the request within the queue timeout (${this.opts.timeoutMs} ms)`));
+    q.leave(w, 'shed', this.shedError(q, `no worker of "${q.model}" could take the request within the queue timeout (${this.opts.timeoutMs} ms)`));
   }
 
   private shed(q: ModelQueue, reason: 'queue_full' | 'expected_wait', message: string): EbbError {
     this.metrics.shed(q.model, reason);
-    return this.shedError(q, 'queue_full', message);
+    return this.shedError(q, message);
   }
 
-  private shedError(q: ModelQueue, code: ErrorCode, message: string): EbbError {
-    return new EbbError(code, message, { headers: { 'retry-after': String(queueRetryAfterS(q.size, q.rate.perSecond(performance.now()), this.opts.timeoutMs)) } });
+  /** A shed request's 429: OpenAI's rate_limit_exceeded (the message says why; the shed metric's reason label counts each). */
+  private shedError(q: ModelQueue, message: string): EbbError {
+    return new EbbError('rate_limit_exceeded', message, { headers: { 'retry-after': String(queueRetryAfterS(q.size, q.rate.perSecond(performance.now()), this.opts.timeoutMs)) } });
   }
 
   /** A 503 from the queue carries a Retry-After only where the model's admission rate says one. */

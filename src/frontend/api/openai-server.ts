@@ -104,7 +104,7 @@ export function createOpenAIServer({
       if (req.url.startsWith('/v1/') && req.method !== 'OPTIONS') apiGuard(req.headers.authorization);
     });
   }
-  const relay = createRelay({ pool, upstream, metrics, log, migrationLimit, clientWriteTimeoutMs });
+  const relay = createRelay({ upstream, metrics, log, migrationLimit, clientWriteTimeoutMs });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
     void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER, TRACEPARENT] });

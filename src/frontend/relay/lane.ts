@@ -4,7 +4,8 @@ import type { GenerateBody, KvTransferRef, StreamLine, Usage } from '../../proto
 import type { FrontendMetrics } from '../metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
 import type { UpstreamStream } from './upstream.js';
-import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive } from './worker-answer.js';
+import { brokeMidStream, HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive } from './worker-answer.js';
+import { WorkerLosses } from './worker-losses.js';
 import { feedLines, StreamLineTooLong, type BatchLine, type TokenSink } from './worker-call.js';
 import { endMigration, startMigration } from '../../tracing/frontend-spans.js';
 import { bodyLogIds, inheritTrace } from '../../tracing/request-trace.js';
@@ -18,7 +19,7 @@ export interface LaneSink extends TokenSink {
 }
 
 /** Opens a request on a serving worker of its model (aggregated or disaggregated), skipping `tried`. */
-export type OpenUpstream = (gen: GenerateBody, signal: AbortSignal, tried: Set<string>) => Promise<UpstreamStream>;
+export type OpenUpstream = (gen: GenerateBody, signal: AbortSignal, tried: Set<string>, losses: WorkerLosses) => Promise<UpstreamStream>;
 
 export interface LaneContext {
   open: OpenUpstream;
@@ -72,6 +73,8 @@ export class Lane {
     private readonly gen: GenerateBody,
     private readonly ctx: LaneContext,
     private up: UpstreamStream,
+    /** The workers the sequence broke, before its first token and since: a second one ends it (worker-losses.ts). */
+    private readonly losses: WorkerLosses,
     delivered?: Delivered,
   ) {
     this.delivered = delivered ?? new Delivered();
@@ -80,7 +83,8 @@ export class Lane {
 
   /** Takes a worker for the sequence; nothing is sent to the client yet. */
   static async open(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal): Promise<Lane> {
-    return new Lane(index, gen, ctx, await ctx.open(gen, signal, new Set()));
+    const losses = new WorkerLosses();
+    return new Lane(index, gen, ctx, await ctx.open(gen, signal, new Set(), losses), losses);
   }
 
   /** A sequence another frontend started and can no longer finish (a takeover): continued from what it delivered. */
@@ -89,7 +93,8 @@ export class Lane {
     delivered.restore(from.text, from.tokens);
     const body = delivered.continuation(gen);
     inheritTrace(body, gen);
-    return new Lane(index, gen, ctx, await ctx.open(body, signal, new Set()), delivered);
+    const losses = new WorkerLosses();
+    return new Lane(index, gen, ctx, await ctx.open(body, signal, new Set(), losses), losses, delivered);
   }
 
   /** The worker serving the lane now. */
@@ -177,6 +182,16 @@ export class Lane {
     const fromId = this.workerId;
     const reason: MigrationReason = err instanceof HandedOff ? 'handoff' : err instanceof WorkerUnresponsive ? 'worker_unresponsive' : 'worker_failed';
     const unclaimed = () => (err instanceof HandedOff && err.kv !== undefined ? this.ctx.releaseKv?.(err.kv) : undefined);
+    // A worker that broke under it: the second such ends the stream here, before any other worker gets it.
+    const broke = brokeMidStream(err);
+    if (broke !== undefined) {
+      try {
+        this.losses.record(fromId, broke);
+      } catch (verdict) {
+        metrics.migrationFailed('broke_workers');
+        throw new LaneFailed(new MidStreamFailure(fromId, err, (verdict as Error).message, 'request_broke_workers'));
+      }
+    }
     if (this.delivered.migrations >= migrationLimit) {
       await unclaimed();
       metrics.migrationFailed('limit');
@@ -192,13 +207,14 @@ export class Lane {
     try {
       // A hand-off's KV: the next worker loads prompt + delivered tokens instead of re-evaluating them.
       if (err instanceof HandedOff && err.kv !== undefined) body.handoff_kv = err.kv;
-      next = await this.ctx.open(body, signal, new Set([fromId]));
+      next = await this.ctx.open(body, signal, new Set([fromId]), this.losses);
     } catch (e) {
       if (moving) endMigration(moving, undefined, { code: e instanceof EbbError ? e.code : 'migration_failed', message: (e as Error).message });
       await unclaimed();
       if (signal.aborted) throw e;
-      metrics.migrationFailed(e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
-      throw new LaneFailed(new MidStreamFailure(fromId, err, (e as Error).message));
+      const verdict = e instanceof EbbError && e.code === 'request_broke_workers';
+      metrics.migrationFailed(verdict ? 'broke_workers' : e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
+      throw new LaneFailed(new MidStreamFailure(fromId, err, (e as Error).message, verdict ? 'request_broke_workers' : undefined));
     }
     if (moving) endMigration(moving, next.worker.record.worker_id);
     this.up = next;

@@ -9,12 +9,10 @@ import { sumUsage, type CollectedChoice, type StreamFormat } from '../wire/strea
 import { Lane, LaneFailed, openLanes, type LaneContext, type Resumed } from './lane.js';
 import { MidStreamFailure } from './worker-answer.js';
 import type { Upstream } from './upstream.js';
-import type { WorkerPool } from '../routing/worker-pool.js';
 import { bodyLogIds } from '../../tracing/request-trace.js';
 import { streamFailed } from '../request-outcome.js';
 
 export interface RelayDeps {
-  pool: WorkerPool;
   upstream: Upstream;
   metrics: FrontendMetrics;
   log: Logger;
@@ -29,9 +27,9 @@ export interface RelayDeps {
  * owns its worker, what it delivered and its moves to other workers; the relay opens the lanes,
  * gives them one client stream (or collects them), and ends the response once.
  */
-export function createRelay({ pool, upstream, metrics, log, migrationLimit, clientWriteTimeoutMs }: RelayDeps) {
+export function createRelay({ upstream, metrics, log, migrationLimit, clientWriteTimeoutMs }: RelayDeps) {
   const ctx: LaneContext = {
-    open: (gen, signal, tried) => (pool.servingPath(gen.model) === 'disaggregated' ? upstream.openDisaggregated(gen, signal, tried) : upstream.open(gen, 'aggregated', signal, tried)),
+    open: (gen, signal, tried, losses) => upstream.openServing(gen, signal, tried, losses),
     metrics,
     log,
     migrationLimit,

@@ -9,7 +9,8 @@ import { Router, type RouteHint } from '../routing/router.js';
 import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
 import { MAX_ERROR_BODY, StreamLineTooLong, WorkerCall, type BatchLine } from './worker-call.js';
 import { IdleWatch } from './idle-watch.js';
-import { actOn, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
+import { actOn, brokeBeforeFirstToken, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
+import { WorkerLosses } from './worker-losses.js';
 import { readBounded } from '../../common/bounded-read.js';
 import type { AdmissionQueue } from '../admission/admission-queue.js';
 import type { Place } from '../admission/waiter.js';
@@ -170,7 +171,7 @@ export class Upstream {
    * classified: EbbError (the client's answer), KvTransferLost, the abort itself, or TryElsewhere
    * (with the worker held out when the failure says it should be).
    */
-  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: Send<T>, hint?: RouteHint, flex = false, traced?: object, path = '/generate'): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
+  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: Send<T>, hint?: RouteHint, flex = false, traced?: object, path = '/generate', losses?: WorkerLosses): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     const id = worker.record.worker_id;
     const release = this.pool.acquire(worker, flex);
     // A refusal the worker's room overtook (a request on it ended, it said so) holds it out for nothing.
@@ -205,6 +206,8 @@ export class Upstream {
       else if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS, sentAt);
       this.metrics.attempt(id, failure.outcome);
       if (attempt) endAttempt(attempt, failure.outcome, err);
+      // A worker that broke under the request: the second such ends it here (worker-losses.ts).
+      if (failure.broke !== undefined) losses?.record(id, failure.broke);
       throw failure;
     }
   }
@@ -289,6 +292,7 @@ export class Upstream {
     /** The request body whose trace the attempts join (tracing on); its path on the worker. */
     traced: object | undefined = body,
     path = '/generate',
+    losses?: WorkerLosses,
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
     let failed = false;
@@ -302,7 +306,7 @@ export class Upstream {
       if (!worker) break;
       tried.add(worker.record.worker_id);
       try {
-        return await this.tryOn(worker, signal, send, hint, flex, traced, path);
+        return await this.tryOn(worker, signal, send, hint, flex, traced, path, losses);
       } catch (err) {
         if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
         if (!(err instanceof TryElsewhere)) throw err;
@@ -341,7 +345,9 @@ export class Upstream {
       if (res.statusCode !== 200) rejectNon200(w.record.worker_id, res.statusCode, parseOr({}, await readBounded(res.body, MAX_ERROR_BODY, { cut: true })), res.headers['retry-after']);
       return JSON.parse(await readBounded(res.body, maxAnswer, { what: `worker ${w.record.worker_id}'s ${path.slice(1)} answer` })) as T;
     } catch (err) {
-      if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) throw new TryElsewhere('prefill_timeout', 'unreachable');
+      if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) throw new TryElsewhere('prefill_timeout', 'unreachable', undefined, undefined, brokeBeforeFirstToken(err));
+      const broke = brokeBeforeFirstToken(err);
+      if (broke !== undefined) throw new TryElsewhere('unreachable', 'unreachable', undefined, undefined, broke);
       throw err;
     }
   }
@@ -362,7 +368,15 @@ export class Upstream {
       },
       signal,
     );
-    const status = await call.head;
+    let status: number;
+    try {
+      status = await call.head;
+    } catch (err) {
+      // Sent and never answered, or its connection closed with the request on it: a loss (a refused connection is not).
+      const broke = brokeBeforeFirstToken(err);
+      if (broke === undefined) throw err;
+      throw new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined, undefined, undefined, broke);
+    }
     if (status !== 200) rejectNon200(w.record.worker_id, status, await call.json(), call.retryAfter);
     admitted?.();
     // Watched from here: a worker that hangs before its first token is as hung as one after.
@@ -375,7 +389,10 @@ export class Upstream {
       call.abort();
       // The answer's own token is past the bound, not the worker at fault: any worker would send it again.
       if (err instanceof StreamLineTooLong) throw new EbbError('worker_protocol_error', `worker ${w.record.worker_id} sent ${err.message}, which the frontend cannot relay (not tried elsewhere: any worker would send it again)`);
-      throw err instanceof WorkerUnresponsive ? new TryElsewhere('unresponsive', 'unreachable') : err;
+      // It had taken the request (its 200 came): whatever ended it now is a loss.
+      const broke = brokeBeforeFirstToken(err) ?? `it failed before its first token (${(err as Error).message})`;
+      if (err instanceof WorkerUnresponsive) throw new TryElsewhere('unresponsive', 'unreachable', undefined, undefined, broke);
+      throw new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined, undefined, undefined, broke);
     }
     // Nothing has reached the client yet: another worker can still serve it whole, unless the
     // worker said the request itself is at fault (the table's answer, as for a non-200).
@@ -384,7 +401,8 @@ export class Upstream {
       call.abort();
       const refused = first.value?.find((line): line is Extract<StreamLine, { error: unknown }> => 'error' in line);
       if (refused) actOn(w.record.worker_id, 200, refused.error);
-      throw new TryElsewhere(first.value?.some((line) => 'handoff' in line) ? 'handed_off' : 'failed_before_first_token');
+      if (first.value?.some((line) => 'handoff' in line)) throw new TryElsewhere('handed_off');
+      throw new TryElsewhere('failed_before_first_token', undefined, undefined, undefined, 'it closed the stream before its first token');
     }
     return { first: first.value, call, stopWatch };
   }
@@ -407,15 +425,36 @@ export class Upstream {
     return { worker, first: value.first, body: call, release: end, closed: call.closed };
   }
 
-  /** Opens a token stream on an aggregated worker. */
-  async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
+  /**
+   * Opens a token stream on the model's serving path as it is at each try: an aggregated worker, or a
+   * prefill+decode pair (pair). Chosen per turn, not once: a request that waited for a model whose
+   * workers were all loading or restarting may find it come up disaggregated.
+   */
+  openServing(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set(), losses?: WorkerLosses): Promise<UpstreamStream> {
+    const needs = capabilitiesNeeded(body);
+    return this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
+      async (admitted) => {
+        if (this.pool.servingPath(body.model) === 'disaggregated') return this.pair(body, signal, tried, losses);
+        const { worker, value, release } = await this.route(body.model, 'aggregated', signal, tried, (w, headers) => this.generate(w, body, signal, admitted, headers), needs, body, body, '/generate', losses);
+        return this.stream(worker, value, release);
+      },
+      (won) => won.release(),
+    );
+  }
+
+  /** Opens a token stream on a worker of `mode`. */
+  async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set(), losses?: WorkerLosses): Promise<UpstreamStream> {
     const needs = capabilitiesNeeded(body);
     const { worker, value, release } = await this.queued(
       body,
       signal,
       tried,
       (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
-      (admitted) => this.route(body.model, mode, signal, tried, (w, headers) => this.generate(w, body, signal, admitted, headers), needs, body),
+      (admitted) => this.route(body.model, mode, signal, tried, (w, headers) => this.generate(w, body, signal, admitted, headers), needs, body, body, '/generate', losses),
       (won) => this.stream(won.worker, won.value, won.release).release(),
     );
     return this.stream(worker, value, release);
@@ -427,7 +466,8 @@ export class Upstream {
    * A disaggregated model's decode workers serve it (they hold whole models; prefill workers hand off KV).
    */
   async embed(body: EmbedBody, signal: AbortSignal): Promise<{ worker: PoolWorker; answer: EmbedResponse }> {
-    const mode: WorkerMode = this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode';
+    // The path as it is at each turn (see openServing).
+    const mode = (): WorkerMode => (this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode');
     const send: Send<EmbedResponse> = (w, headers) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER, headers);
     const tried = new Set<string>();
     // It waits in its model's queue as a generation does (its ticket: the header's tier, its inputs' tokens).
@@ -437,7 +477,7 @@ export class Upstream {
       signal,
       tried,
       (skip) => needOf(undefined, false, needs, skip),
-      () => this.route(body.model, mode, signal, tried, send, needs, undefined, body, '/embed'),
+      () => this.route(body.model, mode(), signal, tried, send, needs, undefined, body, '/embed', new WorkerLosses()),
       (won) => won.release(),
     );
     release();
@@ -471,7 +511,7 @@ export class Upstream {
   }
 
   /**
-   * Disaggregated serving: a prefill worker computes the prompt's KV, then a decode worker pulls it
+   * Disaggregated serving (one turn of openServing): a prefill worker computes the prompt's KV, then a decode worker pulls it
    * and streams. A decode worker is picked (and counted) before any prefill: with none, no KV is
    * computed for nobody. A decode worker that refuses leaves the KV unclaimed, so the next decode
    * worker gets the same transfer; when no decode worker takes it (or the client left), the transfer
@@ -481,19 +521,7 @@ export class Upstream {
    * (drained, gone, all refusing), the decode worker evaluates the prompt itself, as it does when a
    * pull fails: slower, never a 503 while a decode worker serves.
    */
-  openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set()): Promise<UpstreamStream> {
-    const needs = capabilitiesNeeded(body);
-    return this.queued(
-      body,
-      signal,
-      tried,
-      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
-      () => this.pair(body, signal, tried),
-      (won) => won.release(),
-    );
-  }
-
-  private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>): Promise<UpstreamStream> {
+  private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>, losses?: WorkerLosses): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
     let failed = false;
     // The decode worker generates: it is the one that must honour what the request needs.
@@ -506,7 +534,7 @@ export class Upstream {
       let kv: KvTransferRef | undefined;
       try {
         // The prefill worker is the one that computes the prompt: chosen by what it holds, too.
-        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w, headers) => this.postForAnswer<PrefillResponse>(w, '/prefill', body, signal, MAX_PREFILL_ANSWER, headers), [], body, body, '/prefill');
+        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w, headers) => this.postForAnswer<PrefillResponse>(w, '/prefill', body, signal, MAX_PREFILL_ANSWER, headers), [], body, body, '/prefill', losses);
         prefill.release();
         const { transfer_id, source_url, worker_id, cached_tokens } = prefill.value;
         kv = { transfer_id, source_url, worker_id, ...(cached_tokens !== undefined ? { cached_tokens } : {}) };
@@ -523,7 +551,7 @@ export class Upstream {
         const { worker, release: reserved } = decode;
         decode = undefined;
         try {
-          const { value, release } = await this.tryOn(worker, signal, (w, headers) => this.generate(w, sent, signal, undefined, headers), undefined, flex, sent);
+          const { value, release } = await this.tryOn(worker, signal, (w, headers) => this.generate(w, sent, signal, undefined, headers), undefined, flex, sent, '/generate', losses);
           return this.stream(worker, value, release);
         } catch (err) {
           if (err instanceof KvTransferLost) {
