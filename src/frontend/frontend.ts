@@ -143,6 +143,7 @@ function keptStreams(o: StreamStoreOptions, clientWriteTimeoutMs: number | undef
           maxResponseBytes: o.maxResponseBytes,
           writeTimeoutMs,
           log,
+          onTakeover: () => metrics.takenOver(),
         });
   return new StreamStore({ ...o, writeTimeoutMs }, metrics, shared);
 }
@@ -224,6 +225,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   if (admission !== undefined) {
     pool.onRoom = (model) => admission.changed(model);
     metrics.stats.queued = (model) => admission.waiting(model);
+    metrics.stats.queuedByTier = (model) => admission.waitingByTier(model);
   }
   // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
   const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken, admissionLog);

@@ -10,6 +10,11 @@ const MAX_KV_BYTES = 1 << 30;
 
 export { KvPullError } from './kv-pull-error.js';
 
+/** With tracing on: adds the pull's traceparent to its headers (the source's span joins the puller's trace). */
+export interface TracedHeaders {
+  headers(base: Record<string, string>): Record<string, string>;
+}
+
 /** How long freeing a transfer whose pull did not finish may take; it expires at its source anyway. */
 const RELEASE_TIMEOUT_MS = 5000;
 
@@ -20,9 +25,9 @@ const RELEASE_TIMEOUT_MS = 5000;
  * without holding the request up: nobody will pull it again. The caller has checked that `ref`
  * names a registered prefill worker.
  */
-export async function pullKv(ref: KvTransferRef, signal: AbortSignal, token?: string): Promise<number> {
+export async function pullKv(ref: KvTransferRef, signal: AbortSignal, token?: string, trace?: TracedHeaders): Promise<number> {
   const url = `${ref.source_url}/kv/${encodeURIComponent(ref.transfer_id)}`;
-  const headers = bearerHeader(token);
+  const headers = trace === undefined ? bearerHeader(token) : trace.headers(bearerHeader(token));
   let confirmed = false;
   try {
     const res = await request(url, { method: 'GET', dispatcher: agent, signal, headers });

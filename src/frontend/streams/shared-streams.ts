@@ -73,6 +73,8 @@ export interface SharedStreamsOptions {
   maxResponseBytes: number;
   writeTimeoutMs: number;
   log: Logger;
+  /** Told of each stream this frontend took over (counted on /metrics). */
+  onTakeover?: (() => void) | undefined;
 }
 
 type Keys = ReturnType<typeof streamKeys>;
@@ -392,6 +394,7 @@ export class SharedStreams implements SharedSteps {
       return 'stopped';
     }
     opts.taken?.(copy);
+    this.opts.onTakeover?.();
     this.opts.log.info({ event: 'stream_taken_over', response_id: id, events_kept: copy.maxId + 1 }, `continuing stream ${id} here: the frontend that ran it is gone`);
     return 'taken';
   }
