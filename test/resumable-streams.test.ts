@@ -1,6 +1,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { Agent, fetch as undiciFetch } from 'undici';
 import { secondTurnWhole } from './helpers/responses.js';
 import { call } from './helpers/http.js';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -147,14 +148,17 @@ describe('resumable streams: one frontend, kept in memory', () => {
   });
 
   it('1,000 clients following one stream all get it whole', async () => {
+    const agent = new Agent({ connections: 1000 });
     const res = await post('/v1/chat/completions', chat(30, 3));
     let followers: Promise<RawEvent[][]> | undefined;
     const original = await readEvents(res, undefined, (e) => {
-      if (e.id === 2) followers = Promise.all(Array.from({ length: 1000 }, () => fetch(`${frontend.url}/v1/chat/completions/${idOf([e])}?stream=true&starting_after=2`).then((r) => readEvents(r, undefined))));
+      if (e.id === 2) followers = Promise.all(Array.from({ length: 1000 }, () => undiciFetch(`${frontend.url}/v1/chat/completions/${idOf([e])}?stream=true&starting_after=2`, { dispatcher: agent }).then((r) => readEvents(r as unknown as Response, undefined))));
       return false;
     });
     const expected = original.slice(3).map((e) => e.raw);
     const all = await followers!;
+    // Their 1,000 connections go with them: none is left idle in the suite's pool for a later request to be sent on as the frontend closes it.
+    await agent.close();
     assert.equal(all.length, 1000);
     for (const got of all) assert.deepEqual(got.map((e) => e.raw), expected);
   });
