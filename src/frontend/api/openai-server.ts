@@ -14,14 +14,19 @@ import { addResumeRoutes } from '../streams/resume-routes.js';
 import type { StreamStore } from '../streams/stream-store.js';
 import { tagEmbedTicket, tagTickets } from '../admission/ticket.js';
 import { addCompletionRoutes } from './completions-route.js';
+import type { CompletionStore } from './completion-store.js';
+import { MemoryCompletionStore } from './completion-store.js';
+import { RedisCompletionStore } from './completion-store-redis.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
 import { checkFields } from './field-policy.js';
+import { isOwnId } from './id-routes.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, LaneBudget } from './lane-budget.js';
 import { addModelRoutes } from './model-routes.js';
 import { requestIdOf } from './request-id.js';
 import { responseIds } from './response-ids.js';
 import { ResponseStore } from './response-store.js';
 import { addResponsesRoutes } from './responses-routes.js';
+import { addStoredCompletionRoutes } from './stored-completions-routes.js';
 import type { RouteContext } from './route-context.js';
 import { servedAs } from './served-model.js';
 import { createStreamOut, RESUMABLE_HEADER } from './stream-out.js';
@@ -55,6 +60,8 @@ export interface OpenAIServerDeps {
   keepStreams?: 'resumable' | 'all' | undefined;
   /** Requests no worker can take now wait (--queue-timeout); none: 503 at once, as before. */
   queueing?: boolean | undefined;
+  /** A worker's tokens of a prompt (POST /v1/responses/input_tokens); none: that route answers 503. */
+  tokenize?: RouteContext['tokenize'];
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -77,6 +84,7 @@ export function createOpenAIServer({
   streams,
   keepStreams = 'resumable',
   queueing = false,
+  tokenize,
 }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
   // On the raw response: streams write their head themselves, and writeHead keeps what setHeader set.
@@ -97,7 +105,7 @@ export function createOpenAIServer({
   const relay = createRelay({ pool, upstream, metrics, log, migrationLimit, clientWriteTimeoutMs });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
-    void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER] });
+    void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST', 'DELETE'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER] });
   }
   // A callback hook: an async one costs every request a promise for synchronous work.
   app.addHook('onResponse', (req, reply, done) => {
@@ -108,12 +116,17 @@ export function createOpenAIServer({
     }
     done();
   });
-  const methods = (url: string, allowed: Array<'GET' | 'POST'>) => allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed);
+  const methods = (url: string, allowed: Array<'GET' | 'POST' | 'DELETE'>, idPrefix?: string) =>
+    allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed, idPrefix === undefined ? undefined : (req) => isOwnId(req, idPrefix));
   addModelRoutes({ app, pool, metrics, shutdown, methods, healthReadyWithoutWorkers, scrape: cluster?.scrape ?? (() => metrics.registry.metrics()) });
 
   // The Responses API's state (retrieve, cancel, background, previous_response_id) lives beside the kept streams.
   const responses = streams === undefined ? undefined : new ResponseStore({ ttlMs: streams.opts.responseTtlMs, maxRecords: streams.opts.maxStreams, maxBytes: streams.opts.maxTotalBytes }, streams);
   streams?.watchResponses(responses!);
+  // Stored chat completions: in the fleet's store where there is one (any frontend answers for them), else here.
+  const ttlMs = streams?.opts.responseTtlMs ?? 0;
+  const completions: CompletionStore | undefined =
+    streams === undefined ? undefined : streams.shared !== undefined ? new RedisCompletionStore(streams.shared.store.client, ttlMs) : new MemoryCompletionStore({ ttlMs, maxRecords: streams.opts.maxStreams, maxBytes: streams.opts.maxTotalBytes });
   const out = createStreamOut({ relay, store: streams, log, adopted: (plan, kept, fmt) => responses?.adopt(plan, kept, fmt) });
   if (streams?.shared !== undefined) {
     // A cancel asked at another frontend, for a stream this one runs; a stream whose frontend is gone, continued here.
@@ -131,6 +144,8 @@ export function createOpenAIServer({
     log,
     streams,
     responses,
+    completions,
+    tokenize,
     methods,
     admit: (body, table) => {
       // A known model with no worker in discovery goes on to wait in the queue (its fields are then the worker's to check).
@@ -159,6 +174,7 @@ export function createOpenAIServer({
     toolParsing: (gen) => ({ syntax: pool.toolSyntax(gen.model) ?? HERMES_SYNTAX, key: toolKey(gen) }),
   };
   addCompletionRoutes(ctx);
+  addStoredCompletionRoutes(ctx);
   addResponsesRoutes(ctx);
   if (streams !== undefined) addResumeRoutes(app, { store: streams, methods, toHolder: ctx.toHolder, tenantOf: ctx.tenantOf });
   methods('/v1/embeddings', ['POST']);
