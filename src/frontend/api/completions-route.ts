@@ -63,7 +63,7 @@ export function addCompletionRoutes(ctx: RouteContext): void {
           };
           return await ctx.out.stream(reply, plan, fmt, signal, started, room, { keep, tenant, ended });
         }
-        const { choices, usage, workerId } = await ctx.relay.collect(gens, n, signal);
+        const { choices, usage, workerId } = await ctx.relay.collect(gens, n, signal, started);
         void reply.header('x-ebb-worker-id', headerValue(workerId));
         if (tools !== undefined)
           for (const [lane, c] of choices.entries()) {
