@@ -175,6 +175,40 @@ describe('the Responses API across a fleet: background responses outlive their f
     });
   }
 
+  it('a stored chat stream whose frontend is SIGKILLed mid-stream is stored by the frontend that finishes it, whole', async () => {
+    const a = await frontend();
+    const run = `taken-${Date.now()}`;
+    const stream = await as(a).chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'tell me about the tides' }], max_tokens: 60, store: true, metadata: { run }, stream: true, stream_options: { include_usage: true } });
+    const chunks = stream[Symbol.asyncIterator]();
+    const id = ((await chunks.next()).value as { id: string }).id;
+    for (let i = 0; i < 4; i++) await chunks.next();
+    // Followed at b from the fleet's copy, then its frontend dies: another frontend continues it to its end.
+    const follow = await fetch(`${b.url}/v1/chat/completions/${id}?stream=true`, { headers: { authorization: 'Bearer sk-ebb-a' } });
+    assert.equal(follow.status, 200);
+    a.proc.kill('SIGKILL');
+    const events = await bounded(follow.text(), `the stream ${id} to end at b`, 60_000);
+    const text = events
+      .split('\n')
+      .filter((l) => l.startsWith('data: {'))
+      .map((l) => (JSON.parse(l.slice('data: '.length)) as { choices: Array<{ delta?: { content?: string } }> }).choices[0]?.delta?.content ?? '')
+      .join('');
+    assert.ok(events.includes('"finish_reason":"length"'), 'it ran to its end');
+    // Stored as it ended at the frontend that finished it: read at b until it is there.
+    const stored = await bounded(
+      (async () => {
+        for (;;) {
+          const got = await as(b).chat.completions.retrieve(id).catch((err: unknown) => (err instanceof OpenAI.NotFoundError ? undefined : Promise.reject(err)));
+          if (got !== undefined) return got;
+          await sleep(100);
+        }
+      })(),
+      `chat completion ${id} to be stored`,
+      30_000,
+    );
+    assert.deepEqual([stored.choices[0]!.message.content, stored.choices[0]!.finish_reason, (stored as unknown as { metadata: unknown }).metadata], [text, 'length', { run }], 'the whole text, as its client got it');
+    assert.equal(stored.usage?.completion_tokens, 60, 'its usage, from the stream\'s last chunk');
+  });
+
   it('a background response whose frontend dies while it is queued (before any worker took it) is continued elsewhere with its whole opening', async () => {
     // Last of the file: a third worker, which frontends made after it would count. A model whose only worker is drained: its requests wait in the admission queue.
     const a = await frontend();

@@ -11,7 +11,9 @@ import { chatCompletionSchema, completionSchema, type OpenAIRequest } from './op
 import type { RouteContext } from './route-context.js';
 import { onServed } from './served-model.js';
 import { ebbTier } from './service-tier.js';
-import { StoredStream } from './stored-stream.js';
+import { completionFromChunks, StoredStream } from './stored-stream.js';
+import type { KeptStream } from '../streams/kept-stream.js';
+import type { Ended } from './stream-out.js';
 import { streamFormat, type StreamPlan } from './stream-plan.js';
 import { finishWithCalls } from './tool-stream.js';
 
@@ -52,6 +54,7 @@ export function addCompletionRoutes(ctx: RouteContext): void {
             serviceTier: tier,
             logprobs: gens[0]!.logprobs === true,
             tools,
+            ...(store !== undefined && { stored: { metadata: body.metadata ?? {}, messages: body.messages ?? [] } }),
           };
           const keep = ctx.keeps(req);
           if (store === undefined) return await ctx.out.stream(reply, plan, streamFormat(plan, keep), signal, started, room, { keep, tenant });
@@ -83,8 +86,30 @@ export function addCompletionRoutes(ctx: RouteContext): void {
   route('completion', '/v1/completions', completionSchema);
 }
 
+/**
+ * A kept chat stream to be stored (store: true) that this frontend took over from one that died:
+ * stored as it ends here, the completion read from its kept events (those the first frontend sent,
+ * then this one's). Undefined for any other stream.
+ */
+export function storedWhenTakenOver(ctx: Pick<RouteContext, 'completions' | 'log'>, plan: StreamPlan, kept: KeptStream): Ended | undefined {
+  const store = ctx.completions;
+  const wanted = plan.stored;
+  if (store === undefined || wanted === undefined || plan.endpoint !== 'chat') return undefined;
+  return () => {
+    if (kept.current !== 'ended') return;
+    // Past its byte bound its events are no longer all kept: what is left would store a part of it as the whole.
+    if (!kept.resumable) {
+      ctx.log.warn({ event: 'chat_completion_not_stored', response_id: plan.id, err: 'its stream outgrew --stream-store-max-bytes' }, `chat completion ${plan.id} was answered but not stored: its stream outgrew --stream-store-max-bytes`);
+      return;
+    }
+    const completion = completionFromChunks(kept.whole().toString('utf8'));
+    if (completion !== undefined)
+      void keepCompletion(ctx, store, { id: plan.id, tenant: kept.tenant, completion: { ...completion, id: plan.id, model: plan.model, metadata: wanted.metadata }, messages: wanted.messages, at: Date.now() });
+  };
+}
+
 /** Stores a completion; a store that cannot take it (Redis away) costs the client nothing of its answer: said in the log. */
-async function keepCompletion(ctx: RouteContext, store: NonNullable<RouteContext['completions']>, c: StoredCompletion): Promise<void> {
+async function keepCompletion(ctx: Pick<RouteContext, 'log'>, store: NonNullable<RouteContext['completions']>, c: StoredCompletion): Promise<void> {
   try {
     await store.put(c);
   } catch (err) {

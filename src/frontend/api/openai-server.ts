@@ -16,7 +16,7 @@ import { requestTier, tagEmbedTicket, tagTickets, tenantOf } from '../admission/
 import { outcomeOf } from '../request-outcome.js';
 import { tracing } from '../../tracing/tracing.js';
 import { traceBodies, traceHttpRequest, TRACEPARENT } from '../../tracing/request-trace.js';
-import { addCompletionRoutes } from './completions-route.js';
+import { addCompletionRoutes, storedWhenTakenOver } from './completions-route.js';
 import type { CompletionStore } from './completion-store.js';
 import { MemoryCompletionStore } from './completion-store.js';
 import { RedisCompletionStore } from './completion-store-redis.js';
@@ -147,7 +147,7 @@ export function createOpenAIServer({
   const ttlMs = streams?.opts.responseTtlMs ?? 0;
   const completions: CompletionStore | undefined =
     streams === undefined ? undefined : streams.shared !== undefined ? new RedisCompletionStore(streams.shared.store.client, ttlMs) : new MemoryCompletionStore({ ttlMs, maxRecords: streams.opts.maxStreams, maxBytes: streams.opts.maxTotalBytes });
-  const out = createStreamOut({ relay, store: streams, log, adopted: (plan, kept, fmt) => responses?.adopt(plan, kept, fmt) });
+  const out = createStreamOut({ relay, store: streams, log, adopted: (plan, kept, fmt) => responses?.adopt(plan, kept, fmt) ?? storedWhenTakenOver({ completions, log }, plan, kept) });
   if (streams?.shared !== undefined) {
     // A cancel asked at another frontend, for a stream this one runs; a stream whose frontend is gone, continued here.
     streams.shared.cancelled = (id) => responses!.cancelHere(id);

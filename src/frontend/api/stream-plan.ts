@@ -31,6 +31,8 @@ export interface StreamPlan {
   /** With tools: the syntax the model's calls are parsed in, and the key call ids are made from; `legacy`: the request sent functions (answered as function_call). */
   tools?: { syntax: ToolCallSyntax; key: string; legacy?: boolean } | undefined;
   responses?: { uuid: string; request: ResponsesRequest; messageId: string; createdAt: number } | undefined;
+  /** A chat completion to store as it ends (store: true), at whichever frontend ends it: its request's metadata and messages. */
+  stored?: { metadata: Record<string, string>; messages: unknown[] } | undefined;
   /** With tracing on: the W3C traceparent of the request's span, so a frontend that takes the stream over continues its trace. */
   traceparent?: string | undefined;
 }
