@@ -133,7 +133,7 @@ export function frontendCommand(): Command {
     )
     .option('--resume-grace-ms <n>', "a stream whose client left goes on this long for a resume, then is cancelled (0 = at once, nothing kept running)", msOption(0), STREAM_STORE_DEFAULTS.graceMs)
     .option('--resume-window-ms <n>', 'an ended stream stays resumable this long', msOption(0), STREAM_STORE_DEFAULTS.windowMs)
-    .option('--response-ttl-ms <n>', 'a stored Responses API response (store, the default) stays retrievable, and usable as previous_response_id, this long after it ended', msOption(0), STREAM_STORE_DEFAULTS.responseTtlMs)
+    .option('--response-ttl-ms <n>', 'a stored Responses API response (store, the default) stays retrievable, and usable as previous_response_id, this long after it ended; a stored chat completion (store: true) this long after it was answered', msOption(0), STREAM_STORE_DEFAULTS.responseTtlMs)
     .option('--stream-store-max-response-bytes <n>', 'one stream kept at most this many bytes; a longer one is served, not resumable', intOption(1), STREAM_STORE_DEFAULTS.maxResponseBytes)
     .option('--stream-store-max-bytes <n>', 'all kept streams at most this many bytes; ended ones are forgotten first, oldest first', intOption(1), STREAM_STORE_DEFAULTS.maxTotalBytes)
     .option('--stream-store-max-streams <n>', 'streams kept at most (ended ones forgotten first)', intOption(1), STREAM_STORE_DEFAULTS.maxStreams)

@@ -30,7 +30,7 @@ import type { KvEventSource } from './routing/kv-subscription.js';
 import { createKvRouterMetrics } from './routing/kv-metrics.js';
 import { Router } from './routing/router.js';
 import type { RouterKind } from './routing/router-kinds.js';
-import { workerTokenizer } from './routing/worker-tokenize.js';
+import { COUNT_TIMEOUT_MS, workerTokenizer, workerTokens } from './routing/worker-tokenize.js';
 import { AdmissionQueue, DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from './admission/admission-queue.js';
 import { createQueueMetrics } from './admission/queue-metrics.js';
 import { queueFleet } from './admission/queue-fleet.js';
@@ -233,11 +233,13 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
   // Tokenizing through a worker shares the request plane's connections and its token.
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
+  // POST /v1/responses/input_tokens counts through a worker too, waiting longer than the routing path does.
+  const tokenize = workerTokens(upstream.agent, upstreamAgentHeaders, COUNT_TIMEOUT_MS);
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
   const streams = opts.streamStore === undefined ? undefined : keptStreams(opts.streamStore, opts.clientWriteTimeoutMs, metrics.registry, log);
   await streams?.shared?.store.connect(5_000);
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, keepStreams: opts.keepStreams, queueing: admission !== undefined });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, keepStreams: opts.keepStreams, queueing: admission !== undefined, tokenize });
   const url = await listen(app, opts.host, opts.port);
   // A process of several: its peers reach it here (the shared port gives a connection to any of them).
   const peerServer = opts.cluster === undefined ? undefined : createServer((req, res) => app.server.emit('request', req, res));

@@ -464,6 +464,12 @@ export class SharedStreams implements SharedSteps {
     );
   }
 
+  /** A response its client deleted (one that is over): its stored object and its stream's copy, gone from the fleet's store. */
+  async forget(id: string): Promise<void> {
+    const k = streamKeys(id);
+    await this.read(() => this.redis.del(storedKey(id), k.meta, k.events, k.followed));
+  }
+
   /** A finished response another frontend kept, or undefined (another tenant's is none). */
   async kept<T extends { tenant: string }>(id: string, tenant: string): Promise<T | undefined> {
     const raw = await this.read(() => this.redis.get(storedKey(id)));

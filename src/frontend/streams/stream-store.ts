@@ -167,6 +167,15 @@ export class StreamStore {
     stream.drop();
   }
 
+  /** A response its client deleted: no longer resumable here (a live stream is never removed: its generation owns it). */
+  remove(id: string, tenant: string): void {
+    const stream = this.streams.get(id);
+    if (stream === undefined || stream.tenant !== tenant || stream.current === 'live') return;
+    this.streams.delete(id);
+    this.ended.delete(stream);
+    stream.drop();
+  }
+
   /** Every live stream this frontend runs and copies to the fleet's store (a shutdown hands them on). */
   liveShared(): KeptStream[] {
     return [...this.streams.values()].filter((s) => s.current === 'live' && s.lease !== undefined);
