@@ -24,6 +24,7 @@ import { randomUUID } from 'node:crypto';
 import { WorkerPool, type InflightListener } from './routing/worker-pool.js';
 import type { Registry } from 'prom-client';
 import type { AdminView, KvView } from './cluster/admin-view.js';
+import { newFrontendId } from './routing/shared-load.js';
 import { KvFeed } from './routing/kv-feed.js';
 import type { KvEventSource } from './routing/kv-subscription.js';
 import { createKvRouterMetrics } from './routing/kv-metrics.js';
@@ -96,6 +97,8 @@ export interface ClusterHooks {
   kvSource: (record: WorkerRecord) => KvEventSource;
   /** The loopback URL of process `slot`'s peer listener (a resume for a stream it holds goes there). */
   peerUrl?: ((slot: number) => string | undefined) | undefined;
+  /** The frontend's name on the request plane, the primary's: workers count its processes as one frontend (their in-flight is shared already). */
+  routedBy?: string | undefined;
 }
 
 export interface RunningFrontend {
@@ -188,8 +191,10 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const pool = new WorkerPool(opts.cluster?.onInflight, opts.own?.record);
   const fleet = new FleetView();
   const routerKind = opts.router ?? 'kv';
+  // What this frontend is called in the workers' load events (each /generate names it).
+  const routedBy = opts.cluster?.routedBy ?? newFrontendId();
   // The KV index follows discovery from the first event, so the first requests already find it.
-  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource }) : undefined;
+  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource, self: routedBy }) : undefined;
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
     fleet.apply(event);
@@ -215,7 +220,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
   const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken, admissionLog);
   if (saturation !== undefined) fleet.on('left', (id: string) => saturation.forget(id));
-  const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
+  const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections, routedBy: kvFeed === undefined ? undefined : routedBy });
   // Tokenizing through a worker shares the request plane's connections and its token.
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
   const lanes = laneBudget(opts, log);
@@ -238,7 +243,12 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const kvView = (id: string): KvView => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) });
+  const kvView = (id: string): KvView => {
+    // What other frontends have on it, as its load events say (kv router, two or more frontends following it).
+    const others = kvFeed?.load.of(id);
+    const elsewhere = others === undefined ? {} : { other_frontends: { inflight: others.inflight, queued_prefill_tokens: others.prefillSum } };
+    return { router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...elsewhere, ...(kvFeed?.describe(id) ?? {}) };
+  };
   const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, stats: metrics.stats, kv: kvView, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {

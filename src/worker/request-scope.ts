@@ -1,3 +1,4 @@
+import type { RoutedHold } from './routed-load.js';
 import type { ServerResponse } from 'node:http';
 import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
@@ -59,6 +60,8 @@ export class RequestScope {
   adapter: AdapterHold | undefined;
   /** Admitted while a batch slot was free: its time to first token has no queueing in it. */
   admittedToFreeSlot = false;
+  /** Its routing frontend's count of it here (told to the frontends on the KV event stream). */
+  routed: RoutedHold | undefined;
   private readonly startedAt = performance.now();
   private lastPieceAt: number | undefined;
 
@@ -69,7 +72,10 @@ export class RequestScope {
   piece(n: number, pace: { tokenGap(ms: number): void; firstTokenAfter(ms: number): void }): void {
     const now = performance.now();
     if (this.lastPieceAt !== undefined) pace.tokenGap((now - this.lastPieceAt) / Math.max(1, n));
-    else if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
+    else {
+      if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
+      this.routed?.prefilled();
+    }
     this.lastPieceAt = now;
     this.generated += n;
   }
@@ -111,6 +117,7 @@ export class RequestScope {
     void this.returnTokens();
     this.ticket.release(outcome);
     this.adapter?.release();
+    this.routed?.release();
     this.onClose(this);
   }
 

@@ -1,6 +1,7 @@
 import { request, errors as undiciErrors, type Agent } from 'undici';
 import { capabilitiesNeeded, embeddingNeeds, type Capability } from '../../protocol/capabilities.js';
 import { EbbError } from '../../protocol/errors.js';
+import { PREFILL_TOKENS_HEADER, ROUTED_BY_HEADER } from '../../protocol/kv-events.js';
 import type { WorkerMode } from '../../discovery/discovery.js';
 import type { EmbedBody, EmbedResponse, GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
@@ -78,6 +79,11 @@ export interface UpstreamOptions {
   router?: Router | undefined;
   /** Where requests no worker can take now wait (--queue-timeout); none: they are answered 503 at once. */
   admission?: AdmissionQueue | undefined;
+  /**
+   * This frontend's name on the request plane (the kv router's): each /generate carries it, and the
+   * prefill predicted for it, so the workers tell the other frontends what it routed (KvLoad).
+   */
+  routedBy?: string | undefined;
 }
 
 /**
@@ -152,7 +158,7 @@ export class Upstream {
     this.headersTimeoutMs = opts.headersTimeoutMs ?? 10_000;
     this.prefillTimeoutMs = opts.prefillTimeoutMs ?? DEFAULT_PREFILL_TIMEOUT_MS;
     this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
-    this.generateHeaders = { 'content-type': 'application/json', ...this.headers };
+    this.generateHeaders = { 'content-type': 'application/json', ...this.headers, ...(opts.routedBy !== undefined && { [ROUTED_BY_HEADER]: opts.routedBy }) };
     this.agent = createUpstreamAgent(opts.connections);
     this.router = opts.router ?? new Router(pool, { kind: 'least-loaded' });
     this.admission = opts.admission;
@@ -165,7 +171,7 @@ export class Upstream {
    * classified: EbbError (the client's answer), KvTransferLost, the abort itself, or TryElsewhere
    * (with the worker held out when the failure says it should be).
    */
-  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>, hint?: RouteHint, flex = false): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
+  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker, hint?: RouteHint) => Promise<T>, hint?: RouteHint, flex = false): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     const id = worker.record.worker_id;
     const release = this.pool.acquire(worker, flex);
     // A refusal the worker's room overtook (a request on it ended, it said so) holds it out for nothing.
@@ -173,7 +179,7 @@ export class Upstream {
     // Its uncached prompt is queued prefill on the worker until the first token (or the failure).
     const prefilled = this.router.begin(worker, hint);
     try {
-      const value = await send(worker);
+      const value = await send(worker, hint);
       prefilled();
       this.router.routed(worker, hint);
       this.metrics.attempt(id, 'routed');
@@ -269,7 +275,7 @@ export class Upstream {
     mode: WorkerMode,
     signal: AbortSignal,
     tried: Set<string>,
-    send: (worker: PoolWorker) => Promise<T>,
+    send: (worker: PoolWorker, hint?: RouteHint) => Promise<T>,
     needs: readonly Capability[] = [],
     body?: GenerateBody,
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
@@ -329,16 +335,20 @@ export class Upstream {
     }
   }
 
-  /** POST /generate on `w`, up to its first batch of lines; `admitted` is told when the worker took it (its 200, before any token). */
-  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal, admitted?: () => void) {
+  /**
+   * POST /generate on `w`, up to its first batch of lines; `admitted` is told when the worker took it
+   * (its 200, before any token). With the kv router's prediction (`hint`), the prompt tokens it must prefill go with it.
+   */
+  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal, admitted?: () => void, hint?: RouteHint) {
     const url = generateUrl(w.record.request_url);
+    const prefill = this.router.prefillOn(w, hint);
     const call = WorkerCall.start(
       this.agent,
       {
         origin: url.origin,
         path: url.path,
         method: 'POST',
-        headers: this.generateHeaders,
+        headers: prefill === undefined ? this.generateHeaders : { ...this.generateHeaders, [PREFILL_TOKENS_HEADER]: String(prefill) },
         body: JSON.stringify(body),
         headersTimeout: this.headersTimeoutMs,
         bodyTimeout: 0,
@@ -398,7 +408,7 @@ export class Upstream {
       signal,
       tried,
       (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
-      (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), needs, body),
+      (admitted) => this.route(body.model, mode, signal, tried, (w, hint) => this.generate(w, body, signal, admitted, hint), needs, body),
       (won) => this.stream(won.worker, won.value, won.release).release(),
     );
     return this.stream(worker, value, release);
