@@ -73,7 +73,7 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
       Shutdown.endCutStream(reply.raw, fmt, signal);
       return;
     }
-    const kept = store.open(plan.id, opts.tenant, JSON.stringify(plan));
+    const kept = store.open(plan.id, opts.tenant, () => JSON.stringify(plan));
     opts.onKept?.(kept);
     reply.raw.setHeader(RESUMABLE_HEADER, '1');
     room.keepUntil(kept.over);

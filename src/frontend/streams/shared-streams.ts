@@ -376,7 +376,7 @@ export class SharedStreams implements SharedSteps {
     const copy = await this.copy(id);
     const lanes = plan === undefined ? 1 : Math.max(1, (JSON.parse(plan) as { gens?: unknown[] }).gens?.length ?? 1);
     const resumed = progressOf(copy.deltas, lanes);
-    const lease = this.track(new StreamLease(id, token, this, this.bounds, plan ?? '', tenant ?? '', this.opts.log, { batch: Number(next), resumed }));
+    const lease = this.track(new StreamLease(id, token, this, this.bounds, plan ?? '', tenant ?? '', this.opts.log, { batch: Number(next), resumed, bytes: copy.events.length }));
     if (copy.gap || copy.overflow) {
       // A copy that is not whole cannot be continued: it ends, saying so, for everyone following it.
       await lease.finish(Buffer.from(gone(id, 'its copy is missing events')), 'x');

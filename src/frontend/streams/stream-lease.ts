@@ -65,6 +65,10 @@ const FINISH_RETRIES = 30;
 export class StreamLease {
   private state: LeaseState = 'held';
   private readonly pending: Buffer[] = [];
+  /** The stream's keys in the store (made once: every step names them). */
+  private readonly keys: Keys;
+  /** Bytes of events sent to the copy so far (the store's own count, while no batch was lost). */
+  private copied = 0;
   private readonly marks: ProgressMarks;
   private batch: number;
   /** Bumped at each rewrite: answers to steps sent before it are stale. */
@@ -88,11 +92,13 @@ export class StreamLease {
     private readonly plan: string,
     private readonly tenant: string,
     private readonly log: Logger,
-    /** A takeover: where the copy stood (its next batch, each sequence). */
-    from?: { batch: number; resumed: readonly Resumed[] },
+    /** A takeover: where the copy stood (its next batch, each sequence, its bytes). */
+    from?: { batch: number; resumed: readonly Resumed[]; bytes: number },
   ) {
     this.batch = from?.batch ?? 0;
     this.marks = new ProgressMarks(from?.resumed);
+    this.keys = streamKeys(id);
+    this.copied = from?.bytes ?? 0;
   }
 
   /** Aborted (with LeaseLost) once another frontend holds the stream. */
@@ -142,9 +148,9 @@ export class StreamLease {
     const events = this.takePending();
     const epoch = this.epoch;
     const sentAt = performance.now();
-    const k = streamKeys(this.id);
+    this.copied += events.length;
     this.steps
-      .append(k, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
+      .append(this.keys, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
       .then(
         (answer) => this.answered(answer, epoch, sentAt),
         (err: unknown) => this.failed(err, epoch, sentAt),
@@ -156,7 +162,7 @@ export class StreamLease {
     if (this.state !== 'held' && this.state !== 'overflow') return;
     const epoch = this.epoch;
     const sentAt = performance.now();
-    this.steps.renew(streamKeys(this.id), this.token, this.bounds).then(
+    this.steps.renew(this.keys, this.token, this.bounds).then(
       (answer) => this.answered(answer, epoch, sentAt),
       (err: unknown) => this.refused(err, sentAt),
     );
@@ -170,7 +176,15 @@ export class StreamLease {
   async finish(payload: Buffer, kind: 'end' | 'x'): Promise<void> {
     const from = this.state;
     if (from !== 'held' && from !== 'rewrite' && from !== 'overflow') return;
-    if (from === 'held') this.flush();
+    // The batch still pending goes with the end, one step instead of two (a short stream's copy is
+    // then opened and finished, nothing between), unless together they would pass the copy's bound
+    // (a batch of its own says so; the end does not).
+    let last = payload;
+    if (from === 'held' && this.pending.length > 0) {
+      const pendingBytes = this.pending.reduce((n, b) => n + b.length, 0);
+      if (this.copied + pendingBytes + payload.length <= this.bounds.maxBytes) last = Buffer.concat([...this.pending, payload]);
+      else this.flush();
+    }
     this.pending.length = 0;
     this.set('finished', kind === 'end' ? 'ended' : 'stopped');
     try {
@@ -179,7 +193,7 @@ export class StreamLease {
         return;
       }
       const epoch = this.epoch;
-      const answer = await this.steps.finish(streamKeys(this.id), this.token, this.bounds, this.batch++, kind, payload, this.marks.takeDelta());
+      const answer = await this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta());
       if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) await this.finishLater(kind);
     } catch {
       await this.finishLater(kind);
@@ -212,7 +226,7 @@ export class StreamLease {
     this.set('released', 'handed on');
     try {
       if (from === 'rewrite' && !(await this.rewriteNow(''))) return false;
-      if ((await this.steps.release(streamKeys(this.id), this.token)) !== 'ok') return false;
+      if ((await this.steps.release(this.keys, this.token)) !== 'ok') return false;
       if (announce) await this.steps.announce(this.id);
       return true;
     } catch {
@@ -222,7 +236,7 @@ export class StreamLease {
 
   /** Clients at other frontends follow the stream now (their frontends say so while they do). */
   followedElsewhere(): Promise<boolean> {
-    return this.steps.followed(streamKeys(this.id)).catch(() => false);
+    return this.steps.followed(this.keys).catch(() => false);
   }
 
   private takePending(): Buffer {
@@ -272,13 +286,14 @@ export class StreamLease {
     const sentAt = performance.now();
     this.nextRewriteAt = sentAt + REWRITE_BACKOFF_MS;
     try {
-      const answer = await this.steps.rewrite(streamKeys(this.id), this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last);
+      const answer = await this.steps.rewrite(this.keys, this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last);
       if (epoch !== this.epoch) return false;
       if (answer === 'lost') {
         this.lose('taken');
         return false;
       }
       this.batch = 1;
+      this.copied = this.snapshot().length;
       if (answer === 'overflow') {
         if (this.state === 'rewrite') this.set('overflow', `the copy passed ${this.bounds.maxBytes} bytes`);
         return false;
@@ -296,7 +311,7 @@ export class StreamLease {
     if (this.state === 'lost' || this.state === 'finished' || this.state === 'released') return;
     this.set('lost', why === 'taken' ? 'another frontend holds it' : `unconfirmed for ${this.bounds.leaseMs} ms (this process paused?)`);
     // Not taken yet (only unconfirmed): handed on, so a follower takes it over now rather than at the lease's end.
-    if (why === 'unconfirmed') this.steps.release(streamKeys(this.id), this.token).catch(() => undefined);
+    if (why === 'unconfirmed') this.steps.release(this.keys, this.token).catch(() => undefined);
     this.controller.abort(new LeaseLost(this.id));
   }
 
