@@ -56,8 +56,9 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     await events(frontend, 'request_queued', 1, mark);
     const full = await completion(frontend);
     assert.equal(full.status, 429, 'the queue holds one');
-    const body = (await full.json()) as { error: { code: string; message: string } };
-    assert.equal(body.error.code, 'queue_full');
+    const body = (await full.json()) as { error: { code: string; type: string; param: null; message: string } };
+    // OpenAI's 429: code rate_limit_exceeded, type requests; the message says it was the queue being full.
+    assert.deepEqual([body.error.code, body.error.type, body.error.param], ['rate_limit_exceeded', 'requests', null]);
     assert.match(body.error.message, /full/);
     assert.equal(full.headers.get('retry-after'), '30', 'no admission rate known yet: Retry-After is the queue timeout (30 s)');
     mark = frontend.mark();
@@ -126,13 +127,13 @@ describe('admission queue: when capacity shrinks, requests wait instead of faili
     assert.equal((await waiting).status, 200, 'served by the replacement');
   });
 
-  it('a request no worker takes within --queue-timeout is answered 429 queue_timeout once it has waited that long', async () => {
+  it('a request no worker takes within --queue-timeout is answered 429 rate_limit_exceeded once it has waited that long', async () => {
     const { frontend } = await drainedFleet(['--queue-timeout', '1500']);
     const mark = frontend.mark();
     const res = await bounded(completion(frontend), 'the queued request to be shed at its 1.5 s queue timeout');
     assert.equal(res.status, 429);
     const body = (await res.json()) as { error: { code: string; message: string } };
-    assert.equal(body.error.code, 'queue_timeout');
+    assert.equal(body.error.code, 'rate_limit_exceeded');
     assert.match(body.error.message, /within the queue timeout \(1500 ms\)/);
     assert.equal(res.headers.get('retry-after'), '2', 'no admission rate known: Retry-After is the queue timeout, rounded up');
     const left = await events(frontend, 'request_dequeued', 1, mark, (l) => l.outcome === 'shed');

@@ -27,7 +27,7 @@ after(async () => {
 });
 
 describe('--api-key-file', () => {
-  it('a request without a key is 401 in OpenAI\'s error shape, a wrong key refused, a listed key served', async () => {
+  it('a request without a key is 401 in OpenAI\'s error shape, a wrong key 401 invalid_api_key (the SDK\'s AuthenticationError), a listed key served', async () => {
     const body = JSON.stringify({ model: 'm1', prompt: 'x', max_tokens: 2 });
     const post = (headers: Record<string, string>) => fetch(`${frontend.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
     const none = await post({});
@@ -35,9 +35,16 @@ describe('--api-key-file', () => {
     const error = ((await none.json()) as { error: { code: string; message: string } }).error;
     assert.equal(error.code, 'unauthorized');
     assert.match(error.message, /Authorization: Bearer/);
+    // A wrong key as OpenAI answers it: 401 invalid_api_key, which the SDK raises as AuthenticationError.
     const wrong = await post({ authorization: 'Bearer sk-nope' });
-    assert.ok(wrong.status === 401 || wrong.status === 403, `wrong key: ${wrong.status}`);
-    await wrong.arrayBuffer();
+    assert.equal(wrong.status, 401);
+    assert.deepEqual(((await wrong.json()) as { error: unknown }).error, { message: "Incorrect API key provided: it is not one of this server's keys (--api-key-file)", type: 'invalid_request_error', param: null, code: 'invalid_api_key' });
+    const stranger = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'sk-nope', maxRetries: 0 });
+    await assert.rejects(stranger.chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'x' }], max_tokens: 2 }), (err: unknown) => {
+      assert.ok(err instanceof OpenAI.AuthenticationError, `an AuthenticationError, not ${(err as Error).constructor.name}`);
+      assert.equal(err.code, 'invalid_api_key');
+      return true;
+    });
     const client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'sk-ebb-b', maxRetries: 0 });
     const done = await client.completions.create({ model: 'm1', prompt: 'x', max_tokens: 2 });
     assert.equal(done.choices.length, 1);

@@ -13,6 +13,7 @@ import { etcdSkipReason } from './helpers/etcd.js';
 import { etcdFixture } from './helpers/etcd-fixture.js';
 import { call } from './helpers/http.js';
 import { runEbb, type WorkerHandle } from './helpers/processes.js';
+import { dieWithFile } from './helpers/reaper.js';
 
 const LOCK_MODULE = fileURLToPath(new URL('../src/discovery/scale-down-lock.js', import.meta.url));
 const KEY = `${SCALE_DOWN_LOCK_PREFIX}m1`;
@@ -39,10 +40,12 @@ describe('etcd: one scale-down of a model at a time', { skip: etcdSkipReason() }
     assert.equal(await fx.raw.get(KEY).string(), null, 'the command released it on its way out');
 
     // Another process takes the lock, says so, and is SIGKILLed holding it.
-    const holder = spawn(
-      process.execPath,
-      ['--input-type=module', '-e', `const { EtcdScaleDownLocks } = await import(${JSON.stringify(LOCK_MODULE)}); const { Etcd3 } = await import('etcd3'); await new EtcdScaleDownLocks(new Etcd3({ hosts: [${JSON.stringify(fx.etcd.endpoint)}] })).acquire('m1', 'a CLI about to be SIGKILLed'); console.log('held');`],
-      { stdio: ['ignore', 'pipe', 'inherit'], cwd: fileURLToPath(new URL('..', import.meta.url)) },
+    const holder = dieWithFile(
+      spawn(
+        process.execPath,
+        ['--input-type=module', '-e', `const { EtcdScaleDownLocks } = await import(${JSON.stringify(LOCK_MODULE)}); const { Etcd3 } = await import('etcd3'); await new EtcdScaleDownLocks(new Etcd3({ hosts: [${JSON.stringify(fx.etcd.endpoint)}] })).acquire('m1', 'a CLI about to be SIGKILLed'); console.log('held');`],
+        { stdio: ['ignore', 'pipe', 'inherit'], cwd: fileURLToPath(new URL('..', import.meta.url)) },
+      ),
     );
     const [line] = (await once(createInterface({ input: holder.stdout }), 'line')) as [string];
     assert.equal(line, 'held');

@@ -2,6 +2,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { EMBEDDINGS_FIELD_POLICY, FIELD_POLICY, RESPONSES_FIELD_POLICY } from '../src/frontend/api/field-policy.js';
 import { call } from './helpers/http.js';
+import { ERROR_CODES, isErrorCode, type ErrorCode } from '../src/protocol/errors.js';
 import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 
 const started: EbbProcess[] = [];
@@ -20,6 +21,18 @@ after(async () => {
 type Examples = Record<string, { ok: unknown[]; refused: unknown[] }>;
 
 const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
+/** A schema whose smallest answer is 100 million characters: past what any engine is asked to write. */
+const HUGE = { type: 'object', properties: { s: { type: 'string', minLength: 1e8 } }, required: ['s'] };
+
+/** Penalties, logit_bias, top_k, min_p: carried to engines that declare `sampling` (the mocker does; their effect: sampling.test.ts). */
+const SAMPLING: Examples = {
+  presence_penalty: { ok: [0, 0.5, -1], refused: [3] },
+  frequency_penalty: { ok: [0, 0.5], refused: [-2.5] },
+  repetition_penalty: { ok: [1, 1.3], refused: [0] },
+  logit_bias: { ok: [{}, { '1': 5 }], refused: [{ x: 1 }, { '1': 101 }, { '2000000': 1 }] }, // 2000000: past the mocker's tokenizer
+  top_k: { ok: [0, -1, 5], refused: [-2] },
+  min_p: { ok: [0, 0.1], refused: [1.5] },
+};
 
 const CHAT: Examples = {
   model: { ok: ['m1'], refused: [] },
@@ -34,7 +47,8 @@ const CHAT: Examples = {
   stream: { ok: [false, true], refused: [] },
   stream_options: { ok: [], refused: [{ include_usage: true }] }, // without stream: true (with it: the SDK tests)
   n: { ok: [2], refused: [] },
-  response_format: { ok: [{ type: 'text' }], refused: [{ type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } }] },
+  // The mocker writes JSON (a model whose workers do not: capabilities.test.ts); a schema past the bounds is refused (schema-bounds.test.ts).
+  response_format: { ok: [{ type: 'text' }, { type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } }], refused: [{ type: 'json_schema', json_schema: { name: 'x', schema: HUGE } }] },
   user: { ok: ['u-1'], refused: [] },
   metadata: { ok: [{ k: 'v' }], refused: [] },
   store: { ok: [false, true], refused: [] },
@@ -42,13 +56,11 @@ const CHAT: Examples = {
   parallel_tool_calls: { ok: [false, true], refused: [] },
   logprobs: { ok: [false, true], refused: [] }, // the mocker reports them; a model whose workers do not: capabilities.test.ts
   top_logprobs: { ok: [0], refused: [2] }, // without logprobs: true
-  tools: { ok: [[], tools], refused: [] }, // the mocker calls tools; a model whose workers do not: capabilities.test.ts
+  tools: { ok: [[], tools], refused: [[{ type: 'function', function: { name: 'f', parameters: HUGE } }]] }, // the mocker calls tools; a model whose workers do not: capabilities.test.ts
   tool_choice: { ok: ['none', 'auto'], refused: ['required', { type: 'function', function: { name: 'f' } }] }, // without tools to choose from
   functions: { ok: [[]], refused: [[{ name: 'f' }]] },
   function_call: { ok: ['none'], refused: ['auto'] },
-  presence_penalty: { ok: [0], refused: [0.5] },
-  frequency_penalty: { ok: [0], refused: [0.5] },
-  logit_bias: { ok: [{}], refused: [{ '1': 5 }] },
+  ...SAMPLING,
   best_of: { ok: [1], refused: [2] },
   echo: { ok: [false], refused: [true] },
   suffix: { ok: [null], refused: ['tail'] },
@@ -68,8 +80,9 @@ const RESPONSES: Examples = {
   max_output_tokens: { ok: [2], refused: [] },
   temperature: { ok: [0.2], refused: [] },
   top_p: { ok: [0.9], refused: [] },
+  ...SAMPLING,
   stream: { ok: [false], refused: [] },
-  text: { ok: [{ format: { type: 'text' } }], refused: [{ format: { type: 'json_object' } }] },
+  text: { ok: [{ format: { type: 'text' } }, { format: { type: 'json_object' } }], refused: [{ format: { type: 'json_schema', name: 'x', schema: HUGE } }] },
   user: { ok: ['u'], refused: [] },
   metadata: { ok: [{ k: 'v' }], refused: [] },
   service_tier: { ok: ['auto'], refused: [] },
@@ -80,7 +93,7 @@ const RESPONSES: Examples = {
   previous_response_id: { ok: [null], refused: ['resp_1'] }, // one this frontend kept: resumable-streams.test.ts
   conversation: { ok: [null], refused: ['conv_1'] },
   background: { ok: [false, true], refused: [] },
-  tools: { ok: [[], [{ type: 'function', name: 'f', parameters: { type: 'object' } }]], refused: [[{ type: 'web_search' }]] },
+  tools: { ok: [[], [{ type: 'function', name: 'f', parameters: { type: 'object' } }]], refused: [[{ type: 'web_search' }], [{ type: 'function', name: 'f', parameters: HUGE }]] },
   tool_choice: { ok: ['auto', 'none'], refused: ['required', { type: 'function', name: 'f' }] }, // without tools to choose from
   include: { ok: [[]], refused: [['message.output_text.logprobs']] },
   reasoning: { ok: [{}], refused: [{ effort: 'high' }] },
@@ -104,7 +117,8 @@ async function expectRow(url: string, base: Record<string, unknown>, field: stri
   for (const value of refused) {
     const res = await call('POST', url, { ...base, [field]: value });
     assert.equal(res.status, 400, `${field}=${JSON.stringify(value)} is refused`);
-    assert.ok(['unsupported_parameter', 'invalid_request'].includes(res.body.error.code), res.body.error.code);
+    // unsupported_parameter, invalid_request, or the schema's own code (integer_below_min_value, ...): a 400 of the catalogue.
+    assert.equal(isErrorCode(res.body.error.code) && ERROR_CODES[res.body.error.code as ErrorCode].status, 400, res.body.error.code);
     assert.ok(String(res.body.error.param ?? res.body.error.message).includes(field), `the error names ${field}: ${JSON.stringify(res.body.error)}`);
   }
 }

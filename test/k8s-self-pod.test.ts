@@ -7,6 +7,7 @@ import { call } from './helpers/http.js';
 import { annotations, APP, NO_TOKEN, NS, podWorker, startKube, stateIs, stateWrites } from './helpers/k8s-fixture.js';
 import type { FakeKubeApiServer } from './helpers/kube-apiserver.js';
 import { bounded, CLI, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogCursor, type WorkerHandle } from './helpers/processes.js';
+import { dieWithFile } from './helpers/reaper.js';
 import { createPodApi, loadKubeConfig } from '../src/k8s/client.js';
 import { updateAnnotations } from '../src/k8s/pod-patcher.js';
 
@@ -177,7 +178,7 @@ describe('worker --k8s-self-pod', () => {
     const stream = await heldStream(fe.url);
 
     const mark = w.mark();
-    const prestop = spawn(process.execPath, [CLI, 'prestop', '--system-url', w.systemUrl], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const prestop = dieWithFile(spawn(process.execPath, [CLI, 'prestop', '--system-url', w.systemUrl], { env: { ...process.env, ...NO_TOKEN }, stdio: ['ignore', 'pipe', 'pipe'] }));
     let stdout = '';
     prestop.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
     // The worker's state when prestop exits: the moment it returns is what it claims.

@@ -10,7 +10,7 @@ import type { Engine, EngineStats, GeneratedPiece, Quiescence } from '../src/eng
 /** An engine that is always idle: these tests are about what the controller does around it. */
 class IdleEngine implements Engine {
   readonly kind = 'idle';
-  readonly capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: false, prompt_token_ids: false, embeddings: false };
+  readonly capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: false, prompt_token_ids: false, embeddings: false, sampling: false };
   async *generate(): AsyncGenerator<GeneratedPiece, never, void> {
     throw new Error('not used');
   }

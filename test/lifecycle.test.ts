@@ -12,7 +12,7 @@ const silent = pino({ level: 'silent' });
 /** An engine whose idleness answers the test controls, including answers that arrive late. */
 class ScriptedEngine implements Engine {
   readonly kind = 'scripted';
-  readonly capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: false, prompt_token_ids: false, embeddings: false };
+  readonly capabilities = { json_object: false, json_schema: false, logprobs: false, tools: false, max_context: null, continuation: false, prompt_token_ids: false, embeddings: false, sampling: false };
   readonly events = new EventEmitter();
   answer: Quiescence = { state: 'idle' };
   held: Array<(q: Quiescence) => void> = [];

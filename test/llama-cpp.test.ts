@@ -12,6 +12,7 @@ import { getLlama, resolveChatWrapper, type Llama, type LlamaModel, type Token }
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
 import type { GenerateRequest } from '../src/engine/engine.js';
 import type { TokenLogprob } from '../src/protocol/request-plane.js';
+import type { EbbError } from '../src/protocol/errors.js';
 import { createLogger } from '../src/common/logger.js';
 import { call, openLineStream } from './helpers/http.js';
 import { assertTokenLogprob, textLines } from './helpers/logprobs.js';
@@ -323,6 +324,7 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
       continuation: true,
       prompt_token_ids: true,
       embeddings: true,
+      sampling: true,
     });
   });
 
@@ -344,6 +346,39 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
     const parsed = JSON.parse(typed.text);
     assert.equal(typeof parsed.ok, 'boolean');
     assert.ok(Number.isInteger(parsed.n));
+  });
+
+  it('penalties and logit_bias change the temperature-0 answer, top_k 1 and min_p 1 make a sampled one greedy, a continuation samples as the original did, and a logit_bias id past the vocabulary is refused', async () => {
+    const signal = new AbortController().signal;
+    const plain = { prompt: PROMPT, messages: undefined, max_tokens: 24 };
+    const run = (extra: Record<string, unknown>) => drain(engine.generate(request({ ...plain, ...extra }), signal));
+    const greedy = await run({});
+    const ids = greedy.pieces.flatMap((p) => p.token_ids ?? []);
+    assert.ok(ids.length > 0);
+    // The first token the greedy answer writes, banned: the answer must change from its first token on.
+    const banned = await run({ sampling: { logit_bias: { [String(ids[0])]: -100 } } });
+    assert.notEqual(banned.pieces[0]?.token_ids?.[0], ids[0], 'logit_bias -100 bans the token');
+    const forced = await run({ sampling: { logit_bias: { [String(ids.at(-1))]: 100 } } });
+    assert.ok(forced.pieces.flatMap((p) => p.token_ids ?? []).every((id) => id === ids.at(-1)), 'logit_bias 100 makes that token every token');
+    const repeated = ids.length - new Set(ids).size;
+    if (repeated > 0) {
+      // A random tiny model's greedy answer repeats itself: penalties on what it already wrote change it.
+      for (const sampling of [{ frequency_penalty: 2 }, { presence_penalty: 2 }, { repetition_penalty: 2 }]) assert.notEqual((await run({ sampling })).text, greedy.text, JSON.stringify(sampling));
+    }
+    assert.equal((await run({ temperature: 1, seed: 9, sampling: { top_k: 1 } })).text, greedy.text, 'top_k 1 is greedy');
+    assert.equal((await run({ temperature: 1, seed: 9, sampling: { min_p: 1 } })).text, greedy.text, 'min_p 1 is greedy');
+
+    // Continued from its first pieces (8 tokens or so), a penalised answer goes on as it did on one engine (its tokens count for the penalties).
+    const sampling = { frequency_penalty: 1.5, presence_penalty: 0.5, repetition_penalty: 1.3 };
+    const whole = await run({ sampling });
+    const wholeIds = whole.pieces.flatMap((p) => p.token_ids ?? []);
+    const first = whole.pieces.slice(0, whole.pieces.findIndex((_, i) => whole.pieces.slice(0, i + 1).flatMap((p) => p.token_ids ?? []).length >= 8) + 1);
+    const head = first.flatMap((p) => p.token_ids ?? []);
+    const continuation = { text: first.map((p) => p.text).join(''), completion_tokens: head.length, token_ids: head };
+    const rest = await run({ sampling, max_tokens: 24 - head.length, continuation });
+    assert.deepEqual(rest.pieces.flatMap((p) => p.token_ids ?? []), wholeIds.slice(head.length));
+
+    await assert.rejects(engine.check(request({ ...plain, sampling: { logit_bias: { '99999999': 1 } } })), (err: EbbError) => err.code === 'invalid_request' && err.param === 'logit_bias');
   });
 
   it('logprobs under a grammar list only the tokens it allows', async () => {
@@ -417,7 +452,7 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
 });
 
 describe('ebb up --engine llama-cpp: the whole system through the openai SDK', () => {
-  it('streams chat, answers completions, and honours json_object', async () => {
+  it('streams chat, answers completions, honours json_object, and penalties and logit_bias', async () => {
     const up = spawnEbb(
       ['up', '--engine', 'llama-cpp', '--model-path', modelPath, '--workers', '1', '--port', '0', '--threads', '1', '--gpu', 'off', '--context-size', '2048', '--discovery', tempDiscoveryUrl()],
       'up',
@@ -469,6 +504,23 @@ describe('ebb up --engine llama-cpp: the whole system through the openai SDK', (
     });
     const content = json.choices[0]?.message.content ?? '';
     assert.equal(typeof JSON.parse(content), 'object', `parseable JSON: ${content}`);
+
+    // Penalties and a logit_bias (a token the model's tokenizer has, pushed to be every token): 200 on chat, completions and
+    // Responses, and at temperature 0 another text than without them.
+    const llama = await getLlama({ gpu: false, build: 'never', skipDownload: true, progressLogs: false, maxThreads: 1 });
+    const vocab = await llama.loadModel({ modelPath, vocabOnly: true });
+    const pushed = vocab.tokenize(' tide', false).at(-1)!;
+    await vocab.dispose();
+    await llama.dispose();
+    const fields = { frequency_penalty: 1, presence_penalty: 0.5, logit_bias: { [String(pushed)]: 100 } };
+    const chat = (extra: object) =>
+      client.chat.completions.create({ model: 'tiny-llama', messages: [{ role: 'user', content: 'Say hello' }], max_tokens: 8, temperature: 0, ...extra }).then((r) => r.choices[0]?.message.content ?? '');
+    assert.notEqual(await chat(fields), await chat({}));
+    const complete = (extra: object) => client.completions.create({ model: 'tiny-llama', prompt: PROMPT, max_tokens: 8, temperature: 0, ...extra }).then((r) => r.choices[0]?.text ?? '');
+    assert.notEqual(await complete(fields), await complete({}));
+    const respond = (extra: object) =>
+      client.responses.create({ model: 'tiny-llama', input: 'Say hello', max_output_tokens: 8, temperature: 0, ...extra } as OpenAI.Responses.ResponseCreateParamsNonStreaming).then((r) => r.output_text);
+    assert.notEqual(await respond(fields), await respond({}));
 
     up.signal('SIGTERM');
     assert.equal(await up.exitCode(), 0);

@@ -67,8 +67,8 @@ describe('mocker worker: logprobs', () => {
   it('refuses top_logprobs over 20 (the request plane\'s bound)', async () => {
     const res = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: PROMPT, max_tokens: 3, logprobs: true, top_logprobs: 21 });
     assert.equal(res.status, 400);
-    assert.equal(res.body.error.code, 'invalid_request');
-    assert.match(res.body.error.message, /top_logprobs must be <= 20/);
+    assert.deepEqual([res.body.error.code, res.body.error.param], ['integer_above_max_value', 'top_logprobs']);
+    assert.match(res.body.error.message, /^Invalid 'top_logprobs': integer above maximum value\. Expected a value <= 20, but got 21 instead\.$/);
   });
 });
 

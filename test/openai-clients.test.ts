@@ -4,6 +4,10 @@ import OpenAI from 'openai';
 import { createOpenAI } from '@ai-sdk/openai';
 import { generateText, streamText } from 'ai';
 import { ChatOpenAI } from '@langchain/openai';
+import { z } from 'zod';
+import { zodResponseFormat } from 'openai/helpers/zod';
+import { Agent, run, setDefaultOpenAIClient, setTracingDisabled, tool as agentTool } from '@openai/agents';
+import { Ajv } from 'ajv';
 import { call } from './helpers/http.js';
 import { frontendSeesWorkers, metricValue, spawnEbb, type EbbProcess } from './helpers/processes.js';
 
@@ -11,7 +15,7 @@ import { frontendSeesWorkers, metricValue, spawnEbb, type EbbProcess } from './h
 let up: EbbProcess;
 let base: string;
 before(async () => {
-  up = spawnEbb(['up', '--port', '0', '--workers', '2', '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-max-context', '64', '--cors-origin', 'http://app.example'], 'ebb up');
+  up = spawnEbb(['up', '--port', '0', '--workers', '2', '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--cors-origin', 'http://app.example'], 'ebb up');
   base = (await up.waitForEvent('frontend_ready')).url as string;
   await frontendSeesWorkers(up, 2);
 });
@@ -99,10 +103,83 @@ describe('clients: the official openai SDK', () => {
     assert.equal(ids.usage?.prompt_tokens, 4, 'the mocker counts one token per id');
   });
 
-  it('without max_tokens, generates until the context is full (the mocker has --mocker-max-context 64)', async () => {
-    const res = await client().chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'hi' }] });
-    assert.equal(res.choices[0]?.finish_reason, 'length');
-    assert.equal((res.usage?.prompt_tokens ?? 0) + (res.usage?.completion_tokens ?? 0), 64);
+  it('without max_tokens the answer ends on its own (stop) at a length of its prompt, the same each time; max_tokens still cuts it, and so does the context', async () => {
+    const ask = (content: string, extra: object = {}) => client().chat.completions.create({ model: 'm1', messages: [{ role: 'user', content }], ...extra });
+    const lengths = new Set<number>();
+    for (const content of ['hi', 'tell me about tides', 'what is a harbor?', 'and the river?']) {
+      const res = await ask(content);
+      assert.equal(res.choices[0]?.finish_reason, 'stop', content);
+      const n = res.usage!.completion_tokens;
+      assert.ok(n >= 16 && n <= 96, `${content}: ${n} words`);
+      assert.equal((await ask(content)).usage!.completion_tokens, n, 'the same each time');
+      lengths.add(n);
+    }
+    assert.ok(lengths.size > 1, 'the length depends on the prompt');
+    const cut = await ask('tell me about tides', { max_tokens: 5 });
+    assert.deepEqual([cut.choices[0]?.finish_reason, cut.usage?.completion_tokens], ['length', 5]);
+    // A prompt that leaves the answer no more than 3 tokens of the mocker's 1,024: cut by the context.
+    const full = await ask('tide '.repeat(1019).trim());
+    assert.equal(full.choices[0]?.finish_reason, 'length');
+    assert.equal(full.usage!.prompt_tokens + full.usage!.completion_tokens, 1024);
+  });
+});
+
+describe('clients: agents and structured output on the mocker (as `npm start` serves it)', () => {
+  const weather = { type: 'object', properties: { city: { type: 'string' } }, required: ['city'], additionalProperties: false };
+
+  it("the openai SDK's runTools: a two-step tool loop (the call, its result, an answer that ends with stop)", async () => {
+    const called: string[] = [];
+    const runner = client().chat.completions.runTools({
+      model: 'm1',
+      messages: [{ role: 'user', content: 'What is the weather in Paris?' }],
+      tools: [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city', parameters: weather, parse: JSON.parse, function: (args: { city: string }) => (called.push(args.city), `sunny in ${args.city}`) } }],
+    });
+    const final = await runner.finalChatCompletion();
+    assert.equal(called.length, 1, 'the tool ran once');
+    assert.deepEqual(runner.messages.map((m) => m.role), ['user', 'assistant', 'tool', 'assistant']);
+    assert.equal(final.choices[0]?.finish_reason, 'stop');
+    assert.ok((final.choices[0]?.message.content ?? '').length > 0);
+  });
+
+  it('an OpenAI Agents SDK agent with a function tool completes in its default mode (the Responses API)', async () => {
+    setTracingDisabled(true);
+    setDefaultOpenAIClient(client());
+    const executed: string[] = [];
+    const getWeather = agentTool({ name: 'get_weather', description: 'The weather in a city', parameters: z.object({ city: z.string() }), execute: async ({ city }) => (executed.push(city), `sunny in ${city}`) });
+    const agent = new Agent({ name: 'forecaster', instructions: 'Answer with the weather tool.', model: 'm1', tools: [getWeather] });
+    const result = await run(agent, 'What is the weather in Paris?');
+    assert.equal(executed.length, 1);
+    assert.deepEqual(result.newItems.map((i) => i.type), ['tool_call_item', 'tool_call_output_item', 'message_output_item']);
+    assert.equal(typeof result.finalOutput, 'string');
+    assert.ok((result.finalOutput as string).length > 0);
+    assert.ok(await metricValue(base, 'ebb_frontend_requests_total', 'endpoint="/v1/responses",status="200"') >= 2, 'it called the Responses API');
+  });
+
+  it('response_format json_schema: JSON that validates against the schema (objects, arrays, enums, bounds, anyOf, $ref), and the SDK parses a zod one', async () => {
+    const schema = {
+      type: 'object',
+      properties: {
+        title: { type: 'string', minLength: 3 },
+        mood: { type: 'string', enum: ['calm', 'stormy'] },
+        steps: { type: 'array', minItems: 2, maxItems: 4, items: { $ref: '#/$defs/step' } },
+        depth: { anyOf: [{ type: 'integer', minimum: 1, maximum: 9 }, { type: 'null' }] },
+      },
+      required: ['title', 'mood', 'steps', 'depth'],
+      additionalProperties: false,
+      $defs: { step: { type: 'object', properties: { n: { type: 'integer', minimum: 0 }, done: { type: 'boolean' } }, required: ['n', 'done'], additionalProperties: false } },
+    };
+    const validate = new Ajv().compile(schema);
+    for (const content of ['plan the voyage', 'another plan']) {
+      const res = await client().chat.completions.create({ model: 'm1', messages: [{ role: 'user', content }], response_format: { type: 'json_schema', json_schema: { name: 'plan', schema, strict: true } } });
+      assert.equal(res.choices[0]?.finish_reason, 'stop');
+      const answer = JSON.parse(res.choices[0]?.message.content ?? '') as unknown;
+      assert.ok(validate(answer), `${JSON.stringify(answer)}: ${JSON.stringify(validate.errors)}`);
+    }
+    const Cube = z.object({ name: z.string(), count: z.number().int(), tags: z.array(z.string()) });
+    const parsed = await client().chat.completions.parse({ model: 'm1', messages: [{ role: 'user', content: 'describe a cube' }], response_format: zodResponseFormat(Cube, 'cube') });
+    assert.ok(Cube.safeParse(parsed.choices[0]?.message.parsed).success, JSON.stringify(parsed.choices[0]?.message.parsed));
+    const object = await client().chat.completions.create({ model: 'm1', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_object' } });
+    assert.equal(typeof JSON.parse(object.choices[0]?.message.content ?? ''), 'object');
   });
 });
 

@@ -11,6 +11,7 @@ import { Writable } from 'node:stream';
 import { fileURLToPath } from 'node:url';
 import { pino, type Logger } from 'pino';
 import { createEngine } from '../src/engine/create-engine.js';
+import { freePort } from '../src/engine/engine-process.js';
 import type { Engine, GenerateRequest } from '../src/engine/engine.js';
 import type { EngineKind } from '../src/engine/engine-quiescence.js';
 import { startEngineSim, type EngineSim, type EngineSimOptions, type SimKind } from './helpers/engine-sim.js';
@@ -472,7 +473,7 @@ describe('OpenAIEngine in this process', { skip: simOnly }, () => {
     const withLen = await sim('vllm', { maxModelLen: 8192 });
     const e1 = await createEngine(spec({ url: withLen.url }), 'aggregated', captureLog().log, new AbortController().signal);
     engines.push(e1);
-    assert.deepEqual(e1.capabilities, { json_object: true, json_schema: false, logprobs: true, tools: false, max_context: 8192, continuation: true, prompt_token_ids: true, embeddings: false });
+    assert.deepEqual(e1.capabilities, { json_object: true, json_schema: false, logprobs: true, tools: false, max_context: 8192, continuation: true, prompt_token_ids: true, embeddings: false, sampling: true });
     const generic = await sim('generic', { maxModelLen: null });
     const e2 = await createEngine(spec({ url: generic.url, kind: 'generic' }), 'aggregated', captureLog().log, new AbortController().signal);
     engines.push(e2);
@@ -483,10 +484,11 @@ describe('OpenAIEngine in this process', { skip: simOnly }, () => {
   });
 
   it('an engine that never becomes healthy fails start-up with one line naming the URL', async () => {
-    const p = spawnEbb(['worker', '--engine', 'openai', '--engine-url', 'http://127.0.0.1:9', '--engine-load-timeout-ms', '300', '--discovery', tempDiscoveryUrl()], 'worker');
+    const closed = await freePort(); // nothing listens there (not a fixed port someone may use)
+    const p = spawnEbb(['worker', '--engine', 'openai', '--engine-url', `http://127.0.0.1:${closed}`, '--engine-load-timeout-ms', '300', '--discovery', tempDiscoveryUrl()], 'worker');
     assert.equal(await p.exitCode(), 1);
     const line = p.stderr.find((l) => l.startsWith('ebb: '));
     // (The worker may say "worker could not start: " first.)
-    assert.match(line ?? '', /^ebb: .*the engine at http:\/\/127\.0\.0\.1:9\/v1\/models did not become healthy within 300 ms \(last: .*ECONNREFUSED/);
+    assert.match(line ?? '', new RegExp(`^ebb: .*the engine at http://127\\.0\\.0\\.1:${closed}/v1/models did not become healthy within 300 ms \\(last: .*ECONNREFUSED`));
   });
 });

@@ -1,8 +1,8 @@
 /**
  * Several `ebb up` fleets of one user on one machine: each says what it runs in a file of its own;
  * the operator commands without flags use the one running, refuse to guess among several (listing
- * them, asking for --fleet), ignore and remove the file of a fleet that was killed; a fleet that
- * stops removes only its own file.
+ * them, asking for --fleet) but need none for a worker given by its URL, ignore and remove the file
+ * of a fleet that was killed; a fleet that stops removes only its own file.
  */
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -18,10 +18,18 @@ const env = { XDG_RUNTIME_DIR: runtime, EBB_DISCOVERY: undefined, EBB_ADMIN_TOKE
 const ebb = (...args: string[]) => runEbb(args, env, 60_000);
 const stateFile = (name: string) => join(runtime, 'ebb', `up-${name}.json`);
 
-async function startUp(name?: string): Promise<{ up: EbbProcess; adminUrl: string }> {
+interface Fleet {
+  up: EbbProcess;
+  adminUrl: string;
+  /** Its one worker: id and system URL, from the banner. */
+  worker: { id: string; url: string };
+}
+
+async function startUp(name?: string): Promise<Fleet> {
   const up = spawnEbb(['up', '--workers', '1', '--port', '0', '--admin-port', '0', '--mocker-itl-ms', '0', ...(name === undefined ? [] : ['--name', name])], `ebb up ${name ?? ''}`, env);
   const [, adminUrl] = await up.waitForStderr(/Fleet admin:\s+(\S+)\/workers/);
-  return { up, adminUrl: adminUrl! };
+  const [, id, url] = await up.waitForStderr(/worker (\S+): admin (\S+)/);
+  return { up, adminUrl: adminUrl!, worker: { id: id!, url: url! } };
 }
 
 const workerIds = async (args: string[]) => {
@@ -30,8 +38,8 @@ const workerIds = async (args: string[]) => {
   return (JSON.parse(r.stdout) as { workers: Array<{ worker_id: string }> }).workers.map((w) => w.worker_id);
 };
 
-let a: { up: EbbProcess; adminUrl: string };
-let b: { up: EbbProcess; adminUrl: string };
+let a: Fleet;
+let b: Fleet;
 before(async () => {
   [a, b] = await Promise.all([startUp('alpha'), startUp()]);
 });
@@ -57,6 +65,23 @@ describe('several `ebb up` fleets', () => {
     const unknown = await ebb('workers', '--fleet', 'nope');
     assert.notEqual(unknown.code, 0);
     assert.match(unknown.stderr, /no `ebb up` named "nope" is running; running: .*alpha \(/);
+  });
+
+  it("a worker given by its system URL is acted on directly, with no --fleet: status, drain --wait, resume, prestop", async () => {
+    const { id, url } = b.worker;
+    const status = await ebb('status', url);
+    assert.equal(status.code, 0, `ebb status URL looked for a fleet: ${status.stderr}`);
+    assert.match(status.stdout, new RegExp(`^worker ${id}: serving`));
+    const drain = await ebb('drain', url, '--wait', '--timeout', '30s');
+    assert.equal(drain.code, 0, drain.stderr);
+    assert.match(drain.stdout, new RegExp(`^worker ${id} drained in`));
+    const resume = await ebb('resume', url);
+    assert.equal(resume.code, 0, resume.stderr);
+    assert.match(resume.stdout, new RegExp(`^worker ${id}: serving`));
+    const prestop = await ebb('prestop', '--system-url', url, '--timeout', '30s');
+    assert.equal(prestop.code, 0, prestop.stderr);
+    assert.match(prestop.stdout, new RegExp(`^worker ${id} drained in`));
+    assert.equal((await ebb('resume', url)).code, 0, 'back in rotation for the tests below');
   });
 
   it('a second fleet of a name that runs is refused', async () => {

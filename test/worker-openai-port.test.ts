@@ -34,7 +34,7 @@ describe('ebb worker --openai-port', () => {
     assert.notEqual(new URL(base).port, '0');
     assert.match(String(w.logs.find((l) => l.event === 'worker_ready')?.msg), new RegExp(`OpenAI API ${base}/v1`));
     assert.equal((await call('GET', `${base}/v1/models`)).status, 401, 'no key');
-    assert.equal((await call('GET', `${base}/v1/models`, undefined, { authorization: 'Bearer wrong' })).status, 403, 'a wrong key');
+    assert.equal((await call('GET', `${base}/v1/models`, undefined, { authorization: 'Bearer wrong' })).status, 401, 'a wrong key (OpenAI\'s 401 invalid_api_key)');
     const models = await call('GET', `${base}/v1/models`, undefined, { authorization: `Bearer ${KEY}` });
     assert.deepEqual(models.body.data.map((m: { id: string; status: string }) => [m.id, m.status]), [['m1', 'available']]);
     assert.equal((await call('GET', `${base}/health`)).status, 200, '/health: ready while the worker serves');

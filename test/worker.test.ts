@@ -390,7 +390,7 @@ describe('worker process: request ownership', () => {
     const before = (await call('GET', `${w.systemUrl}/engine/status`)).body.engine.generated_tokens as number;
     const bad = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', prompt: 'x', request_id: 'id with spaces\u00e9' });
     assert.equal(bad.status, 400);
-    assert.equal(bad.body.error.code, 'invalid_request');
+    assert.deepEqual([bad.body.error.code, bad.body.error.param], ['invalid_value', 'request_id']);
     const st = await call('GET', `${w.systemUrl}/engine/status`);
     assert.equal(st.body.engine.generated_tokens, before);
   });
@@ -399,7 +399,7 @@ describe('worker process: request ownership', () => {
     const w = await sharedWorker();
     const drain = await call('POST', `${w.systemUrl}/engine/drain`, { reason: 'x', deadline: 5 });
     assert.equal(drain.status, 400);
-    assert.equal(drain.body.error.code, 'invalid_request');
+    assert.deepEqual([drain.body.error.code, drain.body.error.param], ['unknown_parameter', 'deadline']);
     assert.equal((await call('GET', `${w.systemUrl}/engine/status`)).body.state, 'serving');
   });
 

@@ -33,6 +33,10 @@ export interface SourceFlags {
   fleet?: string;
 }
 
+/** The <worker> of status, drain and resume: by id through the fleet, or by URL with no fleet at all. */
+export const WORKER_ARGUMENT =
+  "worker id (looked up through --frontend, --fleet or discovery) or the worker's system URL, e.g. http://127.0.0.1:9090: a URL is used directly, nothing is looked up (it works whatever `ebb up` fleets run, and ignores --frontend, --fleet and --discovery)";
+
 /** --frontend / --discovery (one or the other) and --token-file, for every operator command. */
 export function addSourceOptions(cmd: Command): Command {
   return cmd
@@ -95,18 +99,29 @@ export interface WorkerRef {
   statusEvents(signal: AbortSignal): AsyncGenerator<WorkerStatus, void, void>;
 }
 
+export type FleetSource = { kind: 'frontend'; url: string } | { kind: 'discovery'; url: string };
+
 export class AdminClient {
   private readonly agent = createAdminAgent(2000);
+  private picked: FleetSource | undefined;
   private constructor(
-    readonly source: { kind: 'frontend'; url: string } | { kind: 'discovery'; url: string },
+    private readonly flags: SourceFlags,
     private readonly token: string | undefined,
   ) {}
 
   static async create(flags: SourceFlags): Promise<AdminClient> {
     const token = await loadAdminToken(flags.tokenFile ?? flags.adminTokenFile);
-    const source = flags.frontend !== undefined ? { kind: 'frontend' as const, url: trimUrl(flags.frontend) } : (defaultSource(flags) ?? { kind: 'discovery' as const, url: flags.discovery ?? discoveryDefault() });
-    if (source.kind === 'frontend' && !isUrl(source.url)) throw new CliError(`--frontend expects the admin API URL of a frontend, like http://127.0.0.1:8001; got "${source.url}"`);
-    return new AdminClient(source, token);
+    if (flags.frontend !== undefined && !isUrl(trimUrl(flags.frontend))) throw new CliError(`--frontend expects the admin API URL of a frontend, like http://127.0.0.1:8001; got "${trimUrl(flags.frontend)}"`);
+    return new AdminClient(flags, token);
+  }
+
+  /**
+   * Where the fleet is read from, picked on first use: a command given a worker's URL never asks
+   * (see resolve), so the `ebb up` fleets running, however many, are nothing to it.
+   */
+  get source(): FleetSource {
+    this.picked ??= this.flags.frontend !== undefined ? { kind: 'frontend', url: trimUrl(this.flags.frontend) } : (defaultSource(this.flags) ?? { kind: 'discovery', url: this.flags.discovery ?? discoveryDefault() });
+    return this.picked;
   }
 
   async close(): Promise<void> {
@@ -238,7 +253,7 @@ export class AdminClient {
     return `; ${this.source.url} is a frontend's OpenAI port, not its admin API, which listens on --admin-port (default: --port + 1${next !== undefined ? `: try --frontend ${admin.origin}` : ''})`;
   }
 
-  /** A worker id (looked up through the source) or a system URL (used as it is). */
+  /** A worker id (looked up through the source) or a system URL (used as it is: no source is picked). */
   async resolve(target: string): Promise<WorkerRef> {
     if (isUrl(target)) return this.direct(trimUrl(target));
     if (this.source.kind === 'frontend') {

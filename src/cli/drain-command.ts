@@ -1,6 +1,6 @@
 import { printable } from '../common/terminal-text.js';
 import { Command, Option } from 'commander';
-import { addSourceOptions, withClient, type SourceFlags } from './admin-client.js';
+import { addSourceOptions, withClient, WORKER_ARGUMENT, type SourceFlags } from './admin-client.js';
 import { waitForDrained } from './drain-wait.js';
 import { describeEta, describeWaiting, formatDuration, ProgressLine } from './progress-line.js';
 import { durationOption } from './options.js';
@@ -18,7 +18,7 @@ export function drainCommand(): Command {
   return addSourceOptions(
     new Command('drain')
       .description('drain a worker: it stops admitting, leaves discovery, and finishes what it admitted')
-      .argument('<worker>', 'worker id (looked up through --frontend or discovery) or its system URL'),
+      .argument('<worker>', WORKER_ARGUMENT),
   )
     .option('--wait', 'follow the drain until the worker is drained (progress on stderr)')
     .addOption(new Option('--timeout <duration>', 'with --wait: give up after this long (exit 2); the drain itself goes on').argParser(durationOption).default(durationOption('10m'), '10m'))

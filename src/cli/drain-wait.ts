@@ -83,3 +83,12 @@ export async function waitForDrained(
 export function servingOf(fleet: FleetEntry[], model: string): FleetEntry[] {
   return fleet.filter((e) => e.model === model && e.in_discovery && e.reachable && e.state === 'serving');
 }
+
+/**
+ * The workers of a model in rotation that every frontend routes to (each marks it in discovery):
+ * what a rollout waits for before it takes the next worker out. A worker whose status says nothing
+ * of it (older than the marks) counts as serving.
+ */
+export function routedOf(fleet: FleetEntry[], model: string): FleetEntry[] {
+  return servingOf(fleet, model).filter((e) => e.status?.routed !== false);
+}

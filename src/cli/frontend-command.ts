@@ -19,6 +19,8 @@ import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/admis
 import { isStoreUrl, parseStoreUrl, redactUrl, storePassword, STORE_PASSWORD_ENV } from '../frontend/streams/redis-store.js';
 import { discoveryFlag, intOption, msOption, portOption, weightOption } from './options.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
+import { exitTraced, startTracingOr } from './tracing-start.js';
+import { hostname } from 'node:os';
 
 interface FrontendFlags {
   host: string;
@@ -115,8 +117,8 @@ export function frontendCommand(): Command {
         .default(1),
     )
     .option('--shutdown-timeout-ms <n>', `then, how long open streams and admin calls may finish before they are ended (server_closing; a kept stream is handed on to another frontend) and cut (exit 1 then); a Ctrl-C (SIGINT) waits at most ${INTERACTIVE_SHUTDOWN_TIMEOUT_MS / 1000} s`, msOption(0), DEFAULT_SHUTDOWN_TIMEOUT_MS)
-    .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 queue_timeout past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
-    .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 queue_full (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
+    .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 rate_limit_exceeded past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
+    .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 rate_limit_exceeded (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
     .option(
       '--stream-store <where>',
       'where streams are kept so a client can resume one (GET .../{id}?stream=true with Last-Event-ID): memory (this process), a Redis shared by a fleet of frontends (a resume at any of them; one taking over a stream whose frontend died): redis://[user:password@]host:port[/db], rediss://... (TLS), redis+sentinel://host:26379[,host:port...]/<master name> (Sentinel, failovers followed), redis+cluster://host:port[,host:port...] (Redis Cluster); or none',
@@ -146,6 +148,7 @@ export function frontendCommand(): Command {
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
       const timeouts = { requestTimeoutMs: flags.requestTimeoutMs, headersTimeoutMs: flags.headersTimeoutMs, keepAliveTimeoutMs: flags.keepAliveTimeoutMs };
       const log = createLogger('frontend');
+      await startTracingOr(log, 'ebb-frontend', `${hostname()}:${process.pid}`);
       const opts: FrontendOptions = {
         host: flags.host,
         port: flags.port,
@@ -208,7 +211,7 @@ export function frontendCommand(): Command {
           stopping = true;
           void frontend.close(flags.shutdownTimeoutMs, 0).catch(() => undefined);
         }
-        void frontend.interrupt(`the frontend was stopped (${why}); retry`).finally(() => process.exit(130));
+        void frontend.interrupt(`the frontend was stopped (${why}); retry`).finally(() => exitTraced(130));
       };
       const stop = (signal: NodeJS.Signals, graceMs = 0) => {
         if (stopping) return force(`${signal} again`);
@@ -216,7 +219,7 @@ export function frontendCommand(): Command {
         const timeoutMs = shutdownTimeoutFor(signal, flags.shutdownTimeoutMs);
         log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs, timeout_ms: timeoutMs }, `stopping: finishing open streams (at most ${timeoutMs / 1000} s; ${signal} again to stop now)`);
         frontend.close(timeoutMs, graceMs).then(
-          (clean) => (interrupted ? undefined : process.exit(clean ? 0 : 1)),
+          (clean) => (interrupted ? undefined : exitTraced(clean ? 0 : 1)),
           (err: unknown) => {
             log.error({ err }, 'stop failed');
             process.exit(1);

@@ -1,5 +1,5 @@
 import { Command } from 'commander';
-import { addSourceOptions, withClient, type SourceFlags } from './admin-client.js';
+import { addSourceOptions, withClient, WORKER_ARGUMENT, type SourceFlags } from './admin-client.js';
 import { summarize } from './status-command.js';
 
 interface ResumeFlags extends SourceFlags {
@@ -10,7 +10,7 @@ export function resumeCommand(): Command {
   return addSourceOptions(
     new Command('resume')
       .description('put a draining or drained worker back in rotation (it reopens admission and registers again)')
-      .argument('<worker>', 'worker id (looked up through --frontend or discovery) or its system URL'),
+      .argument('<worker>', WORKER_ARGUMENT),
   )
     .option('--json', 'print the resulting status as JSON')
     .action(async (target: string, flags: ResumeFlags) => {

@@ -4,7 +4,7 @@ import { Command, Option } from 'commander';
 import { addSourceOptions, withClient, type AdminClient, type FleetEntry, type SourceFlags } from './admin-client.js';
 import { CliError, EXIT_FAILURE, EXIT_TIMEOUT } from './cli-error.js';
 import { K8sError } from '../k8s/k8s-error.js';
-import { POLL_INTERVAL_MS, servingOf, waitForDrained } from './drain-wait.js';
+import { POLL_INTERVAL_MS, routedOf, servingOf, waitForDrained } from './drain-wait.js';
 import { describeWaiting, formatDuration } from './progress-line.js';
 import { durationOption, intOption } from './options.js';
 import { destination, pino } from 'pino';
@@ -49,16 +49,20 @@ function runHook(cmd: string, worker: FleetEntry, timeoutMs: number): Promise<vo
   });
 }
 
-/** Polls the fleet until `model` has at least `want` workers in rotation (see waitForDrained on polling). */
+/**
+ * Polls the fleet until `model` has at least `want` workers in rotation that every frontend routes
+ * to (see waitForDrained on polling): a replacement that serves but that some frontend cannot route
+ * to yet does not count, so the next worker is never taken out into a gap.
+ */
 async function waitForServing(client: AdminClient, model: string, want: number, timeoutMs: number): Promise<number> {
   const started = Date.now();
   let have = -1;
   for (;;) {
-    have = servingOf(await client.fleet(), model).length;
+    have = routedOf(await client.fleet(), model).length;
     if (have >= want) return have;
     const elapsed = Date.now() - started;
     if (elapsed >= timeoutMs)
-      throw new CliError(`model ${model} has ${have} serving worker(s), not ${want}, after ${formatDuration(timeoutMs)}; rollout stopped`, EXIT_TIMEOUT);
+      throw new CliError(`model ${model} has ${have} serving worker(s) that every frontend routes to, not ${want}, after ${formatDuration(timeoutMs)}; rollout stopped`, EXIT_TIMEOUT);
     await sleep(Math.min(POLL_INTERVAL_MS, timeoutMs - elapsed));
   }
 }

@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { printable } from '../common/terminal-text.js';
 import type { WorkerStatus } from '../common/worker-admin.js';
-import { addSourceOptions, withClient, type SourceFlags } from './admin-client.js';
+import { addSourceOptions, withClient, WORKER_ARGUMENT, type SourceFlags } from './admin-client.js';
 import { formatDuration } from './progress-line.js';
 
 interface StatusFlags extends SourceFlags {
@@ -26,7 +26,7 @@ export function statusCommand(): Command {
   return addSourceOptions(
     new Command('status')
       .description("show one worker's lifecycle status")
-      .argument('<worker>', 'worker id (looked up through --frontend or discovery) or its system URL'),
+      .argument('<worker>', WORKER_ARGUMENT),
   )
     .option('--json', 'print the status as JSON')
     .action(async (target: string, flags: StatusFlags) => {

@@ -25,6 +25,11 @@ import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 import type { AdapterSource } from '../engine/engine-adapters.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 import { DEFAULT_MAX_EMBEDDING_TOKENS } from '../worker/embedding-tokens.js';
+import { exitTraced, startTracingOr } from './tracing-start.js';
+import { DISRUPTION_SOURCES, type DisruptionSourceName } from '../disruption/notice.js';
+import { AWS_ENDPOINT_ENV } from '../disruption/aws.js';
+import { GCE_HOST_ENV } from '../disruption/gcp.js';
+import { AZURE_ENDPOINT_ENV } from '../disruption/azure.js';
 
 interface WorkerFlags extends LlamaCppFlags {
   engine: string;
@@ -84,6 +89,11 @@ interface WorkerFlags extends LlamaCppFlags {
   engineEmbeddings?: boolean;
   k8sSelfPod?: string | boolean;
   kubeconfig?: string;
+  disruptionSource: DisruptionSourceName[];
+  disruptionMarginMs: number;
+  disruptionLeadMs: number;
+  disruptionPollMs: number;
+  disruptionOnCordon?: boolean;
 }
 
 export function workerCommand(): Command {
@@ -142,6 +152,20 @@ export function workerCommand(): Command {
     .option('--kv-transfer-ttl-ms <n>', 'prefill workers: how long computed KV waits for its decode peer (llama-cpp: also a hand-off KV state for the next worker)', msOption(1), MOCKER_DEFAULTS.kvTransferTtlMs)
     .option('--k8s-self-pod [namespace/name]', 'follow the ebb.dev/drain annotation of this pod and write the state back (default: env POD_NAMESPACE / POD_NAME from the downward API)')
     .option('--kubeconfig <path>', 'with --k8s-self-pod outside a cluster: the kubeconfig to use (default: in-cluster credentials, else KUBECONFIG or ~/.kube/config)')
+    .addOption(
+      new Option(
+        '--disruption-source <name>',
+        `drain ahead of the platform's notices (repeatable): aws (EC2 spot instance-action and scheduled maintenance, IMDSv2; env ${AWS_ENDPOINT_ENV}), ` +
+          `gcp (instance/preempted and maintenance-event; env ${GCE_HOST_ENV}), azure (Scheduled Events Preempt/Terminate/Reboot/Redeploy; env ${AZURE_ENDPOINT_ENV}), ` +
+          'k8s (this pod\'s DisruptionTarget condition and its node\'s removal taints; needs --k8s-self-pod). A notice drains with a deadline at its time less --disruption-margin-ms; a withdrawn one resumes the drain it started',
+      )
+        .argParser(collectDisruptionSource)
+        .default([] as DisruptionSourceName[], 'none'),
+    )
+    .option('--disruption-margin-ms <n>', 'streams still running this long before a notice\'s time are handed off to other workers', msOption(0), 10_000)
+    .option('--disruption-lead-ms <n>', 'a notice further ahead than this (plus the margin) starts its drain only then (scheduled maintenance days ahead)', msOption(0), 600_000)
+    .option('--disruption-poll-ms <n>', 'aws, azure: how often their metadata endpoint is read (gcp and k8s are told of changes)', msOption(100), 5000)
+    .option('--disruption-on-cordon', 'k8s: a cordoned node (unschedulable) drains too (default: a hint, logged)')
     .option('--engine-url <url>', '--engine openai: the OpenAI-compatible engine server (default with --engine-cmd: http://127.0.0.1:{port})')
     .addOption(new Option('--engine-kind <kind>', '--engine openai: which server it is, for its idleness signal').choices([...ENGINE_KINDS]).default('generic'))
     .option('--engine-cmd <command>', '--engine openai: start the engine as this worker\'s child, {port} replaced by a free port; stopped after the worker drained')
@@ -180,14 +204,16 @@ export function workerCommand(): Command {
       const apiGuard = await loadApiGuard(flags.apiKeyFile);
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
+      await startTracingOr(log, 'ebb-worker', workerId);
       // Before the engine loads: a pod annotated for drain starts the worker drained, not registered.
       // Loaded only with --k8s-self-pod: the Kubernetes client is heavy, and most workers never use it.
+      if (flags.disruptionSource.includes('k8s') && flags.k8sSelfPod === undefined) throw new CliError('--disruption-source k8s follows this pod and its node: pass --k8s-self-pod too');
       const k8s = flags.k8sSelfPod === undefined ? undefined : await import('../k8s/self-pod-setup.js');
       const selfPod: SelfPodSetup | undefined = k8s === undefined || flags.k8sSelfPod === undefined ? undefined : await k8s.resolveSelfPod(flags.k8sSelfPod, flags.kubeconfig);
       let exiting = false;
       const exit = (code: number) => {
         exiting = true;
-        process.exit(code);
+        exitTraced(code);
       };
       // Signals count from the start: one that arrives while the engine loads stops the load.
       const loading = new AbortController();
@@ -262,7 +288,7 @@ export function workerCommand(): Command {
         // Nothing was registered or admitted: a stop during loading is a clean exit.
         if (loading.signal.aborted) {
           log.info({ event: 'shutdown_complete', exit_code: 0, during: 'loading' }, 'stopped while loading');
-          exit(0);
+          return exit(0);
         }
         log.fatal({ event: 'worker_start_failed', err: (err as Error).message }, `worker could not start: ${(err as Error).message}`);
         throw new CliError(`worker could not start: ${(err as Error).message}`);
@@ -282,6 +308,21 @@ export function workerCommand(): Command {
           shutdown(worker, 'SIGTERM');
           return;
         }
+      }
+      if (flags.disruptionSource.length > 0 && !worker.lifecycle.isShuttingDown) {
+        const { watchDisruptions } = await import('../disruption/watch-disruptions.js');
+        await watchDisruptions(
+          worker.lifecycle,
+          {
+            sources: flags.disruptionSource,
+            marginMs: flags.disruptionMarginMs,
+            leadMs: flags.disruptionLeadMs,
+            pollMs: flags.disruptionPollMs,
+            onCordon: flags.disruptionOnCordon === true,
+            k8s: selfPod && k8s ? { pods: selfPod.api, nodes: k8s.nodeApiOf(selfPod), ref: selfPod.ref, nodeName: process.env.NODE_NAME || undefined } : undefined,
+          },
+          log,
+        );
       }
       // A signal that came while startWorker was finishing (after the load) is honoured now.
       if (loading.signal.aborted) shutdown(worker, 'SIGTERM');
@@ -341,6 +382,12 @@ function engineSpec(flags: WorkerFlags): EngineSpec {
   };
 }
 
+
+/** --disruption-source, repeatable: each name once, checked against the sources there are. */
+function collectDisruptionSource(value: string, previous: DisruptionSourceName[]): DisruptionSourceName[] {
+  if (!(DISRUPTION_SOURCES as readonly string[]).includes(value)) throw new InvalidArgumentError(`not a disruption source: ${value} (one of ${DISRUPTION_SOURCES.join(', ')})`);
+  return previous.includes(value as DisruptionSourceName) ? previous : [...previous, value as DisruptionSourceName];
+}
 
 /** --engine-tool-syntax, refused as commander refuses a bad value. */
 function toolSyntaxOption(value: string): ToolCallSyntax {

@@ -10,7 +10,8 @@ import { EbbError } from '../protocol/errors.js';
  * - Admin listeners bind loopback by default. Binding anything else without an admin token is
  *   refused at start: an open drain button on the network is a denial-of-service switch.
  * - With a token, mutating routes need `Authorization: Bearer <token>`: 401 (with
- *   `WWW-Authenticate: Bearer`) when it is missing or not Bearer, 403 when it is wrong.
+ *   `WWW-Authenticate: Bearer`) when it is missing or not Bearer, 403 when it is wrong (a client
+ *   API key, 401 `invalid_api_key`, as OpenAI answers).
  *   Read-only status and the probes (/live, /health, /metrics) stay open; a worker's event streams
  *   (/kv/events, /engine/status/events) need the token, since each holds a connection for as long
  *   as it lasts (a frontend presents it: --worker-admin-token-file, default its own admin token).
@@ -180,7 +181,8 @@ export function createAdminGuard(tokens: string | readonly NamedToken[] | undefi
     const got = digest(presented);
     let match: string | undefined;
     for (const e of expected) if (timingSafeEqual(got, e.digest) && match === undefined) match = e.name;
-    if (match === undefined) throw new EbbError('forbidden', `the ${what} token is not valid`);
+    // A client's API key is answered as OpenAI answers a wrong key (401 invalid_api_key: its SDKs raise AuthenticationError); an admin or request-plane token, 403.
+    if (match === undefined) throw what === 'API' ? new EbbError('invalid_api_key', 'Incorrect API key provided: it is not one of this server\'s keys (--api-key-file)') : new EbbError('forbidden', `the ${what} token is not valid`);
     return match;
   };
 }

@@ -9,7 +9,7 @@ import { EbbError } from '../protocol/errors.js';
  * (`Origin: http://evil:PORT`, `Host: evil:PORT`) is same-origin with the listener and reads or
  * drives it at will. The rules, in order:
  *
- * - Probes (GET /live, /health) are exempt: they reveal nothing, and a probe must never fail on them.
+ * - Probes (GET /live, /health, /ready) are exempt: they reveal nothing, and a probe must never fail on them.
  * - No admin token: only requests addressed to a loopback name (`Host: localhost`, 127.0.0.0/8,
  *   [::1]) are answered; a rebinding page's requests carry the attacker's host name.
  * - A request with an `Origin` (every browser POST has one) must come from an allowed origin: the
@@ -33,7 +33,7 @@ import { EbbError } from '../protocol/errors.js';
 export const ADMIN_ORIGINS_ENV = 'EBB_ADMIN_ORIGINS';
 
 /** Paths answered whatever the boundary says: probes must not depend on how they are addressed. */
-export const PROBE_PATHS: readonly string[] = ['/live', '/health'];
+export const PROBE_PATHS: readonly string[] = ['/live', '/health', '/ready'];
 
 export interface AdminBoundaryOptions {
   /** Whether mutations need an admin token (the listener may then be off loopback). */

@@ -1,13 +1,14 @@
-import Fastify, { type FastifyInstance, type FastifyError, type FastifyReply } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyError, type FastifyReply, type FastifyRequest } from 'fastify';
 import { readFileSync } from 'node:fs';
 import type { AddressInfo, Socket } from 'node:net';
 import { hostname } from 'node:os';
 import { EbbError, errorBody, type ErrorCode } from '../protocol/errors.js';
+import { schemaError, type SchemaViolation } from './schema-errors.js';
 import { PROBE_PATHS } from './admin-boundary.js';
 import { applyConnectionBudget, type StreamBudget } from './connection-budget.js';
 import { lazySerializers, lazyValidators, SERVER_AJV_CUSTOM } from './lazy-schema-compilers.js';
 
-/** The probes each kind of listener serves (a worker's system server: /live and /health; the frontend's OpenAI port: /health). */
+/** The probes each kind of listener serves (a worker's system server: /live, /health and /ready; the frontend's OpenAI port: /health). */
 const DEFAULT_PROBES: Record<ListenerRole, readonly string[]> = { admin: PROBE_PATHS, public: ['/health'], internal: [] };
 
 /** Fits the longest worker id percent-encoded (253 bytes, 3 characters each) with room to spare. */
@@ -46,7 +47,7 @@ export interface HttpServerLimits {
 export interface HttpServerOptions extends HttpServerLimits {
   /** Sets the default limits; 'internal' when not given. */
   role?: ListenerRole | undefined;
-  /** Paths (GET) answered even when every connection is busy; default by role (admin: /live, /health; public: /health). */
+  /** Paths (GET) answered even when every connection is busy; default by role (admin: /live, /health, /ready; public: /health). */
   probePaths?: readonly string[] | undefined;
   /** Event streams (GET paths) served from a connection budget of their own (see connection-budget). */
   eventStreams?: StreamBudget | undefined;
@@ -186,10 +187,15 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
   app.setNotFoundHandler((req, reply) => {
     void reply.code(404).send(errorBody('not_found', `no route for ${req.method} ${req.url}`));
   });
-  app.setErrorHandler((err: FastifyError | EbbError, _req, reply) => {
+  app.setErrorHandler((err: FastifyError | EbbError, req, reply) => {
     if (err instanceof EbbError) {
       if (err.headers) void reply.headers(err.headers);
       return reply.code(err.status).send(err.body());
+    }
+    // A body that fails its schema: the field at fault and OpenAI's code and wording (schema-errors.ts).
+    if (err.validation !== undefined) {
+      const failed = schemaError(err.validation as unknown as SchemaViolation[], validated(req, err.validationContext), req.routeOptions.schema?.[(err.validationContext ?? 'body') as 'body']);
+      return reply.code(400).send(failed.body());
     }
     const status = err.statusCode && err.statusCode >= 400 && err.statusCode < 600 ? err.statusCode : 500;
     // A body over the limit is answered before it is read: fastify's `connection: close` closed the
@@ -198,10 +204,17 @@ export function createHttpServer(opts: HttpServerOptions = {}): FastifyInstance 
     if (status === 413) reply.removeHeader('connection');
     const code: ErrorCode =
       status === 400 ? 'invalid_request' : status === 415 ? 'unsupported_media_type' : status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'internal_error';
-    return reply.code(status).send(errorBody(code, err.message));
+    // A body that is not JSON: said as OpenAI says it, with the parser's reason.
+    const message = err.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || err instanceof SyntaxError ? `We could not parse the JSON body of your request: ${err.message}` : err.message;
+    return reply.code(status).send(errorBody(code, message));
   });
   return app;
 }
+/** The part of a request its schema validated (the body, unless the error says the query or params). */
+function validated(req: FastifyRequest, context: string | undefined): unknown {
+  return context === 'querystring' ? req.query : context === 'params' ? req.params : context === 'headers' ? req.headers : req.body;
+}
+
 /** Registers `methods` on `url` and a JSON 405 with an Allow header for every other method. */
 export function allowOnly(app: FastifyInstance, url: string, methods: readonly (typeof ALL_METHODS)[number][]): void {
   const others = ALL_METHODS.filter((m) => !methods.includes(m) && !(m === 'HEAD' && methods.includes('GET')));

@@ -1,6 +1,7 @@
 import type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { ChatMessage, RequestTier, ResponseFormat, TokenLogprob } from '../protocol/request-plane.js';
 import type { ToolChoice, ToolSpec } from '../protocol/tools.js';
+import type { Sampling } from '../protocol/sampling.js';
 
 export type { EngineCapabilities } from '../protocol/capabilities.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
@@ -27,6 +28,8 @@ export interface GenerateRequest {
   temperature: number;
   top_p?: number | undefined;
   seed?: number | undefined;
+  /** Penalties, logit_bias, top_k, min_p, as carried (only ones that change the answer; engines that declare `sampling`). */
+  sampling?: Sampling | undefined;
   stop?: string[] | undefined;
   /** Structured output; only sent to engines whose capabilities declare the format (json_object, json_schema). */
   response_format?: ResponseFormat | undefined;
@@ -49,6 +52,8 @@ export interface GenerateRequest {
   adapter?: string | undefined;
   /** Its service tier (absent: default): an engine with a queue of its own serves waiting requests by tier. */
   tier?: RequestTier | undefined;
+  /** With tracing on: the W3C traceparent of the worker's span of this request; an engine that calls a server passes it on (vLLM reads it). */
+  traceparent?: string | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
   /** With `prefilled`: the prompt tokens the prefill worker found cached, which this request's usage reports as cached. */
@@ -68,6 +73,11 @@ export interface GenerateRequest {
    * export the running sequence's KV (exportKv engines) does, and reports the transfer it holds.
    */
   kv_handoff?: { wanted(reason: unknown): boolean; exported(transfer: KvTransfer): void } | undefined;
+}
+
+/** The field a prompt came in, which a refusal of it names (OpenAI's param for a prompt over the context is `messages`). */
+export function promptParam(req: Pick<GenerateRequest, 'messages'>): 'messages' | 'prompt' {
+  return req.messages === undefined ? 'prompt' : 'messages';
 }
 
 /** A KV state received from a peer, held on this worker until the engine has loaded it. */

@@ -23,14 +23,15 @@ export class GrammarCache {
 
   constructor(private readonly llama: Llama) {}
 
-  /** The grammar for a response_format, or undefined for plain text. Throws on a schema it cannot compile. */
+  /** The grammar for a response_format, or undefined for plain text. Throws a 400 naming response_format on a schema it cannot compile. */
   async grammarFor(format: ResponseFormatLike | undefined): Promise<LlamaGrammar | undefined> {
     if (format === undefined || format.type === 'text') return undefined;
     if (format.type === 'json_object' || format.json_schema.schema === undefined) return (this.json ??= this.llama.getGrammarFor('json'));
     try {
       return await this.forSchema(format.json_schema.schema);
     } catch (err) {
-      throw new Error(`response_format json_schema "${format.json_schema.name ?? ''}" cannot be honoured: ${oneLine(err)}`);
+      // The schema's fault (llama.cpp refuses a grammar past its own repetition bounds): a 400, never a retry on every worker.
+      throw new EbbError('invalid_json_schema', `Invalid schema for response_format '${format.json_schema.name ?? ''}': llama.cpp cannot build its grammar: ${oneLine(err)}`, { param: 'response_format' });
     }
   }
 

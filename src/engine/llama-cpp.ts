@@ -15,7 +15,7 @@ import {
   type LlamaModel,
   type Token,
 } from 'node-llama-cpp';
-import type { EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, KvPayload, KvStateHandle, Quiescence, TokenizeRequest } from './engine.js';
+import { promptParam, type EmbedInput, type EmbedOptions, type EmbedResult, type Engine, type EngineCapabilities, type EngineStats, type GeneratedPiece, type GenerateRequest, type GenerateResult, type KvCacheStats, type KvPayload, type KvStateHandle, type Quiescence, type TokenizeRequest } from './engine.js';
 import { KV_STATE_DEFAULTS, KvStateFiles, sha256File } from './llama-cpp-kv-state.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
@@ -24,6 +24,7 @@ import { PieceAssembler, type AssembledPiece } from './llama-cpp-text.js';
 import { ForcedCall, type Written } from './llama-cpp-tools.js';
 import { forcedFunction, toolsActive } from '../protocol/tools.js';
 import { LlamaLogprobs, samplingMetadata, type SampledToken } from './llama-cpp-logprobs.js';
+import { llamaSampling, type LlamaSamplingOptions } from './llama-cpp-sampling.js';
 import { ggmlTokenizer, tokenBytesOf, type TokenBytes } from './llama-cpp-token-bytes.js';
 import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js';
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
@@ -37,9 +38,6 @@ export { LLAMA_CPP_DEFAULTS, type LlamaCppOptions, type LlamaGpu } from './llama
 
 /** Fields the worker passes when the request carries them (top_p, response_format). */
 type LlamaRequest = GenerateRequest & { top_p?: number | undefined; response_format?: ResponseFormatLike | undefined };
-
-/** node-llama-cpp's sampling defaults are not OpenAI's: no top-k, top-p 1 unless asked. */
-const NO_TOP_K = 0;
 
 /** A function declared without parameters takes none: its arguments are `{}`. */
 const NO_PARAMETERS = { type: 'object', properties: {} };
@@ -179,6 +177,9 @@ interface Prepared {
   grammarEvaluationState: LlamaGrammarEvaluationState | undefined;
   /** tool_choice forces a call: the engine writes it (llama-cpp-tools.ts). */
   forced: ForcedCall | undefined;
+  /** The answer's tokens so far (a continuation's, what the engine wrote, what it sampled): what the penalties count. */
+  answer: Token[];
+  sampling: LlamaSamplingOptions;
 }
 
 /** Rejects with the abort reason once `signal` aborts; never settles otherwise. */
@@ -250,6 +251,8 @@ export class LlamaCppEngine implements Engine {
       prompt_token_ids: this.vocabularySize !== undefined, // ids are checked against it (see render)
       // node-llama-cpp computes no embeddings with encoder-decoder models.
       embeddings: !(model.fileInsights.hasEncoder && model.fileInsights.hasDecoder),
+      // Penalties and logit_bias through llama.cpp's own samplers (llama-cpp-sampling.ts).
+      sampling: true,
     };
   }
 
@@ -306,9 +309,17 @@ export class LlamaCppEngine implements Engine {
       // A prefix this worker already holds (a shared system prompt) is not evaluated again.
       lease = await this.sequences.take(prompt.tokens, this.opts.batchInvariant !== true);
       this.countPrompt(prompt.tokens.length, lease.cached);
-      evaluating = lease.sequence.evaluateWithoutGeneratingNewTokens(prompt.tokens.slice(lease.cached, -1));
-      evaluating.catch(() => undefined);
-      await Promise.race([evaluating, abort.promise]);
+      // One batch of the context's size at a time (where llama.cpp splits one long evaluation too, so
+      // the state is the same), the caller asked between them: a prefill whose caller left stops
+      // within a batch instead of evaluating the rest of a long prompt for nobody.
+      const rest = prompt.tokens.slice(lease.cached, -1);
+      const step = this.context.batchSize;
+      for (let at = 0; at < rest.length; at += step) {
+        signal.throwIfAborted();
+        evaluating = lease.sequence.evaluateWithoutGeneratingNewTokens(rest.slice(at, at + step));
+        evaluating.catch(() => undefined);
+        await Promise.race([evaluating, abort.promise]);
+      }
       const transfer = await this.kv.export(lease.sequence, prompt.tokens.length);
       this.sequences.publish(lease);
       return { ...transfer, cached_tokens: Math.min(lease.cached, prompt.tokens.length) };
@@ -416,11 +427,13 @@ export class LlamaCppEngine implements Engine {
     const already = [...this.continuationTokens(req), ...(forced?.opening?.tokens ?? [])];
     const input = [...prompt.tokens, ...already];
     const room = this.context.contextSize - input.length;
-    if (room <= 0) throw new EbbError('context_length_exceeded', `the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`);
+    if (room <= 0) throw new EbbError('context_length_exceeded', `the prompt is ${input.length} tokens; this engine's context holds ${this.context.contextSize}`, { param: promptParam(req) });
     // A forced call is the whole answer: its own grammars constrain it, not response_format's.
     const grammar = forced === undefined ? await this.grammars.grammarFor(req.response_format) : undefined;
     const grammarEvaluationState = grammar ? grammarState(this.llama, this.model, grammar, already, `response_format ${req.response_format?.type ?? ''}`) : undefined;
-    return { prompt, already, input, room, grammarEvaluationState, forced };
+    const answer = [...already];
+    const sampling = llamaSampling(this.model, this.vocabularySize, req.sampling, answer, this.context.contextSize);
+    return { prompt, already, input, room, grammarEvaluationState, forced, answer, sampling };
   }
 
   /** The call tool_choice forces (`required`, a named function), with its grammars compiled; none under `auto`. */
@@ -433,7 +446,8 @@ export class LlamaCppEngine implements Engine {
     const args = new Map<string, LlamaGrammar>();
     for (const t of tools) {
       const grammar = await this.grammars.forSchema(t.function.parameters ?? NO_PARAMETERS).catch((err: unknown) => {
-        throw new EbbError('invalid_request', `the parameters of tool "${t.function.name}" cannot be honoured: ${oneLine(err)}`, { param: 'tools' });
+        const index = req.tools!.indexOf(t);
+        throw new EbbError('invalid_function_parameters', `Invalid schema for function '${t.function.name}': llama.cpp cannot build its grammar: ${oneLine(err)}`, { param: `tools[${index}].function.parameters` });
       });
       args.set(t.function.name, grammar);
     }
@@ -459,7 +473,7 @@ export class LlamaCppEngine implements Engine {
   async *generate(request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GeneratedPiece, GenerateResult, void> {
     const req = request as LlamaRequest;
     if (this.closed) throw new Error('the engine is closed');
-    const { prompt, already, input, room, grammarEvaluationState, forced } = await this.prepare(req);
+    const { prompt, already, input, room, grammarEvaluationState, forced, answer, sampling } = await this.prepare(req);
     const promptTokens = prompt.tokens.length;
     /** Leading tokens of `input` not evaluated here: found in the sequence's cache, or loaded from a peer's state. */
     let skipped = 0;
@@ -529,8 +543,8 @@ export class LlamaCppEngine implements Engine {
       const out = (piece: AssembledPiece): GeneratedPiece => logprobs?.attach(piece) ?? piece;
       tokens = sequence.evaluateWithMetadata(replay ? already.slice(-1) : input.slice(skipped), samplingMetadata(req.logprobs), {
         temperature: req.temperature,
-        topK: NO_TOP_K,
         topP: req.top_p ?? 1,
+        ...sampling,
         // Seeds are unsigned in llama.cpp; none given: a fresh one per request.
         ...(req.seed !== undefined ? { seed: req.seed >>> 0 } : {}),
         // A forced call's grammar changes as the call goes on (name, then arguments).
@@ -569,6 +583,8 @@ export class LlamaCppEngine implements Engine {
         if (!ended) {
           n++;
           this.generated++;
+          // Counted by the penalties before the next token is sampled (tokens.next() below samples it).
+          answer.push(token);
           logprobs?.sampled(step.value);
         }
         const piece = ended ? text.flush() : text.push(token);
@@ -590,6 +606,8 @@ export class LlamaCppEngine implements Engine {
         // A forced call's name or arguments are complete: the engine writes what follows them.
         const after = forced.ended();
         const { piece: written, whole } = write(after.write);
+        // What the engine wrote is the answer's too, counted by the penalties (the opening already is: it is in `already`).
+        answer.push(...after.write.tokens);
         if (written) yield written;
         if (!whole || (after.sample && n >= limit)) return result('length', n);
         if (!after.sample) return result('stop', n);

@@ -1,7 +1,7 @@
 import { EbbError } from '../protocol/errors.js';
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep, setImmediate as yieldTurn } from 'node:timers/promises';
-import type { EmbedInput, EmbedOptions, EmbedResult, Engine, EngineCapabilities, EngineStats, GeneratedPiece, GenerateRequest, GenerateResult, KvCacheStats, Quiescence, TokenizeRequest } from './engine.js';
+import { promptParam, type EmbedInput, type EmbedOptions, type EmbedResult, type Engine, type EngineCapabilities, type EngineStats, type GeneratedPiece, type GenerateRequest, type GenerateResult, type KvCacheStats, type Quiescence, type TokenizeRequest } from './engine.js';
 import { mockerTokenIds } from '../protocol/mocker-tokenizer.js';
 import { truncateNormalized } from '../protocol/embedding-vector.js';
 import { slotQuiescence, Slots } from './slots.js';
@@ -11,6 +11,8 @@ import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { PrefixCache, type CachedSequence } from './prefix-cache.js';
 import { PrefillCompute } from './prefill-compute.js';
 import { mockerToolScript } from './mocker-tools.js';
+import { mockerJsonAnswer } from './mocker-json.js';
+import { MockerSampler } from './mocker-sampling.js';
 import { HERMES_SYNTAX } from '../protocol/tools.js';
 import { mockerLogprob, scriptedLogprob } from './mocker-logprobs.js';
 import { MOCKER_LORA_DEFAULTS, MockerAdapters, type MockerLoraOptions } from './mocker-adapters.js';
@@ -130,6 +132,14 @@ function pickWord(random: () => number): number {
   return Math.floor(random() * VOCABULARY.length);
 }
 
+/** Shortest and longest answer the mocker ends on its own (words), when no max_tokens is given. */
+export const NATURAL_LENGTH = { min: 16, max: 96 } as const;
+
+/** Where an answer without max_tokens ends: fixed by the prompt and seed (its generation), as the words are. */
+export function naturalLength(generation: number): number {
+  return NATURAL_LENGTH.min + ((Math.imul(generation ^ 0x5bd1e995, 0x9e3779b1) >>> 0) % (NATURAL_LENGTH.max - NATURAL_LENGTH.min + 1));
+}
+
 /** How the i-th word of a generation is written: words after the first follow a space. */
 const leadAt = (i: number) => (i === 0 ? '' : ' ');
 
@@ -169,7 +179,7 @@ export class MockerEngine implements Engine {
       const cache = this.cache;
       this.kvCacheStats = () => cache.stats();
     }
-    this.capabilities = { json_object: false, json_schema: false, logprobs: true, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true };
+    this.capabilities = { json_object: true, json_schema: true, logprobs: true, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true, sampling: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);
@@ -182,6 +192,11 @@ export class MockerEngine implements Engine {
   /** The simulated load: resolves after `loadMs`, rejects when `signal` aborts first. */
   async load(signal: AbortSignal): Promise<void> {
     if (this.opts.loadMs > 0) await sleep(this.opts.loadMs, undefined, { signal });
+  }
+
+  /** What generate would refuse about the request itself, found before the worker answers (a logit_bias id past the tokenizer). */
+  async check(req: GenerateRequest): Promise<void> {
+    if (req.sampling !== undefined) new MockerSampler(VOCABULARY, req.sampling, '');
   }
 
   /** Prefill costs its time to first token, then the KV is held until a decode peer takes it. */
@@ -231,7 +246,7 @@ export class MockerEngine implements Engine {
     const promptTokens = countTokens(req.prompt);
     // As a real engine does: a prompt that leaves no room in the context is refused, not queued.
     if (promptTokens >= this.opts.maxContext)
-      throw new EbbError('context_length_exceeded', `the prompt is ${promptTokens} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`);
+      throw new EbbError('context_length_exceeded', `the prompt is ${promptTokens} tokens; this model's context holds ${this.opts.maxContext} (--mocker-max-context)`, { param: promptParam(req) });
     await this.slots.acquire(signal, req.tier);
     // With its KV pulled from a prefill worker, decode starts at the first token, without a prefix lookup here.
     const seq = req.prefilled ? undefined : this.cache?.begin(this.sequenceTokens(req), adapterRoot(req.adapter));
@@ -241,10 +256,15 @@ export class MockerEngine implements Engine {
       // An adapter answers the same prompt with its own words: seeded by its name too.
       const generation = hashString(req.adapter === undefined ? req.prompt : `${req.adapter}\u0000${req.prompt}`, req.seed ?? 0);
       const random = prng(generation);
-      // With tools: the answer may be calls instead of words (its own draw, so words stay as they were).
-      const script = req.tools === undefined ? undefined : mockerToolScript(req, prng(hashString(JSON.stringify(req.tools), generation)));
+      // A written answer instead of words (each its own draw, so words stay as they were): tool calls,
+      // else, with response_format json, JSON valid against its schema.
+      const calls = req.tools === undefined ? undefined : mockerToolScript(req, prng(hashString(JSON.stringify(req.tools), generation)));
+      const format = req.response_format;
+      const script = calls ?? (format === undefined || format.type === 'text' ? undefined : mockerJsonAnswer(format, prng(hashString(JSON.stringify(format), generation))));
+      // Penalties and logit_bias change which word is drawn (none: the plain draw, as before).
+      const sampler = req.sampling === undefined ? undefined : new MockerSampler(VOCABULARY, req.sampling, req.prompt);
       // Position i's word (its VOCABULARY index; drawn in order, so `random` must be at i) and its piece.
-      const wordAt = () => (script === undefined ? pickWord(random) : -1);
+      const wordAt = () => (script !== undefined ? -1 : sampler !== undefined ? sampler.pick(random) : pickWord(random));
       const pieceOf = (i: number, word: number) => (script === undefined ? leadAt(i) + VOCABULARY[word] : (script[i] ?? ''));
       // A continuation replays the words already delivered (no delay), so a migrated stream goes on
       // exactly as the same request would have on one worker.
@@ -259,10 +279,12 @@ export class MockerEngine implements Engine {
       // with its KV pulled, what the prefill worker found cached.
       const found = req.prefilled ? req.prefill_cached_tokens : seq?.cachedTokens;
       const cached = found === undefined ? {} : { cached_tokens: Math.min(found, promptTokens) };
-      // No budget: the context is the limit, as with a real model that never emits its end token.
+      // No budget: the context is the limit.
       const budget = req.max_tokens ?? Math.max(0, this.opts.maxContext - promptTokens - done);
-      // Calls end where their text does: the model stops after its last call.
-      const left = script === undefined ? Infinity : Math.max(0, script.length - done);
+      // Calls and JSON end where their text does. Words end at the answer's own length when no
+      // max_tokens is given (as a model ends its turn); with one they run to it, the length a
+      // benchmark or a test asks for (vLLM's ignore_eos).
+      const left = script !== undefined ? Math.max(0, script.length - done) : req.max_tokens === undefined ? Math.max(0, naturalLength(generation) - done) : Infinity;
       const steps = Math.min(budget, left);
       for (let n = 0; n < steps; n++) {
         if (n > 0) await pause(this.opts.itlMs, signal);

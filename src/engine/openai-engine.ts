@@ -22,8 +22,12 @@ import type { ToolCallSyntax } from '../protocol/tools.js';
 import { CallWriter, engineToolFields } from './openai-engine-tools.js';
 import type { TokenLogprob } from '../protocol/request-plane.js';
 import { chunkLogprobs, logprobsFields } from './openai-engine-logprobs.js';
+import { engineSamplingFields } from './openai-engine-sampling.js';
 import { OpenAIEngineAdapters } from './openai-engine-adapters.js';
 import type { AdapterSource } from './engine-adapters.js';
+
+/** A streamed completion's request headers (the same object for every request). */
+const STREAM_HEADERS: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream' };
 
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
@@ -75,13 +79,21 @@ interface StreamChunk {
 
 /**
  * An engine's non-200 answer: a 400/413/422 is about the request (a prompt over the context, a field
- * it rejects) and keeps that meaning, so the client gets it once instead of every worker retrying
- * it; anything else is the engine's failure.
+ * it rejects) and keeps that meaning, and the field the engine named (its `param`), so the client
+ * gets it once instead of every worker retrying it; anything else is the engine's failure.
  */
-function engineAnswer(status: number, message: string): Error {
+function engineAnswer(status: number, said: EngineError, what: string): Error {
+  const message = `the engine answered ${status} to ${what}: ${said.message}`;
   if (status === 413) return new EbbError('payload_too_large', message);
   if (status !== 400 && status !== 422) return new Error(message);
-  return new EbbError(/context (length|size|window)|maximum context|exceeds? .*context/i.test(message) ? 'context_length_exceeded' : 'invalid_request', message);
+  const param = said.param === undefined ? {} : { param: said.param };
+  return /context (length|size|window)|maximum context|exceeds? .*context/i.test(message) ? new EbbError('context_length_exceeded', message, param) : new EbbError('invalid_request', message, param);
+}
+
+/** What an engine's error answer says: its message, and the field at fault where it names one. */
+interface EngineError {
+  message: string;
+  param?: string | undefined;
 }
 
 /** A fixed-size read of an error answer: enough for its message, never the whole of a runaway body. */
@@ -112,14 +124,17 @@ function embeddingsOf(text: string, inputs: number): EmbedResult {
   return { vectors, prompt_tokens: typeof tokens === 'number' ? tokens : 0 };
 }
 
-async function errorText(body: AsyncIterable<Buffer> & { destroy(): void }): Promise<string> {
+async function errorText(body: AsyncIterable<Buffer> & { destroy(): void }): Promise<EngineError> {
   const text = await readBounded(body, ERROR_TEXT_LIMIT, { cut: true });
   try {
-    const parsed = JSON.parse(text) as { error?: { message?: string } | string; message?: string; detail?: unknown };
+    // OpenAI's shape ({error: {message, param}}), vLLM's older flat one ({message, param}), FastAPI's {detail}.
+    const parsed = JSON.parse(text) as { error?: { message?: string; param?: unknown } | string; message?: string; param?: unknown; detail?: unknown };
     const e = parsed.error;
-    return (typeof e === 'string' ? e : e?.message) ?? parsed.message ?? JSON.stringify(parsed.detail ?? parsed);
+    const message = (typeof e === 'string' ? e : e?.message) ?? parsed.message ?? JSON.stringify(parsed.detail ?? parsed);
+    const param = typeof e === 'object' && typeof e.param === 'string' ? e.param : typeof parsed.param === 'string' ? parsed.param : undefined;
+    return { message, param };
   } catch {
-    return text.trim().slice(0, 300);
+    return { message: text.trim().slice(0, 300) };
   }
 }
 
@@ -176,6 +191,9 @@ export class OpenAIEngine implements Engine {
       // Only the operator knows whether the engine's model embeds (vLLM: a pooling model): asking
       // a generative one would cost a request and prove little.
       embeddings: opts.embeddings === true,
+      // Passed through (openai-engine-sampling.ts): vLLM, SGLang and llama-server honour them all; a
+      // generic server answers for what it does not know (its 400 reaches the client, naming it where it does).
+      sampling: true,
     };
     const blockSize = opts.kvBlockSize ?? DEFAULT_BLOCK_SIZE;
     if (opts.kvEvents !== undefined) {
@@ -215,10 +233,11 @@ export class OpenAIEngine implements Engine {
         method: 'POST',
         dispatcher: this.dispatcher,
         signal,
-        headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+        // The worker's span of the request is the engine's parent (vLLM continues the trace with --otlp-traces-endpoint).
+        headers: req.traceparent === undefined ? STREAM_HEADERS : { ...STREAM_HEADERS, traceparent: req.traceparent },
         body: JSON.stringify(this.bodyFor(req)),
       });
-      if (res.statusCode !== 200) throw engineAnswer(res.statusCode, `the engine answered ${res.statusCode} to POST ${path}: ${await errorText(res.body)}`);
+      if (res.statusCode !== 200) throw engineAnswer(res.statusCode, await errorText(res.body), `POST ${path}`);
       let finish: FinishReason = 'stop';
       let usage: StreamChunk['usage'];
       let pieces = 0;
@@ -290,7 +309,7 @@ export class OpenAIEngine implements Engine {
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify({ model: this.model, input: inputs, encoding_format: 'float', ...(opts.dimensions !== undefined && { dimensions: opts.dimensions }) }),
       });
-      if (res.statusCode !== 200) throw engineAnswer(res.statusCode, `the engine answered ${res.statusCode} to POST /v1/embeddings: ${await errorText(res.body)}`);
+      if (res.statusCode !== 200) throw engineAnswer(res.statusCode, await errorText(res.body), 'POST /v1/embeddings');
       return embeddingsOf(await readBounded(res.body, ENGINE_EMBEDDINGS_LIMIT, { what: 'the engine\'s embeddings answer' }), inputs.length);
     } finally {
       this.inflight--;
@@ -320,6 +339,7 @@ export class OpenAIEngine implements Engine {
     const extra = req as GenerateRequest & { top_p?: number; response_format?: unknown };
     if (extra.top_p !== undefined) body.top_p = extra.top_p;
     if (req.seed !== undefined) body.seed = req.seed;
+    Object.assign(body, engineSamplingFields(this.opts.kind, req.sampling));
     if (req.adapter !== undefined && this.opts.kind === 'sglang') body.lora_path = req.adapter;
     if (req.stop !== undefined && req.stop.length > 0) body.stop = req.stop;
     // Only requested of engines that declare json_object (the request plane checks it).

@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { ApiException, AppsV1Api, CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, Watch, type V1Pod } from '@kubernetes/client-node';
+import { ApiException, AppsV1Api, CoreV1Api, KubeConfig, PatchStrategy, setHeaderOptions, Watch, type V1Node, type V1ObjectMeta, type V1Pod } from '@kubernetes/client-node';
 
 /**
  * The few Pod operations ebb needs, typed, over @kubernetes/client-node: where the credentials come
@@ -7,7 +7,12 @@ import { ApiException, AppsV1Api, CoreV1Api, KubeConfig, PatchStrategy, setHeade
  * call, so a hung API server is an error and never a hung worker.
  */
 
-export type { V1Pod };
+export type { V1Node, V1Pod };
+
+/** What a list+watch needs of an object: its metadata (name, resourceVersion). */
+export interface KubeObject {
+  metadata?: V1ObjectMeta | undefined;
+}
 
 export interface PodRef {
   namespace: string;
@@ -18,8 +23,8 @@ export const podLabel = (ref: PodRef): string => `${ref.namespace}/${ref.name}`;
 
 export type PatchKind = 'merge' | 'strategic-merge';
 
-export interface PodList {
-  items: V1Pod[];
+export interface PodList<T extends KubeObject = V1Pod> {
+  items: T[];
   resourceVersion: string;
 }
 
@@ -31,10 +36,18 @@ export interface WatchQuery {
   timeoutSeconds: number;
 }
 
-/** One line of a watch stream: ADDED / MODIFIED / DELETED carry a Pod; BOOKMARK only a resourceVersion; ERROR a Status. */
-export interface WatchEvent {
+/** One line of a watch stream: ADDED / MODIFIED / DELETED carry the object; BOOKMARK only a resourceVersion; ERROR a Status. */
+export interface WatchEvent<T extends KubeObject = V1Pod> {
   type: 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
-  object: V1Pod & { code?: number; reason?: string; message?: string };
+  object: T & { code?: number; reason?: string; message?: string };
+}
+
+/** The list and watch of one kind of object (namespaced or not), which a watcher follows. */
+export interface ListWatchApi<T extends KubeObject> {
+  readonly server: string;
+  list(namespace: string, selectors?: { labelSelector?: string | undefined; fieldSelector?: string | undefined }): Promise<PodList<T>>;
+  /** Opens a watch; `onDone` is called once, when it ends for any reason (an error, or null for a clean close). */
+  watch(namespace: string, query: WatchQuery, onEvent: (e: WatchEvent<T>) => void, onDone: (err: Error | null) => void): Promise<{ abort(): void }>;
 }
 
 /** An API answer that was not 2xx: `code` is the HTTP status (409 Conflict, 410 Gone, 404...). */
@@ -47,16 +60,13 @@ export class KubeError extends Error {
   }
 }
 
-export interface PodApi {
+export interface PodApi extends ListWatchApi<V1Pod> {
   /** Where the API server is, for messages. */
   readonly server: string;
   get(ref: PodRef): Promise<V1Pod>;
-  list(namespace: string, selectors?: { labelSelector?: string | undefined; fieldSelector?: string | undefined }): Promise<PodList>;
   patch(ref: PodRef, body: object, kind: PatchKind): Promise<V1Pod>;
   /** With `resourceVersion`: only that version of the pod (DeleteOptions.preconditions; 409 Conflict if it changed). */
   delete(ref: PodRef, resourceVersion?: string): Promise<void>;
-  /** Opens a watch; `onDone` is called once, when it ends for any reason (an error, or null for a clean close). */
-  watch(namespace: string, query: WatchQuery, onEvent: (e: WatchEvent) => void, onDone: (err: Error | null) => void): Promise<{ abort(): void }>;
 }
 
 /** Bound on one API call (not on a watch, which is long by design). */
@@ -134,23 +144,46 @@ export function createPodApi(kc: KubeConfig): PodApi {
     delete: async (ref, resourceVersion) => {
       await call(`DELETE pod ${podLabel(ref)}`, () => core.deleteNamespacedPod({ ...ref, ...(resourceVersion === undefined ? {} : { body: { preconditions: { resourceVersion } } }) }));
     },
-    watch: async (namespace, query, onEvent, onDone) => {
-      const params: Record<string, string | number | boolean> = { allowWatchBookmarks: true, resourceVersion: query.resourceVersion, timeoutSeconds: query.timeoutSeconds };
-      if (query.labelSelector) params.labelSelector = query.labelSelector;
-      if (query.fieldSelector) params.fieldSelector = query.fieldSelector;
-      const controller = await watcher.watch(
-        `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods`,
-        params,
-        (type: string, object: WatchEvent['object']) => onEvent({ type: type as WatchEvent['type'], object }),
-        (err: unknown) => {
-          if (err === null || err === undefined) return onDone(null);
-          const code = (err as { statusCode?: number }).statusCode;
-          const name = (err as { name?: string }).name;
-          onDone(name === 'AbortError' ? null : new KubeError(code, `WATCH pods in ${namespace}: ${code ? `HTTP ${code}` : (err as Error).message}`));
-        },
-      );
-      return { abort: () => controller.abort() };
+    watch: (namespace, query, onEvent, onDone) => watchPath(watcher, `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods`, `pods in ${namespace}`, query, onEvent, onDone),
+  };
+}
+
+/** One watch of `path` (a collection), its events typed and its end told once. */
+async function watchPath<T extends KubeObject>(watcher: Watch, path: string, what: string, query: WatchQuery, onEvent: (e: WatchEvent<T>) => void, onDone: (err: Error | null) => void): Promise<{ abort(): void }> {
+  const params: Record<string, string | number | boolean> = { allowWatchBookmarks: true, resourceVersion: query.resourceVersion, timeoutSeconds: query.timeoutSeconds };
+  if (query.labelSelector) params.labelSelector = query.labelSelector;
+  if (query.fieldSelector) params.fieldSelector = query.fieldSelector;
+  const controller = await watcher.watch(
+    path,
+    params,
+    (type: string, object: WatchEvent<T>['object']) => onEvent({ type: type as WatchEvent<T>['type'], object }),
+    (err: unknown) => {
+      if (err === null || err === undefined) return onDone(null);
+      const code = (err as { statusCode?: number }).statusCode;
+      const name = (err as { name?: string }).name;
+      onDone(name === 'AbortError' ? null : new KubeError(code, `WATCH ${what}: ${code ? `HTTP ${code}` : (err as Error).message}`));
     },
+  );
+  return { abort: () => controller.abort() };
+}
+
+/** Nodes (cluster-scoped: the namespace argument is ignored): a worker follows its own node's taints. */
+export interface NodeApi extends ListWatchApi<V1Node> {
+  get(name: string): Promise<V1Node>;
+}
+
+export function createNodeApi(kc: KubeConfig): NodeApi {
+  const core = kc.makeApiClient(CoreV1Api);
+  const watcher = new Watch(kc);
+  return {
+    server: kc.getCurrentCluster()?.server ?? '(unknown)',
+    get: (name) => call(`GET node ${name}`, () => core.readNode({ name })),
+    list: (_namespace, selectors = {}) =>
+      call('LIST nodes', async () => {
+        const list = await core.listNode(selectors);
+        return { items: list.items, resourceVersion: list.metadata?.resourceVersion ?? '' };
+      }),
+    watch: (_namespace, query, onEvent, onDone) => watchPath(watcher, '/api/v1/nodes', 'nodes', query, onEvent, onDone),
   };
 }
 

@@ -1,7 +1,7 @@
 import { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 import { Backoff, pause } from '../common/backoff.js';
-import { KubeError, type PodApi, type V1Pod, type WatchEvent } from './client.js';
+import { KubeError, type KubeObject, type ListWatchApi, type V1Pod, type WatchEvent } from './client.js';
 
 export interface PodWatcherOptions {
   namespace: string;
@@ -17,7 +17,8 @@ const RETRY = { minMs: 250, maxMs: 5000, jitter: true };
 const SILENCE_MARGIN_MS = 30_000;
 
 /**
- * List, then watch from the list's resourceVersion with bookmarks; what the watcher holds is the
+ * List, then watch from the list's resourceVersion with bookmarks (pods by default; any kind with
+ * a list and a watch, e.g. nodes); what the watcher holds is the
  * API server's view, and it only ever reports what the server said. A watch that ends is resumed
  * from the last resourceVersion seen (an event or a bookmark); one the server answers 410 Gone
  * (the version was compacted away) is replaced by a fresh list, diffed against what was held, so
@@ -27,15 +28,15 @@ const SILENCE_MARGIN_MS = 30_000;
  * Emits 'pod' (pod) for an added or changed pod, 'deleted' (pod), 'relisted' after a 410 or
  * outage re-list, and 'api_error' (err) for each failed attempt (retried with back-off).
  */
-export class PodWatcher extends EventEmitter {
-  readonly pods = new Map<string, V1Pod>();
+export class PodWatcher<T extends KubeObject = V1Pod> extends EventEmitter {
+  readonly pods = new Map<string, T>();
   private resourceVersion = '';
   private readonly stop = new AbortController();
   private current: { abort(): void } | undefined;
   private running: Promise<void> | undefined;
 
   constructor(
-    private readonly api: PodApi,
+    private readonly api: ListWatchApi<T>,
     private readonly opts: PodWatcherOptions,
     private readonly log: Logger,
   ) {
@@ -119,7 +120,7 @@ export class PodWatcher extends EventEmitter {
           this.current?.abort();
         }, timeoutSeconds * 1000 + SILENCE_MARGIN_MS);
       };
-      const onEvent = (e: WatchEvent) => {
+      const onEvent = (e: WatchEvent<T>) => {
         heard();
         const rv = e.object.metadata?.resourceVersion;
         if (e.type === 'ERROR') {

@@ -2,7 +2,8 @@ import type { Logger } from 'pino';
 import { K8sError } from './k8s-error.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { DrainIntent } from './annotations.js';
-import { createPodApi, defaultNamespace, loadKubeConfig, podLabel, type PodApi, type PodRef } from './client.js';
+import type { KubeConfig } from '@kubernetes/client-node';
+import { createNodeApi, createPodApi, defaultNamespace, loadKubeConfig, podLabel, type NodeApi, type PodApi, type PodRef } from './client.js';
 import { readSelfPod, SelfPodController } from './self-pod-controller.js';
 
 /** What `ebb worker --k8s-self-pod` found before the worker started. */
@@ -10,6 +11,8 @@ export interface SelfPodSetup {
   api: PodApi;
   ref: PodRef;
   intent: DrainIntent | null;
+  /** The credentials it was read with: `--disruption-source k8s` follows the pod's node with them too. */
+  kubeConfig: KubeConfig;
 }
 
 /**
@@ -18,10 +21,11 @@ export interface SelfPodSetup {
  */
 export async function resolveSelfPod(flag: string | boolean, kubeconfig: string | undefined): Promise<SelfPodSetup> {
   let api: PodApi;
+  let kc: KubeConfig;
   let namespace: string | undefined;
   let name: string | undefined;
   try {
-    const kc = loadKubeConfig(kubeconfig);
+    kc = loadKubeConfig(kubeconfig);
     api = createPodApi(kc);
     if (typeof flag === 'string') [namespace, name] = flag.includes('/') ? flag.split('/', 2) : [undefined, flag];
     name ||= process.env.POD_NAME;
@@ -33,7 +37,7 @@ export async function resolveSelfPod(flag: string | boolean, kubeconfig: string 
   const ref = { namespace, name };
   try {
     const { intent } = await readSelfPod(api, ref);
-    return { api, ref, intent };
+    return { api, ref, intent, kubeConfig: kc };
   } catch (err) {
     throw new K8sError(`--k8s-self-pod: ${(err as Error).message}`);
   }
@@ -45,4 +49,9 @@ export async function attachSelfPod(setup: SelfPodSetup, lifecycle: Lifecycle, l
   await controller.start();
   log.info({ event: 'k8s_self_pod_watching', pod: podLabel(setup.ref), server: setup.api.server }, `following pod ${podLabel(setup.ref)} at ${setup.api.server}`);
   return controller;
+}
+
+/** The nodes API with the pod's credentials (the node's taints announce its removal). */
+export function nodeApiOf(setup: SelfPodSetup): NodeApi {
+  return createNodeApi(setup.kubeConfig);
 }

@@ -55,6 +55,12 @@ export interface DrainAccepted {
 export interface ResumeOptions {
   /** Who asked, for the audit trail (see DrainOptions.actor). */
   actor?: string | undefined;
+  /**
+   * Resume only the drain of this generation (the one a drain call answered with): a drain that
+   * someone else made since (or a resume and drain again) is theirs to undo, and stays (the call
+   * is refused, and audited as such).
+   */
+  onlyGeneration?: number | undefined;
 }
 
 /** Estimates how long until a drain completes (ms), or null when it cannot tell. */
@@ -177,7 +183,11 @@ export class Lifecycle extends EventEmitter {
   resume(opts: ResumeOptions = {}): Promise<LifecycleStatus> {
     return this.audited('resume', null, opts.actor ?? 'unknown', () => {
       if (!canMove(this.current.name, 'resume')) return Promise.reject(this.refusal('resume'));
-      return this.serialize(() => this.doResume());
+      return this.serialize(() => {
+        const only = opts.onlyGeneration;
+        if (only !== undefined && only !== this.generation) return Promise.reject(new Error(`the drain of generation ${only} was superseded (now generation ${this.generation}, ${this.current.name}): it stays`));
+        return this.doResume();
+      });
     });
   }
 

@@ -74,6 +74,14 @@ export interface WorkerStatus {
   priority_reserve_slots?: number;
   /** Would a flex request be admitted now (a free slot beyond the reserve)? Frontends give queued flex a turn on it. */
   flex_room?: boolean;
+  /**
+   * Every live frontend routes to it (each marks it in discovery) and it serves, registered: what
+   * GET /ready answers 200 for, and what `ebb rollout` waits for before the next worker.
+   */
+  routed?: boolean;
+  /** How many frontends mark it, of `frontends` live ones. */
+  routed_by?: number;
+  frontends?: number;
   state_since: string;
   last_error: string | null;
   engine?: Record<string, unknown>;

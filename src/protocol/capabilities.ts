@@ -1,5 +1,6 @@
 import { isToolCallSyntax, toolsActive, type ToolCallSyntax } from './tools.js';
 import type { EmbedBody, GenerateBody } from './request-plane.js';
+import { carriesSampling } from './sampling.js';
 
 /**
  * What an engine can honour beyond plain text generation. Each worker publishes its engine's in its
@@ -23,10 +24,12 @@ export interface EngineCapabilities {
   tool_syntax?: ToolCallSyntax | null | undefined;
   /** Serves POST /embed (the frontend's /v1/embeddings): the frontend routes embeddings only to such workers. */
   embeddings: boolean;
+  /** Honours frequency_penalty, presence_penalty, repetition_penalty, logit_bias, top_k and min_p (sampling.ts). */
+  sampling: boolean;
 }
 
 /** The yes/no capabilities, in one list: routing indexes and record checks iterate it. */
-export const CAPABILITIES = ['json_object', 'json_schema', 'logprobs', 'tools', 'continuation', 'prompt_token_ids', 'embeddings'] as const;
+export const CAPABILITIES = ['json_object', 'json_schema', 'logprobs', 'tools', 'continuation', 'prompt_token_ids', 'embeddings', 'sampling'] as const;
 export type Capability = (typeof CAPABILITIES)[number];
 
 const NONE: readonly Capability[] = [];
@@ -36,9 +39,11 @@ export function capabilitiesNeeded(body: GenerateBody): readonly Capability[] {
   const format = body.response_format?.type;
   const structured = format === 'json_object' || format === 'json_schema';
   const tools = body.tools !== undefined && toolsActive(body.tools, body.tool_choice);
-  if (!structured && !tools && body.continuation === undefined && body.prompt_token_ids === undefined && body.logprobs !== true) return NONE;
+  const sampling = carriesSampling(body);
+  if (!structured && !tools && !sampling && body.continuation === undefined && body.prompt_token_ids === undefined && body.logprobs !== true) return NONE;
   const out: Capability[] = [];
   if (structured) out.push(format);
+  if (sampling) out.push('sampling');
   if (tools) out.push('tools');
   if (body.logprobs === true) out.push('logprobs');
   if (body.continuation !== undefined) out.push('continuation');

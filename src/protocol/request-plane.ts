@@ -2,6 +2,13 @@ import type { Static } from 'typebox';
 import { Type } from './schema.js';
 import type { ErrorCode } from './errors.js';
 import { ToolCallSchema, ToolChoiceSchema, ToolSpecSchema } from './tools.js';
+import { LOGIT_BIAS_SCHEMA, MAX_LOGIT_BIAS_ENTRIES, SAMPLING_BOUNDS } from './sampling.js';
+
+/** A sampling field's bounds without its type (the builder sets it). */
+function bounds(field: keyof typeof SAMPLING_BOUNDS): Record<string, number> {
+  const { type: _type, ...rest } = SAMPLING_BOUNDS[field];
+  return rest;
+}
 
 /**
  * The request plane: the internal protocol between frontend and worker (docs/request-plane.md).
@@ -96,6 +103,13 @@ export const GenerateBodySchema = Type.Object(
     temperature: Type.Optional(Type.Number({ minimum: 0, maximum: 2 })),
     top_p: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
     seed: Type.Optional(Type.Integer()),
+    /** Sampling beyond these (sampling.ts): only carried when they change the answer, only to engines that declare `sampling`. */
+    frequency_penalty: Type.Optional(Type.Number(bounds('frequency_penalty'))),
+    presence_penalty: Type.Optional(Type.Number(bounds('presence_penalty'))),
+    repetition_penalty: Type.Optional(Type.Number(bounds('repetition_penalty'))),
+    logit_bias: Type.Optional(Type.Record(Type.String(), Type.Number(LOGIT_BIAS_SCHEMA.additionalProperties), { maxProperties: MAX_LOGIT_BIAS_ENTRIES, propertyNames: LOGIT_BIAS_SCHEMA.propertyNames })),
+    top_k: Type.Optional(Type.Integer(bounds('top_k'))),
+    min_p: Type.Optional(Type.Number(bounds('min_p'))),
     stop: Type.Optional(Type.Union([Type.String(), Type.Array(Type.String(), { maxItems: 4 })])),
     stream: Type.Optional(Type.Boolean()),
     /** Echoed as the x-request-id header, so it must be a legal header value. */

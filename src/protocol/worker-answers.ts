@@ -28,6 +28,22 @@ const bad: WorkerAnswer = { action: 'bad_gateway' };
 export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   // The request itself: the engine refused it (a prompt longer than its context, a field it rejects).
   invalid_request: pass,
+  invalid_type: pass,
+  invalid_value: pass,
+  missing_required_parameter: pass,
+  integer_below_min_value: pass,
+  integer_above_max_value: pass,
+  decimal_below_min_value: pass,
+  decimal_above_max_value: pass,
+  empty_array: pass,
+  array_below_min_length: pass,
+  array_above_max_length: pass,
+  empty_string: pass,
+  string_below_min_length: pass,
+  string_above_max_length: pass,
+  unknown_parameter: pass,
+  invalid_json_schema: pass,
+  invalid_function_parameters: pass,
   context_length_exceeded: pass,
   payload_too_large: pass,
   // The fleet, not the client: a worker mid-rotation of the request-plane token, or a decode worker
@@ -77,8 +93,10 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   unsupported_media_type: bad,
   header_fields_too_large: bad,
   frontend_overloaded: bad,
-  queue_full: bad,
-  queue_timeout: bad,
+  rate_limit_exceeded: bad,
+  // The frontend's own answers: to a client's key (a worker's request plane has its own token), and its verdict on a request that broke workers.
+  invalid_api_key: bad,
+  request_broke_workers: bad,
   // The frontend's own resume answers; never a worker's.
   response_not_found: bad,
   response_expired: bad,

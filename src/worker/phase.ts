@@ -4,6 +4,7 @@ import type { Engine } from '../engine/engine.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { WorkerAdapters } from './adapters.js';
+import type { RoutedBy } from './routed-by.js';
 
 /** What the system server answers from once the engine can serve. */
 export interface WorkerRuntime {
@@ -18,6 +19,8 @@ export interface WorkerRuntime {
   priorityReserve?: PriorityReserve | undefined;
   /** What each routing frontend has in flight here (told on the KV event stream). */
   routedLoad?: RoutedLoad | undefined;
+  /** Whether the frontends route to it (their marks in discovery): /ready waits for it. */
+  routedBy?: RoutedBy | undefined;
 }
 
 /**

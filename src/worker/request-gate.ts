@@ -6,6 +6,8 @@ import type { Admission, RefusalCode } from '../lifecycle/admission.js';
 import { capabilitiesNeeded, embeddingNeeds, missingCapability } from '../protocol/capabilities.js';
 import { EbbError, errorBody } from '../protocol/errors.js';
 import { promptOf, type EmbedBody, type GenerateBody, type KvTransferRef } from '../protocol/request-plane.js';
+import { samplingOf, SAMPLING_FIELDS } from '../protocol/sampling.js';
+import { boundSchemas } from '../protocol/schema-bounds.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { OpenRequests } from './open-requests.js';
@@ -13,6 +15,8 @@ import type { PrefillPeers } from './prefill-peers.js';
 import type { PriorityReserve } from './priority-reserve.js';
 import { RequestScope } from './request-scope.js';
 import type { AdapterRefusal, WorkerAdapters } from './adapters.js';
+import type { WorkerTrace } from '../tracing/worker-trace.js';
+import { ATTR } from '../tracing/attributes.js';
 
 export interface RequestGateDeps {
   model: string;
@@ -64,11 +68,12 @@ export class RequestGate {
     return reply.code(503).send(refusal(code));
   }
 
-  admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode | AdapterRefusal } {
+  /** `trace`: the worker's span of the request (tracing on): its admission and outcome are told there. */
+  admit(body: GenerateBody, res: RequestScope['res'], trace?: WorkerTrace): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode | AdapterRefusal } {
     const { model, engine } = this.deps;
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
-    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
+    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required', { param: 'prompt' });
     if (body.kv_transfer !== undefined) this.checkKvSource(body.kv_transfer);
     // A hand-off's state comes with its continuation.
     if (body.handoff_kv !== undefined && body.continuation === undefined) throw new EbbError('invalid_request', 'handoff_kv is only accepted with a continuation', { param: 'handoff_kv' });
@@ -78,7 +83,13 @@ export class RequestGate {
     // The frontend routes only to workers that declare it; a direct caller gets the same answer.
     if (lacking === 'tools') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot call tools`, { param: 'tools' });
     if (lacking === 'logprobs') throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot report logprobs`, { param: 'logprobs' });
+    if (lacking === 'sampling') {
+      const field = SAMPLING_FIELDS.find((f) => body[f] !== undefined)!;
+      throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour ${field}`, { param: field });
+    }
     if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot honour response_format ${lacking}`, { param: 'response_format' });
+    // What a schema may make the engine do is bounded before any engine sees it (a direct caller's too).
+    boundSchemas(body.response_format, body.tools);
     if (body.tool_choice !== undefined && typeof body.tool_choice !== 'string' && !body.tools?.some((t) => t.function.name === (body.tool_choice as { function: { name: string } }).function.name))
       throw new EbbError('invalid_request', `tool_choice names function "${body.tool_choice.function.name}", which is not in tools`, { param: 'tool_choice' });
     const requestId = body.request_id ?? randomUUID();
@@ -86,17 +97,19 @@ export class RequestGate {
     // frontend's queue (which this worker's status wakes), not in the engine's ahead of priority work.
     if (body.service_tier === 'flex' && this.deps.admission.open && this.deps.priorityReserve?.flexRoom === false) {
       this.deps.metrics.refused('worker_overloaded');
+      trace?.outcome('refused: worker_overloaded');
       return { refused: 'worker_overloaded' };
     }
     // The adapter first: its admission and the worker's are one synchronous step, so neither a
     // drain of the adapter nor the worker's can fall between them. A worker that refuses anyway
     // (draining) starts no load.
-    const hold = body.adapter === undefined || !this.deps.admission.open ? undefined : this.admitAdapter(body.adapter);
+    const hold = body.adapter === undefined || !this.deps.admission.open ? undefined : this.admitAdapter(body.adapter, trace);
     if (hold !== undefined && 'refused' in hold) {
       this.deps.metrics.refused(hold.refused);
+      trace?.outcome(`refused: ${hold.refused}`);
       return hold;
     }
-    const opened = this.openScope(requestId, res);
+    const opened = this.openScope(requestId, res, trace);
     if ('refused' in opened) {
       hold?.release();
       return opened;
@@ -117,6 +130,7 @@ export class RequestGate {
       temperature: body.temperature ?? 1,
       top_p: body.top_p,
       seed: body.seed,
+      sampling: samplingOf(body),
       stop: typeof body.stop === 'string' ? [body.stop] : body.stop,
       prefilled: body.kv_transfer !== undefined,
       prefill_cached_tokens: body.kv_transfer?.cached_tokens,
@@ -127,36 +141,42 @@ export class RequestGate {
       adapter: body.adapter,
       tier: body.service_tier,
     };
+    if (trace?.traceparent !== undefined) gen.traceparent = trace.traceparent;
     return { gen, scope };
   }
 
-  private admitAdapter(name: string) {
+  private admitAdapter(name: string, trace: WorkerTrace | undefined) {
     const adapters = this.deps.adapters;
     if (adapters === undefined) throw new EbbError('adapter_not_found', `this worker's engine (${this.deps.engine.kind}) serves no adapters, not "${name}"`);
-    return adapters.admit(name);
+    return adapters.admit(name, trace);
   }
 
   /**
    * An embedding (POST /embed): checked as a generation is (its model, what it needs of the engine),
    * then admitted through the same admission, so a drain counts it and waits for it.
    */
-  admitEmbedding(body: EmbedBody, res: RequestScope['res']): { scope: RequestScope } | { refused: RefusalCode } {
+  admitEmbedding(body: EmbedBody, res: RequestScope['res'], trace?: WorkerTrace): { scope: RequestScope } | { refused: RefusalCode } {
     const { model, engine } = this.deps;
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const lacking = missingCapability(engine.capabilities, embeddingNeeds(body));
     if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot embed ${lacking === 'embeddings' ? 'inputs' : 'token-id inputs'}`, { param: lacking === 'embeddings' ? 'model' : 'input' });
-    return this.openScope(body.request_id ?? randomUUID(), res);
+    return this.openScope(body.request_id ?? randomUUID(), res, trace);
   }
 
   /** The one admission point: a refusal counted, or the request's scope, open until its response ends. */
-  private openScope(requestId: string, res: RequestScope['res']): { scope: RequestScope } | { refused: RefusalCode } {
+  private openScope(requestId: string, res: RequestScope['res'], trace: WorkerTrace | undefined): { scope: RequestScope } | { refused: RefusalCode } {
     const { engine, admission, metrics } = this.deps;
     const admitted = admission.admit(requestId);
     if (!admitted.admitted) {
       metrics.refused(admitted.code);
+      trace?.outcome(`refused: ${admitted.code}`);
       return { refused: admitted.code };
     }
     const scope = new RequestScope(admitted.ticket, res, this.open.onClose);
+    if (trace !== undefined) {
+      scope.trace = trace;
+      trace.event('admitted', { [ATTR.requestId]: requestId });
+    }
     scope.admittedToFreeSlot = this.open.size < engine.stats().batch_slots;
     this.open.add(scope);
     return { scope };
@@ -180,7 +200,7 @@ export class RequestGate {
   /** Only decode workers pull KV, and only from a prefill worker registered in their discovery view. */
   private checkKvSource(ref: KvTransferRef): void {
     const { mode, prefillPeers } = this.deps;
-    if (mode !== 'decode') throw new EbbError('invalid_request', `kv_transfer is only accepted by decode workers; this worker is ${mode}`);
+    if (mode !== 'decode') throw new EbbError('invalid_request', `kv_transfer is only accepted by decode workers; this worker is ${mode}`, { param: 'kv_transfer' });
     if (!prefillPeers?.trusts(ref)) throw new EbbError('forbidden', `kv_transfer source is not a registered prefill worker (worker_id "${ref.worker_id}" at that URL)`);
   }
 }

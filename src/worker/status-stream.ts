@@ -42,6 +42,7 @@ export function addStatusStream(app: FastifyInstance, runtime: () => WorkerRunti
     r.lifecycle.on('inflight', () => coalesced(r));
     r.lifecycle.on('waiting', () => coalesced(r));
     r.adapters?.on('change', () => push(r));
+    r.routedBy?.on('change', () => push(r));
     r.adapters?.on('inflight', () => coalesced(r));
     r.lifecycle.audit.on('event', (e) => hub.send('audit', e));
   };

@@ -11,6 +11,7 @@ import { addStatusStream, STATUS_EVENTS_PATH, STATUS_STREAM_SUBSCRIBERS_MAX } fr
 import { addKvEventStream, KV_EVENT_SUBSCRIBERS_MAX, KV_EVENTS_PATH } from './kv-event-stream.js';
 import { kvCacheStatus } from './kv-cache-status.js';
 import { addAdapterRoutes } from './adapter-routes.js';
+import { describeRouting } from './routed-by.js';
 
 export interface SystemServerDeps {
   phase: WorkerPhase;
@@ -37,6 +38,14 @@ function scaleDownFacts(r: WorkerRuntime, s: LifecycleStatus): { started_at: str
     eta = estimate === null ? null : Math.round(estimate);
   }
   return { started_at: STARTED_AT, eta_if_drained_ms: eta };
+}
+
+/** Whether every frontend routes to it, and it serves (registered): GET /ready, and `routed` in status. */
+function routingFacts(r: WorkerRuntime, s: LifecycleStatus): { routed: boolean; routed_by: number; frontends: number } {
+  const routing = r.routedBy?.routing ?? { state: 'unknown' as const };
+  const frontends = routing.state === 'unknown' ? 0 : routing.frontends.length;
+  const routedBy = routing.state === 'routed' ? frontends : routing.state === 'waiting' ? routing.routedBy.length : 0;
+  return { routed: s.state === 'serving' && s.discovery === 'registered' && routing.state === 'routed', routed_by: routedBy, frontends };
 }
 
 /**
@@ -76,7 +85,7 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
   };
   const statusBody = (r: WorkerRuntime, s: LifecycleStatus) => {
     const kv = kvCacheStatus(r.engine);
-    return { ...s, ...scaleDownFacts(r, s), overloaded: r.engine.isOverloaded(), ...r.priorityReserve?.status(), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }), ...(r.adapters === undefined ? {} : { adapters: r.adapters.status() }) };
+    return { ...s, ...scaleDownFacts(r, s), ...routingFacts(r, s), overloaded: r.engine.isOverloaded(), ...r.priorityReserve?.status(), engine: r.engine.stats(), ...(kv === undefined ? {} : { kv_cache: kv }), ...(r.adapters === undefined ? {} : { adapters: r.adapters.status() }) };
   };
   /** Who is acting, for the audit trail: the admin token's name, or on an open listener the caller's address. */
   const actor = (authorization: string | undefined, ip: string): string => (guardAdmin ? guardAdmin(authorization) || DEFAULT_TOKEN_NAME : ip);
@@ -97,6 +106,23 @@ export function createSystemServer({ phase, workerId, guardAdmin, requestToken }
     const state = r.lifecycle.state;
     const ready = state === 'serving'; // an engine failure has moved it to failed
     return reply.code(ready ? 200 : 503).send({ status: ready ? 'ready' : 'not_ready', state, discovery: r.lifecycle.discoveryPresence });
+  });
+
+  // Ready for a rollout: serving, and every frontend routes to it (their marks in discovery). A
+  // Deployment's readinessProbe and `ebb rollout` use it, so an old worker is stopped only once its
+  // replacement takes traffic from every frontend; /health says only that it serves.
+  allowOnly(app, '/ready', ['GET']);
+  app.get('/ready', async (_req, reply) => {
+    const r = phase.runtime;
+    if (r === undefined) return reply.code(503).send({ status: 'not_ready', state: phase.lifecycle.state, loading: phase.lifecycle.loadingDetail });
+    const s = r.lifecycle.status();
+    const facts = routingFacts(r, s);
+    const routing = r.routedBy?.routing;
+    const waiting: string[] = [];
+    if (s.state !== 'serving') waiting.push(`state ${s.state}`);
+    else if (s.discovery !== 'registered') waiting.push(`discovery ${s.discovery}`);
+    if (routing !== undefined && routing.state !== 'routed') waiting.push(`frontends routing to it: ${describeRouting(routing)}`);
+    return reply.code(facts.routed ? 200 : 503).send({ status: facts.routed ? 'ready' : 'not_ready', state: s.state, discovery: s.discovery, ...facts, waiting_for: waiting });
   });
 
   allowOnly(app, '/metrics', ['GET']);

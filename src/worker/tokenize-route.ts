@@ -29,7 +29,7 @@ export function addTokenizeRoute(app: FastifyInstance, model: string, engine: En
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     if (!engine.tokenize) throw new EbbError('not_found', `this worker's engine (${engine.kind}) cannot tokenize prompts`);
     const prompt = promptOf(body);
-    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required');
+    if (prompt === undefined) throw new EbbError('invalid_request', 'one of prompt, messages or prompt_token_ids is required', { param: 'prompt' });
     const gone = new AbortController();
     // The response closing before it was sent: the caller left.
     reply.raw.once('close', () => gone.abort());

@@ -8,6 +8,7 @@ import { cp, mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
+import { dieWithFile, removeWithFile } from './reaper.js';
 import { skipWithout } from './required-tool.js';
 
 export interface EtcdServer {
@@ -15,6 +16,10 @@ export interface EtcdServer {
   url: string;
   /** Client endpoint for a raw etcd3 client, `http://127.0.0.1:PORT`. */
   endpoint: string;
+  /** The etcd process running now (undefined while stopped). */
+  readonly pid: number | undefined;
+  /** Its data directory: removed by stop(), else at this process's exit. */
+  readonly dataDir: string;
   /** Kills etcd and removes its data directory. Safe to call twice. */
   stop(): Promise<void>;
   /** Graceful stop (SIGTERM) if running, then starts again on the same ports and data directory. */
@@ -93,18 +98,6 @@ async function freePorts(count: number): Promise<number[]> {
   }
 }
 
-const live = new Set<ChildProcess>();
-let exitHookInstalled = false;
-
-/** A test run that dies mid-way must not leave etcd servers behind. */
-function installExitHook(): void {
-  if (exitHookInstalled) return;
-  exitHookInstalled = true;
-  process.on('exit', () => {
-    for (const child of live) child.kill('SIGKILL');
-  });
-}
-
 function waitExit(child: ChildProcess, boundMs: number): Promise<boolean> {
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(true);
   return new Promise((resolve) => {
@@ -129,12 +122,10 @@ async function terminate(child: ChildProcess | undefined, signal: NodeJS.Signals
       await waitExit(child, EXIT_BOUND_MS);
     }
   }
-  live.delete(child);
 }
 
 function launch(binary: string, args: string[]): Promise<ChildProcess> {
-  const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  live.add(child);
+  const child = dieWithFile(spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] }));
   let output = '';
   return new Promise((resolve, reject) => {
     let settled = false;
@@ -145,7 +136,6 @@ function launch(binary: string, args: string[]): Promise<ChildProcess> {
       child.off('exit', onExit);
       if (err) {
         child.kill('SIGKILL');
-        live.delete(child);
         reject(err);
       } else {
         // Keep draining the pipes so a chatty etcd never blocks on a full pipe.
@@ -172,8 +162,7 @@ function launch(binary: string, args: string[]): Promise<ChildProcess> {
 export async function startEtcd(): Promise<EtcdServer> {
   const binary = etcdBinary();
   if (!binary) throw new Error('etcd not installed: install etcd-server or set ETCD_BIN');
-  installExitHook();
-  const dataDir = await mkdtemp(join(tmpdir(), 'ebb-etcd-'));
+  const dataDir = removeWithFile(await mkdtemp(join(tmpdir(), 'ebb-etcd-')));
 
   let clientPort = 0;
   let child: ChildProcess | undefined;
@@ -214,6 +203,10 @@ export async function startEtcd(): Promise<EtcdServer> {
   return {
     url: `etcd://127.0.0.1:${clientPort}`,
     endpoint,
+    dataDir,
+    get pid() {
+      return child?.pid;
+    },
     async stop() {
       if (stopped) return;
       stopped = true;
@@ -236,7 +229,7 @@ export async function startEtcd(): Promise<EtcdServer> {
       if (stopped) throw new Error('etcd already stopped');
       await terminate(child, 'SIGTERM');
       child = undefined;
-      const copy = await mkdtemp(join(tmpdir(), 'ebb-etcd-backup-'));
+      const copy = removeWithFile(await mkdtemp(join(tmpdir(), 'ebb-etcd-backup-')));
       backups.push(copy);
       await cp(dataDir, copy, { recursive: true });
       child = await launch(binary, argsFor());

@@ -19,6 +19,8 @@
  *   that no longer match answer 409 Conflict.
  * - apps/v1 Deployments' scale subresource (GET, merge PATCH of spec.replicas with a resourceVersion
  *   precondition), for deployments the test creates; no ReplicaSet controller acts on it.
+ * - Nodes (cluster-scoped): GET one, LIST and WATCH with a metadata.name field selector, as for
+ *   pods; the test, as the cluster's controllers, creates them and changes them (a cordon, a taint).
  * - Bearer-token authentication (401 without it).
  *
  * Knobs: dropWatches() cuts every watch connection; compact() forgets the history so older
@@ -158,6 +160,13 @@ export function parseFieldSelector(selector: string): (pod: Pod) => boolean {
   return (pod) => reqs.every((r) => r(pod));
 }
 
+/** An object as the API serves it: a node is cluster-scoped, so it has no namespace. */
+function served(object: Json): Json {
+  if (!isObj(object) || object.kind !== 'Node' || !isObj(object.metadata)) return object;
+  const { namespace: _, ...metadata } = object.metadata;
+  return { ...object, metadata };
+}
+
 function status(code: number, reason: string, message: string): Obj {
   return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, code };
 }
@@ -230,6 +239,30 @@ export class FakeKubeApiServer extends EventEmitter {
       status: { phase: 'Running' },
     };
     return this.commit('ADDED', null, pod);
+  }
+
+  /**
+   * A change to a pod as the cluster's own controllers make it (a condition in status, a field of
+   * its spec): an RFC 7386 merge patch, so a list (status.conditions) is replaced whole.
+   */
+  patchPod(namespace: string, name: string, patch: Json): Pod {
+    const pod = this.pods.get(`${namespace}/${name}`);
+    if (!pod) throw new Error(`no pod ${namespace}/${name}`);
+    return this.commit('MODIFIED', pod, mergePatch(pod, patch) as Pod);
+  }
+
+  /** A node (cluster-scoped; held beside the pods under namespace "", never served with one). */
+  createNode(name: string, spec: Obj = {}): void {
+    if (this.pods.has(`/${name}`)) throw new Error(`node ${name} exists`);
+    const node: Pod = { kind: 'Node', apiVersion: 'v1', metadata: { name, namespace: '', uid: `uid-node-${name}-${this.rv}`, resourceVersion: '', creationTimestamp: new Date().toISOString(), labels: {}, annotations: {} }, spec: { ...spec }, status: {} };
+    this.commit('ADDED', null, node);
+  }
+
+  /** A node's change as kubectl cordon / taint, the cluster autoscaler or Karpenter make it (merge patch of the node). */
+  patchNode(name: string, patch: Json): void {
+    const node = this.pods.get(`/${name}`);
+    if (!node) throw new Error(`no node ${name}`);
+    this.commit('MODIFIED', node, mergePatch(node, patch) as Pod);
   }
 
   /** A Deployment, as far as its scale subresource goes. */
@@ -359,7 +392,7 @@ export class FakeKubeApiServer extends EventEmitter {
   }
 
   private send(w: Watch, type: string, object: Json): void {
-    w.res.write(JSON.stringify({ type, object }) + '\n');
+    w.res.write(JSON.stringify({ type, object: served(object) }) + '\n');
   }
 
   // --- HTTP ---
@@ -383,6 +416,8 @@ export class FakeKubeApiServer extends EventEmitter {
     this.requests.push(record);
     if (req.headers.authorization !== `Bearer ${this.token}`) return reply(401, status(401, 'Unauthorized', 'Unauthorized'));
     if (!this.available) return reply(503, status(503, 'ServiceUnavailable', 'the server is currently unable to handle the request'));
+    const nodes = /^\/api\/v1\/nodes(?:\/([^/]+))?$/.exec(url.pathname);
+    if (nodes) return this.nodes(nodes[1] === undefined ? undefined : decodeURIComponent(nodes[1]), req.method ?? '', url, res, reply);
     const scale = /^\/apis\/apps\/v1\/namespaces\/([^/]+)\/deployments\/([^/]+)\/scale$/.exec(url.pathname);
     if (scale) return this.scale(decodeURIComponent(scale[1]!), decodeURIComponent(scale[2]!), req.method ?? '', contentType, record.body, reply);
     const m = /^\/api\/v1\/namespaces\/([^/]+)\/pods(?:\/([^/]+))?$/.exec(url.pathname);
@@ -459,6 +494,25 @@ export class FakeKubeApiServer extends EventEmitter {
       d.rv = ++this.rv;
     }
     return reply(200, answer());
+  }
+
+  private nodes(name: string | undefined, method: string, url: URL, res: ServerResponse, reply: (code: number, body: Json) => void): void {
+    if (method !== 'GET') return reply(405, status(405, 'MethodNotAllowed', `${method} is not supported on nodes here`));
+    if (name !== undefined) {
+      const node = this.pods.get(`/${name}`);
+      return node ? reply(200, served(node)) : reply(404, status(404, 'NotFound', `nodes "${name}" not found`));
+    }
+    let selected: (pod: Pod) => boolean;
+    try {
+      selected = this.selectorOf(url);
+    } catch (err) {
+      if (err instanceof BadRequest) return reply(400, status(400, 'BadRequest', err.message));
+      throw err;
+    }
+    const matches = (p: Pod) => p.kind === 'Node' && selected(p);
+    if (url.searchParams.get('watch') === 'true' || url.searchParams.get('watch') === '1') return this.watch('', matches, url, res);
+    const items = [...this.pods.values()].filter((p) => p.metadata.namespace === '' && matches(p)).map(served);
+    return reply(200, { kind: 'NodeList', apiVersion: 'v1', metadata: { resourceVersion: String(this.rv) }, items });
   }
 
   private selectorOf(url: URL): (pod: Pod) => boolean {

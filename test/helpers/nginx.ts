@@ -12,6 +12,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { freePort } from '../../src/engine/engine-process.js';
 import { bounded } from './processes.js';
+import { dieWithFile } from './reaper.js';
 import { skipWithout } from './required-tool.js';
 
 const NGINX = ['/usr/sbin/nginx', 'nginx'];
@@ -56,7 +57,7 @@ export async function startNginx(backends: number[]): Promise<Nginx> {
     writeFileSync(conf, text);
   };
   write(backends);
-  const proc: ChildProcess = spawn(binary, ['-p', dir, '-c', conf, '-g', `daemon off; pid ${join(dir, 'nginx.pid')}; error_log ${join(dir, 'error.log')} notice;`], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const proc: ChildProcess = dieWithFile(spawn(binary, ['-p', dir, '-c', conf, '-g', `daemon off; pid ${join(dir, 'nginx.pid')}; error_log ${join(dir, 'error.log')} notice;`], { stdio: ['ignore', 'ignore', 'pipe'] }));
   let stderr = '';
   proc.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
   const exited = once(proc, 'exit');

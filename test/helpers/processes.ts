@@ -1,3 +1,4 @@
+import './suite-env.js'; // first: the suite's own environment, before anything reads it
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync } from 'node:fs';
@@ -5,6 +6,9 @@ import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import { dieWithFile } from './reaper.js';
+
+export { killAllNow } from './reaper.js';
 
 export const CLI = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bin', 'ebb.js');
 
@@ -23,14 +27,6 @@ export const START_BOUND_MS = 90_000;
 export interface LogCursor {
   after?: number;
   boundMs?: number;
-}
-
-/** Every EbbProcess not yet exited, for killAllNow. */
-const live = new Set<EbbProcess>();
-
-/** SIGKILLs every child still running; synchronous, so it also works from process 'exit'. */
-export function killAllNow(): void {
-  for (const p of live) p.proc.kill('SIGKILL');
 }
 
 export class EbbProcess {
@@ -74,9 +70,8 @@ export class EbbProcess {
         return !m;
       });
     });
-    live.add(this);
+    dieWithFile(proc);
     this.exited = once(proc, 'exit').then(async ([code, signal]) => {
-      live.delete(this);
       await stdoutRead;
       return (code ?? (signal ? 128 : -1)) as number;
     });
@@ -208,7 +203,7 @@ export interface CliResult {
 
 /** Runs one `ebb` command to completion (bounded) and keeps its raw output; past the bound it is killed and its output reported. */
 export async function runEbb(args: string[], env: Record<string, string | undefined>, boundMs = WAIT_BOUND_MS): Promise<CliResult> {
-  const proc = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = dieWithFile(spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] }));
   let stdout = '';
   let stderr = '';
   proc.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
@@ -227,10 +222,14 @@ export interface SpawnOptions {
   nodeArgs?: string[];
 }
 
+/**
+ * An IPC channel, as `ebb up` gives its components: a worker, frontend or `ebb up` whose test file
+ * died without a word (SIGKILL) stops on its own when the channel closes, instead of running on.
+ */
 export function spawnEbb(args: string[], label: string, env: NodeJS.ProcessEnv = {}, opts: SpawnOptions = {}): EbbProcess {
   const proc = spawn(process.execPath, [...(opts.nodeArgs ?? []), CLI, ...args], {
     env: { ...process.env, EBB_LOG_LEVEL: 'info', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
   });
   return new EbbProcess(proc, label);
 }

@@ -7,6 +7,7 @@ import { once } from 'node:events';
 import { execFileSync } from 'node:child_process';
 import { freePort } from '../../src/engine/engine-process.js';
 import { bounded } from './processes.js';
+import { dieWithFile } from './reaper.js';
 import { skipWithout } from './required-tool.js';
 
 export interface RedisServer {
@@ -58,7 +59,7 @@ export async function startRedis(args: string[] = [], port?: number): Promise<Re
 }
 
 export async function spawnRedis(port: number, args: string[], binary = 'redis-server', readyLine = 'Ready to accept connections'): Promise<ChildProcess> {
-  const proc: ChildProcess = spawn(binary, [...(binary === 'redis-server' ? ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'] : []), ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc: ChildProcess = dieWithFile(spawn(binary, [...(binary === 'redis-server' ? ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'] : []), ...args], { stdio: ['ignore', 'pipe', 'pipe'] }));
   let output = '';
   const ready = new Promise<void>((resolve, reject) => {
     proc.stdout!.on('data', (d: Buffer) => {

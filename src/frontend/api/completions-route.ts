@@ -45,7 +45,7 @@ export function addCompletionRoutes(ctx: RouteContext): void {
           const keep = ctx.keeps(req);
           return await ctx.out.stream(reply, plan, streamFormat(plan, keep), signal, started, room, { keep, tenant: ctx.tenantOf(req) });
         }
-        const { choices, usage, workerId } = await ctx.relay.collect(gens, n, signal);
+        const { choices, usage, workerId } = await ctx.relay.collect(gens, n, signal, started);
         void reply.header('x-ebb-worker-id', headerValue(workerId));
         if (tools !== undefined)
           for (const [lane, c] of choices.entries()) {

@@ -1,5 +1,9 @@
 import type { Capability } from '../../protocol/capabilities.js';
 import { EbbError } from '../../protocol/errors.js';
+import { isNeutral, SAMPLING_FIELDS } from '../../protocol/sampling.js';
+import { boundSchemas, type SchemaParams } from '../../protocol/schema-bounds.js';
+import type { ResponseFormat } from '../../protocol/request-plane.js';
+import type { ToolSpec } from '../../protocol/tools.js';
 import { promptShape } from './prompt-shape.js';
 import { responsesFormatNeed, responsesToolChoice, responsesTools } from './responses-format.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
@@ -43,18 +47,36 @@ function promptNeeds(prompt: unknown): Capability | undefined {
   return shape === 'ids' || shape === 'id_batch' ? 'prompt_token_ids' : undefined;
 }
 
-/** Tools are a chat field: a completions prompt has no turn to answer them in. */
+/** Tools are a chat field: a completions prompt has no turn to answer them in. Each one's parameters within the schema bounds. */
 function chatTools(value: unknown, body: Record<string, unknown>): void {
   if (Array.isArray(value) && value.length > 0 && body.messages === undefined) throw unsupported('tools', 'tools is not supported on /v1/completions: use /v1/chat/completions');
+  if (Array.isArray(value)) boundSchemas(undefined, value as ToolSpec[]);
 }
 
-/** The Responses API's hosted tools (web search, file search, ...) need OpenAI's servers; ebb carries function tools. */
+/** A json_schema response_format within the schema bounds (what guided generation may cost: schema-bounds.ts). */
+function boundedFormat(value: unknown): void {
+  const f = value as { type?: unknown } | null;
+  if (f?.type === 'json_schema') boundSchemas(f as ResponseFormat, undefined);
+}
+
+/** The Responses API's names for where its schemas are. */
+const RESPONSES_SCHEMA_PARAMS: SchemaParams = { format: 'text.format', tool: (i) => `tools[${i}].parameters` };
+
+/** Responses' text.format, within the schema bounds. */
+function boundedText(value: unknown): void {
+  const format = (value as { format?: { type?: unknown; name?: unknown; schema?: unknown } } | null)?.format;
+  if (format?.type === 'json_schema' && typeof format.schema === 'object' && format.schema !== null)
+    boundSchemas({ type: 'json_schema', json_schema: { name: String(format.name ?? ''), schema: format.schema as Record<string, unknown> } }, undefined, RESPONSES_SCHEMA_PARAMS);
+}
+
+/** The Responses API's hosted tools (web search, file search, ...) need OpenAI's servers; ebb carries function tools, their parameters within the schema bounds. */
 function functionToolsOnly(value: unknown): void {
   if (!Array.isArray(value)) return;
   (value as Array<{ type?: unknown; name?: unknown }>).forEach((t, i) => {
     if (t.type !== 'function') throw unsupported('tools', `tools[${i}] of type "${String(t.type)}" is not supported: ebb carries function tools`);
     if (typeof t.name !== 'string') throw new EbbError('invalid_request', `tools[${i}].name is required`, { param: 'tools' });
   });
+  boundSchemas(undefined, responsesTools(value), RESPONSES_SCHEMA_PARAMS);
 }
 
 /** A named function must be one of tools; `required` needs tools to choose from (OpenAI answers 400 to both). */
@@ -85,6 +107,9 @@ const NOT_CARRIED = 'ebb does not carry it to engines yet';
 
 export type FieldPolicy = Readonly<Record<string, Policy>>;
 
+/** Penalties, logit_bias, top_k, min_p: carried to engines that declare `sampling` when they change the answer (protocol/sampling.ts). */
+const SAMPLING_POLICY: FieldPolicy = Object.fromEntries(SAMPLING_FIELDS.map((f) => [f, { kind: 'capability', needs: (v: unknown) => (isNeutral(f, v) ? undefined : 'sampling') } satisfies Policy]));
+
 /** /v1/chat/completions and /v1/completions. */
 export const FIELD_POLICY: FieldPolicy = {
   model: carried,
@@ -105,6 +130,7 @@ export const FIELD_POLICY: FieldPolicy = {
       const type = (v as { type?: unknown } | null)?.type;
       return type === 'json_object' || type === 'json_schema' ? type : undefined;
     },
+    check: boundedFormat,
   },
   user: ignored,
   metadata: ignored,
@@ -117,9 +143,7 @@ export const FIELD_POLICY: FieldPolicy = {
   tool_choice: checked(toolChoiceFits),
   functions: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
   function_call: refused((v) => v === 'none', NOT_CARRIED),
-  presence_penalty: refused((v) => v === 0, NOT_CARRIED),
-  frequency_penalty: refused((v) => v === 0, NOT_CARRIED),
-  logit_bias: refused((v) => typeof v === 'object' && Object.keys(v as object).length === 0, NOT_CARRIED),
+  ...SAMPLING_POLICY,
   best_of: refused((v) => v === 1, 'ebb generates one sequence per request'),
   echo: refused((v) => v === false, NOT_CARRIED),
   suffix: refused(() => false, NOT_CARRIED),
@@ -133,8 +157,9 @@ export const RESPONSES_FIELD_POLICY: FieldPolicy = {
   max_output_tokens: carried,
   temperature: carried,
   top_p: carried,
+  ...SAMPLING_POLICY,
   stream: carried,
-  text: { kind: 'capability', needs: responsesFormatNeed },
+  text: { kind: 'capability', needs: responsesFormatNeed, check: boundedText },
   user: ignored,
   metadata: ignored,
   service_tier: carried, // the admission queue's tier (--queue-timeout)

@@ -1,5 +1,7 @@
 import type { ChatMessage, GenerateBody, ResponseFormat, TokenLogprob, Usage } from '../../protocol/request-plane.js';
 import { promptShape } from './prompt-shape.js';
+import { ERROR_CODES, isErrorCode } from '../../protocol/errors.js';
+import { samplingOf } from '../../protocol/sampling.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 import type { SpliceFrame } from '../wire/token-splice.js';
 import type { CollectedChoice, EventIds, StreamFormat } from '../wire/stream-format.js';
@@ -41,6 +43,9 @@ export function toGenerateBodies(endpoint: Endpoint, req: OpenAIRequest, request
   if (req.temperature != null) base.temperature = req.temperature;
   if (req.top_p != null) base.top_p = req.top_p;
   if (req.stop != null) base.stop = req.stop;
+  // Only what changes the answer: a request at the defaults needs no `sampling` engine.
+  const sampling = samplingOf(req as unknown as Record<string, unknown>);
+  if (sampling !== undefined) Object.assign(base, sampling);
   const format = responseFormatOf(req.response_format);
   if (format !== undefined) base.response_format = format;
   const top = logprobsAsked(req);
@@ -181,7 +186,8 @@ export class SseFormatter implements StreamFormat {
   }
 
   error(code: string, message: string): string {
-    return `${this.idLine()}data: ${JSON.stringify({ error: { message, type: 'server_error', param: null, code } })}\n\n`;
+    const type = isErrorCode(code) ? ERROR_CODES[code].type : 'server_error';
+    return `${this.idLine()}data: ${JSON.stringify({ error: { message, type, param: null, code } })}\n\n`;
   }
 
   continueFrom(next: number): void {

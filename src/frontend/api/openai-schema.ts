@@ -1,6 +1,7 @@
 /** Request schemas for the OpenAI-compatible routes, validated by fastify's ajv before any routing. */
 import { ToolCallSchema, ToolChoiceSchema, ToolSpecSchema } from '../../protocol/tools.js';
 import type { ToolCall, ToolChoice, ToolSpec } from '../../protocol/tools.js';
+import { LOGIT_BIAS_SCHEMA, SAMPLING_BOUNDS } from '../../protocol/sampling.js';
 
 /** Choices per request (n) and prompts per completions batch: each is a sequence on a worker. */
 export const MAX_CHOICES = 16;
@@ -34,7 +35,18 @@ const responseFormat = {
   ],
 } as const;
 
+/** Penalties, logit_bias and vLLM's extras (protocol/sampling.ts), each nullable as OpenAI's fields are. */
+const sampling = {
+  frequency_penalty: { ...SAMPLING_BOUNDS.frequency_penalty, type: ['number', 'null'] },
+  presence_penalty: { ...SAMPLING_BOUNDS.presence_penalty, type: ['number', 'null'] },
+  repetition_penalty: { ...SAMPLING_BOUNDS.repetition_penalty, type: ['number', 'null'] },
+  top_k: { ...SAMPLING_BOUNDS.top_k, type: ['integer', 'null'] },
+  min_p: { ...SAMPLING_BOUNDS.min_p, type: ['number', 'null'] },
+  logit_bias: { anyOf: [LOGIT_BIAS_SCHEMA, { type: 'null' }] },
+} as const;
+
 const common = {
+  ...sampling,
   model: { type: 'string', minLength: 1 },
   max_tokens: { type: ['integer', 'null'], minimum: 1, maximum: 1_000_000 },
   temperature: { type: ['number', 'null'], minimum: 0, maximum: 2 },
@@ -126,6 +138,8 @@ export const responsesSchema = {
     tool_choice: { anyOf: [{ type: 'string', enum: ['none', 'auto', 'required'] }, { type: 'object', required: ['type'], properties: { type: { type: 'string' }, name: { type: 'string' } } }, { type: 'null' }] },
     parallel_tool_calls: { type: ['boolean', 'null'] },
     max_output_tokens: { type: ['integer', 'null'], minimum: 1, maximum: 1_000_000 },
+    // Not OpenAI's Responses fields, but vLLM's and clients' extra body: carried as on chat.
+    ...sampling,
     service_tier: common.service_tier,
     temperature: { type: ['number', 'null'], minimum: 0, maximum: 2 },
     top_p: { type: ['number', 'null'], minimum: 0, maximum: 1 },
@@ -179,4 +193,10 @@ export interface OpenAIRequest {
   top_logprobs?: number | null;
   tool_choice?: ToolChoice | null;
   parallel_tool_calls?: boolean | null;
+  frequency_penalty?: number | null;
+  presence_penalty?: number | null;
+  repetition_penalty?: number | null;
+  logit_bias?: Record<string, number> | null;
+  top_k?: number | null;
+  min_p?: number | null;
 }

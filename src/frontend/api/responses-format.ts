@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { EbbError } from '../../protocol/errors.js';
+import { samplingOf } from '../../protocol/sampling.js';
 import type { ChatMessage, GenerateBody, ResponseFormat, Usage } from '../../protocol/request-plane.js';
 import type { CollectedChoice, StreamFormat } from '../wire/stream-format.js';
 import type { ToolChoice, ToolSpec } from '../../protocol/tools.js';
@@ -111,6 +112,8 @@ export function responsesToGenerate(req: ResponsesRequest, requestId: string, pr
   if (req.max_output_tokens != null) body.max_tokens = req.max_output_tokens;
   if (req.temperature != null) body.temperature = req.temperature;
   if (req.top_p != null) body.top_p = req.top_p;
+  const sampling = samplingOf(req);
+  if (sampling !== undefined) Object.assign(body, sampling);
   const format = formatOf(req.text?.format);
   if (format !== undefined) body.response_format = format;
   return { gen: body, history };

@@ -11,7 +11,7 @@ import { createAdminServer } from '../admin/admin-server.js';
 import { FleetView } from '../admin/fleet-view.js';
 import type { FrontendOptions } from '../frontend.js';
 import { KvFeed } from '../routing/kv-feed.js';
-import { newFrontendId } from '../routing/shared-load.js';
+import { newFrontendId } from '../routing/route-marking.js';
 import { shutdownTimeoutFor } from '../shutdown.js';
 import { WorkerPool } from '../routing/worker-pool.js';
 import { KvRelay } from './kv-relay.js';

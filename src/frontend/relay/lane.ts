@@ -4,8 +4,11 @@ import type { GenerateBody, KvTransferRef, StreamLine, Usage } from '../../proto
 import type { FrontendMetrics } from '../metrics.js';
 import { Delivered, type MigrationReason } from './migration.js';
 import type { UpstreamStream } from './upstream.js';
-import { HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive } from './worker-answer.js';
+import { brokeMidStream, HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive } from './worker-answer.js';
+import { WorkerLosses } from './worker-losses.js';
 import { feedLines, StreamLineTooLong, type BatchLine, type TokenSink } from './worker-call.js';
+import { endMigration, startMigration } from '../../tracing/frontend-spans.js';
+import { bodyLogIds, inheritTrace } from '../../tracing/request-trace.js';
 
 /** Where a lane's tokens go: the client's stream writer, or a collector for a non-streaming answer. */
 export interface LaneSink extends TokenSink {
@@ -16,7 +19,7 @@ export interface LaneSink extends TokenSink {
 }
 
 /** Opens a request on a serving worker of its model (aggregated or disaggregated), skipping `tried`. */
-export type OpenUpstream = (gen: GenerateBody, signal: AbortSignal, tried: Set<string>) => Promise<UpstreamStream>;
+export type OpenUpstream = (gen: GenerateBody, signal: AbortSignal, tried: Set<string>, losses: WorkerLosses) => Promise<UpstreamStream>;
 
 export interface LaneContext {
   open: OpenUpstream;
@@ -70,6 +73,8 @@ export class Lane {
     private readonly gen: GenerateBody,
     private readonly ctx: LaneContext,
     private up: UpstreamStream,
+    /** The workers the sequence broke, before its first token and since: a second one ends it (worker-losses.ts). */
+    private readonly losses: WorkerLosses,
     delivered?: Delivered,
   ) {
     this.delivered = delivered ?? new Delivered();
@@ -78,14 +83,18 @@ export class Lane {
 
   /** Takes a worker for the sequence; nothing is sent to the client yet. */
   static async open(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal): Promise<Lane> {
-    return new Lane(index, gen, ctx, await ctx.open(gen, signal, new Set()));
+    const losses = new WorkerLosses();
+    return new Lane(index, gen, ctx, await ctx.open(gen, signal, new Set(), losses), losses);
   }
 
   /** A sequence another frontend started and can no longer finish (a takeover): continued from what it delivered. */
   static async resume(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal, from: Resumed): Promise<Lane> {
     const delivered = new Delivered();
     delivered.restore(from.text, from.tokens);
-    return new Lane(index, gen, ctx, await ctx.open(delivered.continuation(gen), signal, new Set()), delivered);
+    const body = delivered.continuation(gen);
+    inheritTrace(body, gen);
+    const losses = new WorkerLosses();
+    return new Lane(index, gen, ctx, await ctx.open(body, signal, new Set(), losses), losses, delivered);
   }
 
   /** The worker serving the lane now. */
@@ -173,6 +182,16 @@ export class Lane {
     const fromId = this.workerId;
     const reason: MigrationReason = err instanceof HandedOff ? 'handoff' : err instanceof WorkerUnresponsive ? 'worker_unresponsive' : 'worker_failed';
     const unclaimed = () => (err instanceof HandedOff && err.kv !== undefined ? this.ctx.releaseKv?.(err.kv) : undefined);
+    // A worker that broke under it: the second such ends the stream here, before any other worker gets it.
+    const broke = brokeMidStream(err);
+    if (broke !== undefined) {
+      try {
+        this.losses.record(fromId, broke);
+      } catch (verdict) {
+        metrics.migrationFailed('broke_workers');
+        throw new LaneFailed(new MidStreamFailure(fromId, err, (verdict as Error).message, 'request_broke_workers'));
+      }
+    }
     if (this.delivered.migrations >= migrationLimit) {
       await unclaimed();
       metrics.migrationFailed('limit');
@@ -182,17 +201,22 @@ export class Lane {
     // Each move starts afresh, from the worker it leaves: a worker passed over by an earlier move (it
     // handed the stream off while draining, then resumed) may take the stream back.
     let next: UpstreamStream;
+    const body = this.delivered.continuation(this.gen);
+    // Tracing on: the move is a span of the request's trace, the next worker's attempts under it.
+    const moving = startMigration(this.gen, body, reason, fromId, this.delivered.tokens, this.delivered.migrations);
     try {
-      const body = this.delivered.continuation(this.gen);
       // A hand-off's KV: the next worker loads prompt + delivered tokens instead of re-evaluating them.
       if (err instanceof HandedOff && err.kv !== undefined) body.handoff_kv = err.kv;
-      next = await this.ctx.open(body, signal, new Set([fromId]));
+      next = await this.ctx.open(body, signal, new Set([fromId]), this.losses);
     } catch (e) {
+      if (moving) endMigration(moving, undefined, { code: e instanceof EbbError ? e.code : 'migration_failed', message: (e as Error).message });
       await unclaimed();
       if (signal.aborted) throw e;
-      metrics.migrationFailed(e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
-      throw new LaneFailed(new MidStreamFailure(fromId, err, (e as Error).message));
+      const verdict = e instanceof EbbError && e.code === 'request_broke_workers';
+      metrics.migrationFailed(verdict ? 'broke_workers' : e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
+      throw new LaneFailed(new MidStreamFailure(fromId, err, (e as Error).message, verdict ? 'request_broke_workers' : undefined));
     }
+    if (moving) endMigration(moving, next.worker.record.worker_id);
     this.up = next;
     this.pending = next.first;
     // Closed while the worker was being taken (another lane failed, the client left): it is not kept.
@@ -203,7 +227,7 @@ export class Lane {
     const toId = this.workerId;
     metrics.migrated(reason);
     log.info(
-      { event: 'stream_migrated', request_id: this.gen.request_id, from_worker: fromId, to_worker: toId, tokens_delivered: this.delivered.tokens, reason },
+      { event: 'stream_migrated', request_id: this.gen.request_id, from_worker: fromId, to_worker: toId, tokens_delivered: this.delivered.tokens, reason, ...bodyLogIds(this.gen) },
       `request ${this.gen.request_id} moved from ${fromId} to ${toId} after ${this.delivered.tokens} tokens (${reason})`,
     );
   }

@@ -29,6 +29,8 @@ export class MidStreamFailure extends Error {
     cause: unknown,
     /** Why no other worker continued it, when that was tried. */
     notContinued?: string,
+    /** The code it ends with, where the reason it was not continued has its own (request_broke_workers). */
+    code?: ErrorCode,
   ) {
     const said = cause instanceof WorkerStreamError ? cause.line : undefined;
     const what =
@@ -42,8 +44,32 @@ export class MidStreamFailure extends Error {
               ? `worker ${workerId} closed the stream before it finished`
               : `worker ${workerId} failed mid-stream: ${(cause as Error)?.message ?? String(cause)}`;
     super(notContinued === undefined ? what : `${what}; no other worker continued it: ${notContinued}`);
-    this.code = cause instanceof HandedOff ? 'migration_failed' : said?.code === 'worker_shut_down' ? 'worker_shut_down' : 'worker_failed_mid_stream';
+    this.code = code ?? (cause instanceof HandedOff ? 'migration_failed' : said?.code === 'worker_shut_down' ? 'worker_shut_down' : 'worker_failed_mid_stream');
   }
+}
+
+/**
+ * How a stream's worker broke under it, when it did (a loss: worker-losses.ts); undefined for a
+ * hand-off, the worker's own shutdown deadline, or an error line about something else.
+ */
+export function brokeMidStream(cause: unknown): string | undefined {
+  if (cause instanceof HandedOff) return undefined;
+  if (cause instanceof WorkerStreamError) return ENGINE_FAILURES.has(cause.line.code) ? `its engine failed mid-stream (${cause.line.message})` : undefined;
+  if (cause instanceof WorkerUnresponsive) return 'it stopped answering mid-stream';
+  return 'it closed the stream before it finished';
+}
+
+/**
+ * How a worker that had taken a request (its answer's head sent, or the request sent and not
+ * answered) broke under it before the first token: a connection that closed, a head that never
+ * came. A connection never made (refused, unreachable) is not a loss: the worker never had it.
+ */
+export function brokeBeforeFirstToken(err: unknown): string | undefined {
+  if (err instanceof undiciErrors.HeadersTimeoutError || err instanceof undiciErrors.BodyTimeoutError) return 'it took the request and never answered';
+  if (err instanceof WorkerUnresponsive) return 'it stopped answering before its first token';
+  const code = (err as NodeJS.ErrnoException | undefined)?.code;
+  if (err instanceof undiciErrors.SocketError || code === 'UND_ERR_SOCKET' || code === 'ECONNRESET' || code === 'EPIPE') return 'it closed the connection with the request on it';
+  return undefined;
 }
 
 /** The worker's body ended without a terminal line. */
@@ -85,10 +111,15 @@ export class TryElsewhere extends Error {
     readonly said?: string,
     /** Its Retry-After in seconds (a draining worker's ETA): how long it is held, and what the client is told. */
     readonly retryAfterS?: number,
+    /** The worker had taken the request and then died, went silent or its engine failed on it: how (a loss, worker-losses.ts). */
+    readonly broke?: string,
   ) {
     super(said ?? outcome);
   }
 }
+
+/** A worker's answer that says its engine failed on the request (not a refusal): a loss when it took the request. */
+const ENGINE_FAILURES: ReadonlySet<string> = new Set(['engine_error', 'internal_error']);
 
 export function modelNotFound(model: string): EbbError {
   return new EbbError('model_not_found', `the model "${model}" does not exist (no worker serves it)`);
@@ -133,7 +164,8 @@ export function actOn(workerId: string, status: number, said: { code?: unknown; 
   if (row.action === 'bad_gateway') throw new EbbError('worker_protocol_error', `worker ${workerId} answered ${String(code)} (HTTP ${status}), which the request plane does not allow: ${message}`);
   if (row.keep) throw new KvTransferLost(message);
   const seconds = Number(retryAfter);
-  throw new TryElsewhere(isErrorCode(code) ? code : 'worker_error', row.hold, `worker ${workerId}: ${message}`, retryAfter !== undefined && Number.isSafeInteger(seconds) && seconds > 0 ? seconds : undefined);
+  const broke = typeof code === 'string' && ENGINE_FAILURES.has(code) ? `its engine failed on it (${message})` : undefined;
+  throw new TryElsewhere(isErrorCode(code) ? code : 'worker_error', row.hold, `worker ${workerId}: ${message}`, retryAfter !== undefined && Number.isSafeInteger(seconds) && seconds > 0 ? seconds : undefined, broke);
 }
 
 export function rejectNon200(workerId: string, statusCode: number, body: unknown, retryAfter?: unknown): never {

@@ -1,5 +1,3 @@
-import { randomUUID } from 'node:crypto';
-import { hostname } from 'node:os';
 import type { KvLoad } from '../../protocol/kv-events.js';
 
 /** What other frontends have on one worker, as its last `load` event said. */
@@ -9,11 +7,6 @@ export interface Others {
   /** The prefill list's sum and largest entry: a prompt at least that long waits for the sum (prefillWait without the walk). */
   prefillSum: number;
   prefillMax: number;
-}
-
-/** This frontend's name on the request plane: unique per start (a restarted frontend is another), shared by the processes of `--processes N`. */
-export function newFrontendId(): string {
-  return `${hostname()}:${process.pid}:${randomUUID().slice(0, 8)}`;
 }
 
 const isLoad = (v: unknown): v is KvLoad => {

@@ -1,0 +1,24 @@
+/**
+ * The test suite's own environment, so that nothing a user runs on this machine meets a test.
+ * `ebb up` and the operator commands find each other in the per-user runtime directory
+ * ($XDG_RUNTIME_DIR/ebb, else <tmpdir>/ebb-<uid>): with a user's `npm start` running there, every
+ * command a test ran without --frontend/--discovery saw two fleets and refused (or acted on the
+ * user's). Each test file's process gets a runtime directory of its own (test files running side
+ * by side do not meet either), and the user's EBB_* settings (EBB_DISCOVERY, EBB_ADMIN_TOKEN,
+ * EBB_LOG_FORMAT...) are not the suite's: only EBB_TEST_*, the suite's own knobs, are kept.
+ *
+ * Imported for its effect, first, by processes.ts: every test that starts a process uses it.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export const SUITE_RUNTIME_DIR = mkdtempSync(join(tmpdir(), 'ebb-test-runtime-'));
+
+process.env.XDG_RUNTIME_DIR = SUITE_RUNTIME_DIR;
+for (const name of Object.keys(process.env)) if (name.startsWith('EBB_') && !name.startsWith('EBB_TEST_')) delete process.env[name];
+
+/** Removes the runtime directory (on the file's exit, once its children are killed: see reaper.ts). */
+export function removeSuiteRuntimeDir(): void {
+  rmSync(SUITE_RUNTIME_DIR, { recursive: true, force: true });
+}
