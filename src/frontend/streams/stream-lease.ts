@@ -12,8 +12,11 @@ export interface SharedSteps {
   readonly healthy: boolean;
   /** Since when the store has answered without a break (performance.now()). */
   readonly healthySince: number;
-  /** Flushes `lease` with the next batch (within the batch window). */
-  schedule(lease: StreamLease): void;
+  /**
+   * Flushes `lease` with the next batch: `now` at the end of this turn of the event loop (its last
+   * batch answered and at least BATCH_MS old), else within BATCH_MS (on one timer for all streams).
+   */
+  schedule(lease: StreamLease, now?: boolean): void;
   append(k: Keys, token: string, bounds: LeaseBounds, batch: number, events: Buffer, progress: string): Promise<StepAnswer>;
   renew(k: Keys, token: string, bounds: LeaseBounds): Promise<StepAnswer>;
   finish(k: Keys, token: string, bounds: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string): Promise<StepAnswer>;
@@ -51,6 +54,14 @@ export interface LeaseBounds {
   maxBytes: number;
 }
 
+/**
+ * A held stream's batches go at least this far apart: one step per batch, not per write, when
+ * tokens come faster. A batch goes at once when the stream's last one went longer ago than this and
+ * was answered (its first, and every one of an engine whose tokens come slower), so its clients,
+ * who get only what the copy holds, wait a Redis round trip, not a timer; else on SharedSteps'
+ * timer, or at the answer. A copy to rewrite is tried on that timer too (its backoff bounds it).
+ */
+export const BATCH_MS = 10;
 /** How long after a failed rewrite the next is tried (a store refusing writes is not asked 100 times a second). */
 const REWRITE_BACKOFF_MS = 1_000;
 /** How many times a stream's end is offered again to a store that did not take it (about as many seconds). */
@@ -70,6 +81,10 @@ export class StreamLease {
   private readonly keys: Keys;
   /** Bytes of events sent to the copy so far (the store's own count, while no batch was lost). */
   private copied = 0;
+  /** Batches sent and not yet answered: while one is, the next waits for its answer (a pipeline, so batches coalesce under load). */
+  private inFlight = 0;
+  /** When the last batch was sent (performance.now()). */
+  private lastSentAt = -Infinity;
   private readonly marks: ProgressMarks;
   private batch: number;
   /** Bumped at each rewrite: answers to steps sent before it are stale. */
@@ -133,7 +148,9 @@ export class StreamLease {
   append(payload: Buffer): number | undefined {
     if (this.state !== 'held' && this.state !== 'rewrite') return undefined;
     this.pending.push(payload);
-    this.steps.schedule(this);
+    // Held bytes wait for their batch; while one is in flight, for its answer.
+    if (this.state === 'rewrite') this.steps.schedule(this);
+    else if (this.inFlight === 0) this.steps.schedule(this, this.due());
     return this.gate.mark(payload.length);
   }
 
@@ -150,7 +167,7 @@ export class StreamLease {
     this.marks.finished(lane, done);
   }
 
-  /** The batch written since the last flush, copied now (called by SharedSteps' batch timer). */
+  /** The batch written since the last flush, copied now (SharedSteps calls it when scheduled). */
   flush(): void {
     if (this.state === 'rewrite') return this.rewrite('');
     if (this.state !== 'held' || this.pending.length === 0) return;
@@ -159,12 +176,31 @@ export class StreamLease {
     const sentAt = performance.now();
     this.copied += events.length;
     const upTo = this.gate.at;
+    this.inFlight++;
+    this.lastSentAt = sentAt;
     this.steps
       .append(this.keys, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
       .then(
-        (answer) => this.answered(answer, epoch, sentAt, upTo),
-        (err: unknown) => this.failed(err, epoch, sentAt),
+        (answer) => {
+          this.answered(answer, epoch, sentAt, upTo);
+          this.sent();
+        },
+        (err: unknown) => {
+          this.failed(err, epoch, sentAt);
+          this.sent();
+        },
       );
+  }
+
+  /** A batch answered: what was written meanwhile goes next (in a copy to rewrite, the rewrite does). */
+  private sent(): void {
+    this.inFlight--;
+    if (this.inFlight === 0 && this.pending.length > 0) this.steps.schedule(this, this.state === 'held' && this.due());
+  }
+
+  /** The next batch may go now: the last went at least BATCH_MS ago (or none has). */
+  private due(): boolean {
+    return performance.now() - this.lastSentAt >= BATCH_MS;
   }
 
   /** Keeps the lease and the copy alive (SharedSteps' renewal timer). */
