@@ -449,7 +449,7 @@ export class Upstream {
       (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
       async (admitted) => {
         if (this.pool.servingPath(body.model) === 'disaggregated') return this.pair(body, signal, tried, losses);
-        const { worker, value, release } = await this.route(body.model, 'aggregated', signal, tried, (w, headers) => this.generate(w, body, signal, admitted, headers), needs, body, body, '/generate', losses);
+        const { worker, value, release } = await this.route(body.model, 'aggregated', signal, tried, (w, headers, hint) => this.generate(w, body, signal, admitted, headers, hint), needs, body, body, '/generate', losses);
         return this.stream(worker, value, release);
       },
       (won) => won.release(),
