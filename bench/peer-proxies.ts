@@ -16,6 +16,7 @@
  * two builds can be compared on one machine; the worker always comes from this build.
  * ebb's paths: `ebb` (the defaults: kv router, admission queue, memory stream store, plain
  * streams), `ebb-min` (minimal: `--stream-store none --queue-timeout 0 --router least-loaded`),
+ * `ebb-nostore` (the defaults with `--stream-store none`: what a plain stream should cost),
  * `ebb-kept` (the defaults, every request asking to be resumable: `x-ebb-resumable: 1`, its stream
  * kept in memory), `ebb-redis` (the same, kept in a redis-server started here). Any of them with
  * `@base` (`ebb-kept@base`) runs from `--base-cli <main.js>`, in the same rounds (rotating with the
@@ -51,6 +52,8 @@ const ALL: Path[] = ['direct', 'ebb', 'ebb-min', 'nginx', 'haproxy'];
 const EBB_VARIANTS: Record<string, { args: string[]; resumable?: boolean; redis?: boolean }> = {
   ebb: { args: [] },
   'ebb-min': { args: ['--stream-store', 'none', '--queue-timeout', '0', '--router', 'least-loaded'] },
+  // The defaults but no stream store: a plain stream should cost what it costs here (it is not kept).
+  'ebb-nostore': { args: ['--stream-store', 'none'] },
   'ebb-kept': { args: [], resumable: true },
   'ebb-redis': { args: [], resumable: true, redis: true },
   'ebb-2': { args: ['--processes', '2'] },
