@@ -98,6 +98,8 @@ export interface ClusterHooks {
   kvSource: (record: WorkerRecord) => KvEventSource;
   /** The loopback URL of process `slot`'s peer listener (a resume for a stream it holds goes there). */
   peerUrl?: ((slot: number) => string | undefined) | undefined;
+  /** The frontend's name on the request plane, the primary's: workers count its processes as one frontend (their in-flight is shared already). */
+  routedBy?: string | undefined;
 }
 
 export interface RunningFrontend {
@@ -191,8 +193,10 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const pool = new WorkerPool(opts.cluster?.onInflight, opts.own?.record);
   const fleet = new FleetView();
   const routerKind = opts.router ?? 'kv';
+  // What this frontend is called in the workers' load events (each /generate names it).
+  const routedBy = opts.cluster?.routedBy ?? newFrontendId();
   // The KV index follows discovery from the first event, so the first requests already find it.
-  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource }) : undefined;
+  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource, self: routedBy }) : undefined;
   // Workers are ready for a rollout once every frontend marks them (a worker's own --openai-port marks nothing: no rollout waits on it).
   const marking = opts.own === undefined ? new RouteMarking(discovery.routeMarks, newFrontendId(), () => pool.all().map((w) => w.record.worker_id), log) : undefined;
   // The fleet view and the KV feed follow serving workers; the pool also those loading (their requests wait for them).
@@ -230,7 +234,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
   const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken, admissionLog);
   if (saturation !== undefined) fleet.on('left', (id: string) => saturation.forget(id));
-  const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
+  const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections, routedBy: kvFeed === undefined ? undefined : routedBy });
   // Tokenizing through a worker shares the request plane's connections and its token.
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
   // POST /v1/responses/input_tokens counts through a worker too, waiting longer than the routing path does.
@@ -255,7 +259,12 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const kvView = (id: string): KvView => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) });
+  const kvView = (id: string): KvView => {
+    // What other frontends have on it, as its load events say (kv router, two or more frontends following it).
+    const others = kvFeed?.load.of(id);
+    const elsewhere = others === undefined ? {} : { other_frontends: { inflight: others.inflight, queued_prefill_tokens: others.prefillSum } };
+    return { router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...elsewhere, ...(kvFeed?.describe(id) ?? {}) };
+  };
   const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, stats: metrics.stats, kv: kvView, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {

@@ -1,3 +1,4 @@
+import type { RoutedHold } from './routed-load.js';
 import type { ServerResponse } from 'node:http';
 import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
@@ -60,6 +61,8 @@ export class RequestScope {
   adapter: AdapterHold | undefined;
   /** Admitted while a batch slot was free: its time to first token has no queueing in it. */
   admittedToFreeSlot = false;
+  /** Its routing frontend's count of it here (told to the frontends on the KV event stream). */
+  routed: RoutedHold | undefined;
   /** With tracing on: the worker's span of this request. */
   trace: WorkerTrace | undefined;
   private readonly startedAt = performance.now();
@@ -77,8 +80,10 @@ export class RequestScope {
       const gap = now - this.lastPieceAt;
       if (gap > this.maxGapMs) this.maxGapMs = gap;
       pace.tokenGap(gap / Math.max(1, n));
+    } else {
+      if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
+      this.routed?.prefilled();
     }
-    else if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
     this.lastPieceAt = now;
     this.generated += n;
   }
@@ -121,6 +126,7 @@ export class RequestScope {
     void this.returnTokens();
     this.ticket.release(outcome);
     this.adapter?.release();
+    this.routed?.release();
     this.onClose(this);
   }
 

@@ -78,7 +78,7 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
     // The trace goes with the copy: a frontend that takes the stream over continues it.
     plan.traceparent ??= bodyTraceparent(plan.gens[0]!);
     keepTrace(plan.id, plan.traceparent);
-    const kept = store.open(plan.id, opts.tenant, JSON.stringify(plan));
+    const kept = store.open(plan.id, opts.tenant, () => JSON.stringify(plan));
     opts.onKept?.(kept);
     reply.raw.setHeader(RESUMABLE_HEADER, '1');
     room.keepUntil(kept.over);

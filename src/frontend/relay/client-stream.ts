@@ -163,7 +163,10 @@ export class ClientStream {
 
   /** Ends the response; ServerResponse.end also fully uncorks the socket. */
   end(text: string | Buffer): void {
-    if (this.tap !== undefined && !this.tap.end(typeof text === 'string' ? Buffer.from(text) : text)) return this.uncork();
-    this.res.end(text);
+    if (this.tap === undefined) return void this.res.end(text);
+    // Encoded once, for the kept stream and the client alike.
+    const last = typeof text === 'string' ? Buffer.from(text) : text;
+    if (!this.tap.end(last)) return this.uncork();
+    this.res.end(last);
   }
 }

@@ -361,6 +361,9 @@ export class KeptStream implements StreamTap {
 
   private finish(): void {
     clearTimeout(this.grace);
+    // Kept for the resume window as one buffer, not as the many small ones it was written in (each
+    // holding a share of a pooled slab, and an object for the collector to trace, for minutes).
+    this.whole();
     this.endedAt = Date.now();
     this.settle();
     this.hooks.onOver(this);
