@@ -42,8 +42,10 @@ before(async () => {
   // Started one after the other: later ones are younger (started_at), the ranking's last tie-break.
   // No prefix cache: the blocks their streams leave would rank before age (cache value is the
   // ranking's second key, tested in victim-ranking.test), and this fleet checks work and age.
+  // Long leases: the CLI reads discovery itself, and a worker whose heartbeat a loaded machine delayed past a
+  // short lease would be missing from its ranking (4 serving read as 2 with two suites on 2 cores).
   for (const id of ['m1-a', 'm1-b', 'm1-c', 'm1-d']) {
-    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', id, '--mocker-itl-ms', '20', '--mocker-kv-cache', 'off'], NO_TOKEN);
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', id, '--mocker-itl-ms', '20', '--mocker-kv-cache', 'off', '--lease-ttl-ms', '60000'], NO_TOKEN);
     started.push(w);
     m1.push(w);
   }
