@@ -2,7 +2,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { secondTurnWhole } from './helpers/responses.js';
-import { call } from './helpers/http.js';
+import { call, sseEvents } from './helpers/http.js';
 import { frontendSeesWorkers, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
 
@@ -34,26 +34,10 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
 
   /** Raw SSE events of a response, stopping (and closing) after the event `stopAt` when given. */
   async function events(res: Response, stopAt?: number, controller?: AbortController, onEvent: (e: string) => void = () => undefined): Promise<string[]> {
-    const out: string[] = [];
-    let buf = '';
-    try {
-      for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
-        buf += Buffer.from(chunk).toString('utf8');
-        let end: number;
-        while ((end = buf.indexOf('\n\n')) >= 0) {
-          out.push(buf.slice(0, end));
-          buf = buf.slice(end + 2);
-          onEvent(out.at(-1)!);
-          if (stopAt !== undefined && out.at(-1)!.startsWith(`id: ${stopAt}\n`)) {
-            controller?.abort();
-            return out;
-          }
-        }
-      }
-    } catch (err) {
-      if (!controller?.signal.aborted) throw err;
-    }
-    return out;
+    return sseEvents(res, (e) => {
+      onEvent(e);
+      return stopAt !== undefined && e.startsWith(`id: ${stopAt}\n`);
+    }, { controller });
   }
   const idOf = (e: string[]) => /"id":"(chatcmpl-[0-9a-f]+)"/.exec(e[0]!)![1]!;
 

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { Agent, fetch as undiciFetch } from 'undici';
 import { secondTurnWhole } from './helpers/responses.js';
-import { call } from './helpers/http.js';
+import { call, sseEvents } from './helpers/http.js';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { bounded, frontendSeesWorkers, metricValue, startFleet, startFrontend, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
@@ -29,27 +29,16 @@ interface RawEvent {
 /** Reads a response's SSE events as raw text; `stop` true after an event leaves (the connection is closed there). */
 async function readEvents(res: Response, controller: AbortController | undefined, stop: (e: RawEvent) => boolean = () => false): Promise<RawEvent[]> {
   const events: RawEvent[] = [];
-  const decoder = new TextDecoder();
-  let buf = '';
-  try {
-    for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
-      buf += decoder.decode(chunk, { stream: true });
-      let end: number;
-      while ((end = buf.indexOf('\n\n')) >= 0) {
-        const raw = buf.slice(0, end);
-        buf = buf.slice(end + 2);
-        const id = /^id: (\d+)$/m.exec(raw)?.[1];
-        const e = { raw, id: id === undefined ? undefined : Number(id) };
-        events.push(e);
-        if (stop(e)) {
-          controller?.abort();
-          return events;
-        }
-      }
-    }
-  } catch (err) {
-    if (!controller?.signal.aborted) throw err;
-  }
+  await sseEvents(
+    res,
+    (raw) => {
+      const id = /^id: (\d+)$/m.exec(raw)?.[1];
+      const e = { raw, id: id === undefined ? undefined : Number(id) };
+      events.push(e);
+      return stop(e);
+    },
+    { controller },
+  );
   return events;
 }
 
