@@ -6,7 +6,7 @@ import { RedisStore, parseStoreUrl } from '../src/frontend/streams/redis-store.j
 import { SharedStreams } from '../src/frontend/streams/shared-streams.js';
 import { BATCH_MS } from '../src/frontend/streams/stream-lease.js';
 import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
-import type { Release } from '../src/frontend/relay/client-stream.js';
+import type { Release } from '../src/frontend/relay/held-bytes.js';
 
 // Captured before the timers are mocked: the bounds below still run on real time.
 const realSetTimeout = globalThis.setTimeout;
