@@ -193,12 +193,6 @@ export function frontendCommand(): Command {
         return cluster.isPrimary ? runPrimary(opts, flags.processes, stopOpts, log) : runChild(opts, stopOpts, log);
       }
       const frontend = await startFrontend(opts, log);
-      const adminAuth = token === undefined ? 'none' : 'bearer';
-      log.info({ event: 'admin_ready', url: frontend.adminUrl, admin_auth: adminAuth }, `admin API ready: ${frontend.adminUrl}/workers`);
-      log.info(
-        { event: 'frontend_ready', url: frontend.url, admin_url: frontend.adminUrl, discovery: frontend.discovery.url },
-        `frontend ready: ${frontend.url}/v1 (admin ${frontend.adminUrl})`,
-      );
       let stopping = false;
       let interrupted = false;
       // The grace is for a load balancer that routes to this frontend; Ctrl-C, or `ebb up` gone, has none to wait for.
@@ -233,6 +227,13 @@ export function frontendCommand(): Command {
         process.on('message', (m: { type?: unknown } | null) => m?.type === 'interrupt' && force('ebb up: second Ctrl-C'));
         process.channel?.unref(); // listening must not keep the process alive
       }
+      // Ready is said once a signal is handled: a SIGTERM right after it drains (it killed the process before).
+      const adminAuth = token === undefined ? 'none' : 'bearer';
+      log.info({ event: 'admin_ready', url: frontend.adminUrl, admin_auth: adminAuth }, `admin API ready: ${frontend.adminUrl}/workers`);
+      log.info(
+        { event: 'frontend_ready', url: frontend.url, admin_url: frontend.adminUrl, discovery: frontend.discovery.url },
+        `frontend ready: ${frontend.url}/v1 (admin ${frontend.adminUrl})`,
+      );
       // It may have gone before this listener existed ('disconnect' fires once): then stop now.
       if (process.send !== undefined && !process.connected) stop('SIGTERM');
     });

@@ -285,11 +285,6 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
       throw new Error(`admin listener on ${opts.admin.host}:${opts.admin.port}: ${(err as Error).message}`);
     }
   }
-  log.info({ event: 'admin_ready', url: adminUrl, admin_auth: opts.admin?.guardAdmin ? 'bearer' : 'none' }, `admin API ready: ${adminUrl}/workers`);
-  log.info(
-    { event: 'frontend_ready', url, admin_url: adminUrl, discovery: discovery.url, processes },
-    `frontend ready: ${url}/v1 (admin ${adminUrl}), ${processes} processes`,
-  );
 
   const stop = (signal: string, graceMs: number) => {
     if (stopping) process.exit(130);
@@ -335,5 +330,11 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   process.on('SIGTERM', () => stop('SIGTERM', stopOpts.shutdownGraceMs));
   process.on('SIGINT', () => stop('SIGINT', 0));
   process.once('disconnect', () => stop('SIGTERM', 0)); // started by `ebb up`, which went away
+  // Ready is said once a signal is handled: a SIGTERM right after it drains.
+  log.info({ event: 'admin_ready', url: adminUrl, admin_auth: opts.admin?.guardAdmin ? 'bearer' : 'none' }, `admin API ready: ${adminUrl}/workers`);
+  log.info(
+    { event: 'frontend_ready', url, admin_url: adminUrl, discovery: discovery.url, processes },
+    `frontend ready: ${url}/v1 (admin ${adminUrl}), ${processes} processes`,
+  );
   if (process.send !== undefined && !process.connected) stop('SIGTERM', 0);
 }
