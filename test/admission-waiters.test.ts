@@ -2,7 +2,7 @@ import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ServerResponse } from 'node:http';
 import { call, fakeWorker, injectRecord, json, type FakeWorker } from './helpers/http.js';
-import { bounded, metricValue, startFleet, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
+import { bounded, frontendSeesWorkers, metricValue, startFleet, startFrontend, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type LogLine } from './helpers/processes.js';
 
 /**
  * The admission queue's waiters (issue 42): one a worker cannot take does not hold the others'
@@ -103,6 +103,24 @@ describe('admission queue: a waiter no worker can take holds no turn', () => {
     assert.equal(await metricValue(frontend.url, 'ebb_frontend_queue_depth', 'model="m1",tier="default",tenant="anonymous"'), 1, 'a2 still waits');
     await a1.end();
     assert.equal((await a2).status, 200, "a2 is served once a1's stream freed the slot");
+  });
+
+  it("a request waiting at one frontend for an adapter's slot is woken when a stream at another frontend frees it", async () => {
+    // The slot frees on the worker, not at the waiter's frontend (which sees no stream of its own end):
+    // only the worker's word can wake it. Before, it slept to its queue timeout (429).
+    const lora = ['--mocker-lora', 'a1', '--mocker-lora', 'a2', '--mocker-lora-slots', '1', '--mocker-itl-ms', '20'];
+    const { discovery, frontend, workers } = await startFleet(1, lora, ['--resume-grace-ms', '0']);
+    started.push(frontend, ...workers);
+    const other = await startFrontend(discovery, ['--queue-timeout', '30000', '--resume-grace-ms', '0']);
+    started.push(other);
+    await frontendSeesWorkers(other, 1);
+    const a1 = await openStream(frontend, { model: 'a1' });
+    const mark = other.mark();
+    const a2 = completion(other, { model: 'a2' });
+    await events(other, 'request_queued', 1, mark);
+    await a1.end();
+    const res = await a2;
+    assert.equal(res.status, 200, `a2 is served once a1's stream (at the other frontend) freed the slot: ${res.status} ${await res.clone().text()}`);
   });
 });
 

@@ -7,7 +7,9 @@ import { isErrorCode, type ErrorCode } from './errors.js';
  *
  * - `retry_elsewhere`: the worker (or the fleet around it) is at fault, not the request: another
  *   worker may serve it. `hold` keeps the worker out of routing for a while; `keep` leaves it
- *   eligible for this request (the worker is fine, what it needed is gone: prefill again).
+ *   eligible for this request (the worker is fine, what it needed is gone: prefill again); `follow`:
+ *   the refusal holds nothing, but only the worker can say when it ends (an adapter's slot frees on
+ *   the worker, maybe by another frontend's stream): the frontend follows its status stream.
  * - `pass_to_client`: the answer is about the request itself; every worker of the model would give
  *   it. The client gets the worker's code, status and message after one attempt.
  * - `bad_gateway`: an answer the request plane does not allow (frontend and worker disagree on the
@@ -19,6 +21,7 @@ export interface WorkerAnswer {
   action: WorkerAnswerAction;
   hold?: 'draining' | 'overloaded' | 'unreachable';
   keep?: true;
+  follow?: true;
 }
 
 const retry: WorkerAnswer = { action: 'retry_elsewhere' };
@@ -66,8 +69,8 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   continuation_unsupported: retry,
   request_handed_off: retry,
   // The adapter, not the worker: other requests still go to it (its discovery record says the rest).
-  adapter_draining: retry,
-  adapter_slots_busy: retry,
+  adapter_draining: { action: 'retry_elsewhere', follow: true },
+  adapter_slots_busy: { action: 'retry_elsewhere', follow: true },
   // Stale discovery (the adapter was removed there) or an engine that could not load it.
   adapter_not_found: retry,
   adapter_load_failed: retry,

@@ -11,6 +11,7 @@ import { createUpstreamAgent, registerWaitingGauge } from './upstream-agent.js';
 import { MAX_ERROR_BODY, StreamLineTooLong, WorkerCall, type BatchLine } from './worker-call.js';
 import { IdleWatch } from './idle-watch.js';
 import { actOn, brokeBeforeFirstToken, isConnectFailure, KvTransferLost, noServingWorker, rejectNon200, TryElsewhere, unavailableModel, WorkerUnresponsive } from './worker-answer.js';
+import { workerAnswer } from '../../protocol/worker-answers.js';
 import { WorkerLosses } from './worker-losses.js';
 import { readBounded } from '../../common/bounded-read.js';
 import type { AdmissionQueue } from '../admission/admission-queue.js';
@@ -101,7 +102,7 @@ export interface UpstreamOptions {
 const failedRounds = new WeakSet<EbbError>();
 
 function isFailure(err: TryElsewhere): boolean {
-  return err.hold !== 'draining' && err.hold !== 'overloaded' && err.outcome !== 'handed_off' && err.outcome !== 'request_handed_off';
+  return err.hold !== 'draining' && err.hold !== 'overloaded' && workerAnswer(err.outcome).follow !== true && err.outcome !== 'handed_off' && err.outcome !== 'request_handed_off';
 }
 
 /** `err`, remembered as a round a worker failed when `failed`. */
@@ -210,6 +211,7 @@ export class Upstream {
       // A flex refusal says only that the worker's free slots are its priority reserve: other tiers still go to it.
       if (flex && failure.hold === 'overloaded') this.pool.holdFlex(id, Date.now(), sentAt);
       else if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS, sentAt);
+      else if (workerAnswer(failure.outcome).follow) this.pool.follow(id);
       this.metrics.attempt(id, failure.outcome);
       if (attempt) endAttempt(attempt, failure.outcome, err);
       // A worker that broke under the request: the second such ends it here (worker-losses.ts).

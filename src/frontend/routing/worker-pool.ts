@@ -136,7 +136,7 @@ export class WorkerPool {
    * said it has room again. The admission queue gives turns on it; unset, nothing is called.
    */
   onRoom: ((model: string) => void) | undefined;
-  /** Told when a worker refused for being full or draining (the saturation watch then follows its own word on it). */
+  /** Told when a worker refused for being full or draining, or for a busy adapter slot (the saturation watch then follows its own word on it). */
   onRefused: ((record: WorkerRecord) => void) | undefined;
 
   /**
@@ -357,6 +357,16 @@ export class WorkerPool {
     if (w.hold?.kind === 'draining' || w.hold?.kind === 'unreachable') return false;
     w.hold = { kind: 'overloaded', until: Infinity };
     return true;
+  }
+
+  /**
+   * A refusal that holds nothing but that only the worker can say is over (its adapter's slot is
+   * busy, perhaps with another frontend's stream): its status stream is followed, and its word that
+   * it has room gives queued requests their turn.
+   */
+  follow(workerId: string): void {
+    const w = this.workers.get(workerId);
+    if (w !== undefined) this.onRefused?.(w.record);
   }
 
   /** Its status stream broke: a hold on its word alone ends as a refusal's would. */
