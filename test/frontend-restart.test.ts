@@ -1,7 +1,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { resumableFetch } from '@ebb/client';
-import { freePort } from '../src/engine/engine-process.js';
+import { stablePort } from './helpers/ports.js';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { nginxSkipReason, startNginx, type Nginx } from './helpers/nginx.js';
 import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
@@ -62,7 +62,7 @@ describe('a frontend restart client code never notices: nginx, two frontends, on
     discovery = tempDiscoveryUrl();
     // Streams of several seconds: each answer is the rest of a 200-token context, a token every 25 ms.
     started.push(...(await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '25', '--mocker-ttft-ms', '0', '--mocker-max-context', '200'])))));
-    ports = await Promise.all([0, 1].map(() => freePort()));
+    ports = await Promise.all([0, 1].map(() => stablePort()));
     [a, b] = (await Promise.all(ports.map((p) => frontend(p)))) as [FrontendHandle, FrontendHandle];
     nginx = await startNginx(ports);
   });
@@ -202,7 +202,7 @@ describe("a rolling restart of 3 frontends under steady agent traffic, with the 
   }
 
   it('each frontend replaced in turn (a new one first, then the old SIGTERMed) while agents stream tool calls: every stream whole', async () => {
-    let ports = await Promise.all([0, 1, 2].map(() => freePort()));
+    let ports = await Promise.all([0, 1, 2].map(() => stablePort()));
     let frontends = await Promise.all(ports.map(frontend));
     nginx = await startNginx(ports);
     const reference = await runSdk('openai', 'chat-tools', `${frontends[0]!.url}/v1`);
@@ -215,7 +215,7 @@ describe("a rolling restart of 3 frontends under steady agent traffic, with the 
       while (rolling) results.push(await runSdk('openai', 'chat-tools', `${nginx.url}/v1`, resumableFetch(), 2));
     });
     for (let i = 0; i < 3; i++) {
-      const port = await freePort();
+      const port = await stablePort();
       const replacement = await frontend(port);
       const old = frontends[i]!;
       // As a Deployment's surge does: the new one in the balancer, the old one out, then SIGTERMed (its open streams finish there).

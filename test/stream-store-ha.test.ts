@@ -6,7 +6,7 @@ import { once } from 'node:events';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { freePort } from '../src/engine/engine-process.js';
+import { stablePort } from './helpers/ports.js';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { skipWithout } from './helpers/required-tool.js';
 import { spawnRedis } from './helpers/redis.js';
@@ -37,7 +37,7 @@ describe('the stream store behind Redis Sentinel: a master killed under load', {
   let url: string;
   let discovery: string;
   before(async () => {
-    const [mPort, rPort, ...sPorts] = await Promise.all([0, 1, 2, 3, 4].map(() => freePort()));
+    const [mPort, rPort, ...sPorts] = await Promise.all([0, 1, 2, 3, 4].map(() => stablePort()));
     master = await spawnRedis(mPort!, []);
     servers.push(master, await spawnRedis(rPort!, ['--replicaof', '127.0.0.1', String(mPort)]));
     const dir = mkdtempSync(join(tmpdir(), 'ebb-sentinel-'));
@@ -97,7 +97,7 @@ describe('the stream store on a Redis Cluster', { skip: toolsSkipReason() }, () 
   let url: string;
   let discovery: string;
   before(async () => {
-    const ports = await Promise.all([0, 1, 2].map(() => freePort()));
+    const ports = await Promise.all([0, 1, 2].map(() => stablePort()));
     const dir = mkdtempSync(join(tmpdir(), 'ebb-cluster-'));
     for (const port of ports) nodes.push(await spawnRedis(port, ['--cluster-enabled', 'yes', '--cluster-config-file', join(dir, `nodes-${port}.conf`), '--dir', dir]));
     execFileSync('redis-cli', ['--cluster', 'create', ...ports.map((p) => `127.0.0.1:${p}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });

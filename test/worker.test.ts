@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { connect, type Socket } from 'node:net';
 import { once } from 'node:events';
 import { call, openLineStream } from './helpers/http.js';
-import { bounded, spawnEbb, startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
+import { bounded, spawnEbb, START_BOUND_MS, startWorker, tempDiscoveryUrl, type WorkerHandle } from './helpers/processes.js';
 
 const started: WorkerHandle[] = [];
 after(async () => {
@@ -345,6 +345,9 @@ describe('worker process: request ownership', () => {
         }
       })(),
       'generation blocked on backpressure',
+      // Loopback's socket buffers grow to megabytes before the writes block: on a loaded machine
+      // (four test files at once) the mocker takes longer than the usual bound to fill them.
+      START_BOUND_MS,
     );
     const blocked = await call('GET', `${w.systemUrl}/engine/status`);
     assert.equal(blocked.body.engine.running_sequences, 1);

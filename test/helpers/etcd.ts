@@ -5,11 +5,11 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
 import { cp, mkdtemp, rm } from 'node:fs/promises';
-import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { dieWithFile, removeWithFile } from './reaper.js';
 import { skipWithout } from './required-tool.js';
+import { stablePorts } from './ports.js';
 
 export interface EtcdServer {
   /** Discovery URL, `etcd://127.0.0.1:PORT`. */
@@ -76,27 +76,6 @@ export function etcdSkipReason(): string | undefined {
   return skipWithout(etcdAvailable(), 'etcd not installed: etcd tests SKIPPED; install etcd-server (or set ETCD_BIN)');
 }
 
-/** Two distinct free loopback ports: both listeners stay open until both ports are known. */
-async function freePorts(count: number): Promise<number[]> {
-  const servers: Server[] = [];
-  try {
-    const ports: number[] = [];
-    for (let i = 0; i < count; i++) {
-      const server = createServer();
-      servers.push(server);
-      await new Promise<void>((resolve, reject) => {
-        server.once('error', reject);
-        server.listen(0, '127.0.0.1', () => resolve());
-      });
-      const addr = server.address();
-      if (addr === null || typeof addr === 'string') throw new Error('unexpected listener address');
-      ports.push(addr.port);
-    }
-    return ports;
-  } finally {
-    await Promise.all(servers.map((s) => new Promise<void>((resolve) => s.close(() => resolve()))));
-  }
-}
 
 function waitExit(child: ChildProcess, boundMs: number): Promise<boolean> {
   if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(true);
@@ -169,7 +148,7 @@ export async function startEtcd(): Promise<EtcdServer> {
   let argsFor: () => string[] = () => [];
   // The ports are free when probed but could be taken before etcd binds them: retry with new ones.
   for (let attempt = 1; ; attempt++) {
-    const [client, peer] = await freePorts(2);
+    const [client, peer] = await stablePorts(2);
     if (client === undefined || peer === undefined) throw new Error('could not allocate ports');
     const clientUrl = `http://127.0.0.1:${client}`;
     const peerUrl = `http://127.0.0.1:${peer}`;

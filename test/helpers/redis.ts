@@ -5,7 +5,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { execFileSync } from 'node:child_process';
-import { freePort } from '../../src/engine/engine-process.js';
+import { stablePort } from './ports.js';
 import { bounded } from './processes.js';
 import { dieWithFile } from './reaper.js';
 import { skipWithout } from './required-tool.js';
@@ -35,7 +35,7 @@ export function redisSkipReason(): string | undefined {
 
 /** redis-server on a free port (or `port`), its own extra arguments appended (a replica's, a password). */
 export async function startRedis(args: string[] = [], port?: number): Promise<RedisServer> {
-  const p = port ?? (await freePort());
+  const p = port ?? (await stablePort());
   let proc = await spawnRedis(p, args);
   const kill = async () => {
     if (proc.exitCode === null && proc.signalCode === null) {
