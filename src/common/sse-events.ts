@@ -17,7 +17,6 @@ export interface SseEvent {
  */
 export async function* sseEvents(body: AsyncIterable<Uint8Array | Buffer | string> | Iterable<Uint8Array | Buffer | string>, maxEventChars = Infinity): AsyncGenerator<SseEvent, void, void> {
   const decoder = new TextDecoder();
-  let buffer = '';
   let event = 'message';
   let data: string[] = [];
   let id: string | undefined;
@@ -41,20 +40,45 @@ export async function* sseEvents(body: AsyncIterable<Uint8Array | Buffer | strin
     else if (field === 'event') event = value;
     else if (field === 'id') id = value;
   }
+  // The unended line's pieces, joined once it ends: a line as long as a worker's whole-cache
+  // snapshot (megabytes, in 64 KiB chunks) is scanned and copied once, not once per chunk.
+  let pieces: string[] = [];
+  let pending = 0;
+  /** The last chunk ended on a CR: its line ended there, and an LF opening the next is its CRLF's. */
+  let cr = false;
+  const take = (): string => {
+    const l = pieces.length === 1 ? pieces[0]! : pieces.join('');
+    pieces = [];
+    pending = 0;
+    return l;
+  };
   const eol = /\r\n|\r|\n/g;
   for await (const chunk of body) {
-    buffer += typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true });
+    const text = typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true });
     let start = 0;
-    let m: RegExpExecArray | null;
-    for (eol.lastIndex = 0; (m = eol.exec(buffer)) !== null; start = eol.lastIndex) {
-      // A CR last in the buffer may be the first half of a CRLF split across chunks: wait for more.
-      if (m[0] === '\r' && eol.lastIndex === buffer.length) break;
-      yield* line(buffer.slice(start, m.index));
+    if (cr && text.length > 0) {
+      cr = false;
+      yield* line(take());
+      if (text[0] === '\n') start = 1;
     }
-    buffer = buffer.slice(start);
-    if (size + buffer.length > maxEventChars) throw tooLong();
+    let m: RegExpExecArray | null;
+    for (eol.lastIndex = start; (m = eol.exec(text)) !== null; start = eol.lastIndex) {
+      pieces.push(text.slice(start, m.index));
+      // A CR last in the chunk may be the first half of a CRLF split across chunks.
+      if (m[0] === '\r' && eol.lastIndex === text.length) {
+        cr = true;
+        start = text.length;
+        break;
+      }
+      yield* line(take());
+    }
+    if (start < text.length) {
+      pieces.push(text.slice(start));
+      pending += text.length - start;
+    }
+    if (size + pending > maxEventChars) throw tooLong();
   }
-  if (buffer !== '') yield* line(buffer.replace(/\r$/, ''));
+  if (cr || pieces.length > 0) yield* line(take());
   yield* line('');
 }
 
