@@ -30,7 +30,10 @@ describe('upstream connections', () => {
     );
     try {
       // A request waiting for a connection inside the frontend would never get its first token here.
-      await bounded(Promise.all(streams.map((s) => s.first)), `first token on all ${N} streams`, 60_000);
+      const firsts = await bounded(Promise.all(streams.map((s) => s.first)), `first token on all ${N} streams`, 60_000);
+      // What each stream opened with, where it was not a token (an answer other than 200, an error event): the failure says which.
+      const odd = streams.map((s, i) => ({ status: s.status, first: firsts[i]! })).filter((x) => x.status !== 200 || !x.first.startsWith('data: {"id"'));
+      assert.deepEqual(odd.slice(0, 5), [], `every stream opens with a token (${odd.length} of ${N} did not)`);
       assert.equal(await metricValue(worker.systemUrl, 'ebb_worker_inflight_requests'), N, 'the worker runs every stream');
       assert.equal(await metricValue(frontend.url, WAITING_METRIC), 0, 'none waits in the frontend');
     } finally {
