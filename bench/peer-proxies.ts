@@ -101,7 +101,7 @@ const cleanup = () => {
 process.on('exit', cleanup);
 for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => process.exit(130));
 // A watchdog: the run always ends.
-const budgetMs = 120_000 + (opts.concurrency.length * opts.rounds * opts.paths.length + opts.rates.length + opts.rounds * opts.paths.length) * (opts.durationMs + opts.warmupMs + 3000);
+const budgetMs = 120_000 + (opts.concurrency.length * opts.rounds * opts.paths.length + 2 * opts.rates.length + opts.rounds * opts.paths.length) * (opts.durationMs + opts.warmupMs + 3000);
 setTimeout(() => {
   console.error(`peer-proxies: still running after ${budgetMs} ms; giving up`);
   process.exit(2);
@@ -453,12 +453,18 @@ async function openSection(agent: Agent, targets: Target[]): Promise<void> {
   if (ebb === undefined) throw new Error('--rates needs the path ebb (its rate step finds the rate)');
   console.log(`\nopen loop: ${opts.stream ? 'streams' : 'non-streamed requests'} of ${opts.maxTokens} tokens at a set rate (bench/open-loop.ts); rate step on ebb, ${opts.durationMs} ms per rate`);
   let sustained: number | undefined;
-  for (const rate of opts.rates) {
-    const p = await openPhase(agent, ebb, rate, opts.durationMs);
-    const ok = p.failed === 0 && p.late <= Math.max(5, 0.02 * p.offered) && (p.cpuPct ?? 0) < 100;
-    console.log(`  ebb at ${rate}/s: ${p.answered}/${p.offered} answered in the window, ${p.late} open at its end, ${p.failed} failed${p.firstError ? ` (${p.firstError})` : ''}, latency p50 ${pct(p.latency, 50).toFixed(2)} ms p99 ${pct(p.latency, 99).toFixed(2)} ms, frontend cpu ${p.cpuPct?.toFixed(0)}%, other ${p.otherPct.toFixed(0)}%: ${ok ? 'sustained' : 'not sustained'}`);
-    if (!ok) break;
-    sustained = rate;
+  steps: for (const rate of opts.rates) {
+    // A rate missed once is tried once more (a shared machine's other load comes and goes); missed twice, the step ends.
+    for (let attempt = 1; attempt <= 2; attempt++) {
+      const p = await openPhase(agent, ebb, rate, opts.durationMs);
+      const ok = p.failed === 0 && p.late <= Math.max(5, 0.02 * p.offered) && (p.cpuPct ?? 0) < 100;
+      console.log(`  ebb at ${rate}/s: ${p.answered}/${p.offered} answered in the window, ${p.late} open at its end, ${p.failed} failed${p.firstError ? ` (${p.firstError})` : ''}, latency p50 ${pct(p.latency, 50).toFixed(2)} ms p99 ${pct(p.latency, 99).toFixed(2)} ms, frontend cpu ${p.cpuPct?.toFixed(0)}%, other ${p.otherPct.toFixed(0)}%: ${ok ? 'sustained' : 'not sustained'}`);
+      if (ok) {
+        sustained = rate;
+        continue steps;
+      }
+    }
+    break;
   }
   if (sustained === undefined) {
     console.log('  ebb sustained none of the rates: give lower --rates');
