@@ -53,7 +53,7 @@ describe('held series', () => {
     assert.deepEqual(await ours.getMetricsAsJSON(), await theirs.getMetricsAsJSON());
   });
 
-  it('add up across processes as prom-client metrics do (the --processes scrape), and count from one scrape to the next', async () => {
+  it('add up across processes as prom-client metrics do (the --processes scrape), count from one scrape to the next, and leave out what a counter cannot add', async () => {
     const a = new Registry();
     const b = new Registry();
     fill(a, true);
@@ -71,6 +71,10 @@ describe('held series', () => {
     s.inc(2);
     assert.match(await r.metrics(), /c_total\{k="x"\} 3\n/);
     assert.match(await r.metrics(), /c_total\{k="x"\} 3\n/);
-    assert.throws(() => s.inc(-1), /cannot add -1/);
+    // What a counter cannot add is left out (prom-client throws: a request's metrics must not fail it).
+    s.inc(-1);
+    s.inc(Number.NaN);
+    s.inc(null as unknown as number);
+    assert.match(await r.metrics(), /c_total\{k="x"\} 3\n/);
   });
 });

@@ -53,9 +53,9 @@ export class HeldCounter<L extends string> extends Counter<L> {
     }
     const held = s;
     return {
+      // What a counter cannot add (negative, not a finite number) is left out: a metric never fails the request it counts.
       inc: (value = 1) => {
-        if (!(value >= 0) || !Number.isFinite(value)) throw new TypeError(`a counter cannot add ${value}`);
-        held.pending += value;
+        if (value >= 0 && Number.isFinite(value)) held.pending += value;
       },
     };
   }
@@ -125,7 +125,7 @@ export class HeldHistogram<L extends string> {
     const bounds = this.buckets;
     return {
       observe: (value: number) => {
-        if (!Number.isFinite(value)) throw new TypeError(`a histogram cannot observe ${value}`);
+        if (!Number.isFinite(value)) return; // as a counter's: never the request's failure
         let i = 0;
         while (i < bounds.length && value > bounds[i]!) i++;
         data.counts[i]!++;
