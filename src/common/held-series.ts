@@ -16,9 +16,19 @@ export interface CounterSeries {
   inc(value?: number): void;
 }
 
+class HeldCount implements CounterSeries {
+  pending = 0;
+  constructor(readonly labels: Record<string, string>) {}
+
+  // What a counter cannot add (negative, not a finite number) is left out: a metric never fails the request it counts.
+  inc(value = 1): void {
+    if (value >= 0 && Number.isFinite(value)) this.pending += value;
+  }
+}
+
 /** A prom-client Counter whose series are held: their increments reach prom-client when it is scraped. */
 export class HeldCounter<L extends string> extends Counter<L> {
-  private readonly held = new Map<string, { labels: Partial<Record<L, string>>; pending: number }>();
+  private readonly held = new Map<string, HeldCount>();
   private readonly names: readonly L[];
 
   constructor(config: Omit<CounterConfiguration<L>, 'collect' | 'labelNames'> & { labelNames: readonly L[] }) {
@@ -35,7 +45,7 @@ export class HeldCounter<L extends string> extends Counter<L> {
   private flush(): void {
     for (const s of this.held.values()) {
       if (s.pending === 0) continue;
-      this.inc(s.labels, s.pending);
+      this.inc(s.labels as Partial<Record<L, string>>, s.pending);
       s.pending = 0;
     }
   }
@@ -45,19 +55,12 @@ export class HeldCounter<L extends string> extends Counter<L> {
     const key = keyOf(values);
     let s = this.held.get(key);
     if (s === undefined) {
-      const labels = Object.fromEntries(this.names.map((name, i) => [name, values[i]!])) as Partial<Record<L, string>>;
-      s = { labels, pending: 0 };
+      s = new HeldCount(Object.fromEntries(this.names.map((name, i) => [name, values[i]!])));
       this.held.set(key, s);
       // Shown from its first use, at 0 until it counts.
-      this.inc(labels, 0);
+      this.inc(s.labels as Partial<Record<L, string>>, 0);
     }
-    const held = s;
-    return {
-      // What a counter cannot add (negative, not a finite number) is left out: a metric never fails the request it counts.
-      inc: (value = 1) => {
-        if (value >= 0 && Number.isFinite(value)) held.pending += value;
-      },
-    };
+    return s;
   }
 }
 
@@ -84,12 +87,27 @@ interface Exposed {
   aggregator: 'sum';
 }
 
-interface HistogramData {
-  labels: Record<string, string>;
+class HistogramData implements HistogramSeries {
   /** Observations per bucket (not cumulative), the last for those above every bound. */
-  counts: number[];
-  sum: number;
-  count: number;
+  readonly counts: number[];
+  sum = 0;
+  count = 0;
+
+  constructor(
+    readonly labels: Record<string, string>,
+    private readonly bounds: readonly number[],
+  ) {
+    this.counts = new Array<number>(bounds.length + 1).fill(0);
+  }
+
+  observe(value: number): void {
+    if (!Number.isFinite(value)) return; // as a counter's: never the request's failure
+    let i = 0;
+    while (i < this.bounds.length && value > this.bounds[i]!) i++;
+    this.counts[i]!++;
+    this.sum += value;
+    this.count++;
+  }
 }
 
 /**
@@ -103,7 +121,7 @@ export class HeldHistogram<L extends string> {
   readonly help: string;
   private readonly labelNames: readonly L[];
   private readonly buckets: readonly number[];
-  private series_ = new Map<string, HistogramData>();
+  private readonly series_ = new Map<string, HistogramData>();
 
   constructor(config: { name: string; help: string; labelNames: readonly L[]; buckets: readonly number[]; registers: Registry[] }) {
     this.name = config.name;
@@ -118,25 +136,19 @@ export class HeldHistogram<L extends string> {
     const key = keyOf(values);
     let d = this.series_.get(key);
     if (d === undefined) {
-      d = { labels: Object.fromEntries(this.labelNames.map((name, i) => [name, values[i]!])), counts: new Array<number>(this.buckets.length + 1).fill(0), sum: 0, count: 0 };
+      d = new HistogramData(Object.fromEntries(this.labelNames.map((name, i) => [name, values[i]!])), this.buckets);
       this.series_.set(key, d);
     }
-    const data = d;
-    const bounds = this.buckets;
-    return {
-      observe: (value: number) => {
-        if (!Number.isFinite(value)) return; // as a counter's: never the request's failure
-        let i = 0;
-        while (i < bounds.length && value > bounds[i]!) i++;
-        data.counts[i]!++;
-        data.sum += value;
-        data.count++;
-      },
-    };
+    return d;
   }
 
+  /** Every series back to 0, kept (its holders keep adding to it): prom-client's reset drops them. */
   reset(): void {
-    this.series_ = new Map();
+    for (const d of this.series_.values()) {
+      d.counts.fill(0);
+      d.sum = 0;
+      d.count = 0;
+    }
   }
 
   /** prom-client's histogram shape for the text page: the series' labels apart (sharedLabels). */

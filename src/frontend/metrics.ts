@@ -21,7 +21,7 @@ export function createFrontendMetrics(pool: WorkerPool) {
   const registry = new Registry();
   collectProcessMetrics(registry);
   const requests = new HeldCounter({ name: 'ebb_frontend_requests_total', help: 'Client requests by endpoint and status', labelNames: ['endpoint', 'status'], registers: [registry] });
-  const attempts = new Counter({ name: 'ebb_frontend_upstream_attempts_total', help: 'Upstream attempts by worker and outcome', labelNames: ['worker_id', 'outcome'], registers: [registry] });
+  const attempts = new HeldCounter({ name: 'ebb_frontend_upstream_attempts_total', help: 'Upstream attempts by worker and outcome', labelNames: ['worker_id', 'outcome'], registers: [registry] });
   const midStream = new Counter({ name: 'ebb_frontend_midstream_failures_total', help: 'Streams cut by a worker failure after tokens reached the client', registers: [registry] });
   const migrations = new Counter({
     name: 'ebb_frontend_migrations_total',
@@ -140,7 +140,7 @@ export function createFrontendMetrics(pool: WorkerPool) {
       s.requests.inc();
       s.duration.observe(labels.seconds);
     },
-    attempt: (workerId: string, outcome: string) => attempts.inc({ worker_id: workerId, outcome }),
+    attempt: (workerId: string, outcome: string) => attempts.series(workerId, outcome).inc(),
     midStreamFailure: () => midStream.inc(),
     migrated: (reason: MigrationReason) => migrations.inc({ reason }),
     migrationFailed: (reason: MigrationFailure) => migrationFailures.inc({ reason }),
