@@ -24,6 +24,12 @@
  * (also spelled `ebb-base`).
  * `--stream false` sends small non-streamed requests instead (the worker's and ebb's JSON answers),
  * and reports total latency (added p50/p99) in place of TTFT.
+ * `--rates 250,500,1000,...` adds an open-loop section (bench/open-loop.ts: requests arrive at a set
+ * rate whatever the answers do): first a rate step on plain `ebb` alone, for the highest rate one
+ * frontend process sustains (every request answered, none still waiting when its step ends, the
+ * frontend's CPU under one core); then every path at that rate, in rotating rounds, with latency
+ * p50/p99 (TTFT streamed, the whole answer with `--stream false`) added to direct's and nginx's.
+ * `--concurrency none` skips the closed-loop table.
  * The path `node-pipe` (not in the default set) is a Node TCP pipe (bench/node-pipe-proxy.ts): no
  * HTTP at all, so its CPU per token is the floor of Node's socket layer, below which no Node
  * frontend can go.
@@ -43,6 +49,7 @@ import { CLI, EbbProcess, killAllNow, startWorker, tempDiscoveryUrl } from '../t
 import { injectRecord } from '../test/helpers/http.js';
 import { startRedis } from '../test/helpers/redis.js';
 import { arg } from './cli-arg.js';
+import { openLoop, type Sample as OpenSample } from './open-loop.js';
 import { CLOCK_TICKS } from './proc-cpu.js';
 
 /** direct, a pass-through proxy, or one of ebb's variants (EBB_VARIANTS), `@base` for --base-cli's build. */
@@ -64,7 +71,8 @@ const NGINX = '/usr/sbin/nginx';
 const HAPROXY = '/usr/sbin/haproxy';
 
 const opts = {
-  concurrency: arg('concurrency', '1,16,64,256').split(',').map(Number),
+  concurrency: arg('concurrency', '1,16,64,256') === 'none' ? [] : arg('concurrency', '1,16,64,256').split(',').map(Number),
+  rates: arg('rates', '').split(',').filter(Boolean).map(Number),
   rounds: Number(arg('rounds', '2')),
   durationMs: Number(arg('duration-ms', '2000')),
   warmupMs: Number(arg('warmup-ms', '500')),
@@ -93,7 +101,7 @@ const cleanup = () => {
 process.on('exit', cleanup);
 for (const sig of ['SIGINT', 'SIGTERM'] as const) process.on(sig, () => process.exit(130));
 // A watchdog: the run always ends.
-const budgetMs = 120_000 + opts.concurrency.length * opts.rounds * opts.paths.length * (opts.durationMs + opts.warmupMs + 3000);
+const budgetMs = 120_000 + (opts.concurrency.length * opts.rounds * opts.paths.length + 2 * opts.rates.length + opts.rounds * opts.paths.length) * (opts.durationMs + opts.warmupMs + 3000);
 setTimeout(() => {
   console.error(`peer-proxies: still running after ${budgetMs} ms; giving up`);
   process.exit(2);
@@ -375,6 +383,137 @@ function mergePoints(ps: Point[]): Point {
   };
 }
 
+/** One request of an open loop: its latency (TTFT streamed, the whole answer not), ok or not. */
+async function openOne(agent: Agent, t: Target): Promise<OpenSample> {
+  const sentAt = performance.now();
+  try {
+    const s = await one(agent, t);
+    return { label: t.path, sentAt, endedAt: performance.now(), ok: true, status: 200, ttftMs: s.ttft, workerId: null };
+  } catch (err) {
+    return { label: t.path, sentAt, endedAt: performance.now(), ok: false, status: 0, code: (err as Error).message.slice(0, 120), workerId: null };
+  }
+}
+
+interface OpenPoint {
+  path: Path;
+  rate: number;
+  offered: number;
+  answered: number;
+  failed: number;
+  /** Requests sent in the window still unanswered at its end (the backlog a rate past capacity grows). */
+  late: number;
+  latency: number[];
+  cpuPct: number | undefined;
+  otherPct: number;
+  firstError?: string | undefined;
+}
+
+/** `rate` requests a second on `t` for `ms` (after a warm-up at that rate): what came back within the window, and the proxy's CPU. */
+async function openPhase(agent: Agent, t: Target, rate: number, ms: number): Promise<OpenPoint> {
+  const warm = openLoop(rate, () => openOne(agent, t));
+  await new Promise((r) => setTimeout(r, opts.warmupMs));
+  await warm.stop();
+  const cpu0 = t.pid ? cpuOf(t.pid) : undefined;
+  const m0 = machineBusy();
+  const self0 = process.cpuUsage();
+  const t0 = performance.now();
+  const loop = openLoop(rate, () => openOne(agent, t));
+  await new Promise((r) => setTimeout(r, ms));
+  const windowEnd = performance.now();
+  const cpu1 = t.pid ? cpuOf(t.pid) : undefined;
+  const m1 = machineBusy();
+  const self = process.cpuUsage(self0);
+  const samples = await loop.stop();
+  const elapsedUs = (windowEnd - t0) * 1000;
+  const proxyUs = cpu0 && cpu1 ? cpu1.user - cpu0.user + cpu1.sys - cpu0.sys : 0;
+  const machineUs = ((m1.busy - m0.busy) * 1e6) / CLOCK_TICKS;
+  const inWindow = samples.filter((x) => x.endedAt <= windowEnd);
+  return {
+    path: t.path,
+    rate,
+    offered: samples.length,
+    answered: inWindow.filter((x) => x.ok).length,
+    failed: samples.filter((x) => !x.ok).length,
+    late: samples.filter((x) => x.endedAt > windowEnd).length,
+    latency: inWindow.filter((x) => x.ok).map((x) => x.ttftMs as number),
+    cpuPct: cpu0 && cpu1 ? (proxyUs / elapsedUs) * 100 : undefined,
+    otherPct: Math.max(0, ((machineUs - self.user - self.system - proxyUs) / elapsedUs) * 100),
+    firstError: samples.find((x) => !x.ok)?.code,
+  };
+}
+
+/**
+ * The open-loop section: the rate step on plain ebb (the highest rate it sustains), then every path
+ * at that rate in rotating rounds. A rate is sustained when every request was answered, at most 2 %
+ * of them (and at most 5) were still open as the window closed (a rate past capacity leaves a growing
+ * backlog), and the frontend used less than one core (one process; above that it is saturated).
+ */
+async function openSection(agent: Agent, targets: Target[]): Promise<void> {
+  const ebb = targets.find((t) => t.path === 'ebb');
+  if (ebb === undefined) throw new Error('--rates needs the path ebb (its rate step finds the rate)');
+  console.log(`\nopen loop: ${opts.stream ? 'streams' : 'non-streamed requests'} of ${opts.maxTokens} tokens at a set rate (bench/open-loop.ts); rate step on ebb, ${opts.durationMs} ms per rate`);
+  let sustained: number | undefined;
+  steps: for (const rate of opts.rates) {
+    // A rate missed once is tried once more (a shared machine's other load comes and goes); missed twice, the step ends.
+    for (let attempt = 1; attempt <= 2; attempt++) {
+      const p = await openPhase(agent, ebb, rate, opts.durationMs);
+      const ok = p.failed === 0 && p.late <= Math.max(5, 0.02 * p.offered) && (p.cpuPct ?? 0) < 100;
+      console.log(`  ebb at ${rate}/s: ${p.answered}/${p.offered} answered in the window, ${p.late} open at its end, ${p.failed} failed${p.firstError ? ` (${p.firstError})` : ''}, latency p50 ${pct(p.latency, 50).toFixed(2)} ms p99 ${pct(p.latency, 99).toFixed(2)} ms, frontend cpu ${p.cpuPct?.toFixed(0)}%, other ${p.otherPct.toFixed(0)}%: ${ok ? 'sustained' : 'not sustained'}`);
+      if (ok) {
+        sustained = rate;
+        continue steps;
+      }
+    }
+    break;
+  }
+  if (sustained === undefined) {
+    console.log('  ebb sustained none of the rates: give lower --rates');
+    return;
+  }
+  const byPath = new Map<Path, OpenPoint[]>();
+  for (let r = 0; r < opts.rounds; r++) {
+    const order = targets.map((_, i) => targets[(i + r) % targets.length] as Target);
+    for (const t of order) {
+      const p = await openPhase(agent, t, sustained, opts.durationMs);
+      byPath.set(t.path, [...(byPath.get(t.path) ?? []), p]);
+      console.log(`  ${sustained}/s ${t.path} round ${r + 1}: ${p.answered}/${p.offered} answered, ${p.late} open at the end, ${p.failed} failed, other ${p.otherPct.toFixed(0)}% cpu`);
+    }
+  }
+  const lat = (path: Path) => (byPath.get(path) ?? []).flatMap((p) => p.latency);
+  const direct = lat('direct');
+  const nginx = lat('nginx');
+  const rows = targets.map((t) => {
+    const ps = byPath.get(t.path) as OpenPoint[];
+    const l = lat(t.path);
+    const d = (ref: number[], q: number) => (ref.length === 0 ? null : +(pct(l, q) - pct(ref, q)).toFixed(2));
+    const cpus = ps.map((p) => p.cpuPct).filter((c): c is number => c !== undefined);
+    return {
+      rate: sustained,
+      path: t.path,
+      answered: ps.reduce((n, p) => n + p.answered, 0),
+      offered: ps.reduce((n, p) => n + p.offered, 0),
+      late: ps.reduce((n, p) => n + p.late, 0),
+      failed: ps.reduce((n, p) => n + p.failed, 0),
+      p50_ms: +pct(l, 50).toFixed(2),
+      p99_ms: +pct(l, 99).toFixed(2),
+      added_p50_ms: d(direct, 50),
+      added_p99_ms: d(direct, 99),
+      p50_vs_nginx_ms: d(nginx, 50),
+      p99_vs_nginx_ms: d(nginx, 99),
+      proxy_cpu_pct: cpus.length === 0 ? null : Math.round(cpus.reduce((a, b) => a + b, 0) / cpus.length),
+      other_cpu_pct: Math.round(Math.max(...ps.map((p) => p.otherPct))),
+    };
+  });
+  const head = ['rate/s', 'path', 'answered/offered', 'open at end', 'failed', 'p50 ms', 'p99 ms', '+p50 (− direct)', '+p99 (− direct)', 'p50 − nginx', 'p99 − nginx', 'proxy cpu%', 'other cpu%'];
+  const fmt = (v: unknown) => (v === null || v === undefined ? '-' : String(v));
+  const table = [head, ...rows.map((r) => [r.rate, r.path, `${r.answered}/${r.offered}`, r.late, r.failed, r.p50_ms, r.p99_ms, r.added_p50_ms, r.added_p99_ms, r.p50_vs_nginx_ms, r.p99_vs_nginx_ms, r.proxy_cpu_pct, r.other_cpu_pct].map(fmt))];
+  const widths = head.map((_, i) => Math.max(...table.map((r) => (r[i] as string).length)));
+  console.log(`\nat ${sustained}/s (the highest rate of --rates one ebb frontend process sustained): latency = ${opts.stream ? 'TTFT' : "a whole answer's"}, in ms; + = path − direct at the same percentile`);
+  for (const r of table) console.log(r.map((v, i) => (v as string).padEnd(widths[i] as number)).join('  '));
+  console.log(JSON.stringify({ bench: 'peer-proxies-open-loop', cores: cpus().length, node: process.version, max_tokens: opts.maxTokens, stream: opts.stream, rates: opts.rates, sustained, rounds: opts.rounds, duration_ms: opts.durationMs, ebb_cli: opts.ebbCli, base_cli: opts.baseCli || null, rows }));
+  if (rows.some((r) => r.failed > 0)) process.exitCode = 1;
+}
+
 async function main(): Promise<void> {
   const missing: string[] = [];
   if (opts.paths.includes('nginx') && !existsSync(NGINX)) missing.push(`nginx (${NGINX}; Debian package "nginx")`);
@@ -438,6 +577,7 @@ async function main(): Promise<void> {
     }
     results.push({ concurrency: c, points: targets.map((t) => mergePoints(byPath.get(t.path) as Point[])) });
   }
+  if (opts.rates.length > 0) await openSection(agent, targets);
   await agent.close();
 
   const cpuOfPoint = (p: Point | undefined) => (p?.userUs === undefined || p.sysUs === undefined ? undefined : p.userUs + p.sysUs);
@@ -479,17 +619,19 @@ async function main(): Promise<void> {
       [r.concurrency, r.path, r.tok_per_s, r.ratio, r.ttft_ms_p50, r.ttft_ms_p99, r.added_ttft_ms_p50, r.added_ttft_ms_p99, r.ttft_p50_vs_nginx_ms, r.user_us_per_token, r.sys_us_per_token, r.cpu_us_per_token, r.cpu_vs_nginx, r.cpu_vs_ebb, r.errors, r.other_cpu_pct].map(fmt),
     ),
   ];
-  const widths = head.map((_, i) => Math.max(...table.map((r) => (r[i] as string).length)));
-  console.log(
-    `\nratio = tok/s ÷ direct in the same rounds; +${lat} = path − direct (ms); µs/tok = the proxy process's CPU per relayed token (ebb: the frontend), user + system in cpu; ÷ nginx, ÷ ebb (ebb with its defaults, plain streams): that CPU per token as a ratio${opts.stream ? '' : `; ${lat} = a whole non-streamed answer's latency`}`,
-  );
-  for (const r of table) console.log(r.map((v, i) => (v as string).padEnd(widths[i] as number)).join('  '));
-  const maxOther = Math.max(...rows.map((r) => r.other_cpu_pct));
-  if (maxOther >= 15) console.log(`WARNING: other processes used up to ${maxOther}% CPU during measurement (the worker's own share is in it too).`);
-  console.log(JSON.stringify({ bench: 'peer-proxies', cores: cpus().length, node: process.version, max_tokens: opts.maxTokens, itl_ms: opts.itlMs, rounds: opts.rounds, duration_ms: opts.durationMs, ebb_cli: opts.ebbCli, base_cli: opts.baseCli || null, stream: opts.stream, skipped: missing, rows }));
+  if (rows.length > 0) {
+    const widths = head.map((_, i) => Math.max(...table.map((r) => (r[i] as string).length)));
+    console.log(
+      `\nratio = tok/s ÷ direct in the same rounds; +${lat} = path − direct (ms); µs/tok = the proxy process's CPU per relayed token (ebb: the frontend), user + system in cpu; ÷ nginx, ÷ ebb (ebb with its defaults, plain streams): that CPU per token as a ratio${opts.stream ? '' : `; ${lat} = a whole non-streamed answer's latency`}`,
+    );
+    for (const r of table) console.log(r.map((v, i) => (v as string).padEnd(widths[i] as number)).join('  '));
+    const maxOther = Math.max(...rows.map((r) => r.other_cpu_pct));
+    if (maxOther >= 15) console.log(`WARNING: other processes used up to ${maxOther}% CPU during measurement (the worker's own share is in it too).`);
+    console.log(JSON.stringify({ bench: 'peer-proxies', cores: cpus().length, node: process.version, max_tokens: opts.maxTokens, itl_ms: opts.itlMs, rounds: opts.rounds, duration_ms: opts.durationMs, ebb_cli: opts.ebbCli, base_cli: opts.baseCli || null, stream: opts.stream, skipped: missing, rows }));
+  }
   for (const fe of frontends) await fe.terminate(); // a graceful stop, so --cpu-prof writes its profile
   await worker.stop();
-  process.exit(rows.some((r) => r.errors > 0) ? 1 : 0);
+  process.exit(rows.some((r) => r.errors > 0) || process.exitCode === 1 ? 1 : 0);
 }
 
 main().catch((err) => {

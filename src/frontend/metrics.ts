@@ -1,4 +1,5 @@
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import { Counter, Gauge, Registry } from 'prom-client';
+import { HeldCounter, HeldHistogram, type CounterSeries, type HistogramSeries } from '../common/held-series.js';
 import { collectProcessMetrics } from '../common/process-metrics.js';
 import type { GenerateBody, Usage } from '../protocol/request-plane.js';
 import { BoundedLabels } from './label-bounds.js';
@@ -19,8 +20,8 @@ const MIGRATION_FAILURES = { no_worker: 0, limit: 0, error: 0, broke_workers: 0 
 export function createFrontendMetrics(pool: WorkerPool) {
   const registry = new Registry();
   collectProcessMetrics(registry);
-  const requests = new Counter({ name: 'ebb_frontend_requests_total', help: 'Client requests by endpoint and status', labelNames: ['endpoint', 'status'], registers: [registry] });
-  const attempts = new Counter({ name: 'ebb_frontend_upstream_attempts_total', help: 'Upstream attempts by worker and outcome', labelNames: ['worker_id', 'outcome'], registers: [registry] });
+  const requests = new HeldCounter({ name: 'ebb_frontend_requests_total', help: 'Client requests by endpoint and status', labelNames: ['endpoint', 'status'], registers: [registry] });
+  const attempts = new HeldCounter({ name: 'ebb_frontend_upstream_attempts_total', help: 'Upstream attempts by worker and outcome', labelNames: ['worker_id', 'outcome'], registers: [registry] });
   const midStream = new Counter({ name: 'ebb_frontend_midstream_failures_total', help: 'Streams cut by a worker failure after tokens reached the client', registers: [registry] });
   const migrations = new Counter({
     name: 'ebb_frontend_migrations_total',
@@ -38,34 +39,34 @@ export function createFrontendMetrics(pool: WorkerPool) {
   for (const reason of Object.keys(MIGRATION_REASONS)) migrations.inc({ reason }, 0);
   for (const reason of Object.keys(MIGRATION_FAILURES)) migrationFailures.inc({ reason }, 0);
   // What an SRE charts per model and tier (GenAI semantic-convention names where they exist).
-  const modelRequests = new Counter({
+  const modelRequests = new HeldCounter({
     name: 'ebb_frontend_model_requests_total',
     help: 'Generation and embedding requests by model (as the client named it: an adapter is its own), tier, tenant (at most 20 named, the rest other) and outcome (ok, invalid, shed, unavailable, error, client_gone)',
     labelNames: ['model', 'tier', 'tenant', 'outcome'],
     registers: [registry],
   });
-  const duration = new Histogram({
+  const duration = new HeldHistogram({
     name: 'gen_ai_server_request_duration_seconds',
     help: 'End-to-end request duration at the frontend, from its arrival to the last byte of its answer, by model, tier and outcome',
     labelNames: ['model', 'tier', 'outcome'],
     buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320],
     registers: [registry],
   });
-  const ttft = new Histogram({
+  const ttft = new HeldHistogram({
     name: 'gen_ai_server_time_to_first_token_seconds',
     help: 'From the request to its first token at the frontend (retries and queueing included), streamed or not, by model and tier',
     labelNames: ['model', 'tier'],
     buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40],
     registers: [registry],
   });
-  const tpot = new Histogram({
+  const tpot = new HeldHistogram({
     name: 'gen_ai_server_time_per_output_token_seconds',
     help: 'Inter-token latency: per request, the time from its first token to its last over the tokens after the first (migrations included), by model and tier',
     labelNames: ['model', 'tier'],
     buckets: [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5],
     registers: [registry],
   });
-  const tokens = new Counter({
+  const tokens = new HeldCounter({
     name: 'ebb_frontend_tokens_total',
     help: 'Tokens of answered generations by model, tier and type (input: prompt, output: completion); rate() is tokens per second',
     labelNames: ['model', 'tier', 'type'],
@@ -100,6 +101,19 @@ export function createFrontendMetrics(pool: WorkerPool) {
   });
   // The dashboard's per-model minute (the counters above have no model label: a client names models).
   const stats = new ModelStats();
+  // Each request's series, held (held-series.ts): a request finds its (model, tier) once, not a label hash per metric.
+  const requestSeries = new Map<string, CounterSeries>();
+  const outcomeSeries = new Map<string, { requests: CounterSeries; duration: HistogramSeries }>();
+  const perModel = new Map<string, { ttft: HistogramSeries; tpot: HistogramSeries; input: CounterSeries; output: CounterSeries }>();
+  const modelSeries = (model: string, tier: string) => {
+    const key = `${model}\u0000${tier}`;
+    let s = perModel.get(key);
+    if (s === undefined) {
+      s = { ttft: ttft.series(model, tier), tpot: tpot.series(model, tier), input: tokens.series(model, tier, 'input'), output: tokens.series(model, tier, 'output') };
+      perModel.set(key, s);
+    }
+    return s;
+  };
   return {
     registry,
     stats,
@@ -109,21 +123,31 @@ export function createFrontendMetrics(pool: WorkerPool) {
      * tenant and outcome, with its end-to-end duration.
      */
     request: (endpoint: string, status: number, model: string | undefined, labels?: { tier: string; tenant: string; outcome: RequestOutcome; seconds: number }) => {
-      requests.inc({ endpoint, status: String(status) });
+      const key = `${endpoint} ${status}`;
+      let counted = requestSeries.get(key);
+      if (counted === undefined) requestSeries.set(key, (counted = requests.series(endpoint, String(status))));
+      counted.inc();
       if (model === undefined) return;
       stats.answered(model, status);
       if (labels === undefined) return;
-      modelRequests.inc({ model, tier: labels.tier, tenant: tenants.of(labels.tenant), outcome: labels.outcome });
-      duration.observe({ model, tier: labels.tier, outcome: labels.outcome }, labels.seconds);
+      const tenant = tenants.of(labels.tenant);
+      const outcomeKey = `${model}\u0000${labels.tier}\u0000${tenant}\u0000${labels.outcome}`;
+      let s = outcomeSeries.get(outcomeKey);
+      if (s === undefined) {
+        s = { requests: modelRequests.series(model, labels.tier, tenant, labels.outcome), duration: duration.series(model, labels.tier, labels.outcome) };
+        outcomeSeries.set(outcomeKey, s);
+      }
+      s.requests.inc();
+      s.duration.observe(labels.seconds);
     },
-    attempt: (workerId: string, outcome: string) => attempts.inc({ worker_id: workerId, outcome }),
+    attempt: (workerId: string, outcome: string) => attempts.series(workerId, outcome).inc(),
     midStreamFailure: () => midStream.inc(),
     migrated: (reason: MigrationReason) => migrations.inc({ reason }),
     migrationFailed: (reason: MigrationFailure) => migrationFailures.inc({ reason }),
     /** A response's first tokens are here (streamed: they leave now). */
     firstToken: (seconds: number, gen: GenerateBody) => {
       const model = gen.adapter ?? gen.model;
-      ttft.observe({ model, tier: gen.service_tier ?? 'default' }, seconds);
+      modelSeries(model, gen.service_tier ?? 'default').ttft.observe(seconds);
       stats.firstToken(model, seconds);
     },
     /**
@@ -132,11 +156,11 @@ export function createFrontendMetrics(pool: WorkerPool) {
      * not see them, a takeover).
      */
     generated: (gen: GenerateBody, usage: Usage, lanes: number, firstAt: number | undefined) => {
-      const labels = { model: gen.adapter ?? gen.model, tier: gen.service_tier ?? 'default' };
-      tokens.inc({ ...labels, type: 'input' }, usage.prompt_tokens);
-      tokens.inc({ ...labels, type: 'output' }, usage.completion_tokens);
+      const s = modelSeries(gen.adapter ?? gen.model, gen.service_tier ?? 'default');
+      s.input.inc(usage.prompt_tokens);
+      s.output.inc(usage.completion_tokens);
       const perLane = usage.completion_tokens / Math.max(1, lanes);
-      if (firstAt !== undefined && perLane > 1) tpot.observe(labels, (performance.now() - firstAt) / 1000 / (perLane - 1));
+      if (firstAt !== undefined && perLane > 1) s.tpot.observe((performance.now() - firstAt) / 1000 / (perLane - 1));
     },
   };
 }
