@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
-import type { KvTransferRef } from '../protocol/request-plane.js';
+import type { Handoff, KvTransferRef, RequestTier } from '../protocol/request-plane.js';
 import type { AdapterHold } from './adapters.js';
 
 /** Why a scope was aborted: the caller left, or the worker's shutdown deadline cut it. */
@@ -13,8 +13,17 @@ export class ShutdownCut extends Error {
 
 /** Why a scope was aborted at a drain deadline: the caller continues the request elsewhere. */
 export class HandOff extends Error {
-  constructor() {
-    super('the worker handed this request off at its drain deadline');
+  readonly reason: Handoff['reason'] = 'drain_deadline';
+  constructor(message = 'the worker handed this request off at its drain deadline') {
+    super(message);
+  }
+}
+
+/** Why a flex scope was aborted for a priority request: handed off as at a drain deadline, its caller continues it later. */
+export class Preempted extends HandOff {
+  override readonly reason = 'preempted';
+  constructor(readonly by: string) {
+    super(`a priority request (${by}) took this flex request's batch slot`);
   }
 }
 
@@ -59,6 +68,9 @@ export class RequestScope {
   adapter: AdapterHold | undefined;
   /** Admitted while a batch slot was free: its time to first token has no queueing in it. */
   admittedToFreeSlot = false;
+  /** Its tier (the request plane's service_tier), and whether its caller lets a priority request pause it (flex only). */
+  tier: RequestTier = 'default';
+  preemptible = false;
   private readonly startedAt = performance.now();
   private lastPieceAt: number | undefined;
 
@@ -97,6 +109,11 @@ export class RequestScope {
     if (!this.abort.signal.aborted) this.abort.abort(new HandOff());
   }
 
+  /** A priority request takes its batch slot: stop generating; the response ends with a `preempted` hand-off line. */
+  preempt(by: string): void {
+    if (!this.abort.signal.aborted) this.abort.abort(new Preempted(by));
+  }
+
   /** Ends the response with `chunk`, then closes the scope as `outcome` once it is flushed. */
   end(chunk: string, outcome: ReleaseOutcome): void {
     if (this.res.writableEnded) return this.close(outcome);
@@ -108,7 +125,7 @@ export class RequestScope {
     this.closed = true;
     if (!this.abort.signal.aborted) this.abort.abort(new Error(`request ${outcome}`));
     // A generator left suspended at a yield would keep its batch slot.
-    void this.returnTokens();
+    void this.returnTokens().then(() => (this.slotFreed = true));
     this.ticket.release(outcome);
     this.adapter?.release();
     this.onClose(this);
@@ -128,9 +145,13 @@ export class RequestScope {
     });
   }
 
+  /** Its engine generator has ended (its batch slot is back): set by settle and close. */
+  slotFreed = false;
+
   /** Ends the engine's generator and waits for it (its cleanup, e.g. a hand-off's KV export, included). */
-  settle(): Promise<void> {
-    return this.returnTokens();
+  async settle(): Promise<void> {
+    await this.returnTokens();
+    this.slotFreed = true;
   }
 
   private async returnTokens(): Promise<void> {

@@ -182,6 +182,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     drainEtaMs: () => lifecycle.status().eta_ms ?? null,
     priorityReserve,
     maxEmbeddingTokens: opts.maxEmbeddingTokens,
+    audit: { trail: lifecycle.audit, generation: () => lifecycle.status().generation },
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.

@@ -72,14 +72,16 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     if (ticket?.client?.aborted === true) throw ticket.client.reason;
     let q = this.models.get(model);
     if (!q) this.models.set(model, (q = new ModelQueue(model, this)));
+    // A preempted flex stream coming back is a stream mid-answer, as a continuation is: it displaces, and is never shed for its wait.
+    const preempted = ticket?.preempted === true;
     if (q.size >= this.opts.depth) {
-      const flex = cls === 'flex' ? undefined : q.newestFlex();
+      const flex = cls === 'flex' && !preempted ? undefined : q.newestFlex();
       if (flex === undefined) throw this.shed(q, 'queue_full', `the queue for "${model}" is full (${this.opts.depth} waiting)`);
       q.leave(flex, 'shed', this.shedError(q, `a higher-tier request took this flex request's place in the full queue for "${model}"`));
       this.metrics.shed(model, 'flex_displaced');
       // Its leaving may have emptied (and dropped) the model's queue: the newcomer's is this one.
       this.models.set(model, q);
-    } else if (cls === 'flex') {
+    } else if (cls === 'flex' && !preempted) {
       // Flex goes first when its wait would not end in time anyway.
       const rate = q.rate.perSecond(performance.now());
       const ahead = q.size;
@@ -90,6 +92,8 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     this.metrics.entered(model, cls);
     this.opts.log.info({ event: 'request_queued', model, tier: cls, tenant: t.tenant, depth: q.size + 1 }, `no worker of "${model}" can take a ${cls} request now: queued (${q.size + 1} waiting)`);
     q.add(w);
+    // Queued requests do not count against their tenant's concurrent streams: its slot goes back until its turn.
+    t.hold?.queued();
     return w;
   }
 

@@ -1,4 +1,6 @@
 import { toolsActive } from '../../protocol/tools.js';
+import { counted } from '../limits/limiter.js';
+import { reserveTokens } from '../limits/request-tokens.js';
 import { headerValue } from '../relay/relay.js';
 import { Shutdown } from '../shutdown.js';
 import { parseToolCalls, callIds } from '../wire/tool-call-parser.js';
@@ -21,9 +23,11 @@ export function addCompletionRoutes(ctx: RouteContext): void {
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${ctx.newId()}`;
       const gens = onServed(toGenerateBodies(endpoint, body, id), served);
       const n = body.n ?? 1;
-      const room = ctx.holdLanes(reply, served.model, gens.length, n);
+      // Its tenant's limits, before it runs: a request that would cross one is refused here (429).
+      const spend = await ctx.limit(req, reply, (limits) => reserveTokens(gens, n, limits));
+      const room = ctx.holdLanes(reply, served.model, gens.length, n, spend);
       const signal = ctx.shutdown.requestSignal(reply.raw);
-      const tier = ctx.ticket(gens, body.service_tier, req, signal);
+      const tier = ctx.ticket(gens, body.service_tier, req, signal, spend);
       probeHalfClosedClient(req, reply);
       const started = performance.now();
       // With tools: the answers' raw text is parsed into calls, in the syntax the model's workers declare.
@@ -43,9 +47,10 @@ export function addCompletionRoutes(ctx: RouteContext): void {
             tools,
           };
           const keep = ctx.keeps(req);
-          return await ctx.out.stream(reply, plan, streamFormat(plan, keep), signal, started, room, { keep, tenant: ctx.tenantOf(req) });
+          return await ctx.out.stream(reply, plan, counted(streamFormat(plan, keep), spend), signal, started, room, { keep, tenant: ctx.tenantOf(req) });
         }
         const { choices, usage, workerId } = await ctx.relay.collect(gens, n, signal);
+        spend?.used(usage.total_tokens);
         void reply.header('x-ebb-worker-id', headerValue(workerId));
         if (tools !== undefined)
           for (const [lane, c] of choices.entries()) {

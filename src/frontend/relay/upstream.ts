@@ -345,7 +345,8 @@ export class Upstream {
         path: url.path,
         method: 'POST',
         headers: this.generateHeaders,
-        body: JSON.stringify(body),
+        // A worker whose engine cannot pause a sequence (or of an ebb before preemption) is not told it may.
+        body: JSON.stringify(body.preemptible === true && w.record.capabilities?.preemption !== true ? { ...body, preemptible: undefined } : body),
         headersTimeout: this.headersTimeoutMs,
         bodyTimeout: 0,
       },
