@@ -201,8 +201,9 @@ describe('disaggregated prefill/decode', () => {
     let firsts = 0;
     let bothStarted!: () => void;
     const ready = new Promise<void>((r) => (bothStarted = r));
+    // Long enough (3 s) to still run on both decode workers when the drain comes, on a loaded machine too.
     const streams = Array.from({ length: 6 }, (_, i) =>
-      streamCompletion(frontend.url, { model: 'm1', max_tokens: 30, seed: i }, () => {
+      streamCompletion(frontend.url, { model: 'm1', max_tokens: 150, seed: i }, () => {
         if (++firsts === 6) bothStarted();
       }),
     );
@@ -212,7 +213,7 @@ describe('disaggregated prefill/decode', () => {
     assert.ok(drain.body.inflight_requests > 0, 'the decode worker had streams in flight');
     const results = await Promise.all(streams);
     for (const r of results) {
-      assert.equal(r.tokens, 30, r.error);
+      assert.equal(r.tokens, 150, r.error);
       assert.equal(r.done, true);
     }
     await d1.waitForEvent('state_changed', (l) => l.to === 'drained');
@@ -242,6 +243,36 @@ describe('disaggregated prefill/decode', () => {
       assert.equal(lines.length, 4, JSON.stringify(lines));
       assert.equal(lines[3].done, true);
       assert.deepEqual(source.seen.map((r) => r.method), ['GET', 'DELETE'], 'pulled once, then released at the source');
+    } finally {
+      await source.close();
+    }
+  });
+
+  it('a decode worker whose caller leaves while it pulls the KV frees the transfer at its source: nobody will pull it again', async () => {
+    const discovery = tempDiscoveryUrl();
+    // A prefill source whose payload never finishes: the pull is under way when the caller leaves.
+    let pullSeen!: () => void;
+    const pulling = new Promise<void>((resolve) => (pullSeen = resolve));
+    let releaseSeen!: (url: string) => void;
+    const released = new Promise<string>((resolve) => (releaseSeen = resolve));
+    const source = await fakeWorker((req, res) => {
+      if (req.method === 'DELETE') {
+        releaseSeen(req.url);
+        return void res.writeHead(204).end();
+      }
+      res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': '65536' });
+      res.write(Buffer.alloc(1024, 0x6b));
+      pullSeen();
+    });
+    try {
+      injectRecord(discovery, { worker_id: 'w-stalled-source', model: 'm1', mode: 'prefill', request_url: source.url, system_url: source.url });
+      const d = await worker(discovery, 'decode', ['--mocker-itl-ms', '1']);
+      const kv = { transfer_id: 'kv-stalled', source_url: source.url, worker_id: 'w-stalled-source' };
+      const s = await openLineStream(`${d.requestUrl}/generate`, { model: 'm1', prompt: 'x', max_tokens: 3, kv_transfer: kv });
+      assert.equal(s.status, 200);
+      await bounded(pulling, 'the decode worker to be pulling the KV');
+      s.abort();
+      assert.equal(await bounded(released, 'the source to be told to free the transfer'), '/kv/kv-stalled');
     } finally {
       await source.close();
     }

@@ -3,7 +3,7 @@ import { createServer } from 'node:net';
 import { test, describe, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Etcd3 } from 'etcd3';
-import type { DiscoveryEvent, WorkerRecord } from '../src/discovery/discovery.js';
+import type { DiscoveryEvent, FleetEvent, LoadingRecord, WorkerRecord } from '../src/discovery/discovery.js';
 import { ETCD_PREFIX, EtcdDiscovery, etcdKey, parseEtcdUrl, workerIdFromKey } from '../src/discovery/etcd.js';
 import { etcdSkipReason, startEtcd, type EtcdServer } from './helpers/etcd.js';
 import { dieWithFile } from './helpers/reaper.js';
@@ -180,6 +180,57 @@ describe('etcd discovery against a real etcd', { skip: etcdSkipReason() }, () =>
     assert.equal(await raw.get(key).string(), null);
     assert.deepEqual((await d.list()).filter((r) => r.model === 'org/basic'), [b]);
     assert.ok(await leaseOf(raw, b), 'unregister must not revoke the shared lease');
+  });
+
+  test('a loading record under the key its serving record then takes: watchAll sees both, watch and list only the serving one', async (t) => {
+    const model = 'org/loading';
+    const registrar = await EtcdDiscovery.connect(etcd.url, {});
+    const watcher = await EtcdDiscovery.connect(etcd.url, {});
+    t.after(() => Promise.all([registrar.close(), watcher.close()]));
+    const loading = (id: string): LoadingRecord => ({ worker_id: id, model, mode: 'decode', system_url: 'http://127.0.0.1:9', loading: { since: '2025-01-01T00:00:00.000Z' } });
+    await registrar.register(loading('ld-early'));
+    const leaseId = await leaseOf(raw, record('ld-early', model));
+    assert.ok(leaseId !== undefined && leaseId !== '0', "on the registrar's lease: it goes with the process");
+    const all: FleetEvent[] = [];
+    let wake: Array<() => void> = [];
+    const seen = (label: string, pred: (e: FleetEvent) => boolean) =>
+      within(
+        new Promise<void>((resolve) => {
+          const check = () => (all.some(pred) ? resolve() : void wake.push(check));
+          check();
+        }),
+        `watchAll: ${label}; events so far: ${JSON.stringify(all)}`,
+      );
+    const serving = new Recorder();
+    const wa = await watcher.watchAll((e) => {
+      all.push(e);
+      const woken = wake;
+      wake = [];
+      for (const w of woken) w();
+    });
+    const ws = await watcher.watch(serving.listener);
+    t.after(() => Promise.all([wa.close(), ws.close()]));
+    const reset = all[0];
+    assert.equal(reset?.type, 'reset');
+    assert.deepEqual(reset?.type === 'reset' ? reset.loading?.filter((r) => r.model === model) : undefined, [loading('ld-early')]);
+    assert.deepEqual(reset?.type === 'reset' ? reset.records.filter((r) => r.model === model) : undefined, []);
+    assert.equal((await watcher.list()).filter((r) => r.model === model).length, 0, 'list: serving records only');
+    await registrar.register(record('ld-early', model));
+    await serving.until('the serving record', () => serving.view.get('ld-early'));
+    await seen('the serving record', (e) => e.type === 'put' && e.record.worker_id === 'ld-early');
+    // One that never comes up: loading, then gone.
+    await registrar.register(loading('ld-never'));
+    await registrar.unregister('ld-never');
+    await registrar.register(record('ld-after', model));
+    await serving.until('the record registered after', () => serving.view.get('ld-after'));
+    await seen('the record registered after', (e) => e.type === 'put' && e.record.worker_id === 'ld-after');
+    assert.deepEqual(
+      serving.events.filter((e) => e.type !== 'reset').map((e) => (e.type === 'put' ? `put ${e.record.worker_id}` : `delete ${e.worker_id}`)),
+      ['put ld-early', 'put ld-after'],
+      'the serving watch never saw a loading record, nor the one that went while loading',
+    );
+    const ofNever = all.filter((e) => (e.type === 'loading' && e.record.worker_id === 'ld-never') || (e.type === 'delete' && e.worker_id === 'ld-never')).map((e) => e.type);
+    assert.deepEqual(ofNever, ['loading', 'delete']);
   });
 
   test('watch: reset with existing records, then put and delete from another client; close() revokes', async (t) => {

@@ -43,8 +43,8 @@ describe('etcd: drain intents and the operator', { skip: etcdSkipReason() }, () 
     const hookUrl = `http://127.0.0.1:${(restarts.address() as AddressInfo).port}/restart`;
     const hook = `"${process.execPath}" -e "fetch('${hookUrl}',{method:'POST'}).then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"`;
     try {
-      const rollout = spawnEbb(['rollout', '--model', 'm-roll', '--discovery', fx.etcd.url, '--then-exec', hook, '--timeout', '10s'], 'rollout');
-      assert.equal(await rollout.exitCode(60_000), 0, rollout.stderr.join('\n'));
+      const rollout = spawnEbb(['rollout', '--model', 'm-roll', '--discovery', fx.etcd.url, '--then-exec', hook, '--timeout', '60s'], 'rollout');
+      assert.equal(await rollout.exitCode(120_000), 0, rollout.stderr.join('\n'));
     } finally {
       restarts.close();
     }

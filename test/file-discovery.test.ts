@@ -2,11 +2,11 @@ import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { chmodSync, chownSync, mkdirSync, mkdtempSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir, hostname } from 'node:os';
 import { dirname, join } from 'node:path';
 import { FileDiscovery } from '../src/discovery/file.js';
-import type { DiscoveryEvent, WorkerRecord } from '../src/discovery/discovery.js';
+import { isWorkerRecord, type FleetEvent, type LoadingRecord, type WorkerRecord } from '../src/discovery/discovery.js';
 import { bounded } from './helpers/processes.js';
 
 /** A record file as another process would write it; `hostname: 'elsewhere'` so no pid check applies. */
@@ -43,17 +43,17 @@ function fresh(ttlMs = 3000) {
   return { dir, d };
 }
 
-/** Collects watch events and lets a test wait for one. */
+/** Collects watch events (watch's, or watchAll's with loading records) and lets a test wait for one. */
 function collector() {
-  const events: DiscoveryEvent[] = [];
-  const waiters: Array<[(e: DiscoveryEvent) => boolean, (e: DiscoveryEvent) => void]> = [];
+  const events: FleetEvent[] = [];
+  const waiters: Array<[(e: FleetEvent) => boolean, (e: FleetEvent) => void]> = [];
   return {
     events,
-    listener: (e: DiscoveryEvent) => {
+    listener: (e: FleetEvent) => {
       events.push(e);
       for (const [pred, resolve] of waiters) if (pred(e)) resolve(e);
     },
-    next(pred: (e: DiscoveryEvent) => boolean): Promise<DiscoveryEvent> {
+    next(pred: (e: FleetEvent) => boolean): Promise<FleetEvent> {
       const seen = events.find(pred);
       if (seen) return Promise.resolve(seen);
       return bounded(new Promise((resolve) => waiters.push([pred, resolve])), 'discovery event');
@@ -75,6 +75,40 @@ describe('file discovery', () => {
     await d.unregister('a');
     await c.next((e) => e.type === 'delete' && e.worker_id === 'a');
     assert.deepEqual((await reader.list()).map((r) => r.worker_id), ['b']);
+  });
+
+  it('a loading record: watchAll sees it, then the serving record replacing it; watch, list and readers older than it see only serving records', async () => {
+    const { dir, d } = fresh();
+    const reader = new FileDiscovery(dir);
+    dirs.push(reader);
+    const all = collector();
+    const serving = collector();
+    await reader.watchAll(all.listener);
+    await reader.watch(serving.listener);
+    const loading = (id: string): LoadingRecord => ({ worker_id: id, model: 'm', mode: 'decode', system_url: 'http://127.0.0.1:2', engine: 'llama-cpp', loading: { since: '2025-01-01T00:00:00.000Z' } });
+    await d.register(loading('a'));
+    await all.next((e) => e.type === 'loading' && e.record.worker_id === 'a');
+    assert.deepEqual(await reader.list(), [], 'list holds serving records only');
+    // A reader older than loading records checks each with isWorkerRecord: a record without a request URL is none to it.
+    assert.equal(isWorkerRecord(JSON.parse(readFileSync(join(dir, 'a.json'), 'utf8')).record), false);
+    const late = collector();
+    await reader.watchAll(late.listener);
+    assert.deepEqual(late.events[0], { type: 'reset', records: [], loading: [loading('a')] });
+    await d.register(record('a'));
+    await all.next((e) => e.type === 'put' && e.record.worker_id === 'a');
+    // One that never comes up: its record goes while it loads.
+    await d.register(loading('b'));
+    await all.next((e) => e.type === 'loading' && e.record.worker_id === 'b');
+    await d.unregister('b');
+    await all.next((e) => e.type === 'delete' && e.worker_id === 'b');
+    await d.register(record('c'));
+    await serving.next((e) => e.type === 'put' && e.record.worker_id === 'c');
+    assert.deepEqual(
+      serving.events.map((e) => (e.type === 'put' ? `put ${e.record.worker_id}` : e.type)),
+      ['reset', 'put a', 'put c'],
+      'the serving watch never saw a loading record, nor the one that went while loading',
+    );
+    assert.deepEqual(serving.events[0], { type: 'reset', records: [] });
   });
 
   it('reports a re-registration even when the watcher never saw the record leave', async () => {

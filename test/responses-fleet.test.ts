@@ -85,8 +85,20 @@ describe('the Responses API across a fleet: background responses outlive their f
     const running = await as(a).responses.create({ ...request, max_output_tokens: 2000, background: true });
     const orphan = await as(a).responses.create({ ...request, max_output_tokens: 2000, background: true });
     for (const id of [running.id, orphan.id]) for await (const ev of await as(a).responses.retrieve(id, { stream: true })) if (ev.type === 'response.output_text.delta') break;
+    // A client follows the running one at the other frontend: it is told how it ended, never cut silently.
+    const follower = (async () => {
+      const types: string[] = [];
+      try {
+        for await (const ev of await as(b).responses.retrieve(running.id, { stream: true, starting_after: 3 })) types.push(ev.type);
+      } catch (err) {
+        return { types, err };
+      }
+      return { types, err: undefined };
+    })();
     assert.equal((await as(b).responses.cancel(running.id)).status, 'cancelled', 'cancelled at the frontend that runs it');
     assert.equal((await as(a).responses.retrieve(running.id)).status, 'cancelled');
+    const followed = await follower;
+    assert.ok(followed.err instanceof OpenAI.APIError && /cancelled/.test(String(followed.err.code ?? followed.err.message)), `the follower elsewhere got the stop as an error the SDK raises: ${String(followed.err)} after ${followed.types.slice(-2).join(', ')}`);
     a.proc.kill('SIGKILL');
     assert.equal((await as(b).responses.cancel(orphan.id)).status, 'cancelled', 'its frontend gone: stopped here');
     assert.equal((await as(b).responses.retrieve(orphan.id)).status, 'cancelled');

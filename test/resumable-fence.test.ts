@@ -139,6 +139,40 @@ describe('shared streams: one writer, whole copies', { skip: redisSkipReason() }
     assert.equal(text(all), text(expected));
   });
 
+  it('no client is ever ahead of the copy: while Redis answers nothing, the stream waits for it; once the writer gives up on the batch it runs on, and the copy is rewritten whole', async () => {
+    const a = await frontend();
+    const expected = await reference(150, 26);
+    let id = '';
+    let frozenAt = Infinity;
+    const arrivals: number[] = [];
+    let at10!: () => void;
+    const ten = new Promise<void>((resolve) => (at10 = resolve));
+    const aMark = a.mark();
+    const atA = events(await post(a, 150, 26), {
+      onEvent: (e) => {
+        id ||= /"id":"(chatcmpl-[0-9a-f]+)"/.exec(e)?.[1] ?? '';
+        arrivals.push(Date.now());
+        if (e.startsWith('id: 10\n')) at10();
+      },
+    });
+    await ten;
+    redis.freeze();
+    frozenAt = Date.now();
+    try {
+      // The batch in flight at the freeze fails at the command timeout: only then (its log line first) do events go out uncopied.
+      const gaveUp = Date.parse((await a.waitForEvent('stream_lease', (l) => l.response_id === id && l.to === 'rewrite', { after: aMark, boundMs: 30_000 })).time as string);
+      // At 20 ms a token, ~100 were made while Redis answered nothing; only those copied before it froze may have reached the client.
+      const early = arrivals.filter((t) => t > frozenAt && t < gaveUp).length;
+      assert.ok(gaveUp - frozenAt > 500, `the writer gave up on the frozen store at its command timeout, not at once: ${gaveUp - frozenAt} ms`);
+      assert.ok(early <= 5, `at most the events copied before the freeze reached the client before the writer gave up on the store: ${early}`);
+    } finally {
+      redis.thaw();
+    }
+    await a.waitForEvent('stream_lease', (l) => l.response_id === id && l.to === 'held' && l.from === 'rewrite', { after: aMark, boundMs: 30_000 });
+    assert.equal(text(await atA), expected, 'the stream ran on, whole');
+    assert.equal(text(await events(await resumeAt(b, id, -1))), expected, 'the rewritten copy is whole');
+  });
+
   it('writes refused at maxmemory: a follower elsewhere waits, never served a gap; the writer rewrites its copy whole once the store takes writes again', async () => {
     const a = await frontend();
     const expected = await reference(150, 24);

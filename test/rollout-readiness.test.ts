@@ -99,18 +99,18 @@ describe('rollouts that never open a gap (issue 45 item 2)', { skip: etcdSkipRea
         })(),
         'the load to run',
       );
-      // A rolling update with a surge of 3: every replacement at once (each loads its model for 3 s),
-      // and each old worker SIGTERMed the moment one replacement's readiness passes.
-      const spawned = [0, 1, 2].map(() => spawnWorker(['--discovery', fx.etcd.url, ...args, '--mocker-load-ms', '3000']));
-      fx.started.push(...spawned);
-      await Promise.all(spawned.map((p) => p.waitForEvent('worker_loading')));
-      // Meanwhile the far frontend hears nothing from etcd for 10 s (less than its mark's lease): its
+      // The far frontend hears nothing from etcd for 10 s from now (less than its mark's lease): its
       // view keeps the old workers, and it cannot see (or mark) their replacements until it heals.
+      // Stalled before they start: however slow the machine, none can reach its view sooner.
       link.stall();
       const healed = delay(10_000).then(() => {
         link.release();
         return Date.now();
       });
+      // A rolling update with a surge of 3: every replacement at once (each loads its model for 3 s),
+      // and each old worker SIGTERMed the moment one replacement's readiness passes.
+      const spawned = [0, 1, 2].map(() => spawnWorker(['--discovery', fx.etcd.url, ...args, '--mocker-load-ms', '3000']));
+      fx.started.push(...spawned);
       const fresh = await Promise.all(spawned.map((p) => workerReady(p)));
       const readyAt = await Promise.all(
         fresh.map(async (w, i) => {

@@ -48,7 +48,8 @@ before(async () => {
     m1.push(w);
   }
   for (const [id, extra] of [['m2-ok', []], ['m2-stuck', ['--mocker-idleness', 'unknown']]] as const) {
-    const w = await startWorker(['--discovery', discovery, '--model', 'm2', '--worker-id', id, '--mocker-itl-ms', '20', ...extra], NO_TOKEN);
+    // A long lease: m2-ok is SIGSTOPped below and must stay in discovery meanwhile, however slow the machine.
+    const w = await startWorker(['--discovery', discovery, '--model', 'm2', '--worker-id', id, '--mocker-itl-ms', '20', '--lease-ttl-ms', '60000', ...extra], NO_TOKEN);
     started.push(w);
     m2.push(w);
   }

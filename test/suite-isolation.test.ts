@@ -10,7 +10,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -111,6 +111,14 @@ after(async () => {
   rmSync(userRuntime, { recursive: true, force: true });
 });
 
+/** Every file (not directory) under `dir`, recursively; none when it does not exist. */
+function filesUnder(dir: string): string[] {
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir, { recursive: true, withFileTypes: true })
+    .filter((e) => !e.isDirectory())
+    .map((e) => join(e.parentPath ?? dir, e.name));
+}
+
 describe('the suite and the machine it runs on', () => {
   it("a test file cancelled at its timeout leaves nothing running, nor its runtime and etcd directories; its operator commands see its own fleet, not the user's", async () => {
     const { report, file, exited, output } = await runFleetFile('cancel');
@@ -135,6 +143,9 @@ describe('the suite and the machine it runs on', () => {
     const { report, exited, output } = await runFleetFile('fail');
     await bounded(exited, 'the failed file to exit (its processes still running)').catch((err: Error) => assert.fail(`${err.message}\n${output.join('\n')}`));
     await allGone([...report.ebb, ...report.tools], 'every process of the failed file to exit');
-    for (const dir of [report.runtimeDir, ...report.toolDirs]) assert.equal(existsSync(dir), false, `${dir} is removed`);
+    for (const dir of report.toolDirs) assert.equal(existsSync(dir), false, `${dir} is removed`);
+    // `ebb up`'s worker and frontend shut down on their own once it is gone, after the file removed the
+    // runtime directory: their discovery may make its (empty) directories again, never leave a file there.
+    assert.deepEqual(filesUnder(report.runtimeDir), [], `${report.runtimeDir} holds no file`);
   });
 });

@@ -1,6 +1,7 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { readdirSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pino } from 'pino';
 import { listen } from '../src/common/http-server.js';
@@ -23,9 +24,11 @@ function loadingWorker(discovery: string, loadMs: number): EbbProcess {
 }
 
 const records = (discovery: string) => readdirSync(fileURLToPath(discovery)).filter((f) => f.endsWith('.json'));
+/** What each record file holds (a serving or a loading record). */
+const contents = (discovery: string) => records(discovery).map((f) => JSON.parse(readFileSync(join(fileURLToPath(discovery), f), 'utf8')).record as Record<string, unknown>);
 
 describe('worker: loading its engine', () => {
-  it('while loading: /live 200, /health 503 loading, Admin API 503 worker_loading, not in discovery; SIGTERM stops the load, exit 0', async () => {
+  it('while loading: /live 200, /health 503 loading, Admin API 503 worker_loading, registered as loading only (no request URL); SIGTERM stops the load and withdraws that record, exit 0', async () => {
     const discovery = tempDiscoveryUrl();
     const w = loadingWorker(discovery, 600_000); // a load that only the SIGTERM below ends
     const loading = await w.waitForEvent('worker_loading');
@@ -42,12 +45,20 @@ describe('worker: loading its engine', () => {
     assert.equal(status.body.error.retryable, true);
     assert.equal((await call('POST', `${system}/engine/drain`)).body.error.code, 'worker_loading');
     assert.match(await fetch(`${system}/metrics`).then((r) => r.text()), /^ebb_worker_loading 1$/m);
-    assert.deepEqual(records(discovery), [], 'not in discovery while loading');
+    const announced = await w.waitForEvent('loading_announced');
+    assert.equal(announced.registered, true);
+    const [record] = contents(discovery);
+    assert.equal(contents(discovery).length, 1);
+    assert.equal(record?.worker_id, loading.worker_id);
+    assert.equal(record?.system_url, system);
+    assert.equal(record?.model, 'm1');
+    assert.equal(typeof (record?.loading as { since?: unknown } | undefined)?.since, 'string');
+    assert.equal(record?.request_url, undefined, 'loading: nothing may be sent to it yet');
     w.signal('SIGTERM');
     assert.equal(await w.exitCode(), 0);
     await w.waitForEvent('shutdown_during_loading');
     assert.equal(w.indexOfEvent('worker_ready'), -1, 'never ready');
-    assert.deepEqual(records(discovery), [], 'never registered');
+    assert.deepEqual(records(discovery), [], 'its loading record withdrawn, never a serving one');
   });
 
   it('registers once loaded, on the system server it answered from while loading', async () => {
@@ -59,6 +70,8 @@ describe('worker: loading its engine', () => {
     assert.ok(w.indexOfEvent('worker_loading') < w.indexOfEvent('worker_ready'));
     assert.equal((await call('GET', `${ready.system_url as string}/health`)).status, 200);
     assert.equal(records(discovery).length, 1);
+    assert.equal(contents(discovery)[0]?.request_url, ready.request_url, 'the serving record replaced the loading one');
+    assert.equal(contents(discovery)[0]?.loading, undefined);
   });
 });
 

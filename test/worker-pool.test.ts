@@ -1,7 +1,7 @@
 import { describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { WorkerPool, HOLD_MS, MODEL_MEMORY_MS } from '../src/frontend/routing/worker-pool.js';
-import type { WorkerRecord } from '../src/discovery/discovery.js';
+import type { LoadingRecord, WorkerRecord } from '../src/discovery/discovery.js';
 
 const rec = (id: string, model = 'm', mode: WorkerRecord['mode'] = 'aggregated'): WorkerRecord => ({
   worker_id: id,
@@ -47,6 +47,44 @@ describe('worker pool routing', () => {
     assert.equal(pool.knows('m'), true);
     assert.equal(pool.knows('m', Date.now() + MODEL_MEMORY_MS + 1), false, 'forgotten after MODEL_MEMORY_MS');
     assert.equal(pool.knows('never'), false);
+  });
+
+  it('a loading worker is never routed to, yet its model is known and its requests may wait for it: on the side that generates, until it serves or its record goes', () => {
+    const loading = (id: string, model = 'm', mode: WorkerRecord['mode'] = 'aggregated'): LoadingRecord => ({ worker_id: id, model, mode, system_url: `http://${id}-sys`, loading: { since: '2025-01-01T00:00:00.000Z' } });
+    const pool = new WorkerPool();
+    pool.apply({ type: 'reset', records: [], loading: [loading('a')] });
+    assert.equal(pool.knows('m'), true);
+    assert.deepEqual(pool.knownModels(), ['m']);
+    assert.equal(pool.hasModel('m'), false, 'nothing routable');
+    assert.equal(pool.routable('m'), 0);
+    assert.equal(pool.pick('m', 'aggregated', new Set()), undefined);
+    assert.equal(pool.loadingFor('m'), true);
+    assert.equal(pool.loadingFor('m', new Set(['a'])), false, 'not the one a request skips');
+    pool.apply({ type: 'put', record: rec('a') });
+    assert.equal(pool.loadingFor('m'), false, 'serving now');
+    assert.ok(pool.pick('m', 'aggregated', new Set()));
+    // Disaggregated: the prefill side serves, the decode side loads. Only the decode side generates.
+    pool.apply({ type: 'reset', records: [rec('p', 'split', 'prefill')], loading: [loading('q', 'split', 'prefill')] });
+    assert.equal(pool.loadingFor('split'), false, 'a prefill worker alone generates nothing');
+    pool.apply({ type: 'loading', record: loading('d', 'split', 'decode') });
+    assert.equal(pool.loadingFor('split'), true);
+    assert.equal(pool.servingPath('split'), 'disaggregated');
+    assert.equal(pool.routable('split'), 0, 'no decode worker serves yet');
+    // A restart under its id: the serving worker leaves the routing while it loads again.
+    pool.apply({ type: 'put', record: rec('d', 'split', 'decode') });
+    assert.equal(pool.routable('split'), 1);
+    pool.apply({ type: 'loading', record: loading('d', 'split', 'decode') });
+    assert.equal(pool.routable('split'), 0);
+    // One that never comes up: its model stays known a while (a 503 its clients retry), and nothing waits for it.
+    pool.apply({ type: 'reset', records: [], loading: [loading('x', 'gone')] });
+    pool.apply({ type: 'delete', worker_id: 'x' });
+    assert.equal(pool.loadingFor('gone'), false);
+    assert.equal(pool.knows('gone'), true);
+    assert.equal(pool.knows('gone', Date.now() + MODEL_MEMORY_MS + 1), false);
+    // A reset without it drops it too.
+    pool.apply({ type: 'reset', records: [], loading: [loading('y')] });
+    pool.apply({ type: 'reset', records: [] });
+    assert.equal(pool.loadingFor('m'), false);
   });
 
   it("a worker's own pool (--openai-port) never forgets its model and adapters: started drained or drained for long, a 503", () => {

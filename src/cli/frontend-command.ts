@@ -22,6 +22,8 @@ import { discoveryFlag, intOption, msOption, portOption, weightOption } from './
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 import { STORE_DOWN_MODES, type StoreDown } from '../frontend/limits/limiter.js';
 import { CliError } from './cli-error.js';
+import { exitTraced, startTracingOr } from './tracing-start.js';
+import { hostname } from 'node:os';
 
 interface FrontendFlags {
   host: string;
@@ -164,6 +166,7 @@ export function frontendCommand(): Command {
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
       const timeouts = { requestTimeoutMs: flags.requestTimeoutMs, headersTimeoutMs: flags.headersTimeoutMs, keepAliveTimeoutMs: flags.keepAliveTimeoutMs };
       const log = createLogger('frontend');
+      await startTracingOr(log, 'ebb-frontend', `${hostname()}:${process.pid}`);
       const opts: FrontendOptions = {
         host: flags.host,
         port: flags.port,
@@ -228,7 +231,7 @@ export function frontendCommand(): Command {
           stopping = true;
           void frontend.close(flags.shutdownTimeoutMs, 0).catch(() => undefined);
         }
-        void frontend.interrupt(`the frontend was stopped (${why}); retry`).finally(() => process.exit(130));
+        void frontend.interrupt(`the frontend was stopped (${why}); retry`).finally(() => exitTraced(130));
       };
       const stop = (signal: NodeJS.Signals, graceMs = 0) => {
         if (stopping) return force(`${signal} again`);
@@ -236,7 +239,7 @@ export function frontendCommand(): Command {
         const timeoutMs = shutdownTimeoutFor(signal, flags.shutdownTimeoutMs);
         log.info({ event: 'frontend_stopping', signal, grace_ms: graceMs, timeout_ms: timeoutMs }, `stopping: finishing open streams (at most ${timeoutMs / 1000} s; ${signal} again to stop now)`);
         frontend.close(timeoutMs, graceMs).then(
-          (clean) => (interrupted ? undefined : process.exit(clean ? 0 : 1)),
+          (clean) => (interrupted ? undefined : exitTraced(clean ? 0 : 1)),
           (err: unknown) => {
             log.error({ err }, 'stop failed');
             process.exit(1);

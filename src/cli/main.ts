@@ -7,7 +7,7 @@ import { COMMANDS, OPERATOR_COMMANDS, rootProgram } from './program.js';
 function commandNamed(argv: string[]): string | undefined {
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
-    if (arg === '--log-format' || arg === '--log-level') i++;
+    if (arg === '--log-format' || arg === '--log-level' || arg === '--otlp-traces-endpoint') i++;
     else if (!arg.startsWith('-')) return Object.hasOwn(COMMANDS, arg) ? arg : undefined;
   }
   return undefined;

@@ -1,5 +1,6 @@
-import { Command, Option } from 'commander';
+import { Command, InvalidArgumentError, Option } from 'commander';
 import { LOG_FORMATS, LOG_LEVELS } from '../common/logger.js';
+import { tracesEndpointUrl } from '../tracing/tracing.js';
 
 /**
  * The `ebb` program's definition: its global options and its commands. main.ts runs it; the flag
@@ -35,13 +36,29 @@ export function rootProgram(): Command {
       .showHelpAfterError()
       .addOption(new Option('--log-format <format>', 'auto: readable lines on a terminal, JSON otherwise (env EBB_LOG_FORMAT)').choices(LOG_FORMATS))
       .addOption(new Option('--log-level <level>', 'log level (env EBB_LOG_LEVEL; default info)').choices(LOG_LEVELS))
-      // Through the environment, so the components `ebb up` starts log the same way.
+      .addOption(
+        new Option(
+          '--otlp-traces-endpoint <url>',
+          'export OpenTelemetry traces (OTLP/HTTP) to this collector URL, e.g. http://collector:4318/v1/traces (a URL without a path gets /v1/traces); env OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or OTEL_EXPORTER_OTLP_ENDPOINT, the same; off when none is named (docs/observability.md)',
+        ).argParser(endpointOption),
+      )
+      // Through the environment, so the components `ebb up` starts log (and trace) the same way.
       .hook('preAction', (root) => {
-        const { logFormat, logLevel } = root.opts<{ logFormat?: string; logLevel?: string }>();
+        const { logFormat, logLevel, otlpTracesEndpoint } = root.opts<{ logFormat?: string; logLevel?: string; otlpTracesEndpoint?: string }>();
         if (logFormat !== undefined) process.env.EBB_LOG_FORMAT = logFormat;
         if (logLevel !== undefined) process.env.EBB_LOG_LEVEL = logLevel;
+        if (otlpTracesEndpoint !== undefined) process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = otlpTracesEndpoint;
       })
   );
+}
+
+/** --otlp-traces-endpoint: an OTLP/HTTP URL, refused as commander refuses a bad value. */
+function endpointOption(value: string): string {
+  try {
+    return tracesEndpointUrl(value);
+  } catch (err) {
+    throw new InvalidArgumentError((err as Error).message);
+  }
 }
 
 /** The whole program, every command loaded (help, the flag reference). */

@@ -23,6 +23,9 @@ export class Supervised extends EventEmitter {
   private resolveFirst!: (l: ReadyLine) => void;
   private rejectFirst!: (err: Error) => void;
   private everReady = false;
+  /** firstEvent's waits: resolved by the first start's first line of their event, rejected if it exits first. */
+  private readonly awaited = new Map<string, { promise: Promise<ReadyLine>; resolve: (l: ReadyLine) => void; reject: (err: Error) => void }>();
+  private started = 0;
   private stopping = false;
   private readonly backoff = new Backoff(RESTART_BACKOFF);
   private timer: NodeJS.Timeout | undefined;
@@ -50,11 +53,14 @@ export class Supervised extends EventEmitter {
       env: { ...process.env, EBB_LOG_FORMAT: 'json' }, // `ebb up` reads their lines; it formats them for the terminal itself
     });
     this.proc = proc;
+    const first = ++this.started === 1;
     createInterface({ input: proc.stdout! }).on('line', (line) => {
       this.emit('line', line);
-      if (!line.includes(this.readyEvent)) return;
+      const awaited = first && this.awaited.size > 0;
+      if (!line.includes(this.readyEvent) && !awaited) return;
       try {
         const parsed = JSON.parse(line) as ReadyLine;
+        if (awaited && typeof parsed.event === 'string') this.awaited.get(parsed.event)?.resolve(parsed);
         if (parsed.event !== this.readyEvent) return;
         this.backoff.reset();
         if (!this.everReady) this.resolveFirst(parsed);
@@ -66,7 +72,9 @@ export class Supervised extends EventEmitter {
     });
     proc.once('exit', (code, signal) => {
       const again = this.restart && this.everReady && !this.stopping;
-      if (!this.everReady) this.rejectFirst(new Error(`${this.name} exited (${signal ?? `code ${code}`}) before it was ready`));
+      const exited = new Error(`${this.name} exited (${signal ?? `code ${code}`}) before it was ready`);
+      if (first) for (const w of this.awaited.values()) w.reject(exited);
+      if (!this.everReady) this.rejectFirst(exited);
       const delay = again ? this.backoff.next() : undefined;
       this.emit('exit', code, signal, delay);
       if (delay === undefined) return;
@@ -75,6 +83,22 @@ export class Supervised extends EventEmitter {
         if (!this.stopping) this.start();
       }, delay);
     });
+  }
+
+  /**
+   * The first start's first log line of `event` (a worker's `loading_announced`, before it is
+   * ready); rejects if that start exits before it. Ask before start(): lines are not kept.
+   */
+  firstEvent(event: string): Promise<ReadyLine> {
+    let w = this.awaited.get(event);
+    if (w === undefined) {
+      let resolve!: (l: ReadyLine) => void;
+      let reject!: (err: Error) => void;
+      const promise = new Promise<ReadyLine>((res, rej) => ((resolve = res), (reject = rej)));
+      promise.catch(() => undefined);
+      this.awaited.set(event, (w = { promise, resolve, reject }));
+    }
+    return w.promise;
   }
 
   get running(): boolean {

@@ -156,8 +156,10 @@ export function upCommand(): Command {
 
       const show = logFormat() === 'pretty' ? loadPretty().prettyFactory(prettyOptions()) : (line: string) => `${line}\n`;
       const targets = new Map<string, { url: string; labels: Record<string, string> }>();
-      const supervise = (name: string, args: string[], readyEvent: string, metricsUrl: (ready: ReadyLine) => string, job: string) => {
+      /** `early`: a line of the first start to wait for before it is ready (firstEvent). */
+      const supervise = (name: string, args: string[], readyEvent: string, metricsUrl: (ready: ReadyLine) => string, job: string, early?: string) => {
         const child = new Supervised(name, args, readyEvent, flags.restart);
+        if (early !== undefined) void child.firstEvent(early);
         child.on('line', (line: string) => process.stdout.write(show(line)));
         child.on('ready', (ready: ReadyLine) => {
           if (flags.metricsSdFile === undefined) return;
@@ -173,20 +175,22 @@ export function upCommand(): Command {
         return child;
       };
       const workers = modes.map((mode, i) =>
-        supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker, ...adminToken], 'worker_ready', (r) => String(r.system_url), 'ebb-worker'),
+        supervise(`${mode}-${i}`, ['worker', '--model', model, '--mode', mode, '--discovery', discovery, ...engine, ...mocker, ...adminToken], 'worker_ready', (r) => String(r.system_url), 'ebb-worker', 'loading_announced'),
       );
       const overlapWeight = flags.kvOverlapWeight === undefined ? [] : ['--kv-overlap-weight', String(flags.kvOverlapWeight)];
       const cors = flags.corsOrigin.flatMap((o) => ['--cors-origin', o]);
       const queue = [...(flags.queueTimeout === undefined ? [] : ['--queue-timeout', String(flags.queueTimeout)]), ...(flags.queueDepth === undefined ? [] : ['--queue-depth', String(flags.queueDepth)])];
       // Nothing balances load onto `ebb up`'s frontend: no shutdown grace to wait out.
-      const frontend = supervise('frontend', ['frontend', '--host', flags.host, '--port', String(flags.port), '--admin-host', flags.adminHost, ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), '--router', flags.router, ...overlapWeight, ...queue, ...cors, ...adminToken], 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
-      const all = [...workers, frontend];
+      const frontendArgs = ['frontend', '--host', flags.host, '--port', String(flags.port), '--admin-host', flags.adminHost, ...adminPort, '--discovery', discovery, '--shutdown-grace-ms', '0', '--processes', String(flags.processes), '--router', flags.router, ...overlapWeight, ...queue, ...cors, ...adminToken];
+      /** Started once every worker is registered as loading (or said why not): see below. */
+      let frontend: Supervised | undefined;
+      const all = () => (frontend === undefined ? workers : [...workers, frontend]);
 
       let stopping: Promise<void> | undefined;
       const stop = async (code: number, why: string) => {
         // Workers drain first, while the frontend still relays their last tokens; then the frontend.
         await Promise.all(workers.map((w) => w.stop()));
-        await frontend.stop();
+        await frontend?.stop();
         if (ownDiscovery) rmSync(fileURLToPath(discovery), { recursive: true, force: true });
         if (flags.metricsSdFile !== undefined) rmSync(flags.metricsSdFile, { force: true });
         // A second signal took over: it says how this ended, and exits 130.
@@ -197,7 +201,7 @@ export function upCommand(): Command {
       };
       let signals = 0;
       const killAll = (why: string) => {
-        for (const c of all) c.kill();
+        for (const c of all()) c.kill();
         removeUpState(name, process.pid);
         say(`ebb up: ${why}`);
         process.exit(130);
@@ -207,7 +211,7 @@ export function upCommand(): Command {
         if (signals > 1) {
           // Forced, yet no stream is cut silently: the frontend ends each with an error event first.
           say('ebb up: second signal: stopping now; open streams end with an error event (a third signal kills everything at once)');
-          void frontend.interrupt(FORCED_STOP_BOUND_MS).then(() => killAll('second signal, stopped everything'));
+          void (frontend?.interrupt(FORCED_STOP_BOUND_MS) ?? Promise.resolve()).then(() => killAll('second signal, stopped everything'));
           return;
         }
         say(`ebb up: ${signal}: draining the workers, then stopping the frontend`);
@@ -225,7 +229,13 @@ export function upCommand(): Command {
       if (process.send !== undefined && !process.connected) parentGone();
 
       try {
-        const readies = await Promise.all(all.map((c) => c.firstReady));
+        // The frontend starts once every worker registered as loading (or said why it did not, or
+        // exited): a request it takes from its first moment finds its model coming, and waits in the
+        // queue for it, instead of finding no such model while the engines load.
+        await Promise.all(workers.map((w) => w.firstEvent('loading_announced').catch(() => undefined)));
+        if (stopping !== undefined) return;
+        frontend = supervise('frontend', frontendArgs, 'frontend_ready', (r) => String(r.url), 'ebb-frontend');
+        const readies = await Promise.all(all().map((c) => c.firstReady));
         const front = readies.at(-1) as { url: string; admin_url?: string };
         const lines = [
           '',

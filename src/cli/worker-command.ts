@@ -25,6 +25,7 @@ import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
 import type { AdapterSource } from '../engine/engine-adapters.js';
 import type { SelfPodSetup } from '../k8s/self-pod-setup.js';
 import { DEFAULT_MAX_EMBEDDING_TOKENS } from '../worker/embedding-tokens.js';
+import { exitTraced, startTracingOr } from './tracing-start.js';
 import { DISRUPTION_SOURCES, type DisruptionSourceName } from '../disruption/notice.js';
 import { AWS_ENDPOINT_ENV } from '../disruption/aws.js';
 import { GCE_HOST_ENV } from '../disruption/gcp.js';
@@ -203,6 +204,7 @@ export function workerCommand(): Command {
       const apiGuard = await loadApiGuard(flags.apiKeyFile);
       const workerId = flags.workerId ?? newWorkerId();
       const log = createLogger('worker', { worker_id: workerId });
+      await startTracingOr(log, 'ebb-worker', workerId);
       // Before the engine loads: a pod annotated for drain starts the worker drained, not registered.
       // Loaded only with --k8s-self-pod: the Kubernetes client is heavy, and most workers never use it.
       if (flags.disruptionSource.includes('k8s') && flags.k8sSelfPod === undefined) throw new CliError('--disruption-source k8s follows this pod and its node: pass --k8s-self-pod too');
@@ -211,7 +213,7 @@ export function workerCommand(): Command {
       let exiting = false;
       const exit = (code: number) => {
         exiting = true;
-        process.exit(code);
+        exitTraced(code);
       };
       // Signals count from the start: one that arrives while the engine loads stops the load.
       const loading = new AbortController();
@@ -286,7 +288,7 @@ export function workerCommand(): Command {
         // Nothing was registered or admitted: a stop during loading is a clean exit.
         if (loading.signal.aborted) {
           log.info({ event: 'shutdown_complete', exit_code: 0, during: 'loading' }, 'stopped while loading');
-          exit(0);
+          return exit(0);
         }
         log.fatal({ event: 'worker_start_failed', err: (err as Error).message }, `worker could not start: ${(err as Error).message}`);
         throw new CliError(`worker could not start: ${(err as Error).message}`);

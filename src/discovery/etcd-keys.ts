@@ -1,5 +1,5 @@
 import type { IKeyValue } from 'etcd3';
-import { isWorkerRecord, type WorkerRecord } from './discovery.js';
+import { parseAnyRecord, type AnyRecord, type WorkerRecord } from './worker-record.js';
 
 /** Every record lives at `<prefix><model>/<worker_id>` (both URI-encoded: model names contain `/`). */
 export const ETCD_PREFIX = '/ebb/v1/instances/';
@@ -31,10 +31,10 @@ export function parseEtcdUrl(url: string): string[] {
   return hosts.map((h) => `http://${/:\d+$/.test(h) ? h : `${h}:2379`}`);
 }
 
-export function parseRecord(kv: IKeyValue): WorkerRecord | undefined {
+/** A serving or a loading record; undefined for anything else under the prefix. */
+export function parseRecord(kv: IKeyValue): AnyRecord | undefined {
   try {
-    const value: unknown = JSON.parse(kv.value.toString('utf8'));
-    return isWorkerRecord(value) ? value : undefined;
+    return parseAnyRecord(JSON.parse(kv.value.toString('utf8')));
   } catch {
     return undefined; // someone else's junk under our prefix must not break the frontend
   }

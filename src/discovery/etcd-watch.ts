@@ -1,7 +1,7 @@
 import type { Etcd3, Watcher } from 'etcd3';
 import { Backoff, pause } from '../common/backoff.js';
 import { bounded, callListener, warn } from './guards.js';
-import type { DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
+import { isLoading, type AnyRecord, type DiscoveryWatch, type FleetEvent, type LoadingRecord, type WorkerRecord } from './discovery.js';
 import { ETCD_PREFIX, nextRevision, parseRecord, workerIdFromKey } from './etcd-keys.js';
 
 /** After a failed re-list; every frontend re-lists at once when etcd comes back. */
@@ -11,7 +11,8 @@ export const CLOSE_BOUND_MS = 2_000;
 
 export interface Snapshot {
   revision: string;
-  records: WorkerRecord[];
+  /** Serving and loading records. */
+  records: AnyRecord[];
   /** Every key under the prefix, junk included: what a registrar checks its own keys against. */
   keys: Set<string>;
   /** Opaque to the watch: the caller's own marker of what it had written when it asked for this list. */
@@ -28,7 +29,7 @@ export interface EventContext {
   snapshot?: Snapshot;
 }
 
-export type PrefixListener = (event: DiscoveryEvent, ctx: EventContext) => void;
+export type PrefixListener = (event: FleetEvent, ctx: EventContext) => void;
 
 /**
  * One watch of the whole prefix. Events from a watcher are only delivered while it is the
@@ -50,12 +51,18 @@ export class PrefixWatch implements DiscoveryWatch {
     private readonly onClosed: (w: PrefixWatch) => void,
   ) {}
 
-  private deliver(event: DiscoveryEvent, ctx: EventContext): void {
+  private deliver(event: FleetEvent, ctx: EventContext): void {
     callListener('watch', this.listener, event, ctx);
   }
 
   private deliverReset(snap: Snapshot): void {
-    this.deliver({ type: 'reset', records: snap.records }, { revision: BigInt(snap.revision), snapshot: snap });
+    const records: WorkerRecord[] = [];
+    const loading: LoadingRecord[] = [];
+    for (const r of snap.records) {
+      if (isLoading(r)) loading.push(r);
+      else records.push(r);
+    }
+    this.deliver({ type: 'reset', records, loading }, { revision: BigInt(snap.revision), snapshot: snap });
   }
 
   /** Lists (failing if etcd does not answer), delivers the reset, then follows from there. */
@@ -83,7 +90,7 @@ export class PrefixWatch implements DiscoveryWatch {
     watcher.on('put', (kv) => {
       if (!current()) return;
       const record = parseRecord(kv);
-      if (record) this.deliver({ type: 'put', record }, { revision: BigInt(kv.mod_revision), key: kv.key.toString('utf8') });
+      if (record) this.deliver(isLoading(record) ? { type: 'loading', record } : { type: 'put', record }, { revision: BigInt(kv.mod_revision), key: kv.key.toString('utf8') });
     });
     watcher.on('delete', (kv) => {
       if (!current()) return;

@@ -2,7 +2,8 @@ import { EtcdScaleDownLocks } from './scale-down-lock.js';
 import { Etcd3, EtcdLeaseInvalidError, type Lease } from 'etcd3';
 import { EtcdDrainIntents } from './drain-intent.js';
 import { EtcdRouteMarks } from './etcd-route-marks.js';
-import type { Discovery, DiscoveryOptions, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
+import { isLoading, type AnyRecord, type Discovery, type DiscoveryOptions, type DiscoveryEvent, type DiscoveryWatch, type FleetEvent, type WorkerRecord } from './discovery.js';
+import { servingOnly } from './serving-only.js';
 import { HostBreaker, watchBackoff, type HostPolicy } from './etcd-breaker.js';
 import { ETCD_PREFIX, etcdKey, parseEtcdUrl, parseRecord, workerIdFromKey } from './etcd-keys.js';
 import { CLOSE_BOUND_MS, PrefixWatch, type EventContext, type Snapshot } from './etcd-watch.js';
@@ -22,7 +23,7 @@ function message(err: unknown): string {
 
 interface Registration {
   key: string;
-  record: WorkerRecord;
+  record: AnyRecord;
   lease: Lease;
   /** The revision of our put: a delete older than it is history, not a loss. */
   revision: bigint;
@@ -126,7 +127,7 @@ export class EtcdDiscovery implements Discovery {
   }
 
   /** What the watch of our own keys says: a key we hold deleted, or absent when listed again. */
-  private ownKeysEvent(event: DiscoveryEvent, ctx: EventContext): void {
+  private ownKeysEvent(event: FleetEvent, ctx: EventContext): void {
     if (this.closed) return;
     if (event.type === 'delete' && ctx.key !== undefined) {
       const mine = this.deleting.get(ctx.key);
@@ -158,7 +159,7 @@ export class EtcdDiscovery implements Discovery {
     this.ownWatch.begin();
   }
 
-  async register(record: WorkerRecord): Promise<void> {
+  async register(record: AnyRecord): Promise<void> {
     this.assertOpen();
     const key = etcdKey(record);
     let lease: Lease;
@@ -253,16 +254,20 @@ export class EtcdDiscovery implements Discovery {
     } catch (err) {
       throw this.fail('list', err);
     }
-    const records = res.kvs.map(parseRecord).filter((r): r is WorkerRecord => r !== undefined);
+    const records = res.kvs.map(parseRecord).filter((r): r is AnyRecord => r !== undefined);
     return { revision: res.header.revision, records, keys: new Set(res.kvs.map((kv) => kv.key.toString('utf8'))) };
   }
 
   async list(): Promise<WorkerRecord[]> {
     this.assertOpen();
-    return (await this.snapshot()).records;
+    return (await this.snapshot()).records.filter((r): r is WorkerRecord => !isLoading(r));
   }
 
   async watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch> {
+    return this.watchAll(servingOnly(listener));
+  }
+
+  async watchAll(listener: (event: FleetEvent) => void): Promise<DiscoveryWatch> {
     this.assertOpen();
     const watch = new PrefixWatch(this.client, () => this.snapshot(), (e) => listener(e), (w) => this.watches.delete(w));
     this.watches.add(watch);

@@ -1,9 +1,9 @@
 import { hostname } from 'node:os';
-import { isWorkerRecord, type WorkerRecord } from './discovery.js';
+import { parseAnyRecord, type AnyRecord } from './worker-record.js';
 
-/** One file in the discovery directory: a worker record plus the lease that keeps it alive. */
+/** One file in the discovery directory: a worker record (serving or loading) plus the lease that keeps it alive. */
 export interface FileEntry {
-  record: WorkerRecord;
+  record: AnyRecord;
   pid: number;
   hostname: string;
   heartbeat_at: number;
@@ -36,7 +36,7 @@ export function parseEntry(text: string, now: number): FileEntry | undefined {
   if (typeof v !== 'object' || v === null) return undefined;
   const e = v as Record<string, unknown>;
   const plausible =
-    isWorkerRecord(e.record) &&
+    parseAnyRecord(e.record) !== undefined &&
     typeof e.pid === 'number' &&
     Number.isSafeInteger(e.pid) &&
     e.pid > 0 &&

@@ -1,6 +1,6 @@
 import { readFileSync, watch as fsWatch, type FSWatcher } from 'node:fs';
 import { join } from 'node:path';
-import type { DiscoveryEvent } from './discovery.js';
+import { isLoading, type FleetEvent, type LoadingRecord, type WorkerRecord } from './discovery.js';
 import { entryLive, identity, parseEntry, type FileEntry } from './file-record.js';
 import { callListener, warn } from './guards.js';
 
@@ -64,7 +64,7 @@ export class FileWatch {
 
   constructor(
     private readonly opts: FileWatchOptions,
-    private readonly listener: (event: DiscoveryEvent) => void,
+    private readonly listener: (event: FleetEvent) => void,
   ) {}
 
   /** Reads the directory, tells the listener `reset`, then follows changes. */
@@ -79,7 +79,13 @@ export class FileWatch {
     const names = await this.opts.list();
     const reads = this.readAll(names);
     for (const [name, r] of reads) if (r.state === 'live') this.set(name, r.entry);
-    callListener('watch', this.listener, { type: 'reset', records: [...this.byWorker().values()].map((e) => e.record) });
+    const records: WorkerRecord[] = [];
+    const loading: LoadingRecord[] = [];
+    for (const e of this.byWorker().values()) {
+      if (isLoading(e.record)) loading.push(e.record);
+      else records.push(e.record);
+    }
+    callListener('watch', this.listener, { type: 'reset', records, loading });
     this.sweep = setInterval(() => this.onSweep(), SWEEP_MS);
     this.sweep.unref();
     this.pump();
@@ -234,7 +240,10 @@ export class FileWatch {
     }
     for (const [id, was] of before) {
       const now = this.current(id);
-      if (now && (!was || identity(was) !== identity(now))) callListener('watch', this.listener, { type: 'put', record: now.record });
+      if (now && (!was || identity(was) !== identity(now))) {
+        const r = now.record;
+        callListener('watch', this.listener, isLoading(r) ? { type: 'loading', record: r } : { type: 'put', record: r });
+      }
       else if (!now && was) callListener('watch', this.listener, { type: 'delete', worker_id: id });
     }
   }

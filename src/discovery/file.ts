@@ -1,7 +1,8 @@
 import { statSync } from 'node:fs';
 import { readdir, readFile, rename, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { Discovery, DiscoveryEvent, DiscoveryWatch, WorkerRecord } from './discovery.js';
+import { isLoading, type AnyRecord, type Discovery, type DiscoveryEvent, type DiscoveryWatch, type FleetEvent, type WorkerRecord } from './discovery.js';
+import { servingOnly } from './serving-only.js';
 import { entryLive, HOST, MAX_TTL_MS, MIN_TTL_MS, parseEntry, type FileEntry } from './file-record.js';
 import { FileWatch } from './file-watch.js';
 import { FileScaleDownLocks } from './scale-down-lock.js';
@@ -63,7 +64,7 @@ export class FileDiscovery implements Discovery {
     return join(this.dir, `${encodeURIComponent(workerId)}.json`);
   }
 
-  private async write(record: WorkerRecord, registeredAt: number): Promise<void> {
+  private async write(record: AnyRecord, registeredAt: number): Promise<void> {
     await this.ensureDir();
     const entry: FileEntry = { record, pid: process.pid, hostname: HOST, heartbeat_at: Date.now(), ttl_ms: this.ttlMs, registered_at: registeredAt };
     const path = this.pathOf(record.worker_id);
@@ -83,7 +84,7 @@ export class FileDiscovery implements Discovery {
     }
   }
 
-  async register(record: WorkerRecord): Promise<void> {
+  async register(record: AnyRecord): Promise<void> {
     const registeredAt = Date.now();
     await this.stopHeartbeat(record.worker_id);
     await this.write(record, registeredAt);
@@ -117,9 +118,9 @@ export class FileDiscovery implements Discovery {
     });
   }
 
-  /** Live records; one that cannot be read right now is left out (there is no earlier view to keep). */
+  /** Live serving records; one that cannot be read right now is left out (there is no earlier view to keep). */
   async list(): Promise<WorkerRecord[]> {
-    return (await this.read()).flatMap((r) => (r.state === 'live' ? [r.entry.record] : []));
+    return (await this.read()).flatMap((r) => (r.state === 'live' && !isLoading(r.entry.record) ? [r.entry.record] : []));
   }
 
   /** The record files' names; [] when the directory is gone. Throws when it cannot be read. */
@@ -154,6 +155,10 @@ export class FileDiscovery implements Discovery {
   }
 
   async watch(listener: (event: DiscoveryEvent) => void): Promise<DiscoveryWatch> {
+    return this.watchAll(servingOnly(listener));
+  }
+
+  async watchAll(listener: (event: FleetEvent) => void): Promise<DiscoveryWatch> {
     await this.ensureDir();
     const w = new FileWatch({ dir: this.dir, list: () => this.names() }, listener);
     await w.start();

@@ -50,6 +50,51 @@ function isHttpOrigin(v: unknown): boolean {
   return u.pathname === '/' && u.search === '' && u.hash === '' && u.username === '' && u.password === '' && !(v as string).includes('?') && !(v as string).includes('#');
 }
 
+/**
+ * What a worker registers while its engine loads, under the key its serving record then replaces:
+ * the frontends learn that its model is coming, and its requests wait in the admission queue for it
+ * instead of failing. It has no request_url (nothing may be sent to it yet), so a reader older than
+ * it, which requires one, reads the key as no record at all.
+ */
+export interface LoadingRecord {
+  worker_id: string;
+  model: string;
+  mode: WorkerMode;
+  system_url: string;
+  engine?: string | undefined;
+  /** When it started loading (ISO 8601). */
+  loading: { since: string };
+}
+
+/** A record under a worker's key: serving (routable), or loading. */
+export type AnyRecord = WorkerRecord | LoadingRecord;
+
+export function isLoadingRecord(v: unknown): v is LoadingRecord {
+  if (typeof v !== 'object' || v === null) return false;
+  const r = v as Record<string, unknown>;
+  const loading = r.loading as Record<string, unknown> | undefined;
+  return (
+    r.request_url === undefined &&
+    typeof loading === 'object' &&
+    loading !== null &&
+    typeof loading.since === 'string' &&
+    isWorkerId(r.worker_id) &&
+    typeof r.model === 'string' &&
+    r.model !== '' &&
+    isWorkerMode(r.mode) &&
+    isHttpOrigin(r.system_url) &&
+    (r.engine === undefined || typeof r.engine === 'string')
+  );
+}
+
+/** A serving or a loading record, checked; undefined for anything else. */
+export function parseAnyRecord(v: unknown): AnyRecord | undefined {
+  return isWorkerRecord(v) || isLoadingRecord(v) ? v : undefined;
+}
+
+/** Told apart by the request URL: only a serving record has one. */
+export const isLoading = (r: AnyRecord): r is LoadingRecord => (r as Partial<WorkerRecord>).request_url === undefined;
+
 /** Records come from other processes (or from whoever can write the registry): check every field. */
 export function isWorkerRecord(v: unknown): v is WorkerRecord {
   if (typeof v !== 'object' || v === null) return false;

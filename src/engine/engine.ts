@@ -52,6 +52,8 @@ export interface GenerateRequest {
   adapter?: string | undefined;
   /** Its service tier (absent: default): an engine with a queue of its own serves waiting requests by tier. */
   tier?: RequestTier | undefined;
+  /** With tracing on: the W3C traceparent of the worker's span of this request; an engine that calls a server passes it on (vLLM reads it). */
+  traceparent?: string | undefined;
   /** Decode side of disaggregated serving: the prompt's KV was pulled from a prefill worker. */
   prefilled?: boolean | undefined;
   /** With `prefilled`: the prompt tokens the prefill worker found cached, which this request's usage reports as cached. */

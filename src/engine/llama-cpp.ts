@@ -310,9 +310,17 @@ export class LlamaCppEngine implements Engine {
       // A prefix this worker already holds (a shared system prompt) is not evaluated again.
       lease = await this.sequences.take(prompt.tokens, this.opts.batchInvariant !== true);
       this.countPrompt(prompt.tokens.length, lease.cached);
-      evaluating = lease.sequence.evaluateWithoutGeneratingNewTokens(prompt.tokens.slice(lease.cached, -1));
-      evaluating.catch(() => undefined);
-      await Promise.race([evaluating, abort.promise]);
+      // One batch of the context's size at a time (where llama.cpp splits one long evaluation too, so
+      // the state is the same), the caller asked between them: a prefill whose caller left stops
+      // within a batch instead of evaluating the rest of a long prompt for nobody.
+      const rest = prompt.tokens.slice(lease.cached, -1);
+      const step = this.context.batchSize;
+      for (let at = 0; at < rest.length; at += step) {
+        signal.throwIfAborted();
+        evaluating = lease.sequence.evaluateWithoutGeneratingNewTokens(rest.slice(at, at + step));
+        evaluating.catch(() => undefined);
+        await Promise.race([evaluating, abort.promise]);
+      }
       const transfer = await this.kv.export(lease.sequence, prompt.tokens.length);
       this.sequences.publish(lease);
       return { ...transfer, cached_tokens: Math.min(lease.cached, prompt.tokens.length) };

@@ -26,6 +26,9 @@ import { engineSamplingFields } from './openai-engine-sampling.js';
 import { OpenAIEngineAdapters } from './openai-engine-adapters.js';
 import type { AdapterSource } from './engine-adapters.js';
 
+/** A streamed completion's request headers (the same object for every request). */
+const STREAM_HEADERS: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream' };
+
 export interface OpenAIEngineOptions {
   /** Where the engine server listens; with `command`, defaults to http://127.0.0.1:{port}. */
   url?: string | undefined;
@@ -230,7 +233,8 @@ export class OpenAIEngine implements Engine {
         method: 'POST',
         dispatcher: this.dispatcher,
         signal,
-        headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+        // The worker's span of the request is the engine's parent (vLLM continues the trace with --otlp-traces-endpoint).
+        headers: req.traceparent === undefined ? STREAM_HEADERS : { ...STREAM_HEADERS, traceparent: req.traceparent },
         body: JSON.stringify(this.bodyFor(req)),
       });
       if (res.statusCode !== 200) throw engineAnswer(res.statusCode, await errorText(res.body), `POST ${path}`);

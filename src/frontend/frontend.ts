@@ -5,7 +5,8 @@ import type { AdminGuard } from '../common/admin-auth.js';
 import { ADMIN_MAX_CONNECTIONS, defaultMaxConnections, fdLimit, listen, type HttpServerLimits } from '../common/http-server.js';
 import { createAdminAgent } from '../common/worker-admin.js';
 import { connectDiscovery } from '../discovery/connect.js';
-import type { Discovery, DiscoveryEvent, WorkerRecord } from '../discovery/discovery.js';
+import type { Discovery, DiscoveryEvent, FleetEvent, WorkerRecord } from '../discovery/discovery.js';
+import { servingOnly } from '../discovery/serving-only.js';
 import { createAdminServer } from './admin/admin-server.js';
 import { FleetView } from './admin/fleet-view.js';
 import { createFrontendMetrics } from './metrics.js';
@@ -150,6 +151,7 @@ function keptStreams(o: StreamStoreOptions, clientWriteTimeoutMs: number | undef
           maxResponseBytes: o.maxResponseBytes,
           writeTimeoutMs,
           log,
+          onTakeover: () => metrics.takenOver(),
         });
   return new StreamStore({ ...o, writeTimeoutMs }, metrics, shared);
 }
@@ -215,14 +217,22 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource }) : undefined;
   // Workers are ready for a rollout once every frontend marks them (a worker's own --openai-port marks nothing: no rollout waits on it).
   const marking = opts.own === undefined ? new RouteMarking(discovery.routeMarks, newFrontendId(), () => pool.all().map((w) => w.record.worker_id), log) : undefined;
-  const watch = await discovery.watch((event: DiscoveryEvent) => {
-    pool.apply(event);
+  // The fleet view and the KV feed follow serving workers; the pool also those loading (their requests wait for them).
+  const serving = servingOnly((event: DiscoveryEvent) => {
     fleet.apply(event);
     kvFeed?.apply(event);
     marking?.changed();
     if (event.type === 'reset') log.info({ event: 'discovery_reset', workers: event.records.map((r) => r.worker_id) }, `routing view: ${event.records.length} worker(s)`);
     else if (event.type === 'put') log.info({ event: 'worker_added', worker_id: event.record.worker_id, model: event.record.model, ...(event.record.adapters ? { adapters: event.record.adapters.resident } : {}) }, `worker ${event.record.worker_id} joined`);
     else log.info({ event: 'worker_removed', worker_id: event.worker_id }, `worker ${event.worker_id} left`);
+  });
+  const watch = await discovery.watchAll((event: FleetEvent) => {
+    const abandoned = event.type === 'delete' ? pool.loadingRecord(event.worker_id) : undefined;
+    pool.apply(event);
+    serving(event);
+    if (event.type === 'loading') log.info({ event: 'worker_loading', worker_id: event.record.worker_id, model: event.record.model, mode: event.record.mode }, `worker ${event.record.worker_id} is loading "${event.record.model}": its requests wait for it`);
+    else if (event.type === 'reset' && event.loading !== undefined && event.loading.length > 0) log.info({ event: 'workers_loading', workers: event.loading.map((r) => r.worker_id) }, `${event.loading.length} worker(s) loading`);
+    else if (abandoned !== undefined) log.info({ event: 'worker_loading_abandoned', worker_id: abandoned.worker_id, model: abandoned.model }, `worker ${abandoned.worker_id} left while loading: requests for "${abandoned.model}" no longer wait for it`);
   });
   const metrics = createFrontendMetrics(pool);
   const upstreamAgentHeaders: Record<string, string> = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
@@ -237,6 +247,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   if (admission !== undefined) {
     pool.onRoom = (model) => admission.changed(model);
     metrics.stats.queued = (model) => admission.waiting(model);
+    metrics.stats.queuedByTier = (model) => admission.waitingByTier(model);
   }
   // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
   const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken, admissionLog);

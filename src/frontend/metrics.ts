@@ -1,6 +1,9 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import { collectProcessMetrics } from '../common/process-metrics.js';
+import type { GenerateBody, Usage } from '../protocol/request-plane.js';
+import { BoundedLabels } from './label-bounds.js';
 import { ModelStats } from './model-stats.js';
+import type { RequestOutcome } from './request-outcome.js';
 import type { MigrationReason } from './relay/migration.js';
 import type { WorkerPool } from './routing/worker-pool.js';
 
@@ -35,12 +38,41 @@ export function createFrontendMetrics(pool: WorkerPool) {
   // At 0 from the start: an alert on them reads 0, not "no data", until the first event.
   for (const reason of Object.keys(MIGRATION_REASONS)) migrations.inc({ reason }, 0);
   for (const reason of Object.keys(MIGRATION_FAILURES)) migrationFailures.inc({ reason }, 0);
-  const ttft = new Histogram({
-    name: 'ebb_frontend_time_to_first_token_seconds',
-    help: 'From request to first token sent, including retries',
-    buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+  // What an SRE charts per model and tier (GenAI semantic-convention names where they exist).
+  const modelRequests = new Counter({
+    name: 'ebb_frontend_model_requests_total',
+    help: 'Generation and embedding requests by model (as the client named it: an adapter is its own), tier, tenant (at most 20 named, the rest other) and outcome (ok, invalid, shed, unavailable, error, client_gone)',
+    labelNames: ['model', 'tier', 'tenant', 'outcome'],
     registers: [registry],
   });
+  const duration = new Histogram({
+    name: 'gen_ai_server_request_duration_seconds',
+    help: 'End-to-end request duration at the frontend, from its arrival to the last byte of its answer, by model, tier and outcome',
+    labelNames: ['model', 'tier', 'outcome'],
+    buckets: [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320],
+    registers: [registry],
+  });
+  const ttft = new Histogram({
+    name: 'gen_ai_server_time_to_first_token_seconds',
+    help: 'From the request to its first token at the frontend (retries and queueing included), streamed or not, by model and tier',
+    labelNames: ['model', 'tier'],
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40],
+    registers: [registry],
+  });
+  const tpot = new Histogram({
+    name: 'gen_ai_server_time_per_output_token_seconds',
+    help: 'Inter-token latency: per request, the time from its first token to its last over the tokens after the first (migrations included), by model and tier',
+    labelNames: ['model', 'tier'],
+    buckets: [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5],
+    registers: [registry],
+  });
+  const tokens = new Counter({
+    name: 'ebb_frontend_tokens_total',
+    help: 'Tokens of answered generations by model, tier and type (input: prompt, output: completion); rate() is tokens per second',
+    labelNames: ['model', 'tier', 'type'],
+    registers: [registry],
+  });
+  const tenants = new BoundedLabels();
   new Gauge({
     name: 'ebb_frontend_workers',
     help: 'Workers in the routing view, by model and whether the frontend holds them out',
@@ -72,18 +104,41 @@ export function createFrontendMetrics(pool: WorkerPool) {
   return {
     registry,
     stats,
-    request: (endpoint: string, status: number, model?: string) => {
+    /**
+     * A public API request closed: counted by endpoint and status, and, for one that named a model
+     * the fleet knows (`model`; undefined otherwise: a client's typo is no label), by model, tier,
+     * tenant and outcome, with its end-to-end duration.
+     */
+    request: (endpoint: string, status: number, model: string | undefined, labels?: { tier: string; tenant: string; outcome: RequestOutcome; seconds: number }) => {
       requests.inc({ endpoint, status: String(status) });
-      if (model !== undefined) stats.answered(model, status);
+      if (model === undefined) return;
+      stats.answered(model, status);
+      if (labels === undefined) return;
+      modelRequests.inc({ model, tier: labels.tier, tenant: tenants.of(labels.tenant), outcome: labels.outcome });
+      duration.observe({ model, tier: labels.tier, outcome: labels.outcome }, labels.seconds);
     },
     attempt: (workerId: string, outcome: string) => attempts.inc({ worker_id: workerId, outcome }),
     midStreamFailure: () => midStream.inc(),
     migrated: (reason: MigrationReason) => migrations.inc({ reason }),
     preempted: () => preemptions.inc(),
     migrationFailed: (reason: MigrationFailure) => migrationFailures.inc({ reason }),
-    firstToken: (seconds: number, model?: string) => {
-      ttft.observe(seconds);
-      if (model !== undefined) stats.firstToken(model, seconds);
+    /** A response's first tokens are here (streamed: they leave now). */
+    firstToken: (seconds: number, gen: GenerateBody) => {
+      const model = gen.adapter ?? gen.model;
+      ttft.observe({ model, tier: gen.service_tier ?? 'default' }, seconds);
+      stats.firstToken(model, seconds);
+    },
+    /**
+     * A response's generation ended whole: its tokens, and its inter-token latency over `lanes`
+     * sequences from `firstAt` (performance.now() of its first tokens; undefined: this frontend did
+     * not see them, a takeover).
+     */
+    generated: (gen: GenerateBody, usage: Usage, lanes: number, firstAt: number | undefined) => {
+      const labels = { model: gen.adapter ?? gen.model, tier: gen.service_tier ?? 'default' };
+      tokens.inc({ ...labels, type: 'input' }, usage.prompt_tokens);
+      tokens.inc({ ...labels, type: 'output' }, usage.completion_tokens);
+      const perLane = usage.completion_tokens / Math.max(1, lanes);
+      if (firstAt !== undefined && perLane > 1) tpot.observe(labels, (performance.now() - firstAt) / 1000 / (perLane - 1));
     },
   };
 }

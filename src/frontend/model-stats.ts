@@ -11,6 +11,7 @@ interface Slot {
   second: number;
   requests: number;
   errors: number;
+  shed: number;
   ttfts: number[];
 }
 
@@ -20,8 +21,10 @@ export interface ModelSummary {
   requests_per_s: number;
   /** Requests answered over the window. */
   requests: number;
-  /** Of those, answered 5xx (the fleet's fault; a client's 4xx is not counted). */
+  /** Of those, answered 5xx or 429 (the fleet could not serve them; a client's other 4xx is not counted). */
   errors: number;
+  /** Of the errors, the 429s: requests the admission queue shed (full, or waited out its timeout). */
+  shed: number;
   /** Time to first token of streamed answers over the window, ms; null without any. */
   ttft_p50_ms: number | null;
   ttft_p95_ms: number | null;
@@ -29,6 +32,8 @@ export interface ModelSummary {
   rate_series: number[];
   /** Requests waiting in the admission queue now (0 without one). */
   queued: number;
+  /** The same by tier (continuation, priority, default, flex); only tiers with waiters. */
+  queued_by_tier: Record<string, number>;
 }
 
 /**
@@ -40,12 +45,16 @@ export class ModelStats {
   private readonly models = new Map<string, Slot[]>();
   /** Requests of a model waiting in the admission queue now (set where there is one). */
   queued: (model: string) => number = () => 0;
+  /** The same by tier (set where there is a queue). */
+  queuedByTier: (model: string) => Record<string, number> = () => ({});
 
   answered(model: string, status: number, now = Date.now()): void {
     const slot = this.slot(model, now);
     if (!slot) return;
     slot.requests++;
-    if (status >= 500) slot.errors++;
+    // A shed (429) is the fleet's want of capacity, as a 503 is: an error to whoever watches the fleet.
+    if (status >= 500 || status === 429) slot.errors++;
+    if (status === 429) slot.shed++;
   }
 
   firstToken(model: string, seconds: number, now = Date.now()): void {
@@ -71,10 +80,12 @@ export class ModelStats {
         requests_per_s: Math.round((rate_series.slice(-RATE_WINDOW_S).reduce((a, b) => a + b, 0) / RATE_WINDOW_S) * 10) / 10,
         requests: live.reduce((a, s) => a + s.requests, 0),
         errors: live.reduce((a, s) => a + s.errors, 0),
+        shed: live.reduce((a, s) => a + s.shed, 0),
         ttft_p50_ms: pct(0.5),
         ttft_p95_ms: pct(0.95),
         rate_series,
         queued: this.queued(model),
+        queued_by_tier: this.queuedByTier(model),
       });
     }
     return out.sort((a, b) => a.model.localeCompare(b.model));
@@ -89,7 +100,7 @@ export class ModelStats {
     }
     let last = slots[slots.length - 1];
     if (!last || last.second !== second) {
-      slots.push((last = { second, requests: 0, errors: 0, ttfts: [] }));
+      slots.push((last = { second, requests: 0, errors: 0, shed: 0, ttfts: [] }));
       while ((slots[0] as Slot).second <= second - MODEL_STATS_WINDOW_S) slots.shift();
     }
     return last;

@@ -5,6 +5,8 @@ import { nextAdapterState, SLOT_STATES, type AdapterEvent, type AdapterState } f
 import type { AdapterRecord, AdapterStatus, ResidentState } from '../protocol/adapters.js';
 import { EbbError } from '../protocol/errors.js';
 import type { AdapterPolicy } from './adapter-policy.js';
+import { ATTR } from '../tracing/attributes.js';
+import { workerSpan, type WorkerTrace } from '../tracing/worker-trace.js';
 
 /** What the record says a load takes before this worker has timed one. */
 export const DEFAULT_ADAPTER_LOAD_MS = 1000;
@@ -84,13 +86,13 @@ export class WorkerAdapters extends EventEmitter {
    * The one admission point for an adapter's requests: synchronous, so a drain that closes it and
    * the count it waits on can never disagree. Throws adapter_not_found for a name it cannot load.
    */
-  admit(name: string): AdapterHold | { refused: AdapterRefusal } {
+  admit(name: string, cause?: WorkerTrace): AdapterHold | { refused: AdapterRefusal } {
     const e = this.entry(name);
     if (e.state === 'draining') {
       this.retryUnload(e);
       return { refused: 'adapter_draining' };
     }
-    if (e.state === 'unloaded' && !this.startLoad(e)) return { refused: 'adapter_slots_busy' };
+    if (e.state === 'unloaded' && !this.startLoad(e, cause)) return { refused: 'adapter_slots_busy' };
     e.inflight++;
     this.touch(e);
     this.emit('inflight');
@@ -251,7 +253,7 @@ export class WorkerAdapters extends EventEmitter {
    * used adapter that is serving with nothing in flight, drained (at once) for it, or else one whose
    * unload failed, its unload tried again. False: none.
    */
-  private startLoad(e: Entry): boolean {
+  private startLoad(e: Entry, cause?: WorkerTrace): boolean {
     let used = 0;
     for (const x of this.entries.values()) if (SLOT_STATES.has(x.state)) used++;
     let victim: Entry | undefined;
@@ -272,6 +274,8 @@ export class WorkerAdapters extends EventEmitter {
     e.ready = new Promise<void>((resolve, reject) => (e.settle = (err) => (err ? reject(err) : resolve())));
     e.ready.catch(() => undefined); // a load nobody waits on (an admin load's caller left) must not go unhandled
     const started = performance.now();
+    // Tracing on: the load is a span, in the trace of the request that caused it (none for an admin's load).
+    const span = workerSpan(cause, 'ebb.adapter.load', { [ATTR.adapter]: e.source.name, ...(victim === undefined ? {} : { 'ebb.adapter.evicted': victim.source.name }) });
     const settled = (async () => {
       await freed;
       abort.signal.throwIfAborted();
@@ -281,6 +285,7 @@ export class WorkerAdapters extends EventEmitter {
       () => {
         const ms = performance.now() - started;
         this.loadMs = this.loadMs === undefined ? ms : 0.8 * this.loadMs + 0.2 * ms;
+        span?.end('loaded');
         if (e.state === 'loading') {
           e.load = undefined;
           this.move(e, 'loaded', 'loaded');
@@ -288,6 +293,7 @@ export class WorkerAdapters extends EventEmitter {
         }
       },
       (err: unknown) => {
+        span?.end('failed', { code: 'adapter_load_failed', message: (err as Error).message });
         if (e.state !== 'loading') return; // a drain aborted it: the drain answered the holds
         e.load = undefined;
         e.lastError = `load failed: ${(err as Error).message}`;

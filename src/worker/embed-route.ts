@@ -7,8 +7,11 @@ import type { Generations } from './generation.js';
 import type { WorkerMetrics } from './metrics.js';
 import type { RequestGate } from './request-gate.js';
 import { checkEmbeddingTokens } from './embedding-tokens.js';
+import { traceWorkerRequest } from '../tracing/worker-trace.js';
 
 export interface EmbedRouteDeps {
+  workerId: string;
+  model: string;
   engine: Engine;
   gate: RequestGate;
   generations: Generations;
@@ -23,14 +26,14 @@ export interface EmbedRouteDeps {
  * are before its first byte. Not handed off at a drain deadline: like a prefill, it finishes where it runs.
  * Its inputs' tokens are bounded (embedding-tokens.ts): past the bound it is refused before any work.
  */
-export function addEmbedRoute(app: FastifyInstance, { engine, gate, generations, metrics, maxTokens }: EmbedRouteDeps): void {
+export function addEmbedRoute(app: FastifyInstance, { workerId, model, engine, gate, generations, metrics, maxTokens }: EmbedRouteDeps): void {
   const embed = engine.embed?.bind(engine);
   const tokenize = engine.tokenize?.bind(engine);
   allowOnly(app, '/embed', ['POST']);
   app.post<{ Body: EmbedBody }>('/embed', { schema: { body: EmbedBodySchema } }, async (req, reply) => {
     const body = req.body;
     // An engine without embed() declares no `embeddings`: the gate answers 400 before admission.
-    const admitted = gate.admitEmbedding(body, reply.raw);
+    const admitted = gate.admitEmbedding(body, reply.raw, traceWorkerRequest(req.raw, reply.raw, '/embed', workerId, model));
     if ('refused' in admitted) return gate.refuse(reply, admitted.refused);
     const { scope } = admitted;
     reply.hijack();

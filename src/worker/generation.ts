@@ -8,6 +8,7 @@ import { KvPullError } from './kv-pull-error.js';
 import { KvStatePullError, type KvPullOutcome } from './kv-state-wire.js';
 import type { WorkerMetrics } from './metrics.js';
 import { HandOff, ShutdownCut, type RequestScope } from './request-scope.js';
+import { ATTR } from '../tracing/attributes.js';
 
 export interface GenerationDeps {
   workerId: string;
@@ -75,16 +76,24 @@ export class Generations {
       } else if (kv) {
         // Loaded on the first pull: only a mocker decode worker pulls this way, and the module brings undici.
         const { pullKv } = await import('./kv-pull.js');
-        const bytes = await pullKv(kv, scope.signal, requestToken);
-        log.debug({ event: 'kv_pulled', request_id: scope.id, transfer_id: kv.transfer_id, kv_bytes: bytes }, 'KV pulled from prefill worker');
+        const pull = scope.trace?.child('ebb.kv.pull', { [ATTR.transferId]: kv.transfer_id, [ATTR.kvSource]: kv.worker_id });
+        const bytes = await pullKv(kv, scope.signal, requestToken, pull).catch((err: unknown) => {
+          pull?.end('failed', { code: 'kv_transfer_failed', message: (err as Error).message });
+          throw err;
+        });
+        pull?.span.setAttribute(ATTR.kvBytes, bytes);
+        pull?.end('pulled');
+        log.debug({ event: 'kv_pulled', request_id: scope.id, transfer_id: kv.transfer_id, kv_bytes: bytes, ...scope.trace?.logIds() }, 'KV pulled from prefill worker');
       } else if (handoffKv && engine.importKv) gen.kv_state = await this.takeKvState(scope, handoffKv);
       // An engine that cannot load it re-evaluates; the source must not wait for it until its TTL.
       else if (handoffKv) this.releaseLater(handoffKv);
       // A request whose adapter is loading waits for it here: admitted, alive, counted.
       await scope.adapterReady();
+      if (scope.adapter !== undefined) scope.trace?.event('adapter_ready', { [ATTR.adapter]: scope.adapter.name });
       const tokens = scope.attach(engine.generate(gen, scope.signal));
       if (stream) {
         let step = await tokens.next();
+        scope.trace?.firstToken();
         while (!step.done) {
           const piece = step.value;
           scope.piece(piece.token_ids?.length ?? 1, pace);
@@ -92,11 +101,13 @@ export class Generations {
           step = await tokens.next();
         }
         metrics.promptTokens(step.value.prompt_tokens, step.value.cached_tokens);
+        scope.trace?.usage(step.value, scope.maxGapMs);
         scope.end(line({ done: true, finish_reason: step.value.finish_reason, usage: usageOf(step.value) }), 'completed');
       } else {
         let text = '';
         const logprobs: TokenLogprob[] | undefined = gen.logprobs === undefined ? undefined : [];
         let step = await tokens.next();
+        scope.trace?.firstToken();
         while (!step.done) {
           text += step.value.text;
           if (logprobs !== undefined && step.value.logprobs !== undefined) for (const l of step.value.logprobs) logprobs.push(l);
@@ -104,6 +115,7 @@ export class Generations {
           step = await tokens.next();
         }
         metrics.promptTokens(step.value.prompt_tokens, step.value.cached_tokens);
+        scope.trace?.usage(step.value, scope.maxGapMs);
         const payload = JSON.stringify({ text, finish_reason: step.value.finish_reason, usage: usageOf(step.value), ...(logprobs !== undefined ? { logprobs } : {}) });
         res.writeHead(200, { 'content-type': 'application/json', 'x-request-id': scope.id });
         scope.end(payload, 'completed');
@@ -129,8 +141,11 @@ export class Generations {
     const said = !cut && !kvFailed && err instanceof EbbError ? err : undefined;
     const code: ErrorCode = cut ? 'worker_shut_down' : kvFailed ? 'kv_transfer_failed' : (said?.code ?? 'engine_error');
     const message = cut ? (scope.signal.reason as Error).message : (err as Error).message;
-    if (said !== undefined && said.status < 500) log.info({ event: 'request_refused', request_id: scope.id, code, err: message }, `the engine refused request ${scope.id}: ${message}`);
-    else if (!cut) log.error({ err, request_id: scope.id }, 'generation failed');
+    const ids = scope.trace?.logIds();
+    if (said !== undefined && said.status < 500) log.info({ event: 'request_refused', request_id: scope.id, code, err: message, ...ids }, `the engine refused request ${scope.id}: ${message}`);
+    else if (!cut) log.error({ err, request_id: scope.id, ...ids }, 'generation failed');
+    // A request the engine refused (a 4xx) is the caller's to fix, not the worker failing.
+    if (said === undefined || said.status >= 500) scope.trace?.fail(code, message);
     if (!res.headersSent) {
       res.writeHead(cut ? 503 : kvFailed ? 502 : (said?.status ?? 500), { 'content-type': 'application/json' });
       // The field at fault, where the engine named it (OpenAI's `param`): the frontend passes it on.
@@ -141,9 +156,11 @@ export class Generations {
   /** The stream ends with what this worker generated; the caller continues it (elsewhere after a drain deadline; later, anywhere, after a preemption). */
   private handedOff(scope: RequestScope): void {
     const why = scope.signal.reason as HandOff;
+    scope.trace?.event(why.reason === 'preempted' ? 'preempted' : 'handed_off', { [ATTR.outputTokens]: scope.generated, ...(scope.handoffKv ? { [ATTR.transferId]: scope.handoffKv.transfer_id } : {}) });
+    // A preemption is counted and logged where it is decided (preemption.ts).
     if (why.reason === 'drain_deadline') {
       this.deps.metrics.handedOff();
-      this.deps.log.info({ event: 'handed_off', request_id: scope.id, completion_tokens: scope.generated }, `request ${scope.id} handed off after ${scope.generated} tokens`);
+      this.deps.log.info({ event: 'handed_off', request_id: scope.id, completion_tokens: scope.generated, ...scope.trace?.logIds() }, `request ${scope.id} handed off after ${scope.generated} tokens`);
     }
     const res = scope.res;
     if (!res.headersSent) {
@@ -166,16 +183,19 @@ export class Generations {
     const { engine, log, onKvPull, requestToken } = this.deps;
     const importKv = engine.importKv?.bind(engine);
     if (!importKv) return undefined;
+    const pull = scope.trace?.child('ebb.kv.pull', { [ATTR.transferId]: ref.transfer_id, [ATTR.kvSource]: ref.worker_id });
     try {
       const { pullKvState } = await import('./kv-state-pull.js');
-      const handle = await pullKvState(ref, { importKv }, scope.signal, requestToken);
+      const handle = await pullKvState(ref, { importKv }, scope.signal, requestToken, pull);
       onKvPull?.('pulled');
-      log.debug({ event: 'kv_state_pulled', request_id: scope.id, transfer_id: ref.transfer_id, tokens: handle.tokens }, 'KV state pulled');
+      pull?.end('pulled');
+      log.debug({ event: 'kv_state_pulled', request_id: scope.id, transfer_id: ref.transfer_id, tokens: handle.tokens, ...scope.trace?.logIds() }, 'KV state pulled');
       return handle;
     } catch (err) {
+      pull?.end(err instanceof KvStatePullError ? err.outcome : 'failed', { code: 'kv_transfer_failed', message: (err as Error).message });
       if (!(err instanceof KvStatePullError)) throw err;
       onKvPull?.(err.outcome);
-      log.warn({ event: 'kv_state_not_used', request_id: scope.id, transfer_id: ref.transfer_id, outcome: err.outcome, err: err.message }, `${err.message}; evaluating here instead`);
+      log.warn({ event: 'kv_state_not_used', request_id: scope.id, transfer_id: ref.transfer_id, outcome: err.outcome, err: err.message, ...scope.trace?.logIds() }, `${err.message}; evaluating here instead`);
       return undefined;
     }
   }

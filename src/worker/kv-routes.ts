@@ -8,9 +8,12 @@ import type { WorkerMode } from '../protocol/worker-mode.js';
 import type { Generations } from './generation.js';
 import { KV_STATE_HEADER } from './kv-state-wire.js';
 import type { RequestGate } from './request-gate.js';
+import { ATTR } from '../tracing/attributes.js';
+import { traceWorkerRequest } from '../tracing/worker-trace.js';
 
 export interface KvRoutesDeps {
   workerId: string;
+  model: string;
   mode: WorkerMode;
   engine: Engine;
   selfUrl: () => string;
@@ -23,18 +26,19 @@ export interface KvRoutesDeps {
  * it as a transfer) and GET/DELETE /kv/:id (a decode worker, or a hand-off's next worker, pulls a
  * transfer; the frontend frees one nobody will pull).
  */
-export function addKvRoutes(app: FastifyInstance, { workerId, mode, engine, selfUrl, gate, generations }: KvRoutesDeps): void {
+export function addKvRoutes(app: FastifyInstance, { workerId, model, mode, engine, selfUrl, gate, generations }: KvRoutesDeps): void {
   if (engine.prefill && engine.kvTransfers && (mode === 'prefill' || !engine.kvPayload)) {
     const prefill = engine.prefill.bind(engine);
     const transfers = engine.kvTransfers;
     allowOnly(app, '/prefill', ['POST']);
     app.post<{ Body: GenerateBody }>('/prefill', { schema: { body: GenerateBodySchema } }, async (req, reply) => {
-      const admitted = gate.admit(req.body, reply.raw);
+      const admitted = gate.admit(req.body, reply.raw, traceWorkerRequest(req.raw, reply.raw, '/prefill', workerId, model));
       if ('refused' in admitted) return gate.refuse(reply, admitted.refused);
       const { gen, scope } = admitted;
       reply.hijack();
       try {
         const t = await prefill(gen, scope.signal);
+        scope.trace?.span.setAttributes({ [ATTR.transferId]: t.transfer_id, [ATTR.kvBytes]: t.kv_bytes, [ATTR.inputTokens]: t.prompt_tokens });
         const body: PrefillResponse = { transfer_id: t.transfer_id, source_url: selfUrl(), worker_id: workerId, prompt_tokens: t.prompt_tokens, kv_bytes: t.kv_bytes, ...(t.cached_tokens !== undefined ? { cached_tokens: t.cached_tokens } : {}) };
         // The caller left while the KV was computed: nobody will pull it.
         if (scope.dropped) transfers.complete(t.transfer_id);
@@ -54,6 +58,8 @@ export function addKvRoutes(app: FastifyInstance, { workerId, mode, engine, self
     // (a prefill's, or a stream's handed off at the drain deadline).
     allowOnly(app, '/kv/:id', ['GET', 'DELETE']);
     app.get<{ Params: { id: string } }>('/kv/:id', async (req, reply) => {
+      // The KV leaving this worker for the one that continues from it: a span in the puller's trace.
+      traceWorkerRequest(req.raw, reply.raw, '/kv/:id', workerId, model)?.span.setAttribute(ATTR.transferId, req.params.id);
       const t = transfers.get(req.params.id);
       if (!t) throw new EbbError('kv_transfer_not_found', `no pending KV transfer ${req.params.id} (completed or expired)`);
       if (!engine.kvPayload) return reply.header('content-type', 'application/octet-stream').send(Buffer.alloc(t.kv_bytes, 0x6b));

@@ -3,6 +3,7 @@ import { bearerHeader } from '../common/admin-auth.js';
 import type { Engine, KvStateHandle } from '../engine/engine.js';
 import type { KvTransferRef } from '../protocol/request-plane.js';
 import { KV_STATE_HEADER, KvStatePullError } from './kv-state-wire.js';
+import type { TracedHeaders } from './kv-pull.js';
 
 const agent = new Agent({ keepAliveTimeout: 30_000, connections: 64 });
 
@@ -29,12 +30,17 @@ export async function pullKvState(
   engine: Required<Pick<Engine, 'importKv'>>,
   signal: AbortSignal,
   token?: string,
+  trace?: TracedHeaders,
 ): Promise<KvStateHandle> {
   let res;
   try {
-    res = await request(url(ref), { method: 'GET', dispatcher: agent, signal, headers: bearerHeader(token) });
+    res = await request(url(ref), { method: 'GET', dispatcher: agent, signal, headers: trace === undefined ? bearerHeader(token) : trace.headers(bearerHeader(token)) });
   } catch (err) {
-    if (signal.aborted) throw err;
+    if (signal.aborted) {
+      // The caller left before the source answered: nobody will pull it now.
+      void releaseKvState(ref, token);
+      throw err;
+    }
     throw new KvStatePullError('unavailable', ref, `unreachable (${(err as Error).message})`);
   }
   if (res.statusCode !== 200) {

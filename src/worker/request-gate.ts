@@ -15,6 +15,8 @@ import type { PrefillPeers } from './prefill-peers.js';
 import type { PriorityReserve } from './priority-reserve.js';
 import { RequestScope } from './request-scope.js';
 import type { AdapterRefusal, WorkerAdapters } from './adapters.js';
+import type { WorkerTrace } from '../tracing/worker-trace.js';
+import { ATTR } from '../tracing/attributes.js';
 
 export interface RequestGateDeps {
   model: string;
@@ -66,7 +68,8 @@ export class RequestGate {
     return reply.code(503).send(refusal(code));
   }
 
-  admit(body: GenerateBody, res: RequestScope['res']): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode | AdapterRefusal } {
+  /** `trace`: the worker's span of the request (tracing on): its admission and outcome are told there. */
+  admit(body: GenerateBody, res: RequestScope['res'], trace?: WorkerTrace): { gen: GenerateRequest; scope: RequestScope } | { refused: RefusalCode | AdapterRefusal } {
     const { model, engine } = this.deps;
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const prompt = promptOf(body);
@@ -94,17 +97,19 @@ export class RequestGate {
     // frontend's queue (which this worker's status wakes), not in the engine's ahead of priority work.
     if (body.service_tier === 'flex' && this.deps.admission.open && this.deps.priorityReserve?.flexRoom === false) {
       this.deps.metrics.refused('worker_overloaded');
+      trace?.outcome('refused: worker_overloaded');
       return { refused: 'worker_overloaded' };
     }
     // The adapter first: its admission and the worker's are one synchronous step, so neither a
     // drain of the adapter nor the worker's can fall between them. A worker that refuses anyway
     // (draining) starts no load.
-    const hold = body.adapter === undefined || !this.deps.admission.open ? undefined : this.admitAdapter(body.adapter);
+    const hold = body.adapter === undefined || !this.deps.admission.open ? undefined : this.admitAdapter(body.adapter, trace);
     if (hold !== undefined && 'refused' in hold) {
       this.deps.metrics.refused(hold.refused);
+      trace?.outcome(`refused: ${hold.refused}`);
       return hold;
     }
-    const opened = this.openScope(requestId, res);
+    const opened = this.openScope(requestId, res, trace);
     if ('refused' in opened) {
       hold?.release();
       return opened;
@@ -138,36 +143,42 @@ export class RequestGate {
       adapter: body.adapter,
       tier: body.service_tier,
     };
+    if (trace?.traceparent !== undefined) gen.traceparent = trace.traceparent;
     return { gen, scope };
   }
 
-  private admitAdapter(name: string) {
+  private admitAdapter(name: string, trace: WorkerTrace | undefined) {
     const adapters = this.deps.adapters;
     if (adapters === undefined) throw new EbbError('adapter_not_found', `this worker's engine (${this.deps.engine.kind}) serves no adapters, not "${name}"`);
-    return adapters.admit(name);
+    return adapters.admit(name, trace);
   }
 
   /**
    * An embedding (POST /embed): checked as a generation is (its model, what it needs of the engine),
    * then admitted through the same admission, so a drain counts it and waits for it.
    */
-  admitEmbedding(body: EmbedBody, res: RequestScope['res']): { scope: RequestScope } | { refused: RefusalCode } {
+  admitEmbedding(body: EmbedBody, res: RequestScope['res'], trace?: WorkerTrace): { scope: RequestScope } | { refused: RefusalCode } {
     const { model, engine } = this.deps;
     if (body.model !== model) throw new EbbError('model_not_found', `this worker serves "${model}", not "${body.model}"`);
     const lacking = missingCapability(engine.capabilities, embeddingNeeds(body));
     if (lacking !== undefined) throw new EbbError('unsupported_parameter', `this worker's engine (${engine.kind}) cannot embed ${lacking === 'embeddings' ? 'inputs' : 'token-id inputs'}`, { param: lacking === 'embeddings' ? 'model' : 'input' });
-    return this.openScope(body.request_id ?? randomUUID(), res);
+    return this.openScope(body.request_id ?? randomUUID(), res, trace);
   }
 
   /** The one admission point: a refusal counted, or the request's scope, open until its response ends. */
-  private openScope(requestId: string, res: RequestScope['res']): { scope: RequestScope } | { refused: RefusalCode } {
+  private openScope(requestId: string, res: RequestScope['res'], trace: WorkerTrace | undefined): { scope: RequestScope } | { refused: RefusalCode } {
     const { engine, admission, metrics } = this.deps;
     const admitted = admission.admit(requestId);
     if (!admitted.admitted) {
       metrics.refused(admitted.code);
+      trace?.outcome(`refused: ${admitted.code}`);
       return { refused: admitted.code };
     }
     const scope = new RequestScope(admitted.ticket, res, this.open.onClose);
+    if (trace !== undefined) {
+      scope.trace = trace;
+      trace.event('admitted', { [ATTR.requestId]: requestId });
+    }
     scope.admittedToFreeSlot = this.open.size < engine.stats().batch_slots;
     this.open.add(scope);
     return { scope };

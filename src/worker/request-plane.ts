@@ -19,6 +19,7 @@ import { addTokenizeRoute } from './tokenize-route.js';
 import { addEmbedRoute } from './embed-route.js';
 import { DEFAULT_MAX_EMBEDDING_TOKENS } from './embedding-tokens.js';
 import type { WorkerAdapters } from './adapters.js';
+import { traceWorkerRequest } from '../tracing/worker-trace.js';
 
 export { MAX_TOKENIZING } from './tokenize-route.js';
 
@@ -84,7 +85,8 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
 
   allowOnly(app, '/generate', ['POST']);
   app.post<{ Body: GenerateBody }>('/generate', { schema: { body: GenerateBodySchema } }, async (req, reply) => {
-    const admitted = gate.admit(req.body, reply.raw);
+    // Tracing on: the worker's span of the request, under the frontend's attempt (its traceparent).
+    const admitted = gate.admit(req.body, reply.raw, traceWorkerRequest(req.raw, reply.raw, '/generate', workerId, model));
     if ('refused' in admitted) return gate.refuse(reply, admitted.refused);
     reply.hijack();
     open.generating(admitted.scope);
@@ -92,8 +94,8 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     await generations.serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, gate.trustedHandoff(req.body.handoff_kv));
   });
   addTokenizeRoute(app, model, engine, admission);
-  addEmbedRoute(app, { engine, gate, generations, metrics, maxTokens: deps.maxEmbeddingTokens ?? DEFAULT_MAX_EMBEDDING_TOKENS });
-  addKvRoutes(app, { workerId, mode, engine, selfUrl, gate, generations });
+  addEmbedRoute(app, { workerId, model, engine, gate, generations, metrics, maxTokens: deps.maxEmbeddingTokens ?? DEFAULT_MAX_EMBEDDING_TOKENS });
+  addKvRoutes(app, { workerId, model, mode, engine, selfUrl, gate, generations });
 
   return {
     app,

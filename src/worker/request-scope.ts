@@ -3,6 +3,7 @@ import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
 import type { Handoff, KvTransferRef, RequestTier } from '../protocol/request-plane.js';
 import type { AdapterHold } from './adapters.js';
+import type { WorkerTrace } from '../tracing/worker-trace.js';
 
 /** Why a scope was aborted: the caller left, or the worker's shutdown deadline cut it. */
 export class ShutdownCut extends Error {
@@ -71,8 +72,12 @@ export class RequestScope {
   /** Its tier (the request plane's service_tier), and whether its caller lets a priority request pause it (flex only). */
   tier: RequestTier = 'default';
   preemptible = false;
+  /** With tracing on: the worker's span of this request. */
+  trace: WorkerTrace | undefined;
   private readonly startedAt = performance.now();
   private lastPieceAt: number | undefined;
+  /** The longest pause between two pieces so far (ms): a stall, for its trace. */
+  maxGapMs = 0;
 
   /**
    * Counts `n` generated tokens and times them for the drain ETA: the gap since the previous piece,
@@ -80,7 +85,11 @@ export class RequestScope {
    */
   piece(n: number, pace: { tokenGap(ms: number): void; firstTokenAfter(ms: number): void }): void {
     const now = performance.now();
-    if (this.lastPieceAt !== undefined) pace.tokenGap((now - this.lastPieceAt) / Math.max(1, n));
+    if (this.lastPieceAt !== undefined) {
+      const gap = now - this.lastPieceAt;
+      if (gap > this.maxGapMs) this.maxGapMs = gap;
+      pace.tokenGap(gap / Math.max(1, n));
+    }
     else if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
     this.lastPieceAt = now;
     this.generated += n;
@@ -123,6 +132,7 @@ export class RequestScope {
   close(outcome: ReleaseOutcome): void {
     if (this.closed) return;
     this.closed = true;
+    this.trace?.outcome(outcome);
     if (!this.abort.signal.aborted) this.abort.abort(new Error(`request ${outcome}`));
     // A generator left suspended at a yield would keep its batch slot.
     void this.returnTokens().then(() => (this.slotFreed = true));

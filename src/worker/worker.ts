@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import { connectDiscovery } from '../discovery/connect.js';
-import type { Discovery, WorkerRecord } from '../discovery/discovery.js';
+import type { Discovery, LoadingRecord, WorkerRecord } from '../discovery/discovery.js';
 import type { WorkerMode } from '../protocol/worker-mode.js';
 import { createAdminGuard } from '../common/admin-auth.js';
 import { closeBounded } from '../common/close-bounded.js';
@@ -19,6 +19,7 @@ import { createRequestPlane } from './request-plane.js';
 import { ENGINE_FAILED_EXIT_CODE, runShutdown, type ShutdownDeps, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
 import { WorkerPhase } from './phase.js';
+import { WorkerRegistration } from './worker-registration.js';
 import { DEFAULT_REGISTER_TIMEOUT_MS, registerFirst } from './first-registration.js';
 import { adoptDrainIntent, DEFAULT_DRAIN_INTENT_TTL_MS, followDrainIntent } from './drain-intent-sync.js';
 import { WorkerAdapters } from './adapters.js';
@@ -106,9 +107,28 @@ function followAdapters(adapters: WorkerAdapters, lifecycle: Lifecycle, record: 
 }
 
 /**
+ * Registers the worker as loading while its engine loads, unless it will start drained (told so, or
+ * under a drain intent discovery keeps): the frontends then hold its model's requests for it. Says
+ * how that went in one line (`loading_announced`), which `ebb up` waits for before it starts its
+ * frontend, so the first requests find the model coming rather than unknown.
+ */
+async function announceLoading(key: WorkerRegistration, discovery: Discovery, loading: LoadingRecord, startsDrained: boolean, log: Logger): Promise<void> {
+  let why: string | undefined;
+  if (startsDrained) why = 'it starts drained';
+  else if ((await discovery.drainIntents?.get(loading.worker_id).catch(() => undefined)) !== undefined) why = 'a drain intent holds it';
+  else {
+    const outcome = await key.announce(loading);
+    if (outcome === 'superseded') why = 'its loading was over first';
+    else if (outcome === 'failed') why = 'discovery did not take the record';
+  }
+  if (why === undefined) log.info({ event: 'loading_announced', registered: true, model: loading.model }, `registered in discovery as loading: requests for "${loading.model}" wait for this worker`);
+  else log.info({ event: 'loading_announced', registered: false, reason: why }, `not registered as loading: ${why}`);
+}
+
+/**
  * Starts a worker: the system server first (it answers while the engine loads: /live 200, /health
- * 503 loading), then the engine, then the request plane; it registers in discovery last, once it
- * can serve. Aborting `loading` (SIGTERM while a model loads) stops the load; startWorker then rejects.
+ * 503 loading) and its loading record, then the engine, then the request plane; its serving record
+ * replaces the loading one last, once it can serve. Aborting `loading` (SIGTERM while a model loads) stops the load; startWorker then rejects.
  */
 export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code: number) => void, loading: AbortSignal = new AbortController().signal): Promise<RunningWorker> {
   const workerId = opts.workerId ?? newWorkerId();
@@ -118,37 +138,45 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   let record: WorkerRecord | undefined;
   // The --openai-port's routing view: this registration, in once discovery confirmed it, out before discovery is told.
   const own = opts.openai === undefined ? undefined : new MemoryDiscovery();
+  const discovery = await connectDiscovery(opts.discoveryUrl, { leaseTtlMs: opts.leaseTtlMs });
+  const key = new WorkerRegistration(discovery, log);
   const lifecycle = new Lifecycle(
     workerId,
     admission,
     undefined,
     {
       register: async () => {
-        await discovery.register(record as WorkerRecord);
+        await key.register(record as WorkerRecord);
         await own?.register(record as WorkerRecord);
       },
       unregister: async () => {
         await own?.unregister(workerId);
-        await discovery.unregister(workerId);
+        await key.unregister(workerId);
       },
     },
     log,
   );
+  // Out of loading other than into serving (drained before it registered, starting drained, a shutdown): no request waits for it.
+  lifecycle.on('transition', (t: Transition) => {
+    if (t.from === 'loading' && t.to !== 'serving') void key.withdraw(workerId);
+  });
   lifecycle.loadingDetail = `starting engine ${opts.engine.kind}`;
   const phase = new WorkerPhase(lifecycle);
   const systemServer = createSystemServer({ phase, workerId, guardAdmin: opts.guardAdmin, requestToken: opts.requestToken });
   const systemUrl = advertisedUrl(await listen(systemServer, opts.systemHost, opts.systemPort), opts.advertiseHost);
   log.info({ event: 'worker_loading', worker_id: workerId, engine: opts.engine.kind, system_url: systemUrl }, `worker ${workerId} loading engine ${opts.engine.kind}; system server ${systemUrl}`);
+  void announceLoading(key, discovery, { worker_id: workerId, model: opts.model, mode: opts.mode, system_url: systemUrl, engine: opts.engine.kind, loading: { since: new Date().toISOString() } }, opts.startDrained !== undefined, log);
   let engine: Engine;
   try {
     engine = await createEngine(opts.engine, opts.mode, log, loading);
   } catch (err) {
+    await key.withdraw(workerId);
+    await discovery.close();
     await closeBounded(systemServer, AbortSignal.timeout(2000));
     throw err;
   }
   loaded = engine;
   lifecycle.engineLoaded(engine);
-  const discovery = await connectDiscovery(opts.discoveryUrl, { leaseTtlMs: opts.leaseTtlMs });
 
   const metrics = createWorkerMetrics(admission, lifecycle, engine, opts.model);
   engine.kvTransfers?.on('expired', (t: KvTransfer) =>
@@ -211,20 +239,25 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   if (intents !== undefined) followDrainIntent(lifecycle, intents, record, intentTtlMs, log);
   // One start attempt, retried while discovery is unreachable: an operator's drain outlives the
   // process (a Pod annotation, or an intent kept in etcd), so a restart under one comes back drained.
-  await registerFirst(opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading, async () => {
-    let startDrained = opts.startDrained;
-    if (startDrained === undefined && intents !== undefined) {
-      const intent = await intents.get(workerId);
-      if (intent) {
-        startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
-        await adoptDrainIntent(intents, intent, record as WorkerRecord, intentTtlMs);
+  try {
+    await registerFirst(opts.registerTimeoutMs ?? DEFAULT_REGISTER_TIMEOUT_MS, discovery.url, log, loading, async () => {
+      let startDrained = opts.startDrained;
+      if (startDrained === undefined && intents !== undefined) {
+        const intent = await intents.get(workerId);
+        if (intent) {
+          startDrained = { reason: `drain intent in ${discovery.url} (since ${intent.at}): ${intent.reason}` };
+          await adoptDrainIntent(intents, intent, record as WorkerRecord, intentTtlMs);
+        }
       }
-    }
-    if (startDrained === undefined) return lifecycle.start();
-    log.info({ event: 'start_drained', reason: startDrained.reason }, `starting drained (not registered): ${startDrained.reason}`);
-    // Not a new intent: the one it starts under is kept as it is (a Pod annotation keeps itself).
-    await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs, persist: false });
-  });
+      if (startDrained === undefined) return lifecycle.start();
+      log.info({ event: 'start_drained', reason: startDrained.reason }, `starting drained (not registered): ${startDrained.reason}`);
+      // Not a new intent: the one it starts under is kept as it is (a Pod annotation keeps itself).
+      await lifecycle.drain(startDrained.reason, { deadlineMs: startDrained.deadlineMs, persist: false });
+    });
+  } catch (err) {
+    await key.withdraw(workerId); // it will not serve: nothing waits for it
+    throw err;
+  }
 
   const cleanup = async (signal: AbortSignal) => {
     await Promise.all([closeBounded(requestPlane.app, signal), closeBounded(systemServer, signal), openai && openaiPort?.closeOpenAIPort(openai, signal)]);

@@ -34,6 +34,8 @@ export interface EngineSimOptions {
 export interface SeenEngineRequest {
   path: string;
   body: Record<string, any>;
+  /** The request's headers (a generation's: its traceparent among them, with tracing on). */
+  headers?: Record<string, string | string[] | undefined>;
 }
 
 /** The simulators' chat template: one "role: content" line per message, then the answer's opening. */
@@ -229,7 +231,7 @@ export class EngineSim extends EventEmitter {
     }
     if (req.method === 'POST' && (path === '/v1/completions' || path === '/v1/chat/completions'))
       return this.readJson(req, res, (body) => {
-        this.seen.push({ path, body });
+        this.seen.push({ path, body, headers: req.headers });
         this.emit('request', { path, body });
         this.stream(path === '/v1/chat/completions', body, res);
       });

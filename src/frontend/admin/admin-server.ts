@@ -3,6 +3,7 @@ import type { Agent } from 'undici';
 import { bearerHeader, type AdminGuard } from '../../common/admin-auth.js';
 import { addAdminBoundary } from '../../common/admin-boundary.js';
 import { DrainBodySchema, type DrainBody } from '../../protocol/admin.js';
+import { AdapterDrainBodySchema, type AdapterDrainBody } from '../../protocol/adapters.js';
 import { codeOf, EbbError } from '../../protocol/errors.js';
 import { allowOnly, createHttpServer, type HttpServerLimits } from '../../common/http-server.js';
 import { adminCall, errorMessageOf, fetchLiveStatus, identityAt, identityMismatch, Unreachable, WORKER_ANSWER_LIMIT, type LiveStatus } from '../../common/worker-admin.js';
@@ -204,6 +205,24 @@ export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, st
   };
   forward('drain');
   forward('resume');
+
+  // One LoRA adapter's drain on one worker (the dashboard's adapter rows), forwarded as a worker's
+  // drain is: to whoever proved to be that worker, with the caller's credential; its answer as it is.
+  allowOnly(app, '/workers/:id/adapters/:name/drain', ['POST']);
+  app.post<{ Params: { id: string; name: string }; Body: AdapterDrainBody | undefined }>('/workers/:id/adapters/:name/drain', { schema: { body: AdapterDrainBodySchema } }, async (req, reply) => {
+    guardAdmin?.(req.headers.authorization);
+    const k = await lookup(req.params.id);
+    await assertIdentity(k, req.params.id);
+    const headers: Record<string, string> = {};
+    if (req.headers.authorization !== undefined) headers.authorization = req.headers.authorization;
+    try {
+      const res = await adminCall(`${k.record.system_url}/engine/adapters/${encodeURIComponent(req.params.name)}/drain`, { method: 'POST', headers, body: req.body ?? {}, timeoutMs: FORWARD_TIMEOUT_MS, agent, maxBytes: WORKER_ANSWER_LIMIT });
+      return reply.code(res.statusCode).send(res.body);
+    } catch (err) {
+      if (err instanceof Unreachable) throw new EbbError('worker_unreachable', `cannot reach worker ${k.record.worker_id} at ${k.record.system_url}: ${err.reason}`);
+      throw err;
+    }
+  });
 
   addScaleDownRoute(app, { listWorkers, forwardAction, locks: scaleDownLocks, guardAdmin, counter: scaleDowns });
 

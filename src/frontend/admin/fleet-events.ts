@@ -22,6 +22,16 @@ const HISTORY_AUDIT = 50;
 export const FLEET_STREAM_CLIENTS_MAX = 64;
 export const FLEET_EVENTS_PATH = '/workers/events';
 
+/** Workers remembered for their crashes and restarts at most (a fleet that churns ids forgets the oldest). */
+const MEMORIES_MAX = 4096;
+
+/** What a frontend remembers of a worker across its status streams: its last status, and since when it is down after a crash. */
+interface WorkerMemory {
+  last?: { state: string; shuttingDown: boolean; generation: number; startedAt: string | undefined } | undefined;
+  /** performance.now() of the crash; undefined while it answers. */
+  downSince?: number | undefined;
+}
+
 /** How often the per-model figures go out while a dashboard listens (they are rates: time is the event). */
 const MODEL_STATS_EVERY_MS = 1000;
 
@@ -32,7 +42,10 @@ const MODEL_STATS_EVERY_MS = 1000;
  *   worker_left {worker_id, at}      it left discovery; still shown, as a drained worker must be
  *   worker_forgotten {worker_id}     it is gone (its system server no longer answers)
  *   status {worker_id, status, kv}   a worker's own status event (its lifecycle, in-flight, ETA), with the router's view of its cache
- *   audit {worker_id, event}         a worker's audit event (drain, resume, shutdown, hand-off)
+ *   audit {worker_id, event}         a worker's audit event (drain, resume, shutdown, hand-off), or
+ *                                    one this frontend saw: `crash` (its status stream failed while it
+ *                                    served, not shutting down) and `restart` (it answered again as a
+ *                                    new process: another started_at), actor `frontend`
  *   worker_unreachable {worker_id, error}   its status stream failed; retried with back-off
  *   history {worker_id, inflight: [[age_ms, n]...], audit: [...]}   its last minute, once followed
  *   models {models}                  per-model request rate, errors and TTFT, every second
@@ -45,6 +58,8 @@ export class FleetEvents {
   private readonly agent = new Agent({ connect: { timeout: CONNECT_TIMEOUT_MS }, headersTimeout: CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
   private statsTimer: NodeJS.Timeout | undefined;
   private readonly streamHeaders: Record<string, string>;
+  /** Per worker id, what its last status said and whether it is down after a crash (bounded, oldest out). */
+  private readonly memories = new Map<string, WorkerMemory>();
 
   constructor(
     app: FastifyInstance,
@@ -90,7 +105,13 @@ export class FleetEvents {
     const current = this.subs.get(record.worker_id);
     if (current && current.url === record.system_url) return;
     current?.close();
-    const sub = new Subscription(record, this.agent, (event, data) => this.onWorkerEvent(record.worker_id, sub, event, data), this.streamHeaders);
+    // What is known of the worker outlives its subscriptions (a restart at another address, after it was forgotten): its restart is seen as one.
+    let memory = this.memories.get(record.worker_id);
+    if (memory === undefined) {
+      this.memories.set(record.worker_id, (memory = {}));
+      if (this.memories.size > MEMORIES_MAX) this.memories.delete(this.memories.keys().next().value!);
+    }
+    const sub = new Subscription(record, this.agent, (event, data) => this.onWorkerEvent(record.worker_id, sub, event, data), this.streamHeaders, memory);
     this.subs.set(record.worker_id, sub);
   }
 
@@ -102,9 +123,15 @@ export class FleetEvents {
     else if (event === 'error') {
       const error = String(data);
       this.hub.send('worker_unreachable', { worker_id: id, error });
+      const crash = sub.crashed(error);
+      if (crash !== undefined) this.hub.send('audit', { worker_id: id, event: crash });
       // A departed worker that stopped answering is gone: the fleet view forgets it (and says so).
       this.fleet.forgetIfGone(id, { reachable: false, error });
-    } else if (event === 'connected') this.fleet.forgetIfGone(id, { reachable: true, status: data as never });
+    } else if (event === 'connected') {
+      const restart = sub.restarted(data);
+      if (restart !== undefined) this.hub.send('audit', { worker_id: id, event: restart });
+      this.fleet.forgetIfGone(id, { reachable: true, status: data as never });
+    }
   }
 
   private unsubscribeAll(): void {
@@ -136,6 +163,8 @@ export class Subscription {
     private readonly emit: (event: string, data: unknown) => void,
     /** The admin token workers with one require on their event streams. */
     private readonly headers: Record<string, string>,
+    /** What is known of the worker (its last status, a crash), shared with its later subscriptions. */
+    private readonly memory: WorkerMemory = {},
   ) {
     this.url = record.system_url;
     void this.run();
@@ -160,13 +189,51 @@ export class Subscription {
       this.audit = Array.isArray(h?.audit) ? h.audit.slice(-HISTORY_AUDIT) : [];
       this.hasHistory = true;
     } else if (event === 'status') {
-      const n = (data as { inflight_requests?: unknown } | null)?.inflight_requests;
+      const s = data as { inflight_requests?: unknown; state?: unknown; shutting_down?: unknown; generation?: unknown; started_at?: unknown } | null;
+      const n = s?.inflight_requests;
       if (typeof n === 'number') this.inflight.push([now, n]);
+      if (typeof s?.state === 'string')
+        this.memory.last = { state: s.state, shuttingDown: s.shutting_down === true, generation: typeof s.generation === 'number' ? s.generation : 0, startedAt: typeof s.started_at === 'string' ? s.started_at : undefined };
       while (this.inflight.length > 1 && (this.inflight[1] as [number, number])[0] <= now - HISTORY_MS) this.inflight.shift();
     } else if (event === 'audit') {
       this.audit.push(data);
       if (this.audit.length > HISTORY_AUDIT) this.audit.shift();
     }
+  }
+
+  /**
+   * Its status stream failed: a crash when it last said it served (or drained), not shutting down
+   * and not stopped, told once until it answers again. The audit event it makes, or undefined.
+   */
+  crashed(error: string): Record<string, unknown> | undefined {
+    const last = this.memory.last;
+    if (this.memory.downSince !== undefined || last === undefined || last.shuttingDown || last.state === 'stopping' || last.state === 'stopped') return undefined;
+    this.memory.downSince = performance.now();
+    return this.remember({ what: 'crash', at: new Date().toISOString(), reason: null, actor: 'frontend', generation: last.generation, result: `unreachable while ${last.state}: ${error}`, duration_ms: 0 });
+  }
+
+  /** It answers again (its first status, `data`): a restart when it is another process than before (its started_at). */
+  restarted(data: unknown): Record<string, unknown> | undefined {
+    const s = data as { state?: unknown; generation?: unknown; started_at?: unknown } | null;
+    const before = this.memory.last?.startedAt;
+    const down = this.memory.downSince;
+    this.memory.downSince = undefined;
+    if (before === undefined || typeof s?.started_at !== 'string' || s.started_at === before) return undefined;
+    return this.remember({
+      what: 'restart',
+      at: s.started_at,
+      reason: null,
+      actor: 'frontend',
+      generation: typeof s.generation === 'number' ? s.generation : 0,
+      result: `${String(s.state)} again (a new process, started ${s.started_at})`,
+      duration_ms: down === undefined ? 0 : Math.round(performance.now() - down),
+    });
+  }
+
+  /** An audit event this frontend made is kept with the worker's own, for dashboards that open later. */
+  private remember(e: Record<string, unknown>): Record<string, unknown> {
+    this.keep('audit', e);
+    return e;
   }
 
   private async run(): Promise<void> {

@@ -6,6 +6,9 @@ import type { QueueDepths, QueueMetrics } from './queue-metrics.js';
 import { queueRetryAfterS } from './service-rate.js';
 import { ticketOf, type Ticket } from './ticket.js';
 import { Waiter, type Class, type Outcome, type Place } from './waiter.js';
+import type { Span } from '@opentelemetry/api';
+import { bodyEvent, endQueueSpan, queueSpan } from '../../tracing/frontend-spans.js';
+import { bodyLogIds } from '../../tracing/request-trace.js';
 
 /** A worker restart (drain, replace, register) fits in it. */
 export const DEFAULT_QUEUE_TIMEOUT_MS = 30_000;
@@ -31,6 +34,8 @@ const CONTINUATION: Ticket = { tier: 'priority', tenant: '-', cost: 0 };
  */
 export class AdmissionQueue implements QueueOwner, QueueDepths {
   private readonly models = new Map<string, ModelQueue>();
+  /** Tracing on: each waiter's span (from its entry to how it left) and its body's log ids. */
+  private readonly traced = new WeakMap<Waiter, { span: Span; ids: object }>();
 
   constructor(
     readonly opts: AdmissionQueueOptions,
@@ -43,6 +48,19 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
   /** Waiters of `model` (0: the fast path routes at once). */
   waiting(model: string): number {
     return this.models.get(model)?.size ?? 0;
+  }
+
+  /** Waiters of `model` by class (continuation and the tiers), those with any: the dashboard's split. */
+  waitingByTier(model: string): Record<string, number> {
+    const out: Record<string, number> = {};
+    const q = this.models.get(model);
+    if (q !== undefined)
+      for (const [cls, c] of q.classes) {
+        let n = 0;
+        for (const list of c.tenants.values()) n += list.length;
+        if (n > 0) out[cls] = n;
+      }
+    return out;
   }
 
   /** Every model's queue, for the gauges: [model, class, tenant, waiters]. */
@@ -66,6 +84,7 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     const cls: Class = ticket === undefined ? 'continuation' : ticket.tier;
     if (this.waiting(model) === 0 && !(await this.fleet.prospects(model, skip))) {
       this.metrics.shed(model, 'no_worker');
+      bodyEvent(body, 'ebb.queue.shed', { 'ebb.queue.reason': 'no_worker' });
       throw this.withRetryAfter(cause, model);
     }
     if (signal.aborted) throw signal.reason;
@@ -76,7 +95,10 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     const preempted = ticket?.preempted === true;
     if (q.size >= this.opts.depth) {
       const flex = cls === 'flex' && !preempted ? undefined : q.newestFlex();
-      if (flex === undefined) throw this.shed(q, 'queue_full', `the queue for "${model}" is full (${this.opts.depth} waiting)`);
+      if (flex === undefined) {
+        bodyEvent(body, 'ebb.queue.shed', { 'ebb.queue.reason': 'queue_full' });
+        throw this.shed(q, 'queue_full', `the queue for "${model}" is full (${this.opts.depth} waiting)`);
+      }
       q.leave(flex, 'shed', this.shedError(q, `a higher-tier request took this flex request's place in the full queue for "${model}"`));
       this.metrics.shed(model, 'flex_displaced');
       // Its leaving may have emptied (and dropped) the model's queue: the newcomer's is this one.
@@ -85,12 +107,18 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
       // Flex goes first when its wait would not end in time anyway.
       const rate = q.rate.perSecond(performance.now());
       const ahead = q.size;
-      if (rate !== undefined && ahead / rate > this.opts.timeoutMs / 1000) throw this.shed(q, 'expected_wait', `flex requests for "${model}" would wait about ${Math.ceil(ahead / rate)} s, past the queue timeout`);
+      if (rate !== undefined && ahead / rate > this.opts.timeoutMs / 1000) {
+        bodyEvent(body, 'ebb.queue.shed', { 'ebb.queue.reason': 'expected_wait' });
+        throw this.shed(q, 'expected_wait', `flex requests for "${model}" would wait about ${Math.ceil(ahead / rate)} s, past the queue timeout`);
+      }
     }
     const t = ticket ?? CONTINUATION;
     const w = new Waiter(q, cls, t, need, [signal, t.client], this.opts.timeoutMs);
-    this.metrics.entered(model, cls);
-    this.opts.log.info({ event: 'request_queued', model, tier: cls, tenant: t.tenant, depth: q.size + 1 }, `no worker of "${model}" can take a ${cls} request now: queued (${q.size + 1} waiting)`);
+    this.metrics.entered(model, cls, t.tenant);
+    const span = queueSpan(body, model, cls, t.tenant, q.size + 1);
+    const ids = bodyLogIds(body);
+    if (span !== undefined) this.traced.set(w, { span, ids });
+    this.opts.log.info({ event: 'request_queued', model, tier: cls, tenant: t.tenant, depth: q.size + 1, ...ids }, `no worker of "${model}" can take a ${cls} request now: queued (${q.size + 1} waiting)`);
     q.add(w);
     // Queued requests do not count against their tenant's concurrent streams: its slot goes back until its turn.
     t.hold?.queued();
@@ -109,8 +137,10 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
   left(q: ModelQueue, w: Waiter, outcome: Outcome): void {
     const waited = (performance.now() - w.enteredAt) / 1000;
     this.metrics.left(q.model, w.cls, w.ticket.tenant, waited, outcome);
+    const traced = this.traced.get(w);
+    if (traced !== undefined) endQueueSpan(traced.span, outcome, Math.round(waited * 1000));
     this.opts.log.info(
-      { event: 'request_dequeued', model: q.model, tier: w.cls, tenant: w.ticket.tenant, outcome, waited_ms: Math.round(waited * 1000), depth: q.size },
+      { event: 'request_dequeued', model: q.model, tier: w.cls, tenant: w.ticket.tenant, outcome, waited_ms: Math.round(waited * 1000), depth: q.size, ...traced?.ids },
       `a queued ${w.cls} request for "${q.model}" ${outcome} after ${Math.round(waited * 1000)} ms`,
     );
     if (q.size === 0 && this.models.get(q.model) === q) this.models.delete(q.model);

@@ -21,7 +21,8 @@ const PROBE_TIMEOUT_MS = 1000;
 
 /**
  * What the admission queue knows of a model's fleet. Waiting can help while a worker of the model is
- * in discovery and answering (draining, full: it may take the request soon) or while one that left it
+ * in discovery and answering (draining, full: it may take the request soon), while one is loading
+ * (registered as loading, on the side that generates: it serves once its engine is up), or while one that left it
  * still answers and is not shutting down (drained: it may resume). A departed worker is asked once
  * per request that finds no other; one whose system server refuses connections is forgotten then
  * (FleetView.forgetIfGone), so a model whose workers are all gone fails fast. A worker under a drain
@@ -58,8 +59,9 @@ export function queueFleet(pool: WorkerPool, fleet: FleetView, agent: Agent, opt
   return {
     routable: (model) => pool.routable(model),
     async prospects(model, skip) {
-      // The workers that would generate it (a disaggregated model's decode workers), unless they stopped answering.
-      if (pool.mayServeSoon(model, skip)) return true;
+      // The workers that would generate it (a disaggregated model's decode workers), unless they stopped answering;
+      // or one loading (registered as loading: its engine loads, as at a fleet's start).
+      if (pool.mayServeSoon(model, skip) || pool.loadingFor(model, skip)) return true;
       const departed = fleet.all().filter((k) => !k.inDiscovery && k.record.model === model && k.record.mode !== 'prefill' && !skip.has(k.record.worker_id));
       const answers = await Promise.all(
         departed.map(async (k) => {

@@ -1,9 +1,8 @@
 import { Counter, Gauge, Histogram, type Registry } from 'prom-client';
-
-/** Tenants named in the queue's labels at most; the rest are counted as `other` (a key file can name thousands). */
-export const MAX_TENANT_LABELS = 20;
+import { BoundedLabels } from '../label-bounds.js';
 
 export type ShedReason = 'queue_full' | 'flex_displaced' | 'expected_wait' | 'queue_timeout' | 'no_worker';
+const SHED_REASONS = { queue_full: 0, flex_displaced: 0, expected_wait: 0, queue_timeout: 0, no_worker: 0 } satisfies Record<ShedReason, 0>;
 
 /** What the gauges read at each scrape: the admission queue's waiters. */
 export interface QueueDepths {
@@ -18,15 +17,8 @@ export interface QueueDepths {
  * process of `--processes N` queues its own requests, so the aggregated scrape's sum counts each once.
  */
 export function createQueueMetrics(registry: Registry) {
-  const tenants = new Set<string>();
-  const tenantLabel = (tenant: string) => {
-    if (tenants.has(tenant)) return tenant;
-    if (tenants.size < MAX_TENANT_LABELS) {
-      tenants.add(tenant);
-      return tenant;
-    }
-    return 'other';
-  };
+  const tenants = new BoundedLabels();
+  const tenantLabel = (tenant: string) => tenants.of(tenant);
   let queue: QueueDepths | undefined;
   new Gauge({
     name: 'ebb_frontend_queue_depth',
@@ -62,9 +54,24 @@ export function createQueueMetrics(registry: Registry) {
     labelNames: ['model', 'reason'],
     registers: [registry],
   });
+  const shedModels = new Set<string>();
+  const waitSeries = new Set<string>();
   return {
     observe: (q: QueueDepths) => void (queue = q),
-    entered: (model: string, tier: string) => entered.inc({ model, tier }),
+    entered: (model: string, tier: string, tenant: string) => {
+      // A model's sheds, and its waits by tier and tenant, are there at 0 from its first wait: a
+      // rate() over them sees the first shed or wait (a series born with it would hide it).
+      if (!shedModels.has(model) && shedModels.size < 1024) {
+        shedModels.add(model);
+        for (const reason of Object.keys(SHED_REASONS)) sheds.inc({ model, reason }, 0);
+      }
+      const waits = `${model}\n${tier}\n${tenantLabel(tenant)}`;
+      if (!waitSeries.has(waits) && waitSeries.size < 4096) {
+        waitSeries.add(waits);
+        for (const outcome of ['admitted', 'left', 'shed']) wait.zero({ model, tier, tenant: tenantLabel(tenant), outcome });
+      }
+      entered.inc({ model, tier });
+    },
     left: (model: string, tier: string, tenant: string, seconds: number, outcome: string) => wait.observe({ model, tier, tenant: tenantLabel(tenant), outcome }, seconds),
     shed: (model: string, reason: ShedReason) => sheds.inc({ model, reason }),
   };

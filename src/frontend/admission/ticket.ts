@@ -58,7 +58,7 @@ export function ticketOf(body: object): Ticket | undefined {
 }
 
 /** The tier a request is admitted in: the gateway's header, else the body's service_tier (`auto`: default). */
-function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
+export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): ServiceTier {
   const header = headers[TIER_HEADER];
   return serviceTier(typeof header === 'string' ? header : bodyTier);
 }
@@ -106,13 +106,13 @@ export function embedTokens(body: EmbedBody): number {
   return body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0);
 }
 
-/** A request's tier, and its tenant (requestTenant). */
+/** A request's tier, and its tenant (tenantOf). */
 function whoAsks(tier: ServiceTier, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): Pick<Ticket, 'tier' | 'tenant'> {
-  return { tier, tenant: requestTenant(headers, apiGuard) };
+  return { tier, tenant: tenantOf(headers, apiGuard) };
 }
 
-/** Who asks, in the queue's shares and in the limits: the API key's name, else the tenant header, else anonymous. */
-export function requestTenant(headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): string {
+/** Who asks, in the queue's shares and in the limits: the API key's name, else the tenant header, else anonymous (bounded in length). */
+export function tenantOf(headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): string {
   const named = headers[TENANT_HEADER];
   const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;
   return tenant.slice(0, MAX_TENANT_CHARS);

@@ -49,7 +49,7 @@ export function addCompletionRoutes(ctx: RouteContext): void {
           const keep = ctx.keeps(req);
           return await ctx.out.stream(reply, plan, counted(streamFormat(plan, keep), spend), signal, started, room, { keep, tenant: ctx.tenantOf(req) });
         }
-        const { choices, usage, workerId } = await ctx.relay.collect(gens, n, signal);
+        const { choices, usage, workerId } = await ctx.relay.collect(gens, n, signal, started);
         spend?.used(usage.total_tokens);
         void reply.header('x-ebb-worker-id', headerValue(workerId));
         if (tools !== undefined)

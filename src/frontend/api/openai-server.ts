@@ -12,9 +12,12 @@ import type { WorkerPool } from '../routing/worker-pool.js';
 import { Shutdown } from '../shutdown.js';
 import { addResumeRoutes } from '../streams/resume-routes.js';
 import type { StreamStore } from '../streams/stream-store.js';
-import { embedTokens, requestTenant, tagEmbedTicket, tagTickets } from '../admission/ticket.js';
+import { embedTokens, requestTier, tagEmbedTicket, tagTickets, tenantOf } from '../admission/ticket.js';
 import type { TenantLimiter } from '../limits/limiter.js';
 import { countsTokens } from '../limits/tenant-limits.js';
+import { outcomeOf } from '../request-outcome.js';
+import { tracing } from '../../tracing/tracing.js';
+import { traceBodies, traceHttpRequest, TRACEPARENT } from '../../tracing/request-trace.js';
 import { addCompletionRoutes } from './completions-route.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
 import { checkFields } from './field-policy.js';
@@ -95,6 +98,13 @@ export function createOpenAIServer({
     if (slot !== undefined) reply.raw.setHeader('x-ebb-frontend-process', slot);
     done();
   });
+  // Tracing on: each public API request's span (the client's traceparent its parent, its own in the answer).
+  if (tracing() !== undefined) {
+    app.addHook('onRequest', (req, reply, done) => {
+      if (req.url.startsWith('/v1/')) traceHttpRequest(req.raw, reply.raw, req.routeOptions.url ?? req.url.split('?')[0]!, reply.raw.getHeader('x-request-id') as string | undefined);
+      done();
+    });
+  }
   lanes.watch(app.server);
   if (apiGuard !== undefined) {
     // /live, /health and /metrics stay open: probes and scrapers carry no key; CORS preflights neither.
@@ -102,17 +112,25 @@ export function createOpenAIServer({
       if (req.url.startsWith('/v1/') && req.method !== 'OPTIONS') apiGuard(req.headers.authorization);
     });
   }
-  const relay = createRelay({ pool, upstream, metrics, log, migrationLimit, preemptionLimit, clientWriteTimeoutMs });
+  const relay = createRelay({ upstream, metrics, log, migrationLimit, preemptionLimit, clientWriteTimeoutMs });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
-    void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER] });
+    void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER, TRACEPARENT] });
   }
-  // A callback hook: an async one costs every request a promise for synchronous work.
-  app.addHook('onResponse', (req, reply, done) => {
+  // Counted once the response closes (finished, failed, or its client gone), by what the body asked
+  // for. A callback hook: an async one costs every request a promise for synchronous work.
+  app.addHook('onRequest', (req, reply, done) => {
     const url = req.routeOptions.url;
     if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses' || url === '/v1/embeddings') {
-      const model = (req.body as { model?: unknown } | undefined)?.model;
-      metrics.request(url, reply.statusCode, typeof model === 'string' ? model : undefined);
+      const started = performance.now();
+      reply.raw.once('close', () => {
+        const body = req.body as { model?: unknown; service_tier?: unknown } | undefined;
+        const named = typeof body?.model === 'string' ? body.model : undefined;
+        // A label only for a model the fleet knows: a client's typo is no series of its own.
+        const model = named !== undefined && (pool.knows(named) || pool.adapterBase(named) !== undefined) ? named : undefined;
+        const res = reply.raw;
+        metrics.request(url, res.statusCode, model, model === undefined ? undefined : { tier: requestTier(body?.service_tier, req.headers), tenant: tenantOf(req.headers, apiGuard), outcome: outcomeOf(res), seconds: (performance.now() - started) / 1000 });
+      });
     }
     done();
   });
@@ -147,10 +165,15 @@ export function createOpenAIServer({
       return served;
     },
     // The queue's ticket (none without a queue: nothing per request then); the tier its answer says (default without a queue).
-    ticket: (gens, tier, req, client, spend) => (queueing ? tagTickets(gens, tier, req.headers, apiGuard, client, spend) : 'default'),
+    ticket: (gens, tier, req, client, spend) => {
+      const admitted = queueing ? tagTickets(gens, tier, req.headers, apiGuard, client, spend) : 'default';
+      // The request's span names what it asks for; its bodies are sent to workers in it.
+      if (tracing() !== undefined) traceBodies(req.raw, gens, admitted, () => tenantOf(req.headers, apiGuard));
+      return admitted;
+    },
     limit: async (req, reply, tokens) => {
       if (limiter === undefined) return undefined;
-      const tenant = requestTenant(req.headers, apiGuard);
+      const tenant = tenantOf(req.headers, apiGuard);
       const limits = limiter.limitsFor(tenant);
       if (limits === undefined) return undefined;
       const spend = await limiter.reserve(tenant, limits, tokens(limits));
@@ -196,6 +219,7 @@ export function createOpenAIServer({
     holdLane: (reply, model, spend) => void ctx.holdLanes(reply, model, 1, 1, spend),
     ticket: (body, req, spend) => {
       if (queueing) tagEmbedTicket(body, req.headers, apiGuard, spend);
+      if (tracing() !== undefined) traceBodies(req.raw, [body], 'default', () => tenantOf(req.headers, apiGuard));
     },
   });
   return app;

@@ -27,6 +27,7 @@ export function addResponsesRoutes(ctx: RouteContext): void {
   ctx.methods('/v1/responses', ['POST']);
   app.post<{ Body: ResponsesRequest }>('/v1/responses', { schema: { body: responsesSchema } }, async (req, reply) => {
     const body = req.body;
+    const started = performance.now();
     const served = ctx.admit(body, RESPONSES_FIELD_POLICY);
     // The next turn of a response another process holds is served there, where its history is.
     const passed = typeof body.previous_response_id === 'string' ? ctx.toHolder(body.previous_response_id, req, reply, body) : undefined;
@@ -80,9 +81,9 @@ export function addResponsesRoutes(ctx: RouteContext): void {
     try {
       if (body.stream) {
         const keep = ctx.keeps(req);
-        return await ctx.out.stream(reply, plan, formatted(keep), signal, performance.now(), room, { keep, tenant, ended, onKept: (kept) => record !== undefined && (record.kept = kept) });
+        return await ctx.out.stream(reply, plan, formatted(keep), signal, started, room, { keep, tenant, ended, onKept: (kept) => record !== undefined && (record.kept = kept) });
       }
-      const { choices, usage, workerId } = await ctx.relay.collect([gen], 1, signal);
+      const { choices, usage, workerId } = await ctx.relay.collect([gen], 1, signal, started);
       spend?.used(usage.total_tokens);
       void reply.header('x-ebb-worker-id', headerValue(workerId));
       const answer = tools !== undefined ? responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, callIds(tools.key, 0))) : responseObject(shell, choices[0]!, usage);

@@ -1,5 +1,5 @@
 import type { Logger } from 'pino';
-import { EbbError } from '../../protocol/errors.js';
+import { EbbError, type ErrorCode } from '../../protocol/errors.js';
 import type { Relay, StreamReply } from '../relay/relay.js';
 import { Shutdown } from '../shutdown.js';
 import { detachedResponse } from '../streams/detached-response.js';
@@ -10,6 +10,8 @@ import type { StreamStore } from '../streams/stream-store.js';
 import type { StreamFormat } from '../wire/stream-format.js';
 import { ResponseCancelled } from './response-store.js';
 import { replayedFormat, streamFormat, type StreamPlan } from './stream-plan.js';
+import { bodyTraceparent, endTakeover, keepTrace, startTakeover } from '../../tracing/frontend-spans.js';
+import { streamFailed } from '../request-outcome.js';
 
 /** The header a client sends when it will resume a cut stream (`@ebb/client` sends it); a kept stream's answer carries it back. */
 export const RESUMABLE_HEADER = 'x-ebb-resumable';
@@ -73,6 +75,9 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
       Shutdown.endCutStream(reply.raw, fmt, signal);
       return;
     }
+    // The trace goes with the copy: a frontend that takes the stream over continues it.
+    plan.traceparent ??= bodyTraceparent(plan.gens[0]!);
+    keepTrace(plan.id, plan.traceparent);
     const kept = store.open(plan.id, opts.tenant, JSON.stringify(plan));
     opts.onKept?.(kept);
     reply.raw.setHeader(RESUMABLE_HEADER, '1');
@@ -102,8 +107,14 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
       return true;
     }
     const detached = { raw: detachedResponse(), hijack: () => undefined };
-    void run(detached, plan, fmt, kept, performance.now(), nothingKept ? undefined : taken.resumed, ended).catch((err: unknown) =>
-      log.warn({ event: 'takeover_failed', response_id: plan.id, err: (err as Error).message }, `continuing ${plan.id} failed: ${(err as Error).message}`),
+    // In the trace of the request that started it (its span on the frontend that is gone), its attempts under it.
+    const span = startTakeover(plan.traceparent, plan.gens, plan.id, taken.copy.maxId + 1);
+    void run(detached, plan, fmt, kept, performance.now(), nothingKept ? undefined : taken.resumed, ended).then(
+      () => span && endTakeover(span),
+      (err: unknown) => {
+        if (span) endTakeover(span, { code: 'takeover_failed', message: (err as Error).message });
+        log.warn({ event: 'takeover_failed', response_id: plan.id, err: (err as Error).message }, `continuing ${plan.id} failed: ${(err as Error).message}`);
+      },
     );
     return true;
   }
@@ -139,17 +150,19 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
         return toClient(handOnEvent(plan, last));
       }
     }
-    const why =
+    const ending: { code: ErrorCode; message: string } | undefined =
       cut !== undefined
-        ? fmt.error(cut.code, cut.message)
+        ? cut
         : reason instanceof ResponseCancelled
-          ? fmt.error('cancelled', reason.message)
+          ? { code: 'cancelled', message: reason.message }
           : reason instanceof Abandoned
-            ? fmt.error('stream_abandoned', reason.message)
+            ? { code: 'stream_abandoned', message: reason.message }
             : reason instanceof EbbError
-              ? fmt.error(reason.code, reason.message)
+              ? reason
               : undefined;
-    if (why === undefined) return;
+    if (ending === undefined) return;
+    streamFailed(reply.raw, ending.code, ending.message);
+    const why = fmt.error(ending.code, ending.message);
     kept.stop(Buffer.from(why), reason instanceof Abandoned);
     toClient(why);
   }

@@ -31,6 +31,8 @@ export interface StreamPlan {
   /** With tools: the syntax the model's calls are parsed in, and the key call ids are made from. */
   tools?: { syntax: ToolCallSyntax; key: string } | undefined;
   responses?: { uuid: string; request: ResponsesRequest; messageId: string; createdAt: number } | undefined;
+  /** With tracing on: the W3C traceparent of the request's span, so a frontend that takes the stream over continues its trace. */
+  traceparent?: string | undefined;
 }
 
 /** The key a request's tool call ids are derived from (the same at every frontend, so a takeover names calls alike). */

@@ -20,6 +20,13 @@ export function mergeKv(views: AdminView[], workerId: string): KvView | null {
   return { ...of[0], queued_prefill_tokens: of.reduce((a, k) => a + (k.queued_prefill_tokens ?? 0), 0) };
 }
 
+/** Two processes' counts by key (tiers), summed. */
+function addCounts(a: Record<string, number> | undefined, b: Record<string, number> | undefined): Record<string, number> {
+  const out = { ...a };
+  for (const [k, n] of Object.entries(b ?? {})) out[k] = (out[k] ?? 0) + n;
+  return out;
+}
+
 export function mergeModels(views: AdminView[]): ModelSummary[] {
   const byModel = new Map<string, ModelSummary>();
   const slower = (a: number | null, b: number | null) => (a === null ? b : b === null ? a : Math.max(a, b));
@@ -34,10 +41,12 @@ export function mergeModels(views: AdminView[]): ModelSummary[] {
             requests_per_s: Math.round((was.requests_per_s + m.requests_per_s) * 10) / 10,
             requests: was.requests + m.requests,
             errors: was.errors + m.errors,
+            shed: was.shed + (m.shed ?? 0),
             ttft_p50_ms: slower(was.ttft_p50_ms, m.ttft_p50_ms),
             ttft_p95_ms: slower(was.ttft_p95_ms, m.ttft_p95_ms),
             rate_series: was.rate_series.map((n, i) => n + (m.rate_series[i] ?? 0)),
             queued: was.queued + (m.queued ?? 0),
+            queued_by_tier: addCounts(was.queued_by_tier, m.queued_by_tier),
           },
     );
   }

@@ -6,10 +6,19 @@ import type { LaneDone } from './lane.js';
 const CRLF = 0x0d0a;
 const CR = 0x0d;
 
+/** A kept stream's release of held bytes: those up to this mark may go out ('drop': they never go out). */
+export type Release = number | 'drop';
+
 /** What a kept (resumable) stream takes of a response's body: its bytes, without the HTTP framing. */
 export interface StreamTap {
-  /** False: the bytes must not go out (the stream is no longer this frontend's to write: another one took it over). */
-  append(payload: Buffer): boolean;
+  /**
+   * False: the bytes must not go out (the stream is no longer this frontend's to write: another one
+   * took it over). True: they go out now. A number: they wait for the fleet's copy to hold them, and
+   * go out at the first release past that mark (see onRelease).
+   */
+  append(payload: Buffer): boolean | number;
+  /** Told at each release of held bytes, in order. */
+  onRelease?(fn: (upTo: Release) => void): void;
   /**
    * Where sequence `lane` stands after the bytes just appended: what it delivered (its model's raw
    * text, before any tool-call parsing, and its tokens). Another frontend continues the stream from it.
@@ -43,6 +52,28 @@ export class ClientStream {
     const waiters = this.drainWaiters;
     this.drainWaiters = [];
     for (const w of waiters) w();
+  };
+
+  /** Bytes waiting for the fleet's copy (each with its release mark), in the order they were sent. */
+  private held: Buffer[] = [];
+  private heldMarks: number[] = [];
+  private listening = false;
+  private readonly release = (upTo: Release) => {
+    if (upTo === 'drop') {
+      this.held = [];
+      this.heldMarks = [];
+      return;
+    }
+    let k = 0;
+    while (k < this.held.length && this.heldMarks[k]! <= upTo) k++;
+    if (k === 0) return;
+    const out = this.held.splice(0, k);
+    this.heldMarks.splice(0, k);
+    const socket = this.socket;
+    if (socket === null || socket.destroyed) return;
+    if (k > 1) socket.cork();
+    for (const buf of out) socket.write(buf);
+    if (k > 1) socket.uncork();
   };
 
   constructor(
@@ -84,10 +115,25 @@ export class ClientStream {
 
   /** false: the socket's buffer is full; whenDrained says when to write again. */
   send(buf: Buffer): boolean {
-    if (this.tap !== undefined && !this.tap.append(this.chunked ? buf.subarray(buf.indexOf(CR) + 2, buf.length - 2) : buf)) return true;
+    if (this.tap !== undefined) {
+      const go = this.tap.append(this.chunked ? buf.subarray(buf.indexOf(CR) + 2, buf.length - 2) : buf);
+      if (go === false) return true;
+      if (go !== true || this.held.length > 0) return this.hold(buf, go === true ? 0 : go);
+    }
     const socket = this.socket;
     if (socket === null || socket.destroyed) return true; // the client left: the relay's signal ends it
     return socket.write(buf);
+  }
+
+  /** Bytes that wait for the fleet's copy; false (as for send) while the socket is still full from the last release. */
+  private hold(buf: Buffer, mark: number): boolean {
+    if (!this.listening) {
+      this.listening = true;
+      this.tap!.onRelease?.(this.release);
+    }
+    this.held.push(buf);
+    this.heldMarks.push(mark);
+    return this.socket === null || !this.socket.writableNeedDrain;
   }
 
   write(text: string | Buffer): boolean {

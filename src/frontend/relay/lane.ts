@@ -8,6 +8,8 @@ import { brokeMidStream, HandedOff, MidStreamFailure, StreamCut, WorkerStreamErr
 import { WorkerLosses } from './worker-losses.js';
 import { tagPreempted } from '../admission/ticket.js';
 import { feedLines, StreamLineTooLong, type BatchLine, type TokenSink } from './worker-call.js';
+import { endMigration, startMigration } from '../../tracing/frontend-spans.js';
+import { bodyLogIds, inheritTrace } from '../../tracing/request-trace.js';
 
 /** Where a lane's tokens go: the client's stream writer, or a collector for a non-streaming answer. */
 export interface LaneSink extends TokenSink {
@@ -95,9 +97,11 @@ export class Lane {
   static async resume(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal, from: Resumed): Promise<Lane> {
     const delivered = new Delivered();
     delivered.restore(from.text, from.tokens);
-    const losses = new WorkerLosses();
     preemptible(gen, ctx.preemptionLimit > 0);
-    return new Lane(index, gen, ctx, await ctx.open(delivered.continuation(gen), signal, new Set(), losses), losses, delivered);
+    const body = delivered.continuation(gen);
+    inheritTrace(body, gen);
+    const losses = new WorkerLosses();
+    return new Lane(index, gen, ctx, await ctx.open(body, signal, new Set(), losses), losses, delivered);
   }
 
   /** The worker serving the lane now. */
@@ -211,20 +215,25 @@ export class Lane {
     // Each move starts afresh, from the worker it leaves: a worker passed over by an earlier move (it
     // handed the stream off while draining, then resumed) may take the stream back.
     let next: UpstreamStream;
+    // A pause is no migration: it does not count against --migration-limit.
+    const body = this.delivered.continuation(this.gen, !preempted);
+    // Tracing on: the move is a span of the request's trace, the next worker's attempts under it.
+    const moving = startMigration(this.gen, body, reason, fromId, this.delivered.tokens, this.delivered.migrations);
     try {
-      const body = this.delivered.continuation(this.gen, !preempted);
       // A hand-off's KV: the next worker loads prompt + delivered tokens instead of re-evaluating them.
       if (err instanceof HandedOff && err.kv !== undefined) body.handoff_kv = err.kv;
       preemptible(body, this.preemptions < this.ctx.preemptionLimit);
       if (preempted) tagPreempted(body);
       next = await this.ctx.open(body, signal, preempted ? new Set() : new Set([fromId]), this.losses);
     } catch (e) {
+      if (moving) endMigration(moving, undefined, { code: e instanceof EbbError ? e.code : 'migration_failed', message: (e as Error).message });
       await unclaimed();
       if (signal.aborted) throw e;
       const verdict = e instanceof EbbError && e.code === 'request_broke_workers';
       metrics.migrationFailed(verdict ? 'broke_workers' : e instanceof EbbError && (e.code === 'no_serving_worker' || e.code === 'model_not_found') ? 'no_worker' : 'error');
       throw new LaneFailed(new MidStreamFailure(fromId, err, (e as Error).message, verdict ? 'request_broke_workers' : undefined));
     }
+    if (moving) endMigration(moving, next.worker.record.worker_id);
     this.up = next;
     this.pending = next.first;
     // Closed while the worker was being taken (another lane failed, the client left): it is not kept.
@@ -235,7 +244,7 @@ export class Lane {
     const toId = this.workerId;
     metrics.migrated(reason);
     log.info(
-      { event: 'stream_migrated', request_id: this.gen.request_id, from_worker: fromId, to_worker: toId, tokens_delivered: this.delivered.tokens, reason },
+      { event: 'stream_migrated', request_id: this.gen.request_id, from_worker: fromId, to_worker: toId, tokens_delivered: this.delivered.tokens, reason, ...bodyLogIds(this.gen) },
       `request ${this.gen.request_id} moved from ${fromId} to ${toId} after ${this.delivered.tokens} tokens (${reason})`,
     );
   }

@@ -9,10 +9,10 @@ import { sumUsage, type CollectedChoice, type StreamFormat } from '../wire/strea
 import { Lane, LaneFailed, openLanes, type LaneContext, type Resumed } from './lane.js';
 import { MidStreamFailure } from './worker-answer.js';
 import type { Upstream } from './upstream.js';
-import type { WorkerPool } from '../routing/worker-pool.js';
+import { bodyLogIds } from '../../tracing/request-trace.js';
+import { streamFailed } from '../request-outcome.js';
 
 export interface RelayDeps {
-  pool: WorkerPool;
   upstream: Upstream;
   metrics: FrontendMetrics;
   log: Logger;
@@ -32,9 +32,9 @@ export interface RelayDeps {
 /** --preemption-limit's default: a flex stream is paused for priority requests at most twice. */
 export const DEFAULT_PREEMPTION_LIMIT = 2;
 
-export function createRelay({ pool, upstream, metrics, log, migrationLimit, preemptionLimit = DEFAULT_PREEMPTION_LIMIT, clientWriteTimeoutMs }: RelayDeps) {
+export function createRelay({ upstream, metrics, log, migrationLimit, preemptionLimit = DEFAULT_PREEMPTION_LIMIT, clientWriteTimeoutMs }: RelayDeps) {
   const ctx: LaneContext = {
-    open: (gen, signal, tried, losses) => (pool.servingPath(gen.model) === 'disaggregated' ? upstream.openDisaggregated(gen, signal, tried, losses) : upstream.open(gen, 'aggregated', signal, tried, losses)),
+    open: (gen, signal, tried, losses) => upstream.openServing(gen, signal, tried, losses),
     metrics,
     log,
     migrationLimit,
@@ -71,8 +71,11 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, pree
         throw err;
       }
     };
+    // Its first tokens are here (every lane has a worker and its first batch): they leave now.
+    const firstAt = performance.now();
     try {
-      metrics.firstToken((performance.now() - started) / 1000, gens[0]?.model);
+      // A takeover's first tokens are not its client's first: they were sent by another frontend.
+      if (resumed === undefined) metrics.firstToken((firstAt - started) / 1000, gens[0]!);
       reply.hijack();
       out.cork();
       // A takeover whose every sequence had finished runs on no worker: it only writes the end.
@@ -93,30 +96,33 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, pree
       out.cork();
       for (const lane of lanes) lane.flush();
       // The finishes in choice order, made now: event ids rise along the stream (a resuming client relies on it).
-      out.end(ends.map((done, index) => fmt.finished(index, done.finishReason)).join('') + fmt.end(sumLanes(ends.map((e) => e.usage), n)));
+      const usage = sumLanes(ends.map((e) => e.usage), n);
+      out.end(ends.map((done, index) => fmt.finished(index, done.finishReason)).join('') + fmt.end(usage));
+      metrics.generated(gens[0]!, usage, gens.length, resumed === undefined ? firstAt : undefined);
     } catch (err) {
-      if (!signal.aborted) fail(out, lanes, err, fmt);
+      if (!signal.aborted) fail(out, lanes, err, fmt, gens[0]!);
     } finally {
       for (const lane of lanes) lane.close();
       // The client left; closing the lanes freed the workers' slots.
-      if (signal.aborted && lanes.length > 0) log.info({ event: 'client_gone', worker_id: lanes[0]!.workerId }, `client left a stream on ${lanes[0]!.workerId}`);
+      if (signal.aborted && lanes.length > 0) log.info({ event: 'client_gone', worker_id: lanes[0]!.workerId, ...bodyLogIds(gens[0]!) }, `client left a stream on ${lanes[0]!.workerId}`);
     }
   }
 
   /** Ends a stream that broke: an SSE error event when it had started, a JSON 500 when it never could. */
-  function fail(out: ClientStream, lanes: Lane[], err: unknown, fmt: StreamFormat): void {
+  function fail(out: ClientStream, lanes: Lane[], err: unknown, fmt: StreamFormat, gen: GenerateBody): void {
     const res = out.res;
     const workerId = lanes[0]?.workerId ?? 'none';
     try {
       if (!res.headersSent) {
-        log.error({ event: 'response_failed', worker_id: workerId, err: (err as Error).message }, `could not start the response: ${(err as Error).message}`);
+        log.error({ event: 'response_failed', worker_id: workerId, err: (err as Error).message, ...bodyLogIds(gen) }, `could not start the response: ${(err as Error).message}`);
         res.writeHead(500, { 'content-type': 'application/json; charset=utf-8' });
         res.end(JSON.stringify(errorBody('internal_error', `could not start the response: ${(err as Error).message}`)));
         return;
       }
       const failure = lanes[0]?.failure(err) ?? new MidStreamFailure(workerId, err);
       metrics.midStreamFailure();
-      log.warn({ event: 'midstream_failure', worker_id: failure.workerId, code: failure.code, err: failure.message }, failure.message);
+      streamFailed(res, failure.code, failure.message);
+      log.warn({ event: 'midstream_failure', worker_id: failure.workerId, code: failure.code, err: failure.message, ...bodyLogIds(gen) }, failure.message);
       out.end(fmt.error(failure.code, failure.message));
     } catch {
       res.destroy();
@@ -124,8 +130,11 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, pree
   }
 
   /** Non-streaming: nothing reaches the client until every choice is complete; a worker that fails half way is replaced as in a stream. */
-  async function collect(gens: GenerateBody[], n: number, signal: AbortSignal): Promise<{ choices: CollectedChoice[]; usage: Usage; workerId: string }> {
+  async function collect(gens: GenerateBody[], n: number, signal: AbortSignal, started = performance.now()): Promise<{ choices: CollectedChoice[]; usage: Usage; workerId: string }> {
     const lanes = await openLanes(gens, ctx, signal);
+    // Its first tokens came (every lane's first batch): what a stream would have sent now.
+    const firstAt = performance.now();
+    metrics.firstToken((firstAt - started) / 1000, gens[0]!);
     // One lane failing stops the others, as in a stream.
     const stop = new AbortController();
     const laneSignal = lanes.length === 1 ? signal : AbortSignal.any([signal, stop.signal]);
@@ -149,8 +158,10 @@ export function createRelay({ pool, upstream, metrics, log, migrationLimit, pree
           }
         }),
       );
+      const usage = sumLanes(results.map((r) => r.usage), n);
+      metrics.generated(gens[0]!, usage, gens.length, firstAt);
       // The worker that finished the (first) answer, for x-ebb-worker-id.
-      return { choices: results, usage: sumLanes(results.map((r) => r.usage), n), workerId: lanes[0]!.workerId };
+      return { choices: results, usage, workerId: lanes[0]!.workerId };
     } catch (err) {
       if (err instanceof LaneFailed) throw new EbbError(err.failure.code, err.failure.message);
       throw err;

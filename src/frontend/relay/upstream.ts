@@ -14,9 +14,14 @@ import { WorkerLosses } from './worker-losses.js';
 import { readBounded } from '../../common/bounded-read.js';
 import type { AdmissionQueue } from '../admission/admission-queue.js';
 import type { Place } from '../admission/waiter.js';
+import { endAttempt, routeExplain, startAttempt } from '../../tracing/frontend-spans.js';
+import { inheritTrace } from '../../tracing/request-trace.js';
 
 /** Refusals and pre-first-token failures are re-routed with their own budget, per serving stage. */
 export const MAX_ATTEMPTS = 6;
+
+/** Sends one attempt to `worker` with the request-plane `headers` (the token; with tracing, the attempt's traceparent). */
+type Send<T> = (worker: PoolWorker, headers: Record<string, string>) => Promise<T>;
 
 /**
  * One admitted request on one worker, with its first batch already read (so nothing is sent to the
@@ -166,25 +171,33 @@ export class Upstream {
    * classified: EbbError (the client's answer), KvTransferLost, the abort itself, or TryElsewhere
    * (with the worker held out when the failure says it should be).
    */
-  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: (worker: PoolWorker) => Promise<T>, hint?: RouteHint, flex = false, losses?: WorkerLosses): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
+  private async tryOn<T>(worker: PoolWorker, signal: AbortSignal, send: Send<T>, hint?: RouteHint, flex = false, traced?: object, path = '/generate', losses?: WorkerLosses): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     const id = worker.record.worker_id;
     const release = this.pool.acquire(worker, flex);
     // A refusal the worker's room overtook (a request on it ended, it said so) holds it out for nothing.
     const sentAt = this.pool.roomMark;
     // Its uncached prompt is queued prefill on the worker until the first token (or the failure).
     const prefilled = this.router.begin(worker, hint);
+    // Tracing on: a span per attempt, its traceparent in the headers the worker gets.
+    const attempt = startAttempt(traced, worker.record, path, this.generateHeaders);
     try {
-      const value = await send(worker);
+      const value = await send(worker, attempt?.headers ?? this.generateHeaders);
       prefilled();
       this.router.routed(worker, hint);
       this.metrics.attempt(id, 'routed');
+      if (attempt) endAttempt(attempt, 'routed');
       return { worker, value, release };
     } catch (err) {
       prefilled();
       release(false);
-      if (signal.aborted) throw err;
+      if (signal.aborted) {
+        if (attempt) endAttempt(attempt, 'cancelled', err);
+        throw err;
+      }
       if (err instanceof EbbError || err instanceof KvTransferLost) {
-        this.metrics.attempt(id, err instanceof KvTransferLost ? 'kv_transfer_lost' : 'client_error');
+        const outcome = err instanceof KvTransferLost ? 'kv_transfer_lost' : 'client_error';
+        this.metrics.attempt(id, outcome);
+        if (attempt) endAttempt(attempt, err instanceof EbbError ? err.code : outcome, err);
         throw err;
       }
       const failure = err instanceof TryElsewhere ? err : new TryElsewhere(isConnectFailure(err) ? 'unreachable' : 'failed_before_first_token', isConnectFailure(err) ? 'unreachable' : undefined);
@@ -192,6 +205,7 @@ export class Upstream {
       if (flex && failure.hold === 'overloaded') this.pool.holdFlex(id, Date.now(), sentAt);
       else if (failure.hold) this.pool.hold(id, failure.hold, Date.now(), failure.retryAfterS, sentAt);
       this.metrics.attempt(id, failure.outcome);
+      if (attempt) endAttempt(attempt, failure.outcome, err);
       // A worker that broke under the request: the second such ends it here (worker-losses.ts).
       if (failure.broke !== undefined) losses?.record(id, failure.broke);
       throw failure;
@@ -272,9 +286,12 @@ export class Upstream {
     mode: WorkerMode,
     signal: AbortSignal,
     tried: Set<string>,
-    send: (worker: PoolWorker) => Promise<T>,
+    send: Send<T>,
     needs: readonly Capability[] = [],
     body?: GenerateBody,
+    /** The request body whose trace the attempts join (tracing on); its path on the worker. */
+    traced: object | undefined = body,
+    path = '/generate',
     losses?: WorkerLosses,
   ): Promise<{ worker: PoolWorker; value: T; release: () => void }> {
     let lastRefusal: string | undefined;
@@ -285,11 +302,11 @@ export class Upstream {
     const hint = body === undefined || this.router.kind !== 'kv' ? undefined : await this.router.prepare(body, mode, tried, needs);
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       if (signal.aborted) throw signal.reason;
-      const worker = this.router.pick(model, mode, tried, needs, hint, body?.adapter);
+      const worker = this.router.pick(model, mode, tried, needs, hint, body?.adapter, routeExplain(traced, model, mode));
       if (!worker) break;
       tried.add(worker.record.worker_id);
       try {
-        return await this.tryOn(worker, signal, send, hint, flex, losses);
+        return await this.tryOn(worker, signal, send, hint, flex, traced, path, losses);
       } catch (err) {
         if (err instanceof KvTransferLost) tried.delete(worker.record.worker_id); // the worker is fine; the KV is what is gone
         if (!(err instanceof TryElsewhere)) throw err;
@@ -313,12 +330,12 @@ export class Upstream {
    * timeout. A worker silent past it is hung: undici destroys the socket (the worker sees its caller
    * leave), and the attempt fails as that worker's, held out like an unreachable one.
    */
-  private async postForAnswer<T>(w: PoolWorker, path: '/prefill' | '/embed', body: unknown, signal: AbortSignal, maxAnswer: number): Promise<T> {
+  private async postForAnswer<T>(w: PoolWorker, path: '/prefill' | '/embed', body: unknown, signal: AbortSignal, maxAnswer: number, headers = this.generateHeaders): Promise<T> {
     const timeout = this.prefillTimeoutMs;
     try {
       const res = await request(`${w.record.request_url}${path}`, {
         method: 'POST',
-        headers: this.generateHeaders,
+        headers,
         body: JSON.stringify(body),
         dispatcher: this.agent,
         signal,
@@ -336,7 +353,7 @@ export class Upstream {
   }
 
   /** POST /generate on `w`, up to its first batch of lines; `admitted` is told when the worker took it (its 200, before any token). */
-  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal, admitted?: () => void) {
+  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal, admitted?: () => void, headers = this.generateHeaders) {
     const url = generateUrl(w.record.request_url);
     const call = WorkerCall.start(
       this.agent,
@@ -344,7 +361,7 @@ export class Upstream {
         origin: url.origin,
         path: url.path,
         method: 'POST',
-        headers: this.generateHeaders,
+        headers,
         // A worker whose engine cannot pause a sequence (or of an ebb before preemption) is not told it may.
         body: JSON.stringify(body.preemptible === true && w.record.capabilities?.preemption !== true ? { ...body, preemptible: undefined } : body),
         headersTimeout: this.headersTimeoutMs,
@@ -409,7 +426,28 @@ export class Upstream {
     return { worker, first: value.first, body: call, release: end, closed: call.closed };
   }
 
-  /** Opens a token stream on an aggregated worker. */
+  /**
+   * Opens a token stream on the model's serving path as it is at each try: an aggregated worker, or a
+   * prefill+decode pair (pair). Chosen per turn, not once: a request that waited for a model whose
+   * workers were all loading or restarting may find it come up disaggregated.
+   */
+  openServing(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set(), losses?: WorkerLosses): Promise<UpstreamStream> {
+    const needs = capabilitiesNeeded(body);
+    return this.queued(
+      body,
+      signal,
+      tried,
+      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
+      async (admitted) => {
+        if (this.pool.servingPath(body.model) === 'disaggregated') return this.pair(body, signal, tried, losses);
+        const { worker, value, release } = await this.route(body.model, 'aggregated', signal, tried, (w, headers) => this.generate(w, body, signal, admitted, headers), needs, body, body, '/generate', losses);
+        return this.stream(worker, value, release);
+      },
+      (won) => won.release(),
+    );
+  }
+
+  /** Opens a token stream on a worker of `mode`. */
   async open(body: GenerateBody, mode: WorkerMode, signal: AbortSignal, tried: Set<string> = new Set(), losses?: WorkerLosses): Promise<UpstreamStream> {
     const needs = capabilitiesNeeded(body);
     const { worker, value, release } = await this.queued(
@@ -417,7 +455,7 @@ export class Upstream {
       signal,
       tried,
       (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
-      (admitted) => this.route(body.model, mode, signal, tried, (w) => this.generate(w, body, signal, admitted), needs, body, losses),
+      (admitted) => this.route(body.model, mode, signal, tried, (w, headers) => this.generate(w, body, signal, admitted, headers), needs, body, body, '/generate', losses),
       (won) => this.stream(won.worker, won.value, won.release).release(),
     );
     return this.stream(worker, value, release);
@@ -429,8 +467,9 @@ export class Upstream {
    * A disaggregated model's decode workers serve it (they hold whole models; prefill workers hand off KV).
    */
   async embed(body: EmbedBody, signal: AbortSignal): Promise<{ worker: PoolWorker; answer: EmbedResponse }> {
-    const mode: WorkerMode = this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode';
-    const send = (w: PoolWorker) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER);
+    // The path as it is at each turn (see openServing).
+    const mode = (): WorkerMode => (this.pool.servingPath(body.model) === 'aggregated' ? 'aggregated' : 'decode');
+    const send: Send<EmbedResponse> = (w, headers) => this.postForAnswer<EmbedResponse>(w, '/embed', body, signal, MAX_EMBED_ANSWER, headers);
     const tried = new Set<string>();
     // It waits in its model's queue as a generation does (its ticket: the header's tier, its inputs' tokens).
     const needs = embeddingNeeds(body);
@@ -439,7 +478,7 @@ export class Upstream {
       signal,
       tried,
       (skip) => needOf(undefined, false, needs, skip),
-      () => this.route(body.model, mode, signal, tried, send, needs, undefined, new WorkerLosses()),
+      () => this.route(body.model, mode(), signal, tried, send, needs, undefined, body, '/embed', new WorkerLosses()),
       (won) => won.release(),
     );
     release();
@@ -473,7 +512,7 @@ export class Upstream {
   }
 
   /**
-   * Disaggregated serving: a prefill worker computes the prompt's KV, then a decode worker pulls it
+   * Disaggregated serving (one turn of openServing): a prefill worker computes the prompt's KV, then a decode worker pulls it
    * and streams. A decode worker is picked (and counted) before any prefill: with none, no KV is
    * computed for nobody. A decode worker that refuses leaves the KV unclaimed, so the next decode
    * worker gets the same transfer; when no decode worker takes it (or the client left), the transfer
@@ -483,18 +522,6 @@ export class Upstream {
    * (drained, gone, all refusing), the decode worker evaluates the prompt itself, as it does when a
    * pull fails: slower, never a 503 while a decode worker serves.
    */
-  openDisaggregated(body: GenerateBody, signal: AbortSignal, tried: Set<string> = new Set(), losses?: WorkerLosses): Promise<UpstreamStream> {
-    const needs = capabilitiesNeeded(body);
-    return this.queued(
-      body,
-      signal,
-      tried,
-      (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
-      () => this.pair(body, signal, tried, losses),
-      (won) => won.release(),
-    );
-  }
-
   private async pair(body: GenerateBody, signal: AbortSignal, tried: Set<string>, losses?: WorkerLosses): Promise<UpstreamStream> {
     let lastRefusal: string | undefined;
     let failed = false;
@@ -508,7 +535,7 @@ export class Upstream {
       let kv: KvTransferRef | undefined;
       try {
         // The prefill worker is the one that computes the prompt: chosen by what it holds, too.
-        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w) => this.postForAnswer<PrefillResponse>(w, '/prefill', body, signal, MAX_PREFILL_ANSWER), [], body, losses);
+        const prefill = await this.route(body.model, 'prefill', signal, new Set(), (w, headers) => this.postForAnswer<PrefillResponse>(w, '/prefill', body, signal, MAX_PREFILL_ANSWER, headers), [], body, body, '/prefill', losses);
         prefill.release();
         const { transfer_id, source_url, worker_id, cached_tokens } = prefill.value;
         kv = { transfer_id, source_url, worker_id, ...(cached_tokens !== undefined ? { cached_tokens } : {}) };
@@ -519,12 +546,13 @@ export class Upstream {
         }
       }
       const sent = kv === undefined ? body : { ...body, kv_transfer: kv };
+      inheritTrace(sent, body);
       let lost = false;
       for (let attempt = 1; decode; attempt++) {
         const { worker, release: reserved } = decode;
         decode = undefined;
         try {
-          const { value, release } = await this.tryOn(worker, signal, (w) => this.generate(w, sent, signal), undefined, flex, losses);
+          const { value, release } = await this.tryOn(worker, signal, (w, headers) => this.generate(w, sent, signal, undefined, headers), undefined, flex, sent, '/generate', losses);
           return this.stream(worker, value, release);
         } catch (err) {
           if (err instanceof KvTransferLost) {

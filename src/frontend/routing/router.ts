@@ -9,6 +9,7 @@ import type { PoolWorker, WorkerPool } from './worker-pool.js';
 import { adapterView } from './adapter-view.js';
 import { adapterRoot } from '../../protocol/block-hash.js';
 import type { RouterKind } from './router-kinds.js';
+import type { RouteExplain } from '../../tracing/frontend-spans.js';
 
 
 /**
@@ -124,19 +125,25 @@ export class Router {
     return { model: body.model, tokens: tokens ?? Math.ceil((chars ?? 0) / 4), spaces, adapter: body.adapter };
   }
 
-  /** The worker for the next attempt, or undefined when none is eligible. */
-  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint?: RouteHint, adapter?: string): PoolWorker | undefined {
+  /** The worker for the next attempt, or undefined when none is eligible; `explain` (tracing) is told why. */
+  pick(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint?: RouteHint, adapter?: string, explain?: RouteExplain): PoolWorker | undefined {
     let w: PoolWorker | undefined;
-    if (this.kind === 'least-loaded' || (this.kind === 'kv' && hint === undefined)) w = this.pool.pick(model, mode, tried, needs, undefined, adapter);
-    else if (this.kind === 'round-robin') {
-      for (const c of this.pool.eligible(model, mode, tried, needs, undefined, adapter)) if (w === undefined || c.pickedAt < w.pickedAt) w = c;
+    if (this.kind === 'least-loaded' || (this.kind === 'kv' && hint === undefined)) {
+      // Counted before the pick: picking moves the worker in the heap, never out of the eligible.
+      const candidates = explain === undefined ? 0 : this.pool.eligible(model, mode, tried, needs, undefined, adapter).length;
+      w = this.pool.pick(model, mode, tried, needs, undefined, adapter);
+      if (w && explain) explain({ router: this.kind === 'kv' ? 'kv (by load: one candidate, or no prompt to score)' : this.kind, candidates, chosen: w.record.worker_id });
+    } else if (this.kind === 'round-robin') {
+      const eligible = this.pool.eligible(model, mode, tried, needs, undefined, adapter);
+      for (const c of eligible) if (w === undefined || c.pickedAt < w.pickedAt) w = c;
       if (w) this.pool.picked(w);
-    } else w = this.score(model, mode, tried, needs, hint!);
+      if (w && explain) explain({ router: this.kind, candidates: eligible.length, chosen: w.record.worker_id });
+    } else w = this.score(model, mode, tried, needs, hint!, explain);
     if (w) this.opts.metrics?.decision(this.kind);
     return w;
   }
 
-  private score(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint: RouteHint): PoolWorker | undefined {
+  private score(model: string, mode: WorkerMode, tried: ReadonlySet<string>, needs: readonly Capability[], hint: RouteHint, explain?: RouteExplain): PoolWorker | undefined {
     const feed = this.opts.feed!;
     const eligible = this.pool.eligible(model, mode, tried, needs, undefined, hint.adapter);
     const now = Date.now();
@@ -145,7 +152,7 @@ export class Router {
     for (const [key, blocks] of hint.spaces) if (blocks.tokens > 0) queries.set(key, feed.index.query(model, blocks.hashes, now));
     let best: Scored | undefined;
     const debug = this.opts.log?.isLevelEnabled('debug') === true;
-    const scored: Scored[] | undefined = debug ? [] : undefined;
+    const scored: Scored[] | undefined = debug || explain !== undefined ? [] : undefined;
     for (const worker of eligible) {
       const p: KvProfile = kvProfile(worker.record);
       const key = p.key;
@@ -166,18 +173,13 @@ export class Router {
     hint.chosen = { workerId: best.worker.record.worker_id, cachedTokens: best.cached };
     if (scored) {
       scored.sort((a, b) => a.cost - b.cost);
-      this.opts.log?.debug(
-        {
-          event: 'route_decision',
-          router: this.kind,
-          model,
-          mode,
-          worker_id: best.worker.record.worker_id,
-          prompt_tokens: hint.tokens,
-          scores: scored.slice(0, 8).map((s) => ({ worker_id: s.worker.record.worker_id, cached_tokens: s.cached, queued_prefill_tokens: this.queued.get(s.worker.record.worker_id) ?? 0, inflight: s.worker.load, cost: s.cost })),
-        },
-        `routed to ${best.worker.record.worker_id}: ${best.cached}/${hint.tokens} prompt tokens cached there (cost ${best.cost}, ${eligible.length} eligible)`,
-      );
+      const scores = scored.slice(0, 8).map((s) => ({ worker_id: s.worker.record.worker_id, cached_tokens: s.cached, queued_prefill_tokens: this.queued.get(s.worker.record.worker_id) ?? 0, inflight: s.worker.load, cost: s.cost }));
+      explain?.({ router: this.kind, candidates: eligible.length, chosen: best.worker.record.worker_id, promptTokens: hint.tokens, cachedTokens: best.cached, cost: best.cost, scores });
+      if (debug)
+        this.opts.log?.debug(
+          { event: 'route_decision', router: this.kind, model, mode, worker_id: best.worker.record.worker_id, prompt_tokens: hint.tokens, scores },
+          `routed to ${best.worker.record.worker_id}: ${best.cached}/${hint.tokens} prompt tokens cached there (cost ${best.cost}, ${eligible.length} eligible)`,
+        );
     }
     return best.worker;
   }

@@ -1,6 +1,6 @@
 import type { ToolCallSyntax } from '../../protocol/tools.js';
 import { CAPABILITIES, missingCapability, type Capability } from '../../protocol/capabilities.js';
-import type { DiscoveryEvent, WorkerMode, WorkerRecord } from '../../discovery/discovery.js';
+import type { FleetEvent, LoadingRecord, WorkerMode, WorkerRecord } from '../../discovery/discovery.js';
 import { LeastLoaded, type Ranked } from './least-loaded.js';
 import { canServeAdapter } from './adapter-view.js';
 
@@ -128,6 +128,8 @@ export class WorkerPool {
   private readonly adapterBases = new Map<string, Map<string, number>>();
   /** When the last worker that could load each adapter left discovery (as lastServed for models). */
   private readonly adapterLastServed = new Map<string, { base: string; at: number }>();
+  /** Workers registered as loading (their engine loads): never routed to; their model's requests wait for them. */
+  private readonly loading = new Map<string, LoadingRecord>();
 
   /**
    * Told that `model`'s workers may take more now: one (re-)registered, a request on one ended, one
@@ -155,13 +157,51 @@ export class WorkerPool {
     if (w) w.peers = n;
   }
 
-  apply(event: DiscoveryEvent): void {
+  apply(event: FleetEvent): void {
     if (event.type === 'reset') {
       const next = new Map(event.records.map((r) => [r.worker_id, r]));
       for (const id of [...this.workers.keys()]) if (!next.has(id)) this.remove(id);
+      const loading = event.loading ?? [];
+      const stillLoading = new Set(loading.map((r) => r.worker_id));
+      for (const id of [...this.loading.keys()]) if (!stillLoading.has(id) && !next.has(id)) this.loaded(id);
+      for (const r of loading) this.startsLoading(r);
       for (const r of next.values()) this.put(r);
     } else if (event.type === 'put') this.put(event.record);
-    else this.remove(event.worker_id);
+    else if (event.type === 'loading') this.startsLoading(event.record);
+    else {
+      this.remove(event.worker_id);
+      this.loaded(event.worker_id);
+    }
+  }
+
+  /** `record`'s worker loads its engine (a restart under its id leaves the routing first). */
+  private startsLoading(record: LoadingRecord): void {
+    this.remove(record.worker_id);
+    this.loading.set(record.worker_id, record);
+    this.lastServed.delete(record.model);
+  }
+
+  /** It left while loading (its record went, or a reset no longer lists it): it never came up. */
+  private loaded(workerId: string): void {
+    const r = this.loading.get(workerId);
+    if (r === undefined) return;
+    this.loading.delete(workerId);
+    // One that never came up leaves its model known for a while, as a drained one does: a 503, not a 404.
+    if (!this.knows(r.model)) this.lastServed.set(r.model, Date.now());
+  }
+
+  /** The loading record of `workerId`, while it loads. */
+  loadingRecord(workerId: string): LoadingRecord | undefined {
+    return this.loading.get(workerId);
+  }
+
+  /**
+   * Does `model` have a worker loading that would serve its requests (aggregated or decode; a
+   * prefill worker alone generates nothing), other than those in `skip`?
+   */
+  loadingFor(model: string, skip: ReadonlySet<string> = NOTHING_SKIPPED): boolean {
+    for (const r of this.loading.values()) if (r.model === model && r.mode !== 'prefill' && !skip.has(r.worker_id)) return true;
+    return false;
   }
 
   private count(record: WorkerRecord, by: 1 | -1): void {
@@ -238,6 +278,7 @@ export class WorkerPool {
   }
 
   private put(record: WorkerRecord): void {
+    this.loading.delete(record.worker_id);
     // The same object comes back, so its open requests still count, and still decrement it.
     const existing = this.workers.get(record.worker_id) ?? this.departed.get(record.worker_id);
     this.departed.delete(record.worker_id);
@@ -474,14 +515,16 @@ export class WorkerPool {
   /** Every model `knows`: those in discovery and those whose last worker left it lately. */
   knownModels(now = Date.now()): string[] {
     const known = new Set(this.counts.keys());
+    for (const r of this.loading.values()) known.add(r.model);
     for (const [model, left] of this.lastServed) if (now - left < MODEL_MEMORY_MS) known.add(model);
     if (this.own !== undefined) known.add(this.own.model);
     return [...known].sort();
   }
 
-  /** A model in discovery, or one whose last worker left it less than MODEL_MEMORY_MS ago. */
+  /** A model in discovery (loading included), or one whose last worker left it less than MODEL_MEMORY_MS ago. */
   knows(model: string, now = Date.now()): boolean {
     if (this.hasModel(model) || this.own?.model === model) return true;
+    for (const r of this.loading.values()) if (r.model === model) return true;
     const left = this.lastServed.get(model);
     return left !== undefined && now - left < MODEL_MEMORY_MS;
   }

@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import { EbbError } from '../../protocol/errors.js';
-import { ClientStream, type StreamTap } from '../relay/client-stream.js';
+import { ClientStream, type Release, type StreamTap } from '../relay/client-stream.js';
 import type { LaneDone } from '../relay/lane.js';
 import type { Delivered } from '../relay/migration.js';
 import { Shutdown } from '../shutdown.js';
@@ -53,6 +53,14 @@ export class Abandoned extends Error {
 export class KeptStream implements StreamTap {
   private chunks: Buffer[] = [];
   private bytes = 0;
+  /** Of the kept bytes, how many went to clients (the rest wait for the fleet's copy: see CopyGate). */
+  private sentBytes = 0;
+  /** Events appended but not yet copied to the shared store: no follower gets them before. */
+  private unreleased: Array<{ payload: Buffer; mark: number }> = [];
+  /** Continued from this copy after its writer went away (see regenerates). */
+  private takenFrom: { copy: Buffer; error: Buffer } | undefined;
+  /** Held events were dropped (its lease was lost): the kept bytes past sentBytes never went out. */
+  private dropped = false;
   private state: KeptState = 'live';
   /** Past maxBytes: no longer kept, so no longer resumable; its followers still get it live. */
   private overflowed = false;
@@ -79,6 +87,7 @@ export class KeptStream implements StreamTap {
     this.over = new Promise((resolve) => (this.settle = resolve));
     if (lease !== undefined) {
       lease.snapshot = () => this.whole();
+      lease.gate.onRelease((upTo) => this.released(upTo));
       lease.lost.addEventListener('abort', () => this.cancel(lease.lost.reason), { once: true });
     }
   }
@@ -128,6 +137,7 @@ export class KeptStream implements StreamTap {
   /** The events another frontend sent before this one took the stream over: kept, not copied to the store again. */
   seed(payload: Buffer): void {
     this.keep(payload);
+    this.sentBytes = this.bytes;
   }
 
   /**
@@ -135,12 +145,39 @@ export class KeptStream implements StreamTap {
    * them too. False when they must not go out: the lease is no longer this frontend's (the stream
    * is stopped here; another frontend has it).
    */
-  append(payload: Buffer): boolean {
+  append(payload: Buffer): boolean | number {
     if (this.state !== 'live') return false;
     if (this.lease !== undefined && !this.lease.valid) return false;
     this.keep(payload);
-    this.lease?.append(payload);
+    const mark = this.lease?.append(payload);
     if (!this.primary && this.followers.size === 0) this.unfollowed++;
+    if (mark === undefined && this.unreleased.length === 0) {
+      this.sendAll(payload);
+      return true;
+    }
+    this.unreleased.push({ payload, mark: mark ?? 0 });
+    return mark ?? 0;
+  }
+
+  /** The original connection's bytes wait for the copy too (they go out at each release, in order). */
+  onRelease(fn: (upTo: Release) => void): void {
+    this.lease?.gate.onRelease(fn);
+  }
+
+  /** The fleet's copy holds everything up to `upTo` (or what is held never goes out: 'drop'). */
+  private released(upTo: Release): void {
+    if (upTo === 'drop') {
+      this.unreleased = [];
+      this.dropped = true;
+      return;
+    }
+    let k = 0;
+    while (k < this.unreleased.length && this.unreleased[k]!.mark <= upTo) this.sendAll(this.unreleased[k++]!.payload);
+    if (k > 0) this.unreleased.splice(0, k);
+  }
+
+  private sendAll(payload: Buffer): void {
+    this.sentBytes += payload.length;
     for (const [f, waiting] of this.followers) {
       if (waiting === undefined) this.sendTo(f, payload);
       else {
@@ -150,7 +187,6 @@ export class KeptStream implements StreamTap {
         if (rest.length > 0) this.sendTo(f, rest);
       }
     }
-    return true;
   }
 
   progress(lane: number, delivered: Delivered): void {
@@ -200,14 +236,29 @@ export class KeptStream implements StreamTap {
    */
   async handOn(event: (last: number) => Buffer): Promise<number | undefined> {
     if (this.state !== 'live' || this.lease === undefined || this.overflowed) return undefined;
-    const last = lastEventId(this.whole());
     // Lost: another frontend runs it already. Else let go of it, so one does.
     // Unattended (a background response): the fleet is told, so another frontend continues it unasked.
     if (this.lease.current !== 'lost' && !(await this.lease.release(this.background))) return undefined;
+    // Where clients stand: what went out (a lost lease's held events never did; its new writer makes them).
+    const last = lastEventId(this.sent());
     this.set('handed_on');
     this.endFollowers(event(last ?? -1));
     this.finish();
     return last ?? -1;
+  }
+
+  /**
+   * The stream is continued from `copy` (its writer went away): a follower waiting for an event the
+   * copy lacks got it from that writer, ahead of the copy, and no continuation can match what it has.
+   * It ends with `error`, as does any later resume to such a point: never a spliced stream.
+   */
+  regenerates(copy: Buffer, error: Buffer): void {
+    this.takenFrom = { copy, error };
+    for (const [f, waiting] of this.followers) {
+      if (waiting === undefined || eventsAfter(copy, waiting) !== undefined) continue;
+      this.followers.delete(f);
+      f.end(error);
+    }
   }
 
   /** Whether a resume can be served: the stream is kept whole, not abandoned, and was not handed on. */
@@ -221,13 +272,14 @@ export class KeptStream implements StreamTap {
    * point past the end of a stream that is over is refused (400): nothing would follow it.
    */
   follow(res: ServerResponse, from: ResumeFrom, headers: Record<string, string>): void {
-    const all = this.whole();
+    const all = this.sent();
     const replay = from === undefined || from < 0 ? all : eventsAfter(all, from);
     if (replay === undefined && this.state !== 'live')
       throw new EbbError('invalid_request', `response ${this.id} has no event ${from}: it ended at event ${lastEventId(all) ?? 'none'}`, { param: 'starting_after' });
     const out = new ClientStream(res, this.hooks.writeTimeoutMs);
     out.begin(200, headers);
     if (this.state !== 'live') return out.end(replay!);
+    if (replay === undefined && this.takenFrom !== undefined && eventsAfter(this.takenFrom.copy, from!) === undefined) return out.end(this.takenFrom.error);
     if (replay !== undefined && replay.length > 0) out.write(replay);
     // Its event is not made yet (a client ahead of a background response's start): it waits for it.
     this.followers.set(out, replay === undefined ? from : undefined);
@@ -235,6 +287,12 @@ export class KeptStream implements StreamTap {
     res.once('close', () => {
       if (this.followers.delete(out)) this.maybeOrphaned();
     });
+  }
+
+  /** The kept bytes clients may have: all but those still waiting for the fleet's copy. */
+  private sent(): Buffer {
+    const all = this.whole();
+    return this.unreleased.length === 0 && !this.dropped ? all : all.subarray(0, Math.min(this.sentBytes, all.length));
   }
 
   /** Every kept byte, in one buffer (kept so: the next resume does not copy again). */
@@ -253,6 +311,8 @@ export class KeptStream implements StreamTap {
   private keep(payload: Buffer): void {
     if (this.overflowed) return;
     if (this.bytes + payload.length > this.hooks.maxBytes) {
+      // Not kept whole any more, so not resumable: its clients wait for no copy.
+      this.lease?.stopGating();
       this.overflowed = true;
       this.hooks.onBytes(-this.bytes);
       this.chunks = [];

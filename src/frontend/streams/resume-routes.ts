@@ -3,6 +3,8 @@ import type { ServerResponse } from 'node:http';
 import { EbbError } from '../../protocol/errors.js';
 import type { ResumeFrom } from './kept-stream.js';
 import type { StreamStore } from './stream-store.js';
+import { traceResume } from '../../tracing/frontend-spans.js';
+import { requestContext } from '../../tracing/request-trace.js';
 
 /** What a resumed stream's response carries, as the original did. */
 export const SSE_HEADERS: Record<string, string> = { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-ebb-resumable': '1' };
@@ -48,5 +50,6 @@ export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
 
 /** Follows kept stream `id` on `res` from the client's resume point; throws the 404 (or 400) when it cannot. */
 export function resumeStream(store: StreamStore, id: string, tenant: string, startingAfter: unknown, lastEventId: unknown, res: ServerResponse, hijack: () => void): Promise<void> {
+  traceResume(requestContext(res), res, id, startingAfter ?? lastEventId);
   return store.resume(id, tenant, res, resumePoint(startingAfter, lastEventId), SSE_HEADERS, hijack);
 }

@@ -73,6 +73,8 @@ export interface SharedStreamsOptions {
   maxResponseBytes: number;
   writeTimeoutMs: number;
   log: Logger;
+  /** Told of each stream this frontend took over (counted on /metrics). */
+  onTakeover?: (() => void) | undefined;
 }
 
 type Keys = ReturnType<typeof streamKeys>;
@@ -309,7 +311,8 @@ export class SharedStreams implements SharedSteps {
             const gone = handedOn ? '' : await this.writerGone(reader, id);
             if (gone !== undefined) {
               // No writer: take it over here (or another frontend does). An end already copied is read next.
-              const answer = await this.takeOver(id, { gone });
+              // Clients ahead of its copy (their frontend died while the store was away) cannot be continued exactly.
+              const answer = await this.takeOver(id, { gone, taken: (copy) => replica.regenerates(copy.events, Buffer.from(this.ahead(id))) });
               if (answer === 'overflow') return stop('its copy was larger than the store keeps');
               // No copy at all: expired, or the store restarted empty and its writer is about to rewrite it.
               if (answer === 'none') {
@@ -367,7 +370,7 @@ export class SharedStreams implements SharedSteps {
    * it from its copy. 'taken' here, 'held' when another frontend holds it now; 'none' when the
    * fleet keeps no such stream, else its state (ended, stopped, overflow).
    */
-  private async takeOver(id: string, opts: { cancel?: boolean; gone?: string } = {}): Promise<string> {
+  private async takeOver(id: string, opts: { cancel?: boolean; gone?: string; taken?: (copy: StreamCopy) => void } = {}): Promise<string> {
     if (this.takeover === undefined || this.closing) return 'held';
     const k = streamKeys(id);
     const token = this.token();
@@ -390,8 +393,14 @@ export class SharedStreams implements SharedSteps {
       await lease.finish(Buffer.from(gone(id, 'it could not be continued')), 'x');
       return 'stopped';
     }
+    opts.taken?.(copy);
+    this.opts.onTakeover?.();
     this.opts.log.info({ event: 'stream_taken_over', response_id: id, events_kept: copy.maxId + 1 }, `continuing stream ${id} here: the frontend that ran it is gone`);
     return 'taken';
+  }
+
+  private ahead(id: string): string {
+    return gone(id, "the client has events its copy lacks (its frontend went away while the stream store could not take them): a continuation would not match what it has");
   }
 
   /**

@@ -1,6 +1,7 @@
 import type { Logger } from 'pino';
 import type { LaneDone, Resumed } from '../relay/lane.js';
 import type { Delivered } from '../relay/migration.js';
+import { CopyGate } from './copy-gate.js';
 import { ProgressMarks } from './stream-progress.js';
 import { streamKeys, type StepAnswer } from './shared-protocol.js';
 
@@ -79,6 +80,8 @@ export class StreamLease {
   opened: Promise<void> = Promise.resolve();
   /** Told once the lease is over (finished, released or lost): nothing renews it any more. */
   onOver: () => void = () => undefined;
+  /** What the stream's clients may be sent: what the copy holds (this lease's state moves it). */
+  readonly gate = new CopyGate();
 
   constructor(
     readonly id: string,
@@ -120,11 +123,17 @@ export class StreamLease {
     return true;
   }
 
-  append(payload: Buffer): void {
-    if (this.state === 'held' || this.state === 'rewrite') {
-      this.pending.push(payload);
-      this.steps.schedule(this);
-    }
+  /** Bytes for the copy: the gate's mark they go out at, or undefined when they go out now. */
+  append(payload: Buffer): number | undefined {
+    if (this.state !== 'held' && this.state !== 'rewrite') return undefined;
+    this.pending.push(payload);
+    this.steps.schedule(this);
+    return this.gate.mark(payload.length);
+  }
+
+  /** The stream is no longer kept whole here (past its memory bound): its clients wait for no copy. */
+  stopGating(): void {
+    this.gate.close('release');
   }
 
   progress(lane: number, delivered: Delivered): void {
@@ -142,11 +151,12 @@ export class StreamLease {
     const events = this.takePending();
     const epoch = this.epoch;
     const sentAt = performance.now();
+    const upTo = this.gate.at;
     const k = streamKeys(this.id);
     this.steps
       .append(k, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
       .then(
-        (answer) => this.answered(answer, epoch, sentAt),
+        (answer) => this.answered(answer, epoch, sentAt, upTo),
         (err: unknown) => this.failed(err, epoch, sentAt),
       );
   }
@@ -210,14 +220,15 @@ export class StreamLease {
     if (from === 'held') this.flush();
     this.pending.length = 0;
     this.set('released', 'handed on');
-    try {
+    const released = await (async () => {
       if (from === 'rewrite' && !(await this.rewriteNow(''))) return false;
-      if ((await this.steps.release(streamKeys(this.id), this.token)) !== 'ok') return false;
-      if (announce) await this.steps.announce(this.id);
-      return true;
-    } catch {
-      return false;
-    }
+      return (await this.steps.release(streamKeys(this.id), this.token)) === 'ok';
+    })().catch(() => false);
+    // Handed on: the copy holds every byte (its batch went before the release, in order), so they go
+    // out. Not handed on: whoever continues it starts from the copy, so what it lacks never goes out.
+    this.gate.close(released ? 'release' : 'drop');
+    if (released && announce) await this.steps.announce(this.id).catch(() => undefined);
+    return released;
   }
 
   /** Clients at other frontends follow the stream now (their frontends say so while they do). */
@@ -231,10 +242,11 @@ export class StreamLease {
     return events;
   }
 
-  private answered(answer: StepAnswer, epoch: number, sentAt: number): void {
+  private answered(answer: StepAnswer, epoch: number, sentAt: number, upTo?: number): void {
     if (epoch !== this.epoch) return;
     if (answer === 'ok') {
       if (sentAt > this.confirmedAt) this.confirmedAt = sentAt;
+      if (upTo !== undefined && this.state === 'held') this.gate.copied(upTo);
       return;
     }
     if (answer === 'lost') return this.lose('taken');
@@ -304,8 +316,14 @@ export class StreamLease {
   private set(next: LeaseState, why: string): void {
     const from = this.state;
     this.state = next;
-    if (next === 'finished' || next === 'released' || next === 'lost') this.onOver();
     if (next === 'held' || next === 'rewrite' || next === 'lost' || next === 'overflow')
       this.log.info({ event: 'stream_lease', response_id: this.id, from, to: next, why }, `stream ${this.id}'s copy: ${from} -> ${next} (${why})`);
+    // The gate follows: held bytes wait for their batch; a copy that failed a batch (or outgrew its
+    // bound, or ended) waits for nobody; a lease lost drops them (the copy's new writer continues).
+    if (next === 'held') this.gate.gate();
+    else if (next === 'rewrite') this.gate.open();
+    else if (next === 'overflow' || next === 'finished') this.gate.close('release');
+    else if (next === 'lost') this.gate.close('drop');
+    if (next === 'finished' || next === 'released' || next === 'lost') this.onOver();
   }
 }

@@ -3,7 +3,7 @@ import { Counter, Gauge, type Registry } from 'prom-client';
 import type { StreamStoreMetrics } from './stream-store.js';
 
 /** The stream store on /metrics: what it keeps, resumes by outcome, and the work wasted on streams nobody came back to. */
-export function createStreamMetrics(registry: Registry, log: Logger): StreamStoreMetrics & { storeUp(up: boolean): void } {
+export function createStreamMetrics(registry: Registry, log: Logger): StreamStoreMetrics & { storeUp(up: boolean): void; takenOver(): void } {
   let store: { keptBytes: number; size: number } | undefined;
   new Gauge({
     name: 'ebb_frontend_streams_kept',
@@ -46,6 +46,11 @@ export function createStreamMetrics(registry: Registry, log: Logger): StreamStor
       this.set(responses?.keptBytes ?? 0);
     },
   });
+  const takeovers = new Counter({
+    name: 'ebb_frontend_stream_takeovers_total',
+    help: 'Kept streams this frontend continued for a frontend that was gone (killed, or handed them on at its shutdown): their generation goes on here',
+    registers: [registry],
+  });
   const up = new Gauge({ name: 'ebb_frontend_stream_store_up', help: 'Whether the shared stream store (Redis) can be reached (1 without one)', registers: [registry], aggregator: 'min' });
   up.set(1);
   for (const outcome of ['resumed', 'not_found', 'expired']) resumes.inc({ outcome }, 0);
@@ -70,6 +75,9 @@ export function createStreamMetrics(registry: Registry, log: Logger): StreamStor
     },
     storeUp(ok) {
       up.set(ok ? 1 : 0);
+    },
+    takenOver() {
+      takeovers.inc();
     },
   };
 }
