@@ -134,6 +134,8 @@ export class Waiter implements Place {
   }
 
   refused(): void {
+    // Back to waiting: its tenant's stream slot goes back again until its next turn.
+    this.ticket.hold?.queued();
     this.owner.refuse(this);
   }
 
