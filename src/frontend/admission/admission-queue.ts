@@ -50,6 +50,21 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     return this.models.get(model)?.size ?? 0;
   }
 
+  /**
+   * Waiters the request with `body` would wait behind (0: the fast path routes it at once). A
+   * priority request waits only behind continuations and priority requests: flex (or default)
+   * waiting for a worker's room never delays it, and a worker that takes it where every slot runs
+   * flex pauses one (--preemption-limit). Any other request: every waiter.
+   */
+  waitingBefore(body: { model: string }): number {
+    const q = this.models.get(body.model);
+    if (q === undefined) return 0;
+    if (ticketOf(body)?.tier !== 'priority') return q.size;
+    let n = 0;
+    for (const cls of ['continuation', 'priority'] as const) for (const list of q.classes.get(cls)?.tenants.values() ?? []) n += list.length;
+    return n;
+  }
+
   /** Waiters of `model` by class (continuation and the tiers), those with any: the dashboard's split. */
   waitingByTier(model: string): Record<string, number> {
     const out: Record<string, number> = {};

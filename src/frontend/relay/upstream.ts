@@ -236,7 +236,7 @@ export class Upstream {
     let place: Place | undefined;
     // Turns in which a worker took the request and failed it before a token (failedRounds): a request every worker fails is answered, not queued for ever.
     let failedTurns = 0;
-    if (queue.waiting(body.model) === 0) {
+    if (queue.waitingBefore(body) === 0) {
       try {
         return await attempt();
       } catch (err) {
