@@ -3,7 +3,8 @@
  * blocks (each worker holding one of 4 shared system prompts and 16 conversation documents, 1,000
  * blocks each), requests of a system prompt + a document + a new question (about 1,600 tokens).
  * Timed apart: tokenizing and hashing the prompt (the mocker's tokenizer), and scoring every
- * eligible worker (index walk + cost), plus least-loaded's pick for comparison. Times are CPU time
+ * eligible worker (index walk + cost, with seven other frontends' load on every worker, as their load
+ * events say), plus least-loaded's pick for comparison. Times are CPU time
  * of this process (process.cpuUsage), so a machine shared with other work does not inflate them.
  *
  *   node dist/bench/kv-routing-decision.js [--workers 1000] [--blocks-per-worker 1000] [--decisions 2000]
@@ -67,6 +68,8 @@ export async function kvDecisionCost(workers: number, blocksPerWorker: number, d
       for (const hash of blockHashes(conv, BS).slice(SYSTEM_BLOCKS)) feed.index.add(h, hash);
     }
     entries += h.blocks.size;
+    // Seven other frontends route here too: each worker's load event lists their requests (the decision adds them in).
+    feed.load.apply(`w-${i}`, { worker_id: `w-${i}`, frontends: Object.fromEntries(Array.from({ length: 7 }, (_, f) => [`frontend-${f}`, [2, [300]]])) });
   }
   const kv = new Router(pool, { kind: 'kv', feed });
   const ll = new Router(pool, { kind: 'least-loaded' });

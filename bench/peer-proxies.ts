@@ -14,8 +14,16 @@
  *
  * `--ebb-cli` runs the frontend from another build (another checkout's dist/bin/ebb.js), so
  * two builds can be compared on one machine; the worker always comes from this build.
- * `--base-cli <main.js>` adds the path `ebb-base`: a second frontend from that build, measured in
- * the same rounds (rotating with the others), for a before/after under the same machine load.
+ * ebb's paths: `ebb` (the defaults: kv router, admission queue, memory stream store, plain
+ * streams), `ebb-min` (minimal: `--stream-store none --queue-timeout 0 --router least-loaded`),
+ * `ebb-nostore` (the defaults with `--stream-store none`: what a plain stream should cost),
+ * `ebb-kept` (the defaults, every request asking to be resumable: `x-ebb-resumable: 1`, its stream
+ * kept in memory), `ebb-redis` (the same, kept in a redis-server started here). Any of them with
+ * `@base` (`ebb-kept@base`) runs from `--base-cli <main.js>`, in the same rounds (rotating with the
+ * others), for a before/after under the same machine load; `--base-cli` alone adds `ebb@base`
+ * (also spelled `ebb-base`).
+ * `--stream false` sends small non-streamed requests instead (the worker's and ebb's JSON answers),
+ * and reports total latency (added p50/p99) in place of TTFT.
  * The path `node-pipe` (not in the default set) is a Node TCP pipe (bench/node-pipe-proxy.ts): no
  * HTTP at all, so its CPU per token is the floor of Node's socket layer, below which no Node
  * frontend can go.
@@ -33,11 +41,24 @@ import { join, resolve } from 'node:path';
 import { Agent, request } from 'undici';
 import { CLI, EbbProcess, killAllNow, startWorker, tempDiscoveryUrl } from '../test/helpers/processes.js';
 import { injectRecord } from '../test/helpers/http.js';
+import { startRedis } from '../test/helpers/redis.js';
 import { arg } from './cli-arg.js';
 import { CLOCK_TICKS } from './proc-cpu.js';
 
-type Path = 'direct' | 'ebb' | 'ebb-2' | 'ebb-base' | 'nginx' | 'haproxy' | 'node-pipe';
-const ALL: Path[] = ['direct', 'ebb', 'nginx', 'haproxy'];
+/** direct, a pass-through proxy, or one of ebb's variants (EBB_VARIANTS), `@base` for --base-cli's build. */
+type Path = string;
+const ALL: Path[] = ['direct', 'ebb', 'ebb-min', 'nginx', 'haproxy'];
+/** ebb's frontend variants: extra frontend flags, and whether each request asks to be resumable. */
+const EBB_VARIANTS: Record<string, { args: string[]; resumable?: boolean; redis?: boolean }> = {
+  ebb: { args: [] },
+  'ebb-min': { args: ['--stream-store', 'none', '--queue-timeout', '0', '--router', 'least-loaded'] },
+  // The defaults but no stream store: a plain stream should cost what it costs here (it is not kept).
+  'ebb-nostore': { args: ['--stream-store', 'none'] },
+  'ebb-kept': { args: [], resumable: true },
+  'ebb-redis': { args: [], resumable: true, redis: true },
+  'ebb-2': { args: ['--processes', '2'] },
+};
+const variantOf = (p: Path) => EBB_VARIANTS[p.replace(/@base$/, '')];
 const MODEL = 'm1';
 const NGINX = '/usr/sbin/nginx';
 const HAPROXY = '/usr/sbin/haproxy';
@@ -54,8 +75,13 @@ const opts = {
   frontendNodeArgs: arg('frontend-node-args', '').split(' ').filter(Boolean),
   baseCli: arg('base-cli', ''),
   upstream: arg('upstream', 'mocker') as 'mocker' | 'fake',
+  stream: arg('stream', 'true') !== 'false',
 };
-if (opts.baseCli !== '' && !opts.paths.includes('ebb-base')) opts.paths.push('ebb-base');
+opts.paths = opts.paths.map((p) => (p === 'ebb-base' ? 'ebb@base' : p));
+if (opts.baseCli !== '' && !opts.paths.some((p) => p.endsWith('@base'))) opts.paths.push('ebb@base');
+for (const p of opts.paths)
+  if (!['direct', 'nginx', 'haproxy', 'node-pipe'].includes(p) && variantOf(p) === undefined) throw new Error(`unknown path ${p}`);
+if (opts.paths.some((p) => p.endsWith('@base')) && opts.baseCli === '') throw new Error('an @base path needs --base-cli');
 
 const temp = mkdtempSync(join(tmpdir(), 'ebb-peer-'));
 const children: Array<{ kill: () => void }> = [];
@@ -227,6 +253,7 @@ interface Target {
   tokenMark: string;
   endMark: string;
   pid?: number | undefined;
+  headers: Record<string, string>;
 }
 
 interface Sample {
@@ -237,8 +264,14 @@ interface Sample {
 /** Counts token marks in a streamed body without building lines (the client shares the cores). */
 async function one(agent: Agent, t: Target): Promise<Sample> {
   const started = performance.now();
-  const res = await request(t.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: t.body, dispatcher: agent });
+  const res = await request(t.url, { method: 'POST', headers: t.headers, body: t.body, dispatcher: agent });
   if (res.statusCode !== 200) throw new Error(`${t.path}: HTTP ${res.statusCode}: ${(await res.body.text()).slice(0, 200)}`);
+  if (!opts.stream) {
+    // A whole answer: its latency stands in the TTFT column, and its usage says how many tokens it had.
+    const text = await res.body.text();
+    if (!text.includes(`"completion_tokens":${opts.maxTokens}`)) throw new Error(`${t.path}: an answer without ${opts.maxTokens} completion tokens: ${text.slice(0, 200)}`);
+    return { ttft: performance.now() - started, tokens: opts.maxTokens };
+  }
   let tokens = 0;
   let ttft = -1;
   let carry = '';
@@ -355,8 +388,10 @@ async function main(): Promise<void> {
   const workerPort = Number(new URL(worker.requestUrl).port);
   const targets: Target[] = [];
   const frontends: EbbProcess[] = [];
-  const genBody = JSON.stringify({ model: MODEL, prompt: 'user: tell me about tides', max_tokens: opts.maxTokens, stream: true });
-  const nd = { tokenMark: '{"text":', endMark: '"done":true' };
+  const genBody = JSON.stringify({ model: MODEL, prompt: 'user: tell me about tides', max_tokens: opts.maxTokens, stream: opts.stream });
+  const nd = { tokenMark: '{"text":', endMark: '"done":true', headers: { 'content-type': 'application/json' } };
+  const redis = paths.some((p) => variantOf(p)?.redis === true) ? await startRedis() : undefined;
+  if (redis !== undefined) children.push({ kill: () => void redis.kill() });
   for (const p of paths) {
     if (p === 'direct') targets.push({ path: p, url: `${worker.requestUrl}/generate`, body: genBody, ...nd });
     const startProxy = PASS_THROUGH[p];
@@ -364,11 +399,12 @@ async function main(): Promise<void> {
       const proxy = await startProxy(workerPort);
       targets.push({ path: p, url: `${proxy.url}/generate`, body: genBody, ...nd, pid: proxy.pid });
     }
-    if (p === 'ebb' || p === 'ebb-2' || p === 'ebb-base') {
-      const cli = p === 'ebb-base' ? resolve(opts.baseCli) : opts.ebbCli;
-      const processes = p === 'ebb-2' ? ['--processes', '2'] : [];
+    const variant = variantOf(p);
+    if (variant !== undefined) {
+      const cli = p.endsWith('@base') ? resolve(opts.baseCli) : opts.ebbCli;
+      const store = variant.redis === true ? ['--stream-store', redis!.url] : [];
       const fe = new EbbProcess(
-        spawn(process.execPath, [...opts.frontendNodeArgs, cli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000', '--shutdown-grace-ms', '0', ...processes], {
+        spawn(process.execPath, [...opts.frontendNodeArgs, cli, 'frontend', '--port', '0', '--discovery', discovery, '--max-connections', '100000', '--shutdown-grace-ms', '0', ...variant.args, ...store], {
           env: { ...process.env, EBB_LOG_LEVEL: 'info' },
           stdio: ['ignore', 'pipe', 'pipe'],
         }),
@@ -377,8 +413,9 @@ async function main(): Promise<void> {
       frontends.push(fe);
       const url = (await fe.waitForEvent('frontend_ready')).url as string;
       await fe.waitForLog((l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(worker.workerId)) || (l.event === 'worker_added' && l.worker_id === worker.workerId), 'the worker in the routing view');
-      const body = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: opts.maxTokens, stream: true });
-      targets.push({ path: p, url: `${url}/v1/chat/completions`, body, tokenMark: '"delta":{"content":"', endMark: 'data: [DONE]', pid: fe.proc.pid });
+      const body = JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: opts.maxTokens, stream: opts.stream });
+      const headers: Record<string, string> = { 'content-type': 'application/json', ...(variant.resumable === true && { 'x-ebb-resumable': '1' }) };
+      targets.push({ path: p, url: `${url}/v1/chat/completions`, body, tokenMark: '"delta":{"content":"', endMark: 'data: [DONE]', pid: fe.proc.pid, headers });
     }
   }
   const agent = new Agent({ connections: null, keepAliveTimeout: 30_000, pipelining: 1 });
@@ -403,11 +440,16 @@ async function main(): Promise<void> {
   }
   await agent.close();
 
+  const cpuOfPoint = (p: Point | undefined) => (p?.userUs === undefined || p.sysUs === undefined ? undefined : p.userUs + p.sysUs);
   const rows = results.flatMap(({ concurrency, points }) => {
     const direct = points.find((p) => p.path === 'direct');
+    const nginx = points.find((p) => p.path === 'nginx');
+    const plain = points.find((p) => p.path === 'ebb');
     return points.map((p) => {
       const tps = (p.tokens / p.elapsedMs) * 1000;
       const dtps = direct ? (direct.tokens / direct.elapsedMs) * 1000 : NaN;
+      const cpu = cpuOfPoint(p);
+      const versus = (ref: Point | undefined) => (cpu === undefined || cpuOfPoint(ref) === undefined ? null : +(cpu / cpuOfPoint(ref)!).toFixed(2));
       return {
         concurrency,
         path: p.path,
@@ -417,22 +459,34 @@ async function main(): Promise<void> {
         ttft_ms_p99: +pct(p.ttft, 99).toFixed(2),
         added_ttft_ms_p50: direct ? +(pct(p.ttft, 50) - pct(direct.ttft, 50)).toFixed(2) : null,
         added_ttft_ms_p99: direct ? +(pct(p.ttft, 99) - pct(direct.ttft, 99)).toFixed(2) : null,
+        ttft_p50_vs_nginx_ms: nginx ? +(pct(p.ttft, 50) - pct(nginx.ttft, 50)).toFixed(2) : null,
         user_us_per_token: p.userUs === undefined ? null : +p.userUs.toFixed(2),
         sys_us_per_token: p.sysUs === undefined ? null : +p.sysUs.toFixed(2),
+        cpu_us_per_token: cpu === undefined ? null : +cpu.toFixed(2),
+        cpu_vs_nginx: versus(nginx),
+        cpu_vs_ebb: versus(plain),
         errors: p.errors,
         other_cpu_pct: Math.round(p.otherPct),
       };
     });
   });
-  const head = ['conc', 'path', 'tok/s', 'ratio', 'ttft p50', 'ttft p99', '+ttft p50', '+ttft p99', 'user µs/tok', 'sys µs/tok', 'errors', 'other cpu%'];
+  const lat = opts.stream ? 'ttft' : 'total';
+  const head = ['conc', 'path', 'tok/s', 'ratio', `${lat} p50`, `${lat} p99`, `+${lat} p50`, `+${lat} p99`, `${lat} p50 - nginx`, 'user µs/tok', 'sys µs/tok', 'cpu µs/tok', 'cpu ÷ nginx', 'cpu ÷ ebb', 'errors', 'other cpu%'];
   const fmt = (v: unknown) => (v === null || v === undefined ? '-' : String(v));
-  const table = [head, ...rows.map((r) => [r.concurrency, r.path, r.tok_per_s, r.ratio, r.ttft_ms_p50, r.ttft_ms_p99, r.added_ttft_ms_p50, r.added_ttft_ms_p99, r.user_us_per_token, r.sys_us_per_token, r.errors, r.other_cpu_pct].map(fmt))];
+  const table = [
+    head,
+    ...rows.map((r) =>
+      [r.concurrency, r.path, r.tok_per_s, r.ratio, r.ttft_ms_p50, r.ttft_ms_p99, r.added_ttft_ms_p50, r.added_ttft_ms_p99, r.ttft_p50_vs_nginx_ms, r.user_us_per_token, r.sys_us_per_token, r.cpu_us_per_token, r.cpu_vs_nginx, r.cpu_vs_ebb, r.errors, r.other_cpu_pct].map(fmt),
+    ),
+  ];
   const widths = head.map((_, i) => Math.max(...table.map((r) => (r[i] as string).length)));
-  console.log('\nratio = tok/s ÷ direct in the same rounds; +ttft = path − direct (ms); µs/tok = the proxy process\'s CPU per relayed token (ebb: the frontend)');
+  console.log(
+    `\nratio = tok/s ÷ direct in the same rounds; +${lat} = path − direct (ms); µs/tok = the proxy process's CPU per relayed token (ebb: the frontend), user + system in cpu; ÷ nginx, ÷ ebb (ebb with its defaults, plain streams): that CPU per token as a ratio${opts.stream ? '' : `; ${lat} = a whole non-streamed answer's latency`}`,
+  );
   for (const r of table) console.log(r.map((v, i) => (v as string).padEnd(widths[i] as number)).join('  '));
   const maxOther = Math.max(...rows.map((r) => r.other_cpu_pct));
   if (maxOther >= 15) console.log(`WARNING: other processes used up to ${maxOther}% CPU during measurement (the worker's own share is in it too).`);
-  console.log(JSON.stringify({ bench: 'peer-proxies', cores: cpus().length, node: process.version, max_tokens: opts.maxTokens, itl_ms: opts.itlMs, rounds: opts.rounds, duration_ms: opts.durationMs, ebb_cli: opts.ebbCli, skipped: missing, rows }));
+  console.log(JSON.stringify({ bench: 'peer-proxies', cores: cpus().length, node: process.version, max_tokens: opts.maxTokens, itl_ms: opts.itlMs, rounds: opts.rounds, duration_ms: opts.durationMs, ebb_cli: opts.ebbCli, base_cli: opts.baseCli || null, stream: opts.stream, skipped: missing, rows }));
   for (const fe of frontends) await fe.terminate(); // a graceful stop, so --cpu-prof writes its profile
   await worker.stop();
   process.exit(rows.some((r) => r.errors > 0) ? 1 : 0);

@@ -1,8 +1,9 @@
 /**
- * Resumable streams' cost (issue 32): the frontend's CPU per streamed token with the stream store
- * off (`--stream-store none`), in memory (the default) and shared in Redis (a redis-server started
- * here, when one is installed), side by side in one run, and the latency of a resume
- * (GET .../{id}?stream=true&starting_after=N) to its first replayed byte.
+ * Resumable streams' cost (issues 32, 43): the frontend's CPU per streamed token with the stream
+ * store off (`--stream-store none`), a plain stream with the default store (not kept: its client
+ * did not ask), a kept stream (`x-ebb-resumable: 1`) in memory and one shared in Redis (a
+ * redis-server started here, when one is installed), side by side in one run, and the latency of a
+ * resume (GET .../{id}?stream=true&starting_after=N) to its first replayed byte.
  *
  *   npm run build && node dist/bench/resumable.js [--duration-ms 4000] [--rounds 3] [--concurrency 64] [--max-tokens 64] [--resumes 200]
  *
@@ -39,8 +40,11 @@ const dispatcher = new Agent({ connections: concurrency * 2, keepAliveTimeout: 1
 const body = JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'tell me about tides' }], max_tokens: maxTokens, stream: true });
 
 /** One streamed chat completion; resolves with its events counted (one per token, plus role, finish and [DONE]). */
-async function oneStream(url: string): Promise<number> {
-  const res = await request(`${url}/v1/chat/completions`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json' }, body });
+const PLAIN = { 'content-type': 'application/json' };
+const KEPT = { ...PLAIN, 'x-ebb-resumable': '1' };
+
+async function oneStream(url: string, headers: Record<string, string>): Promise<number> {
+  const res = await request(`${url}/v1/chat/completions`, { method: 'POST', dispatcher, headers, body });
   // Events end with a blank line; one may span two reads, so the text is scanned whole.
   let text = '';
   for await (const chunk of res.body as AsyncIterable<Buffer>) text += chunk.toString('latin1');
@@ -48,7 +52,7 @@ async function oneStream(url: string): Promise<number> {
 }
 
 /** Closed-loop load for durationMs: the frontend's CPU ms per 1,000 tokens. */
-async function measure(frontend: FrontendHandle): Promise<{ cpuMsPer1kTokens: number; tokensPerS: number }> {
+async function measure(frontend: FrontendHandle, headers: Record<string, string>): Promise<{ cpuMsPer1kTokens: number; tokensPerS: number }> {
   const deadline = Date.now() + durationMs;
   let tokens = 0;
   const cpu0 = procCpuMs(frontend.pid)!;
@@ -57,7 +61,7 @@ async function measure(frontend: FrontendHandle): Promise<{ cpuMsPer1kTokens: nu
     Array.from({ length: concurrency }, async () => {
       while (Date.now() < deadline) {
         // Awaited first: `tokens += await ...` would read tokens before the wait and lose the other streams' counts.
-        const events = await oneStream(frontend.url);
+        const events = await oneStream(frontend.url, headers);
         tokens += events - 3;
       }
     }),
@@ -71,7 +75,7 @@ async function measure(frontend: FrontendHandle): Promise<{ cpuMsPer1kTokens: nu
 async function resumeLatency(frontend: FrontendHandle): Promise<{ p50: number; p99: number }> {
   const samples: number[] = [];
   for (let i = 0; i < resumes; i++) {
-    const res = await request(`${frontend.url}/v1/chat/completions`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json' }, body });
+    const res = await request(`${frontend.url}/v1/chat/completions`, { method: 'POST', dispatcher, headers: KEPT, body });
     let head = '';
     for await (const chunk of res.body as AsyncIterable<Buffer>) head += chunk.toString('utf8');
     const id = /"id":"(chatcmpl-[0-9a-f]+)"/.exec(head)![1]!;
@@ -93,23 +97,28 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-itl-ms', '0', '--mocker-ttft-ms', '0', '--mocker-batch-slots', '256']);
 const redis = redisSkipReason() === undefined ? await startRedis() : undefined;
 process.on('exit', () => void redis?.kill());
-type Mode = 'off' | 'memory' | 'redis';
-const modes: Partial<Record<Mode, FrontendHandle>> = { off: await startFrontend(discovery, ['--stream-store', 'none']), memory: await startFrontend(discovery) };
-if (redis !== undefined) modes.redis = await startFrontend(discovery, ['--stream-store', redis.url]);
-for (const f of Object.values(modes)) await oneStream(f.url); // each sees the worker, and is warm
-const order = Object.keys(modes) as Mode[];
+type Mode = 'off' | 'plain' | 'kept' | 'redis';
+const memory = await startFrontend(discovery);
+const frontends: Partial<Record<Mode, { f: FrontendHandle; headers: Record<string, string> }>> = {
+  off: { f: await startFrontend(discovery, ['--stream-store', 'none']), headers: PLAIN },
+  plain: { f: memory, headers: PLAIN },
+  kept: { f: memory, headers: KEPT },
+};
+if (redis !== undefined) frontends.redis = { f: await startFrontend(discovery, ['--stream-store', redis.url]), headers: KEPT };
+for (const { f, headers } of Object.values(frontends)) await oneStream(f.url, headers); // each sees the worker, and is warm
+const order = Object.keys(frontends) as Mode[];
 const samples: Partial<Record<Mode, number[]>> = Object.fromEntries(order.map((m) => [m, []]));
 for (let r = 0; r < rounds; r++)
   // Each round in another order: no mode always runs first (or on a warmer machine).
   for (const mode of [...order.slice(r % order.length), ...order.slice(0, r % order.length)]) {
-    const m = await measure(modes[mode]!);
+    const m = await measure(frontends[mode]!.f, frontends[mode]!.headers);
     samples[mode]!.push(m.cpuMsPer1kTokens);
     console.log(`round ${r + 1} ${mode.padEnd(6)} ${m.cpuMsPer1kTokens.toFixed(1)} CPU ms / 1,000 tokens (${Math.round(m.tokensPerS)} tokens/s)`);
   }
-const latency = await resumeLatency(modes.memory!);
+const latency = await resumeLatency(memory);
 const cpu = Object.fromEntries(order.map((m) => [m, median(samples[m]!)])) as Partial<Record<Mode, number>>;
 const over = (m: Mode) => (cpu[m] === undefined ? undefined : cpu[m]! / cpu.off!);
 console.log(`\nmedian CPU per 1,000 tokens at ${concurrency} streams: ${order.map((m) => `${m} ${cpu[m]!.toFixed(1)} ms (x${over(m)!.toFixed(3)})`).join(', ')}${redis === undefined ? ' (no redis-server here: not measured)' : ''}`);
 console.log(`resume to first replayed byte (memory): p50 ${latency.p50.toFixed(2)} ms, p99 ${latency.p99.toFixed(2)} ms (${resumes} resumes)`);
-console.log(JSON.stringify({ concurrency, max_tokens: maxTokens, rounds, cpu_ms_per_1k_tokens: cpu, memory_over_off: over('memory'), redis_over_off: over('redis'), resume_first_byte_ms: latency }));
+console.log(JSON.stringify({ concurrency, max_tokens: maxTokens, rounds, cpu_ms_per_1k_tokens: cpu, plain_over_off: over('plain'), kept_over_off: over('kept'), redis_over_off: over('redis'), resume_first_byte_ms: latency }));
 process.exit(0);

@@ -1,6 +1,6 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { EMBEDDINGS_FIELD_POLICY, FIELD_POLICY, RESPONSES_FIELD_POLICY } from '../src/frontend/api/field-policy.js';
+import { EMBEDDINGS_FIELD_POLICY, FIELD_POLICY, INPUT_TOKENS_FIELD_POLICY, RESPONSES_FIELD_POLICY } from '../src/frontend/api/field-policy.js';
 import { call } from './helpers/http.js';
 import { ERROR_CODES, isErrorCode, type ErrorCode } from '../src/protocol/errors.js';
 import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
@@ -46,20 +46,31 @@ const CHAT: Examples = {
   stop: { ok: ['x', ['a', 'b']], refused: [] },
   stream: { ok: [false, true], refused: [] },
   stream_options: { ok: [], refused: [{ include_usage: true }] }, // without stream: true (with it: the SDK tests)
-  n: { ok: [2], refused: [] },
+  n: { ok: [2, 40], refused: [129] }, // OpenAI's 128 (--max-lanes-per-request bounds prompts x n: frontend-limits.test.ts)
   // The mocker writes JSON (a model whose workers do not: capabilities.test.ts); a schema past the bounds is refused (schema-bounds.test.ts).
   response_format: { ok: [{ type: 'text' }, { type: 'json_object' }, { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } }], refused: [{ type: 'json_schema', json_schema: { name: 'x', schema: HUGE } }] },
   user: { ok: ['u-1'], refused: [] },
   metadata: { ok: [{ k: 'v' }], refused: [] },
   store: { ok: [false, true], refused: [] },
-  service_tier: { ok: ['auto'], refused: [] },
+  service_tier: { ok: ['auto', 'scale', 'fast'], refused: ['turbo'] },
   parallel_tool_calls: { ok: [false, true], refused: [] },
+  prediction: { ok: [{ type: 'content', content: 'hi there' }], refused: [] },
+  prompt_cache_key: { ok: ['k'], refused: [] },
+  prompt_cache_retention: { ok: ['24h'], refused: [] },
+  prompt_cache_options: { ok: [{ mode: 'implicit' }], refused: [] },
+  safety_identifier: { ok: ['s-1'], refused: [] },
+  moderation: { ok: [null], refused: [{ model: 'omni-moderation-latest' }] },
+  reasoning_effort: { ok: [null, 'none'], refused: ['low', 'high'] },
+  verbosity: { ok: [null, 'medium'], refused: ['low'] },
+  modalities: { ok: [['text']], refused: [['text', 'audio']] },
+  audio: { ok: [null], refused: [{ voice: 'alloy', format: 'mp3' }] },
+  web_search_options: { ok: [null], refused: [{}] },
   logprobs: { ok: [false, true], refused: [] }, // the mocker reports them; a model whose workers do not: capabilities.test.ts
   top_logprobs: { ok: [0], refused: [2] }, // without logprobs: true
   tools: { ok: [[], tools], refused: [[{ type: 'function', function: { name: 'f', parameters: HUGE } }]] }, // the mocker calls tools; a model whose workers do not: capabilities.test.ts
   tool_choice: { ok: ['none', 'auto'], refused: ['required', { type: 'function', function: { name: 'f' } }] }, // without tools to choose from
-  functions: { ok: [[]], refused: [[{ name: 'f' }]] },
-  function_call: { ok: ['none'], refused: ['auto'] },
+  functions: { ok: [[], [{ name: 'f', parameters: { type: 'object' } }]], refused: [[{ name: 'f', parameters: HUGE }]] }, // mapped to tools (their effect: openai-conformance.test.ts)
+  function_call: { ok: ['none', 'auto'], refused: [{ name: 'g' }] }, // a named one must be among functions
   ...SAMPLING,
   best_of: { ok: [1], refused: [2] },
   echo: { ok: [false], refused: [true] },
@@ -82,13 +93,20 @@ const RESPONSES: Examples = {
   top_p: { ok: [0.9], refused: [] },
   ...SAMPLING,
   stream: { ok: [false], refused: [] },
-  text: { ok: [{ format: { type: 'text' } }, { format: { type: 'json_object' } }], refused: [{ format: { type: 'json_schema', name: 'x', schema: HUGE } }] },
+  text: { ok: [{ format: { type: 'text' } }, { format: { type: 'json_object' } }, { verbosity: 'medium' }], refused: [{ format: { type: 'json_schema', name: 'x', schema: HUGE } }, { verbosity: 'low' }] },
   user: { ok: ['u'], refused: [] },
-  metadata: { ok: [{ k: 'v' }], refused: [] },
-  service_tier: { ok: ['auto'], refused: [] },
+  metadata: { ok: [{ k: 'v' }], refused: [{ k: 1 }] },
+  service_tier: { ok: ['auto', 'scale'], refused: ['turbo'] },
   parallel_tool_calls: { ok: [true], refused: [] },
-  truncation: { ok: ['disabled'], refused: [] },
+  truncation: { ok: ['disabled', 'auto'], refused: ['sometimes'] },
   max_tool_calls: { ok: [3], refused: [] },
+  prompt_cache_key: { ok: ['k'], refused: [] },
+  prompt_cache_retention: { ok: ['24h'], refused: [] },
+  prompt_cache_options: { ok: [{ mode: 'implicit' }], refused: [] },
+  safety_identifier: { ok: ['s-1'], refused: [] },
+  stream_options: { ok: [{ include_obfuscation: false }], refused: [] },
+  moderation: { ok: [null], refused: [{ model: 'omni-moderation-latest' }] },
+  context_management: { ok: [[]], refused: [[{ type: 'compaction', compact_threshold: 1000 }]] },
   store: { ok: [false, true], refused: [] },
   previous_response_id: { ok: [null], refused: ['resp_1'] }, // one this frontend kept: resumable-streams.test.ts
   conversation: { ok: [null], refused: ['conv_1'] },
@@ -96,9 +114,25 @@ const RESPONSES: Examples = {
   tools: { ok: [[], [{ type: 'function', name: 'f', parameters: { type: 'object' } }]], refused: [[{ type: 'web_search' }], [{ type: 'function', name: 'f', parameters: HUGE }]] },
   tool_choice: { ok: ['auto', 'none'], refused: ['required', { type: 'function', name: 'f' }] }, // without tools to choose from
   include: { ok: [[]], refused: [['message.output_text.logprobs']] },
-  reasoning: { ok: [{}], refused: [{ effort: 'high' }] },
+  reasoning: { ok: [{}, { effort: 'none' }], refused: [{ effort: 'high' }, { effort: 'none', summary: 'auto' }] },
   top_logprobs: { ok: [0], refused: [3] },
   prompt: { ok: [null], refused: [{ id: 'pmpt_1' }] },
+};
+
+/** POST /v1/responses/input_tokens (the counts themselves: openai-conformance.test.ts). */
+const INPUT_TOKENS: Examples = {
+  model: { ok: ['m1'], refused: [] },
+  input: { ok: ['hi', [{ role: 'user', content: 'hi' }]], refused: [[{ type: 'reasoning', summary: [] }]] },
+  instructions: { ok: ['be brief'], refused: [] },
+  previous_response_id: { ok: [null], refused: ['resp_1'] },
+  conversation: { ok: [null], refused: ['conv_1'] },
+  reasoning: { ok: [{}], refused: [{ effort: 'high' }] },
+  tools: { ok: [[]], refused: [[{ type: 'function', name: 'f', parameters: { type: 'object' } }]] },
+  personality: { ok: [], refused: ['friendly'] },
+  tool_choice: { ok: ['auto'], refused: [] },
+  parallel_tool_calls: { ok: [false], refused: [] },
+  text: { ok: [{ format: { type: 'json_object' } }], refused: [] },
+  truncation: { ok: ['auto'], refused: [] },
 };
 
 const EMBEDDINGS: Examples = {
@@ -128,6 +162,7 @@ describe('field policy: every row of the table, against a running frontend', () 
     assert.deepEqual(Object.keys(CHAT).sort(), Object.keys(FIELD_POLICY).sort());
     assert.deepEqual(Object.keys(RESPONSES).sort(), Object.keys(RESPONSES_FIELD_POLICY).sort());
     assert.deepEqual(Object.keys(EMBEDDINGS).sort(), Object.keys(EMBEDDINGS_FIELD_POLICY).sort());
+    assert.deepEqual(Object.keys(INPUT_TOKENS).sort(), Object.keys(INPUT_TOKENS_FIELD_POLICY).sort());
   });
 
   it('chat completions', async () => {
@@ -143,6 +178,11 @@ describe('field policy: every row of the table, against a running frontend', () 
   it('responses', async () => {
     const base = { model: 'm1', input: 'hi', max_output_tokens: 2 };
     for (const [field, row] of Object.entries(RESPONSES)) await expectRow(`${frontend.url}/v1/responses`, base, field, row);
+  });
+
+  it('responses input_tokens', async () => {
+    const base = { model: 'm1', input: 'hi' };
+    for (const [field, row] of Object.entries(INPUT_TOKENS)) await expectRow(`${frontend.url}/v1/responses/input_tokens`, base, field, row);
   });
 
   it('embeddings', async () => {

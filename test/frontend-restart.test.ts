@@ -210,7 +210,9 @@ describe("a rolling restart of 3 frontends under steady agent traffic, with the 
     const results: SdkRun[] = [];
     // Four agents, each streaming one tool-call turn after another for as long as the rollout lasts.
     const agents = Array.from({ length: 4 }, async () => {
-      while (rolling) results.push(await runSdk('openai', 'chat-tools', `${nginx.url}/v1`, resumableFetch()));
+      // The SDK's default retries (2): nginx's reload at each step closes idle keep-alive connections, and a
+      // request sent on one as it closes gets no answer at all (nothing started: the SDK sends it again).
+      while (rolling) results.push(await runSdk('openai', 'chat-tools', `${nginx.url}/v1`, resumableFetch(), 2));
     });
     for (let i = 0; i < 3; i++) {
       const port = await freePort();

@@ -116,7 +116,7 @@ describe('frontend: OpenAI API through the official SDK', () => {
     assert.equal(stringly.status, 400, 'no type coercion: "true" is not a boolean');
     const badJson = await call('POST', `${frontend.url}/v1/completions`, '{"model":');
     assert.equal(badJson.status, 400);
-    const wrong = await call('GET', `${frontend.url}/v1/chat/completions`);
+    const wrong = await call('PUT', `${frontend.url}/v1/completions`);
     assert.equal(wrong.status, 405);
     assert.equal(wrong.headers.get('allow'), 'POST');
     assert.equal((await call('POST', `${frontend.url}/engine/drain`)).status, 404, 'no admin route on the public port');

@@ -26,9 +26,9 @@ const rec = (id: string, kv: 'mocker' | 'none' = 'mocker'): WorkerRecord =>
 const words = (tag: string, n: number) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(' ');
 const body = (prompt: string): GenerateBody => ({ model: 'm', prompt });
 
-function fleet(ids: string[], kv: 'mocker' | 'none' = 'mocker') {
+function fleet(ids: string[], kv: 'mocker' | 'none' = 'mocker', self = 'me') {
   const pool = new WorkerPool();
-  const feed = new KvFeed(log);
+  const feed = new KvFeed(log, { self });
   const event = { type: 'reset' as const, records: ids.map((id) => rec(id, kv)) };
   pool.apply(event);
   feed.apply(event);
@@ -176,6 +176,83 @@ describe('kv router', () => {
     assert.equal(new Set(seen).size, 3);
     const { router } = fleet(['solo']);
     assert.equal(await router.prepare(body(words('d', 100)), 'aggregated', new Set(), []), undefined, 'a single worker: nothing to score');
+  });
+
+  it("keeps a conversation's next turn on its cache while another prompt is prefilled there (a queued prefill holds a short one up by its own size at most)", async () => {
+    const { route, router, pool } = fleet(['a', 'b', 'c']);
+    const doc = words('x', 800);
+    const first = await route(doc);
+    first.done();
+    // A long cold prompt sent to that worker, its first token not back yet.
+    const hint = (await router.prepare(body(words('y', 800)), 'aggregated', new Set(), []))!;
+    hint.chosen = { workerId: first.id, cachedTokens: 0 };
+    const cold = { done: router.begin(pool.get(first.id)!, hint) };
+    assert.equal(router.queuedPrefill(first.id), 800);
+    const next = await route(`${doc} and a follow-up question`);
+    next.done();
+    assert.equal(next.id, first.id, `the follow-up (${next.tokens - next.cached} uncached tokens) stays with its ${next.cached} cached ones`);
+    // A cold prompt as long as the queued one still goes elsewhere: it would wait for all of it.
+    const another = await route(words('z', 800));
+    another.done();
+    assert.notEqual(another.id, first.id, 'a cold prompt goes where no prefill is queued');
+    cold.done();
+  });
+
+  it("adds what other frontends sent a worker (its load events) to this frontend's own counts, leaving out its own entry", async () => {
+    const { route, feed } = fleet(['a', 'b'], 'mocker', 'me');
+    const doc = words('x', 400);
+    const first = await route(doc);
+    first.done();
+    const home = first.id;
+    // Another frontend has a long prompt queued there, and requests in flight: this frontend's follow-up of a short question stays...
+    const load = (frontends: Record<string, [number, number[]]>) => assert.equal(feed.load.apply(home, { worker_id: home, frontends }), true);
+    load({ other: [1, [400]] });
+    const stay = await route(`${doc} q1`);
+    stay.done();
+    assert.equal(stay.id, home, 'a short prefill is held up by its own size at most');
+    // ...but a cold prompt as long goes to the idle worker, as it would had this frontend sent the other one itself
+    // (though that one was the busier lately here, which alone would make it win the tie).
+    const warm = await route(words('w', 50));
+    warm.done();
+    assert.notEqual(warm.id, home);
+    const cold = await route(words('c', 400));
+    cold.done();
+    assert.notEqual(cold.id, home, "another frontend's queued prefill counts");
+    // Past what the cache saves (in-flight elsewhere), the follow-up moves too.
+    load({ other: [20, []] });
+    const moved = await route(`${doc} q2`);
+    moved.done();
+    assert.notEqual(moved.id, home, "other frontends' in-flight counts");
+    // This frontend's own entry is its own counts, already known here: not added twice.
+    load({ me: [20, [4000]] });
+    const back = await route(`${doc} q3`);
+    back.done();
+    assert.equal(back.id, home, 'its own entry is left out');
+    // A worker whose stream broke says nothing any more.
+    load({ other: [20, []] });
+    assert.equal(feed.load.of(home)?.inflight, 20);
+    feed.load.drop(home);
+    assert.equal(feed.load.of(home), undefined);
+  });
+
+  it('breaks ties by when a worker was last busy for anyone (its KV events, alike at every frontend), so frontends spread new prompts as one would', async () => {
+    // Two frontends' routers over the same two workers, each of which stored blocks at another moment (exact holders, as from /kv/events).
+    const one = fleet(['a', 'b']);
+    const two = fleet(['a', 'b']);
+    for (const f of [one, two]) {
+      f.feed.index.replace('a', 'm', 'exact', 'i').storedAt = performance.now();
+      f.feed.index.replace('b', 'm', 'exact', 'i').storedAt = performance.now() - 1000;
+    }
+    const r1 = await one.route(words('n', 200));
+    const r2 = await two.route(words('o', 200));
+    r1.done();
+    r2.done();
+    assert.equal(r1.id, 'b', 'the worker idle longest takes a cold prompt');
+    assert.equal(r2.id, 'b', 'every frontend agrees (each one alone would pick by its own picks)');
+    // This frontend's own choice counts as busy too: its next cold prompt goes to the other worker.
+    const r3 = await one.route(words('p', 200));
+    r3.done();
+    assert.equal(r3.id, 'a');
   });
 
   it('approximates in character chunks for workers that declare no cache', async () => {

@@ -32,7 +32,7 @@ const SCHEMA_CASES: Array<[string, Record<string, unknown>, string, string, RegE
   ['temperature over its maximum', { temperature: 3 }, 'temperature', 'decimal_above_max_value', /^Invalid 'temperature': decimal above maximum value\. Expected a value <= 2, but got 3 instead\.$/],
   ['max_tokens under its minimum', { max_tokens: 0 }, 'max_tokens', 'integer_below_min_value', /^Invalid 'max_tokens': integer below minimum value\. Expected a value >= 1, but got 0 instead\.$/],
   ['no messages', { messages: [] }, 'messages', 'empty_array', /^Invalid 'messages': empty array\./],
-  ['a role OpenAI does not have', { messages: [{ role: 'robot', content: 'x' }] }, 'messages[0].role', 'invalid_value', /^Invalid value for 'messages\[0\]\.role': 'robot'\. Supported values are: 'system', .* and 'tool'\.$/],
+  ['a role OpenAI does not have', { messages: [{ role: 'robot', content: 'x' }] }, 'messages[0].role', 'invalid_value', /^Invalid value for 'messages\[0\]\.role': 'robot'\. Supported values are: 'system', .* 'tool', and 'function'\.$/],
   ['content of no accepted type', { messages: [{ role: 'user', content: 5 }] }, 'messages[0].content', 'invalid_type', /^Invalid type for 'messages\[0\]\.content': expected one of a string or an array, but got an integer instead\.$/],
   ['five stop sequences', { stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop', 'array_above_max_length', /array too long\. Expected an array with maximum length 4, but got an array with length 5 instead\.$/],
   ['stream as a string', { stream: 'true' }, 'stream', 'invalid_type', /^Invalid type for 'stream': expected a boolean, but got a string instead\.$/],

@@ -95,6 +95,31 @@ describe('request metrics by model, tier, tenant and outcome', () => {
     assert.ok(sum(tokens.filter((s) => s.labels.type === 'input')) > 0);
     assertPromtoolClean(page);
   });
+
+  it('a request asking service_tier scale is counted in the tier it is served in (priority); a GET of stored chat completions is no request counted', async () => {
+    const page = () => fetch(`${frontend.url}/metrics`).then((r) => r.text());
+    const chat = (text: string) => sum(samples(text, 'ebb_frontend_requests_total').filter((s) => s.labels.endpoint === '/v1/chat/completions'));
+    const before = await page();
+    const listed = await call('GET', `${frontend.url}/v1/chat/completions`);
+    assert.ok(listed.status === 200 || listed.status === 405, JSON.stringify(listed.body));
+    const r = await call('POST', `${frontend.url}/v1/chat/completions`, { model: 'm1', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3, service_tier: 'scale' }, { 'x-ebb-tenant': 'tenant-scale' });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.equal(r.body.service_tier, 'priority');
+    // Counted as its response closes: read until it is there.
+    const after = await bounded(
+      (async () => {
+        for (;;) {
+          const text = await page();
+          if (chat(text) > chat(before)) return text;
+          await new Promise((resolve) => setImmediate(resolve));
+        }
+      })(),
+      'the scale request to be counted',
+    );
+    assert.equal(chat(after) - chat(before), 1, 'the POST alone: a list is no generation');
+    const scale = samples(after, 'ebb_frontend_model_requests_total').filter((s) => s.labels.tenant === 'other' || s.labels.tenant === 'tenant-scale');
+    assert.equal(sum(scale.filter((s) => s.labels.tier === 'priority')) - sum(samples(before, 'ebb_frontend_model_requests_total').filter((s) => (s.labels.tenant === 'other' || s.labels.tenant === 'tenant-scale') && s.labels.tier === 'priority')), 1, 'in the priority tier');
+  });
 });
 
 const promtool = spawnSync('promtool', ['--version']).status === 0;

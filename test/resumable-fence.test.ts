@@ -1,5 +1,6 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { sseEvents } from './helpers/http.js';
 import { Redis } from 'ioredis';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
@@ -39,26 +40,10 @@ describe('shared streams: one writer, whole copies', { skip: redisSkipReason() }
 
   /** Raw SSE events, each `onEvent`'d as it comes; `stopAt` (an id) ends the read there, closing the connection. */
   async function events(res: Response, opts: { stopAt?: number; controller?: AbortController; onEvent?: (e: string) => void } = {}): Promise<string[]> {
-    const out: string[] = [];
-    let buf = '';
-    try {
-      for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
-        buf += Buffer.from(chunk).toString('utf8');
-        let end: number;
-        while ((end = buf.indexOf('\n\n')) >= 0) {
-          out.push(buf.slice(0, end));
-          buf = buf.slice(end + 2);
-          opts.onEvent?.(out.at(-1)!);
-          if (opts.stopAt !== undefined && out.at(-1)!.startsWith(`id: ${opts.stopAt}\n`)) {
-            opts.controller?.abort();
-            return out;
-          }
-        }
-      }
-    } catch (err) {
-      if (!opts.controller?.signal.aborted) throw err;
-    }
-    return out;
+    return sseEvents(res, (e) => {
+      opts.onEvent?.(e);
+      return opts.stopAt !== undefined && e.startsWith(`id: ${opts.stopAt}\n`);
+    }, { controller: opts.controller });
   }
   const idOf = (e: string[]) => /"id":"(chatcmpl-[0-9a-f]+)"/.exec(e.join('\n'))![1]!;
   const idsOf = (e: string[]) => e.map((x) => /^id: (\d+)$/m.exec(x)?.[1]).filter((x) => x !== undefined).map(Number);

@@ -2,7 +2,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { secondTurnWhole } from './helpers/responses.js';
-import { call } from './helpers/http.js';
+import { call, sseEvents } from './helpers/http.js';
 import { frontendSeesWorkers, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
 
@@ -34,26 +34,10 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
 
   /** Raw SSE events of a response, stopping (and closing) after the event `stopAt` when given. */
   async function events(res: Response, stopAt?: number, controller?: AbortController, onEvent: (e: string) => void = () => undefined): Promise<string[]> {
-    const out: string[] = [];
-    let buf = '';
-    try {
-      for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
-        buf += Buffer.from(chunk).toString('utf8');
-        let end: number;
-        while ((end = buf.indexOf('\n\n')) >= 0) {
-          out.push(buf.slice(0, end));
-          buf = buf.slice(end + 2);
-          onEvent(out.at(-1)!);
-          if (stopAt !== undefined && out.at(-1)!.startsWith(`id: ${stopAt}\n`)) {
-            controller?.abort();
-            return out;
-          }
-        }
-      }
-    } catch (err) {
-      if (!controller?.signal.aborted) throw err;
-    }
-    return out;
+    return sseEvents(res, (e) => {
+      onEvent(e);
+      return stopAt !== undefined && e.startsWith(`id: ${stopAt}\n`);
+    }, { controller });
   }
   const idOf = (e: string[]) => /"id":"(chatcmpl-[0-9a-f]+)"/.exec(e[0]!)![1]!;
 
@@ -153,10 +137,10 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
     started.push(d);
     await frontendSeesWorkers(d, 2);
     const seeds = Array.from({ length: 30 }, (_, i) => 100 + i);
-    const post = (url: string, seed: number) => fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: body(150, seed) });
+    const post = (url: string, seed: number) => fetch(`${url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: body(400, seed) });
     const text = (e: string[]) => e.map((x) => /"delta":\{"content":("(?:[^"\\]|\\.)*")/.exec(x)?.[1]).filter((x) => x !== undefined).map((x) => JSON.parse(x!) as string).join('');
     const reference = await Promise.all(seeds.map(async (seed) => text(await events(await post(b.url, seed)))));
-    // 30 streams at d (150 tokens: seconds, far past d's 300 ms deadline); once each has begun, d is told to stop.
+    // 30 streams at d (400 tokens: 8 s, far past d's 300 ms deadline, and past the last one's start on a loaded machine); once each has begun, d is told to stop.
     let begun = 0;
     let allBegun!: () => void;
     const ready = new Promise<void>((resolve) => (allBegun = resolve));
@@ -186,7 +170,8 @@ describe('resumable streams across frontends: the Redis stream store', { skip: r
 
   it('the Responses API across the fleet: a background response run at one frontend is followed, retrieved and cancelled at another; a next turn there builds on it', async () => {
     const at = (f: FrontendHandle) => new OpenAI({ baseURL: `${f.url}/v1`, apiKey: 'unused', maxRetries: 0, defaultHeaders: { 'x-ebb-resumable': '1' } });
-    const queued = await at(e).responses.create({ model: 'm1', input: 'tell me about the tides', background: true });
+    // Long (40 s at most): it is still running when retrieved, however slow the machine; it is cancelled below.
+    const queued = await at(e).responses.create({ model: 'm1', input: 'tell me about the tides', background: true, max_output_tokens: 2000 });
     for await (const ev of await at(b).responses.retrieve(queued.id, { stream: true, starting_after: 3 })) if (ev.type === 'response.output_text.delta') break;
     assert.equal((await at(b).responses.retrieve(queued.id)).status, 'in_progress');
     const cancelled = await at(b).responses.cancel(queued.id);

@@ -1,8 +1,9 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
+import { Agent, fetch as undiciFetch } from 'undici';
 import { secondTurnWhole } from './helpers/responses.js';
-import { call } from './helpers/http.js';
+import { call, sseEvents } from './helpers/http.js';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { bounded, frontendSeesWorkers, metricValue, startFleet, startFrontend, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
@@ -28,27 +29,16 @@ interface RawEvent {
 /** Reads a response's SSE events as raw text; `stop` true after an event leaves (the connection is closed there). */
 async function readEvents(res: Response, controller: AbortController | undefined, stop: (e: RawEvent) => boolean = () => false): Promise<RawEvent[]> {
   const events: RawEvent[] = [];
-  const decoder = new TextDecoder();
-  let buf = '';
-  try {
-    for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
-      buf += decoder.decode(chunk, { stream: true });
-      let end: number;
-      while ((end = buf.indexOf('\n\n')) >= 0) {
-        const raw = buf.slice(0, end);
-        buf = buf.slice(end + 2);
-        const id = /^id: (\d+)$/m.exec(raw)?.[1];
-        const e = { raw, id: id === undefined ? undefined : Number(id) };
-        events.push(e);
-        if (stop(e)) {
-          controller?.abort();
-          return events;
-        }
-      }
-    }
-  } catch (err) {
-    if (!controller?.signal.aborted) throw err;
-  }
+  await sseEvents(
+    res,
+    (raw) => {
+      const id = /^id: (\d+)$/m.exec(raw)?.[1];
+      const e = { raw, id: id === undefined ? undefined : Number(id) };
+      events.push(e);
+      return stop(e);
+    },
+    { controller },
+  );
   return events;
 }
 
@@ -136,25 +126,29 @@ describe('resumable streams: one frontend, kept in memory', () => {
     assert.equal(final?.usage?.output_tokens, 30);
   });
 
-  it('unknown ids: 404 response_not_found; a resume needs stream=true; a bad starting_after is a 400', async () => {
+  it('unknown ids: 404 response_not_found; a completion\'s resume needs stream=true (a chat completion without it is a stored one); a bad starting_after is a 400', async () => {
     const unknown = await call('GET', `${frontend.url}/v1/chat/completions/chatcmpl-nope?stream=true`);
     assert.equal(unknown.status, 404);
     assert.equal(unknown.body.error.code, 'response_not_found');
     assert.equal((await call('GET', `${frontend.url}/v1/completions/chatcmpl-x?stream=true`)).body.error.code, 'response_not_found');
-    assert.equal((await call('GET', `${frontend.url}/v1/chat/completions/chatcmpl-x`)).status, 400);
+    assert.equal((await call('GET', `${frontend.url}/v1/completions/cmpl-x`)).status, 400);
+    assert.equal((await call('GET', `${frontend.url}/v1/chat/completions/chatcmpl-x`)).body.error.code, 'response_not_found', 'no stored completion of that id');
     assert.equal((await call('GET', `${frontend.url}/v1/chat/completions/chatcmpl-x?stream=true&starting_after=abc`)).status, 400);
     assert.ok((await metricValue(frontend.url, 'ebb_frontend_stream_resumes_total', 'outcome="not_found"')) >= 2);
   });
 
   it('1,000 clients following one stream all get it whole', async () => {
+    const agent = new Agent({ connections: 1000 });
     const res = await post('/v1/chat/completions', chat(30, 3));
     let followers: Promise<RawEvent[][]> | undefined;
     const original = await readEvents(res, undefined, (e) => {
-      if (e.id === 2) followers = Promise.all(Array.from({ length: 1000 }, () => fetch(`${frontend.url}/v1/chat/completions/${idOf([e])}?stream=true&starting_after=2`).then((r) => readEvents(r, undefined))));
+      if (e.id === 2) followers = Promise.all(Array.from({ length: 1000 }, () => undiciFetch(`${frontend.url}/v1/chat/completions/${idOf([e])}?stream=true&starting_after=2`, { dispatcher: agent }).then((r) => readEvents(r as unknown as Response, undefined))));
       return false;
     });
     const expected = original.slice(3).map((e) => e.raw);
     const all = await followers!;
+    // Their 1,000 connections go with them: none is left idle in the suite's pool for a later request to be sent on as the frontend closes it.
+    await agent.close();
     assert.equal(all.length, 1000);
     for (const got of all) assert.deepEqual(got.map((e) => e.raw), expected);
   });
@@ -265,6 +259,46 @@ describe('the Responses API keeps its responses: background, retrieve, cancel, s
     assert.equal(done.status, 'incomplete', 'max_output_tokens reached');
     assert.equal(done.usage?.output_tokens, 40);
     assert.ok(done.output_text.endsWith(text), 'the events after 5 are the end of its text');
+  });
+
+  it('background and streamed: events from response.created (queued) on, each numbered; the client leaves, the response runs on, and starting_after gives the rest as an undisturbed run has them', async () => {
+    const c = client();
+    const request = { model: 'm1', input: 'tell me about the tides', max_output_tokens: 30, background: true, stream: true } as const;
+    type Event = { type: string; sequence_number: number; delta?: string; response?: { id: string; status: string } };
+    const first: Event[] = [];
+    for await (const e of await c.responses.create(request)) {
+      first.push(e as Event);
+      if (e.type === 'response.output_text.delta' && first.length >= 8) break; // the client leaves
+    }
+    assert.deepEqual(first.slice(0, 3).map((e) => [e.type, e.response?.status]), [['response.created', 'queued'], ['response.queued', 'queued'], ['response.in_progress', 'in_progress']]);
+    assert.deepEqual(first.map((e) => e.sequence_number), first.map((_, i) => i), 'numbered from 0, one by one');
+    const id = first[0]!.response!.id;
+    const rest: Event[] = [];
+    for await (const e of await c.responses.retrieve(id, { stream: true, starting_after: first.at(-1)!.sequence_number })) rest.push(e as Event);
+    const whole: Event[] = [];
+    for await (const e of await c.responses.retrieve(id, { stream: true })) whole.push(e as Event);
+    assert.deepEqual([...first, ...rest], whole, 'what the client had, then the rest: the response\'s every event once');
+    const undisturbed: Event[] = [];
+    for await (const e of await c.responses.create(request)) undisturbed.push(e as Event);
+    const kinds = (events: Event[]) => events.map((e) => [e.type, e.sequence_number, e.delta ?? null]);
+    assert.deepEqual(kinds(whole), kinds(undisturbed), 'as an undisturbed run: the same events, the same text');
+    assert.equal(whole.at(-1)!.type, 'response.incomplete');
+    assert.equal((await c.responses.retrieve(id)).status, 'incomplete', 'it ran to its end with nobody connected');
+  });
+
+  it('a background stream its worker refuses before it starts ends with that refusal as its last event, and its object says failed', async () => {
+    const c = client();
+    // A token id past the mocker's tokenizer: the field policy lets it through, the worker refuses it before any token.
+    const events: Array<{ type: string; code?: string; message?: string; response?: { id: string } }> = [];
+    await assert.rejects(
+      (async () => {
+        const stream = await c.responses.create({ model: 'm1', input: 'tides', background: true, stream: true, logit_bias: { '2000000': 1 } } as OpenAI.Responses.ResponseCreateParamsStreaming);
+        for await (const e of stream) events.push(e as never);
+      })(),
+      (err: unknown) => err instanceof OpenAI.APIError && /logit_bias/.test(err.message),
+    );
+    assert.deepEqual(events.map((e) => e.type), ['response.created', 'response.queued'], 'its announcement, then the refusal raised');
+    assert.equal((await c.responses.retrieve(events[0]!.response!.id)).status, 'failed');
   });
 
   it('cancel: a background response stops on its worker at once, and says cancelled', async () => {

@@ -42,8 +42,10 @@ before(async () => {
   // Started one after the other: later ones are younger (started_at), the ranking's last tie-break.
   // No prefix cache: the blocks their streams leave would rank before age (cache value is the
   // ranking's second key, tested in victim-ranking.test), and this fleet checks work and age.
+  // Long leases: the CLI reads discovery itself, and a worker whose heartbeat a loaded machine delayed past a
+  // short lease would be missing from its ranking (4 serving read as 2 with two suites on 2 cores).
   for (const id of ['m1-a', 'm1-b', 'm1-c', 'm1-d']) {
-    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', id, '--mocker-itl-ms', '20', '--mocker-kv-cache', 'off'], NO_TOKEN);
+    const w = await startWorker(['--discovery', discovery, '--model', 'm1', '--worker-id', id, '--mocker-itl-ms', '20', '--mocker-kv-cache', 'off', '--lease-ttl-ms', '60000', '--mocker-max-context', '8192'], NO_TOKEN);
     started.push(w);
     m1.push(w);
   }
@@ -76,9 +78,10 @@ async function resume(ids: string[]): Promise<void> {
 describe('ebb scale-down: the victims', () => {
   it('takes the idle worker and the one whose work ends first, shows why, and leaves the long streams alone', async () => {
     const [a, b, c, d] = m1 as [WorkerHandle, WorkerHandle, WorkerHandle, WorkerHandle];
-    // Uneven load: a idle; b ends in under a second; c and d run for many seconds.
+    // Uneven load: a idle; b ends in under a second; c and d run for a minute or more (they are cut at the end),
+    // so they still run at the last ranking below however slow the machine.
     const open = (w: WorkerHandle, max_tokens: number) => openLineStream(`${w.requestUrl}/generate`, { model: 'm1', prompt: 'p', max_tokens, stream: true });
-    const streams: OpenStream[] = [await open(b, 40), await open(c, 600), await open(d, 800)];
+    const streams: OpenStream[] = [await open(b, 40), await open(c, 3000), await open(d, 4000)];
     await Promise.all(streams.map((s) => s.first));
 
     // Serving workers report the drain ETA they would have if drained now.

@@ -1,5 +1,6 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { sseEvents } from './helpers/http.js';
 import { execFileSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -21,20 +22,6 @@ function toolsSkipReason(): string | undefined {
 }
 
 const KEPT = { 'content-type': 'application/json', 'x-ebb-resumable': '1' };
-async function events(res: Response, onEvent: (e: string) => void = () => undefined): Promise<string[]> {
-  const out: string[] = [];
-  let buf = '';
-  for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
-    buf += Buffer.from(chunk).toString('utf8');
-    let end: number;
-    while ((end = buf.indexOf('\n\n')) >= 0) {
-      out.push(buf.slice(0, end));
-      buf = buf.slice(end + 2);
-      onEvent(out.at(-1)!);
-    }
-  }
-  return out;
-}
 const text = (e: string[]) => e.map((x) => /"delta":\{"content":("(?:[^"\\]|\\.)*")/.exec(x)?.[1]).filter((x) => x !== undefined).map((x) => JSON.parse(x!) as string).join('');
 
 /**
@@ -76,13 +63,13 @@ describe('the stream store behind Redis Sentinel: a master killed under load', {
     await Promise.all([a, b].map((f) => frontendSeesWorkers(f, 2)));
     assert.ok(a.logs.some((l) => l.event === 'stream_store_connected' && l.kind === 'sentinel'), 'connected through the Sentinels');
     const seeds = Array.from({ length: 10 }, (_, i) => 40 + i);
-    const reference = await Promise.all(seeds.map(async (seed) => text(await events(await fetch(`${b.url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: body(seed) })))));
+    const reference = await Promise.all(seeds.map(async (seed) => text(await sseEvents(await fetch(`${b.url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: body(seed) })))));
     let begun = 0;
     let allBegun!: () => void;
     const ready = new Promise<void>((resolve) => (allBegun = resolve));
     const ids: string[] = [];
     const running = seeds.map(async (seed, i) =>
-      events(await fetch(`${a.url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: body(seed) }), (e) => {
+      sseEvents(await fetch(`${a.url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: body(seed) }), (e) => {
         if (ids[i] === undefined && /"id":"(chatcmpl-[0-9a-f]+)"/.test(e)) {
           ids[i] = /"id":"(chatcmpl-[0-9a-f]+)"/.exec(e)![1]!;
           if (++begun === seeds.length) allBegun();
@@ -98,7 +85,7 @@ describe('the stream store behind Redis Sentinel: a master killed under load', {
     done.forEach((e, i) => assert.equal(text(e), reference[i], `stream ${i} ran on, whole, through the failover`));
     // The promoted replica serves the store again: every copy is whole (its writer rewrote what the failover lost).
     await a.waitForEvent('stream_store_available', () => true, { after: mark, boundMs: 60_000 });
-    const resumed = await Promise.all(ids.map(async (id) => text(await events(await fetch(`${b.url}/v1/chat/completions/${id}?stream=true`)))));
+    const resumed = await Promise.all(ids.map(async (id) => text(await sseEvents(await fetch(`${b.url}/v1/chat/completions/${id}?stream=true`)))));
     resumed.forEach((t, i) => assert.equal(t, reference[i], `stream ${i} resumed whole at the other frontend after the failover`));
   });
 });
@@ -136,16 +123,16 @@ describe('the stream store on a Redis Cluster', { skip: toolsSkipReason() }, () 
     await Promise.all([a, b].map((f) => frontendSeesWorkers(f, 1)));
     assert.ok(a.logs.some((l) => l.event === 'stream_store_connected' && l.kind === 'cluster'), 'connected to the cluster');
     const post = (f: FrontendHandle) => fetch(`${f.url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'tides' }], max_tokens: 60, seed: 9, stream: true }) });
-    const reference = text(await events(await post(b)));
+    const reference = text(await sseEvents(await post(b)));
     let id = '';
     const first: string[] = [];
-    await events(await post(a), (e) => {
+    await sseEvents(await post(a), (e) => {
       first.push(e);
       id ||= /"id":"(chatcmpl-[0-9a-f]+)"/.exec(e)?.[1] ?? '';
       if (e.startsWith('id: 10\n')) a.proc.kill('SIGKILL');
     }).catch(() => undefined);
     const mark = b.mark();
-    const rest = await events(await fetch(`${b.url}/v1/chat/completions/${id}?stream=true`, { headers: { 'last-event-id': '10' } }));
+    const rest = await sseEvents(await fetch(`${b.url}/v1/chat/completions/${id}?stream=true`, { headers: { 'last-event-id': '10' } }));
     await b.waitForEvent('stream_taken_over', (l) => l.response_id === id, { after: mark });
     assert.equal(text(first.slice(0, 11)) + text(rest), reference);
   });

@@ -66,6 +66,23 @@ describe('the Redis stream store: bounds, health, password', { skip: redisSkipRe
     assert.ok(ended > 0 && ended <= 5 * 60_000, `an ended stream's copy lives the resume window (got ${ended})`);
   });
 
+  it('a stream that ends within one batch window is copied in one step with its end (open, then finish: no batch of its own), and resumes whole elsewhere', async () => {
+    // One token: the worker's answer comes whole, so the stream is written and ended in one turn.
+    const { id, body } = await stream(await post(a, 1));
+    // The client has its end as the store is told it: the copy says so once its end is in.
+    await bounded((async () => {
+      while ((await admin.hget(`ebb:{${id}}:meta`, 'state')) !== 'ended') await sleep(10);
+    })(), `stream ${id}'s copy to end`);
+    const entries = await admin.xrange(`ebb:{${id}}:events`, '-', '+');
+    assert.equal(entries.length, 1, `the copy's entries: ${JSON.stringify(entries.map(([, f]) => f.filter((_, i) => i % 2 === 0)))}`);
+    const fields = entries[0]![1];
+    assert.ok(fields.includes('end'), 'the one entry is the end');
+    assert.equal(fields[fields.indexOf('e') + 1], body, 'it holds every event the client got');
+    const res = await fetch(`${b.url}/v1/chat/completions/${id}?stream=true`);
+    assert.equal(res.status, 200);
+    assert.equal(await res.text(), body, 'resumed from the start at another frontend: byte for byte');
+  });
+
   it('a stream past --stream-store-max-response-bytes is no longer resumable elsewhere: a 404 saying so, not an empty 200', async () => {
     const { id, body } = await stream(await post(a, 2000));
     assert.ok(body.length > 20_000, 'the stream outgrew the bound');

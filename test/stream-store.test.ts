@@ -23,7 +23,7 @@ describe('stream store bounds', () => {
   it('10,000 kept responses stay within the byte budget: the oldest ended ones are forgotten (response_expired), the newest kept', () => {
     const s = store({ maxTotalBytes: 4 << 20, maxStreams: 10_000 });
     for (let i = 0; i < 10_000; i++) {
-      const k = s.open(`chatcmpl-${i}`, '', '');
+      const k = s.open(`chatcmpl-${i}`, '', () => '');
       k.append(event(0, 1000));
       k.end(event(1, 10));
       assert.ok(s.keptBytes <= 4 << 20, `within the budget after ${i + 1}: ${s.keptBytes}`);
@@ -36,9 +36,9 @@ describe('stream store bounds', () => {
 
   it('at most maxStreams kept: past it the oldest ended goes; a live stream is never forgotten', () => {
     const s = store({ maxStreams: 3 });
-    const live = s.open('resp_live', '', '');
+    const live = s.open('resp_live', '', () => '');
     live.append(event(0, 10));
-    for (let i = 0; i < 5; i++) s.open(`resp_${i}`, '', '').end(event(0, 10));
+    for (let i = 0; i < 5; i++) s.open(`resp_${i}`, '', () => '').end(event(0, 10));
     assert.equal(s.size, 3);
     assert.equal(codeOf(() => s.get('resp_live', '')), 'kept');
     assert.equal(codeOf(() => s.get('resp_0', '')), 'response_expired');
@@ -48,7 +48,7 @@ describe('stream store bounds', () => {
 
   it('one stream past its own bound is served, not kept: a resume is refused', () => {
     const s = store({ maxResponseBytes: 1000 });
-    const k = s.open('chatcmpl-big', '', '');
+    const k = s.open('chatcmpl-big', '', () => '');
     k.append(event(0, 600));
     assert.equal(codeOf(() => s.get('chatcmpl-big', '')), 'kept');
     k.append(event(1, 600));
@@ -59,7 +59,7 @@ describe('stream store bounds', () => {
 
   it('an ended stream is forgotten once its window has passed', () => {
     const s = store({ windowMs: 0 });
-    s.open('cmpl-1', '', '').end(event(0, 10));
+    s.open('cmpl-1', '', () => '').end(event(0, 10));
     assert.equal(codeOf(() => s.get('cmpl-1', '')), 'response_expired');
     assert.equal(s.size, 0);
     s.close();

@@ -1,5 +1,6 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { sseEvents } from './helpers/http.js';
 import OpenAI from 'openai';
 import { Redis } from 'ioredis';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
@@ -34,22 +35,8 @@ describe('takeovers of every kind of stream', { skip: redisSkipReason() }, () =>
 
   /** Raw SSE events; `onEvent` may return true to stop reading (the connection is then dropped). */
   async function events(res: Response, onEvent: (e: string) => boolean | void = () => undefined): Promise<string[]> {
-    const out: string[] = [];
-    let buf = '';
-    try {
-      for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
-        buf += Buffer.from(chunk).toString('utf8');
-        let end: number;
-        while ((end = buf.indexOf('\n\n')) >= 0) {
-          out.push(buf.slice(0, end));
-          buf = buf.slice(end + 2);
-          if (onEvent(out.at(-1)!) === true) return out;
-        }
-      }
-    } catch {
-      // cut: what came before is what the client had
-    }
-    return out;
+    // A cut: what came before is what the client had.
+    return sseEvents(res, onEvent, { keepOnCut: true });
   }
   const idsOf = (e: string[]) => e.map((x) => /^id: (\d+)$/m.exec(x)?.[1]).filter((x) => x !== undefined).map(Number);
   /** The events as a client assembles them: ids, response ids and creation times aside. */

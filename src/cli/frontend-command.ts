@@ -149,7 +149,7 @@ export function frontendCommand(): Command {
     )
     .option('--resume-grace-ms <n>', "a stream whose client left goes on this long for a resume, then is cancelled (0 = at once, nothing kept running)", msOption(0), STREAM_STORE_DEFAULTS.graceMs)
     .option('--resume-window-ms <n>', 'an ended stream stays resumable this long', msOption(0), STREAM_STORE_DEFAULTS.windowMs)
-    .option('--response-ttl-ms <n>', 'a stored Responses API response (store, the default) stays retrievable, and usable as previous_response_id, this long after it ended', msOption(0), STREAM_STORE_DEFAULTS.responseTtlMs)
+    .option('--response-ttl-ms <n>', 'a stored Responses API response (store, the default) stays retrievable, and usable as previous_response_id, this long after it ended; a stored chat completion (store: true) this long after it was answered', msOption(0), STREAM_STORE_DEFAULTS.responseTtlMs)
     .option('--stream-store-max-response-bytes <n>', 'one stream kept at most this many bytes; a longer one is served, not resumable', intOption(1), STREAM_STORE_DEFAULTS.maxResponseBytes)
     .option('--stream-store-max-bytes <n>', 'all kept streams at most this many bytes; ended ones are forgotten first, oldest first', intOption(1), STREAM_STORE_DEFAULTS.maxTotalBytes)
     .option('--stream-store-max-streams <n>', 'streams kept at most (ended ones forgotten first)', intOption(1), STREAM_STORE_DEFAULTS.maxStreams)
@@ -213,12 +213,6 @@ export function frontendCommand(): Command {
         return cluster.isPrimary ? runPrimary(opts, flags.processes, stopOpts, log) : runChild(opts, stopOpts, log);
       }
       const frontend = await startFrontend(opts, log);
-      const adminAuth = token === undefined ? 'none' : 'bearer';
-      log.info({ event: 'admin_ready', url: frontend.adminUrl, admin_auth: adminAuth }, `admin API ready: ${frontend.adminUrl}/workers`);
-      log.info(
-        { event: 'frontend_ready', url: frontend.url, admin_url: frontend.adminUrl, discovery: frontend.discovery.url },
-        `frontend ready: ${frontend.url}/v1 (admin ${frontend.adminUrl})`,
-      );
       let stopping = false;
       let interrupted = false;
       // The grace is for a load balancer that routes to this frontend; Ctrl-C, or `ebb up` gone, has none to wait for.
@@ -253,6 +247,13 @@ export function frontendCommand(): Command {
         process.on('message', (m: { type?: unknown } | null) => m?.type === 'interrupt' && force('ebb up: second Ctrl-C'));
         process.channel?.unref(); // listening must not keep the process alive
       }
+      // Ready is said once a signal is handled: a SIGTERM right after it drains (it killed the process before).
+      const adminAuth = token === undefined ? 'none' : 'bearer';
+      log.info({ event: 'admin_ready', url: frontend.adminUrl, admin_auth: adminAuth }, `admin API ready: ${frontend.adminUrl}/workers`);
+      log.info(
+        { event: 'frontend_ready', url: frontend.url, admin_url: frontend.adminUrl, discovery: frontend.discovery.url },
+        `frontend ready: ${frontend.url}/v1 (admin ${frontend.adminUrl})`,
+      );
       // It may have gone before this listener existed ('disconnect' fires once): then stop now.
       if (process.send !== undefined && !process.connected) stop('SIGTERM');
     });

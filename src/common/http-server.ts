@@ -215,15 +215,21 @@ function validated(req: FastifyRequest, context: string | undefined): unknown {
   return context === 'querystring' ? req.query : context === 'params' ? req.params : context === 'headers' ? req.headers : req.body;
 }
 
-/** Registers `methods` on `url` and a JSON 405 with an Allow header for every other method. */
-export function allowOnly(app: FastifyInstance, url: string, methods: readonly (typeof ALL_METHODS)[number][]): void {
+/**
+ * Registers `methods` on `url` and a JSON 405 with an Allow header for every other method. `owns`:
+ * whether a request's path is one of this route's at all (a parametric route's id of the right
+ * kind); a path it does not own is the 404 any unknown path gets.
+ */
+export function allowOnly(app: FastifyInstance, url: string, methods: readonly (typeof ALL_METHODS)[number][], owns?: (req: FastifyRequest) => boolean): void {
   const others = ALL_METHODS.filter((m) => !methods.includes(m) && !(m === 'HEAD' && methods.includes('GET')));
   const allow = methods.join(', ');
   app.route({
     method: [...others],
     url,
     handler: (req, reply) =>
-      reply.code(405).header('allow', allow).send(errorBody('method_not_allowed', `${req.method} is not allowed on ${url}; use ${allow}`)),
+      owns !== undefined && !owns(req)
+        ? reply.code(404).send(errorBody('not_found', `no route for ${req.method} ${req.url}`))
+        : reply.code(405).header('allow', allow).send(errorBody('method_not_allowed', `${req.method} is not allowed on ${url}; use ${allow}`)),
   });
 }
 

@@ -30,7 +30,7 @@ import type { KvEventSource } from './routing/kv-subscription.js';
 import { createKvRouterMetrics } from './routing/kv-metrics.js';
 import { Router } from './routing/router.js';
 import type { RouterKind } from './routing/router-kinds.js';
-import { workerTokenizer } from './routing/worker-tokenize.js';
+import { COUNT_TIMEOUT_MS, workerTokenizer, workerTokens } from './routing/worker-tokenize.js';
 import { AdmissionQueue, DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from './admission/admission-queue.js';
 import { createQueueMetrics } from './admission/queue-metrics.js';
 import { queueFleet } from './admission/queue-fleet.js';
@@ -106,6 +106,8 @@ export interface ClusterHooks {
   kvSource: (record: WorkerRecord) => KvEventSource;
   /** The loopback URL of process `slot`'s peer listener (a resume for a stream it holds goes there). */
   peerUrl?: ((slot: number) => string | undefined) | undefined;
+  /** The frontend's name on the request plane, the primary's: workers count its processes as one frontend (their in-flight is shared already). */
+  routedBy?: string | undefined;
 }
 
 export interface RunningFrontend {
@@ -213,8 +215,10 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const pool = new WorkerPool(opts.cluster?.onInflight, opts.own?.record);
   const fleet = new FleetView();
   const routerKind = opts.router ?? 'kv';
+  // What this frontend is called in the workers' load events (each /generate names it).
+  const routedBy = opts.cluster?.routedBy ?? newFrontendId();
   // The KV index follows discovery from the first event, so the first requests already find it.
-  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource }) : undefined;
+  const kvFeed = routerKind === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, source: opts.cluster?.kvSource, self: routedBy }) : undefined;
   // Workers are ready for a rollout once every frontend marks them (a worker's own --openai-port marks nothing: no rollout waits on it).
   const marking = opts.own === undefined ? new RouteMarking(discovery.routeMarks, newFrontendId(), () => pool.all().map((w) => w.record.worker_id), log) : undefined;
   // The fleet view and the KV feed follow serving workers; the pool also those loading (their requests wait for them).
@@ -252,15 +256,17 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   // With a queue, a full worker's own status says when it has room again (queued requests wait on it).
   const saturation = admission === undefined ? undefined : new SaturationWatch(pool, opts.workerAdminToken ?? opts.requestToken, admissionLog);
   if (saturation !== undefined) fleet.on('left', (id: string) => saturation.forget(id));
-  const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections });
+  const upstream = new Upstream(pool, metrics, { admission, router, headersTimeoutMs: opts.upstreamHeadersTimeoutMs, requestToken: opts.requestToken, streamIdleTimeoutMs: opts.streamIdleTimeoutMs, prefillTimeoutMs: opts.prefillTimeoutMs, connections: opts.upstreamConnections, routedBy: kvFeed === undefined ? undefined : routedBy });
   // Tokenizing through a worker shares the request plane's connections and its token.
   router.setTokenizer(workerTokenizer(upstream.agent, upstreamAgentHeaders));
+  // POST /v1/responses/input_tokens counts through a worker too, waiting longer than the routing path does.
+  const tokenize = workerTokens(upstream.agent, upstreamAgentHeaders, COUNT_TIMEOUT_MS);
   const lanes = laneBudget(opts, log);
   const shutdown = new Shutdown();
   const streams = opts.streamStore === undefined ? undefined : keptStreams(opts.streamStore, opts.clientWriteTimeoutMs, metrics.registry, log);
   await streams?.shared?.store.connect(5_000);
   const limiter = await tenantLimiter(opts.tenantLimits, streams?.shared?.store, metrics.registry, log);
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, preemptionLimit: opts.preemptionLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, keepStreams: opts.keepStreams, queueing: admission !== undefined, limiter });
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, preemptionLimit: opts.preemptionLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, keepStreams: opts.keepStreams, queueing: admission !== undefined, limiter, tokenize });
   const url = await listen(app, opts.host, opts.port);
   // A process of several: its peers reach it here (the shared port gives a connection to any of them).
   const peerServer = opts.cluster === undefined ? undefined : createServer((req, res) => app.server.emit('request', req, res));
@@ -276,7 +282,12 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     });
   dropWhenIdle(app.server);
   const adminAgent = opts.admin ? createAdminAgent() : undefined;
-  const kvView = (id: string): KvView => ({ router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...(kvFeed?.describe(id) ?? {}) });
+  const kvView = (id: string): KvView => {
+    // What other frontends have on it, as its load events say (kv router, two or more frontends following it).
+    const others = kvFeed?.load.of(id);
+    const elsewhere = others === undefined ? {} : { other_frontends: { inflight: others.inflight, queued_prefill_tokens: others.prefillSum } };
+    return { router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...elsewhere, ...(kvFeed?.describe(id) ?? {}) };
+  };
   const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, stats: metrics.stats, kv: kvView, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry, tenants: limiter === undefined ? undefined : () => limiter.report() }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {

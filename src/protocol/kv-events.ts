@@ -49,3 +49,23 @@ export interface KvCacheDeclaration {
   /** `exact`: the worker publishes /kv/events; `none`: the frontend approximates from what it sent. */
   events: 'exact' | 'none';
 }
+
+/**
+ * What the frontends routing to a worker have sent it and the worker has not yet prefilled, with
+ * the load they add: the part of a kv router's choice that the KV events cannot say yet (a prompt is
+ * stored only once prefilled). A frontend names itself and its prediction of a request's uncached
+ * prompt tokens on each /generate (ROUTED_BY_HEADER, PREFILL_TOKENS_HEADER); the worker sums them
+ * per frontend and sends `load` events on its KV event stream, coalesced, while two or more
+ * frontends follow it. Each frontend adds the other frontends' entries to its own counts, so eight
+ * frontends weigh a worker's queue as one would.
+ */
+export interface KvLoad {
+  worker_id: string;
+  /** Per frontend: its requests in flight here, and the uncached prompt tokens of each one not yet prefilled. */
+  frontends: Record<string, [inflight: number, prefill: number[]]>;
+}
+
+/** The frontend that routed a /generate (its id, stable while it runs). */
+export const ROUTED_BY_HEADER = 'x-ebb-routed-by';
+/** Its prediction of the request's prompt tokens this worker has not cached (what it must prefill). */
+export const PREFILL_TOKENS_HEADER = 'x-ebb-prefill-tokens';

@@ -1,3 +1,4 @@
+import type { RoutedLoad } from './routed-load.js';
 import type { PriorityReserve } from './priority-reserve.js';
 import type { Engine } from '../engine/engine.js';
 import type { Lifecycle } from '../lifecycle/lifecycle.js';
@@ -16,6 +17,8 @@ export interface WorkerRuntime {
   adapters?: WorkerAdapters | undefined;
   /** The batch slots flex requests leave free: its status says whether flex would be admitted now. */
   priorityReserve?: PriorityReserve | undefined;
+  /** What each routing frontend has in flight here (told on the KV event stream). */
+  routedLoad?: RoutedLoad | undefined;
   /** Whether the frontends route to it (their marks in discovery): /ready waits for it. */
   routedBy?: RoutedBy | undefined;
 }

@@ -19,6 +19,8 @@ import { addTokenizeRoute } from './tokenize-route.js';
 import { addEmbedRoute } from './embed-route.js';
 import { DEFAULT_MAX_EMBEDDING_TOKENS } from './embedding-tokens.js';
 import type { WorkerAdapters } from './adapters.js';
+import { PREFILL_TOKENS_HEADER, ROUTED_BY_HEADER } from '../protocol/kv-events.js';
+import type { RoutedLoad } from './routed-load.js';
 import { traceWorkerRequest } from '../tracing/worker-trace.js';
 
 export { MAX_TOKENIZING } from './tokenize-route.js';
@@ -50,6 +52,8 @@ export interface RequestPlaneDeps {
   maxEmbeddingTokens?: number | undefined;
   /** Where preemptions are recorded (the lifecycle's audit trail and generation). */
   audit?: PreemptionDeps['audit'];
+  /** What each routing frontend has in flight here (each /generate names its frontend). */
+  routedLoad?: RoutedLoad | undefined;
 }
 
 export interface RequestPlane {
@@ -89,6 +93,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     const admitted = gate.admit(req.body, reply.raw, traceWorkerRequest(req.raw, reply.raw, '/generate', workerId, model));
     if ('refused' in admitted) return gate.refuse(reply, admitted.refused);
     reply.hijack();
+    admitted.scope.routed = deps.routedLoad?.admit(req.headers[ROUTED_BY_HEADER], req.headers[PREFILL_TOKENS_HEADER]);
     open.generating(admitted.scope);
     preemption.admitted(admitted.scope);
     await generations.serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, gate.trustedHandoff(req.body.handoff_kv));

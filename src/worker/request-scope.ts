@@ -1,3 +1,4 @@
+import type { RoutedHold } from './routed-load.js';
 import type { ServerResponse } from 'node:http';
 import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
@@ -72,6 +73,8 @@ export class RequestScope {
   /** Its tier (the request plane's service_tier), and whether its caller lets a priority request pause it (flex only). */
   tier: RequestTier = 'default';
   preemptible = false;
+  /** Its routing frontend's count of it here (told to the frontends on the KV event stream). */
+  routed: RoutedHold | undefined;
   /** With tracing on: the worker's span of this request. */
   trace: WorkerTrace | undefined;
   private readonly startedAt = performance.now();
@@ -89,8 +92,10 @@ export class RequestScope {
       const gap = now - this.lastPieceAt;
       if (gap > this.maxGapMs) this.maxGapMs = gap;
       pace.tokenGap(gap / Math.max(1, n));
+    } else {
+      if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
+      this.routed?.prefilled();
     }
-    else if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
     this.lastPieceAt = now;
     this.generated += n;
   }
@@ -138,6 +143,7 @@ export class RequestScope {
     void this.returnTokens().then(() => (this.slotFreed = true));
     this.ticket.release(outcome);
     this.adapter?.release();
+    this.routed?.release();
     this.onClose(this);
   }
 

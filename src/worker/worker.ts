@@ -16,6 +16,7 @@ import { createWorkerMetrics } from './metrics.js';
 import { PrefillPeers } from './prefill-peers.js';
 import { registerKvStateMetrics } from './kv-state-metrics.js';
 import { createRequestPlane } from './request-plane.js';
+import { RoutedLoad } from './routed-load.js';
 import { ENGINE_FAILED_EXIT_CODE, runShutdown, type ShutdownDeps, type ShutdownOptions } from './shutdown.js';
 import { createSystemServer } from './system-server.js';
 import { WorkerPhase } from './phase.js';
@@ -193,6 +194,8 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   await prefillPeers?.start(discovery);
   const priorityReserve = new PriorityReserve(() => engine.stats().batch_slots, opts.priorityReserveSlots ?? defaultPriorityReserve(engine.stats().batch_slots), admission);
   let requestUrl = '';
+  // Told to the frontends only where the engine publishes KV events (the stream it rides on).
+  const routedLoad = engine.kvEvents === undefined ? undefined : new RoutedLoad();
   const requestPlane = createRequestPlane({
     model: opts.model,
     workerId,
@@ -211,6 +214,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     priorityReserve,
     maxEmbeddingTokens: opts.maxEmbeddingTokens,
     audit: { trail: lifecycle.audit, generation: () => lifecycle.status().generation },
+    routedLoad,
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());
   // An Admin drain's deadline passed with streams still running: hand them off to other workers.
@@ -232,7 +236,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
   // Ready for a rollout (GET /ready) once every frontend marks this worker as one it routes to.
   const routedBy = new RoutedBy(discovery.routeMarks, workerId, log);
   await routedBy.start();
-  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta(), adapters, priorityReserve, routedBy });
+  phase.running({ lifecycle, engine, metrics, drainEta: () => requestPlane.drainEta(), adapters, priorityReserve, routedLoad, routedBy });
   const intents = discovery.drainIntents;
   const intentTtlMs = opts.drainIntentTtlMs ?? DEFAULT_DRAIN_INTENT_TTL_MS;
   // Followed from here: an operator may drain the worker while its first registration is retried.

@@ -44,6 +44,36 @@ export async function* splitBody(body: AsyncIterable<Uint8Array>, separator: str
   if (buffer.trim() !== '') yield buffer.trim();
 }
 
+/**
+ * A response's SSE events as their raw text, whole events only (a cut's partial event is none), each
+ * given to `onEvent` as it comes: one for which it returns true ends the read there (aborting
+ * `controller`, which closes the connection). A read that fails (a cut) throws, unless `controller`
+ * was aborted or `keepOnCut`: then the events before the cut are the answer, as a client had them.
+ */
+export async function sseEvents(res: Response, onEvent: (e: string) => boolean | void = () => undefined, opts: { controller?: AbortController | undefined; keepOnCut?: boolean } = {}): Promise<string[]> {
+  const out: string[] = [];
+  const decoder = new TextDecoder();
+  let buf = '';
+  try {
+    for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
+      buf += decoder.decode(chunk, { stream: true });
+      let end: number;
+      while ((end = buf.indexOf('\n\n')) >= 0) {
+        const event = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        out.push(event);
+        if (onEvent(event) === true) {
+          opts.controller?.abort();
+          return out;
+        }
+      }
+    }
+  } catch (err) {
+    if (opts.keepOnCut !== true && opts.controller?.signal.aborted !== true) throw err;
+  }
+  return out;
+}
+
 /** A running stream: `first` resolves on the first line; `done` with every line once it ends. */
 export interface OpenStream {
   status: number;

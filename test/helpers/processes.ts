@@ -23,6 +23,9 @@ export const WAIT_BOUND_MS = 20_000;
  */
 export const START_BOUND_MS = 90_000;
 
+/** The events that say a process has started: waits for them are bounded by START_BOUND_MS. */
+const STARTS = new Set(['frontend_ready', 'frontend_process_ready', 'worker_ready', 'engine_ready', 'admin_ready']);
+
 /** Where a wait starts matching: log lines at index >= after (see EbbProcess.mark); boundMs replaces WAIT_BOUND_MS. */
 export interface LogCursor {
   after?: number;
@@ -137,7 +140,9 @@ export class EbbProcess {
   }
 
   waitForEvent(event: string, extra: (l: LogLine) => boolean = () => true, cursor: LogCursor = {}): Promise<LogLine> {
-    return this.waitForLog((l) => l.event === event && extra(l), `event ${event}`, cursor);
+    // A process's start is bounded as a start (START_BOUND_MS), whoever waits for it.
+    const bound = STARTS.has(event) && cursor.boundMs === undefined ? { ...cursor, boundMs: START_BOUND_MS } : cursor;
+    return this.waitForLog((l) => l.event === event && extra(l), `event ${event}`, bound);
   }
 
   /** Like waitForEvent, but only a line logged after this call counts (never one from before). */

@@ -7,7 +7,7 @@
  * their IPC channel to it closes (see spawnEbb), and `ebb up` stops the workers it started.
  */
 import type { ChildProcess } from 'node:child_process';
-import { rmSync } from 'node:fs';
+import { readFileSync, rmSync } from 'node:fs';
 import { constants } from 'node:os';
 import { removeSuiteRuntimeDir } from './suite-env.js';
 
@@ -33,8 +33,26 @@ export function removeWithFile(dir: string): string {
   return dir;
 }
 
+/** Whether process `pid` can still run (not gone, not a zombie): a SIGKILL is delivered, not done, when kill() returns. */
+function running(pid: number): boolean {
+  try {
+    return !/^\d+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, 'latin1'));
+  } catch {
+    return false; // gone (or no /proc: nothing to wait on)
+  }
+}
+
+/** Waits (synchronously, bounded) until every child SIGKILLed is dead: none writes into a directory removed after. */
+function awaitDeaths(pids: number[], boundMs = 2_000): void {
+  const until = Date.now() + boundMs;
+  while (pids.some(running) && Date.now() < until) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5);
+}
+
 process.on('exit', () => {
+  const pids = [...children].flatMap((c) => (c.pid === undefined ? [] : [c.pid]));
   killAllNow();
+  // A child killed mid-write (ebb up recording its fleet) would put a file back into its runtime directory.
+  awaitDeaths(pids);
   for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
   removeSuiteRuntimeDir();
 });

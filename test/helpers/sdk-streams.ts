@@ -30,14 +30,18 @@ const PROMPT = 'tell me about tides';
 const weatherSchema = { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' }, unit: { type: 'string', enum: ['c', 'f'] } }, required: ['city', 'days', 'unit'] } as const;
 const timeSchema = { type: 'object', properties: { tz: { type: 'string' } }, required: ['tz'] } as const;
 
-export function runSdk(sdk: Sdk, ask: Ask, baseURL: string, fetch?: typeof globalThis.fetch): Promise<SdkRun> {
-  if (sdk === 'openai') return viaOpenAI(ask, baseURL, fetch);
+/**
+ * `maxRetries` (the openai SDK's; 0 unless given, so no retry hides a loss): a request that never got
+ * an answer (its connection closed before one) is sent again that many times, as the SDK does by default.
+ */
+export function runSdk(sdk: Sdk, ask: Ask, baseURL: string, fetch?: typeof globalThis.fetch, maxRetries = 0): Promise<SdkRun> {
+  if (sdk === 'openai') return viaOpenAI(ask, baseURL, fetch, maxRetries);
   if (sdk === 'ai-sdk') return viaAiSdk(ask, baseURL, fetch);
   return viaLangChain(ask, baseURL, fetch);
 }
 
-async function viaOpenAI(ask: Ask, baseURL: string, fetch?: typeof globalThis.fetch): Promise<SdkRun> {
-  const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, ...(fetch ? { fetch } : {}) });
+async function viaOpenAI(ask: Ask, baseURL: string, fetch?: typeof globalThis.fetch, maxRetries = 0): Promise<SdkRun> {
+  const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries, ...(fetch ? { fetch } : {}) });
   const assembled: Record<string, unknown> = {};
   try {
     if (ask === 'responses') {

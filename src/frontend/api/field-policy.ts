@@ -62,8 +62,10 @@ function boundedFormat(value: unknown): void {
 /** The Responses API's names for where its schemas are. */
 const RESPONSES_SCHEMA_PARAMS: SchemaParams = { format: 'text.format', tool: (i) => `tools[${i}].parameters` };
 
-/** Responses' text.format, within the schema bounds. */
+/** Responses' text.format, within the schema bounds; its verbosity only at the default (ebb's engines write as they write). */
 function boundedText(value: unknown): void {
+  const verbosity = (value as { verbosity?: unknown } | null)?.verbosity;
+  if (verbosity != null && verbosity !== 'medium') throw unsupported('text.verbosity', `text.verbosity "${String(verbosity)}" is not supported: ${NO_VERBOSITY}`);
   const format = (value as { format?: { type?: unknown; name?: unknown; schema?: unknown } } | null)?.format;
   if (format?.type === 'json_schema' && typeof format.schema === 'object' && format.schema !== null)
     boundSchemas({ type: 'json_schema', json_schema: { name: String(format.name ?? ''), schema: format.schema as Record<string, unknown> } }, undefined, RESPONSES_SCHEMA_PARAMS);
@@ -91,6 +93,22 @@ function toolChoiceFits(value: unknown, body: Record<string, unknown>): void {
   if (!tools.some((t) => t.function?.name === name)) throw new EbbError('invalid_request', `tool_choice names function "${String(name)}", which is not in tools`, { param: 'tool_choice' });
 }
 
+/** Legacy functions are tools by another name (chat only); a request sends one or the other. Each one's parameters within the schema bounds. */
+function legacyFunctions(value: unknown, body: Record<string, unknown>): void {
+  if (!Array.isArray(value)) return;
+  if (body.messages === undefined) throw unsupported('functions', 'functions is not supported on /v1/completions: use /v1/chat/completions');
+  if (Array.isArray(body.tools) && body.tools.length > 0) throw new EbbError('invalid_request', 'send tools or functions, not both (functions is the legacy form of tools)', { param: 'functions' });
+  boundSchemas(undefined, (value as ToolSpec['function'][]).map((f) => ({ type: 'function', function: f })), { format: 'response_format', tool: (i) => `functions[${i}].parameters` });
+}
+
+/** function_call (legacy tool_choice): a named function must be one of functions. */
+function functionCallFits(value: unknown, body: Record<string, unknown>): void {
+  if (value == null || value === 'none' || value === 'auto') return;
+  const name = (value as { name?: unknown }).name;
+  const functions = Array.isArray(body.functions) ? (body.functions as Array<{ name?: unknown }>) : [];
+  if (!functions.some((f) => f.name === name)) throw new EbbError('invalid_request', `function_call names function "${String(name)}", which is not in functions`, { param: 'function_call' });
+}
+
 /** OpenAI answers 400 to top_logprobs without logprobs: true (chat). */
 function onlyWithLogprobs(value: unknown, body: Record<string, unknown>): void {
   if (value != null && value !== 0 && body.logprobs !== true) throw new EbbError('invalid_request', 'top_logprobs needs logprobs: true', { param: 'top_logprobs' });
@@ -104,6 +122,12 @@ const ignored: Policy = { kind: 'ignored' };
 const unset = (v: unknown) => v === null || v === undefined;
 const refused = (isDefault: (v: unknown) => boolean, why: string): Policy => ({ kind: 'refused', isDefault: (v) => unset(v) || isDefault(v), why });
 const NOT_CARRIED = 'ebb does not carry it to engines yet';
+const NO_REASONING = 'ebb serves no reasoning models (only "none" asks for what they do)';
+const NO_VERBOSITY = 'ebb\'s engines write as the model writes (only "medium", the default, is honoured)';
+const TEXT_ONLY = 'ebb\'s engines answer in text';
+const NO_MODERATION = 'ebb runs no moderation model over requests or answers';
+/** Reasoning asked of a model that does none: only `none` (or nothing) is what it does. */
+const noReasoning = (v: unknown) => v === 'none';
 
 export type FieldPolicy = Readonly<Record<string, Policy>>;
 
@@ -133,16 +157,27 @@ export const FIELD_POLICY: FieldPolicy = {
     check: boundedFormat,
   },
   user: ignored,
-  metadata: ignored,
-  store: ignored,
-  service_tier: carried, // the admission queue's tier (--queue-timeout)
+  metadata: ignored, // kept with a stored completion (store: true), filtered on by its list
+  store: carried, // kept in the response store (a 400 naming it where none is kept: --stream-store none)
+  service_tier: carried, // the admission queue's tier (--queue-timeout); scale and fast are priority (service-tier.ts)
   parallel_tool_calls: carried,
+  prediction: ignored, // predicted outputs make an answer faster where an engine uses them, never another answer
+  prompt_cache_key: ignored, // ebb's routing finds cached prefixes itself
+  prompt_cache_retention: ignored,
+  prompt_cache_options: ignored,
+  safety_identifier: ignored,
+  moderation: refused(() => false, NO_MODERATION),
+  reasoning_effort: refused(noReasoning, NO_REASONING),
+  verbosity: refused((v) => v === 'medium', NO_VERBOSITY),
+  modalities: refused((v) => Array.isArray(v) && v.every((m) => m === 'text'), TEXT_ONLY),
+  audio: refused(() => false, TEXT_ONLY),
+  web_search_options: refused(() => false, 'ebb searches no web: its engines answer from the prompt alone'),
   logprobs: { kind: 'capability', needs: (v) => (v === true || typeof v === 'number' ? 'logprobs' : undefined) },
   top_logprobs: checked(onlyWithLogprobs),
   tools: { kind: 'capability', needs: (v) => (Array.isArray(v) && v.length > 0 ? 'tools' : undefined), check: chatTools },
   tool_choice: checked(toolChoiceFits),
-  functions: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
-  function_call: refused((v) => v === 'none', NOT_CARRIED),
+  functions: { kind: 'capability', needs: (v) => (Array.isArray(v) && v.length > 0 ? 'tools' : undefined), check: legacyFunctions }, // mapped to tools
+  function_call: checked(functionCallFits), // mapped to tool_choice
   ...SAMPLING_POLICY,
   best_of: refused((v) => v === 1, 'ebb generates one sequence per request'),
   echo: refused((v) => v === false, NOT_CARRIED),
@@ -160,12 +195,20 @@ export const RESPONSES_FIELD_POLICY: FieldPolicy = {
   ...SAMPLING_POLICY,
   stream: carried,
   text: { kind: 'capability', needs: responsesFormatNeed, check: boundedText },
+  // Echoed in the response object, no effect on the text:
   user: ignored,
   metadata: ignored,
-  service_tier: carried, // the admission queue's tier (--queue-timeout)
+  truncation: ignored, // a conversation past the context is a 400 (context_length_exceeded) either way, never cut silently
+  max_tool_calls: ignored, // OpenAI's bound on built-in tool calls: ebb has none
+  prompt_cache_key: ignored,
+  prompt_cache_retention: ignored,
+  prompt_cache_options: ignored,
+  safety_identifier: ignored,
+  stream_options: ignored, // include_obfuscation: ebb pads no events
+  moderation: refused(() => false, NO_MODERATION),
+  context_management: refused((v) => Array.isArray(v) && v.length === 0, 'ebb compacts no conversation: one past the context is a 400 (context_length_exceeded)'),
+  service_tier: carried, // the admission queue's tier (--queue-timeout); scale and fast are priority (service-tier.ts)
   parallel_tool_calls: carried,
-  truncation: ignored,
-  max_tool_calls: ignored, // meaningless without tools
   store: carried, // kept for --response-ttl-ms (retrieve, previous_response_id); false: forgotten once answered
   previous_response_id: carried, // a stored response of this frontend's (400 naming it otherwise)
   conversation: refused(() => false, 'ebb keeps responses, not conversations: send previous_response_id, or the conversation as input'),
@@ -173,9 +216,29 @@ export const RESPONSES_FIELD_POLICY: FieldPolicy = {
   tools: { kind: 'capability', needs: (v) => (Array.isArray(v) && v.length > 0 ? 'tools' : undefined), check: functionToolsOnly },
   tool_choice: checked((v, body) => toolChoiceFits(responsesToolChoice(v) ?? v, { ...body, tools: responsesTools(body.tools) })),
   include: refused((v) => Array.isArray(v) && v.length === 0, NOT_CARRIED),
-  reasoning: refused((v) => typeof v === 'object' && v !== null && Object.values(v).every(unset), 'ebb serves no reasoning models'),
+  reasoning: refused((v) => typeof v === 'object' && v !== null && Object.entries(v).every(([k, x]) => unset(x) || (k === 'effort' && noReasoning(x))), NO_REASONING),
   top_logprobs: refused((v) => v === 0, NOT_CARRIED),
   prompt: refused(() => false, 'prompt templates are not supported: send input'),
+};
+
+/**
+ * POST /v1/responses/input_tokens: what the count is of. Nothing is generated, so sampling, format
+ * and tool choice change nothing; what would change the count and ebb cannot count is refused.
+ */
+export const INPUT_TOKENS_FIELD_POLICY: FieldPolicy = {
+  model: carried,
+  input: carried,
+  instructions: carried,
+  previous_response_id: carried,
+  conversation: RESPONSES_FIELD_POLICY.conversation!,
+  reasoning: RESPONSES_FIELD_POLICY.reasoning!,
+  // A worker's tokenizer counts the conversation as its chat template renders it, tools aside: a count with tools would be short.
+  tools: refused((v) => Array.isArray(v) && v.length === 0, 'ebb counts the input as the model\'s chat template renders it, without tools: count without them'),
+  personality: refused(() => false, 'ebb\'s models have no style presets'),
+  tool_choice: ignored,
+  parallel_tool_calls: ignored,
+  text: ignored,
+  truncation: ignored,
 };
 
 /** /v1/embeddings: token-id inputs need an engine that takes its own tokenizer's ids; `embeddings` itself is checked per model first. */

@@ -2,6 +2,7 @@ import type { ChatMessage, GenerateBody, ResponseFormat, TokenLogprob, Usage } f
 import { promptShape } from './prompt-shape.js';
 import { ERROR_CODES, isErrorCode } from '../../protocol/errors.js';
 import { samplingOf } from '../../protocol/sampling.js';
+import type { ToolChoice, ToolSpec } from '../../protocol/tools.js';
 import type { ChatMessageIn, OpenAIRequest } from './openai-schema.js';
 import type { SpliceFrame } from '../wire/token-splice.js';
 import type { CollectedChoice, EventIds, StreamFormat } from '../wire/stream-format.js';
@@ -55,11 +56,17 @@ export function toGenerateBodies(endpoint: Endpoint, req: OpenAIRequest, request
   }
   const n = req.n ?? 1;
   const prompts: Array<Pick<GenerateBody, 'prompt' | 'messages' | 'prompt_token_ids'>> =
-    endpoint === 'chat' ? [{ messages: (req.messages ?? []).map(chatMessage) }] : completionPrompts(req.prompt);
+    endpoint === 'chat' ? [{ messages: chatMessages(req.messages ?? []) }] : completionPrompts(req.prompt);
   if (req.tools != null && req.tools.length > 0) {
     base.tools = req.tools;
     if (req.tool_choice != null) base.tool_choice = req.tool_choice;
     if (req.parallel_tool_calls != null) base.parallel_tool_calls = req.parallel_tool_calls;
+  } else if (usesFunctions(req)) {
+    // Legacy functions are tools; their answer carries one call (function_call), so one is asked for.
+    base.tools = req.functions!.map((f): ToolSpec => ({ type: 'function', function: f }));
+    const choice = legacyChoice(req.function_call);
+    if (choice !== undefined) base.tool_choice = choice;
+    base.parallel_tool_calls = false;
   }
   if (prompts.length === 1 && n === 1) return [{ ...base, ...prompts[0], ...(req.seed != null && { seed: req.seed }) }];
   const out: GenerateBody[] = [];
@@ -75,12 +82,39 @@ export function logprobsAsked(req: OpenAIRequest): number | undefined {
   return typeof req.logprobs === 'number' ? req.logprobs : undefined;
 }
 
-/** A chat message as the request plane carries it: text content, and an assistant's calls or a tool's answer. */
-function chatMessage(m: ChatMessageIn): ChatMessage {
-  const out: ChatMessage = { role: m.role, content: messageText(m.content) };
-  if (m.tool_calls != null && m.tool_calls.length > 0) out.tool_calls = m.tool_calls;
-  if (m.tool_call_id !== undefined) out.tool_call_id = m.tool_call_id;
-  return out;
+/** A request that calls tools the legacy way (functions, without tools): its answer is the legacy one too. */
+export function usesFunctions(req: Pick<OpenAIRequest, 'functions' | 'tools'>): boolean {
+  return (req.tools == null || req.tools.length === 0) && req.functions != null && req.functions.length > 0;
+}
+
+/** function_call as tool_choice. */
+function legacyChoice(call: OpenAIRequest['function_call']): ToolChoice | undefined {
+  if (call == null) return undefined;
+  return typeof call === 'string' ? call : { type: 'function', function: { name: call.name } };
+}
+
+/**
+ * Chat messages as the request plane carries them: text content, and an assistant's calls or a
+ * tool's answer. The legacy forms are mapped: an assistant's function_call is a tool call (its id
+ * made from its place), and a `function` message answers the last such call.
+ */
+function chatMessages(messages: ChatMessageIn[]): ChatMessage[] {
+  let legacyCall: string | undefined;
+  return messages.map((m, i) => {
+    const out: ChatMessage = { role: m.role, content: messageText(m.content) };
+    if (m.tool_calls != null && m.tool_calls.length > 0) out.tool_calls = m.tool_calls;
+    if (m.tool_call_id !== undefined) out.tool_call_id = m.tool_call_id;
+    if (m.function_call != null && out.tool_calls === undefined) {
+      legacyCall = `call_fn${i}`;
+      out.tool_calls = [{ id: legacyCall, type: 'function', function: { name: m.function_call.name, arguments: m.function_call.arguments } }];
+    }
+    if (m.role === 'function') {
+      out.role = 'tool';
+      out.tool_call_id = legacyCall ?? `call_fn_${m.name ?? ''}`;
+      if (m.name !== undefined) out.name = m.name;
+    }
+    return out;
+  });
 }
 
 /** A completions prompt as request-plane prompts: one per batch entry (the field policy checked the shape). */
@@ -196,7 +230,7 @@ export class SseFormatter implements StreamFormat {
 }
 
 
-export function completionResponse(endpoint: Endpoint, id: string, model: string, choices: CollectedChoice[], usage: Usage, serviceTier?: string) {
+export function completionResponse(endpoint: Endpoint, id: string, model: string, choices: CollectedChoice[], usage: Usage, serviceTier?: string, legacy = false) {
   const created = Math.floor(Date.now() / 1000);
   if (endpoint === 'chat') {
     return {
@@ -205,7 +239,11 @@ export function completionResponse(endpoint: Endpoint, id: string, model: string
       created,
       model,
       ...(serviceTier === undefined ? {} : { service_tier: serviceTier }),
-      choices: choices.map((c, index) => ({ index, message: chatAnswer(c), logprobs: c.logprobs === undefined ? null : { content: c.logprobs, refusal: null }, finish_reason: c.finishReason })),
+      choices: choices.map((c, index) => {
+        const message = legacy ? legacyAnswer(c) : chatAnswer(c);
+        const finish = legacy && 'function_call' in message ? 'function_call' : c.finishReason;
+        return { index, message, logprobs: c.logprobs === undefined ? null : { content: c.logprobs, refusal: null }, finish_reason: finish };
+      }),
       usage,
     };
   }
@@ -216,6 +254,13 @@ export function completionResponse(endpoint: Endpoint, id: string, model: string
 function chatAnswer(c: CollectedChoice) {
   if (c.tools === undefined || c.tools.calls.length === 0) return { role: 'assistant', content: c.tools?.content ?? c.text, refusal: null };
   return { role: 'assistant', content: c.tools.content, refusal: null, tool_calls: c.tools.calls };
+}
+
+/** The legacy answer to functions: its call as function_call (one: the request asked for no parallel calls). */
+function legacyAnswer(c: CollectedChoice) {
+  const call = c.tools?.calls[0];
+  if (call === undefined) return chatAnswer(c);
+  return { role: 'assistant', content: c.tools!.content, refusal: null, function_call: { name: call.function.name, arguments: call.function.arguments } };
 }
 
 /**

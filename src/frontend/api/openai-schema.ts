@@ -3,8 +3,8 @@ import { ToolCallSchema, ToolChoiceSchema, ToolSpecSchema } from '../../protocol
 import type { ToolCall, ToolChoice, ToolSpec } from '../../protocol/tools.js';
 import { LOGIT_BIAS_SCHEMA, SAMPLING_BOUNDS } from '../../protocol/sampling.js';
 
-/** Choices per request (n) and prompts per completions batch: each is a sequence on a worker. */
-export const MAX_CHOICES = 16;
+/** Choices per request (n, OpenAI's bound) and prompts per completions batch: each is a sequence on a worker (--max-lanes-per-request bounds their product). */
+export const MAX_CHOICES = 128;
 export const MAX_BATCH = 64;
 
 const stop = { anyOf: [{ type: 'string' }, { type: 'array', items: { type: 'string' }, maxItems: 4 }, { type: 'null' }] };
@@ -45,6 +45,12 @@ const sampling = {
   logit_bias: { anyOf: [LOGIT_BIAS_SCHEMA, { type: 'null' }] },
 } as const;
 
+/** OpenAI's metadata: up to 16 string pairs, keys up to 64 characters, values up to 512 (stored with a response or a chat completion, filtered on in lists). */
+export const metadataSchema = { type: ['object', 'null'], maxProperties: 16, propertyNames: { maxLength: 64 }, additionalProperties: { type: 'string', maxLength: 512 } } as const;
+
+/** OpenAI's tiers, and those newer SDKs send (scale, fast): each mapped to one of ebb's (service-tier.ts). */
+export const serviceTierSchema = { type: ['string', 'null'], enum: ['auto', 'default', 'flex', 'priority', 'scale', 'fast', null] } as const;
+
 const common = {
   ...sampling,
   model: { type: 'string', minLength: 1 },
@@ -58,8 +64,11 @@ const common = {
   stream_options: { type: ['object', 'null'], properties: { include_usage: { type: 'boolean' } } },
   user: { type: 'string' },
   response_format: responseFormat,
-  service_tier: { type: ['string', 'null'], enum: ['auto', 'default', 'flex', 'priority', null] },
+  service_tier: serviceTierSchema,
 } as const;
+
+/** A legacy function (`functions`): a tool's function, before tools. */
+const legacyFunction = ToolSpecSchema.properties.function;
 
 const contentPart = { type: 'object', required: ['type'], properties: { type: { type: 'string' }, text: { type: 'string' } } };
 
@@ -78,17 +87,23 @@ export const chatCompletionSchema = {
         type: 'object',
         required: ['role'],
         properties: {
-          role: { type: 'string', enum: ['system', 'developer', 'user', 'assistant', 'tool'] },
+          role: { type: 'string', enum: ['system', 'developer', 'user', 'assistant', 'tool', 'function'] },
           content: { anyOf: [{ type: 'string' }, { type: 'array', items: contentPart }, { type: 'null' }] },
           name: { type: 'string' },
           tool_calls: { anyOf: [{ type: 'array', items: ToolCallSchema, maxItems: 128 }, { type: 'null' }] },
           tool_call_id: { type: 'string', maxLength: 200 },
+          // The legacy shape of an assistant's call (answered by a `function` message naming it).
+          function_call: { anyOf: [{ type: 'object', required: ['name', 'arguments'], properties: { name: { type: 'string' }, arguments: { type: 'string' } } }, { type: 'null' }] },
         },
       },
     },
     tools: { anyOf: [{ type: 'array', items: ToolSpecSchema, maxItems: 128 }, { type: 'null' }] },
     tool_choice: { anyOf: [ToolChoiceSchema, { type: 'null' }] },
     parallel_tool_calls: { type: ['boolean', 'null'] },
+    functions: { anyOf: [{ type: 'array', items: legacyFunction, maxItems: 128 }, { type: 'null' }] },
+    function_call: { anyOf: [{ type: 'string', enum: ['none', 'auto'] }, { type: 'object', required: ['name'], properties: { name: { type: 'string', minLength: 1 } } }, { type: 'null' }] },
+    store: { type: ['boolean', 'null'] },
+    metadata: metadataSchema,
   },
 } as const;
 
@@ -140,7 +155,12 @@ export const responsesSchema = {
     max_output_tokens: { type: ['integer', 'null'], minimum: 1, maximum: 1_000_000 },
     // Not OpenAI's Responses fields, but vLLM's and clients' extra body: carried as on chat.
     ...sampling,
-    service_tier: common.service_tier,
+    service_tier: serviceTierSchema,
+    metadata: metadataSchema,
+    store: { type: ['boolean', 'null'] },
+    background: { type: ['boolean', 'null'] },
+    previous_response_id: { type: ['string', 'null'] },
+    truncation: { type: ['string', 'null'], enum: ['auto', 'disabled', null] },
     temperature: { type: ['number', 'null'], minimum: 0, maximum: 2 },
     top_p: { type: ['number', 'null'], minimum: 0, maximum: 1 },
     stream: { type: ['boolean', 'null'] },
@@ -160,6 +180,7 @@ export const responsesSchema = {
           if: { properties: { type: { const: 'json_schema' } } },
           then: { required: ['type', 'name', 'schema'] },
         },
+        verbosity: { type: ['string', 'null'], enum: ['low', 'medium', 'high', null] },
       },
     },
   },
@@ -168,9 +189,15 @@ export const responsesSchema = {
 export interface ChatMessageIn {
   role: string;
   content?: string | Array<{ type: string; text?: string }> | null;
+  name?: string;
   tool_calls?: ToolCall[] | null;
   tool_call_id?: string;
+  /** Legacy: an assistant's call before tool_calls. */
+  function_call?: { name: string; arguments: string } | null;
 }
+
+/** A legacy function (`functions`, before tools). */
+export type LegacyFunction = ToolSpec['function'];
 
 export interface OpenAIRequest {
   model: string;
@@ -199,4 +226,8 @@ export interface OpenAIRequest {
   logit_bias?: Record<string, number> | null;
   top_k?: number | null;
   min_p?: number | null;
+  functions?: LegacyFunction[] | null;
+  function_call?: 'none' | 'auto' | { name: string } | null;
+  store?: boolean | null;
+  metadata?: Record<string, string> | null;
 }

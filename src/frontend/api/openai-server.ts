@@ -18,17 +18,23 @@ import { countsTokens } from '../limits/tenant-limits.js';
 import { outcomeOf } from '../request-outcome.js';
 import { tracing } from '../../tracing/tracing.js';
 import { traceBodies, traceHttpRequest, TRACEPARENT } from '../../tracing/request-trace.js';
-import { addCompletionRoutes } from './completions-route.js';
+import { addCompletionRoutes, storedWhenTakenOver } from './completions-route.js';
+import type { CompletionStore } from './completion-store.js';
+import { MemoryCompletionStore } from './completion-store.js';
+import { RedisCompletionStore } from './completion-store-redis.js';
 import { addEmbeddingsRoute } from './embeddings-route.js';
 import { checkFields } from './field-policy.js';
+import { isOwnId } from './id-routes.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST, LaneBudget } from './lane-budget.js';
 import { addModelRoutes } from './model-routes.js';
 import { requestIdOf } from './request-id.js';
 import { responseIds } from './response-ids.js';
 import { ResponseStore } from './response-store.js';
 import { addResponsesRoutes } from './responses-routes.js';
+import { addStoredCompletionRoutes } from './stored-completions-routes.js';
 import type { RouteContext } from './route-context.js';
 import { servedAs } from './served-model.js';
+import { ebbTier } from './service-tier.js';
 import { createStreamOut, RESUMABLE_HEADER } from './stream-out.js';
 import { toolKey } from './stream-plan.js';
 
@@ -64,6 +70,8 @@ export interface OpenAIServerDeps {
   queueing?: boolean | undefined;
   /** Tenants' limits (--limits-file); none: nothing is counted. */
   limiter?: TenantLimiter | undefined;
+  /** A worker's tokens of a prompt (POST /v1/responses/input_tokens); none: that route answers 503. */
+  tokenize?: RouteContext['tokenize'];
 }
 
 export const DEFAULT_MIGRATION_LIMIT = 3;
@@ -88,6 +96,7 @@ export function createOpenAIServer({
   keepStreams = 'resumable',
   queueing = false,
   limiter,
+  tokenize,
 }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
   // On the raw response: streams write their head themselves, and writeHead keeps what setHeader set.
@@ -115,13 +124,14 @@ export function createOpenAIServer({
   const relay = createRelay({ upstream, metrics, log, migrationLimit, preemptionLimit, clientWriteTimeoutMs });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
-    void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER, TRACEPARENT] });
+    void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST', 'DELETE'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER, TRACEPARENT] });
   }
   // Counted once the response closes (finished, failed, or its client gone), by what the body asked
   // for. A callback hook: an async one costs every request a promise for synchronous work.
   app.addHook('onRequest', (req, reply, done) => {
     const url = req.routeOptions.url;
-    if (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses' || url === '/v1/embeddings') {
+    // POST: a generation (GET /v1/chat/completions lists stored ones).
+    if (req.method === 'POST' && (url === '/v1/chat/completions' || url === '/v1/completions' || url === '/v1/responses' || url === '/v1/embeddings')) {
       const started = performance.now();
       reply.raw.once('close', () => {
         const body = req.body as { model?: unknown; service_tier?: unknown } | undefined;
@@ -129,18 +139,23 @@ export function createOpenAIServer({
         // A label only for a model the fleet knows: a client's typo is no series of its own.
         const model = named !== undefined && (pool.knows(named) || pool.adapterBase(named) !== undefined) ? named : undefined;
         const res = reply.raw;
-        metrics.request(url, res.statusCode, model, model === undefined ? undefined : { tier: requestTier(body?.service_tier, req.headers), tenant: tenantOf(req.headers, apiGuard), outcome: outcomeOf(res), seconds: (performance.now() - started) / 1000 });
+        metrics.request(url, res.statusCode, model, model === undefined ? undefined : { tier: requestTier(ebbTier(body?.service_tier), req.headers), tenant: tenantOf(req.headers, apiGuard), outcome: outcomeOf(res), seconds: (performance.now() - started) / 1000 });
       });
     }
     done();
   });
-  const methods = (url: string, allowed: Array<'GET' | 'POST'>) => allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed);
+  const methods = (url: string, allowed: Array<'GET' | 'POST' | 'DELETE'>, idPrefix?: string) =>
+    allowOnly(app, url, corsOrigins.length > 0 ? [...allowed, 'OPTIONS'] : allowed, idPrefix === undefined ? undefined : (req) => isOwnId(req, idPrefix));
   addModelRoutes({ app, pool, metrics, shutdown, methods, healthReadyWithoutWorkers, scrape: cluster?.scrape ?? (() => metrics.registry.metrics()) });
 
   // The Responses API's state (retrieve, cancel, background, previous_response_id) lives beside the kept streams.
   const responses = streams === undefined ? undefined : new ResponseStore({ ttlMs: streams.opts.responseTtlMs, maxRecords: streams.opts.maxStreams, maxBytes: streams.opts.maxTotalBytes }, streams);
   streams?.watchResponses(responses!);
-  const out = createStreamOut({ relay, store: streams, log, adopted: (plan, kept, fmt) => responses?.adopt(plan, kept, fmt) });
+  // Stored chat completions: in the fleet's store where there is one (any frontend answers for them), else here.
+  const ttlMs = streams?.opts.responseTtlMs ?? 0;
+  const completions: CompletionStore | undefined =
+    streams === undefined ? undefined : streams.shared !== undefined ? new RedisCompletionStore(streams.shared.store.client, ttlMs) : new MemoryCompletionStore({ ttlMs, maxRecords: streams.opts.maxStreams, maxBytes: streams.opts.maxTotalBytes });
+  const out = createStreamOut({ relay, store: streams, log, adopted: (plan, kept, fmt) => responses?.adopt(plan, kept, fmt) ?? storedWhenTakenOver({ completions, log }, plan, kept) });
   if (streams?.shared !== undefined) {
     // A cancel asked at another frontend, for a stream this one runs; a stream whose frontend is gone, continued here.
     streams.shared.cancelled = (id) => responses!.cancelHere(id);
@@ -157,6 +172,8 @@ export function createOpenAIServer({
     log,
     streams,
     responses,
+    completions,
+    tokenize,
     methods,
     admit: (body, table) => {
       // A known model with no worker in discovery goes on to wait in the queue (its fields are then the worker's to check).
@@ -207,6 +224,7 @@ export function createOpenAIServer({
     toolParsing: (gen) => ({ syntax: pool.toolSyntax(gen.model) ?? HERMES_SYNTAX, key: toolKey(gen) }),
   };
   addCompletionRoutes(ctx);
+  addStoredCompletionRoutes(ctx);
   addResponsesRoutes(ctx);
   if (streams !== undefined) addResumeRoutes(app, { store: streams, methods, toHolder: ctx.toHolder, tenantOf: ctx.tenantOf });
   methods('/v1/embeddings', ['POST']);

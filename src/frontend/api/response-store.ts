@@ -4,7 +4,7 @@ import { sseEvents } from '../../common/sse-events.js';
 import type { KeptStream } from '../streams/kept-stream.js';
 import type { StreamStore } from '../streams/stream-store.js';
 import type { StreamFormat } from '../wire/stream-format.js';
-import type { ResponseProgress, ResponseStatus } from './responses-format.js';
+import { inputItems, type InputItem, type ResponseProgress, type ResponseStatus } from './responses-format.js';
 import type { StreamPlan } from './stream-plan.js';
 
 /** The Responses API's state for one response: what `GET /v1/responses/{id}`, `cancel` and `previous_response_id` read. */
@@ -16,6 +16,8 @@ export interface ResponseRecord {
   readonly store: boolean;
   /** The conversation through this response's input (its instructions aside: they do not carry over, as OpenAI's). */
   readonly history: ChatMessage[];
+  /** Its input, as GET /v1/responses/{id}/input_items lists it (responses-format.ts inputItems). */
+  readonly input: InputItem[];
   status: ResponseStatus;
   /** A streamed (or background) response's format: the object as it stands. */
   progress?: ResponseProgress | undefined;
@@ -39,6 +41,7 @@ interface StoredResponse {
   tenant: string;
   object: Record<string, unknown>;
   history: ChatMessage[];
+  input?: InputItem[];
 }
 
 export interface ResponseStoreOptions {
@@ -74,7 +77,7 @@ export class ResponseStore {
   }
 
   add(record: ResponseRecord): void {
-    record.bytes = JSON.stringify(record.history).length;
+    record.bytes = JSON.stringify(record.history).length + JSON.stringify(record.input).length;
     this.bytes += record.bytes;
     this.records.set(record.id, record);
     this.bound();
@@ -128,6 +131,47 @@ export class ResponseStore {
     return [...r.history, assistantTurn(r.final.output as OutputItem[])];
   }
 
+  /** Its input items (GET /v1/responses/{id}/input_items), oldest first: this frontend's record, else the fleet's store. */
+  async input(id: string, tenant: string): Promise<InputItem[]> {
+    try {
+      return this.local(id, tenant).input;
+    } catch (err) {
+      const shared = this.streams.shared;
+      if (shared === undefined || !notHere(err)) throw err;
+      const stored = await shared.kept<StoredResponse>(id, tenant);
+      if (stored?.input !== undefined) return stored.input;
+      const found = await shared.planAndCopy(id, tenant);
+      const request = found === undefined || found.plan === '' ? undefined : (JSON.parse(found.plan) as StreamPlan).responses?.request;
+      if (request === undefined) throw err;
+      return inputItems(request, id);
+    }
+  }
+
+  /**
+   * Forgets a response that is over (DELETE /v1/responses/{id}): its record, its object and
+   * conversation in the fleet's store, and its kept stream, so nothing of it is served again. One
+   * still running is refused: cancel it (background) or let it end first.
+   */
+  async delete(id: string, tenant: string): Promise<void> {
+    const running = (status: string) => new EbbError('invalid_request', `response ${id} is still ${status}: cancel it (a background one) or let it end, then delete it`, { param: 'response_id' });
+    let r: ResponseRecord | undefined;
+    try {
+      r = this.local(id, tenant);
+    } catch (err) {
+      const shared = this.streams.shared;
+      if (shared === undefined || !notHere(err)) throw err;
+      if ((await shared.kept<StoredResponse>(id, tenant)) === undefined) {
+        const found = await shared.planAndCopy(id, tenant);
+        if (found === undefined) throw err;
+        if (found.copy.last === undefined) throw running('in_progress');
+      }
+    }
+    if (r !== undefined && r.final === undefined) throw running(r.status);
+    if (r !== undefined) this.forget(r, false);
+    this.streams.remove(id, tenant);
+    await this.streams.shared?.forget(id);
+  }
+
   /** Stops a background response (wherever it runs; here when its frontend is gone); its object, saying cancelled. */
   async cancel(id: string, tenant: string): Promise<Record<string, unknown>> {
     let r: ResponseRecord;
@@ -169,7 +213,7 @@ export class ResponseStore {
     this.bytes += size;
     this.bound();
     const history = [...r.history, assistantTurn(r.final.output as OutputItem[])];
-    await this.streams.shared?.keep(r.id, { tenant: r.tenant, object: r.final, history } satisfies StoredResponse, this.opts.ttlMs);
+    await this.streams.shared?.keep(r.id, { tenant: r.tenant, object: r.final, history, input: r.input } satisfies StoredResponse, this.opts.ttlMs);
   }
 
   /** A streamed response's format says how it ended: its record takes the final object (or says it was cancelled, or failed). */
@@ -191,6 +235,7 @@ export class ResponseStore {
       background: request.background === true,
       store: request.store !== false,
       history: request.instructions ? messages.slice(1) : messages,
+      input: inputItems(request, plan.id),
       status: 'in_progress',
       progress: fmt as ResponseProgress,
       kept,

@@ -15,9 +15,15 @@ export interface ResponsesRequest {
   temperature?: number | null;
   top_p?: number | null;
   stream?: boolean | null;
-  text?: { format?: { type: 'text' | 'json_object' | 'json_schema'; name?: string; schema?: Record<string, unknown>; strict?: boolean | null; description?: string } } | null;
+  text?: { format?: { type: 'text' | 'json_object' | 'json_schema'; name?: string; schema?: Record<string, unknown>; strict?: boolean | null; description?: string }; verbosity?: string | null } | null;
+  metadata?: Record<string, string> | null;
+  user?: string | null;
+  truncation?: 'auto' | 'disabled' | null;
   [field: string]: unknown;
 }
+
+/** An object field's values that were given (null and absent ones left to the defaults). */
+const given = (v: unknown): Record<string, unknown> => (typeof v === 'object' && v !== null ? Object.fromEntries(Object.entries(v).filter(([, x]) => x != null)) : {});
 
 export interface ResponsesInputItem {
   type?: string;
@@ -87,7 +93,7 @@ function callOutput(item: ResponsesInputItem, i: number): ChatMessage {
  * (`previous`: what previous_response_id names), then the input as chat messages. `history` is the
  * conversation without the instructions (they do not carry over to the next turn).
  */
-export function responsesToGenerate(req: ResponsesRequest, requestId: string, previous: ChatMessage[] = []): { gen: GenerateBody; history: ChatMessage[] } {
+export function responsesToGenerate(req: ResponsesRequest, requestId: string, previous: ChatMessage[] = [], instructionsAlone = false): { gen: GenerateBody; history: ChatMessage[] } {
   const messages: ChatMessage[] = [...previous];
   if (typeof req.input === 'string') messages.push({ role: 'user', content: req.input });
   else
@@ -98,7 +104,8 @@ export function responsesToGenerate(req: ResponsesRequest, requestId: string, pr
         throw new EbbError('unsupported_parameter', `input[${i}] of type "${item.type}" is not supported: ebb serves message and function call input`, { param: `input[${i}]` });
       messages.push({ role: item.role ?? 'user', content: itemText(item, i) });
     });
-  if (messages.length === previous.length) throw new EbbError('invalid_request', 'input is empty', { param: 'input' });
+  // (Counting input tokens may count instructions alone.)
+  if (messages.length === previous.length && !(instructionsAlone && req.instructions != null && req.instructions !== '')) throw new EbbError('invalid_request', 'input is empty', { param: 'input' });
   const history = messages.slice();
   if (req.instructions != null && req.instructions !== '') messages.unshift({ role: 'system', content: req.instructions });
   const body: GenerateBody = { model: req.model, messages, stream: true, request_id: requestId };
@@ -117,6 +124,27 @@ export function responsesToGenerate(req: ResponsesRequest, requestId: string, pr
   const format = formatOf(req.text?.format);
   if (format !== undefined) body.response_format = format;
   return { gen: body, history };
+}
+
+/** One input item as GET /v1/responses/{id}/input_items lists it (OpenAI's shapes: a message, a function call, its output). */
+export type InputItem = Record<string, unknown> & { id: string; type: string };
+
+/**
+ * A request's input as its response's input items, oldest first: each with the id it was sent
+ * with, else one made from the response's id and its place (the same at every frontend).
+ */
+export function inputItems(req: Pick<ResponsesRequest, 'input'>, responseId: string): InputItem[] {
+  const uuid = responseId.slice('resp_'.length);
+  const items = typeof req.input === 'string' ? [{ role: 'user', content: req.input } as ResponsesInputItem & { id?: string }] : ((req.input ?? []) as Array<ResponsesInputItem & { id?: string }>);
+  return items.map((item, i) => {
+    const id = (kind: string) => (typeof item.id === 'string' ? item.id : `${kind}_${uuid}_${i}`);
+    if (item.type === 'function_call') return { id: id('fc'), type: 'function_call', call_id: item.call_id, name: item.name, arguments: item.arguments, status: 'completed' };
+    if (item.type === 'function_call_output') return { id: id('fco'), type: 'function_call_output', call_id: item.call_id, output: item.output, status: 'completed' };
+    const role = item.role ?? 'user';
+    const partType = role === 'assistant' ? 'output_text' : 'input_text';
+    const content = typeof item.content === 'string' ? [{ type: partType, text: item.content }] : (item.content ?? []);
+    return { id: id('msg'), type: 'message', role, status: 'completed', content };
+  });
 }
 
 /** Responses function tools as the request plane's (chat's shape); other tool types are refused by the field policy. */
@@ -160,6 +188,32 @@ export type ResponseStatus = 'queued' | 'in_progress' | 'completed' | 'incomplet
 /** A streamed response's progress: the response object as it stands (output so far, or final). */
 export interface ResponseProgress {
   now(): ReturnType<ResponseShell['object']>;
+  /**
+   * The response's first events: `response.created`, and for a background response (queued until
+   * a worker takes it) status `queued` and `response.queued`. A background response writes them at
+   * once; otherwise (or when they were not written) they open the stream's opening.
+   */
+  announce(): string;
+}
+
+/** The first events of a response (see ResponseProgress.announce), numbered by `event`. */
+function announcement(shell: ResponseShell, event: (type: string, body: Record<string, unknown>) => string): string {
+  if (shell.req.background !== true) return event('response.created', { response: shell.object('in_progress', undefined, undefined) });
+  const response = shell.object('queued', undefined, undefined);
+  return event('response.created', { response }) + event('response.queued', { response });
+}
+
+/** A response's announcement once: what a stream's opening starts with when it was not written before. */
+export class Announcer {
+  private done = false;
+
+  constructor(private readonly shell: ResponseShell) {}
+
+  announce(event: (type: string, body: Record<string, unknown>) => string): string {
+    if (this.done) return '';
+    this.done = true;
+    return announcement(this.shell, event);
+  }
 }
 
 /** One response's identity and echo of its request, shared by the streamed events and the final object. */
@@ -205,17 +259,25 @@ export class ResponseShell {
       output: items ?? (text === undefined ? [] : [this.message(text, status === 'incomplete' ? 'incomplete' : 'completed')]),
       parallel_tool_calls: this.req.parallel_tool_calls ?? true,
       previous_response_id: typeof this.req.previous_response_id === 'string' ? this.req.previous_response_id : null,
-      reasoning: { effort: null, summary: null },
+      reasoning: { effort: null, summary: null, ...given(this.req.reasoning) },
       store: this.req.store !== false,
       temperature: this.req.temperature ?? 1,
-      text: { format: this.req.text?.format ?? { type: 'text' } },
+      text: { format: this.req.text?.format ?? { type: 'text' }, verbosity: this.req.text?.verbosity ?? 'medium' },
       tool_choice: this.req.tool_choice ?? 'auto',
       tools: this.req.tools ?? [],
       top_p: this.req.top_p ?? 1,
-      truncation: 'disabled',
+      truncation: this.req.truncation ?? 'disabled',
       usage: usage === undefined ? null : usageOf(usage),
-      user: null,
-      metadata: {},
+      user: this.req.user ?? null,
+      metadata: this.req.metadata ?? {},
+      // Echoed as given: none changes the text (field-policy.ts).
+      max_tool_calls: this.req.max_tool_calls ?? null,
+      top_logprobs: this.req.top_logprobs ?? 0,
+      prompt_cache_key: this.req.prompt_cache_key ?? null,
+      prompt_cache_retention: this.req.prompt_cache_retention ?? null,
+      safety_identifier: this.req.safety_identifier ?? null,
+      conversation: null,
+      prompt: null,
     };
   }
 }
@@ -255,22 +317,28 @@ export class ResponsesStream implements StreamFormat, ResponseProgress {
   private finish = 'stop';
   private usage: Usage | undefined;
   private readonly deltaHead: string;
+  private readonly announcer: Announcer;
 
   constructor(
     private readonly shell: ResponseShell,
     private readonly kept = false,
   ) {
     this.deltaHead = `"item_id":${JSON.stringify(shell.messageId)},"output_index":0,"content_index":0,"logprobs":[],"delta":`;
+    this.announcer = new Announcer(shell);
   }
 
   private event(type: string, body: Record<string, unknown>): string {
     return responsesEvent(type, this.seq++, body, this.kept);
   }
 
+  announce(): string {
+    return this.announcer.announce((type, body) => this.event(type, body));
+  }
+
   opening(): string {
     const shell = this.shell;
     return (
-      this.event('response.created', { response: shell.object('in_progress', undefined, undefined) }) +
+      this.announce() +
       this.event('response.in_progress', { response: shell.object('in_progress', undefined, undefined) }) +
       this.event('response.output_item.added', { output_index: 0, item: shell.message('', 'in_progress') }) +
       this.event('response.content_part.added', { item_id: shell.messageId, output_index: 0, content_index: 0, part: part('') })

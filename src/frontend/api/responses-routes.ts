@@ -9,20 +9,26 @@ import { resumeStream } from '../streams/resume-routes.js';
 import { callIds, parseToolCalls } from '../wire/tool-call-parser.js';
 import { probeHalfClosedClient } from './client-gone.js';
 import { RESPONSES_FIELD_POLICY } from './field-policy.js';
+import { ownIdOnly } from './id-routes.js';
+import { addInputTokensRoute } from './input-tokens-route.js';
+import { listing, pageOf } from './list-query.js';
 import { responsesSchema } from './openai-schema.js';
 import type { ResponseRecord } from './response-store.js';
-import { ResponseShell, responseObject, responsesToGenerate, type ResponseProgress, type ResponsesRequest } from './responses-format.js';
+import { inputItems, ResponseShell, responseObject, responsesToGenerate, type ResponseProgress, type ResponsesRequest } from './responses-format.js';
 import { responseWithCalls } from './responses-tools.js';
 import type { RouteContext } from './route-context.js';
 import { onServed } from './served-model.js';
+import { ebbTier } from './service-tier.js';
 import { streamFormat, type StreamPlan } from './stream-plan.js';
 
 /**
- * The Responses API: POST /v1/responses (streamed, collected or background), and with kept
- * responses GET /v1/responses/{id} (the object, or its events after starting_after) and its cancel.
+ * The Responses API: POST /v1/responses (streamed, collected or background, a background one
+ * streamed too), POST /v1/responses/input_tokens, and with kept responses GET /v1/responses/{id}
+ * (the object, or its events after starting_after), its DELETE, its input_items and its cancel.
  */
 export function addResponsesRoutes(ctx: RouteContext): void {
   const { app, responses, streams } = ctx;
+  addInputTokensRoute(ctx);
 
   ctx.methods('/v1/responses', ['POST']);
   app.post<{ Body: ResponsesRequest }>('/v1/responses', { schema: { body: responsesSchema } }, async (req, reply) => {
@@ -44,10 +50,10 @@ export function addResponsesRoutes(ctx: RouteContext): void {
     const spend = await ctx.limit(req, reply, (limits) => reserveTokens([gen], 1, limits));
     const room = ctx.holdLanes(reply, served.model, 1, 1, spend);
     const signal = ctx.shutdown.requestSignal(reply.raw);
-    shell.serviceTier = ctx.ticket([gen], body.service_tier, req, body.background === true ? undefined : signal, spend);
+    shell.serviceTier = ctx.ticket([gen], ebbTier(body.service_tier), req, body.background === true ? undefined : signal, spend);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? ctx.toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined =
-      responses === undefined ? undefined : { id: shell.id, tenant, background: body.background === true, store: body.store !== false, history, status: 'in_progress', endedAt: 0, bytes: 0 };
+      responses === undefined ? undefined : { id: shell.id, tenant, background: body.background === true, store: body.store !== false, history, input: inputItems(body, shell.id), status: 'in_progress', endedAt: 0, bytes: 0 };
     if (record !== undefined) responses!.add(record);
     const plan: StreamPlan = {
       endpoint: 'responses',
@@ -71,11 +77,19 @@ export function addResponsesRoutes(ctx: RouteContext): void {
     if (body.background === true) {
       // Runs with no client: its events are kept (GET ?stream=true follows them), its object retrievable, cancel stops it.
       const detached = { raw: detachedResponse(), hijack: () => undefined };
-      const running = ctx.out.stream(detached, plan, formatted(true), new AbortController().signal, performance.now(), room, { keep: true, background: true, tenant, ended, onKept: (kept) => (record!.kept = kept) });
+      const fmt = formatted(true);
+      const onKept = (kept: NonNullable<ResponseRecord['kept']>) => {
+        record!.kept = kept;
+        // Its first events at once (created and queued): a worker takes it when one can; a refusal then is its last event.
+        kept.append(Buffer.from(fmt.announce!()));
+      };
+      const running = ctx.out.stream(detached, plan, fmt, new AbortController().signal, performance.now(), room, { keep: true, background: true, tenant, ended, onKept });
       running.catch((err: unknown) => ctx.log.warn({ event: 'background_response_failed', response_id: shell.id, err: (err as Error).message }, `background response ${shell.id} failed: ${(err as Error).message}`));
       // In a fleet, announced once the shared store has it: the client may ask another frontend next.
       await streams?.running(shell.id)?.lease?.opened;
-      return shell.object('queued', undefined, undefined);
+      if (body.stream !== true) return shell.object('queued', undefined, undefined);
+      // Streamed: its events from the first, followed as a resume follows them; the client leaving stops nothing.
+      return resumeStream(streams!, shell.id, tenant, undefined, undefined, reply.raw, () => reply.hijack());
     }
     probeHalfClosedClient(req, reply);
     try {
@@ -98,7 +112,7 @@ export function addResponsesRoutes(ctx: RouteContext): void {
 
   if (responses === undefined || streams === undefined) return;
   // The Responses API's own GET: the object (status, output so far), or with stream=true its events after starting_after.
-  ctx.methods('/v1/responses/:id', ['GET']);
+  ctx.methods('/v1/responses/:id', ['GET', 'DELETE'], 'resp_');
   app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>('/v1/responses/:id', async (req, reply) => {
     const passed = ctx.toHolder(req.params.id, req, reply);
     if (passed !== undefined) return passed;
@@ -106,8 +120,23 @@ export function addResponsesRoutes(ctx: RouteContext): void {
     if (req.query.stream === 'true') return resumeStream(streams, req.params.id, tenant, req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());
     return responses.object(req.params.id, tenant);
   });
+  // Forgets a response that is over, everywhere the fleet kept it.
+  app.delete<{ Params: { id: string } }>('/v1/responses/:id', { onRequest: ownIdOnly('resp_') }, async (req, reply) => {
+    const passed = ctx.toHolder(req.params.id, req, reply);
+    if (passed !== undefined) return passed;
+    await responses.delete(req.params.id, ctx.tenantOf(req));
+    return { id: req.params.id, object: 'response', deleted: true };
+  });
+  // Its input, as items (OpenAI's order: newest first unless asked).
+  ctx.methods('/v1/responses/:id/input_items', ['GET'], 'resp_');
+  app.get<{ Params: { id: string }; Querystring: Record<string, string | string[] | undefined> }>('/v1/responses/:id/input_items', { onRequest: ownIdOnly('resp_') }, async (req, reply) => {
+    const passed = ctx.toHolder(req.params.id, req, reply);
+    if (passed !== undefined) return passed;
+    const q = listing(req.query, 'desc');
+    return pageOf(await responses.input(req.params.id, ctx.tenantOf(req)), q);
+  });
   // Stops a background response's generation on its worker at once (wherever it runs); the object says `cancelled`.
-  ctx.methods('/v1/responses/:id/cancel', ['POST']);
+  ctx.methods('/v1/responses/:id/cancel', ['POST'], 'resp_');
   app.post<{ Params: { id: string } }>('/v1/responses/:id/cancel', async (req, reply) => {
     const passed = ctx.toHolder(req.params.id, req, reply, req.body ?? {});
     if (passed !== undefined) return passed;

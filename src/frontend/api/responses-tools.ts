@@ -3,7 +3,7 @@ import type { ToolCallSyntax } from '../../protocol/tools.js';
 import type { ParsedCalls } from '../wire/tool-call-parser.js';
 import { ToolCallParser, type ToolEvent } from '../wire/tool-call-parser.js';
 import type { CollectedChoice, StreamFormat } from '../wire/stream-format.js';
-import { errorEventBody, part, responsesEvent, statusOf, type ResponseProgress, type ResponseShell } from './responses-format.js';
+import { Announcer, errorEventBody, part, responsesEvent, statusOf, type ResponseProgress, type ResponseShell } from './responses-format.js';
 
 /** A function call output item, as the Responses API has it. */
 function callItem(call: { id: string; name: string; arguments: string }, status: 'in_progress' | 'completed') {
@@ -34,6 +34,7 @@ export class ResponsesToolStream implements StreamFormat, ResponseProgress {
   private open: OpenItem | undefined;
   private finish = 'stop';
   private usage: Usage | undefined;
+  private readonly announcer: Announcer;
 
   constructor(
     private readonly shell: ResponseShell,
@@ -42,15 +43,19 @@ export class ResponsesToolStream implements StreamFormat, ResponseProgress {
     private readonly kept = false,
   ) {
     this.parser = new ToolCallParser(syntax, idFor);
+    this.announcer = new Announcer(shell);
   }
 
   private event(type: string, body: Record<string, unknown>): string {
     return responsesEvent(type, this.seq++, body, this.kept);
   }
 
+  announce(): string {
+    return this.announcer.announce((type, body) => this.event(type, body));
+  }
+
   opening(): string {
-    const response = this.shell.object('in_progress', undefined, undefined);
-    return this.event('response.created', { response }) + this.event('response.in_progress', { response });
+    return this.announce() + this.event('response.in_progress', { response: this.shell.object('in_progress', undefined, undefined) });
   }
 
   token(_lane: number, text: string): string {

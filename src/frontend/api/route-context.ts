@@ -8,6 +8,9 @@ import type { WorkerPool } from '../routing/worker-pool.js';
 import type { Relay } from '../relay/relay.js';
 import type { Shutdown } from '../shutdown.js';
 import type { StreamStore } from '../streams/stream-store.js';
+import type { WorkerRecord } from '../../discovery/discovery.js';
+import type { TokenAnswer } from '../routing/worker-tokenize.js';
+import type { CompletionStore } from './completion-store.js';
 import type { FieldPolicy } from './field-policy.js';
 import type { ResponseStore } from './response-store.js';
 import type { Served } from './served-model.js';
@@ -26,8 +29,15 @@ export interface RouteContext {
   streams?: StreamStore | undefined;
   /** The Responses API's records (background, retrieve, cancel, previous_response_id); none without kept streams. */
   responses?: ResponseStore | undefined;
-  /** Declares the methods a URL answers (405 for the rest, OPTIONS with CORS). */
-  methods(url: string, allowed: Array<'GET' | 'POST'>): void;
+  /** Stored chat completions (store: true); none without kept streams. */
+  completions?: CompletionStore | undefined;
+  /** A worker's tokens of a request's prompt (POST /tokenize on its request plane); undefined: the body has no prompt. */
+  tokenize?: ((worker: WorkerRecord, body: GenerateBody) => Promise<TokenAnswer | undefined>) | undefined;
+  /**
+   * Declares the methods a URL answers (405 for the rest, OPTIONS with CORS). `idPrefix`: the kind
+   * of id its `:id` is (resp_, chatcmpl-); another path there is unknown (404), not a wrong method.
+   */
+  methods(url: string, allowed: Array<'GET' | 'POST' | 'DELETE'>, idPrefix?: string): void;
   /** A model somebody serves (or an adapter some worker can load), and fields the fleet can honour. */
   admit(body: { model: string }, table: FieldPolicy): Served;
   /**

@@ -78,7 +78,7 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
     // The trace goes with the copy: a frontend that takes the stream over continues it.
     plan.traceparent ??= bodyTraceparent(plan.gens[0]!);
     keepTrace(plan.id, plan.traceparent);
-    const kept = store.open(plan.id, opts.tenant, JSON.stringify(plan));
+    const kept = store.open(plan.id, opts.tenant, () => JSON.stringify(plan));
     opts.onKept?.(kept);
     reply.raw.setHeader(RESUMABLE_HEADER, '1');
     room.keepUntil(kept.over);
@@ -120,16 +120,18 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
   }
 
   async function run(reply: StreamReply, plan: StreamPlan, fmt: StreamFormat, kept: KeptStream, started: number, resumed: TakenStream['resumed'] | undefined, ended: Ended | undefined): Promise<void> {
+    let failed: unknown;
     try {
       await relay.stream(reply, fmt, plan.gens, plan.n, kept.signal, started, kept, resumed);
       await conclude(reply, plan, fmt, kept);
     } catch (err) {
-      throw Shutdown.cutReason(kept.signal) ?? err;
+      failed = Shutdown.cutReason(kept.signal) ?? err;
+      throw failed;
     } finally {
       // Failed before its first byte (refused, no worker): forgotten, as if never kept (its answer is the error).
       if (kept.keptBytes === 0 && kept.current === 'live') store!.discard(kept, fmt.error('stream_lost', 'the request failed before it started'));
-      // Stopped without an end written (an error the relay could not write): followers still get one.
-      else if (kept.current === 'live') kept.stop(Buffer.from(fmt.error('stream_lost', `response ${plan.id} stopped unfinished`)));
+      // Stopped without an end written (an error the relay could not write; a background response refused before it started): followers still get one, saying why where it is known.
+      else if (kept.current === 'live') kept.stop(Buffer.from(failed instanceof EbbError ? fmt.error(failed.code, failed.message) : fmt.error('stream_lost', `response ${plan.id} stopped unfinished`)));
       ended?.(fmt, kept.signal.reason);
     }
   }

@@ -1,4 +1,4 @@
-import type { GenerateBody } from '../../protocol/request-plane.js';
+import type { GenerateBody, TokenLogprob, Usage } from '../../protocol/request-plane.js';
 import type { ToolCallSyntax } from '../../protocol/tools.js';
 import type { Resumed } from '../relay/lane.js';
 import { callIds } from '../wire/tool-call-parser.js';
@@ -28,9 +28,11 @@ export interface StreamPlan {
   created: number;
   serviceTier: string;
   logprobs: boolean;
-  /** With tools: the syntax the model's calls are parsed in, and the key call ids are made from. */
-  tools?: { syntax: ToolCallSyntax; key: string } | undefined;
+  /** With tools: the syntax the model's calls are parsed in, and the key call ids are made from; `legacy`: the request sent functions (answered as function_call). */
+  tools?: { syntax: ToolCallSyntax; key: string; legacy?: boolean } | undefined;
   responses?: { uuid: string; request: ResponsesRequest; messageId: string; createdAt: number } | undefined;
+  /** A chat completion to store as it ends (store: true), at whichever frontend ends it: its request's metadata and messages. */
+  stored?: { metadata: Record<string, string>; messages: unknown[] } | undefined;
   /** With tracing on: the W3C traceparent of the request's span, so a frontend that takes the stream over continues its trace. */
   traceparent?: string | undefined;
 }
@@ -56,7 +58,7 @@ export function streamFormat(plan: StreamPlan, kept: boolean, shell?: ResponseSh
     return tools === undefined ? new ResponsesStream(s, kept) : new ResponsesToolStream(s, tools.syntax, callIds(tools.key, 0), kept);
   }
   const sse = new SseFormatter(plan.endpoint, plan.id, plan.model, plan.gens.length, plan.includeUsage, plan.logprobs, kept ? new EventIds() : undefined, plan.created, plan.serviceTier);
-  return tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, (lane) => callIds(tools.key, lane), plan.gens.length);
+  return tools === undefined ? sse : new ToolCallStream(sse, tools.syntax, (lane) => callIds(tools.key, lane), plan.gens.length, tools.legacy === true);
 }
 
 /**
@@ -66,10 +68,61 @@ export function streamFormat(plan: StreamPlan, kept: boolean, shell?: ResponseSh
  */
 export function replayedFormat(plan: StreamPlan, resumed: readonly Resumed[], maxId: number): StreamFormat & Partial<ResponseProgress> {
   const fmt = streamFormat(plan, true);
+  // A background response's copy that holds its announcement alone (its frontend went before a worker took it): its opening is still to come.
+  if (fmt.announce !== undefined && maxId + 1 === countEvents(fmt.announce())) return new OpeningFirst(fmt as StreamFormat & ResponseProgress);
   fmt.opening();
   resumed.forEach((r, lane) => {
     if (r.text !== '') fmt.token(lane, r.text);
   });
   fmt.continueFrom(maxId + 1);
   return fmt;
+}
+
+const countEvents = (events: string) => events.split('\n\n').length - 1;
+
+/** A format whose opening goes before whatever it writes first (the relay writes no opening for a stream it continues). */
+class OpeningFirst implements StreamFormat, ResponseProgress {
+  private pending: string;
+
+  constructor(private readonly inner: StreamFormat & ResponseProgress) {
+    this.pending = inner.opening();
+  }
+
+  private first(out: string): string {
+    const all = this.pending + out;
+    this.pending = '';
+    return all;
+  }
+
+  opening(): string {
+    return this.first('');
+  }
+
+  token(lane: number, text: string, logprobs?: TokenLogprob[]): string {
+    return this.first(this.inner.token(lane, text, logprobs));
+  }
+
+  finished(lane: number, reason: string): string {
+    return this.first(this.inner.finished(lane, reason));
+  }
+
+  end(usage: Usage): string {
+    return this.first(this.inner.end(usage));
+  }
+
+  error(code: string, message: string): string {
+    return this.first(this.inner.error(code, message));
+  }
+
+  continueFrom(next: number): void {
+    this.inner.continueFrom(next);
+  }
+
+  now() {
+    return this.inner.now();
+  }
+
+  announce(): string {
+    return '';
+  }
 }

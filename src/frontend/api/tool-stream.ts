@@ -8,7 +8,9 @@ import type { SseFormatter } from './openai-format.js';
  * A chat stream whose request has tools: each choice's raw text goes through a ToolCallParser, and
  * comes out as content deltas and `delta.tool_calls` pieces (index, id, name, then arguments), as
  * the openai SDK and the Vercel AI SDK assemble them. A choice that called a tool and stopped
- * finishes with `tool_calls`. No splice frame: every piece is parsed.
+ * finishes with `tool_calls`. No splice frame: every piece is parsed. A request that sent legacy
+ * `functions` gets the legacy pieces: `delta.function_call` (name, then arguments) of its one call,
+ * finishing with `function_call`.
  */
 export class ToolCallStream implements StreamFormat {
   private readonly parsers: ToolCallParser[];
@@ -20,6 +22,7 @@ export class ToolCallStream implements StreamFormat {
     syntax: ToolCallSyntax,
     idsFor: (lane: number) => (index: number) => string,
     lanes: number,
+    private readonly legacy = false,
   ) {
     this.parsers = Array.from({ length: lanes }, (_, lane) => new ToolCallParser(syntax, idsFor(lane)));
   }
@@ -40,7 +43,8 @@ export class ToolCallStream implements StreamFormat {
     const parser = this.parsers[lane]!;
     const events: ToolEvent[] = [];
     parser.end(events);
-    return this.render(lane, events) + this.inner.finished(lane, finishWithCalls(reason, parser.called));
+    const finish = finishWithCalls(reason, parser.called);
+    return this.render(lane, events) + this.inner.finished(lane, this.legacy && finish === 'tool_calls' ? 'function_call' : finish);
   }
 
   end(usage: Usage): string {
@@ -61,7 +65,11 @@ export class ToolCallStream implements StreamFormat {
       const logprobs = this.pending[lane];
       this.pending[lane] = undefined;
       if (e.kind === 'content') out += this.inner.token(lane, e.text, logprobs);
-      else if (e.kind === 'call')
+      else if (this.legacy) {
+        // One call is the legacy answer's (parallel calls were not asked for): a model's second is not part of it.
+        if (e.index !== 0) continue;
+        out += this.inner.delta(lane, e.kind === 'call' ? `{"function_call":{"name":${JSON.stringify(e.name)},"arguments":""}}` : `{"function_call":{"arguments":${JSON.stringify(e.text)}}}`, logprobs);
+      } else if (e.kind === 'call')
         out += this.inner.delta(lane, `{"tool_calls":[{"index":${e.index},"id":${JSON.stringify(e.id)},"type":"function","function":{"name":${JSON.stringify(e.name)},"arguments":""}}]}`, logprobs);
       else out += this.inner.delta(lane, `{"tool_calls":[{"index":${e.index},"function":{"arguments":${JSON.stringify(e.text)}}}]}`, logprobs);
     }

@@ -2,7 +2,7 @@ import type { Logger } from 'pino';
 import { startFrontend, type FrontendOptions } from '../frontend.js';
 import { shutdownTimeoutFor } from '../shutdown.js';
 import { KvFollower } from './kv-follow.js';
-import { isMessage, PROCESS_SLOT_ENV, type ChildMessage, type Counts, type PrimaryMessage } from './messages.js';
+import { FRONTEND_ID_ENV, isMessage, PROCESS_SLOT_ENV, type ChildMessage, type Counts, type PrimaryMessage } from './messages.js';
 
 export interface ChildStop {
   shutdownTimeoutMs: number;
@@ -55,7 +55,7 @@ export async function runChild(opts: FrontendOptions, stopOpts: ChildStop, baseL
     if (isMessage(m)) kv.onMessage(m as PrimaryMessage);
   });
   const peers = new Map<number, string>();
-  const frontend = await startFrontend({ ...opts, admin: undefined, cluster: { slot, onInflight, scrape, kvSource: (r) => kv.source(r), peerUrl: (s) => peers.get(s) } }, log);
+  const frontend = await startFrontend({ ...opts, admin: undefined, cluster: { slot, onInflight, scrape, kvSource: (r) => kv.source(r), peerUrl: (s) => peers.get(s), routedBy: process.env[FRONTEND_ID_ENV] } }, log);
 
   let stopping = false;
   const stop = (why: string, graceMs: number, timeoutMs: number) => {

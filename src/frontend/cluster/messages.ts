@@ -7,6 +7,8 @@ import type { AdminView } from './admin-view.js';
 
 /** Which child (0..N-1): stable across a replacement, so logs and the response header stay readable. */
 export const PROCESS_SLOT_ENV = 'EBB_FRONTEND_PROCESS';
+/** The frontend's name on the request plane, the primary's, given to each child (workers count them as one frontend). */
+export const FRONTEND_ID_ENV = 'EBB_FRONTEND_ID';
 
 /** [worker id, count] pairs: only the workers whose count changed since the last message. */
 export type Counts = Array<[string, number]>;
@@ -36,8 +38,8 @@ export type PrimaryMessage =
   | { type: 'ebb:metrics-req'; id: number }
   /** Drain and exit: the frontend's shutdown (grace, then the deadline) in this child. */
   | { type: 'ebb:stop'; graceMs: number; timeoutMs: number }
-  /** A followed worker's KV event (a snapshot of what the primary holds first, then its batches). */
-  | { type: 'ebb:kv-event'; worker_id: string; follow: number; event: 'snapshot' | 'kv'; data: unknown }
+  /** A followed worker's KV event (a snapshot of what the primary holds first, then its batches and load events). */
+  | { type: 'ebb:kv-event'; worker_id: string; follow: number; event: 'snapshot' | 'kv' | 'load'; data: unknown }
   /** The primary's stream of that worker ended: follow again for a fresh snapshot. */
   | { type: 'ebb:kv-end'; worker_id: string; follow: number; reason: string };
 

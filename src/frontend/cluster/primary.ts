@@ -11,6 +11,7 @@ import { createAdminServer } from '../admin/admin-server.js';
 import { FleetView } from '../admin/fleet-view.js';
 import type { FrontendOptions } from '../frontend.js';
 import { KvFeed } from '../routing/kv-feed.js';
+import { newFrontendId } from '../routing/route-marking.js';
 import { shutdownTimeoutFor } from '../shutdown.js';
 import { WorkerPool } from '../routing/worker-pool.js';
 import { KvRelay } from './kv-relay.js';
@@ -18,7 +19,7 @@ import type { ChildStop } from './child.js';
 import { mergeKv, mergeModels, type AdminView } from './admin-view.js';
 import { InflightTable } from './inflight-table.js';
 import { RetiredCounters } from './retired-counters.js';
-import { isMessage, PROCESS_SLOT_ENV, type ChildMessage, type MetricsJson, type PrimaryMessage } from './messages.js';
+import { FRONTEND_ID_ENV, isMessage, PROCESS_SLOT_ENV, type ChildMessage, type MetricsJson, type PrimaryMessage } from './messages.js';
 
 /** A dead child is replaced after this back-off (doubling while it keeps dying; reset once one is ready). */
 const REPLACE_BACKOFF = { minMs: 250, maxMs: 30_000 };
@@ -68,7 +69,9 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   const fleet = new FleetView();
   // The one KV subscription per worker of this host (the kv router's children follow it through the relay).
   const relay = new KvRelay((w, m) => tell(w, m));
-  const kvFeed = (opts.router ?? 'kv') === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, tap: relay.tap }) : undefined;
+  // The children's one name on the request plane: workers count them as one frontend.
+  const frontendId = newFrontendId();
+  const kvFeed = (opts.router ?? 'kv') === 'kv' ? new KvFeed(log, { workerAdminToken: opts.workerAdminToken, tap: relay.tap, self: frontendId }) : undefined;
   if (kvFeed) relay.attach(kvFeed);
   const watch = await discovery.watch((event: DiscoveryEvent) => {
     pool.apply(event);
@@ -189,7 +192,7 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
 
   const fork = (s: Slot) => {
     s.timer = undefined;
-    const worker = cluster.fork({ [PROCESS_SLOT_ENV]: String(s.index) });
+    const worker = cluster.fork({ [PROCESS_SLOT_ENV]: String(s.index), [FRONTEND_ID_ENV]: frontendId });
     s.worker = worker;
     s.ready = false;
     bySlotOf.set(worker, s);
@@ -282,11 +285,6 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
       throw new Error(`admin listener on ${opts.admin.host}:${opts.admin.port}: ${(err as Error).message}`);
     }
   }
-  log.info({ event: 'admin_ready', url: adminUrl, admin_auth: opts.admin?.guardAdmin ? 'bearer' : 'none' }, `admin API ready: ${adminUrl}/workers`);
-  log.info(
-    { event: 'frontend_ready', url, admin_url: adminUrl, discovery: discovery.url, processes },
-    `frontend ready: ${url}/v1 (admin ${adminUrl}), ${processes} processes`,
-  );
 
   const stop = (signal: string, graceMs: number) => {
     if (stopping) process.exit(130);
@@ -332,5 +330,11 @@ export async function runPrimary(opts: FrontendOptions, processes: number, stopO
   process.on('SIGTERM', () => stop('SIGTERM', stopOpts.shutdownGraceMs));
   process.on('SIGINT', () => stop('SIGINT', 0));
   process.once('disconnect', () => stop('SIGTERM', 0)); // started by `ebb up`, which went away
+  // Ready is said once a signal is handled: a SIGTERM right after it drains.
+  log.info({ event: 'admin_ready', url: adminUrl, admin_auth: opts.admin?.guardAdmin ? 'bearer' : 'none' }, `admin API ready: ${adminUrl}/workers`);
+  log.info(
+    { event: 'frontend_ready', url, admin_url: adminUrl, discovery: discovery.url, processes },
+    `frontend ready: ${url}/v1 (admin ${adminUrl}), ${processes} processes`,
+  );
   if (process.send !== undefined && !process.connected) stop('SIGTERM', 0);
 }

@@ -1,13 +1,11 @@
 import type { ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Delivered } from './migration.js';
+import { HeldBytes, type Release } from './held-bytes.js';
 import type { LaneDone } from './lane.js';
 
 const CRLF = 0x0d0a;
 const CR = 0x0d;
-
-/** A kept stream's release of held bytes: those up to this mark may go out ('drop': they never go out). */
-export type Release = number | 'drop';
 
 /** What a kept (resumable) stream takes of a response's body: its bytes, without the HTTP framing. */
 export interface StreamTap {
@@ -54,26 +52,16 @@ export class ClientStream {
     for (const w of waiters) w();
   };
 
-  /** Bytes waiting for the fleet's copy (each with its release mark), in the order they were sent. */
-  private held: Buffer[] = [];
-  private heldMarks: number[] = [];
+  /** Bytes waiting for the fleet's copy. */
+  private readonly held = new HeldBytes();
   private listening = false;
   private readonly release = (upTo: Release) => {
-    if (upTo === 'drop') {
-      this.held = [];
-      this.heldMarks = [];
-      return;
-    }
-    let k = 0;
-    while (k < this.held.length && this.heldMarks[k]! <= upTo) k++;
-    if (k === 0) return;
-    const out = this.held.splice(0, k);
-    this.heldMarks.splice(0, k);
+    const out = this.held.take(upTo);
     const socket = this.socket;
-    if (socket === null || socket.destroyed) return;
-    if (k > 1) socket.cork();
+    if (out.length === 0 || socket === null || socket.destroyed) return;
+    if (out.length > 1) socket.cork();
     for (const buf of out) socket.write(buf);
-    if (k > 1) socket.uncork();
+    if (out.length > 1) socket.uncork();
   };
 
   constructor(
@@ -118,7 +106,7 @@ export class ClientStream {
     if (this.tap !== undefined) {
       const go = this.tap.append(this.chunked ? buf.subarray(buf.indexOf(CR) + 2, buf.length - 2) : buf);
       if (go === false) return true;
-      if (go !== true || this.held.length > 0) return this.hold(buf, go === true ? 0 : go);
+      if (go !== true || this.held.size > 0) return this.hold(buf, go === true ? 0 : go);
     }
     const socket = this.socket;
     if (socket === null || socket.destroyed) return true; // the client left: the relay's signal ends it
@@ -131,8 +119,7 @@ export class ClientStream {
       this.listening = true;
       this.tap!.onRelease?.(this.release);
     }
-    this.held.push(buf);
-    this.heldMarks.push(mark);
+    this.held.hold(buf, mark);
     return this.socket === null || !this.socket.writableNeedDrain;
   }
 
@@ -163,7 +150,10 @@ export class ClientStream {
 
   /** Ends the response; ServerResponse.end also fully uncorks the socket. */
   end(text: string | Buffer): void {
-    if (this.tap !== undefined && !this.tap.end(typeof text === 'string' ? Buffer.from(text) : text)) return this.uncork();
-    this.res.end(text);
+    if (this.tap === undefined) return void this.res.end(text);
+    // Encoded once, for the kept stream and the client alike.
+    const last = typeof text === 'string' ? Buffer.from(text) : text;
+    if (!this.tap.end(last)) return this.uncork();
+    this.res.end(last);
   }
 }

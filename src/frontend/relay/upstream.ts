@@ -1,6 +1,7 @@
 import { request, errors as undiciErrors, type Agent } from 'undici';
 import { capabilitiesNeeded, embeddingNeeds, type Capability } from '../../protocol/capabilities.js';
 import { EbbError } from '../../protocol/errors.js';
+import { PREFILL_TOKENS_HEADER, ROUTED_BY_HEADER } from '../../protocol/kv-events.js';
 import type { WorkerMode } from '../../discovery/discovery.js';
 import type { EmbedBody, EmbedResponse, GenerateBody, KvTransferRef, PrefillResponse, StreamLine } from '../../protocol/request-plane.js';
 import type { FrontendMetrics } from '../metrics.js';
@@ -21,7 +22,7 @@ import { inheritTrace } from '../../tracing/request-trace.js';
 export const MAX_ATTEMPTS = 6;
 
 /** Sends one attempt to `worker` with the request-plane `headers` (the token; with tracing, the attempt's traceparent). */
-type Send<T> = (worker: PoolWorker, headers: Record<string, string>) => Promise<T>;
+type Send<T> = (worker: PoolWorker, headers: Record<string, string>, hint?: RouteHint) => Promise<T>;
 
 /**
  * One admitted request on one worker, with its first batch already read (so nothing is sent to the
@@ -84,6 +85,11 @@ export interface UpstreamOptions {
   router?: Router | undefined;
   /** Where requests no worker can take now wait (--queue-timeout); none: they are answered 503 at once. */
   admission?: AdmissionQueue | undefined;
+  /**
+   * This frontend's name on the request plane (the kv router's): each /generate carries it, and the
+   * prefill predicted for it, so the workers tell the other frontends what it routed (KvLoad).
+   */
+  routedBy?: string | undefined;
 }
 
 /**
@@ -158,7 +164,7 @@ export class Upstream {
     this.headersTimeoutMs = opts.headersTimeoutMs ?? 10_000;
     this.prefillTimeoutMs = opts.prefillTimeoutMs ?? DEFAULT_PREFILL_TIMEOUT_MS;
     this.headers = opts.requestToken === undefined ? {} : { authorization: `Bearer ${opts.requestToken}` };
-    this.generateHeaders = { 'content-type': 'application/json', ...this.headers };
+    this.generateHeaders = { 'content-type': 'application/json', ...this.headers, ...(opts.routedBy !== undefined && { [ROUTED_BY_HEADER]: opts.routedBy }) };
     this.agent = createUpstreamAgent(opts.connections);
     this.router = opts.router ?? new Router(pool, { kind: 'least-loaded' });
     this.admission = opts.admission;
@@ -181,7 +187,7 @@ export class Upstream {
     // Tracing on: a span per attempt, its traceparent in the headers the worker gets.
     const attempt = startAttempt(traced, worker.record, path, this.generateHeaders);
     try {
-      const value = await send(worker, attempt?.headers ?? this.generateHeaders);
+      const value = await send(worker, attempt?.headers ?? this.generateHeaders, hint);
       prefilled();
       this.router.routed(worker, hint);
       this.metrics.attempt(id, 'routed');
@@ -352,16 +358,20 @@ export class Upstream {
     }
   }
 
-  /** POST /generate on `w`, up to its first batch of lines; `admitted` is told when the worker took it (its 200, before any token). */
-  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal, admitted?: () => void, headers = this.generateHeaders) {
+  /**
+   * POST /generate on `w`, up to its first batch of lines; `admitted` is told when the worker took it
+   * (its 200, before any token). With the kv router's prediction (`hint`), the prompt tokens it must prefill go with it.
+   */
+  private async generate(w: PoolWorker, body: GenerateBody, signal: AbortSignal, admitted?: () => void, headers = this.generateHeaders, hint?: RouteHint) {
     const url = generateUrl(w.record.request_url);
+    const prefill = this.router.prefillOn(w, hint);
     const call = WorkerCall.start(
       this.agent,
       {
         origin: url.origin,
         path: url.path,
         method: 'POST',
-        headers,
+        headers: prefill === undefined ? headers : { ...headers, [PREFILL_TOKENS_HEADER]: String(prefill) },
         // A worker whose engine cannot pause a sequence (or of an ebb before preemption) is not told it may.
         body: JSON.stringify(body.preemptible === true && w.record.capabilities?.preemption !== true ? { ...body, preemptible: undefined } : body),
         headersTimeout: this.headersTimeoutMs,
@@ -440,7 +450,7 @@ export class Upstream {
       (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
       async (admitted) => {
         if (this.pool.servingPath(body.model) === 'disaggregated') return this.pair(body, signal, tried, losses);
-        const { worker, value, release } = await this.route(body.model, 'aggregated', signal, tried, (w, headers) => this.generate(w, body, signal, admitted, headers), needs, body, body, '/generate', losses);
+        const { worker, value, release } = await this.route(body.model, 'aggregated', signal, tried, (w, headers, hint) => this.generate(w, body, signal, admitted, headers, hint), needs, body, body, '/generate', losses);
         return this.stream(worker, value, release);
       },
       (won) => won.release(),
@@ -455,7 +465,7 @@ export class Upstream {
       signal,
       tried,
       (skip) => needOf(body.adapter, body.service_tier === 'flex', needs, skip),
-      (admitted) => this.route(body.model, mode, signal, tried, (w, headers) => this.generate(w, body, signal, admitted, headers), needs, body, body, '/generate', losses),
+      (admitted) => this.route(body.model, mode, signal, tried, (w, headers, hint) => this.generate(w, body, signal, admitted, headers, hint), needs, body, body, '/generate', losses),
       (won) => this.stream(won.worker, won.value, won.release).release(),
     );
     return this.stream(worker, value, release);

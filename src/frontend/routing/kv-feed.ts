@@ -6,6 +6,7 @@ import type { KvSnapshot } from '../../protocol/kv-events.js';
 import { KvIndex } from './kv-index.js';
 import { httpKvSource, KV_CONNECT_TIMEOUT_MS, KvSubscription, type KvEventSource, type KvEventTap } from './kv-subscription.js';
 import { kvProfile, type KvProfile } from './prompt-blocks.js';
+import { SharedLoad } from './shared-load.js';
 import { bearerHeader } from '../../common/admin-auth.js';
 
 export interface KvFeedOptions {
@@ -24,6 +25,8 @@ export interface KvFeedOptions {
   source?: ((record: WorkerRecord) => KvEventSource) | undefined;
   /** Told every event applied, and every stream that broke (the primary passes them on). */
   tap?: KvFeedTap | undefined;
+  /** This frontend's name on the request plane: the workers' load events list it among the others. */
+  self?: string | undefined;
 }
 
 export interface KvFeedTap {
@@ -47,6 +50,8 @@ const approxIncarnation = (r: WorkerRecord) => `${r.request_url} ${r.system_url}
  */
 export class KvFeed {
   readonly index = new KvIndex();
+  /** What other frontends have in flight on each worker (its load events). */
+  readonly load: SharedLoad;
   private readonly subs = new Map<string, KvSubscription>();
   private readonly inView = new Map<string, WorkerRecord>();
   /** Departed workers still indexed, oldest departure first. */
@@ -70,6 +75,7 @@ export class KvFeed {
     const headers = bearerHeader(opts.workerAdminToken);
     this.source = opts.source ?? ((r) => httpKvSource(r.system_url, this.agent, headers));
     this.tap = opts.tap;
+    this.load = new SharedLoad(opts.self ?? '');
   }
 
   apply(event: DiscoveryEvent): void {
@@ -153,7 +159,16 @@ export class KvFeed {
       this.index.drop(id);
       this.subs.set(
         id,
-        new KvSubscription(r, this.index, this.source(r), () => this.inView.has(id), (s, reason) => this.failed(s, reason), (s, seq, snapshot) => this.indexed(s, seq, snapshot), this.tap?.event),
+        new KvSubscription(
+          r,
+          this.index,
+          this.source(r),
+          () => this.inView.has(id),
+          (s, reason) => this.failed(s, reason),
+          (s, seq, snapshot) => this.indexed(s, seq, snapshot),
+          this.tap?.event,
+          (s, data) => this.subs.get(id) === s && this.loaded(id, data),
+        ),
       );
       return;
     }
@@ -185,6 +200,7 @@ export class KvFeed {
   private failed(sub: KvSubscription, reason: string): void {
     const id = sub.record.worker_id;
     if (this.subs.get(id) !== sub) return;
+    this.load.drop(id);
     this.tap?.broken(id, reason);
     if (!this.inView.has(id)) {
       this.log.info({ event: 'kv_index_purged', worker_id: id, reason }, `KV index: worker ${id} left discovery and its KV event stream failed (${reason}): its entries are dropped`);
@@ -192,6 +208,16 @@ export class KvFeed {
       return;
     }
     this.log.debug({ event: 'kv_stream_failed', worker_id: id, reason }, `KV event stream of ${id}: ${reason}; resubscribing`);
+  }
+
+  /** A worker's load event: what the other frontends have there now (false: not one). */
+  private loaded(id: string, data: unknown): boolean {
+    if (!this.load.apply(id, data)) return false;
+    if (this.log.isLevelEnabled('debug')) {
+      const o = this.load.of(id);
+      this.log.debug({ event: 'kv_load', worker_id: id, inflight: o?.inflight ?? 0, queued_prefill_tokens: o?.prefillSum ?? 0 }, `KV load: other frontends have ${o?.inflight ?? 0} requests on ${id}, ${o?.prefillSum ?? 0} prompt tokens of them not yet prefilled`);
+    }
+    return true;
   }
 
   private indexed(sub: KvSubscription, seq: number, snapshot: boolean): void {
@@ -215,6 +241,7 @@ export class KvFeed {
   /** Closes a subscription for good; whoever follows its events through the tap is told. */
   private closeSub(sub: KvSubscription, reason: string): void {
     sub.close();
+    this.load.drop(sub.record.worker_id);
     this.tap?.broken(sub.record.worker_id, reason);
   }
 

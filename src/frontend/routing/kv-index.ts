@@ -10,6 +10,8 @@ export class Holder {
   readonly blocks = new Map<BlockHash, number>();
   /** Not in the routing view (draining, drained, left discovery): kept, never scored. */
   masked = false;
+  /** When its worker last said it stored blocks (performance.now()): the same moment for every frontend. */
+  storedAt = 0;
   /** Per-query scratch: the query that last touched it and how many leading blocks it holds. */
   stamp = 0;
   depth = 0;

@@ -3,7 +3,7 @@ import { Backoff, pause } from '../../common/backoff.js';
 import { readSse } from '../../common/sse-hub.js';
 import { failureReason, identityMismatch } from '../../common/worker-admin.js';
 import type { WorkerRecord } from '../../discovery/discovery.js';
-import type { KvEvent, KvEventBatch, KvSnapshot } from '../../protocol/kv-events.js';
+import type { KvEvent, KvEventBatch, KvLoad, KvSnapshot } from '../../protocol/kv-events.js';
 import type { Holder, KvIndex } from './kv-index.js';
 import { discardBody } from '../../common/discard-body.js';
 
@@ -51,7 +51,7 @@ export function httpKvSource(url: string, agent: Agent, headers: Record<string, 
 }
 
 /** Told every event a subscription applied (the primary passes them on to its children). */
-export type KvEventTap = (sub: KvSubscription, event: 'snapshot' | 'kv', data: KvSnapshot | KvEventBatch) => void;
+export type KvEventTap = (sub: KvSubscription, event: 'snapshot' | 'kv' | 'load', data: KvSnapshot | KvEventBatch | KvLoad) => void;
 
 /**
  * One worker's KV event stream (its GET /kv/events, or the primary's copy of it in a child of
@@ -80,6 +80,8 @@ export class KvSubscription {
     /** After a snapshot (seq) or a batch was indexed: the feed's log lines. */
     private readonly onIndexed: (sub: KvSubscription, seq: number, snapshot: boolean) => void = () => undefined,
     private readonly tap?: KvEventTap,
+    /** The worker's `load` events: what other frontends have in flight there (false: not one). */
+    private readonly onLoad?: (sub: KvSubscription, data: unknown) => boolean,
   ) {
     this.url = record.system_url;
     void this.run();
@@ -131,6 +133,10 @@ export class KvSubscription {
         this.onIndexed(this, this.seq, true);
         continue;
       }
+      if (event === 'load') {
+        if (this.onLoad?.(this, data) === true) this.tap?.(this, 'load', data as KvLoad);
+        continue;
+      }
       if (event !== 'kv') continue;
       if (!isBatch(data)) throw new StreamBroken('KV event batch malformed');
       if (data.incarnation !== holder.incarnation) throw new StreamBroken('KV events from a new incarnation: the worker restarted');
@@ -146,6 +152,7 @@ export class KvSubscription {
     if (e.type === 'stored') {
       if (!isHashes(e.block_hashes)) throw new StreamBroken('KV stored event malformed');
       for (const h of e.block_hashes) this.index.add(holder, h);
+      holder.storedAt = performance.now();
     } else if (e.type === 'removed') {
       if (!isHashes(e.block_hashes)) throw new StreamBroken('KV removed event malformed');
       for (const h of e.block_hashes) this.index.remove(holder, h);

@@ -58,21 +58,39 @@ interface Scored {
   worker: PoolWorker;
   cached: number;
   cost: number;
+  /** When it was last busy as this frontend knows (the tie-break), computed for a tie only (-1 until then). */
+  active: number;
+}
+
+/**
+ * How long prefills queued on a worker hold up a new one of `tokens` uncached tokens, in tokens:
+ * engines interleave prefills (vLLM's and SGLang's chunked prefill, the mocker's shared compute),
+ * so a queued prefill holds the new one up by at most the new one's own size, not by all of its
+ * own. A conversation's next turn (a few uncached tokens) is not sent away from its cache because a
+ * new conversation's long prompt is being prefilled there.
+ */
+export function prefillWait(queued: readonly number[], tokens: number): number {
+  let wait = 0;
+  for (const q of queued) wait += q < tokens ? q : tokens;
+  return wait;
 }
 
 /**
  * Chooses the worker for each attempt. `least-loaded`: fewest in-flight (the pool's heap).
  * `round-robin`: the one picked longest ago. `kv`: the lowest cost among the eligible workers,
- *   cost = overlapWeight x (prompt tokens it has not cached) + its queued prefill tokens + INFLIGHT_COST_TOKENS x its in-flight,
- * so a worker holding the prompt wins unless the work already waiting on it outweighs what it saves.
+ *   cost = overlapWeight x u + prefillWait(its queued prefills, u) + INFLIGHT_COST_TOKENS x its in-flight,
+ * u being the prompt tokens it has not cached, so a worker holding the prompt wins unless the work
+ * already waiting on it outweighs what it saves.
  * Eligibility (in discovery, not held, not tried, capabilities) is the pool's and comes first:
  * a draining or drained worker is never scored, whatever it holds.
  */
 export class Router {
   readonly kind: RouterKind;
   private readonly weight: number;
-  /** Uncached prompt tokens sent to each worker whose first token has not come back yet. */
-  private readonly queued = new Map<string, number>();
+  /** Per worker, the uncached prompt tokens of each request sent there whose first token has not come back yet. */
+  private readonly queued = new Map<string, number[]>();
+  /** When this frontend last chose each worker (performance.now()); a worker gone from the pool goes from here too. */
+  private readonly chosenAt = new WeakMap<PoolWorker, number>();
 
   constructor(
     private readonly pool: WorkerPool,
@@ -89,7 +107,9 @@ export class Router {
 
   /** Queued prefill tokens the router counts on `workerId` (for /workers and the debug line). */
   queuedPrefill(workerId: string): number {
-    return this.queued.get(workerId) ?? 0;
+    let sum = 0;
+    for (const q of this.queued.get(workerId) ?? []) sum += q;
+    return sum;
   }
 
   /**
@@ -162,18 +182,35 @@ export class Router {
         const overlap = feed.index.overlap(q, worker.record.worker_id);
         if (overlap > 0) cached = Math.min(hint.tokens, Math.round((overlap * p.blockSize * hint.tokens) / hint.spaces.get(key)!.tokens));
       }
-      let cost = this.weight * (hint.tokens - cached) + (this.queued.get(worker.record.worker_id) ?? 0) + INFLIGHT_COST_TOKENS * worker.load;
+      const id = worker.record.worker_id;
+      const uncached = hint.tokens - cached;
+      const queued = this.queued.get(id);
+      // What this frontend sent there, and what the others did (the worker's load events: none with one frontend).
+      const others = feed.load.of(id);
+      let wait = queued === undefined ? 0 : prefillWait(queued, uncached);
+      let load = worker.load;
+      if (others !== undefined) {
+        wait += others.prefillMax <= uncached ? others.prefillSum : prefillWait(others.prefill, uncached);
+        load += others.inflight;
+      }
+      let cost = this.weight * uncached + wait + INFLIGHT_COST_TOKENS * load;
       if (hint.adapter !== undefined) cost += adapterLoadCost(worker, hint.adapter);
-      const s = { worker, cached, cost };
+      const s: Scored = { worker, cached, cost, active: -1 };
       scored?.push(s);
-      if (best === undefined || cost < best.cost || (cost === best.cost && worker.pickedAt < best.worker.pickedAt)) best = s;
+      if (best === undefined || cost < best.cost || (cost === best.cost && this.busySooner(best, s, feed))) best = s;
     }
     if (!best) return undefined;
     this.pool.picked(best.worker);
+    this.chosenAt.set(best.worker, performance.now());
     hint.chosen = { workerId: best.worker.record.worker_id, cachedTokens: best.cached };
     if (scored) {
       scored.sort((a, b) => a.cost - b.cost);
-      const scores = scored.slice(0, 8).map((s) => ({ worker_id: s.worker.record.worker_id, cached_tokens: s.cached, queued_prefill_tokens: this.queued.get(s.worker.record.worker_id) ?? 0, inflight: s.worker.load, cost: s.cost }));
+      const scores = scored.slice(0, 8).map((s) => {
+        const id = s.worker.record.worker_id;
+        const others = feed.load.of(id);
+        const elsewhere = others === undefined ? undefined : { inflight: others.inflight, queued_prefill_tokens: others.prefill.reduce((a, b) => a + b, 0) };
+        return { worker_id: id, cached_tokens: s.cached, queued_prefill_tokens: this.queuedPrefill(id), inflight: s.worker.load, ...(elsewhere !== undefined && { other_frontends: elsewhere }), cost: s.cost };
+      });
       explain?.({ router: this.kind, candidates: eligible.length, chosen: best.worker.record.worker_id, promptTokens: hint.tokens, cachedTokens: best.cached, cost: best.cost, scores });
       if (debug)
         this.opts.log?.debug(
@@ -185,22 +222,45 @@ export class Router {
   }
 
   /**
+   * Of two workers that cost the same, whether `b` was busy longer ago than `a` (so it takes the
+   * request): chosen here, or storing blocks for anyone (its KV events, which every frontend sees
+   * alike, so frontends spread their new prompts as one would); then the one this frontend picked longest ago.
+   */
+  private busySooner(a: Scored, b: Scored, feed: KvFeed): boolean {
+    const active = (s: Scored) => (s.active >= 0 ? s.active : (s.active = Math.max(this.chosenAt.get(s.worker) ?? 0, feed.index.holder(s.worker.record.worker_id)?.storedAt ?? 0)));
+    const ta = active(a);
+    const tb = active(b);
+    return tb < ta || (tb === ta && b.worker.pickedAt < a.worker.pickedAt);
+  }
+
+  /** The prompt tokens `worker` must prefill for the request, as predicted (undefined: nothing was predicted). */
+  prefillOn(worker: PoolWorker, hint: RouteHint | undefined): number | undefined {
+    if (hint === undefined) return undefined;
+    const cached = hint.chosen?.workerId === worker.record.worker_id ? hint.chosen.cachedTokens : 0;
+    return Math.max(0, hint.tokens - cached);
+  }
+
+  /**
    * An attempt on `worker` starts: its uncached tokens count as queued prefill there until the
    * returned function (idempotent) says the first token came back, or the attempt failed.
    */
   begin(worker: PoolWorker, hint: RouteHint | undefined): () => void {
-    if (hint === undefined) return () => undefined;
+    const tokens = this.prefillOn(worker, hint);
+    if (tokens === undefined) return () => undefined;
     const id = worker.record.worker_id;
-    const cached = hint.chosen?.workerId === id ? hint.chosen.cachedTokens : 0;
-    const tokens = Math.max(0, hint.tokens - cached);
-    this.queued.set(id, (this.queued.get(id) ?? 0) + tokens);
+    if (tokens === 0) return () => undefined;
+    let list = this.queued.get(id);
+    if (list === undefined) this.queued.set(id, (list = []));
+    list.push(tokens);
     let ended = false;
     return () => {
       if (ended) return;
       ended = true;
-      const left = (this.queued.get(id) ?? 0) - tokens;
-      if (left > 0) this.queued.set(id, left);
-      else this.queued.delete(id);
+      const now = this.queued.get(id);
+      if (now === undefined) return;
+      const at = now.indexOf(tokens);
+      if (at >= 0) now.splice(at, 1);
+      if (now.length === 0) this.queued.delete(id);
     };
   }
 

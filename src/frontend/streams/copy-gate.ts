@@ -1,4 +1,4 @@
-import type { Release } from '../relay/client-stream.js';
+import type { Release } from '../relay/held-bytes.js';
 
 /**
  * What a shared stream's clients may be sent: only bytes the fleet's copy holds. A frontend killed

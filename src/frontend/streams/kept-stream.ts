@@ -1,6 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import { EbbError } from '../../protocol/errors.js';
-import { ClientStream, type Release, type StreamTap } from '../relay/client-stream.js';
+import { ClientStream, type StreamTap } from '../relay/client-stream.js';
+import { HeldBytes, type Release } from '../relay/held-bytes.js';
 import type { LaneDone } from '../relay/lane.js';
 import type { Delivered } from '../relay/migration.js';
 import { Shutdown } from '../shutdown.js';
@@ -56,7 +57,7 @@ export class KeptStream implements StreamTap {
   /** Of the kept bytes, how many went to clients (the rest wait for the fleet's copy: see CopyGate). */
   private sentBytes = 0;
   /** Events appended but not yet copied to the shared store: no follower gets them before. */
-  private unreleased: Array<{ payload: Buffer; mark: number }> = [];
+  private readonly unreleased = new HeldBytes();
   /** Continued from this copy after its writer went away (see regenerates). */
   private takenFrom: { copy: Buffer; error: Buffer } | undefined;
   /** Held events were dropped (its lease was lost): the kept bytes past sentBytes never went out. */
@@ -151,11 +152,11 @@ export class KeptStream implements StreamTap {
     this.keep(payload);
     const mark = this.lease?.append(payload);
     if (!this.primary && this.followers.size === 0) this.unfollowed++;
-    if (mark === undefined && this.unreleased.length === 0) {
+    if (mark === undefined && this.unreleased.size === 0) {
       this.sendAll(payload);
       return true;
     }
-    this.unreleased.push({ payload, mark: mark ?? 0 });
+    this.unreleased.hold(payload, mark ?? 0);
     return mark ?? 0;
   }
 
@@ -166,14 +167,8 @@ export class KeptStream implements StreamTap {
 
   /** The fleet's copy holds everything up to `upTo` (or what is held never goes out: 'drop'). */
   private released(upTo: Release): void {
-    if (upTo === 'drop') {
-      this.unreleased = [];
-      this.dropped = true;
-      return;
-    }
-    let k = 0;
-    while (k < this.unreleased.length && this.unreleased[k]!.mark <= upTo) this.sendAll(this.unreleased[k++]!.payload);
-    if (k > 0) this.unreleased.splice(0, k);
+    if (upTo === 'drop') this.dropped = true;
+    for (const payload of this.unreleased.take(upTo)) this.sendAll(payload);
   }
 
   private sendAll(payload: Buffer): void {
@@ -292,7 +287,7 @@ export class KeptStream implements StreamTap {
   /** The kept bytes clients may have: all but those still waiting for the fleet's copy. */
   private sent(): Buffer {
     const all = this.whole();
-    return this.unreleased.length === 0 && !this.dropped ? all : all.subarray(0, Math.min(this.sentBytes, all.length));
+    return this.unreleased.size === 0 && !this.dropped ? all : all.subarray(0, Math.min(this.sentBytes, all.length));
   }
 
   /** Every kept byte, in one buffer (kept so: the next resume does not copy again). */
@@ -361,6 +356,9 @@ export class KeptStream implements StreamTap {
 
   private finish(): void {
     clearTimeout(this.grace);
+    // Kept for the resume window as one buffer, not as the many small ones it was written in (each
+    // holding a share of a pooled slab, and an object for the collector to trace, for minutes).
+    this.whole();
     this.endedAt = Date.now();
     this.settle();
     this.hooks.onOver(this);

@@ -22,25 +22,23 @@ export interface ResumeDeps {
   store: StreamStore;
   /** With --processes N: passes the request to the process that holds `id`, when another one does (undefined: served here). */
   toHolder?: ((id: string, req: FastifyRequest, reply: FastifyReply) => Promise<void> | undefined) | undefined;
-  methods(url: string, allowed: Array<'GET' | 'POST'>): void;
+  methods(url: string, allowed: Array<'GET' | 'POST'>, idPrefix?: string): void;
   /** Who asks (the API key's name; '' without keys): another tenant's stream is one never heard of. */
   tenantOf(req: FastifyRequest): string;
 }
 
 /**
- * GET /v1/chat/completions/{id}?stream=true and /v1/completions/{id}?stream=true: the kept stream
- * from after `starting_after` (or Last-Event-ID), byte for byte as the original connection got it,
- * then its live rest and its one end. The Responses API's own GET is in api/openai-server.ts.
+ * GET /v1/completions/{id}?stream=true: the kept stream from after `starting_after` (or
+ * Last-Event-ID), byte for byte as the original connection got it, then its live rest and its one
+ * end. Chat's (api/stored-completions-routes.ts) and the Responses API's (api/responses-routes.ts)
+ * GETs are their own: they also retrieve what is stored.
  */
 export function addResumeRoutes(app: FastifyInstance, deps: ResumeDeps): void {
-  for (const [url, prefix] of [
-    ['/v1/chat/completions/:id', 'chatcmpl-'],
-    ['/v1/completions/:id', 'cmpl-'],
-  ] as const) {
-    deps.methods(url, ['GET']);
+  for (const [url, prefix] of [['/v1/completions/:id', 'cmpl-']] as const) {
+    deps.methods(url, ['GET'], prefix);
     app.get<{ Params: { id: string }; Querystring: { stream?: string; starting_after?: string } }>(url, async (req, reply) => {
       if (req.query.stream !== 'true')
-        throw new EbbError('invalid_request', 'ebb keeps streams to resume them, not completions to retrieve: add ?stream=true (and starting_after)', { param: 'stream' });
+        throw new EbbError('invalid_request', 'ebb keeps completions\' streams to resume them, not completions to retrieve (chat completions are stored with store: true): add ?stream=true (and starting_after)', { param: 'stream' });
       const passed = deps.toHolder?.(req.params.id, req, reply);
       if (passed !== undefined) return passed;
       return resumeStream(deps.store, req.params.id.startsWith(prefix) ? req.params.id : `not-${prefix}`, deps.tenantOf(req), req.query.starting_after, req.headers['last-event-id'], reply.raw, () => reply.hijack());

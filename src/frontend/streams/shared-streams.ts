@@ -6,17 +6,11 @@ import type { Resumed } from '../relay/lane.js';
 import { KeptStream, maxEventId, type ResumeFrom } from './kept-stream.js';
 import { RedisStore, type RedisClient } from './redis-store.js';
 import { APPEND, CANCEL_CHANNEL, FINISH, HANDED_ON_CHANNEL, OPEN, parseEntry, RELEASE, RENEW, REWRITE, storedKey, streamKeys, TAKE, type StepAnswer } from './shared-protocol.js';
-import { StreamLease, type LeaseBounds, type SharedSteps } from './stream-lease.js';
+import { BATCH_MS, StreamLease, type LeaseBounds, type SharedSteps } from './stream-lease.js';
 import { progressOf } from './stream-progress.js';
 
 /** How long a live stream's lease lives unrenewed: a frontend gone (or paused) for longer holds nothing. */
 const LEASE_MS = 5_000;
-/**
- * A stream's events are copied in batches at most this old: one step per batch instead of one per
- * write. Only followers at other frontends see the delay; a takeover regenerates what a crash lost
- * of a batch.
- */
-const BATCH_MS = 10;
 /**
  * A remote follower's wait per read: a stream that brings nothing for this long has its writer
  * checked (gone: taken over here), so a frontend killed mid-stream is replaced well within a second.
@@ -102,7 +96,9 @@ export class SharedStreams implements SharedSteps {
   private readonly redis: Scripted;
   private readonly held = new Set<StreamLease>();
   private readonly toFlush = new Set<StreamLease>();
+  private readonly toFlushNow = new Set<StreamLease>();
   private batchTimer: NodeJS.Timeout | undefined;
+  private batchSoon: NodeJS.Immediate | undefined;
   private readonly renewals: NodeJS.Timeout;
   /** Streams this frontend follows for its clients, one reader each, shared by them. */
   private readonly replicas = new Map<string, KeptStream>();
@@ -166,9 +162,15 @@ export class SharedStreams implements SharedSteps {
 
   // --- SharedSteps: the lease's atomic steps ---
 
-  schedule(lease: StreamLease): void {
-    this.toFlush.add(lease);
-    this.batchTimer ??= setTimeout(() => this.flushAll(), BATCH_MS);
+  schedule(lease: StreamLease, now = false): void {
+    // Now: at the end of this turn, so what the same turn wrote goes in one batch.
+    if (now) {
+      this.toFlushNow.add(lease);
+      this.batchSoon ??= setImmediate(() => this.flushNow());
+    } else {
+      this.toFlush.add(lease);
+      this.batchTimer ??= setTimeout(() => this.flushAll(), BATCH_MS);
+    }
   }
 
   append(k: Keys, token: string, b: LeaseBounds, batch: number, events: Buffer, progress: string): Promise<StepAnswer> {
@@ -379,7 +381,7 @@ export class SharedStreams implements SharedSteps {
     const copy = await this.copy(id);
     const lanes = plan === undefined ? 1 : Math.max(1, (JSON.parse(plan) as { gens?: unknown[] }).gens?.length ?? 1);
     const resumed = progressOf(copy.deltas, lanes);
-    const lease = this.track(new StreamLease(id, token, this, this.bounds, plan ?? '', tenant ?? '', this.opts.log, { batch: Number(next), resumed }));
+    const lease = this.track(new StreamLease(id, token, this, this.bounds, plan ?? '', tenant ?? '', this.opts.log, { batch: Number(next), resumed, bytes: copy.events.length }));
     if (copy.gap || copy.overflow) {
       // A copy that is not whole cannot be continued: it ends, saying so, for everyone following it.
       await lease.finish(Buffer.from(gone(id, 'its copy is missing events')), 'x');
@@ -464,6 +466,12 @@ export class SharedStreams implements SharedSteps {
     );
   }
 
+  /** A response its client deleted (one that is over): its stored object and its stream's copy, gone from the fleet's store. */
+  async forget(id: string): Promise<void> {
+    const k = streamKeys(id);
+    await this.read(() => this.redis.del(storedKey(id), k.meta, k.events, k.followed));
+  }
+
   /** A finished response another frontend kept, or undefined (another tenant's is none). */
   async kept<T extends { tenant: string }>(id: string, tenant: string): Promise<T | undefined> {
     const raw = await this.read(() => this.redis.get(storedKey(id)));
@@ -510,6 +518,14 @@ export class SharedStreams implements SharedSteps {
     this.batchTimer = undefined;
     for (const lease of this.toFlush) lease.flush();
     this.toFlush.clear();
+    this.flushNow();
+  }
+
+  private flushNow(): void {
+    clearImmediate(this.batchSoon);
+    this.batchSoon = undefined;
+    for (const lease of this.toFlushNow) lease.flush();
+    this.toFlushNow.clear();
   }
 
   private token(): string {

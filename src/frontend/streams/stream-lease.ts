@@ -12,8 +12,11 @@ export interface SharedSteps {
   readonly healthy: boolean;
   /** Since when the store has answered without a break (performance.now()). */
   readonly healthySince: number;
-  /** Flushes `lease` with the next batch (within the batch window). */
-  schedule(lease: StreamLease): void;
+  /**
+   * Flushes `lease` with the next batch: `now` at the end of this turn of the event loop (its last
+   * batch answered and at least BATCH_MS old), else within BATCH_MS (on one timer for all streams).
+   */
+  schedule(lease: StreamLease, now?: boolean): void;
   append(k: Keys, token: string, bounds: LeaseBounds, batch: number, events: Buffer, progress: string): Promise<StepAnswer>;
   renew(k: Keys, token: string, bounds: LeaseBounds): Promise<StepAnswer>;
   finish(k: Keys, token: string, bounds: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string): Promise<StepAnswer>;
@@ -51,6 +54,14 @@ export interface LeaseBounds {
   maxBytes: number;
 }
 
+/**
+ * A held stream's batches go at least this far apart: one step per batch, not per write, when
+ * tokens come faster. A batch goes at once when the stream's last one went longer ago than this and
+ * was answered (its first, and every one of an engine whose tokens come slower), so its clients,
+ * who get only what the copy holds, wait a Redis round trip, not a timer; else on SharedSteps'
+ * timer, or at the answer. A copy to rewrite is tried on that timer too (its backoff bounds it).
+ */
+export const BATCH_MS = 10;
 /** How long after a failed rewrite the next is tried (a store refusing writes is not asked 100 times a second). */
 const REWRITE_BACKOFF_MS = 1_000;
 /** How many times a stream's end is offered again to a store that did not take it (about as many seconds). */
@@ -66,6 +77,14 @@ const FINISH_RETRIES = 30;
 export class StreamLease {
   private state: LeaseState = 'held';
   private readonly pending: Buffer[] = [];
+  /** The stream's keys in the store (made once: every step names them). */
+  private readonly keys: Keys;
+  /** Bytes of events sent to the copy so far (the store's own count, while no batch was lost). */
+  private copied = 0;
+  /** Batches sent and not yet answered: while one is, the next waits for its answer (a pipeline, so batches coalesce under load). */
+  private inFlight = 0;
+  /** When the last batch was sent (performance.now()). */
+  private lastSentAt = -Infinity;
   private readonly marks: ProgressMarks;
   private batch: number;
   /** Bumped at each rewrite: answers to steps sent before it are stale. */
@@ -91,11 +110,13 @@ export class StreamLease {
     private readonly plan: string,
     private readonly tenant: string,
     private readonly log: Logger,
-    /** A takeover: where the copy stood (its next batch, each sequence). */
-    from?: { batch: number; resumed: readonly Resumed[] },
+    /** A takeover: where the copy stood (its next batch, each sequence, its bytes). */
+    from?: { batch: number; resumed: readonly Resumed[]; bytes: number },
   ) {
     this.batch = from?.batch ?? 0;
     this.marks = new ProgressMarks(from?.resumed);
+    this.keys = streamKeys(id);
+    this.copied = from?.bytes ?? 0;
   }
 
   /** Aborted (with LeaseLost) once another frontend holds the stream. */
@@ -127,7 +148,9 @@ export class StreamLease {
   append(payload: Buffer): number | undefined {
     if (this.state !== 'held' && this.state !== 'rewrite') return undefined;
     this.pending.push(payload);
-    this.steps.schedule(this);
+    // Held bytes wait for their batch; while one is in flight, for its answer.
+    if (this.state === 'rewrite') this.steps.schedule(this);
+    else if (this.inFlight === 0) this.steps.schedule(this, this.due());
     return this.gate.mark(payload.length);
   }
 
@@ -144,21 +167,40 @@ export class StreamLease {
     this.marks.finished(lane, done);
   }
 
-  /** The batch written since the last flush, copied now (called by SharedSteps' batch timer). */
+  /** The batch written since the last flush, copied now (SharedSteps calls it when scheduled). */
   flush(): void {
     if (this.state === 'rewrite') return this.rewrite('');
     if (this.state !== 'held' || this.pending.length === 0) return;
     const events = this.takePending();
     const epoch = this.epoch;
     const sentAt = performance.now();
+    this.copied += events.length;
     const upTo = this.gate.at;
-    const k = streamKeys(this.id);
+    this.inFlight++;
+    this.lastSentAt = sentAt;
     this.steps
-      .append(k, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
+      .append(this.keys, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
       .then(
-        (answer) => this.answered(answer, epoch, sentAt, upTo),
-        (err: unknown) => this.failed(err, epoch, sentAt),
+        (answer) => {
+          this.answered(answer, epoch, sentAt, upTo);
+          this.sent();
+        },
+        (err: unknown) => {
+          this.failed(err, epoch, sentAt);
+          this.sent();
+        },
       );
+  }
+
+  /** A batch answered: what was written meanwhile goes next (in a copy to rewrite, the rewrite does). */
+  private sent(): void {
+    this.inFlight--;
+    if (this.inFlight === 0 && this.pending.length > 0) this.steps.schedule(this, this.state === 'held' && this.due());
+  }
+
+  /** The next batch may go now: the last went at least BATCH_MS ago (or none has). */
+  private due(): boolean {
+    return performance.now() - this.lastSentAt >= BATCH_MS;
   }
 
   /** Keeps the lease and the copy alive (SharedSteps' renewal timer). */
@@ -166,7 +208,7 @@ export class StreamLease {
     if (this.state !== 'held' && this.state !== 'overflow') return;
     const epoch = this.epoch;
     const sentAt = performance.now();
-    this.steps.renew(streamKeys(this.id), this.token, this.bounds).then(
+    this.steps.renew(this.keys, this.token, this.bounds).then(
       (answer) => this.answered(answer, epoch, sentAt),
       (err: unknown) => this.refused(err, sentAt),
     );
@@ -180,7 +222,15 @@ export class StreamLease {
   async finish(payload: Buffer, kind: 'end' | 'x'): Promise<void> {
     const from = this.state;
     if (from !== 'held' && from !== 'rewrite' && from !== 'overflow') return;
-    if (from === 'held') this.flush();
+    // The batch still pending goes with the end, one step instead of two (a short stream's copy is
+    // then opened and finished, nothing between), unless together they would pass the copy's bound
+    // (a batch of its own says so; the end does not).
+    let last = payload;
+    if (from === 'held' && this.pending.length > 0) {
+      const pendingBytes = this.pending.reduce((n, b) => n + b.length, 0);
+      if (this.copied + pendingBytes + payload.length <= this.bounds.maxBytes) last = Buffer.concat([...this.pending, payload]);
+      else this.flush();
+    }
     this.pending.length = 0;
     this.set('finished', kind === 'end' ? 'ended' : 'stopped');
     try {
@@ -189,7 +239,7 @@ export class StreamLease {
         return;
       }
       const epoch = this.epoch;
-      const answer = await this.steps.finish(streamKeys(this.id), this.token, this.bounds, this.batch++, kind, payload, this.marks.takeDelta());
+      const answer = await this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta());
       if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) await this.finishLater(kind);
     } catch {
       await this.finishLater(kind);
@@ -222,7 +272,7 @@ export class StreamLease {
     this.set('released', 'handed on');
     const released = await (async () => {
       if (from === 'rewrite' && !(await this.rewriteNow(''))) return false;
-      return (await this.steps.release(streamKeys(this.id), this.token)) === 'ok';
+      return (await this.steps.release(this.keys, this.token)) === 'ok';
     })().catch(() => false);
     // Handed on: the copy holds every byte (its batch went before the release, in order), so they go
     // out. Not handed on: whoever continues it starts from the copy, so what it lacks never goes out.
@@ -233,7 +283,7 @@ export class StreamLease {
 
   /** Clients at other frontends follow the stream now (their frontends say so while they do). */
   followedElsewhere(): Promise<boolean> {
-    return this.steps.followed(streamKeys(this.id)).catch(() => false);
+    return this.steps.followed(this.keys).catch(() => false);
   }
 
   private takePending(): Buffer {
@@ -284,13 +334,14 @@ export class StreamLease {
     const sentAt = performance.now();
     this.nextRewriteAt = sentAt + REWRITE_BACKOFF_MS;
     try {
-      const answer = await this.steps.rewrite(streamKeys(this.id), this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last);
+      const answer = await this.steps.rewrite(this.keys, this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last);
       if (epoch !== this.epoch) return false;
       if (answer === 'lost') {
         this.lose('taken');
         return false;
       }
       this.batch = 1;
+      this.copied = this.snapshot().length;
       if (answer === 'overflow') {
         if (this.state === 'rewrite') this.set('overflow', `the copy passed ${this.bounds.maxBytes} bytes`);
         return false;
@@ -308,7 +359,7 @@ export class StreamLease {
     if (this.state === 'lost' || this.state === 'finished' || this.state === 'released') return;
     this.set('lost', why === 'taken' ? 'another frontend holds it' : `unconfirmed for ${this.bounds.leaseMs} ms (this process paused?)`);
     // Not taken yet (only unconfirmed): handed on, so a follower takes it over now rather than at the lease's end.
-    if (why === 'unconfirmed') this.steps.release(streamKeys(this.id), this.token).catch(() => undefined);
+    if (why === 'unconfirmed') this.steps.release(this.keys, this.token).catch(() => undefined);
     this.controller.abort(new LeaseLost(this.id));
   }
 

@@ -71,10 +71,11 @@ export class StreamStore {
 
   /**
    * A new stream to keep, under `id` (a response id: chatcmpl-, cmpl-, resp_), for `tenant`; in a
-   * fleet copied to the shared store with `plan` (how another frontend would continue it).
+   * fleet copied to the shared store with its `plan` (how another frontend would continue it; made
+   * only then: a frontend's own memory does not need it).
    */
-  open(id: string, tenant: string, plan: string): KeptStream {
-    const lease = this.shared?.healthy === true ? this.shared.open(id, plan, tenant) : undefined;
+  open(id: string, tenant: string, plan: () => string): KeptStream {
+    const lease = this.shared?.healthy === true ? this.shared.open(id, plan(), tenant) : undefined;
     return this.keep(id, tenant, lease);
   }
 
@@ -163,6 +164,15 @@ export class StreamStore {
     void stream.lease?.finish(Buffer.from(error), 'x');
     if (this.streams.get(stream.id) !== stream) return;
     this.streams.delete(stream.id);
+    this.ended.delete(stream);
+    stream.drop();
+  }
+
+  /** A response its client deleted: no longer resumable here (a live stream is never removed: its generation owns it). */
+  remove(id: string, tenant: string): void {
+    const stream = this.streams.get(id);
+    if (stream === undefined || stream.tenant !== tenant || stream.current === 'live') return;
+    this.streams.delete(id);
     this.ended.delete(stream);
     stream.drop();
   }

@@ -1,0 +1,101 @@
+import { describe, it, before, after, mock } from 'node:test';
+import assert from 'node:assert/strict';
+import { Redis } from 'ioredis';
+import pino from 'pino';
+import { RedisStore, parseStoreUrl } from '../src/frontend/streams/redis-store.js';
+import { SharedStreams } from '../src/frontend/streams/shared-streams.js';
+import { BATCH_MS } from '../src/frontend/streams/stream-lease.js';
+import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
+import type { Release } from '../src/frontend/relay/held-bytes.js';
+
+// Captured before the timers are mocked: the bounds below still run on real time.
+const realSetTimeout = globalThis.setTimeout;
+const realClearTimeout = globalThis.clearTimeout;
+/** Real time passing (not an event waited for): a batch at least BATCH_MS old. */
+const pastBatchSpacing = () => new Promise((resolve) => realSetTimeout(resolve, BATCH_MS + 5));
+
+/** Resolves once the gate released `mark` (or everything), rejects saying what it waited for. */
+function released(lease: { gate: { onRelease(fn: (upTo: Release) => void): void } }, mark: number, what: string): Promise<Release> {
+  return new Promise((resolve, reject) => {
+    const timer = realSetTimeout(() => reject(new Error(`timed out: ${what}`)), 15_000);
+    lease.gate.onRelease((upTo) => {
+      if (upTo === 'drop' || upTo >= mark) {
+        realClearTimeout(timer);
+        resolve(upTo);
+      }
+    });
+  });
+}
+
+/**
+ * A Redis-kept stream's events reach its clients once the copy holds them (the copy gate, issue 42),
+ * and no later: a batch goes at once when there is one, none is in flight and the last went at least
+ * BATCH_MS ago (the first at once), not at the next tick of a batch timer (issue 47 item 1).
+ * setTimeout is mocked here and never advances: whatever waited on the timer would never be
+ * released. A real redis-server, the lease as the frontend runs it.
+ */
+describe('a Redis-kept stream is copied as it comes: one batch in flight, none waiting on a timer', { skip: redisSkipReason() }, () => {
+  let redis: RedisServer;
+  let shared: SharedStreams;
+  let admin: Redis;
+  before(async () => {
+    redis = await startRedis();
+    admin = new Redis(redis.url);
+    const log = pino({ level: 'silent' });
+    const store = new RedisStore(parseStoreUrl(redis.url), log, () => undefined, 'pipeline-test');
+    await store.connect(10_000);
+    shared = new SharedStreams(store, { owner: 'pipeline-test', windowMs: 60_000, maxResponseBytes: 1 << 20, writeTimeoutMs: 10_000, log });
+    mock.timers.enable({ apis: ['setTimeout'] });
+  });
+  after(async () => {
+    mock.timers.reset();
+    await shared?.close();
+    admin?.disconnect();
+    await redis?.stop();
+  });
+
+  const entries = async (id: string) => (await admin.xrange(`ebb:{${id}}:events`, '-', '+')).map(([, f]) => f[f.indexOf('e') + 1]);
+
+  it("the first event goes out once Redis holds it, with no timer's tick; events written while a batch is in flight go in the next one, together", async () => {
+    const id = 'chatcmpl-pipeline1';
+    const lease = shared.open(id, '{}', '');
+    await lease.opened;
+    const first = lease.append(Buffer.from('id: 0\ndata: a\n\n'));
+    assert.ok(first !== undefined, 'the gate holds the first event for its batch');
+    await released(lease, first, 'the first event released (its batch answered) with setTimeout never firing');
+    assert.deepEqual(await entries(id), ['id: 0\ndata: a\n\n'], 'the copy held it before it went out');
+
+    // Redis answers nothing: the next batch is in flight; what comes meanwhile waits for its answer.
+    await pastBatchSpacing();
+    redis.freeze();
+    let second: number | undefined;
+    let last: number | undefined;
+    try {
+      second = lease.append(Buffer.from('id: 1\ndata: b\n\n'));
+      await new Promise((resolve) => setImmediate(resolve));
+      lease.append(Buffer.from('id: 2\ndata: c\n\n'));
+      await new Promise((resolve) => setImmediate(resolve));
+      last = lease.append(Buffer.from('id: 3\ndata: d\n\n'));
+      await new Promise((resolve) => setImmediate(resolve));
+      await pastBatchSpacing();
+    } finally {
+      redis.thaw();
+    }
+    await released(lease, second!, 'the batch sent while Redis was frozen answered once it thawed');
+    await released(lease, last!, 'the events written while it was in flight released, with setTimeout never firing');
+    assert.deepEqual(await entries(id), ['id: 0\ndata: a\n\n', 'id: 1\ndata: b\n\n', 'id: 2\ndata: c\n\nid: 3\ndata: d\n\n'], 'three batches: the first, the one in flight, then all written meanwhile as one');
+    await lease.finish(Buffer.from('data: [DONE]\n\n'), 'end');
+  });
+
+  it('events written in one turn go in one batch', async () => {
+    const id = 'chatcmpl-pipeline2';
+    const lease = shared.open(id, '{}', '');
+    await lease.opened;
+    lease.append(Buffer.from('id: 0\ndata: a\n\n'));
+    lease.append(Buffer.from('id: 1\ndata: b\n\n'));
+    const mark = lease.append(Buffer.from('id: 2\ndata: c\n\n'));
+    await released(lease, mark!, 'the three events released');
+    assert.deepEqual(await entries(id), ['id: 0\ndata: a\n\nid: 1\ndata: b\n\nid: 2\ndata: c\n\n']);
+    await lease.finish(Buffer.from('data: [DONE]\n\n'), 'end');
+  });
+});
