@@ -118,8 +118,14 @@ export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, st
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
 
-  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null, stats, workerAdminToken);
-  addDashboard(app, { tokenRequired: guardAdmin !== undefined, snapshot: async () => ({ workers: await listWorkers(), models: stats?.summary() ?? [] }) });
+  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null, stats, workerAdminToken, tenants);
+  addDashboard(app, {
+    tokenRequired: guardAdmin !== undefined,
+    snapshot: async () => {
+      const [workers, tenantsNow] = await Promise.all([listWorkers(), tenants?.()]);
+      return { workers, models: stats?.summary() ?? [], ...(tenantsNow !== undefined && { tenants: tenantsNow }) };
+    },
+  });
 
   // Without --limits-file nothing is counted: an empty list says so (store none).
   allowOnly(app, '/tenants', ['GET']);
