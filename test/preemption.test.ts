@@ -6,6 +6,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { bounded, frontendSeesWorkers, metricValue, startFleet, startFrontend, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { sseEvents } from './helpers/http.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 
 const started: EbbProcess[] = [];
@@ -89,5 +90,43 @@ describe('priority preemption: a flex stream is paused for a priority request, a
     assertUndisturbed(await Promise.all(streams));
     assert.equal(await metricValue(worker.systemUrl, 'ebb_worker_preemptions_total'), before, 'no flex stream was paused');
     assert.equal(await metricValue(f.url, 'ebb_frontend_preemptions_total'), 0);
+  });
+});
+
+/** Two batch slots whose flex streams are still in their prefill (1.5 s) when the priority request comes. */
+const SLOW_PREFILL = ['--mocker-batch-slots', '2', '--priority-reserve-slots', '0', '--mocker-itl-ms', '20', '--mocker-ttft-ms', '1500'];
+const LONG_FLEX_TOKENS = 150;
+
+describe('priority preemption decided again while the priority request waits in the engine\'s queue', () => {
+  it('a priority request that came while every flex stream was still in its prefill (none to pause yet) pauses one at its first token, not after a whole stream', async () => {
+    const { frontend, workers } = await startFleet(1, SLOW_PREFILL, ['--resume-grace-ms', '0']);
+    const worker = workers[0]!;
+    started.push(frontend, worker);
+    const flex = (seed: number) =>
+      streamCompletion(frontend.url, { model: 'm1', max_tokens: LONG_FLEX_TOKENS, seed, temperature: 0, service_tier: 'flex', stream_options: { include_usage: true } });
+    const reference = await Promise.all([0, 1].map((seed) => flex(seed)));
+    for (const r of reference) assert.equal(r.usage?.completion_tokens, LONG_FLEX_TOKENS, r.error);
+
+    // Both flex streams admitted (their slots taken, their first token 1.5 s away): the worker says so on its status stream.
+    const status = new AbortController();
+    const statusRes = await fetch(`${worker.systemUrl}/engine/status/events`, { signal: status.signal });
+    const bothAdmitted = sseEvents(statusRes, (e) => /"inflight_requests":2\b/.test(e), { controller: status });
+    const order: string[] = [];
+    const streams = [0, 1].map((seed) => flex(seed).then((o) => (order.push(`flex${seed}`), o)));
+    await bounded(bothAdmitted, 'the worker to hold both flex streams');
+    status.abort();
+    assert.equal(await metricValue(worker.systemUrl, 'ebb_worker_preemptions_total'), 0);
+    const priority = await streamCompletion(frontend.url, { model: 'm1', max_tokens: 3, seed: 9, service_tier: 'priority' });
+    order.push('priority');
+    assert.equal(priority.tokens, 3, priority.error);
+    const results = await Promise.all(streams);
+    assert.equal(order[0], 'priority', `the priority request was answered before either flex stream ended (${order.join(', ')})`);
+    assert.equal(await metricValue(worker.systemUrl, 'ebb_worker_preemptions_total'), 1, 'one flex stream paused, once it had a token');
+    for (const [i, r] of results.entries()) {
+      assert.equal(r.error, undefined, `flex ${i}: ${r.error}`);
+      assert.equal(r.doneEvents, 1, `flex ${i}: one [DONE]`);
+      assert.equal(r.text, reference[i]!.text, `flex ${i}: byte-identical to the undisturbed run`);
+      assert.equal(r.usage?.completion_tokens, LONG_FLEX_TOKENS, `flex ${i}: usage counts the whole completion`);
+    }
   });
 });

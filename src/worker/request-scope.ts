@@ -95,6 +95,7 @@ export class RequestScope {
     } else {
       if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
       this.routed?.prefilled();
+      this.onFirstPiece?.(this);
     }
     this.lastPieceAt = now;
     this.generated += n;
@@ -140,7 +141,7 @@ export class RequestScope {
     this.trace?.outcome(outcome);
     if (!this.abort.signal.aborted) this.abort.abort(new Error(`request ${outcome}`));
     // A generator left suspended at a yield would keep its batch slot.
-    void this.returnTokens().then(() => (this.slotFreed = true));
+    void this.returnTokens().then(() => this.freed());
     this.ticket.release(outcome);
     this.adapter?.release();
     this.routed?.release();
@@ -163,11 +164,21 @@ export class RequestScope {
 
   /** Its engine generator has ended (its batch slot is back): set by settle and close. */
   slotFreed = false;
+  /** Told once its slot is back (the preemption that paused it counts the slots being freed). */
+  onSlotFreed: (() => void) | undefined;
+  /** Told at its first piece: it holds a slot and, flex, could now be paused (the worker's Preemption). */
+  onFirstPiece: ((scope: RequestScope) => void) | undefined;
 
   /** Ends the engine's generator and waits for it (its cleanup, e.g. a hand-off's KV export, included). */
   async settle(): Promise<void> {
     await this.returnTokens();
+    this.freed();
+  }
+
+  private freed(): void {
+    if (this.slotFreed) return;
     this.slotFreed = true;
+    this.onSlotFreed?.();
   }
 
   private async returnTokens(): Promise<void> {
