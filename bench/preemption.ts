@@ -1,19 +1,23 @@
 /**
  * Priority preemption benchmark (issue 48 item 3).
  *
- * One mocker worker (4 batch slots, none kept back for priority) and one frontend. A priority
+ * One worker (4 batch slots, none kept back for priority) and one frontend. A priority
  * request's time to first token is measured on the idle fleet, then on a fleet whose every slot runs
  * flex streams (kept full in a closed loop), once with preemption (the default --preemption-limit 2)
  * and once with --preemption-limit 0 (a second frontend on the same worker): a priority request then
  * waits for a flex stream to end. Every flex stream is checked against its undisturbed text (the
- * mocker's text depends only on the prompt and the seed; temperature 0): byte-identical or lost.
+ * mocker's text depends only on the prompt and the seed; llama-cpp's, at temperature 0 with
+ * --batch-invariant, only on the prompt): byte-identical or lost. The worker is a mocker (TTFT 20
+ * ms, 10 ms a token) or, with --engine llama-cpp, llama.cpp on a tiny generated GGUF model (one
+ * thread, CPU; its paused streams' KV state goes with them).
  *
- *   npx tsc -p . && node dist/bench/preemption.js [--priority 40] [--flex-tokens 150]
+ *   npx tsc -p . && node dist/bench/preemption.js [--engine mocker|llama-cpp] [--priority 40] [--flex-tokens 150]
  *
  * This is a benchmark, not a test: it prints a table and, last, one JSON line.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { frontendSeesWorkers, killAllNow, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle } from '../test/helpers/processes.js';
+import { writeTinyLlamaGguf } from '../test/helpers/gguf.js';
 import { streamCompletion } from '../test/helpers/sse.js';
 import { percentile } from './percentile.js';
 
@@ -29,8 +33,19 @@ function flag(name: string, fallback: number): number {
 
 const PRIORITY = flag('--priority', 40);
 const FLEX_TOKENS = flag('--flex-tokens', 150);
+const ENGINE = process.argv.includes('--engine') ? process.argv[process.argv.indexOf('--engine') + 1] : 'mocker';
+if (ENGINE !== 'mocker' && ENGINE !== 'llama-cpp') throw new Error('--engine: mocker or llama-cpp');
+const MODEL = ENGINE === 'mocker' ? 'm1' : 'tiny';
 
-const flexBody = (seed: number) => ({ model: 'm1', max_tokens: FLEX_TOKENS, seed, temperature: 0, service_tier: 'flex' });
+/** The worker's engine: 4 slots, none kept back for priority. */
+function engineArgs(): string[] {
+  if (ENGINE === 'mocker') return ['--model', MODEL, '--mocker-batch-slots', String(SLOTS), '--mocker-itl-ms', '10', '--mocker-ttft-ms', '20'];
+  return ['--engine', 'llama-cpp', '--model-path', writeTinyLlamaGguf(), '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '4096', '--parallel', String(SLOTS), '--batch-invariant'];
+}
+const ENGINE_LINE = ENGINE === 'mocker' ? 'mocker worker (ttft 20 ms, itl 10 ms)' : 'llama-cpp worker (tiny generated GGUF, 1 thread, CPU, --batch-invariant)';
+
+// Each seed its own question: llama.cpp at temperature 0 answers by the prompt alone.
+const flexBody = (seed: number) => ({ model: MODEL, max_tokens: FLEX_TOKENS, seed, temperature: 0, service_tier: 'flex', messages: [{ role: 'user', content: `question ${seed}: tell me about the tides and the moon` }] });
 
 /** TTFTs (ms) of `count` priority requests one after another, each a few tokens. */
 async function priorityTtfts(f: FrontendHandle, count: number): Promise<number[]> {
@@ -38,8 +53,8 @@ async function priorityTtfts(f: FrontendHandle, count: number): Promise<number[]
   for (let i = 0; i < count; i++) {
     const started = performance.now();
     let first = 0;
-    const r = await streamCompletion(f.url, { model: 'm1', max_tokens: 4, seed: 1000 + i, service_tier: 'priority' }, () => (first = performance.now()));
-    if (r.tokens !== 4) throw new Error(`priority request ${i}: ${r.tokens} tokens, ${r.error ?? `HTTP ${r.status}`}`);
+    const r = await streamCompletion(f.url, { model: MODEL, max_tokens: 4, seed: 1000 + i, temperature: 0, service_tier: 'priority', stream_options: { include_usage: true } }, () => (first = performance.now()));
+    if (r.usage?.completion_tokens !== 4) throw new Error(`priority request ${i}: ${r.usage?.completion_tokens} tokens, ${r.error ?? `HTTP ${r.status}`}`);
     out.push(first - started);
     // A gap, as separate clients' requests have: the paused flex stream gets its slot back between them.
     await sleep(20);
@@ -78,7 +93,7 @@ const ms = (x: number) => x.toFixed(1);
 
 async function main(): Promise<void> {
   const discovery = tempDiscoveryUrl();
-  const worker = await startWorker(['--discovery', discovery, '--model', 'm1', '--mocker-batch-slots', String(SLOTS), '--priority-reserve-slots', '0', '--mocker-itl-ms', '10', '--mocker-ttft-ms', '20']);
+  const worker = await startWorker(['--discovery', discovery, '--priority-reserve-slots', '0', ...engineArgs()]);
   const preempting = await startFrontend(discovery, ['--resume-grace-ms', '0']);
   const waiting = await startFrontend(discovery, ['--resume-grace-ms', '0', '--preemption-limit', '0']);
   await frontendSeesWorkers(preempting, 1);
@@ -104,13 +119,14 @@ async function main(): Promise<void> {
       ['full of flex, preemption (limit 2)', stats(withPreemption.ttfts), withPreemption.tally],
       ['full of flex, --preemption-limit 0', stats(without.ttfts), without.tally],
     ] as const;
-    console.log(`1 mocker worker (${SLOTS} slots, no priority reserve, ttft 20 ms, itl 10 ms), ${PRIORITY} priority requests of 4 tokens per phase; flex streams of ${FLEX_TOKENS} tokens keep every slot busy`);
+    console.log(`1 ${ENGINE_LINE}, ${SLOTS} slots, no priority reserve; ${PRIORITY} priority requests of 4 tokens per phase; flex streams of ${FLEX_TOKENS} tokens keep every slot busy`);
     console.log('phase                                 ttft p50 ms  ttft p99 ms  p99 / idle  flex completed  identical  lost');
     for (const [name, s, t] of rows) console.log(`${name.padEnd(38)}${ms(s.p50).padStart(11)}  ${ms(s.p99).padStart(11)}  ${(s.p99 / stats(idle).p99).toFixed(2).padStart(10)}  ${String(t?.completed ?? '-').padStart(14)}  ${String(t?.identical ?? '-').padStart(9)}  ${String(t?.lost ?? '-').padStart(4)}`);
     console.log(`preemptions (the worker's ebb_worker_preemptions_total): ${preemptions}`);
     console.log(
       JSON.stringify({
         bench: 'preemption',
+        engine: ENGINE,
         idle_ttft_ms: stats(idle),
         preempting: { ttft_ms: stats(withPreemption.ttfts), p99_vs_idle: stats(withPreemption.ttfts).p99 / stats(idle).p99, flex: withPreemption.tally },
         no_preemption: { ttft_ms: stats(without.ttfts), p99_vs_idle: stats(without.ttfts).p99 / stats(idle).p99, flex: without.tally },
