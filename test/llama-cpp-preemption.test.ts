@@ -15,7 +15,7 @@ import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
 const modelPath = writeTinyLlamaGguf();
 const MODEL = 'tiny';
 /** Enough that both flex streams still run when the priority request is answered (a few tokens). */
-const FLEX_TOKENS = 400;
+const FLEX_TOKENS = 600;
 /** Two sequences, none kept back for priority: two flex streams fill the worker. One thread, CPU only: the machine is shared. */
 const LLAMA = ['--engine', 'llama-cpp', '--model-path', modelPath, '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '2048', '--parallel', '2', '--batch-invariant', '--priority-reserve-slots', '0'];
 
