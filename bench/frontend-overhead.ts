@@ -6,17 +6,20 @@
  * (POST /generate, NDJSON) and through the frontend (POST /v1/chat/completions, SSE). The worker
  * does the same work either way, so the difference is what the frontend's relay costs. A third
  * path, openai-port, is the worker's own OpenAI API (`ebb worker --openai-port`): the frontend's code
- * in the worker's process, one loopback hop to its own request plane.
+ * in the worker's process, one loopback hop to its own request plane. A fourth, frontend-limits, is
+ * a second frontend with tenant limits on (--limits-file, counted in a Redis --stream-store this
+ * bench starts): each request reserves and settles its tenant's limits there (limits far above the
+ * load, so none is refused); against frontend, the hot-path cost of the limits (issue 48).
  *
  *   npx tsc -p . && node dist/bench/frontend-overhead.js [--duration-ms 4000] [--max-tokens 64]
- *     [--warmup-ms 1000] [--rounds 1] [--concurrency 1,16,64] [--paths direct,frontend,openai-port] [--json-parse]
+ *     [--warmup-ms 1000] [--rounds 1] [--concurrency 1,16,64] [--paths direct,frontend,openai-port,frontend-limits] [--json-parse]
  *     [--frontend-node-args "--cpu-prof --cpu-prof-dir=/tmp/prof"]
  *
  * Children run under the test helpers' process runner, and streams are split by their splitBody.
  * This is a benchmark, not a test: it prints a table and, last, one JSON line with the ratios.
  * It always stops by itself (a watchdog bounds the whole run) and kills its children on any exit.
  */
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -26,6 +29,7 @@ import { bounded, killAllNow, startFrontend, startWorker, type EbbProcess, type 
 import { CLOCK_TICKS, procCpuMs } from './proc-cpu.js';
 import { procPeakRssBytes } from './proc-memory.js';
 import { percentile } from './percentile.js';
+import { startRedis, type RedisServer } from '../test/helpers/redis.js';
 
 const MODEL = 'm1';
 const CONTENT = 'tell me about tides';
@@ -45,8 +49,10 @@ interface Options {
   workerNodeArgs: string[];
 }
 
-type Path = 'direct' | 'frontend' | 'openai-port';
-const PATHS: readonly Path[] = ['direct', 'frontend', 'openai-port'];
+type Path = 'direct' | 'frontend' | 'openai-port' | 'frontend-limits';
+const PATHS: readonly Path[] = ['direct', 'frontend', 'openai-port', 'frontend-limits'];
+/** The frontend paths: their frontend's CPU per token is reported. */
+const viaFrontend = (p: Path) => p === 'frontend' || p === 'frontend-limits';
 
 class UsageError extends Error {}
 
@@ -58,7 +64,7 @@ function usage(): string {
     '  --rounds <n>               measure each point n times, alternating paths, and pool the samples (default 1)',
     '  --max-tokens <n>           tokens per request (default 64)',
     '  --concurrency <list>       concurrent streams per point (default 1,16,64)',
-    '  --paths <list>             direct,frontend,openai-port (default direct,frontend; ratios are against direct)',
+    '  --paths <list>             direct,frontend,openai-port,frontend-limits (default direct,frontend; ratios are against direct)',
     '  --json-parse               JSON.parse every token line/event on the client (default: scan only)',
     '  --frontend-node-args <s>   extra node flags for the frontend child, e.g. "--cpu-prof --cpu-prof-dir=/tmp/p"',
     '  --worker-node-args <s>     extra node flags for the worker child',
@@ -195,6 +201,8 @@ interface Target {
   path: Path;
   url: string;
   body: string;
+  /** Extra request headers (the limits path's tenant). */
+  headers?: Record<string, string>;
   /** Reads a whole response body, counting token lines/events; throws on a malformed or short stream. */
   consume(body: AsyncIterable<Uint8Array>, onFirstToken: () => void): Promise<number>;
 }
@@ -260,7 +268,7 @@ function sseConsumer(jsonParse: boolean): Target['consume'] {
 async function oneRequest(agent: Agent, t: Target, expectTokens: number): Promise<Sample> {
   const started = performance.now();
   let first = -1;
-  const res = await request(t.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: t.body, dispatcher: agent });
+  const res = await request(t.url, { method: 'POST', headers: { 'content-type': 'application/json', ...t.headers }, body: t.body, dispatcher: agent });
   if (res.statusCode !== 200) {
     const text = await res.body.text();
     throw new Error(`${t.path}: HTTP ${res.statusCode}: ${text.slice(0, 300)}`);
@@ -427,6 +435,8 @@ async function main(): Promise<void> {
   const discovery = `file://${dir}`;
   let worker: WorkerHandle | undefined;
   let frontend: FrontendHandle | undefined;
+  let limited: FrontendHandle | undefined;
+  let redis: RedisServer | undefined;
   let stopping = false;
   const agent = new Agent({
     connections: Math.max(...opts.concurrency) * 2,
@@ -446,15 +456,25 @@ async function main(): Promise<void> {
     const requestUrl = worker.requestUrl;
     frontend = await startFrontend(discovery, ['--shutdown-grace-ms', '0'], {}, { nodeArgs: opts.frontendNodeArgs }); // no balancer to wait for: exit (and write a --cpu-prof file) at once
     const frontendUrl = frontend.url;
-    const childDied = Promise.race([unexpectedExit(worker, () => stopping), unexpectedExit(frontend, () => stopping)]);
+    if (opts.paths.includes('frontend-limits')) {
+      redis = await startRedis();
+      // Limits far above the load: every request reserves and settles in Redis, none is refused.
+      const limitsDir = mkdtempSync(join(tmpdir(), 'ebb-bench-limits-'));
+      tempDirs.add(limitsDir);
+      const limitsFile = join(limitsDir, 'limits.json');
+      writeFileSync(limitsFile, JSON.stringify({ bench: { requests_per_minute: 1e9, tokens_per_minute: 1e12, concurrent_streams: 1e6, tokens_per_day: 1e15 } }));
+      limited = await startFrontend(discovery, ['--shutdown-grace-ms', '0', '--stream-store', redis.url, '--limits-file', limitsFile], {}, { nodeArgs: opts.frontendNodeArgs });
+    }
+    const childDied = Promise.race([unexpectedExit(worker, () => stopping), unexpectedExit(frontend, () => stopping), ...(limited ? [unexpectedExit(limited, () => stopping)] : [])]);
     childDied.catch(() => undefined);
 
     // The frontend learns about the worker through discovery: its routing view says when it has.
     const id = worker.workerId;
-    await frontend.waitForLog(
-      (l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(id)) || (l.event === 'worker_added' && l.worker_id === id),
-      'the frontend to see the worker in discovery',
-    );
+    for (const f of limited ? [frontend, limited] : [frontend])
+      await f.waitForLog(
+        (l) => (l.event === 'discovery_reset' && (l.workers as string[]).includes(id)) || (l.event === 'worker_added' && l.worker_id === id),
+        'the frontend to see the worker in discovery',
+      );
 
     const targets: Record<Path, Target> = {
       direct: {
@@ -470,6 +490,13 @@ async function main(): Promise<void> {
         body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: CONTENT }], max_tokens: opts.maxTokens, stream: true }),
         consume: sseConsumer(opts.jsonParse),
       },
+      'frontend-limits': {
+        path: 'frontend-limits',
+        url: `${limited?.url ?? 'http://not-asked-for'}/v1/chat/completions`,
+        headers: { 'x-ebb-tenant': 'bench' },
+        body: JSON.stringify({ model: MODEL, messages: [{ role: 'user', content: CONTENT }], max_tokens: opts.maxTokens, stream: true }),
+        consume: sseConsumer(opts.jsonParse),
+      },
       'openai-port': {
         path: 'openai-port',
         url: `${worker.openaiUrl ?? 'http://not-asked-for'}/v1/chat/completions`,
@@ -478,6 +505,8 @@ async function main(): Promise<void> {
       },
     };
     const pids = { frontend: frontend.pid, worker: worker.pid };
+    // Each frontend path's CPU is its own frontend's.
+    const pidsOf = (p: Path) => (p === 'frontend-limits' && limited ? { ...pids, frontend: limited.pid } : pids);
 
     // Smoke check both paths once, so a broken setup fails fast with a clear message.
     for (const p of opts.paths) await bounded(oneRequest(agent, targets[p], opts.maxTokens), `smoke request on ${p}`, 10_000);
@@ -494,13 +523,13 @@ async function main(): Promise<void> {
 
     const stats: PointStats[] = [];
     for (const c of opts.concurrency) {
-      if (opts.warmupMs > 0) for (const p of opts.paths) await runPhase(agent, targets[p], c, opts.warmupMs, opts.maxTokens, pids, childDied);
+      if (opts.warmupMs > 0) for (const p of opts.paths) await runPhase(agent, targets[p], c, opts.warmupMs, opts.maxTokens, pidsOf(p), childDied);
       const pooled = new Map<Path, PhaseResult>();
       for (let round = 0; round < opts.rounds; round++) {
         // Alternate which path goes first, so slow drift (or a noisy neighbour) hits both alike.
         const order = round % 2 === 0 ? opts.paths : [...opts.paths].reverse();
         for (const p of order) {
-          const r = await runPhase(agent, targets[p], c, opts.durationMs, opts.maxTokens, pids, childDied);
+          const r = await runPhase(agent, targets[p], c, opts.durationMs, opts.maxTokens, pidsOf(p), childDied);
           const prev = pooled.get(p);
           pooled.set(p, prev ? merge(prev, r) : r);
           const tok = (1000 * r.samples.reduce((n, x) => n + x.tokens, 0)) / r.elapsedMs;
@@ -532,7 +561,7 @@ async function main(): Promise<void> {
           fmt(s.cpuPct.frontend, 0),
           fmt(s.cpuPct.worker, 0),
           fmt(s.cpuPct.other, 0),
-          s.path === 'frontend' ? fmt(s.frontendCpuUsPerToken, 1) : '-',
+          viaFrontend(s.path) ? fmt(s.frontendCpuUsPerToken, 1) : '-',
           limitOf(s, cores),
           String(s.errors),
         ]),
@@ -557,7 +586,7 @@ async function main(): Promise<void> {
           added_total_ms_p99: round(f.totalP99 - d.totalP99, 3),
           direct_tok_per_s: round(d.tokPerS, 0),
           frontend_tok_per_s: round(f.tokPerS, 0),
-          frontend_cpu_us_per_token: f.path !== 'frontend' || f.frontendCpuUsPerToken === undefined ? null : round(f.frontendCpuUsPerToken, 2),
+          frontend_cpu_us_per_token: !viaFrontend(f.path) || f.frontendCpuUsPerToken === undefined ? null : round(f.frontendCpuUsPerToken, 2),
         }));
     });
     if (ratios.length > 0) {
@@ -624,7 +653,7 @@ async function main(): Promise<void> {
             other: s.cpuPct.other === undefined ? null : round(s.cpuPct.other, 0),
           },
           limit: limitOf(s, cores),
-          frontend_cpu_us_per_token: s.path === 'frontend' && s.frontendCpuUsPerToken !== undefined ? round(s.frontendCpuUsPerToken, 2) : null,
+          frontend_cpu_us_per_token: viaFrontend(s.path) && s.frontendCpuUsPerToken !== undefined ? round(s.frontendCpuUsPerToken, 2) : null,
           worker_cpu_us_per_token: s.workerCpuUsPerToken === undefined ? null : round(s.workerCpuUsPerToken, 2),
         })),
       }),
@@ -635,7 +664,9 @@ async function main(): Promise<void> {
     // Frontend first (graceful, so a --cpu-prof profile is written), then the worker.
     stopping = true;
     await frontend?.terminate().catch(() => undefined);
+    await limited?.terminate().catch(() => undefined);
     await worker?.terminate().catch(() => undefined);
+    await redis?.stop().catch(() => undefined);
     killAllNow();
     rmSync(dir, { recursive: true, force: true });
     clearTimeout(watchdog);

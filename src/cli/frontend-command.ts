@@ -10,6 +10,7 @@ import { runPrimary } from '../frontend/cluster/primary.js';
 import { DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_SHUTDOWN_TIMEOUT_MS, INTERACTIVE_SHUTDOWN_TIMEOUT_MS, shutdownTimeoutFor } from '../frontend/shutdown.js';
 import { DEFAULT_MAX_LANES_PER_REQUEST } from '../frontend/api/lane-budget.js';
 import { DEFAULT_PREFILL_TIMEOUT_MS } from '../frontend/relay/upstream.js';
+import { DEFAULT_PREEMPTION_LIMIT } from '../frontend/relay/relay.js';
 import { DEFAULT_OVERLAP_WEIGHT } from '../frontend/routing/router.js';
 import { ROUTER_KINDS, type RouterKind } from '../frontend/routing/router-kinds.js';
 import { OVERLAP_WEIGHT_HELP, ROUTER_HELP } from './router-flags.js';
@@ -19,6 +20,8 @@ import { DEFAULT_QUEUE_DEPTH, DEFAULT_QUEUE_TIMEOUT_MS } from '../frontend/admis
 import { isStoreUrl, parseStoreUrl, redactUrl, storePassword, STORE_PASSWORD_ENV } from '../frontend/streams/redis-store.js';
 import { discoveryFlag, intOption, msOption, portOption, weightOption } from './options.js';
 import { apiKeyFileOption, loadApiGuard } from './api-key-flag.js';
+import { STORE_DOWN_MODES, type StoreDown } from '../frontend/limits/limiter.js';
+import { CliError } from './cli-error.js';
 import { exitTraced, startTracingOr } from './tracing-start.js';
 import { hostname } from 'node:os';
 
@@ -36,6 +39,7 @@ interface FrontendFlags {
   streamIdleTimeoutMs: number;
   prefillTimeoutMs: number;
   migrationLimit: number;
+  preemptionLimit: number;
   clientWriteTimeoutMs: number;
   maxLanesPerRequest: number;
   corsOrigin: string[];
@@ -62,6 +66,8 @@ interface FrontendFlags {
   streamStoreMaxStreams: number;
   queueTimeout: number;
   queueDepth: number;
+  limitsFile?: string;
+  limitsStoreDown: StoreDown;
 }
 
 /** --processes: a count, or `auto` for one per core. */
@@ -108,6 +114,7 @@ export function frontendCommand(): Command {
     .addOption(new Option('--cors-origin <origin>', 'let browsers on this origin call the API (repeatable; * for any)').argParser((v: string, all: string[]) => [...all, v]).default([] as string[], 'none'))
     .option('--max-lanes-per-request <n>', 'sequences (prompts x n) one request may open; 400 past it. Across requests, the fd limit bounds them: 503 frontend_overloaded (retryable) past it', intOption(1), DEFAULT_MAX_LANES_PER_REQUEST)
     .option('--migration-limit <n>', 'how many times one request may move to another worker when its worker fails or hands it off mid-stream (0 = never)', intOption(0), 3)
+    .option('--preemption-limit <n>', 'how many times a flex stream may be paused (its client sees a pause; it continues exactly, first among flex, here or on another worker) for a priority request that finds every batch slot of its worker busy (0 = never)', intOption(0), DEFAULT_PREEMPTION_LIMIT)
     .addOption(new Option('--router <kind>', ROUTER_HELP).choices(ROUTER_KINDS).default('kv'))
     .option('--kv-overlap-weight <w>', OVERLAP_WEIGHT_HELP, weightOption, DEFAULT_OVERLAP_WEIGHT)
     .option('--shutdown-grace-ms <n>', 'on SIGTERM, /health answers 503 at once while the listeners keep accepting and serving for this long, so load balancers stop sending first (SIGINT: no grace)', msOption(0), DEFAULT_SHUTDOWN_GRACE_MS)
@@ -119,6 +126,15 @@ export function frontendCommand(): Command {
     .option('--shutdown-timeout-ms <n>', `then, how long open streams and admin calls may finish before they are ended (server_closing; a kept stream is handed on to another frontend) and cut (exit 1 then); a Ctrl-C (SIGINT) waits at most ${INTERACTIVE_SHUTDOWN_TIMEOUT_MS / 1000} s`, msOption(0), DEFAULT_SHUTDOWN_TIMEOUT_MS)
     .option('--queue-timeout <ms>', 'a request no worker can take now (all draining, restarting or full) waits this long for one in the admission queue; 429 rate_limit_exceeded past it (0 = no queue: 503 no_serving_worker at once)', msOption(0), DEFAULT_QUEUE_TIMEOUT_MS)
     .option('--queue-depth <n>', 'requests waiting per model at most; past it 429 rate_limit_exceeded (a flex request gives its place to a higher tier first)', intOption(1), DEFAULT_QUEUE_DEPTH)
+    .option(
+      '--limits-file <path>',
+      'per-tenant limits (the API key\'s name, else x-ebb-tenant): a JSON or YAML object { "<tenant>": { "requests_per_minute", "tokens_per_minute", "concurrent_streams", "tokens_per_day", "tokens_per_month" } } ("*": every tenant not named), reserved before a request runs and shared by every frontend of a Redis --stream-store (else counted in this frontend); re-read when it changes, no restart',
+    )
+    .addOption(
+      new Option('--limits-store-down <mode>', "while the Redis --stream-store cannot be reached: open (count limits in this frontend alone, logged: each frontend admits up to each limit) or closed (503 limits_unavailable for tenants with limits)")
+        .choices(STORE_DOWN_MODES)
+        .default('closed'),
+    )
     .option(
       '--stream-store <where>',
       'where streams are kept so a client can resume one (GET .../{id}?stream=true with Last-Event-ID): memory (this process), a Redis shared by a fleet of frontends (a resume at any of them; one taking over a stream whose frontend died): redis://[user:password@]host:port[/db], rediss://... (TLS), redis+sentinel://host:26379[,host:port...]/<master name> (Sentinel, failovers followed), redis+cluster://host:port[,host:port...] (Redis Cluster); or none',
@@ -145,6 +161,8 @@ export function frontendCommand(): Command {
       const workerAdminToken =
         flags.workerAdminTokenFile !== undefined ? await loadAdminToken(flags.workerAdminTokenFile, {}) : process.env[WORKER_ADMIN_TOKEN_ENV]?.trim() || token?.[0]?.token || requestToken;
       const apiGuard = await loadApiGuard(flags.apiKeyFile);
+      // Each process would count alone (a tenant could spend N times its limits), and the primary's admin has no count to show.
+      if (flags.limitsFile !== undefined && flags.processes > 1) throw new CliError('--limits-file runs with --processes 1 only (for now): run more frontends on the same Redis --stream-store instead');
       const adminPort = flags.adminPort ?? defaultAdminPort(flags.port);
       const timeouts = { requestTimeoutMs: flags.requestTimeoutMs, headersTimeoutMs: flags.headersTimeoutMs, keepAliveTimeoutMs: flags.keepAliveTimeoutMs };
       const log = createLogger('frontend');
@@ -157,6 +175,7 @@ export function frontendCommand(): Command {
         streamIdleTimeoutMs: flags.streamIdleTimeoutMs,
         prefillTimeoutMs: flags.prefillTimeoutMs,
         migrationLimit: flags.migrationLimit,
+        preemptionLimit: flags.preemptionLimit,
         clientWriteTimeoutMs: flags.clientWriteTimeoutMs,
         maxLanesPerRequest: flags.maxLanesPerRequest,
         corsOrigins: flags.corsOrigin,
@@ -169,6 +188,7 @@ export function frontendCommand(): Command {
         kvOverlapWeight: flags.kvOverlapWeight,
         queueTimeoutMs: flags.queueTimeout,
         queueDepth: flags.queueDepth,
+        tenantLimits: flags.limitsFile === undefined ? undefined : { file: flags.limitsFile, storeDown: flags.limitsStoreDown },
         limits: { ...timeouts, maxConnections: flags.maxConnections },
         admin: { host: flags.adminHost, port: adminPort, guardAdmin: createAdminGuard(token), limits: { ...timeouts, maxConnections: flags.adminMaxConnections } },
         streamStore:

@@ -21,10 +21,11 @@ export const COMMANDS: Record<string, () => Promise<Command>> = {
   rollout: async () => (await import('./rollout-command.js')).rolloutCommand(),
   'scale-down': async () => (await import('./scale-down-command.js')).scaleDownCommand(),
   intents: async () => (await import('./intents-command.js')).intentsCommand(),
+  tenants: async () => (await import('./tenants-command.js')).tenantsCommand(),
   prestop: async () => (await import('./prestop-command.js')).prestopCommand(),
   'eviction-guard': async () => (await import('./eviction-guard-command.js')).evictionGuardCommand(),
 };
-export const OPERATOR_COMMANDS = new Set(['workers', 'status', 'drain', 'resume', 'rollout', 'scale-down', 'intents', 'prestop', 'eviction-guard']);
+export const OPERATOR_COMMANDS = new Set(['workers', 'status', 'drain', 'resume', 'rollout', 'scale-down', 'intents', 'tenants', 'prestop', 'eviction-guard']);
 
 /** The root command with its global options, no command added yet. */
 export function rootProgram(): Command {

@@ -253,6 +253,7 @@ export class LlamaCppEngine implements Engine {
       embeddings: !(model.fileInsights.hasEncoder && model.fileInsights.hasDecoder),
       // Penalties and logit_bias through llama.cpp's own samplers (llama-cpp-sampling.ts).
       sampling: true,
+      preemption: true,
     };
   }
 

@@ -179,7 +179,7 @@ export class MockerEngine implements Engine {
       const cache = this.cache;
       this.kvCacheStats = () => cache.stats();
     }
-    this.capabilities = { json_object: true, json_schema: true, logprobs: true, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true, sampling: true };
+    this.capabilities = { json_object: true, json_schema: true, logprobs: true, tools: true, tool_syntax: HERMES_SYNTAX, max_context: opts.maxContext, continuation: true, prompt_token_ids: true, embeddings: true, sampling: true, preemption: true };
     this.slots = new Slots(opts.batchSlots);
     if (opts.mode === 'prefill') {
       this.kvTransfers = new KvTransferStore(opts.kvTransferTtlMs);

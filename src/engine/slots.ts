@@ -31,8 +31,15 @@ export class Slots {
   }
 
   /** The sequence counts of EngineStats. */
-  get stats(): { running_sequences: number; queued_sequences: number; batch_slots: number } {
-    return { running_sequences: this.running, queued_sequences: this.queued, batch_slots: this.capacity };
+  get stats(): { running_sequences: number; queued_sequences: number; queued_priority_sequences: number; batch_slots: number } {
+    return { running_sequences: this.running, queued_sequences: this.queued, queued_priority_sequences: this.queuedPriority, batch_slots: this.capacity };
+  }
+
+  /** Priority waiters (first in the queue): a new priority request gets a slot after they do. */
+  get queuedPriority(): number {
+    let n = 0;
+    while (n < this.waiters.length && this.waiters[n]!.rank === TIER_RANK.priority) n++;
+    return n;
   }
 
   get queued(): number {

@@ -36,6 +36,10 @@ import { createQueueMetrics } from './admission/queue-metrics.js';
 import { queueFleet } from './admission/queue-fleet.js';
 import { SaturationWatch } from './admission/saturation-watch.js';
 import { newFrontendId, RouteMarking } from './routing/route-marking.js';
+import { TenantLimiter, type StoreDown } from './limits/limiter.js';
+import { LimitsFile } from './limits/limits-file.js';
+import { RedisLimits } from './limits/redis-limits.js';
+import { createLimitMetrics } from './limits/limit-metrics.js';
 
 export interface FrontendOptions {
   host: string;
@@ -49,6 +53,8 @@ export interface FrontendOptions {
   streamIdleTimeoutMs?: number | undefined;
   /** How many times one request may move to another worker mid-stream (default 3). */
   migrationLimit?: number | undefined;
+  /** How many times a flex stream may be paused for a priority request that found every slot busy (default 2; 0: never). */
+  preemptionLimit?: number | undefined;
   /** A streaming client that reads nothing this long is disconnected (default 30 s; 0: never). */
   clientWriteTimeoutMs?: number | undefined;
   /** Origins browsers may call the API from (CORS); none by default. */
@@ -85,6 +91,8 @@ export interface FrontendOptions {
   queueTimeoutMs?: number | undefined;
   /** Requests waiting per model at most (default DEFAULT_QUEUE_DEPTH); past it 429 rate_limit_exceeded. */
   queueDepth?: number | undefined;
+  /** Tenants' limits (--limits-file), counted in the stream store's Redis where there is one; `storeDown`: while it cannot be read. */
+  tenantLimits?: { file: string; storeDown: StoreDown } | undefined;
 }
 
 export interface ClusterHooks {
@@ -148,6 +156,20 @@ function keptStreams(o: StreamStoreOptions, clientWriteTimeoutMs: number | undef
           onTakeover: () => metrics.takenOver(),
         });
   return new StreamStore({ ...o, writeTimeoutMs }, metrics, shared);
+}
+
+/** Tenants' limits from their file, counted in the fleet's Redis (the stream store's) where there is one, else in this process. */
+async function tenantLimiter(o: FrontendOptions['tenantLimits'], redis: RedisStore | undefined, registry: Registry, log: Logger): Promise<TenantLimiter | undefined> {
+  if (o === undefined) return undefined;
+  const limitsLog = log.child({ component: 'limits' });
+  const file = await LimitsFile.open(o.file, limitsLog);
+  const shared = redis === undefined ? undefined : { store: new RedisLimits(redis.client), healthy: () => redis.healthy };
+  const limiter = new TenantLimiter({ limits: file, shared, storeDown: o.storeDown, log: limitsLog, metrics: createLimitMetrics(registry) });
+  limitsLog.info(
+    { event: 'limits', path: o.file, tenants: file.table.tenants.size, any_tenant: file.table.any !== undefined, store: shared === undefined ? 'memory' : 'redis', store_down: o.storeDown },
+    `tenant limits from ${o.file}: ${file.table.tenants.size} tenant(s)${file.table.any !== undefined ? ' and *' : ''}, counted ${shared === undefined ? 'in this frontend' : "in the stream store's Redis, for every frontend that shares it"}`,
+  );
+  return limiter;
 }
 
 /** A loopback listener on any free port; resolves with its URL. */
@@ -243,7 +265,8 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
   const shutdown = new Shutdown();
   const streams = opts.streamStore === undefined ? undefined : keptStreams(opts.streamStore, opts.clientWriteTimeoutMs, metrics.registry, log);
   await streams?.shared?.store.connect(5_000);
-  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, keepStreams: opts.keepStreams, queueing: admission !== undefined, tokenize });
+  const limiter = await tenantLimiter(opts.tenantLimits, streams?.shared?.store, metrics.registry, log);
+  const app = createOpenAIServer({ pool, upstream, metrics, log, limits: opts.limits, migrationLimit: opts.migrationLimit, preemptionLimit: opts.preemptionLimit, clientWriteTimeoutMs: opts.clientWriteTimeoutMs, corsOrigins: opts.corsOrigins, healthReadyWithoutWorkers: opts.healthReadyWithoutWorkers, lanes, shutdown, apiGuard: opts.apiGuard, cluster: opts.cluster, streams, keepStreams: opts.keepStreams, queueing: admission !== undefined, limiter, tokenize });
   const url = await listen(app, opts.host, opts.port);
   // A process of several: its peers reach it here (the shared port gives a connection to any of them).
   const peerServer = opts.cluster === undefined ? undefined : createServer((req, res) => app.server.emit('request', req, res));
@@ -265,7 +288,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
     const elsewhere = others === undefined ? {} : { other_frontends: { inflight: others.inflight, queued_prefill_tokens: others.prefillSum } };
     return { router: routerKind, queued_prefill_tokens: router.queuedPrefill(id), ...elsewhere, ...(kvFeed?.describe(id) ?? {}) };
   };
-  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, stats: metrics.stats, kv: kvView, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry }) : undefined;
+  const adminApp = opts.admin && adminAgent ? createAdminServer({ fleet, pool, intents: discovery.drainIntents, scaleDownLocks: discovery.scaleDownLocks, stats: metrics.stats, kv: kvView, agent: adminAgent, guardAdmin: opts.admin.guardAdmin, workerAdminToken: opts.workerAdminToken, limits: opts.admin.limits, metricsRegistry: metrics.registry, tenants: limiter === undefined ? undefined : () => limiter.report() }) : undefined;
   let adminUrl: string | undefined;
   if (adminApp && opts.admin) {
     try {
@@ -344,6 +367,7 @@ export async function startFrontend(opts: FrontendOptions, log: Logger): Promise
       await fleetAgent?.close().catch(() => undefined);
       await saturation?.close();
       marking?.close();
+      limiter?.close();
       await discovery.close();
       return cutting === undefined;
     },

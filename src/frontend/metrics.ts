@@ -9,7 +9,7 @@ import type { MigrationReason } from './relay/migration.js';
 import type { WorkerPool } from './routing/worker-pool.js';
 
 // Label values known up front, each list checked against its type (a value added there must be added here).
-const MIGRATION_REASONS = { worker_failed: 0, worker_unresponsive: 0, handoff: 0 } satisfies Record<MigrationReason, 0>;
+const MIGRATION_REASONS = { worker_failed: 0, worker_unresponsive: 0, handoff: 0, preempted: 0 } satisfies Record<MigrationReason, 0>;
 export type MigrationFailure = 'no_worker' | 'limit' | 'error' | 'broke_workers';
 const MIGRATION_FAILURES = { no_worker: 0, limit: 0, error: 0, broke_workers: 0 } satisfies Record<MigrationFailure, 0>;
 
@@ -25,7 +25,7 @@ export function createFrontendMetrics(pool: WorkerPool) {
   const midStream = new Counter({ name: 'ebb_frontend_midstream_failures_total', help: 'Streams cut by a worker failure after tokens reached the client', registers: [registry] });
   const migrations = new Counter({
     name: 'ebb_frontend_migrations_total',
-    help: 'Streams continued on another worker, by why the previous one stopped (worker_failed, worker_unresponsive, handoff)',
+    help: 'Streams continued on another worker, by why the previous one stopped (worker_failed, worker_unresponsive, handoff; preempted: continued after a pause for a priority request, on any worker)',
     labelNames: ['reason'],
     registers: [registry],
   });
@@ -35,6 +35,7 @@ export function createFrontendMetrics(pool: WorkerPool) {
     labelNames: ['reason'],
     registers: [registry],
   });
+  const preemptions = new Counter({ name: 'ebb_frontend_preemptions_total', help: 'Flex streams a worker paused for a priority request (each continued later, or ended with an error saying why)', registers: [registry] });
   // At 0 from the start: an alert on them reads 0, not "no data", until the first event.
   for (const reason of Object.keys(MIGRATION_REASONS)) migrations.inc({ reason }, 0);
   for (const reason of Object.keys(MIGRATION_FAILURES)) migrationFailures.inc({ reason }, 0);
@@ -143,6 +144,7 @@ export function createFrontendMetrics(pool: WorkerPool) {
     attempt: (workerId: string, outcome: string) => attempts.series(workerId, outcome).inc(),
     midStreamFailure: () => midStream.inc(),
     migrated: (reason: MigrationReason) => migrations.inc({ reason }),
+    preempted: () => preemptions.inc(),
     migrationFailed: (reason: MigrationFailure) => migrationFailures.inc({ reason }),
     /** A response's first tokens are here (streamed: they leave now). */
     firstToken: (seconds: number, gen: GenerateBody) => {

@@ -9,7 +9,8 @@ import type { Logger } from 'pino';
  */
 
 /** `drained`: a drain reached drained; dated then, its duration is the whole drain (from the call). */
-export type AuditWhat = 'drain' | 'drained' | 'resume' | 'shutdown' | 'handoff';
+/** `preempt`: a flex stream paused for a priority request that found no free batch slot (its caller continues it). */
+export type AuditWhat = 'drain' | 'drained' | 'resume' | 'shutdown' | 'handoff' | 'preempt';
 
 export interface AuditEvent {
   what: AuditWhat;

@@ -26,6 +26,12 @@ export interface EngineCapabilities {
   embeddings: boolean;
   /** Honours frequency_penalty, presence_penalty, repetition_penalty, logit_bias, top_k and min_p (sampling.ts). */
   sampling: boolean;
+  /**
+   * Counts its own batch slots and can pause a running sequence (in-process engines): its worker
+   * preempts a `preemptible` flex stream for a priority request that finds no free slot. Not routed
+   * on: the frontend only leaves `preemptible` off what it sends a worker without it.
+   */
+  preemption?: boolean | undefined;
 }
 
 /** The yes/no capabilities, in one list: routing indexes and record checks iterate it. */

@@ -62,6 +62,12 @@ export const ERROR_CODES = {
    * take it. The message says which; retry after Retry-After. OpenAI's code and type for a 429.
    */
   rate_limit_exceeded: { status: 429, type: 'requests', retryable: true },
+  /**
+   * The tenant's token budget for the day or the month (--limits-file) is spent, or the request asks
+   * for more than is left of it: OpenAI's answer to a spent quota, which a retry within the period
+   * does not help (x-should-retry: false); Retry-After says when the period turns.
+   */
+  insufficient_quota: { status: 429, type: 'insufficient_quota' },
   /** A request field no worker of the model can honour (its engines do not declare the capability). */
   unsupported_parameter: { status: 400, type: 'invalid_request_error' },
   /** The prompt (with the tokens asked for) does not fit the engine's context; OpenAI's code for it. */
@@ -79,6 +85,8 @@ export const ERROR_CODES = {
   worker_loading: { status: 503, type: 'server_error', retryable: true },
   /** A continuation (stream migration) sent to a worker whose engine cannot continue a sequence. */
   continuation_unsupported: { status: 503, type: 'server_error', retryable: true },
+  /** The fleet's shared limits (--limits-file, counted in the --stream-store Redis) cannot be read and the frontend fails closed (--limits-store-down closed). */
+  limits_unavailable: { status: 503, type: 'server_error', retryable: true },
   /** The stream store (Redis) cannot be reached: resumes are refused until it is back; new streams run unkept. */
   stream_store_unavailable: { status: 503, type: 'server_error', retryable: true },
   /** The fleet's copy of a stream is missing events (the store lost some): never served with a gap; its frontend rewrites it whole. */

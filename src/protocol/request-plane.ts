@@ -140,6 +140,13 @@ export const GenerateBodySchema = Type.Object(
      * engine has a free batch slot beyond its priority reserve; its engine's queue serves by tier.
      */
     service_tier: Type.Optional(RequestTierSchema),
+    /**
+     * A flex stream the worker may pause for a priority request that finds no free batch slot: it
+     * ends with a `preempted` hand-off line, and the frontend continues it later (here or on
+     * another worker). The frontend sets it while the stream was preempted fewer than its
+     * --max-preemptions times, and only for workers whose engine declares `preemption`.
+     */
+    preemptible: Type.Optional(Type.Boolean()),
   },
   { additionalProperties: false },
 );
@@ -177,9 +184,12 @@ export interface TokenizeResponse {
   token_ids: number[];
 }
 
-/** Why a worker stopped a stream it had started, for the caller to continue elsewhere. */
+/**
+ * Why a worker stopped a stream it had started, for the caller to continue: its drain deadline
+ * (elsewhere), or a priority request that took its batch slot (`preempted`: later, here or elsewhere).
+ */
 export interface Handoff {
-  reason: 'drain_deadline';
+  reason: 'drain_deadline' | 'preempted';
   /** Tokens this worker generated for the request (a continuation's earlier tokens not included). */
   completion_tokens: number;
   /** Where the next worker may pull this sequence's KV state (engines that export it), so it need not re-evaluate it. */

@@ -97,6 +97,9 @@ export const WORKER_ANSWERS: Record<ErrorCode, WorkerAnswer> = {
   header_fields_too_large: bad,
   frontend_overloaded: bad,
   rate_limit_exceeded: bad,
+  // The frontend's tenant limits (--limits-file); a worker never counts them.
+  insufficient_quota: bad,
+  limits_unavailable: bad,
   // The frontend's own answers: to a client's key (a worker's request plane has its own token), and its verdict on a request that broke workers.
   invalid_api_key: bad,
   request_broke_workers: bad,

@@ -153,16 +153,20 @@ export class Generations {
     } else scope.end(line({ error: { code, message } }), 'errored');
   }
 
-  /** The stream ends with what this worker generated; the caller continues it on another worker. */
+  /** The stream ends with what this worker generated; the caller continues it (elsewhere after a drain deadline; later, anywhere, after a preemption). */
   private handedOff(scope: RequestScope): void {
-    this.deps.metrics.handedOff();
-    scope.trace?.event('handed_off', { [ATTR.outputTokens]: scope.generated, ...(scope.handoffKv ? { [ATTR.transferId]: scope.handoffKv.transfer_id } : {}) });
-    this.deps.log.info({ event: 'handed_off', request_id: scope.id, completion_tokens: scope.generated, ...scope.trace?.logIds() }, `request ${scope.id} handed off after ${scope.generated} tokens`);
+    const why = scope.signal.reason as HandOff;
+    scope.trace?.event(why.reason === 'preempted' ? 'preempted' : 'handed_off', { [ATTR.outputTokens]: scope.generated, ...(scope.handoffKv ? { [ATTR.transferId]: scope.handoffKv.transfer_id } : {}) });
+    // A preemption is counted and logged where it is decided (preemption.ts).
+    if (why.reason === 'drain_deadline') {
+      this.deps.metrics.handedOff();
+      this.deps.log.info({ event: 'handed_off', request_id: scope.id, completion_tokens: scope.generated, ...scope.trace?.logIds() }, `request ${scope.id} handed off after ${scope.generated} tokens`);
+    }
     const res = scope.res;
     if (!res.headersSent) {
       res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '0' });
-      scope.end(JSON.stringify(errorBody('request_handed_off', 'the worker reached its drain deadline before answering; retry on another worker')), 'handed_off');
-    } else scope.end(line({ handoff: { reason: 'drain_deadline', completion_tokens: scope.generated, ...(scope.handoffKv ? { kv: scope.handoffKv } : {}) } }), 'handed_off');
+      scope.end(JSON.stringify(errorBody('request_handed_off', why.reason === 'preempted' ? `${why.message} before it answered; retry` : 'the worker reached its drain deadline before answering; retry on another worker')), 'handed_off');
+    } else scope.end(line({ handoff: { reason: why.reason, completion_tokens: scope.generated, ...(scope.handoffKv ? { kv: scope.handoffKv } : {}) } }), 'handed_off');
   }
 
   /** Frees a hand-off's state at its source (loaded on first use: the pull module brings undici). */

@@ -72,6 +72,7 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
   const embeddings = new Counter({ name: 'ebb_worker_embedding_requests_total', help: 'Embedding requests answered (POST /embed)', registers: [registry] });
   const embeddedInputs = new Counter({ name: 'ebb_worker_embedding_inputs_total', help: 'Inputs embedded: one vector each', registers: [registry] });
   const handoffs = new Counter({ name: 'ebb_worker_handoffs_total', help: 'Streams handed off to other workers at a drain deadline', registers: [registry] });
+  const preemptions = new Counter({ name: 'ebb_worker_preemptions_total', help: 'Flex streams paused for a priority request that found no free batch slot (their frontend continues them)', registers: [registry] });
   const transitions = new Counter({ name: 'ebb_worker_transitions_total', help: 'Lifecycle transitions', labelNames: ['from', 'to'], registers: [registry] });
   const drainSeconds = new Histogram({
     name: 'ebb_worker_drain_duration_seconds',
@@ -145,6 +146,7 @@ export function createWorkerMetrics(admission: Admission, lifecycle: Lifecycle, 
     registry,
     refused: (code: string) => refused.inc({ code }),
     handedOff: () => handoffs.inc(),
+    preempted: () => preemptions.inc(),
     /** An embedding answered, with its number of inputs. */
     embedded: (inputs: number) => {
       embeddings.inc();

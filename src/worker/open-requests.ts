@@ -47,6 +47,17 @@ export class OpenRequests {
     return { count: these.length, closed: this.whenClosed(these) };
   }
 
+  /**
+   * The flex generation a priority request may pause: one its caller lets be preempted, running
+   * (it has produced a token, so it holds a batch slot) and not stopping already; the one with the
+   * fewest tokens (the least to evaluate again where its state is not carried).
+   */
+  preemptible(): RequestScope | undefined {
+    let out: RequestScope | undefined;
+    for (const s of this.generations) if (s.preemptible && s.generated > 0 && !s.signal.aborted && (out === undefined || s.generated < out.generated)) out = s;
+    return out;
+  }
+
   drainEta(batchSlots: number): number | null {
     // A prefill in flight (no tokens to count) has no estimate here.
     if (this.scopes.size > this.generations.size) return null;

@@ -116,6 +116,8 @@ export class RequestGate {
     }
     const { scope } = opened;
     scope.adapter = hold;
+    scope.tier = body.service_tier ?? 'default';
+    scope.preemptible = body.preemptible === true && body.service_tier === 'flex';
     // What the drain ETA counts down from: the budget, or the context left where the engine has one
     // (an upper bound: the prompt's share of it is the engine's to count).
     const maxContext = engine.capabilities.max_context;

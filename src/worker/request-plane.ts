@@ -13,6 +13,7 @@ import type { PriorityReserve } from './priority-reserve.js';
 import { Generations } from './generation.js';
 import { addKvRoutes } from './kv-routes.js';
 import { OpenRequests } from './open-requests.js';
+import { Preemption, type PreemptionDeps } from './preemption.js';
 import { RequestGate } from './request-gate.js';
 import { addTokenizeRoute } from './tokenize-route.js';
 import { addEmbedRoute } from './embed-route.js';
@@ -49,6 +50,8 @@ export interface RequestPlaneDeps {
   priorityReserve?: PriorityReserve | undefined;
   /** The most tokens one /embed may carry, all its inputs together (--max-embedding-tokens). */
   maxEmbeddingTokens?: number | undefined;
+  /** Where preemptions are recorded (the lifecycle's audit trail and generation). */
+  audit?: PreemptionDeps['audit'];
   /** What each routing frontend has in flight here (each /generate names its frontend). */
   routedLoad?: RoutedLoad | undefined;
 }
@@ -80,6 +83,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
   const open = new OpenRequests();
   const gate = new RequestGate({ model, mode, engine, admission, metrics, log, prefillPeers, adapters, drainEtaMs: deps.drainEtaMs, priorityReserve: deps.priorityReserve }, open);
   const generations = new Generations({ workerId, engine, metrics, log, selfUrl, requestToken, onKvPull, pace: open.pace });
+  const preemption = new Preemption({ engine, open, metrics, log, audit: deps.audit });
 
   if (guard) app.addHook('onRequest', async (req) => guard(req.headers.authorization));
 
@@ -91,6 +95,7 @@ export function createRequestPlane(deps: RequestPlaneDeps): RequestPlane {
     reply.hijack();
     admitted.scope.routed = deps.routedLoad?.admit(req.headers[ROUTED_BY_HEADER], req.headers[PREFILL_TOKENS_HEADER]);
     open.generating(admitted.scope);
+    preemption.admitted(admitted.scope);
     await generations.serve(admitted.scope, admitted.gen, req.body.stream !== false, req.body.kv_transfer, gate.trustedHandoff(req.body.handoff_kv));
   });
   addTokenizeRoute(app, model, engine, admission);

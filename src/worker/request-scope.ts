@@ -2,7 +2,7 @@ import type { RoutedHold } from './routed-load.js';
 import type { ServerResponse } from 'node:http';
 import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
-import type { KvTransferRef } from '../protocol/request-plane.js';
+import type { Handoff, KvTransferRef, RequestTier } from '../protocol/request-plane.js';
 import type { AdapterHold } from './adapters.js';
 import type { WorkerTrace } from '../tracing/worker-trace.js';
 
@@ -15,8 +15,17 @@ export class ShutdownCut extends Error {
 
 /** Why a scope was aborted at a drain deadline: the caller continues the request elsewhere. */
 export class HandOff extends Error {
-  constructor() {
-    super('the worker handed this request off at its drain deadline');
+  readonly reason: Handoff['reason'] = 'drain_deadline';
+  constructor(message = 'the worker handed this request off at its drain deadline') {
+    super(message);
+  }
+}
+
+/** Why a flex scope was aborted for a priority request: handed off as at a drain deadline, its caller continues it later. */
+export class Preempted extends HandOff {
+  override readonly reason = 'preempted';
+  constructor(readonly by: string) {
+    super(`a priority request (${by}) took this flex request's batch slot`);
   }
 }
 
@@ -61,6 +70,9 @@ export class RequestScope {
   adapter: AdapterHold | undefined;
   /** Admitted while a batch slot was free: its time to first token has no queueing in it. */
   admittedToFreeSlot = false;
+  /** Its tier (the request plane's service_tier), and whether its caller lets a priority request pause it (flex only). */
+  tier: RequestTier = 'default';
+  preemptible = false;
   /** Its routing frontend's count of it here (told to the frontends on the KV event stream). */
   routed: RoutedHold | undefined;
   /** With tracing on: the worker's span of this request. */
@@ -83,6 +95,7 @@ export class RequestScope {
     } else {
       if (this.admittedToFreeSlot) pace.firstTokenAfter(now - this.startedAt);
       this.routed?.prefilled();
+      this.onFirstPiece?.(this);
     }
     this.lastPieceAt = now;
     this.generated += n;
@@ -111,6 +124,11 @@ export class RequestScope {
     if (!this.abort.signal.aborted) this.abort.abort(new HandOff());
   }
 
+  /** A priority request takes its batch slot: stop generating; the response ends with a `preempted` hand-off line. */
+  preempt(by: string): void {
+    if (!this.abort.signal.aborted) this.abort.abort(new Preempted(by));
+  }
+
   /** Ends the response with `chunk`, then closes the scope as `outcome` once it is flushed. */
   end(chunk: string, outcome: ReleaseOutcome): void {
     if (this.res.writableEnded) return this.close(outcome);
@@ -123,7 +141,7 @@ export class RequestScope {
     this.trace?.outcome(outcome);
     if (!this.abort.signal.aborted) this.abort.abort(new Error(`request ${outcome}`));
     // A generator left suspended at a yield would keep its batch slot.
-    void this.returnTokens();
+    void this.returnTokens().then(() => this.freed());
     this.ticket.release(outcome);
     this.adapter?.release();
     this.routed?.release();
@@ -144,9 +162,23 @@ export class RequestScope {
     });
   }
 
+  /** Its engine generator has ended (its batch slot is back): set by settle and close. */
+  slotFreed = false;
+  /** Told once its slot is back (the preemption that paused it counts the slots being freed). */
+  onSlotFreed: (() => void) | undefined;
+  /** Told at its first piece: it holds a slot and, flex, could now be paused (the worker's Preemption). */
+  onFirstPiece: ((scope: RequestScope) => void) | undefined;
+
   /** Ends the engine's generator and waits for it (its cleanup, e.g. a hand-off's KV export, included). */
-  settle(): Promise<void> {
-    return this.returnTokens();
+  async settle(): Promise<void> {
+    await this.returnTokens();
+    this.freed();
+  }
+
+  private freed(): void {
+    if (this.slotFreed) return;
+    this.slotFreed = true;
+    this.onSlotFreed?.();
   }
 
   private async returnTokens(): Promise<void> {

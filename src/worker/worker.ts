@@ -213,6 +213,7 @@ export async function startWorker(opts: WorkerOptions, log: Logger, exit: (code:
     drainEtaMs: () => lifecycle.status().eta_ms ?? null,
     priorityReserve,
     maxEmbeddingTokens: opts.maxEmbeddingTokens,
+    audit: { trail: lifecycle.audit, generation: () => lifecycle.status().generation },
     routedLoad,
   });
   lifecycle.setEtaSource(() => requestPlane.drainEta());

@@ -47,6 +47,8 @@ export interface AdminServerDeps {
   limits?: HttpServerLimits | undefined;
   /** Where the fleet's capacity gauges (per model, for an autoscaler) and scale-down counts go: the frontend's /metrics. */
   metricsRegistry?: Registry | undefined;
+  /** Tenants' limits and use (--limits-file): GET /tenants, `ebb tenants` and the dashboard read it. */
+  tenants?: (() => Promise<unknown>) | undefined;
 }
 
 /**
@@ -54,7 +56,7 @@ export interface AdminServerDeps {
  * API. It stores no lifecycle state: every state shown is read live from the worker, and every
  * action is the worker's. Served on its own (loopback by default) port, never on the OpenAI port.
  */
-export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, stats, agent, guardAdmin, workerAdminToken, limits, metricsRegistry }: AdminServerDeps): FastifyInstance {
+export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, stats, agent, guardAdmin, workerAdminToken, limits, metricsRegistry, tenants }: AdminServerDeps): FastifyInstance {
   // Dashboards' streams have their own connection budget: they never take the drain button's room.
   const eventStreams = { paths: [FLEET_EVENTS_PATH], max: FLEET_STREAM_CLIENTS_MAX };
   const app = createHttpServer({ role: 'admin', bodyLimit: 64 * 1024, emptyJsonIsObject: true, ...limits, eventStreams });
@@ -116,8 +118,18 @@ export function createAdminServer({ fleet, pool, kv, intents, scaleDownLocks, st
   allowOnly(app, '/workers', ['GET']);
   app.get('/workers', async () => ({ workers: await listWorkers() }));
 
-  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null, stats, workerAdminToken);
-  addDashboard(app, { tokenRequired: guardAdmin !== undefined, snapshot: async () => ({ workers: await listWorkers(), models: stats?.summary() ?? [] }) });
+  new FleetEvents(app, fleet, listWorkers, (id) => kv?.(id) ?? null, stats, workerAdminToken, tenants);
+  addDashboard(app, {
+    tokenRequired: guardAdmin !== undefined,
+    snapshot: async () => {
+      const [workers, tenantsNow] = await Promise.all([listWorkers(), tenants?.()]);
+      return { workers, models: stats?.summary() ?? [], ...(tenantsNow !== undefined && { tenants: tenantsNow }) };
+    },
+  });
+
+  // Without --limits-file nothing is counted: an empty list says so (store none).
+  allowOnly(app, '/tenants', ['GET']);
+  app.get('/tenants', async () => (tenants === undefined ? { store: 'none', tenants: [] } : await tenants()));
 
   allowOnly(app, '/workers/:id', ['GET']);
   app.get<{ Params: { id: string } }>('/workers/:id', async (req) => {

@@ -34,6 +34,8 @@ interface WorkerMemory {
 
 /** How often the per-model figures go out while a dashboard listens (they are rates: time is the event). */
 const MODEL_STATS_EVERY_MS = 1000;
+/** How often tenants' use goes out while a dashboard listens (each is a read of the limits' store, Redis when shared). */
+export const TENANTS_EVERY_MS = 2000;
 
 /**
  * GET /workers/events on the frontend's admin listener: the fleet as server-sent events. A client
@@ -49,6 +51,8 @@ const MODEL_STATS_EVERY_MS = 1000;
  *   worker_unreachable {worker_id, error}   its status stream failed; retried with back-off
  *   history {worker_id, inflight: [[age_ms, n]...], audit: [...]}   its last minute, once followed
  *   models {models}                  per-model request rate, errors and TTFT, every second
+ *   tenants {tenants}                with --limits-file: what GET /tenants answers (use, what remains,
+ *                                    limit hits), every 2 s; also in the snapshot
  * The frontend subscribes to each worker's /engine/status/events only while some client listens,
  * so an idle frontend holds no connection to any worker's admin port.
  */
@@ -57,6 +61,9 @@ export class FleetEvents {
   private readonly subs = new Map<string, Subscription>();
   private readonly agent = new Agent({ connect: { timeout: CONNECT_TIMEOUT_MS }, headersTimeout: CONNECT_TIMEOUT_MS, bodyTimeout: 0 });
   private statsTimer: NodeJS.Timeout | undefined;
+  private tenantsTimer: NodeJS.Timeout | undefined;
+  /** A report being read: the next tick waits for it rather than stacking reads on a slow store. */
+  private tenantsReading = false;
   private readonly streamHeaders: Record<string, string>;
   /** Per worker id, what its last status said and whether it is down after a crash (bounded, oldest out). */
   private readonly memories = new Map<string, WorkerMemory>();
@@ -69,12 +76,15 @@ export class FleetEvents {
     private readonly kv: (workerId: string) => unknown = () => null,
     private readonly stats?: Pick<ModelStats, 'summary'>,
     workerAdminToken?: string,
+    /** Tenants' limits and use (GET /tenants' answer); none without --limits-file. */
+    private readonly tenants?: () => Promise<unknown>,
   ) {
     this.streamHeaders = bearerHeader(workerAdminToken);
     this.hub = new SseHub(app, () => this.unsubscribeAll(), FLEET_STREAM_CLIENTS_MAX);
     app.addHook('onClose', async () => {
       this.unsubscribeAll();
       clearInterval(this.statsTimer);
+      clearInterval(this.tenantsTimer);
       await this.agent.close().catch(() => undefined);
     });
     fleet.on('joined', (record: WorkerRecord) => {
@@ -91,14 +101,24 @@ export class FleetEvents {
     allowOnly(app, FLEET_EVENTS_PATH, ['GET']);
     app.get(FLEET_EVENTS_PATH, async (_req, reply) => {
       this.hub.assertRoom('fleet event streams');
-      const workers = await snapshot();
+      const [workers, tenants] = await Promise.all([snapshot(), this.tenants?.()]);
       const now = Date.now();
       // What the frontend already holds goes first: the page draws the last minute, not an empty chart.
       const history = [...this.subs.entries()].filter(([, sub]) => sub.hasHistory).map(([id, sub]) => sseFrame('history', { worker_id: id, ...sub.history(now) }));
-      this.hub.open(reply, [sseFrame('snapshot', { workers, models: this.stats?.summary(now) ?? [] }), ...history]);
+      this.hub.open(reply, [sseFrame('snapshot', { workers, models: this.stats?.summary(now) ?? [], ...(tenants !== undefined && { tenants }) }), ...history]);
       for (const k of this.fleet.all()) this.subscribe(k.record);
       if (this.stats) this.statsTimer ??= setInterval(() => this.hub.send('models', { models: this.stats?.summary() ?? [] }), MODEL_STATS_EVERY_MS);
+      if (this.tenants) this.tenantsTimer ??= setInterval(() => this.sendTenants(), TENANTS_EVERY_MS);
     });
+  }
+
+  private sendTenants(): void {
+    if (this.tenantsReading || this.tenants === undefined) return;
+    this.tenantsReading = true;
+    this.tenants().then(
+      (tenants) => this.hub.send('tenants', { tenants }),
+      () => undefined, // the report reads the local count where the store fails; nothing to send otherwise
+    ).finally(() => (this.tenantsReading = false));
   }
 
   private subscribe(record: WorkerRecord): void {
@@ -139,6 +159,8 @@ export class FleetEvents {
     this.subs.clear();
     clearInterval(this.statsTimer);
     this.statsTimer = undefined;
+    clearInterval(this.tenantsTimer);
+    this.tenantsTimer = undefined;
   }
 }
 

@@ -50,6 +50,21 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     return this.models.get(model)?.size ?? 0;
   }
 
+  /**
+   * Waiters the request with `body` would wait behind (0: the fast path routes it at once). A
+   * priority request waits only behind continuations and priority requests: flex (or default)
+   * waiting for a worker's room never delays it, and a worker that takes it where every slot runs
+   * flex pauses one (--preemption-limit). Any other request: every waiter.
+   */
+  waitingBefore(body: { model: string }): number {
+    const q = this.models.get(body.model);
+    if (q === undefined) return 0;
+    if (ticketOf(body)?.tier !== 'priority') return q.size;
+    let n = 0;
+    for (const cls of ['continuation', 'priority'] as const) for (const list of q.classes.get(cls)?.tenants.values() ?? []) n += list.length;
+    return n;
+  }
+
   /** Waiters of `model` by class (continuation and the tiers), those with any: the dashboard's split. */
   waitingByTier(model: string): Record<string, number> {
     const out: Record<string, number> = {};
@@ -91,8 +106,10 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     if (ticket?.client?.aborted === true) throw ticket.client.reason;
     let q = this.models.get(model);
     if (!q) this.models.set(model, (q = new ModelQueue(model, this)));
+    // A preempted flex stream coming back is a stream mid-answer, as a continuation is: it displaces, and is never shed for its wait.
+    const preempted = ticket?.preempted === true;
     if (q.size >= this.opts.depth) {
-      const flex = cls === 'flex' ? undefined : q.newestFlex();
+      const flex = cls === 'flex' && !preempted ? undefined : q.newestFlex();
       if (flex === undefined) {
         bodyEvent(body, 'ebb.queue.shed', { 'ebb.queue.reason': 'queue_full' });
         throw this.shed(q, 'queue_full', `the queue for "${model}" is full (${this.opts.depth} waiting)`);
@@ -101,7 +118,7 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
       this.metrics.shed(model, 'flex_displaced');
       // Its leaving may have emptied (and dropped) the model's queue: the newcomer's is this one.
       this.models.set(model, q);
-    } else if (cls === 'flex') {
+    } else if (cls === 'flex' && !preempted) {
       // Flex goes first when its wait would not end in time anyway.
       const rate = q.rate.perSecond(performance.now());
       const ahead = q.size;
@@ -118,6 +135,8 @@ export class AdmissionQueue implements QueueOwner, QueueDepths {
     if (span !== undefined) this.traced.set(w, { span, ids });
     this.opts.log.info({ event: 'request_queued', model, tier: cls, tenant: t.tenant, depth: q.size + 1, ...ids }, `no worker of "${model}" can take a ${cls} request now: queued (${q.size + 1} waiting)`);
     q.add(w);
+    // Queued requests do not count against their tenant's concurrent streams: its slot goes back until its turn.
+    t.hold?.queued();
     return w;
   }
 

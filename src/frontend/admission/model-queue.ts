@@ -1,4 +1,5 @@
 import { FairShare } from './fair-share.js';
+import { PREEMPTED_TENANT } from './ticket.js';
 import { ServiceRate } from './service-rate.js';
 import { CLASSES, type Class, type Outcome, type Waiter, type WaiterOwner, type WaiterState } from './waiter.js';
 
@@ -35,8 +36,13 @@ class ClassQueue {
     this.share.leave(tenant);
   }
 
-  /** The waiter whose turn is next: the first ready one of the tenant whose share starts first (ties: the earlier arrival). */
+  /**
+   * The waiter whose turn is next: a preempted stream coming back first (the longest waiting), then
+   * the first ready one of the tenant whose share starts first (ties: the earlier arrival).
+   */
   next(ready: (w: Waiter) => boolean): Waiter | undefined {
+    const back = this.tenants.get(PREEMPTED_TENANT)?.find((w) => w.ticket.preempted === true && ready(w));
+    if (back !== undefined) return back;
     let best: Waiter | undefined;
     let bestStart = 0;
     for (const [tenant, list] of this.tenants) {
@@ -51,10 +57,10 @@ class ClassQueue {
     return best;
   }
 
-  /** The newest waiter not trying a worker (a flex one to shed for a higher tier). */
+  /** The newest waiter not trying a worker (a flex one to shed for a higher tier); never a preempted stream coming back. */
   newest(): Waiter | undefined {
     let out: Waiter | undefined;
-    for (const list of this.tenants.values()) for (const w of list) if (w.state.kind !== 'trying' && (out === undefined || w.enteredAt > out.enteredAt)) out = w;
+    for (const list of this.tenants.values()) for (const w of list) if (w.state.kind !== 'trying' && w.ticket.preempted !== true && (out === undefined || w.enteredAt > out.enteredAt)) out = w;
     return out;
   }
 }
@@ -79,6 +85,8 @@ export class ModelQueue implements WaiterOwner {
   private changes = 0;
   /** Needs a turn found no worker for since the last change. */
   private readonly blocked = new Set<string>();
+  /** Tenants whose concurrent streams a turn found all taken since the last change (a stream ending is one). */
+  private readonly fullTenants = new Set<string>();
 
   constructor(
     readonly model: string,
@@ -95,6 +103,7 @@ export class ModelQueue implements WaiterOwner {
   changed(): void {
     this.changes++;
     this.blocked.clear();
+    this.fullTenants.clear();
     this.dispatch();
   }
 
@@ -125,7 +134,7 @@ export class ModelQueue implements WaiterOwner {
 
   private readonly ready = (w: Waiter): boolean => {
     const k = w.state.kind;
-    return (k === 'waiting' || k === 'parked') && !this.blocked.has(w.need);
+    return (k === 'waiting' || k === 'parked') && !this.blocked.has(w.need) && (this.fullTenants.size === 0 || !this.fullTenants.has(w.ticket.tenant));
   };
 
   admit(w: Waiter): void {
@@ -142,6 +151,17 @@ export class ModelQueue implements WaiterOwner {
     if (s.since < this.changes) w.set({ kind: 'waiting' });
     else {
       this.blocked.add(w.need);
+      w.set({ kind: 'parked', need: w.need, since: this.changes });
+    }
+    this.dispatch();
+  }
+
+  tenantFull(w: Waiter): void {
+    const s = w.state;
+    if (s.kind !== 'trying') return;
+    if (s.since < this.changes) w.set({ kind: 'waiting' });
+    else {
+      this.fullTenants.add(w.ticket.tenant);
       w.set({ kind: 'parked', need: w.need, since: this.changes });
     }
     this.dispatch();

@@ -28,6 +28,21 @@ export interface Ticket {
    * as it has produced nothing to resume. None for a background response (it has no client).
    */
   client?: AbortSignal | undefined;
+  /**
+   * Its tenant's concurrent-stream slot (--limits-file), where one is counted: given back while it
+   * waits (queued requests do not count), taken again when its turn comes (none free: it waits on).
+   */
+  hold?: StreamHold | undefined;
+  /** A flex stream a priority request preempted, coming back: it goes first among flex (and is never shed for a newcomer). */
+  preempted?: true;
+}
+
+/** A request's concurrent-stream slot as the queue sees it (limits/limiter.ts holds it). */
+export interface StreamHold {
+  /** It waits in the queue: the slot goes back. */
+  queued(): void;
+  /** Its turn came: the slot is taken again; false when its tenant has none free (it waits on), rejects when it cannot be told (failing closed). */
+  turn(): Promise<boolean>;
 }
 
 export function serviceTier(value: unknown): ServiceTier {
@@ -56,22 +71,39 @@ export function requestTier(bodyTier: unknown, headers: IncomingHttpHeaders): Se
  * its client's signal. The ticket is made only if the request ever waits: a request a worker takes
  * at once pays for none of it. Returns the tier.
  */
-export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined, client?: AbortSignal): ServiceTier {
+export function tagTickets(gens: readonly GenerateBody[], bodyTier: unknown, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined, client?: AbortSignal, hold?: StreamHold): ServiceTier {
   let who: Pick<Ticket, 'tier' | 'tenant'> | undefined;
   const tier = requestTier(bodyTier, headers);
   // Default goes unsaid.
   if (tier !== 'default') for (const gen of gens) gen.service_tier = tier;
-  for (const gen of gens) tickets.set(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS), client }));
+  for (const gen of gens) tickets.set(gen, () => ({ ...(who ??= whoAsks(tier, headers, apiGuard)), cost: Math.ceil((promptOf(gen)?.length ?? 0) / 4) + (gen.max_tokens ?? UNBOUNDED_COMPLETION_TOKENS), client, hold }));
   return tier;
 }
+
+/**
+ * A preempted flex stream's continuation (made by its lane, which has no ticket to give it): it
+ * waits as flex, first among flex, with no tenant share to wait in.
+ */
+export function tagPreempted(continuation: GenerateBody): void {
+  tickets.set(continuation, () => PREEMPTED);
+}
+
+/** Preempted streams wait apart from every tenant's share (their requests were charged when first admitted). */
+export const PREEMPTED_TENANT = '-';
+const PREEMPTED: Ticket = { tier: 'flex', tenant: PREEMPTED_TENANT, cost: 0, preempted: true };
 
 /**
  * An embedding request's ticket: it waits in its model's queue as a generation does, in the tier the
  * header gives (OpenAI's embeddings have no service_tier), weighted by its inputs' tokens (about
  * four characters a token; token-id inputs count their ids).
  */
-export function tagEmbedTicket(body: EmbedBody, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): void {
-  tickets.set(body, () => ({ ...whoAsks(requestTier(undefined, headers), headers, apiGuard), cost: body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0) }));
+export function tagEmbedTicket(body: EmbedBody, headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined, hold?: StreamHold): void {
+  tickets.set(body, () => ({ ...whoAsks(requestTier(undefined, headers), headers, apiGuard), cost: embedTokens(body), hold }));
+}
+
+/** An embedding request's tokens: about four characters a token; token-id inputs count their ids. */
+export function embedTokens(body: EmbedBody): number {
+  return body.input.reduce<number>((n, x) => n + (typeof x === 'string' ? Math.ceil(x.length / 4) : x.length), 0);
 }
 
 /** A request's tier, and its tenant (tenantOf). */
@@ -79,7 +111,7 @@ function whoAsks(tier: ServiceTier, headers: IncomingHttpHeaders, apiGuard: Admi
   return { tier, tenant: tenantOf(headers, apiGuard) };
 }
 
-/** Who asks: the API key's name, else the tenant header, else anonymous (bounded in length). */
+/** Who asks, in the queue's shares and in the limits: the API key's name, else the tenant header, else anonymous (bounded in length). */
 export function tenantOf(headers: IncomingHttpHeaders, apiGuard: AdminGuard | undefined): string {
   const named = headers[TENANT_HEADER];
   const tenant = apiGuard !== undefined ? apiGuard(headers.authorization) : typeof named === 'string' && named !== '' ? named : ANONYMOUS_TENANT;

@@ -1,5 +1,5 @@
 import type { Charge } from './fair-share.js';
-import { SERVICE_TIERS, type ServiceTier, type Ticket } from './ticket.js';
+import { SERVICE_TIERS, type ServiceTier, type StreamHold, type Ticket } from './ticket.js';
 
 /** A continuation (a stream moving off a worker) has a client mid-answer: it goes before every tier. */
 export type Class = 'continuation' | ServiceTier;
@@ -42,6 +42,8 @@ export interface WaiterOwner {
   moved(w: Waiter, from: WaiterState): void;
   admit(w: Waiter): void;
   refuse(w: Waiter): void;
+  /** Its turn found its tenant's concurrent streams all taken: it waits for a change, and its tenant's other waiters with it. */
+  tenantFull(w: Waiter): void;
   leave(w: Waiter, outcome: Outcome, error?: unknown): void;
   /** Its queue timeout passed. */
   expire(w: Waiter): void;
@@ -97,10 +99,34 @@ export class Waiter implements Place {
   }
 
   turn(): Promise<void> {
+    const hold = this.ticket.hold;
+    return hold === undefined ? this.granted() : this.retake(hold);
+  }
+
+  private granted(): Promise<void> {
     const s = this.#state;
     if (s.kind === 'trying') return Promise.resolve();
     if (s.kind === 'gone') return Promise.reject(s.error ?? new Error(`the request is out of the queue (${s.outcome})`));
     return new Promise((resolve, reject) => (this.wake = { resolve, reject }));
+  }
+
+  /**
+   * Its turn, with its tenant's stream slot taken again; none free, its turn passes on and it waits
+   * for the next change (its tenant's streams are full until one ends).
+   */
+  private async retake(hold: StreamHold): Promise<void> {
+    for (;;) {
+      await this.granted();
+      let taken: boolean;
+      try {
+        taken = await hold.turn();
+      } catch (err) {
+        this.owner.leave(this, 'shed', err);
+        throw err;
+      }
+      if (taken) return;
+      this.owner.tenantFull(this);
+    }
   }
 
   admitted(): void {
@@ -108,6 +134,8 @@ export class Waiter implements Place {
   }
 
   refused(): void {
+    // Back to waiting: its tenant's stream slot goes back again until its next turn.
+    this.ticket.hold?.queued();
     this.owner.refuse(this);
   }
 

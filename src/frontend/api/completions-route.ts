@@ -1,4 +1,6 @@
 import { toolsActive } from '../../protocol/tools.js';
+import { counted } from '../limits/limiter.js';
+import { reserveTokens } from '../limits/request-tokens.js';
 import { headerValue } from '../relay/relay.js';
 import { Shutdown } from '../shutdown.js';
 import { parseToolCalls, callIds } from '../wire/tool-call-parser.js';
@@ -31,9 +33,11 @@ export function addCompletionRoutes(ctx: RouteContext): void {
       const id = `${endpoint === 'chat' ? 'chatcmpl' : 'cmpl'}-${ctx.newId()}`;
       const gens = onServed(toGenerateBodies(endpoint, body, id), served);
       const n = body.n ?? 1;
-      const room = ctx.holdLanes(reply, served.model, gens.length, n);
+      // Its tenant's limits, before it runs: a request that would cross one is refused here (429).
+      const spend = await ctx.limit(req, reply, (limits) => reserveTokens(gens, n, limits));
+      const room = ctx.holdLanes(reply, served.model, gens.length, n, spend);
       const signal = ctx.shutdown.requestSignal(reply.raw);
-      const tier = ctx.ticket(gens, ebbTier(body.service_tier), req, signal);
+      const tier = ctx.ticket(gens, ebbTier(body.service_tier), req, signal, spend);
       probeHalfClosedClient(req, reply);
       const started = performance.now();
       // With tools: the answers' raw text is parsed into calls, in the syntax the model's workers declare.
@@ -57,9 +61,11 @@ export function addCompletionRoutes(ctx: RouteContext): void {
             ...(store !== undefined && { stored: { metadata: body.metadata ?? {}, messages: body.messages ?? [] } }),
           };
           const keep = ctx.keeps(req);
-          if (store === undefined) return await ctx.out.stream(reply, plan, streamFormat(plan, keep), signal, started, room, { keep, tenant });
+          // Its usage settles its tenant's reservation as its end is written.
+          const format = counted(streamFormat(plan, keep), spend);
+          if (store === undefined) return await ctx.out.stream(reply, plan, format, signal, started, room, { keep, tenant });
           // Stored as its end is written: the completion its events make.
-          const fmt = new StoredStream(streamFormat(plan, keep));
+          const fmt = new StoredStream(format);
           const ended = () => {
             const completion = fmt.completion();
             if (completion !== undefined) void keepCompletion(ctx, store, stored(completion));
@@ -67,6 +73,7 @@ export function addCompletionRoutes(ctx: RouteContext): void {
           return await ctx.out.stream(reply, plan, fmt, signal, started, room, { keep, tenant, ended });
         }
         const { choices, usage, workerId } = await ctx.relay.collect(gens, n, signal, started);
+        spend?.used(usage.total_tokens);
         void reply.header('x-ebb-worker-id', headerValue(workerId));
         if (tools !== undefined)
           for (const [lane, c] of choices.entries()) {

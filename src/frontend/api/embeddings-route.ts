@@ -7,6 +7,7 @@ import type { Upstream } from '../relay/upstream.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import { Shutdown } from '../shutdown.js';
 import { embeddingsSchema, type EmbeddingsRequest } from './embeddings-schema.js';
+import type { Spend } from '../limits/limiter.js';
 import { EMBEDDINGS_FIELD_POLICY, type FieldPolicy } from './field-policy.js';
 import { promptShape } from './prompt-shape.js';
 
@@ -16,10 +17,12 @@ export interface EmbeddingsRouteDeps {
   shutdown: Shutdown;
   /** The generating routes' first check: a model somebody serves, and fields the fleet can honour. */
   admit: (body: { model: string }, table: FieldPolicy) => void;
-  /** Room for the request's one upstream call, held until its response is done. */
-  holdLane: (reply: FastifyReply, model: string) => void;
+  /** Its reservation of its tenant's limits (--limits-file; its inputs' tokens); undefined: no limits. */
+  limit: (body: EmbedBody, req: FastifyRequest, reply: FastifyReply) => Promise<Spend | undefined>;
+  /** Room for the request's one upstream call, held until its response is done (its reservation settles then). */
+  holdLane: (reply: FastifyReply, model: string, spend: Spend | undefined) => void;
   /** Its ticket for the admission queue (none without a queue). */
-  ticket: (body: EmbedBody, req: FastifyRequest) => void;
+  ticket: (body: EmbedBody, req: FastifyRequest, spend: Spend | undefined) => void;
 }
 
 /** The request plane's inputs: always a list, of texts or of token-id arrays. */
@@ -47,7 +50,7 @@ function embeddingsResponse(model: string, base64: boolean, answer: EmbedRespons
   return { object: 'list', data, model, usage: { prompt_tokens: tokens, total_tokens: tokens } };
 }
 
-export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutdown, admit, holdLane, ticket }: EmbeddingsRouteDeps): void {
+export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutdown, admit, limit, holdLane, ticket }: EmbeddingsRouteDeps): void {
   app.post<{ Body: EmbeddingsRequest }>('/v1/embeddings', { schema: { body: embeddingsSchema } }, async (req, reply) => {
     const body = req.body;
     // Before the fields: what a model that cannot embed at all lacks is the whole route, not a field.
@@ -61,14 +64,16 @@ export function addEmbeddingsRoute(app: FastifyInstance, { pool, upstream, shutd
       throw new EbbError('unsupported_parameter', `"${body.model}" is a LoRA adapter of "${adapter.base}": adapters do not embed; ask "${adapter.base}" for embeddings`, { param: 'model' });
     admit(body, EMBEDDINGS_FIELD_POLICY);
     const input = inputsOf(body.input);
-    holdLane(reply, body.model);
+    // The answer's x-request-id (a sane id, set on every request): the worker's logs name the request by it.
+    const requestId = String(reply.raw.getHeader('x-request-id'));
+    const sent: EmbedBody = { model: body.model, input, request_id: requestId, ...(body.dimensions != null && { dimensions: body.dimensions }) };
+    const spend = await limit(sent, req, reply);
+    holdLane(reply, body.model, spend);
     const signal = shutdown.requestSignal(reply.raw);
     try {
-      // The answer's x-request-id (a sane id, set on every request): the worker's logs name the request by it.
-      const requestId = String(reply.raw.getHeader('x-request-id'));
-      const sent: EmbedBody = { model: body.model, input, request_id: requestId, ...(body.dimensions != null && { dimensions: body.dimensions }) };
-      ticket(sent, req);
+      ticket(sent, req, spend);
       const { worker, answer } = await upstream.embed(sent, signal);
+      if (answer.usage?.prompt_tokens !== undefined) spend?.used(answer.usage.prompt_tokens);
       void reply.header('x-ebb-worker-id', headerValue(worker.record.worker_id));
       return embeddingsResponse(body.model, body.encoding_format === 'base64', answer, input.length, worker.record.worker_id);
     } catch (err) {

@@ -12,7 +12,9 @@ import type { WorkerPool } from '../routing/worker-pool.js';
 import { Shutdown } from '../shutdown.js';
 import { addResumeRoutes } from '../streams/resume-routes.js';
 import type { StreamStore } from '../streams/stream-store.js';
-import { requestTier, tagEmbedTicket, tagTickets, tenantOf } from '../admission/ticket.js';
+import { embedTokens, requestTier, tagEmbedTicket, tagTickets, tenantOf } from '../admission/ticket.js';
+import type { TenantLimiter } from '../limits/limiter.js';
+import { countsTokens } from '../limits/tenant-limits.js';
 import { outcomeOf } from '../request-outcome.js';
 import { tracing } from '../../tracing/tracing.js';
 import { traceBodies, traceHttpRequest, TRACEPARENT } from '../../tracing/request-trace.js';
@@ -44,6 +46,8 @@ export interface OpenAIServerDeps {
   limits?: HttpServerLimits | undefined;
   /** How many times one request may move to another worker mid-stream (default 3; 0 disables). */
   migrationLimit?: number | undefined;
+  /** How many times a flex stream may be paused for a priority request (default 2; 0: never). */
+  preemptionLimit?: number | undefined;
   /** A streaming client that reads nothing this long is disconnected (default 30 s; 0: never). */
   clientWriteTimeoutMs?: number | undefined;
   /** Origins browsers may call from (CORS); none by default. `*` allows any. */
@@ -64,6 +68,8 @@ export interface OpenAIServerDeps {
   keepStreams?: 'resumable' | 'all' | undefined;
   /** Requests no worker can take now wait (--queue-timeout); none: 503 at once, as before. */
   queueing?: boolean | undefined;
+  /** Tenants' limits (--limits-file); none: nothing is counted. */
+  limiter?: TenantLimiter | undefined;
   /** A worker's tokens of a prompt (POST /v1/responses/input_tokens); none: that route answers 503. */
   tokenize?: RouteContext['tokenize'];
 }
@@ -78,6 +84,7 @@ export function createOpenAIServer({
   log,
   limits,
   migrationLimit = DEFAULT_MIGRATION_LIMIT,
+  preemptionLimit,
   clientWriteTimeoutMs,
   corsOrigins = [],
   healthReadyWithoutWorkers = false,
@@ -88,6 +95,7 @@ export function createOpenAIServer({
   streams,
   keepStreams = 'resumable',
   queueing = false,
+  limiter,
   tokenize,
 }: OpenAIServerDeps): FastifyInstance {
   const app = createHttpServer({ role: 'public', ...limits });
@@ -113,7 +121,7 @@ export function createOpenAIServer({
       if (req.url.startsWith('/v1/') && req.method !== 'OPTIONS') apiGuard(req.headers.authorization);
     });
   }
-  const relay = createRelay({ upstream, metrics, log, migrationLimit, clientWriteTimeoutMs });
+  const relay = createRelay({ upstream, metrics, log, migrationLimit, preemptionLimit, clientWriteTimeoutMs });
   if (corsOrigins.length > 0) {
     // Registered before the routes so the preflight (OPTIONS) is answered for each of them.
     void app.register(cors, { origin: corsOrigins.includes('*') ? true : corsOrigins, methods: ['GET', 'POST', 'DELETE'], maxAge: 600, exposedHeaders: ['x-request-id', 'x-ebb-worker-id', RESUMABLE_HEADER, TRACEPARENT] });
@@ -174,14 +182,31 @@ export function createOpenAIServer({
       return served;
     },
     // The queue's ticket (none without a queue: nothing per request then); the tier its answer says (default without a queue).
-    ticket: (gens, tier, req, client) => {
-      const admitted = queueing ? tagTickets(gens, tier, req.headers, apiGuard, client) : 'default';
+    ticket: (gens, tier, req, client, spend) => {
+      const admitted = queueing ? tagTickets(gens, tier, req.headers, apiGuard, client, spend) : 'default';
       // The request's span names what it asks for; its bodies are sent to workers in it.
       if (tracing() !== undefined) traceBodies(req.raw, gens, admitted, () => tenantOf(req.headers, apiGuard));
       return admitted;
     },
-    holdLanes: (reply, model, count, n) => {
-      const release = lanes.take(count, pool.servingPath(model) === 'disaggregated' ? 2 : 1, { prompts: count / n, n });
+    limit: async (req, reply, tokens) => {
+      if (limiter === undefined) return undefined;
+      const tenant = tenantOf(req.headers, apiGuard);
+      const limits = limiter.limitsFor(tenant);
+      if (limits === undefined) return undefined;
+      const spend = await limiter.reserve(tenant, limits, tokens(limits));
+      for (const name in spend.headers) reply.raw.setHeader(name, spend.headers[name]!);
+      return spend;
+    },
+    holdLanes: (reply, model, count, n, spend) => {
+      let taken: () => void;
+      try {
+        taken = lanes.take(count, pool.servingPath(model) === 'disaggregated' ? 2 : 1, { prompts: count / n, n });
+      } catch (err) {
+        spend?.end(503);
+        throw err;
+      }
+      // The reservation settles once its answer's usage is known: with the room.
+      const release = spend === undefined ? taken : () => (taken(), spend.end(reply.raw.statusCode));
       let until: Promise<void> | undefined;
       reply.raw.once('close', () => (until === undefined ? release() : void until.then(release)));
       return { keepUntil: (over: Promise<void>) => void (until = over) };
@@ -208,9 +233,10 @@ export function createOpenAIServer({
     upstream,
     shutdown,
     admit: ctx.admit,
-    holdLane: (reply, model) => void ctx.holdLanes(reply, model, 1, 1),
-    ticket: (body, req) => {
-      if (queueing) tagEmbedTicket(body, req.headers, apiGuard);
+    limit: (body, req, reply) => ctx.limit(req, reply, (limits) => (countsTokens(limits) ? embedTokens(body) : 0)),
+    holdLane: (reply, model, spend) => void ctx.holdLanes(reply, model, 1, 1, spend),
+    ticket: (body, req, spend) => {
+      if (queueing) tagEmbedTicket(body, req.headers, apiGuard, spend);
       if (tracing() !== undefined) traceBodies(req.raw, [body], 'default', () => tenantOf(req.headers, apiGuard));
     },
   });

@@ -1,5 +1,7 @@
 import { EbbError } from '../../protocol/errors.js';
 import { toolsActive } from '../../protocol/tools.js';
+import { counted } from '../limits/limiter.js';
+import { reserveTokens } from '../limits/request-tokens.js';
 import { headerValue } from '../relay/relay.js';
 import { Shutdown } from '../shutdown.js';
 import { detachedResponse } from '../streams/detached-response.js';
@@ -41,12 +43,14 @@ export function addResponsesRoutes(ctx: RouteContext): void {
     if (body.background === true && body.store === false) throw new EbbError('invalid_request', 'background responses are stored: store false is not allowed with background true', { param: 'store' });
     const tenant = ctx.tenantOf(req);
     const previous = typeof body.previous_response_id === 'string' ? await responses!.history(body.previous_response_id, tenant) : [];
-    const room = ctx.holdLanes(reply, served.model, 1, 1);
     const shell = new ResponseShell(ctx.newId(), body);
     const { gen, history } = responsesToGenerate(body, shell.id, previous);
     onServed([gen], served);
+    // Its tenant's limits, before it runs: a request that would cross one is refused here (429).
+    const spend = await ctx.limit(req, reply, (limits) => reserveTokens([gen], 1, limits));
+    const room = ctx.holdLanes(reply, served.model, 1, 1, spend);
     const signal = ctx.shutdown.requestSignal(reply.raw);
-    shell.serviceTier = ctx.ticket([gen], ebbTier(body.service_tier), req, body.background === true ? undefined : signal);
+    shell.serviceTier = ctx.ticket([gen], ebbTier(body.service_tier), req, body.background === true ? undefined : signal, spend);
     const tools = toolsActive(gen.tools, gen.tool_choice) ? ctx.toolParsing(gen) : undefined;
     const record: ResponseRecord | undefined =
       responses === undefined ? undefined : { id: shell.id, tenant, background: body.background === true, store: body.store !== false, history, input: inputItems(body, shell.id), status: 'in_progress', endedAt: 0, bytes: 0 };
@@ -65,7 +69,7 @@ export function addResponsesRoutes(ctx: RouteContext): void {
       responses: { uuid: shell.id.slice('resp_'.length), request: body, messageId: shell.messageId, createdAt: shell.createdAt },
     };
     const formatted = (keep: boolean) => {
-      const fmt = streamFormat(plan, keep, shell);
+      const fmt = counted(streamFormat(plan, keep, shell), spend);
       if (record !== undefined) record.progress = fmt as ResponseProgress;
       return fmt;
     };
@@ -94,6 +98,7 @@ export function addResponsesRoutes(ctx: RouteContext): void {
         return await ctx.out.stream(reply, plan, formatted(keep), signal, started, room, { keep, tenant, ended, onKept: (kept) => record !== undefined && (record.kept = kept) });
       }
       const { choices, usage, workerId } = await ctx.relay.collect([gen], 1, signal, started);
+      spend?.used(usage.total_tokens);
       void reply.header('x-ebb-worker-id', headerValue(workerId));
       const answer = tools !== undefined ? responseWithCalls(shell, choices[0]!, usage, parseToolCalls(choices[0]!.text, tools.syntax, callIds(tools.key, 0))) : responseObject(shell, choices[0]!, usage);
       // Stored before it is answered: the client's next call, at any frontend, finds it.

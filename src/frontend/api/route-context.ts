@@ -2,6 +2,8 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import type { GenerateBody } from '../../protocol/request-plane.js';
 import type { ServiceTier } from '../admission/ticket.js';
+import type { Spend } from '../limits/limiter.js';
+import type { TenantLimits } from '../limits/tenant-limits.js';
 import type { WorkerPool } from '../routing/worker-pool.js';
 import type { Relay } from '../relay/relay.js';
 import type { Shutdown } from '../shutdown.js';
@@ -42,9 +44,19 @@ export interface RouteContext {
    * The queue's ticket on each generate body; the tier the answer says. `client`: the request's
    * signal, so a queued request whose client left leaves the queue at once (none: a background response).
    */
-  ticket(gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest, client: AbortSignal | undefined): ServiceTier;
-  /** Room for a request's sequences, held until its response is done (a kept stream: until its generation is). */
-  holdLanes(reply: FastifyReply, model: string, count: number, n: number): Room;
+  ticket(gens: readonly GenerateBody[], tier: unknown, req: FastifyRequest, client: AbortSignal | undefined, spend?: Spend): ServiceTier;
+  /**
+   * The request's reservation of its tenant's limits (--limits-file), taken before it runs: `tokens`
+   * says what it reserves under the tenant's limits (and may bound its max_tokens). Undefined: its
+   * tenant has no limits. Throws the 429 of a limit it would cross. Its OpenAI x-ratelimit-* headers
+   * are set on the answer.
+   */
+  limit(req: FastifyRequest, reply: FastifyReply, tokens: (limits: TenantLimits) => number): Promise<Spend | undefined>;
+  /**
+   * Room for a request's sequences, held until its response is done (a kept stream: until its
+   * generation is); its reservation (`spend`) settles then.
+   */
+  holdLanes(reply: FastifyReply, model: string, count: number, n: number, spend?: Spend): Room;
   /** A fresh response id's random part (with --processes N, it names this process). */
   newId(): string;
   /** The request, passed to the process that holds `id` when another one does (undefined: served here). */

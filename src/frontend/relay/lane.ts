@@ -6,6 +6,7 @@ import { Delivered, type MigrationReason } from './migration.js';
 import type { UpstreamStream } from './upstream.js';
 import { brokeMidStream, HandedOff, MidStreamFailure, StreamCut, WorkerStreamError, WorkerUnresponsive } from './worker-answer.js';
 import { WorkerLosses } from './worker-losses.js';
+import { tagPreempted } from '../admission/ticket.js';
 import { feedLines, StreamLineTooLong, type BatchLine, type TokenSink } from './worker-call.js';
 import { endMigration, startMigration } from '../../tracing/frontend-spans.js';
 import { bodyLogIds, inheritTrace } from '../../tracing/request-trace.js';
@@ -27,6 +28,8 @@ export interface LaneContext {
   log: Logger;
   /** How many times one sequence may move to another worker mid-stream; 0 disables. */
   migrationLimit: number;
+  /** How many times a flex sequence may be paused for a priority request (--preemption-limit); 0: never. */
+  preemptionLimit: number;
   /** Frees a hand-off's KV state nobody will continue from (else it holds its worker's drain until its TTL). */
   releaseKv?: ((kv: KvTransferRef) => Promise<void>) | undefined;
 }
@@ -67,6 +70,8 @@ export class Lane {
   private pending: BatchLine[];
   private sink: LaneSink | undefined;
   private closed = false;
+  /** Times a worker paused it for a priority request (bounded by the context's preemptionLimit). */
+  private preemptions = 0;
 
   private constructor(
     readonly index: number,
@@ -84,6 +89,7 @@ export class Lane {
   /** Takes a worker for the sequence; nothing is sent to the client yet. */
   static async open(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal): Promise<Lane> {
     const losses = new WorkerLosses();
+    preemptible(gen, ctx.preemptionLimit > 0);
     return new Lane(index, gen, ctx, await ctx.open(gen, signal, new Set(), losses), losses);
   }
 
@@ -91,6 +97,7 @@ export class Lane {
   static async resume(index: number, gen: GenerateBody, ctx: LaneContext, signal: AbortSignal, from: Resumed): Promise<Lane> {
     const delivered = new Delivered();
     delivered.restore(from.text, from.tokens);
+    preemptible(gen, ctx.preemptionLimit > 0);
     const body = delivered.continuation(gen);
     inheritTrace(body, gen);
     const losses = new WorkerLosses();
@@ -169,7 +176,7 @@ export class Lane {
 
   /** A terminal line other than done: the error the lane's loop ends with. */
   private endOf(line: StreamLine): Error {
-    return 'handoff' in line ? new HandedOff(this.workerId, line.handoff.kv) : new WorkerStreamError((line as { error: { code: never; message: string } }).error);
+    return 'handoff' in line ? new HandedOff(this.workerId, line.handoff.kv, line.handoff.reason === 'preempted' ? 'preempted' : 'drain_deadline') : new WorkerStreamError((line as { error: { code: never; message: string } }).error);
   }
 
   /**
@@ -180,7 +187,14 @@ export class Lane {
     const { metrics, log, migrationLimit } = this.ctx;
     this.up.release();
     const fromId = this.workerId;
-    const reason: MigrationReason = err instanceof HandedOff ? 'handoff' : err instanceof WorkerUnresponsive ? 'worker_unresponsive' : 'worker_failed';
+    // Paused for a priority request: continued later, on any worker (the one it left too), first among flex; not a migration.
+    const preempted = err instanceof HandedOff && err.reason === 'preempted';
+    const reason: MigrationReason = preempted ? 'preempted' : err instanceof HandedOff ? 'handoff' : err instanceof WorkerUnresponsive ? 'worker_unresponsive' : 'worker_failed';
+    if (preempted) {
+      this.preemptions++;
+      metrics.preempted();
+      log.info({ event: 'stream_preempted', request_id: this.gen.request_id, worker_id: fromId, tokens_delivered: this.delivered.tokens, preemptions: this.preemptions }, `request ${this.gen.request_id} paused on ${fromId} after ${this.delivered.tokens} tokens for a priority request (${this.preemptions} of at most ${this.ctx.preemptionLimit})`);
+    }
     const unclaimed = () => (err instanceof HandedOff && err.kv !== undefined ? this.ctx.releaseKv?.(err.kv) : undefined);
     // A worker that broke under it: the second such ends the stream here, before any other worker gets it.
     const broke = brokeMidStream(err);
@@ -192,7 +206,7 @@ export class Lane {
         throw new LaneFailed(new MidStreamFailure(fromId, err, (verdict as Error).message, 'request_broke_workers'));
       }
     }
-    if (this.delivered.migrations >= migrationLimit) {
+    if (!preempted && this.delivered.migrations >= migrationLimit) {
       await unclaimed();
       metrics.migrationFailed('limit');
       const why = migrationLimit === 0 ? 'migration is disabled (--migration-limit 0)' : `the request already moved ${migrationLimit} times (--migration-limit)`;
@@ -201,13 +215,16 @@ export class Lane {
     // Each move starts afresh, from the worker it leaves: a worker passed over by an earlier move (it
     // handed the stream off while draining, then resumed) may take the stream back.
     let next: UpstreamStream;
-    const body = this.delivered.continuation(this.gen);
+    // A pause is no migration: it does not count against --migration-limit.
+    const body = this.delivered.continuation(this.gen, !preempted);
     // Tracing on: the move is a span of the request's trace, the next worker's attempts under it.
     const moving = startMigration(this.gen, body, reason, fromId, this.delivered.tokens, this.delivered.migrations);
     try {
       // A hand-off's KV: the next worker loads prompt + delivered tokens instead of re-evaluating them.
       if (err instanceof HandedOff && err.kv !== undefined) body.handoff_kv = err.kv;
-      next = await this.ctx.open(body, signal, new Set([fromId]), this.losses);
+      preemptible(body, this.preemptions < this.ctx.preemptionLimit);
+      if (preempted) tagPreempted(body);
+      next = await this.ctx.open(body, signal, preempted ? new Set() : new Set([fromId]), this.losses);
     } catch (e) {
       if (moving) endMigration(moving, undefined, { code: e instanceof EbbError ? e.code : 'migration_failed', message: (e as Error).message });
       await unclaimed();
@@ -231,6 +248,12 @@ export class Lane {
       `request ${this.gen.request_id} moved from ${fromId} to ${toId} after ${this.delivered.tokens} tokens (${reason})`,
     );
   }
+}
+
+/** A flex sequence's body says whether a worker may pause it for a priority request (`allowed`: it has not been paused its limit's times). */
+function preemptible(body: GenerateBody, allowed: boolean): void {
+  if (allowed && body.service_tier === 'flex') body.preemptible = true;
+  else delete body.preemptible;
 }
 
 /**

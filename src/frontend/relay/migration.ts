@@ -1,8 +1,8 @@
 import type { ContinuationBody, GenerateBody, Usage } from '../../protocol/request-plane.js';
 import { copyBytes } from '../wire/token-splice.js';
 
-/** Why a stream moved to another worker: the label of ebb_frontend_migrations_total. */
-export type MigrationReason = 'worker_failed' | 'worker_unresponsive' | 'handoff';
+/** Why a stream moved to another worker: the label of ebb_frontend_migrations_total (`preempted`: continued after a pause for a priority request). */
+export type MigrationReason = 'worker_failed' | 'worker_unresponsive' | 'handoff' | 'preempted';
 
 /**
  * What one request has delivered so far, across every worker that served part of it. A stream
@@ -74,9 +74,10 @@ export class Delivered {
    * budget. The kv router hashes its prompt and this text (routing/prompt-blocks.ts), so the stream
    * moves to the worker that holds most of both.
    */
-  continuation(original: GenerateBody): GenerateBody {
+  continuation(original: GenerateBody, migration = true): GenerateBody {
     this.before = this.tokens;
-    this.migrations++;
+    // A preempted stream's continuation is not a migration: --migration-limit bounds failures, --preemption-limit pauses.
+    if (migration) this.migrations++;
     const continuation: ContinuationBody = { text: this.text, completion_tokens: this.tokens };
     if (this.ids !== undefined && this.ids.length === this.tokens) continuation.token_ids = this.ids;
     const body: GenerateBody = { ...original, continuation };

@@ -18,6 +18,8 @@ export interface RelayDeps {
   log: Logger;
   /** How many times one sequence may move to another worker mid-stream; 0 disables. */
   migrationLimit: number;
+  /** How many times a flex sequence may be paused for a priority request; 0: never (default DEFAULT_PREEMPTION_LIMIT). */
+  preemptionLimit?: number | undefined;
   /** A streaming client that reads nothing this long is disconnected (see ClientStream). */
   clientWriteTimeoutMs?: number | undefined;
 }
@@ -27,12 +29,16 @@ export interface RelayDeps {
  * owns its worker, what it delivered and its moves to other workers; the relay opens the lanes,
  * gives them one client stream (or collects them), and ends the response once.
  */
-export function createRelay({ upstream, metrics, log, migrationLimit, clientWriteTimeoutMs }: RelayDeps) {
+/** --preemption-limit's default: a flex stream is paused for priority requests at most twice. */
+export const DEFAULT_PREEMPTION_LIMIT = 2;
+
+export function createRelay({ upstream, metrics, log, migrationLimit, preemptionLimit = DEFAULT_PREEMPTION_LIMIT, clientWriteTimeoutMs }: RelayDeps) {
   const ctx: LaneContext = {
     open: (gen, signal, tried, losses) => upstream.openServing(gen, signal, tried, losses),
     metrics,
     log,
     migrationLimit,
+    preemptionLimit,
     releaseKv: (kv) => upstream.releaseKv(kv),
   };
 

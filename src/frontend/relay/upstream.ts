@@ -244,7 +244,7 @@ export class Upstream {
     let place: Place | undefined;
     // Turns in which a worker took the request and failed it before a token (failedRounds): a request every worker fails is answered, not queued for ever.
     let failedTurns = 0;
-    if (queue.waiting(body.model) === 0) {
+    if (queue.waitingBefore(body) === 0) {
       try {
         return await attempt();
       } catch (err) {
@@ -374,7 +374,8 @@ export class Upstream {
         path: url.path,
         method: 'POST',
         headers: prefill === undefined ? headers : { ...headers, [PREFILL_TOKENS_HEADER]: String(prefill) },
-        body: JSON.stringify(body),
+        // A worker whose engine cannot pause a sequence (or of an ebb before preemption) is not told it may.
+        body: JSON.stringify(body.preemptible === true && w.record.capabilities?.preemption !== true ? { ...body, preemptible: undefined } : body),
         headersTimeout: this.headersTimeoutMs,
         bodyTimeout: 0,
       },

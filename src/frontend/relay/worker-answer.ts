@@ -1,7 +1,7 @@
 import { errors as undiciErrors } from 'undici';
 import { EbbError, isErrorCode, type ErrorCode } from '../../protocol/errors.js';
 import { workerAnswer } from '../../protocol/worker-answers.js';
-import type { KvTransferRef } from '../../protocol/request-plane.js';
+import type { Handoff, KvTransferRef } from '../../protocol/request-plane.js';
 import type { Hold, WorkerPool } from '../routing/worker-pool.js';
 
 /*
@@ -92,8 +92,10 @@ export class HandedOff extends Error {
     readonly workerId: string,
     /** Where the next worker may pull the sequence's KV state, when the worker exported it. */
     readonly kv?: KvTransferRef,
+    /** Its drain deadline, or a priority request that took the stream's batch slot. */
+    readonly reason: Handoff['reason'] = 'drain_deadline',
   ) {
-    super(`worker ${workerId} handed the stream off at its drain deadline`);
+    super(reason === 'preempted' ? `worker ${workerId} paused the stream for a priority request` : `worker ${workerId} handed the stream off at its drain deadline`);
   }
 }
 
