@@ -110,6 +110,9 @@ interface Row {
   missed_moved: number;
   missed_evicted: number;
   hit_rate: number;
+  /** Conversations living on the worker a new one was sent to, itself included: p50 and max (cache pressure is the max against what a cache holds). */
+  placed_beside_p50: number;
+  placed_beside_max: number;
   ttft_p50_ms: number;
   ttft_p99_ms: number;
   errors: number;
@@ -123,6 +126,9 @@ async function run(n: number, discovery: string, workers: WorkerHandle[], tag: s
     const turns: Turn[] = [];
     let errors = 0;
     let conversations = 0;
+    /** Each running conversation's worker (that of its last turn). */
+    const living = new Map<number, string>();
+    const beside: number[] = [];
     const t0 = performance.now();
     // The clock starts once the load is steady (the frontends' code warm, conversations at every stage), not with a burst of new ones.
     const measureFrom = t0 + WARMUP_MS;
@@ -142,6 +148,12 @@ async function run(n: number, discovery: string, workers: WorkerHandle[], tag: s
             if (sentAt >= measureFrom) turns.push({ turn: t, ttftMs: r.ttftMs, prompt: r.prompt, cached: r.cached, before, worker: r.worker, previous });
             before = r.prompt;
             previous = r.worker;
+            living.set(c, r.worker);
+            if (t === 0 && sentAt >= measureFrom) {
+              let n = 0;
+              for (const w of living.values()) if (w === r.worker) n++;
+              beside.push(n);
+            }
             messages.push({ role: 'assistant', content: r.answer }, { role: 'user', content: `question ${t + 1} about ${tag}${c}` });
           } catch {
             if (sentAt >= measureFrom) errors++;
@@ -149,6 +161,7 @@ async function run(n: number, discovery: string, workers: WorkerHandle[], tag: s
           }
           await new Promise((done) => setTimeout(done, 200 + Math.random() * 400)); // a person reads the answer
         }
+        living.delete(c);
       }
     };
     await Promise.all(Array.from({ length: opts.clients }, client));
@@ -166,6 +179,8 @@ async function run(n: number, discovery: string, workers: WorkerHandle[], tag: s
       missed_moved: missed.filter((t) => t.worker !== t.previous).length,
       missed_evicted: missed.filter((t) => t.worker === t.previous).length,
       hit_rate: Math.round((turns.reduce((a, t) => a + t.cached, 0) / Math.max(1, prompt)) * 1000) / 1000,
+      placed_beside_p50: percentile(beside.sort((a, b) => a - b), 50),
+      placed_beside_max: beside.length === 0 ? 0 : beside[beside.length - 1]!,
       ttft_p50_ms: Math.round(percentile(ttft, 50)),
       ttft_p99_ms: Math.round(percentile(ttft, 99)),
       errors,
@@ -188,13 +203,13 @@ async function main(): Promise<void> {
   process.stdout.write(
     `kv affinity: ${opts.workers} mocker workers (${opts.kvBlocks} cache blocks each), ${opts.clients} clients, ${opts.turns} turns per conversation, turn t of conversation c at frontend (c + t) mod F, ${opts.seconds} s per frontend count\n`,
   );
-  process.stdout.write('frontends  later turns  full hits  full-hit share  missed: moved / evicted  hit rate  TTFT p50  TTFT p99  errors\n');
+  process.stdout.write('frontends  later turns  full hits  full-hit share  missed: moved / evicted  hit rate  placed beside p50 / max  TTFT p50  TTFT p99  errors\n');
   const rows: Row[] = [];
   for (const [i, n] of opts.frontends.entries()) {
     const row = await run(n, discovery, workers, `f${i}n${n}`);
     rows.push(row);
     process.stdout.write(
-      `${String(n).padStart(9)}  ${String(row.later_turns).padStart(11)}  ${String(row.full_hits).padStart(9)}  ${row.full_hit_share.toFixed(3).padStart(14)}  ${`${row.missed_moved} / ${row.missed_evicted}`.padStart(23)}  ${row.hit_rate.toFixed(3).padStart(8)}  ${`${row.ttft_p50_ms} ms`.padStart(8)}  ${`${row.ttft_p99_ms} ms`.padStart(8)}  ${String(row.errors).padStart(6)}\n`,
+      `${String(n).padStart(9)}  ${String(row.later_turns).padStart(11)}  ${String(row.full_hits).padStart(9)}  ${row.full_hit_share.toFixed(3).padStart(14)}  ${`${row.missed_moved} / ${row.missed_evicted}`.padStart(23)}  ${row.hit_rate.toFixed(3).padStart(8)}  ${`${row.placed_beside_p50} / ${row.placed_beside_max}`.padStart(23)}  ${`${row.ttft_p50_ms} ms`.padStart(8)}  ${`${row.ttft_p99_ms} ms`.padStart(8)}  ${String(row.errors).padStart(6)}\n`,
     );
   }
   process.stdout.write(JSON.stringify({ bench: 'kv-affinity', ...opts, rows }) + '\n');

@@ -4,7 +4,7 @@
  * blocks each), requests of a system prompt + a document + a new question (about 1,600 tokens).
  * Timed apart: tokenizing and hashing the prompt (the mocker's tokenizer), and scoring every
  * eligible worker (index walk + cost, with seven other frontends' load on every worker, as their load
- * events say), plus least-loaded's pick for comparison. Times are CPU time
+ * events say, and what each would evict: every worker names its capacity and stored lately), plus least-loaded's pick for comparison. Times are CPU time
  * of this process (process.cpuUsage), so a machine shared with other work does not inflate them.
  *
  *   node dist/bench/kv-routing-decision.js [--workers 1000] [--blocks-per-worker 1000] [--decisions 2000]
@@ -68,6 +68,9 @@ export async function kvDecisionCost(workers: number, blocksPerWorker: number, d
       for (const hash of blockHashes(conv, BS).slice(SYSTEM_BLOCKS)) feed.index.add(h, hash);
     }
     entries += h.blocks.size;
+    // Its snapshot named its capacity and it stored lately: the decision weighs what a prompt would evict there.
+    h.capacityBlocks = blocksPerWorker;
+    feed.index.stored(h, h.blocks.size, performance.now());
     // Seven other frontends route here too: each worker's load event lists their requests (the decision adds them in).
     feed.load.apply(`w-${i}`, { worker_id: `w-${i}`, frontends: Object.fromEntries(Array.from({ length: 7 }, (_, f) => [`frontend-${f}`, [2, [300]]])) });
   }

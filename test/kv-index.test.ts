@@ -3,9 +3,9 @@ import assert from 'node:assert/strict';
 import pino from 'pino';
 import { blockHashes } from '../src/protocol/block-hash.js';
 import { mockerTokenIds } from '../src/protocol/mocker-tokenizer.js';
-import { KvIndex } from '../src/frontend/routing/kv-index.js';
+import { KvIndex, RECENT_HALF_LIFE_MS } from '../src/frontend/routing/kv-index.js';
 import { KvFeed } from '../src/frontend/routing/kv-feed.js';
-import { Router } from '../src/frontend/routing/router.js';
+import { evictionCost, Router } from '../src/frontend/routing/router.js';
 import { WorkerPool } from '../src/frontend/routing/worker-pool.js';
 import type { WorkerRecord } from '../src/discovery/discovery.js';
 import type { GenerateBody } from '../src/protocol/request-plane.js';
@@ -263,6 +263,29 @@ describe('kv router', () => {
     const again = await route(`${doc} more`);
     assert.equal(again.id, first.id);
     assert.ok(again.cached > 0);
+  });
+});
+
+describe('what a prompt would evict', () => {
+  it('counts the blocks a worker stored lately, halved every half-life, and the model\'s largest count without visiting the workers', () => {
+    const index = new KvIndex();
+    const a = index.replace('a', 'm', 'exact', 'i');
+    const b = index.replace('b', 'm', 'exact', 'i');
+    index.stored(a, 100, 1_000);
+    index.stored(b, 40, 1_000 + RECENT_HALF_LIFE_MS);
+    assert.equal(Math.round(a.recentBlocks(1_000 + RECENT_HALF_LIFE_MS)), 50);
+    assert.equal(Math.round(index.recentMax('m', 1_000 + RECENT_HALF_LIFE_MS)), 50);
+    index.stored(b, 40, 1_000 + RECENT_HALF_LIFE_MS);
+    assert.equal(Math.round(index.recentMax('m', 1_000 + 2 * RECENT_HALF_LIFE_MS)), 40, "b's 80 blocks, halved once, pass a's 100 halved twice");
+    assert.equal(index.recentMax('other', 0), 0);
+  });
+
+  it('costs a conversation\'s next turn next to nothing and a new one as much as the share of the cache stored lately', () => {
+    assert.equal(evictionCost(2_800, 512, 1_024), 1_400);
+    assert.equal(evictionCost(2_800, 2_048, 2_048), 2_800, 'a cache turning over: the worker that stored the most evicts a live block with each');
+    assert.equal(evictionCost(20, 512, 1_024), 10);
+    assert.equal(evictionCost(2_800, 0, 1_024), 0);
+    assert.equal(evictionCost(2_800, 512, 0), 0, 'no capacity named: nothing');
   });
 });
 

@@ -22,6 +22,8 @@ export interface KvSnapshot {
   seq: number;
   block_size: number;
   blocks: BlockHash[];
+  /** How many blocks the engine's cache holds at most, where it says (routers weigh what a new prompt would evict). */
+  capacity_blocks?: number | undefined;
 }
 
 export interface KvEventBatch {

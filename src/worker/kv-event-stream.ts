@@ -52,7 +52,8 @@ export function addKvEventStream(app: FastifyInstance, workerId: string, runtime
     hub.assertRoom('KV event subscribers');
     // Snapshot before subscribing: it flushes pending events to the subscribers there are, and
     // everything after it arrives as batches from its seq + 1 on.
-    const snapshot: KvSnapshot = { worker_id: workerId, ...log.snapshot() };
+    const capacity = runtime().engine.kvCacheStats?.().capacity_blocks;
+    const snapshot: KvSnapshot = { worker_id: workerId, ...log.snapshot(), ...(typeof capacity === 'number' && capacity > 0 && { capacity_blocks: capacity }) };
     const routed = runtime().routedLoad;
     if (unsubscribe === undefined) {
       const stopBatches = log.onBatch((b) => hub.send('kv', { worker_id: workerId, ...b } satisfies KvEventBatch));

@@ -126,7 +126,7 @@ export class KvFeed {
     const sub = this.subs.get(workerId);
     const h = this.index.holder(workerId);
     if (!sub?.connected || sub.incarnation === undefined || h === undefined || h.kind !== 'exact') return undefined;
-    const snapshot = { worker_id: workerId, incarnation: sub.incarnation, seq: sub.seq, block_size: kvProfile(sub.record).blockSize, blocks: [...h.blocks.keys()] };
+    const snapshot = { worker_id: workerId, incarnation: sub.incarnation, seq: sub.seq, block_size: kvProfile(sub.record).blockSize, blocks: [...h.blocks.keys()], ...(h.capacityBlocks > 0 && { capacity_blocks: h.capacityBlocks }) };
     return { record: sub.record, snapshot };
   }
 

@@ -12,6 +12,13 @@ export class Holder {
   masked = false;
   /** When its worker last said it stored blocks (performance.now()): the same moment for every frontend. */
   storedAt = 0;
+  /** The most blocks its cache holds, as its snapshot said (0: not said). */
+  capacityBlocks = 0;
+  /**
+   * log2 of the blocks it stored lately (halved every RECENT_HALF_LIFE_MS), as if counted at time
+   * 0: comparable across holders at any moment without decaying each (KvIndex.recentMax).
+   */
+  recentLog = -Infinity;
   /** Per-query scratch: the query that last touched it and how many leading blocks it holds. */
   stamp = 0;
   depth = 0;
@@ -23,7 +30,20 @@ export class Holder {
     /** The engine's incarnation (exact), or the frontend's own for approximate holders. */
     readonly incarnation: string,
   ) {}
+
+
+  /**
+   * Blocks it stored lately, as of `now`: what its cache holds of the prompts that are alive there
+   * (a conversation's blocks are stored when it starts and at each turn), the same figure at every
+   * frontend, since they all read the same events.
+   */
+  recentBlocks(now: number): number {
+    return this.recentLog === -Infinity ? 0 : Math.pow(2, this.recentLog - now / RECENT_HALF_LIFE_MS);
+  }
 }
+
+/** How fast a stored block stops counting as alive in its cache (Holder.recentBlocks). */
+export const RECENT_HALF_LIFE_MS = 5_000;
 
 /** One holder, or several: most blocks are held by one worker, and a Set per block would cost ~100 bytes each. */
 type Holders = Holder | Holder[];
@@ -36,6 +56,8 @@ type Holders = Holder | Holder[];
 export class KvIndex {
   private readonly byModel = new Map<string, Map<BlockHash, Holders>>();
   private readonly byWorker = new Map<string, Holder>();
+  /** Per model, the largest Holder.recentLog (a holder since replaced may hold it: it decays as the others). */
+  private readonly recentLogMax = new Map<string, number>();
   private stamp = 0;
 
   /** The current holder of `workerId`, if any. */
@@ -92,6 +114,19 @@ export class KvIndex {
     if (cur === undefined) map.set(hash, h);
     else if (Array.isArray(cur)) cur.push(h);
     else map.set(hash, [cur, h]);
+  }
+
+  /** `h`'s worker said it stored `n` blocks at `now` (performance.now()). */
+  stored(h: Holder, n: number, now: number): void {
+    h.recentLog = Math.log2(h.recentBlocks(now) + n) + now / RECENT_HALF_LIFE_MS;
+    h.storedAt = now;
+    if (!(h.recentLog <= (this.recentLogMax.get(h.model) ?? -Infinity))) this.recentLogMax.set(h.model, h.recentLog);
+  }
+
+  /** The most blocks any holder of `model` stored lately, as of `now`: a decision reads it without visiting every worker. */
+  recentMax(model: string, now: number): number {
+    const log = this.recentLogMax.get(model);
+    return log === undefined ? 0 : Math.pow(2, log - now / RECENT_HALF_LIFE_MS);
   }
 
   remove(h: Holder, hash: BlockHash): void {

@@ -124,6 +124,7 @@ export class KvSubscription {
         if (!isSnapshot(data)) throw new StreamBroken('KV snapshot malformed');
         holder = this.index.replace(id, this.record.model, 'exact', data.incarnation);
         holder.masked = !this.inView();
+        if (Number.isSafeInteger(data.capacity_blocks) && data.capacity_blocks! > 0) holder.capacityBlocks = data.capacity_blocks!;
         for (const h of data.blocks) this.index.add(holder, h);
         this.seq = data.seq;
         this.incarnation = data.incarnation;
@@ -152,7 +153,7 @@ export class KvSubscription {
     if (e.type === 'stored') {
       if (!isHashes(e.block_hashes)) throw new StreamBroken('KV stored event malformed');
       for (const h of e.block_hashes) this.index.add(holder, h);
-      holder.storedAt = performance.now();
+      this.index.stored(holder, e.block_hashes.length, performance.now());
     } else if (e.type === 'removed') {
       if (!isHashes(e.block_hashes)) throw new StreamBroken('KV removed event malformed');
       for (const h of e.block_hashes) this.index.remove(holder, h);

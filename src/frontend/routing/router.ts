@@ -58,6 +58,8 @@ interface Scored {
   worker: PoolWorker;
   cached: number;
   cost: number;
+  /** The live cached tokens its prefill would evict there, as predicted (evictionCost). */
+  evicts: number;
   /** When it was last busy as this frontend knows (the tie-break), computed for a tie only (-1 until then). */
   active: number;
 }
@@ -76,11 +78,27 @@ export function prefillWait(queued: readonly number[], tokens: number): number {
 }
 
 /**
+ * The cached tokens of live prompts that prefilling `uncached` tokens on a worker would evict, as
+ * predicted: each block stored pushes the least recently used one out of a full cache, and it is a
+ * live prompt's (one its conversation will send again, to be prefilled anew) about as often as the
+ * cache holds lately stored blocks, `recent` of `scale` (the worker's capacity, or the most any
+ * worker of the model stored lately when that is more: with every cache turning over, the one that
+ * stored the most lately evicts live blocks with each block). A conversation's next turn (a few
+ * uncached tokens) costs next to nothing here, so it is never moved by it; a new conversation
+ * goes where it evicts the least, and the caches hold as many conversations each.
+ */
+export function evictionCost(uncached: number, recent: number, scale: number): number {
+  return scale > 0 ? Math.round((uncached * Math.min(recent, scale)) / scale) : 0;
+}
+
+/**
  * Chooses the worker for each attempt. `least-loaded`: fewest in-flight (the pool's heap).
  * `round-robin`: the one picked longest ago. `kv`: the lowest cost among the eligible workers,
- *   cost = overlapWeight x u + prefillWait(its queued prefills, u) + INFLIGHT_COST_TOKENS x its in-flight,
+ *   cost = overlapWeight x u + prefillWait(its queued prefills, u) + INFLIGHT_COST_TOKENS x its in-flight
+ *        + evictionCost(u, what it stored lately, its capacity),
  * u being the prompt tokens it has not cached, so a worker holding the prompt wins unless the work
- * already waiting on it outweighs what it saves.
+ * already waiting on it outweighs what it saves. The last term (workers whose KV events name their
+ * capacity) reads what every frontend reads alike, so frontends balance the caches as one would.
  * Eligibility (in discovery, not held, not tried, capabilities) is the pool's and comes first:
  * a draining or drained worker is never scored, whatever it holds.
  */
@@ -170,6 +188,9 @@ export class Router {
     // One walk of the index per token space (most models have one).
     const queries = new Map<string, number>();
     for (const [key, blocks] of hint.spaces) if (blocks.tokens > 0) queries.set(key, feed.index.query(model, blocks.hashes, now));
+    // The most any worker of the model stored lately (blocks): evictionCost's scale where caches turn over.
+    const at = performance.now();
+    const recentMax = feed.index.recentMax(model, at);
     let best: Scored | undefined;
     const debug = this.opts.log?.isLevelEnabled('debug') === true;
     const scored: Scored[] | undefined = debug || explain !== undefined ? [] : undefined;
@@ -193,9 +214,14 @@ export class Router {
         wait += others.prefillMax <= uncached ? others.prefillSum : prefillWait(others.prefill, uncached);
         load += others.inflight;
       }
-      let cost = this.weight * uncached + wait + INFLIGHT_COST_TOKENS * load;
+      let evicts = 0;
+      if (recentMax > 0 && uncached > 0) {
+        const h = feed.index.holder(id);
+        if (h !== undefined && h.capacityBlocks > 0) evicts = evictionCost(uncached, h.recentBlocks(at), Math.max(h.capacityBlocks, recentMax));
+      }
+      let cost = this.weight * uncached + wait + INFLIGHT_COST_TOKENS * load + evicts;
       if (hint.adapter !== undefined) cost += adapterLoadCost(worker, hint.adapter);
-      const s: Scored = { worker, cached, cost, active: -1 };
+      const s: Scored = { worker, cached, cost, evicts, active: -1 };
       scored?.push(s);
       if (best === undefined || cost < best.cost || (cost === best.cost && this.busySooner(best, s, feed))) best = s;
     }
@@ -209,7 +235,7 @@ export class Router {
         const id = s.worker.record.worker_id;
         const others = feed.load.of(id);
         const elsewhere = others === undefined ? undefined : { inflight: others.inflight, queued_prefill_tokens: others.prefill.reduce((a, b) => a + b, 0) };
-        return { worker_id: id, cached_tokens: s.cached, queued_prefill_tokens: this.queuedPrefill(id), inflight: s.worker.load, ...(elsewhere !== undefined && { other_frontends: elsewhere }), cost: s.cost };
+        return { worker_id: id, cached_tokens: s.cached, queued_prefill_tokens: this.queuedPrefill(id), inflight: s.worker.load, ...(elsewhere !== undefined && { other_frontends: elsewhere }), evicts_tokens: s.evicts, cost: s.cost };
       });
       explain?.({ router: this.kind, candidates: eligible.length, chosen: best.worker.record.worker_id, promptTokens: hint.tokens, cachedTokens: best.cached, cost: best.cost, scores });
       if (debug)
