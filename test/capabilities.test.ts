@@ -62,6 +62,7 @@ describe('engine capabilities: what the fleet can honour', () => {
       prompt_token_ids: true,
       embeddings: true,
       sampling: true,
+      preemption: true,
     });
   });
 
