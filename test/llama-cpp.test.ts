@@ -325,6 +325,7 @@ describe('llama-cpp engine in-process: grammar, chat template, queue, quiescence
       prompt_token_ids: true,
       embeddings: true,
       sampling: true,
+      preemption: true,
     });
   });
 
