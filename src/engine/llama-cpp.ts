@@ -30,6 +30,7 @@ import { PrefixSequences, type SequenceLease } from './llama-cpp-prefix-reuse.js
 import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { KvEventLog } from './kv-event-log.js';
 import { slotQuiescence, Slots } from './slots.js';
+import { PriorityGate } from './priority-gate.js';
 import { LLAMA_CPP_DEFAULTS, type LlamaCppOptions } from './llama-cpp-options.js';
 import { LlamaCppAdapters } from './llama-cpp-adapters.js';
 import { checkLoraGguf } from './lora-gguf.js';
@@ -203,6 +204,8 @@ export class LlamaCppEngine implements Engine {
   readonly kind = 'llama-cpp';
   readonly capabilities: EngineCapabilities;
   private readonly slots: Slots;
+  /** Flex decodes held back while a priority request gets its first token (priority-gate.ts). */
+  private readonly gate = new PriorityGate();
   private readonly prompts: PromptRenderer;
   private readonly grammars: GrammarCache;
   /** The context's sequences, kept with their tokens: prompt prefixes are reused (llama-cpp-prefix-reuse.ts). */
@@ -498,6 +501,8 @@ export class LlamaCppEngine implements Engine {
     const pulled = req.adapter === undefined ? req.kv_state : undefined;
 
     await this.slots.acquire(signal, req.tier);
+    // From its slot to its first token a priority request's work runs without flex decodes beside it.
+    let ungate = req.tier === 'priority' ? this.gate.hold() : undefined;
     let lease: SequenceLease | undefined;
     let failed = false;
     let tokens: AsyncGenerator<SampledToken, void, void | Token | Token[]> | undefined;
@@ -542,7 +547,7 @@ export class LlamaCppEngine implements Engine {
       // With logprobs: what llama.cpp measured of each sampled token, kept for the piece that carries it.
       const logprobs = req.logprobs === undefined ? undefined : new LlamaLogprobs(this.model, this.tokenBytes, req.logprobs, input);
       const out = (piece: AssembledPiece): GeneratedPiece => logprobs?.attach(piece) ?? piece;
-      tokens = sequence.evaluateWithMetadata(replay ? already.slice(-1) : input.slice(skipped), samplingMetadata(req.logprobs), {
+      const stream = (tokens = sequence.evaluateWithMetadata(replay ? already.slice(-1) : input.slice(skipped), samplingMetadata(req.logprobs), {
         temperature: req.temperature,
         topP: req.top_p ?? 1,
         ...sampling,
@@ -551,7 +556,10 @@ export class LlamaCppEngine implements Engine {
         // A forced call's grammar changes as the call goes on (name, then arguments).
         ...(forced !== undefined ? { grammarEvaluationState: () => forced.state } : grammarEvaluationState ? { grammarEvaluationState } : {}),
         yieldEogToken: true,
-      }) as AsyncGenerator<SampledToken, void, void | Token | Token[]>;
+      }) as AsyncGenerator<SampledToken, void, void | Token | Token[]>);
+      // A flex sequence asks for its next token (which queues its decode) only through the open gate.
+      const flex = req.tier === 'flex';
+      const ask = (replacement?: Token[]) => (flex ? this.gate.passed(signal).then(() => stream.next(replacement)) : stream.next(replacement));
       // With tools a call may be written in special tokens (<tool_call>): they are the answer's text.
       const special = toolsActive(req.tools, req.tool_choice);
       const detokenize = (ids: number[], before: number[]) => this.model.detokenize(ids as Token[], special, before as Token[]);
@@ -566,7 +574,7 @@ export class LlamaCppEngine implements Engine {
         const piece = whole ? w.text : this.model.detokenize(ids, true);
         return { piece: piece === '' && ids.length === 0 ? undefined : out({ text: piece, token_ids: ids }), whole };
       };
-      let next = tokens.next();
+      let next = ask();
       let published = false;
       if (forced?.opening !== undefined) {
         const { piece, whole } = write(forced.opening);
@@ -575,6 +583,8 @@ export class LlamaCppEngine implements Engine {
       }
       while (true) {
         const step = await Promise.race([next, abort.promise]);
+        ungate?.();
+        ungate = undefined;
         // The prompt is in the KV now: its blocks are news for the router.
         if (!published) sequences.publish(lease);
         published = true;
@@ -584,6 +594,7 @@ export class LlamaCppEngine implements Engine {
         if (!ended) {
           n++;
           this.generated++;
+          if (flex) this.gate.flexToken();
           // Counted by the penalties before the next token is sampled (tokens.next() below samples it).
           answer.push(token);
           logprobs?.sampled(step.value);
@@ -593,7 +604,7 @@ export class LlamaCppEngine implements Engine {
         if (!ended && !text.stopped && n < limit) {
           // The next token is decoded while the caller sends this one: llama.cpp works while the
           // worker writes (the sequence is ours until we return, so nothing else is delayed).
-          next = tokens.next();
+          next = ask();
           next.catch(() => undefined);
           if (piece) yield out(piece);
           continue;
@@ -613,7 +624,7 @@ export class LlamaCppEngine implements Engine {
         if (!whole || (after.sample && n >= limit)) return result('length', n);
         if (!after.sample) return result('stop', n);
         text = new PieceAssembler(detokenize, forced.stops, after.write.tokens);
-        next = tokens.next(after.write.tokens);
+        next = ask(after.write.tokens);
         next.catch(() => undefined);
       }
     } catch (err) {
@@ -621,14 +632,22 @@ export class LlamaCppEngine implements Engine {
       throw err;
     } finally {
       abort.dispose();
-      // The sequence goes back, with its tokens, before the slot does: the next request gets it.
-      await tokens?.return().catch(() => undefined);
-      await replaying?.catch(() => undefined);
-      await req.kv_state?.dispose();
-      // Handed off at a drain deadline: the next worker loads this sequence instead of re-evaluating it.
-      if (lease !== undefined && n > 0 && signal.aborted && req.adapter === undefined && req.kv_handoff?.wanted(signal.reason)) await this.exportHandoff(lease.sequence, promptTokens, req.kv_handoff.exported);
-      if (lease) await sequences.give(lease, failed);
-      this.slots.release();
+      ungate?.();
+      // Paused for a priority request, or one waits for this slot: what gives it back (its state file written) runs without flex decodes beside it.
+      const preempted = signal.aborted && (signal.reason as { reason?: unknown } | undefined)?.reason === 'preempted';
+      const ungateBack = preempted || this.slots.queuedPriority > 0 ? this.gate.hold() : undefined;
+      try {
+        // The sequence goes back, with its tokens, before the slot does: the next request gets it.
+        await tokens?.return().catch(() => undefined);
+        await replaying?.catch(() => undefined);
+        await req.kv_state?.dispose();
+        // Handed off at a drain deadline: the next worker loads this sequence instead of re-evaluating it.
+        if (lease !== undefined && n > 0 && signal.aborted && req.adapter === undefined && req.kv_handoff?.wanted(signal.reason)) await this.exportHandoff(lease.sequence, promptTokens, req.kv_handoff.exported);
+        if (lease) await sequences.give(lease, failed);
+        this.slots.release();
+      } finally {
+        ungateBack?.();
+      }
     }
   }
 
@@ -683,6 +702,7 @@ export class LlamaCppEngine implements Engine {
       kind: this.kind,
       ...this.slots.stats,
       generated_tokens: this.generated,
+      ...this.gate.stats,
       context_size: this.context.contextSize,
       sequences_free: this.slots.capacity - this.slots.running,
       threads: this.opts.threads,
