@@ -23,14 +23,21 @@ after(async () => {
 describe('first run: tools', () => {
   it('npm run build (what npm start runs first) writes nothing when dist is current', async () => {
     await run('npm', ['run', 'build', '--silent'], { cwd: ROOT, timeout: 280_000 }); // current from here on
-    // tsc's output, and the bundle every test process runs (a chunk rewritten under them could be read half-written).
+    // tsc's output, the bundle every test process runs (a chunk rewritten under them could be read
+    // half-written), and the precompiled validators they load on a route's first request (a test
+    // beside this one met one missing while the build refilled their directory).
     const bundle = join(ROOT, 'dist', 'bin');
-    const files = [join(ROOT, 'dist', 'src', 'cli', 'main.js'), ...readdirSync(bundle).map((f) => join(bundle, f))];
-    assert.ok(files.length > 2, 'the bundle has its chunks');
+    const validators = join(ROOT, 'dist', 'src', 'build', 'validators');
+    const chunks = readdirSync(bundle).map((f) => join(bundle, f));
+    const compiled = readdirSync(validators).map((f) => join(validators, f));
+    const files = [join(ROOT, 'dist', 'src', 'cli', 'main.js'), ...chunks, ...compiled];
+    assert.ok(chunks.length > 1, 'the bundle has its chunks');
+    assert.ok(compiled.length > 1, 'the validators are precompiled');
     const before = files.map((f) => statSync(f).mtimeMs);
     await run('npm', ['run', 'build', '--silent'], { cwd: ROOT, timeout: 280_000 });
     assert.deepEqual(files.map((f) => statSync(f).mtimeMs), before, 'no file was rewritten');
-    assert.deepEqual(readdirSync(bundle).map((f) => join(bundle, f)), files.slice(1), 'no chunk added or removed');
+    assert.deepEqual(readdirSync(bundle).map((f) => join(bundle, f)), chunks, 'no chunk added or removed');
+    assert.deepEqual(readdirSync(validators).map((f) => join(validators, f)), compiled, 'no validator added or removed');
   });
 
   it('make-test-model writes a GGUF a llama-cpp worker loads and serves', async () => {
