@@ -103,7 +103,6 @@ export function createFrontendMetrics(pool: WorkerPool) {
   // The dashboard's per-model minute (the counters above have no model label: a client names models).
   const stats = new ModelStats();
   // Each request's series, held (held-series.ts): a request finds its (model, tier) once, not a label hash per metric.
-  const requestSeries = new Map<string, CounterSeries>();
   const outcomeSeries = new Map<string, { requests: CounterSeries; duration: HistogramSeries }>();
   const perModel = new Map<string, { ttft: HistogramSeries; tpot: HistogramSeries; input: CounterSeries; output: CounterSeries }>();
   const modelSeries = (model: string, tier: string) => {
@@ -124,10 +123,7 @@ export function createFrontendMetrics(pool: WorkerPool) {
      * tenant and outcome, with its end-to-end duration.
      */
     request: (endpoint: string, status: number, model: string | undefined, labels?: { tier: string; tenant: string; outcome: RequestOutcome; seconds: number }) => {
-      const key = `${endpoint} ${status}`;
-      let counted = requestSeries.get(key);
-      if (counted === undefined) requestSeries.set(key, (counted = requests.series(endpoint, String(status))));
-      counted.inc();
+      requests.series(endpoint, String(status)).inc();
       if (model === undefined) return;
       stats.answered(model, status);
       if (labels === undefined) return;

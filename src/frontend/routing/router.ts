@@ -234,7 +234,7 @@ export class Router {
       const scores = scored.slice(0, 8).map((s) => {
         const id = s.worker.record.worker_id;
         const others = feed.load.of(id);
-        const elsewhere = others === undefined ? undefined : { inflight: others.inflight, queued_prefill_tokens: others.prefill.reduce((a, b) => a + b, 0) };
+        const elsewhere = others === undefined ? undefined : { inflight: others.inflight, queued_prefill_tokens: others.prefillSum };
         return { worker_id: id, cached_tokens: s.cached, queued_prefill_tokens: this.queuedPrefill(id), inflight: s.worker.load, ...(elsewhere !== undefined && { other_frontends: elsewhere }), evicts_tokens: s.evicts, cost: s.cost };
       });
       explain?.({ router: this.kind, candidates: eligible.length, chosen: best.worker.record.worker_id, promptTokens: hint.tokens, cachedTokens: best.cached, cost: best.cost, scores });
