@@ -4,7 +4,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Browser, Page } from 'puppeteer-core';
-import { browserSkipReason, launchBrowser } from './helpers/browser.js';
+import { browserSkipReason, launchBrowser, withScreenshot } from './helpers/browser.js';
 import { call } from './helpers/http.js';
 import { spawnEbb, START_BOUND_MS, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type LogLine } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
@@ -54,17 +54,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
     await up?.terminate(15_000);
   });
 
-  /** Runs `step`; on failure writes a screenshot and names it in the assertion message. */
-  async function withScreenshot<T>(name: string, step: () => Promise<T>): Promise<T> {
-    try {
-      return await step();
-    } catch (err) {
-      const path = join(dir, `${name}.png`);
-      const saved = await page.screenshot({ path, fullPage: true }).then(() => true, () => false);
-      const html = await page.evaluate(() => document.querySelector('#models')?.textContent ?? '').catch(() => '');
-      throw new assert.AssertionError({ message: `${name}: ${(err as Error).message}\nscreenshot: ${saved ? path : '(could not be taken)'}\npage: ${html.slice(0, 2000)}` });
-    }
-  }
+  const shot = <T>(name: string, step: () => Promise<T>) => withScreenshot(page, dir, name, '#models', step);
 
   it('paints the fleet without its event stream (a plain screenshot), then shows the minute before it opened; favicon', async () => {
     const favicon = await fetch(`${adminUrl}/favicon.ico`);
@@ -77,7 +67,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
     const held = (req: { url(): string; abort(): Promise<void>; continue(): Promise<void> }) => void (/workers\/events|dashboard\/info/.test(req.url()) ? req.abort() : req.continue());
     page.on('request', held);
     try {
-      await withScreenshot('dashboard-first-paint', async () => {
+      await shot('dashboard-first-paint', async () => {
         await page.goto(`${adminUrl}/`, { waitUntil: 'load' });
         const rows = await page.$$eval('tr[data-worker-id]', (r) => r.map((e) => (e as HTMLElement).dataset.state));
         assert.deepEqual(rows, Array(WORKERS).fill('serving'), 'the first paint shows every worker');
@@ -88,7 +78,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
       await page.setRequestInterception(false);
     }
 
-    await withScreenshot('dashboard-history', async () => {
+    await shot('dashboard-history', async () => {
       await page.goto(`${adminUrl}/`);
       await page.waitForFunction(() => document.querySelector('#conn')?.textContent === 'live');
       // The drain before the page opened is in the audit trail, in the page's one time format.
@@ -110,7 +100,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
       while (!stop) outcomes.push(await streamCompletion(apiUrl, { model: 'm1', max_tokens: MAX_TOKENS, seed: i }));
     });
     try {
-      await withScreenshot('dashboard-workers', async () => {
+      await shot('dashboard-workers', async () => {
         await page.goto(`${adminUrl}/`);
         await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="serving"]').length === n, {}, WORKERS);
         const shown = await page.$$eval('tr[data-worker-id]', (rows) => rows.map((r) => (r as HTMLElement).dataset.workerId));
@@ -121,7 +111,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
       const target = workerIds[0] as string;
       const row = `tr[data-worker-id="${target}"]`;
       // Wait for traffic on the target, so its drain has requests to finish.
-      await withScreenshot('dashboard-traffic', () =>
+      await shot('dashboard-traffic', () =>
         page.waitForFunction((sel: string) => Number(document.querySelector(`${sel} [data-field=inflight]`)?.textContent) > 0, { polling: 'mutation' }, row),
       );
 
@@ -150,7 +140,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
         }).observe(r, { attributes: true, subtree: true, characterData: true, childList: true });
       }, row);
 
-      await withScreenshot('dashboard-drain', async () => {
+      await shot('dashboard-drain', async () => {
         await page.type(`${row} input[data-input=reason]`, LONG_REASON);
         await page.type(`${row} input[data-input=deadline]`, '10m');
         await page.click(`${row} button[data-action=drain]`);
@@ -171,7 +161,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
         await page.waitForFunction((id: string) => new RegExp(`^drain of ${id}: drained since \\d\\d:\\d\\d:\\d\\d$`).test(document.querySelector('#message')?.textContent ?? ''), { polling: 'mutation' }, target);
       });
 
-      await withScreenshot('dashboard-resume', async () => {
+      await shot('dashboard-resume', async () => {
         await page.click(`${row} button[data-action=resume]`);
         await page.waitForFunction((sel: string) => (document.querySelector(sel) as HTMLElement | null)?.dataset.state === 'serving', { polling: 'mutation' }, row);
         const seen = await page.evaluate(() => (window as unknown as { seenStates: string[] }).seenStates);
@@ -195,7 +185,7 @@ describe('fleet dashboard in headless chromium, against ebb up', { skip: browser
       dialogs.push(d.type());
       void (d.type() === 'prompt' ? d.accept('retire m1') : d.accept());
     });
-    await withScreenshot('dashboard-drain-model', async () => {
+    await shot('dashboard-drain-model', async () => {
       await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="serving"]').length === n, {}, WORKERS);
       await page.click('section[data-model="m1"] button[data-action=drain-model]');
       await page.waitForFunction((n: number) => document.querySelectorAll('tr[data-worker-id][data-state="drained"]').length === n, { polling: 'mutation' }, WORKERS);

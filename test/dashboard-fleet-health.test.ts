@@ -8,7 +8,7 @@ import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import type { Browser, Page } from 'puppeteer-core';
-import { browserSkipReason, launchBrowser } from './helpers/browser.js';
+import { browserSkipReason, launchBrowser, withScreenshot } from './helpers/browser.js';
 import { call } from './helpers/http.js';
 import { bounded, frontendSeesWorkers, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
@@ -50,16 +50,7 @@ describe('fleet dashboard: tiers, sheds, adapters, crashes', { skip: browserSkip
     await Promise.all(started.map((p) => p.stop()));
   });
 
-  async function withScreenshot<T>(name: string, step: () => Promise<T>): Promise<T> {
-    try {
-      return await step();
-    } catch (err) {
-      const path = join(dir, `${name}.png`);
-      const saved = await page.screenshot({ path, fullPage: true }).then(() => true, () => false);
-      const text = await page.evaluate(() => document.body.textContent ?? '').catch(() => '');
-      throw new assert.AssertionError({ message: `${name}: ${(err as Error).message}\nscreenshot: ${saved ? path : '(could not be taken)'}\npage: ${text.slice(0, 2000)}` });
-    }
-  }
+  const shot = <T>(name: string, step: () => Promise<T>) => withScreenshot(page, dir, name, 'body', step);
 
   it('shows the queued requests by tier, and the 429 sheds as errors', async () => {
     // Both workers drained: requests wait for one to resume (a drained worker may), by tier; past four waiting, flex is shed (429).
@@ -75,7 +66,7 @@ describe('fleet dashboard: tiers, sheds, adapters, crashes', { skip: browserSkip
     }
     const shed = await Promise.all([0, 1].map(() => call('POST', `${frontend.url}/v1/chat/completions`, { model: 'm1', messages: [{ role: 'user', content: 'x' }], max_tokens: 3 }, { 'x-ebb-service-tier': 'flex' })));
     assert.deepEqual(shed.map((r) => r.status), [429, 429], 'the queue is full: shed');
-    await withScreenshot('dashboard-tiers', async () => {
+    await shot('dashboard-tiers', async () => {
       const section = 'section[data-model="m1"]';
       await page.waitForFunction((s: string) => /^4 queued · priority 1 · default 2 · flex 1$/.test(document.querySelector(`${s} [data-field=queued]`)?.textContent ?? ''), { polling: 200 }, section);
       assert.equal(await page.$eval(`${section} [data-field=queued]`, (e) => (e as HTMLElement).hidden), false);
@@ -85,14 +76,14 @@ describe('fleet dashboard: tiers, sheds, adapters, crashes', { skip: browserSkip
     });
     for (const w of [withAdapter, crashing]) assert.equal((await call('POST', `${adminUrl}/workers/${w.workerId}/resume`, {})).status, 200);
     for (const r of await Promise.all(waiting)) assert.equal(r.error, undefined, 'every queued request was served once a worker resumed');
-    await withScreenshot('dashboard-queue-empty', () => page.waitForFunction(() => (document.querySelector('section[data-model="m1"] [data-field=queued]') as HTMLElement).hidden, { polling: 200 }));
+    await shot('dashboard-queue-empty', () => page.waitForFunction(() => (document.querySelector('section[data-model="m1"] [data-field=queued]') as HTMLElement).hidden, { polling: 200 }));
   });
 
   it("shows a worker's LoRA adapter as a row, and drains it from there", async () => {
     const answer = await call('POST', `${frontend.url}/v1/chat/completions`, { model: 'tides-lora', messages: [{ role: 'user', content: 'hi' }], max_tokens: 3 });
     assert.equal(answer.status, 200, JSON.stringify(answer.body));
     const row = `tr[data-adapter-of="${withAdapter.workerId}"][data-adapter="tides-lora"]`;
-    await withScreenshot('dashboard-adapter', async () => {
+    await shot('dashboard-adapter', async () => {
       await page.waitForFunction((sel: string) => (document.querySelector(sel) as HTMLElement | null)?.dataset.state === 'serving', { polling: 200 }, row);
       assert.equal(await page.$$eval('tr[data-worker-id]', (r) => r.length), 2, 'adapter rows are not worker rows');
       await page.type(`${row} input[data-input=adapter-reason]`, 'retire the adapter');
@@ -109,13 +100,13 @@ describe('fleet dashboard: tiers, sheds, adapters, crashes', { skip: browserSkip
 
   it("puts a worker's crash (SIGKILL) and its restart (the same id, a new process) in the audit trail", async () => {
     crashing.signal('SIGKILL');
-    await withScreenshot('dashboard-crash', () =>
+    await shot('dashboard-crash', () =>
       page.waitForFunction(() => [...document.querySelectorAll('#audit-list li[data-what=crash]')].some((li) => /w-crashes +crash by frontend: unreachable while serving/.test(li.textContent ?? '')), { polling: 'mutation' }),
     );
     assert.equal(await page.$eval('#audit-list li[data-what=crash]', (e) => getComputedStyle(e).color), 'rgb(170, 51, 51)', 'a crash stands out');
     const again = await workerReady(spawnEbb(['worker', '--port', '0', '--system-port', '0', '--discovery', discovery, ...WORKER_ARGS, '--worker-id', 'w-crashes'], 'worker'));
     started.push(again);
-    await withScreenshot('dashboard-restart', () =>
+    await shot('dashboard-restart', () =>
       page.waitForFunction(() => [...document.querySelectorAll('#audit-list li[data-what=restart]')].some((li) => /w-crashes +restart by frontend: serving again \(a new process/.test(li.textContent ?? '')), { polling: 'mutation' }),
     );
   });

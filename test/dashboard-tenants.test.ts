@@ -9,7 +9,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Browser, Page } from 'puppeteer-core';
-import { browserSkipReason, launchBrowser } from './helpers/browser.js';
+import { browserSkipReason, launchBrowser, withScreenshot } from './helpers/browser.js';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
 /** Bound on one wait for the page; a broken page fails with a screenshot instead of hanging. */
@@ -51,16 +51,7 @@ describe('fleet dashboard: tenants\' limits, use and refusals, in headless chrom
     await Promise.all([f?.stop(), w?.stop()]);
   });
 
-  async function withScreenshot<T>(name: string, step: () => Promise<T>): Promise<T> {
-    try {
-      return await step();
-    } catch (err) {
-      const path = join(dir, `${name}.png`);
-      const saved = await page.screenshot({ path, fullPage: true }).then(() => true, () => false);
-      const text = await page.evaluate(() => document.querySelector('#tenants')?.textContent ?? '').catch(() => '');
-      throw new assert.AssertionError({ message: `${name}: ${(err as Error).message}\nscreenshot: ${saved ? path : '(could not be taken)'}\ntenants: ${text.slice(0, 2000)}` });
-    }
-  }
+  const shot = <T>(name: string, step: () => Promise<T>) => withScreenshot(page, dir, name, '#tenants', step);
 
   const complete = async (tenant: string, maxTokens: number) => {
     const res = await fetch(`${f.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-ebb-tenant': tenant }, body: JSON.stringify({ model: 'm1', prompt: prompt(20), max_tokens: maxTokens }) });
@@ -84,7 +75,7 @@ describe('fleet dashboard: tenants\' limits, use and refusals, in headless chrom
     const acme = (await report()).find((t) => t.tenant === 'acme')!;
     assert.deepEqual([acme.usage.tokens_today, acme.remaining.tokens_per_day, acme.hits], [spent, BUDGET - spent, { tokens_per_day: 1 }], 'the report counts what the answers used');
 
-    await withScreenshot('dashboard-tenants', async () => {
+    await shot('dashboard-tenants', async () => {
       await page.goto(`${adminUrl}/`);
       // The page as served (its embedded snapshot), before its stream has said anything.
       await page.waitForSelector('#tenants:not([hidden]) tr[data-tenant="acme"]');

@@ -1,7 +1,8 @@
 import { existsSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import puppeteer, { type Browser } from 'puppeteer-core';
+import assert from 'node:assert/strict';
+import puppeteer, { type Browser, type Page } from 'puppeteer-core';
 import { skipWithout } from './required-tool.js';
 
 /** Debian's chromium (`apt-get install chromium`); CHROMIUM_BIN overrides. */
@@ -35,4 +36,22 @@ export async function launchBrowser(): Promise<{ browser: Browser; dir: string }
     ],
   });
   return { browser, dir };
+}
+
+/**
+ * Runs `step`; on failure saves a screenshot of `page` into `dir` and names it in the assertion
+ * message, with the text of `selector` (what the page showed where the test looked).
+ */
+export async function withScreenshot<T>(page: Page, dir: string, name: string, selector: string, step: () => Promise<T>): Promise<T> {
+  try {
+    return await step();
+  } catch (err) {
+    const path = join(dir, `${name}.png`);
+    const saved = await page.screenshot({ path, fullPage: true }).then(
+      () => true,
+      () => false,
+    );
+    const text = await page.evaluate((sel) => document.querySelector(sel)?.textContent ?? '', selector).catch(() => '');
+    throw new assert.AssertionError({ message: `${name}: ${(err as Error).message}\nscreenshot: ${saved ? path : '(could not be taken)'}\n${selector}: ${text.slice(0, 2000)}` });
+  }
 }
