@@ -27,8 +27,8 @@
 import { spawn } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
 import { resolve } from 'node:path';
-import { sseData } from '../src/common/sse-events.js';
 import { call } from '../test/helpers/http.js';
+import { chatTurn } from './chat-turn.js';
 import { EbbProcess, startWorker, type WorkerHandle } from '../test/helpers/processes.js';
 import { arg } from './cli-arg.js';
 import { percentile } from './percentile.js';
@@ -62,32 +62,6 @@ interface Turn {
   previous: string;
 }
 
-/** One streamed chat turn: TTFT to the first content, the answer, and the worker's usage. */
-async function turn(url: string, messages: Array<{ role: string; content: string }>): Promise<{ ttftMs: number; answer: string; prompt: number; cached: number; worker: string }> {
-  const t0 = performance.now();
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'm1', messages, max_tokens: MAX_TOKENS, stream: true, stream_options: { include_usage: true } }),
-  });
-  if (res.status !== 200 || !res.body) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
-  let ttftMs = -1;
-  let answer = '';
-  let usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens?: number } } | undefined;
-  for await (const data of sseData(res.body as AsyncIterable<Uint8Array>)) {
-    if (data === '[DONE]') break;
-    const chunk = JSON.parse(data) as { choices?: Array<{ delta?: { content?: string } }>; usage?: typeof usage; error?: { message: string } };
-    if (chunk.error) throw new Error(chunk.error.message);
-    const text = chunk.choices?.[0]?.delta?.content;
-    if (text) {
-      if (ttftMs < 0) ttftMs = performance.now() - t0;
-      answer += text;
-    }
-    if (chunk.usage) usage = chunk.usage;
-  }
-  if (!usage || ttftMs < 0) throw new Error('a turn ended without tokens or usage');
-  return { ttftMs, answer, prompt: usage.prompt_tokens, cached: usage.prompt_tokens_details?.cached_tokens ?? 0, worker: res.headers.get('x-ebb-worker-id') ?? '' };
-}
 
 async function startFrontends(n: number, discovery: string, workers: WorkerHandle[]): Promise<Array<{ proc: EbbProcess; url: string }>> {
   const cli = opts.ebbCli === '' ? new URL('../bin/ebb.js', import.meta.url).pathname : resolve(opts.ebbCli);
@@ -144,7 +118,7 @@ async function run(n: number, discovery: string, workers: WorkerHandle[], tag: s
         for (let t = 0; t < opts.turns && performance.now() < end; t++) {
           const sentAt = performance.now();
           try {
-            const r = await turn(urls[(c + t) % urls.length]!, messages);
+            const r = await chatTurn(urls[(c + t) % urls.length]!, messages, MAX_TOKENS);
             if (sentAt >= measureFrom) turns.push({ turn: t, ttftMs: r.ttftMs, prompt: r.prompt, cached: r.cached, before, worker: r.worker, previous });
             before = r.prompt;
             previous = r.worker;

@@ -21,8 +21,8 @@
  * Prints a table and, last, one JSON line. Kills its children on any exit.
  */
 import { performance } from 'node:perf_hooks';
-import { sseData } from '../src/common/sse-events.js';
 import { call } from '../test/helpers/http.js';
+import { chatTurn } from './chat-turn.js';
 import { killAllNow, metricValue, startFrontend, startWorker, tempDiscoveryUrl, type FrontendHandle, type WorkerHandle } from '../test/helpers/processes.js';
 
 interface Options {
@@ -59,32 +59,6 @@ interface Turn {
   worker: string;
 }
 
-/** One streamed chat turn: TTFT to the first content, the answer, and the worker's usage. */
-async function turn(url: string, messages: Array<{ role: string; content: string }>): Promise<Turn & { answer: string }> {
-  const t0 = performance.now();
-  const res = await fetch(`${url}/v1/chat/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'm1', messages, max_tokens: MAX_TOKENS, stream: true, stream_options: { include_usage: true } }),
-  });
-  if (res.status !== 200 || !res.body) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
-  let ttftMs = -1;
-  let answer = '';
-  let usage: { prompt_tokens: number; completion_tokens: number; prompt_tokens_details?: { cached_tokens?: number } } | undefined;
-  for await (const data of sseData(res.body as AsyncIterable<Uint8Array>)) {
-    if (data === '[DONE]') break;
-    const chunk = JSON.parse(data) as { choices?: Array<{ delta?: { content?: string } }>; usage?: typeof usage; error?: { message: string } };
-    if (chunk.error) throw new Error(chunk.error.message);
-    const text = chunk.choices?.[0]?.delta?.content;
-    if (text) {
-      if (ttftMs < 0) ttftMs = performance.now() - t0;
-      answer += text;
-    }
-    if (chunk.usage) usage = chunk.usage;
-  }
-  if (!usage || ttftMs < 0) throw new Error('a turn ended without tokens or usage');
-  return { ttftMs, answer, prompt: usage.prompt_tokens, cached: usage.prompt_tokens_details?.cached_tokens ?? 0, tokens: usage.completion_tokens, worker: res.headers.get('x-ebb-worker-id') ?? '' };
-}
 
 interface Row {
   router: string;
@@ -115,7 +89,7 @@ async function run(o: Options, discovery: string, workers: WorkerHandle[], route
           const messages = [{ role: 'system', content: systems[c % 3]! }, { role: 'user', content: `${words(o.docWords, `${prefix}d${c}x`)} question 0` }];
           for (let t = 0; t < o.turns && performance.now() < end; t++) {
             try {
-              const r = await turn(frontend.url, messages);
+              const r = await chatTurn(frontend.url, messages, MAX_TOKENS);
               turns.push(r);
               messages.push({ role: 'assistant', content: r.answer }, { role: 'user', content: `question ${t + 1} about ${prefix}${c}` });
             } catch {
