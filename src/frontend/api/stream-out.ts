@@ -123,6 +123,8 @@ export function createStreamOut({ relay, store, log, adopted }: StreamOutDeps) {
     let failed: unknown;
     try {
       await relay.stream(reply, fmt, plan.gens, plan.n, kept.signal, started, kept, resumed);
+      // An end that waits for the fleet's copy: sent, or refused because another frontend holds the stream now (concluded as a lost lease).
+      await kept.endSettled;
       await conclude(reply, plan, fmt, kept);
     } catch (err) {
       failed = Shutdown.cutReason(kept.signal) ?? err;

@@ -24,8 +24,12 @@ export interface StreamTap {
   progress?(lane: number, delivered: Delivered): void;
   /** Sequence `lane` finished (its finish event waits for the response's end). */
   laneDone?(lane: number, done: LaneDone): void;
-  /** The last bytes; false, as for append: they must not go out (the response stays open for what its owner writes instead). */
-  end(payload: Buffer): boolean;
+  /**
+   * The last bytes; false, as for append: they must not go out (the response stays open for what its
+   * owner writes instead); a number, as for append: the response ends at that mark's release (a
+   * release that drops them leaves it open for its owner).
+   */
+  end(payload: Buffer): boolean | number;
 }
 
 /** How long a streaming client may leave its socket full (reading nothing) before it is disconnected. */
@@ -55,13 +59,20 @@ export class ClientStream {
   /** Bytes waiting for the fleet's copy. */
   private readonly held = new HeldBytes();
   private listening = false;
+  /** The response's last bytes, waiting for the fleet's copy too: the response ends at their release. */
+  private heldEnd: { last: Buffer; mark: number } | undefined;
   private readonly release = (upTo: Release) => {
     const out = this.held.take(upTo);
     const socket = this.socket;
-    if (out.length === 0 || socket === null || socket.destroyed) return;
-    if (out.length > 1) socket.cork();
-    for (const buf of out) socket.write(buf);
-    if (out.length > 1) socket.uncork();
+    if (out.length > 0 && socket !== null && !socket.destroyed) {
+      if (out.length > 1) socket.cork();
+      for (const buf of out) socket.write(buf);
+      if (out.length > 1) socket.uncork();
+    }
+    const end = this.heldEnd;
+    if (end === undefined || (upTo !== 'drop' && upTo < end.mark)) return;
+    this.heldEnd = undefined;
+    if (upTo !== 'drop') this.res.end(end.last);
   };
 
   constructor(
@@ -115,12 +126,15 @@ export class ClientStream {
 
   /** Bytes that wait for the fleet's copy; false (as for send) while the socket is still full from the last release. */
   private hold(buf: Buffer, mark: number): boolean {
-    if (!this.listening) {
-      this.listening = true;
-      this.tap!.onRelease?.(this.release);
-    }
+    this.listen();
     this.held.hold(buf, mark);
     return this.socket === null || !this.socket.writableNeedDrain;
+  }
+
+  private listen(): void {
+    if (this.listening) return;
+    this.listening = true;
+    this.tap!.onRelease?.(this.release);
   }
 
   write(text: string | Buffer): boolean {
@@ -153,7 +167,12 @@ export class ClientStream {
     if (this.tap === undefined) return void this.res.end(text);
     // Encoded once, for the kept stream and the client alike.
     const last = typeof text === 'string' ? Buffer.from(text) : text;
-    if (!this.tap.end(last)) return this.uncork();
-    this.res.end(last);
+    const go = this.tap.end(last);
+    if (go === false) return this.uncork();
+    if (go === true) return void this.res.end(last);
+    // It waits for the fleet's copy, behind what is held: released, the response ends; dropped, its owner writes instead.
+    this.uncork();
+    this.listen();
+    this.heldEnd = { last, mark: go };
   }
 }

@@ -62,6 +62,13 @@ export class KeptStream implements StreamTap {
   private takenFrom: { copy: Buffer; error: Buffer } | undefined;
   /** Held events were dropped (its lease was lost): the kept bytes past sentBytes never went out. */
   private dropped = false;
+  /**
+   * Its end, written while the copy was gated: it goes out (and the stream ends) once the fleet's
+   * copy holds it; a lease lost meanwhile drops it, and the stream's owner hands the stream on. The
+   * stream stays live until then (followers may still come; see endSettled).
+   */
+  private heldEnd: { payload: Buffer; mark: number; settled: () => void } | undefined;
+  private endSettledP: Promise<void> = Promise.resolve();
   private state: KeptState = 'live';
   /** Past maxBytes: no longer kept, so no longer resumable; its followers still get it live. */
   private overflowed = false;
@@ -147,7 +154,7 @@ export class KeptStream implements StreamTap {
    * is stopped here; another frontend has it).
    */
   append(payload: Buffer): boolean | number {
-    if (this.state !== 'live') return false;
+    if (this.state !== 'live' || this.heldEnd !== undefined) return false;
     if (this.lease !== undefined && !this.lease.valid) return false;
     this.keep(payload);
     const mark = this.lease?.append(payload);
@@ -169,6 +176,16 @@ export class KeptStream implements StreamTap {
   private released(upTo: Release): void {
     if (upTo === 'drop') this.dropped = true;
     for (const payload of this.unreleased.take(upTo)) this.sendAll(payload);
+    const end = this.heldEnd;
+    if (end === undefined || (upTo !== 'drop' && upTo < end.mark)) return;
+    this.heldEnd = undefined;
+    if (upTo !== 'drop') this.ended(end.payload);
+    end.settled();
+  }
+
+  /** Resolves once an end written while the copy was gated went out, or was dropped (its lease lost): the stream's owner concludes then. */
+  get endSettled(): Promise<void> {
+    return this.endSettledP;
   }
 
   private sendAll(payload: Buffer): void {
@@ -192,16 +209,27 @@ export class KeptStream implements StreamTap {
     this.lease?.laneDone(lane, done);
   }
 
-  /** The stream's last bytes, its end event: every follower's response ends with them. False as for append. */
-  end(payload: Buffer): boolean {
-    if (this.state !== 'live') return false;
+  /**
+   * The stream's last bytes, its end event: every follower's response ends with them. False as for
+   * append; a number: the end waits for the fleet's copy, and goes out at that mark (see onRelease).
+   */
+  end(payload: Buffer): boolean | number {
+    if (this.state !== 'live' || this.heldEnd !== undefined) return false;
     if (this.lease !== undefined && !this.lease.valid) return false;
     this.keep(payload);
+    const mark = this.lease?.end(payload);
+    if (mark === undefined) {
+      this.ended(payload);
+      return true;
+    }
+    this.endSettledP = new Promise((settled) => (this.heldEnd = { payload, mark, settled }));
+    return mark;
+  }
+
+  private ended(payload: Buffer): void {
     this.set('ended');
-    void this.lease?.finish(payload, 'end');
     this.endFollowers(payload);
     this.finish();
-    return true;
   }
 
   /**
@@ -210,7 +238,7 @@ export class KeptStream implements StreamTap {
    * at other frontends: never a silent cut.
    */
   stop(error: Buffer, abandoned = false): void {
-    if (this.state !== 'live') return;
+    if (this.state !== 'live' || this.heldEnd !== undefined) return;
     this.keep(error);
     this.set(abandoned ? 'abandoned' : 'stopped');
     void this.lease?.finish(error, 'x');

@@ -33,9 +33,11 @@ export interface SharedSteps {
  * - rewrite: a batch was lost (or refused): the next flush rewrites the whole copy from memory;
  * - overflow: the copy outgrew its bound: nothing more is copied (nor can it be taken over);
  * - lost: another frontend took the stream over (this one paused past its lease): it writes nothing more;
+ * - finishing: its end was sent while held; its clients get the end once the store has it (a writer
+ *   that wakes from a pause to find the stream taken over learns it here, and its end never goes out);
  * - released: handed on (this frontend is going away); finished: ended or stopped, for good.
  */
-export type LeaseState = 'held' | 'rewrite' | 'overflow' | 'lost' | 'released' | 'finished';
+export type LeaseState = 'held' | 'rewrite' | 'overflow' | 'lost' | 'finishing' | 'released' | 'finished';
 
 /** Why a generation stopped: its frontend no longer holds its stream (another one took it over). */
 export class LeaseLost extends Error {
@@ -215,11 +217,22 @@ export class StreamLease {
   }
 
   /**
+   * The stream's end, after what is pending: the gate's mark it goes out at (its clients get it once
+   * the store holds it, as every batch), or undefined when it goes out now (the copy is not gated).
+   */
+  end(payload: Buffer): number | undefined {
+    if (this.state !== 'held' && this.state !== 'rewrite' && this.state !== 'overflow') return undefined;
+    const mark = this.state === 'held' ? this.gate.mark(payload.length) : undefined;
+    void this.finish(payload, 'end', mark !== undefined);
+    return mark;
+  }
+
+  /**
    * The stream's last events (its end, or `kind` x: the error it stopped with), after what is
    * pending; kept for the resume window. Resolves once the store has it (never rejects). The
-   * snapshot already holds `payload`.
+   * snapshot already holds `payload`. `gated`: its clients wait for the store's answer (see end()).
    */
-  async finish(payload: Buffer, kind: 'end' | 'x'): Promise<void> {
+  async finish(payload: Buffer, kind: 'end' | 'x', gated = false): Promise<void> {
     const from = this.state;
     if (from !== 'held' && from !== 'rewrite' && from !== 'overflow') return;
     // The batch still pending goes with the end, one step instead of two (a short stream's copy is
@@ -232,7 +245,8 @@ export class StreamLease {
       else this.flush();
     }
     this.pending.length = 0;
-    this.set('finished', kind === 'end' ? 'ended' : 'stopped');
+    const why = kind === 'end' ? 'ended' : 'stopped';
+    this.set(gated ? 'finishing' : 'finished', why);
     try {
       if (from === 'rewrite') {
         if (!(await this.rewriteNow(kind))) await this.finishLater(kind);
@@ -240,10 +254,19 @@ export class StreamLease {
       }
       const epoch = this.epoch;
       const answer = await this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta());
-      if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) await this.finishLater(kind);
+      // Another frontend holds the stream (this one paused past its lease): its end must not go out here.
+      if (answer === 'lost') return this.lose('taken');
+      if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) return this.finishLaterOpen(kind, why);
+      if (this.state === 'finishing') this.set('finished', why);
     } catch {
-      await this.finishLater(kind);
+      await this.finishLaterOpen(kind, why);
     }
+  }
+
+  /** The store did not take the end: its clients wait no longer (availability first, as for a failed batch), and it is offered again. */
+  private async finishLaterOpen(kind: 'end' | 'x', why: string): Promise<void> {
+    if (this.state === 'finishing') this.set('finished', why);
+    if (this.state === 'finished') await this.finishLater(kind);
   }
 
   /**
@@ -348,6 +371,7 @@ export class StreamLease {
       }
       if (sentAt > this.confirmedAt) this.confirmedAt = sentAt;
       if (this.state === 'rewrite') this.set('held', 'the copy was rewritten whole');
+      else if (this.state === 'finishing') this.set('finished', 'rewritten whole at its end');
       else if (this.state === 'finished') this.log.info({ event: 'stream_lease', response_id: this.id, to: 'finished', why: 'rewritten whole at its end' }, `stream ${this.id}'s copy was rewritten whole at its end`);
       return true;
     } catch {
