@@ -7,9 +7,9 @@
  * their IPC channel to it closes (see spawnEbb), and `ebb up` stops the workers it started.
  */
 import type { ChildProcess } from 'node:child_process';
-import { readFileSync, rmSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { constants } from 'node:os';
-import { removeSuiteRuntimeDir } from './suite-env.js';
+import { removeDirNow, removeSuiteRuntimeDir } from './suite-env.js';
 
 const children = new Set<ChildProcess>();
 
@@ -53,8 +53,14 @@ process.on('exit', () => {
   killAllNow();
   // A child killed mid-write (ebb up recording its fleet) would put a file back into its runtime directory.
   awaitDeaths(pids);
-  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
-  removeSuiteRuntimeDir();
+  // Each tried whatever the last did: one that cannot be removed must not keep the others.
+  for (const remove of [...[...dirs].map((dir) => () => removeDirNow(dir)), removeSuiteRuntimeDir]) {
+    try {
+      remove();
+    } catch (err) {
+      process.stderr.write(`test cleanup: ${(err as Error).message}\n`);
+    }
+  }
 });
 for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP'] as const) {
   process.on(signal, () => {

@@ -18,7 +18,17 @@ export const SUITE_RUNTIME_DIR = mkdtempSync(join(tmpdir(), 'ebb-test-runtime-')
 process.env.XDG_RUNTIME_DIR = SUITE_RUNTIME_DIR;
 for (const name of Object.keys(process.env)) if (name.startsWith('EBB_') && !name.startsWith('EBB_TEST_')) delete process.env[name];
 
+/**
+ * Removes `dir` whole. `ebb up`'s worker and frontend (not this file's children: they stop on their
+ * own once `ebb up` is gone) may still write discovery records in it while it is removed: a
+ * directory that gained an entry fails with ENOTEMPTY and, without a retry, leaves whatever was not
+ * reached yet (an `ebb up`'s state file, seen in suite-isolation). Retried, as rimraf does.
+ */
+export function removeDirNow(dir: string): void {
+  rmSync(dir, { recursive: true, force: true, maxRetries: 10, retryDelay: 20 });
+}
+
 /** Removes the runtime directory (on the file's exit, once its children are killed: see reaper.ts). */
 export function removeSuiteRuntimeDir(): void {
-  rmSync(SUITE_RUNTIME_DIR, { recursive: true, force: true });
+  removeDirNow(SUITE_RUNTIME_DIR);
 }
