@@ -5,11 +5,12 @@
  * paused sequence has ended its decode and written its state; with it, it holds the slot and a
  * sequence before that state is named. Two pauses at once: the spare is lent once, the second paused
  * stream keeps its slot until its sequence is back, and no request finds every sequence taken.
+ * While the paused stream holds the spare the engine is not idle (a drain waits for its state).
  */
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
-import type { EngineStats, GenerateRequest } from '../src/engine/engine.js';
+import type { EngineStats, GenerateRequest, Quiescence } from '../src/engine/engine.js';
 import { createLogger } from '../src/common/logger.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
 import { drainGeneration as drain } from './helpers/generation.js';
@@ -36,9 +37,10 @@ const request = (extra: Partial<GenerateRequest>): GenerateRequest => ({ request
  * paused with their state handed off. Returns the engine's stats as each paused stream's state was
  * named, and the priority requests' completion tokens.
  */
-async function preempt(e: LlamaCppEngine, pauses: 1 | 2): Promise<{ atExport: EngineStats[]; priorityTokens: number[] }> {
+async function preempt(e: LlamaCppEngine, pauses: 1 | 2): Promise<{ atExport: EngineStats[]; idlenessAtExport: Quiescence[]; priorityTokens: number[] }> {
   const controllers = [new AbortController(), new AbortController()];
   const atExport: EngineStats[] = [];
+  const idleness: Array<Promise<Quiescence>> = [];
   const transfers: string[] = [];
   const flex = controllers.map((c, i) =>
     e.generate(
@@ -51,6 +53,7 @@ async function preempt(e: LlamaCppEngine, pauses: 1 | 2): Promise<{ atExport: En
           exported: (t) => {
             transfers.push(t.transfer_id);
             atExport.push(e.stats());
+            idleness.push(e.probeQuiescence());
           },
         },
       }),
@@ -78,7 +81,7 @@ async function preempt(e: LlamaCppEngine, pauses: 1 | 2): Promise<{ atExport: En
   await Promise.all(flex.slice(pauses).map((f) => assert.rejects(drain(f))));
   assert.equal(transfers.length, pauses, 'each paused stream handed its state off');
   for (const id of transfers) assert.equal(e.kvTransfers.complete(id), true);
-  return { atExport, priorityTokens };
+  return { atExport, idlenessAtExport: await Promise.all(idleness), priorityTokens };
 }
 
 describe('llama-cpp --preemption-spare-sequence', () => {
@@ -91,6 +94,8 @@ describe('llama-cpp --preemption-spare-sequence', () => {
     assert.equal(seen.running_sequences, 2, 'batch slots stay --parallel: the priority request and the other flex stream');
     assert.equal(seen.spare_sequence, 'lent', 'the paused stream held the spare while it wrote its state');
     assert.equal(seen.sequences_taken, 3, 'the priority request took the spare sequence; the paused one was still taken');
+    const idleness = on.idlenessAtExport[0]!;
+    assert.ok(idleness.state === 'busy' && idleness.waiting_for.some((w) => /a paused stream writing its KV state/.test(w)), `a drain waits for the paused stream's sequence, its slot back or not: ${JSON.stringify(idleness)}`);
     assert.deepEqual(on.priorityTokens, [4]);
     const done = spare.stats();
     assert.equal(done.spare_sequence, 'free', "the paused stream's sequence is the spare now");

@@ -657,8 +657,10 @@ export class LlamaCppEngine implements Engine {
         if (lease !== undefined && n > 0 && signal.aborted && req.adapter === undefined && req.kv_handoff?.wanted(signal.reason)) await this.exportHandoff(lease.sequence, promptTokens, req.kv_handoff.exported);
         if (lease) await sequences.give(lease, failed);
         // Only once its sequence is free again (a give that threw keeps the spare lent: pauses then wait as without one).
-        if (spareBack) spareBack();
-        else this.slots.release();
+        if (spareBack) {
+          spareBack();
+          this.slots.changed();
+        } else this.slots.release();
       } finally {
         ungateBack?.();
       }
@@ -700,7 +702,11 @@ export class LlamaCppEngine implements Engine {
   }
 
   async probeQuiescence(): Promise<Quiescence> {
-    return slotQuiescence(this.slots, this.kv.transfers.size);
+    const q = slotQuiescence(this.slots, this.kv.transfers.size);
+    // Its slot is back, but a paused stream still ends its decode and writes its state in the spare's time.
+    if (this.spare.stats.spare_sequence !== 'lent' || q.state === 'unknown') return q;
+    const paused = 'a paused stream writing its KV state (its slot already back)';
+    return { state: 'busy', waiting_for: [...(q.state === 'busy' ? q.waiting_for : []), paused] };
   }
 
   onQuiescenceChange(listener: () => void): () => void {
