@@ -9,9 +9,11 @@
  * mocker's text depends only on the prompt and the seed; llama-cpp's, at temperature 0 with
  * --batch-invariant, only on the prompt): byte-identical or lost. The worker is a mocker (TTFT 20
  * ms, 10 ms a token) or, with --engine llama-cpp, llama.cpp on a tiny generated GGUF model (one
- * thread, CPU; its paused streams' KV state goes with them).
+ * thread, CPU; its paused streams' KV state goes with them); --spare-sequence gives that worker
+ * --preemption-spare-sequence (a priority request starts on the spare while the paused stream writes
+ * its state).
  *
- *   npx tsc -p . && node dist/bench/preemption.js [--engine mocker|llama-cpp] [--priority 40] [--flex-tokens 150]
+ *   npx tsc -p . && node dist/bench/preemption.js [--engine mocker|llama-cpp] [--spare-sequence] [--priority 40] [--flex-tokens 150]
  *
  * This is a benchmark, not a test: it prints a table and, last, one JSON line.
  */
@@ -36,13 +38,16 @@ const FLEX_TOKENS = flag('--flex-tokens', 150);
 const ENGINE = process.argv.includes('--engine') ? process.argv[process.argv.indexOf('--engine') + 1] : 'mocker';
 if (ENGINE !== 'mocker' && ENGINE !== 'llama-cpp') throw new Error('--engine: mocker or llama-cpp');
 const MODEL = ENGINE === 'mocker' ? 'm1' : 'tiny';
+const SPARE = process.argv.includes('--spare-sequence');
+if (SPARE && ENGINE !== 'llama-cpp') throw new Error('--spare-sequence: llama-cpp only (--engine llama-cpp)');
 
 /** The worker's engine: 4 slots, none kept back for priority. */
 function engineArgs(): string[] {
   if (ENGINE === 'mocker') return ['--model', MODEL, '--mocker-batch-slots', String(SLOTS), '--mocker-itl-ms', '10', '--mocker-ttft-ms', '20'];
-  return ['--engine', 'llama-cpp', '--model-path', writeTinyLlamaGguf(), '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '4096', '--parallel', String(SLOTS), '--batch-invariant'];
+  return ['--engine', 'llama-cpp', '--model-path', writeTinyLlamaGguf(), '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '4096', '--parallel', String(SLOTS), '--batch-invariant', ...(SPARE ? ['--preemption-spare-sequence'] : [])];
 }
-const ENGINE_LINE = ENGINE === 'mocker' ? 'mocker worker (ttft 20 ms, itl 10 ms)' : 'llama-cpp worker (tiny generated GGUF, 1 thread, CPU, --batch-invariant)';
+const ENGINE_LINE =
+  ENGINE === 'mocker' ? 'mocker worker (ttft 20 ms, itl 10 ms)' : `llama-cpp worker (tiny generated GGUF, 1 thread, CPU, --batch-invariant${SPARE ? ', --preemption-spare-sequence' : ', no spare sequence'})`;
 
 // Each seed its own question: llama.cpp at temperature 0 answers by the prompt alone.
 const flexBody = (seed: number) => ({ model: MODEL, max_tokens: FLEX_TOKENS, seed, temperature: 0, service_tier: 'flex', messages: [{ role: 'user', content: `question ${seed}: tell me about the tides and the moon` }] });
@@ -127,6 +132,7 @@ async function main(): Promise<void> {
       JSON.stringify({
         bench: 'preemption',
         engine: ENGINE,
+        spare_sequence: SPARE,
         idle_ttft_ms: stats(idle),
         preempting: { ttft_ms: stats(withPreemption.ttfts), p99_vs_idle: stats(withPreemption.ttfts).p99 / stats(idle).p99, flex: withPreemption.tally },
         no_preemption: { ttft_ms: stats(without.ttfts), p99_vs_idle: stats(without.ttfts).p99 / stats(idle).p99, flex: without.tally },

@@ -16,6 +16,7 @@ export interface LlamaCppFlags {
   gpu: LlamaGpu;
   maxQueue: number;
   batchInvariant?: boolean;
+  preemptionSpareSequence?: boolean;
   kvStateMaxMb?: number;
   /** Shared with the mocker's prefill workers (--kv-transfer-ttl-ms). */
   kvTransferTtlMs?: number;
@@ -34,6 +35,10 @@ export function llamaCppOptions(): Option[] {
     new Option('--max-queue <n>', 'llama-cpp: queued requests past which the worker answers worker_overloaded').argParser(intOption(0)).default(LLAMA_CPP_DEFAULTS.maxQueue),
     new Option('--kv-state-max-mb <n>', 'llama-cpp: disk bound for KV state files (prefill transfers, hand-offs, pulled states) held at once').argParser(intOption(1)).default(2048),
     new Option('--lora-slots <n>', 'llama-cpp: LoRA adapters resident at once (each holds a llama.cpp context as large as the base one)').argParser(intOption(1)).default(LLAMA_CPP_DEFAULTS.loraSlots),
+    new Option(
+      '--preemption-spare-sequence',
+      "llama-cpp: one llama.cpp sequence more than --parallel (batch slots stay --parallel): a priority request that pauses a flex stream starts on the spare at once instead of waiting for the paused stream's decode and state file; costs one sequence's KV cache more (1/parallel of the context's KV memory, +25 % at --parallel 4)",
+    ),
     new Option('--batch-invariant', 'llama-cpp: one sequence per decode, no batching: a temperature-0 answer (and a migrated one) is the same whatever else runs, at the cost of throughput'),
   ];
 }
@@ -57,6 +62,7 @@ export function llamaCppSpec(flags: LlamaCppFlags): EngineSpec {
       threads: flags.threads,
       gpu: flags.gpu,
       batchInvariant: flags.batchInvariant === true,
+      preemptionSpareSequence: flags.preemptionSpareSequence === true,
       kvStateMaxBytes: flags.kvStateMaxMb === undefined ? undefined : flags.kvStateMaxMb * 1024 * 1024,
       kvTransferTtlMs: flags.kvTransferTtlMs,
       loras: flags.lora ?? [],

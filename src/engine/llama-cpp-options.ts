@@ -22,6 +22,12 @@ export interface LlamaCppOptions {
    * longer depends on what else runs (see llama-cpp.ts), at the cost of the batching throughput.
    */
   batchInvariant?: boolean | undefined;
+  /**
+   * One llama.cpp sequence more than `parallel` (never more batch slots): a stream paused for a
+   * priority request gives its slot back before its state is written (spare-sequence.ts). Costs
+   * one sequence's KV cells more, 1/parallel of the context's KV memory.
+   */
+  preemptionSpareSequence?: boolean | undefined;
   /** Bytes of KV state files (prefill transfers, hand-offs, pulled states) held at once; default 2 GiB. */
   kvStateMaxBytes?: number | undefined;
   /** How long an exported KV state waits for its peer to pull it; default 30 s. */

@@ -59,6 +59,11 @@ export class PrefixSequences {
     for (let i = 0; i < count; i++) this.slots.push({ sequence: context.getSequence(), held: [], busy: false, lastUsed: 0 });
   }
 
+  /** Sequences taken by requests now. */
+  get taken(): number {
+    return this.slots.filter((s) => s.busy).length;
+  }
+
   /** Distinct blocks the sequences hold. */
   get cachedBlocks(): number {
     return this.holders.size;
@@ -86,7 +91,7 @@ export class PrefixSequences {
         bestRank = r;
       }
     }
-    if (best === undefined) throw new Error('no free llama.cpp sequence (more requests than --parallel were let through)');
+    if (best === undefined) throw new Error('no free llama.cpp sequence (more requests than --parallel, or than --parallel + its spare sequence, were let through)');
     best.busy = true;
     const keep = Math.max(0, Math.min(bestCommon, input.length - 1));
     const seq = best.sequence;

@@ -31,6 +31,7 @@ import { DEFAULT_BLOCK_SIZE } from '../protocol/block-hash.js';
 import { KvEventLog } from './kv-event-log.js';
 import { slotQuiescence, Slots } from './slots.js';
 import { PriorityGate } from './priority-gate.js';
+import { SpareSequence } from './spare-sequence.js';
 import { LLAMA_CPP_DEFAULTS, type LlamaCppOptions } from './llama-cpp-options.js';
 import { LlamaCppAdapters } from './llama-cpp-adapters.js';
 import { checkLoraGguf } from './lora-gguf.js';
@@ -91,7 +92,7 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
     // Adapters named at start load later, when the worker asks: a wrong file is found now, not then.
     for (const { name, path } of opts.loras ?? []) await checkLoraGguf(path ?? '', model.fileInfo).catch((err: unknown) => Promise.reject(new Error(`--lora ${name}=${path}: ${oneLine(err)}`)));
     const context = await model.createContext({
-      ...contextShape(opts),
+      ...contextShape(opts, new SpareSequence(opts.preemptionSpareSequence === true).sequences),
       createSignal: signal,
       // A fixed size when asked; otherwise as much of the training context as memory allows.
       contextSize: opts.contextSize ?? { max: model.trainContextSize },
@@ -149,10 +150,13 @@ async function logBackend(llama: Llama, requested: LlamaCppOptions['gpu'], log: 
  */
 const oneSequencePerDecode: CustomBatchingPrioritizationStrategy = ({ items }) => items.slice(0, 1).map((item) => ({ item, processAmount: item.tokens.length }));
 
-/** What every context of the engine shares: the base model's and each resident LoRA adapter's. */
-function contextShape(opts: LlamaCppOptions) {
+/**
+ * What every context of the engine shares: the base model's and each resident LoRA adapter's. Only
+ * the base context has a spare sequence (`spare`): only its paused streams write a state file.
+ */
+function contextShape(opts: LlamaCppOptions, spare = 0) {
   return {
-    sequences: opts.parallel,
+    sequences: opts.parallel + spare,
     threads: opts.threads,
     ...(opts.batchInvariant ? { batching: { itemPrioritizationStrategy: oneSequencePerDecode } } : {}),
   };
@@ -206,6 +210,8 @@ export class LlamaCppEngine implements Engine {
   private readonly slots: Slots;
   /** Flex decodes held back while a priority request gets its first token (priority-gate.ts). */
   private readonly gate = new PriorityGate();
+  /** Whether a paused stream's slot may go back before its sequence (--preemption-spare-sequence). */
+  private readonly spare: SpareSequence;
   private readonly prompts: PromptRenderer;
   private readonly grammars: GrammarCache;
   /** The context's sequences, kept with their tokens: prompt prefixes are reused (llama-cpp-prefix-reuse.ts). */
@@ -235,12 +241,13 @@ export class LlamaCppEngine implements Engine {
     private readonly opts: LlamaCppOptions,
   ) {
     this.slots = new Slots(opts.parallel);
+    this.spare = new SpareSequence(opts.preemptionSpareSequence === true);
     this.prompts = new PromptRenderer(model);
     this.grammars = new GrammarCache(llama);
     this.vocabularySize = vocabularySizeOf(model);
     this.tokenBytes = tokenBytesOf(model);
     this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
-    this.sequences = new PrefixSequences(context, opts.parallel, DEFAULT_BLOCK_SIZE, this.kvEvents);
+    this.sequences = new PrefixSequences(context, opts.parallel + this.spare.sequences, DEFAULT_BLOCK_SIZE, this.kvEvents);
     this.adapters = new LlamaCppAdapters(model, (path, signal) => this.adapterContext(path, signal), opts.loras ?? [], opts.loraSlots ?? LLAMA_CPP_DEFAULTS.loraSlots);
     const toolSyntax = this.prompts.toolSyntax;
     this.capabilities = {
@@ -347,6 +354,7 @@ export class LlamaCppEngine implements Engine {
       parallel: this.opts.parallel,
       threads: this.opts.threads,
       batch_invariant: this.opts.batchInvariant === true,
+      preemption_spare_sequence: this.spare.sequences > 0,
       gpu: this.llama.gpu === false ? 'off' : this.llama.gpu,
       gpu_layers: this.model.gpuLayers,
       chat_template: this.prompts.templateName,
@@ -636,6 +644,10 @@ export class LlamaCppEngine implements Engine {
       // Paused for a priority request, or one waits for this slot: what gives it back (its state file written) runs without flex decodes beside it.
       const preempted = signal.aborted && (signal.reason as { reason?: unknown } | undefined)?.reason === 'preempted';
       const ungateBack = preempted || this.slots.queuedPriority > 0 ? this.gate.hold() : undefined;
+      // With a spare sequence a paused base-model stream's slot goes back now: the priority request
+      // takes the free sequence while this one ends its decode and writes its state.
+      const spareBack = preempted && lease !== undefined && sequences === this.sequences ? this.spare.lend(req.request_id) : undefined;
+      if (spareBack) this.slots.release();
       try {
         // The sequence goes back, with its tokens, before the slot does: the next request gets it.
         await tokens?.return().catch(() => undefined);
@@ -644,7 +656,11 @@ export class LlamaCppEngine implements Engine {
         // Handed off at a drain deadline: the next worker loads this sequence instead of re-evaluating it.
         if (lease !== undefined && n > 0 && signal.aborted && req.adapter === undefined && req.kv_handoff?.wanted(signal.reason)) await this.exportHandoff(lease.sequence, promptTokens, req.kv_handoff.exported);
         if (lease) await sequences.give(lease, failed);
-        this.slots.release();
+        // Only once its sequence is free again (a give that threw keeps the spare lent: pauses then wait as without one).
+        if (spareBack) {
+          spareBack();
+          this.slots.changed();
+        } else this.slots.release();
       } finally {
         ungateBack?.();
       }
@@ -686,7 +702,11 @@ export class LlamaCppEngine implements Engine {
   }
 
   async probeQuiescence(): Promise<Quiescence> {
-    return slotQuiescence(this.slots, this.kv.transfers.size);
+    const q = slotQuiescence(this.slots, this.kv.transfers.size);
+    // Its slot is back, but a paused stream still ends its decode and writes its state in the spare's time.
+    if (this.spare.stats.spare_sequence !== 'lent' || q.state === 'unknown') return q;
+    const paused = 'a paused stream writing its KV state (its slot already back)';
+    return { state: 'busy', waiting_for: [...(q.state === 'busy' ? q.waiting_for : []), paused] };
   }
 
   onQuiescenceChange(listener: () => void): () => void {
@@ -703,6 +723,8 @@ export class LlamaCppEngine implements Engine {
       ...this.slots.stats,
       generated_tokens: this.generated,
       ...this.gate.stats,
+      ...this.spare.stats,
+      sequences_taken: this.sequences.taken,
       context_size: this.context.contextSize,
       sequences_free: this.slots.capacity - this.slots.running,
       threads: this.opts.threads,
