@@ -13,7 +13,7 @@
  * This is a benchmark, not a test: it prints a table and, last, one JSON line.
  */
 import { loadLlamaCppEngine, type LlamaCppEngine } from '../src/engine/llama-cpp.js';
-import type { GeneratedPiece, GenerateRequest, GenerateResult } from '../src/engine/engine.js';
+import { PausedForContinuation, type GeneratedPiece, type GenerateRequest, type GenerateResult } from '../src/engine/engine.js';
 import { createLogger } from '../src/common/logger.js';
 import { writeTinyLlamaGguf } from '../test/helpers/gguf.js';
 import { percentile } from './percentile.js';
@@ -45,7 +45,7 @@ async function round(engine: LlamaCppEngine, n: number): Promise<{ first: number
         temperature: 0,
         tier: 'flex',
         kv_handoff: {
-          wanted: (reason) => (reason as { reason?: unknown }).reason === 'preempted',
+          wanted: (reason) => reason instanceof PausedForContinuation && reason.reason === 'preempted',
           exported: (t) => {
             named = performance.now() - paused;
             transfer = t.transfer_id;
@@ -61,7 +61,7 @@ async function round(engine: LlamaCppEngine, n: number): Promise<{ first: number
   const first = priority.next();
   while (engine.stats().queued_sequences < 1) await new Promise((r) => setImmediate(r));
   paused = performance.now();
-  controllers[0]!.abort({ reason: 'preempted' });
+  controllers[0]!.abort(new PausedForContinuation('a priority request took its slot', 'preempted'));
   const cleanup = drain(flex[0]!).catch(() => undefined);
   await first;
   const firstMs = performance.now() - paused;

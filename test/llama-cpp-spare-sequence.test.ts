@@ -10,7 +10,7 @@
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { loadLlamaCppEngine, type LlamaCppEngine, type LlamaCppOptions } from '../src/engine/llama-cpp.js';
-import type { EngineStats, GenerateRequest, Quiescence } from '../src/engine/engine.js';
+import { PausedForContinuation, type EngineStats, type GenerateRequest, type Quiescence } from '../src/engine/engine.js';
 import { createLogger } from '../src/common/logger.js';
 import { writeTinyLlamaGguf } from './helpers/gguf.js';
 import { drainGeneration as drain } from './helpers/generation.js';
@@ -49,7 +49,7 @@ async function preempt(e: LlamaCppEngine, pauses: 1 | 2): Promise<{ atExport: En
         prompt: `question ${i}: tell me about the tides and the moon`,
         tier: 'flex',
         kv_handoff: {
-          wanted: (reason) => (reason as { reason?: unknown }).reason === 'preempted',
+          wanted: (reason) => reason instanceof PausedForContinuation && reason.reason === 'preempted',
           exported: (t) => {
             transfers.push(t.transfer_id);
             atExport.push(e.stats());
@@ -69,7 +69,7 @@ async function preempt(e: LlamaCppEngine, pauses: 1 | 2): Promise<{ atExport: En
     })(),
     `${pauses} priority request(s) queued for a slot`,
   );
-  for (let i = 0; i < pauses; i++) controllers[i]!.abort({ reason: 'preempted' });
+  for (let i = 0; i < pauses; i++) controllers[i]!.abort(new PausedForContinuation('a priority request took its slot', 'preempted'));
   // A token already decoded may come first; then the pause.
   await Promise.all(flex.slice(0, pauses).map((f) => assert.rejects(drain(f))));
   const priorityTokens: number[] = [];

@@ -10,6 +10,20 @@ import type { KvCacheDeclaration } from '../protocol/kv-events.js';
 import type { EngineAdapters } from './engine-adapters.js';
 
 /**
+ * Why a generation's signal aborted when its work is to be continued elsewhere: at a drain deadline
+ * (`drain_deadline`) or for a priority request (`preempted`). The worker aborts with a subclass; an
+ * engine reads only this (what it keeps for the continuation, what it gives back first).
+ */
+export class PausedForContinuation extends Error {
+  constructor(
+    message: string,
+    readonly reason: 'drain_deadline' | 'preempted',
+  ) {
+    super(message);
+  }
+}
+
+/**
  * The contract between a worker and the engine it hosts. The mocker implements it today; adapters
  * to real OpenAI-compatible engines (vLLM, SGLang, llama.cpp servers) implement the same shape,
  * each with its own engine-owned idleness probe.

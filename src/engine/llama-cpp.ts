@@ -15,7 +15,7 @@ import {
   type LlamaModel,
   type Token,
 } from 'node-llama-cpp';
-import { promptParam, type EmbedInput, type EmbedOptions, type EmbedResult, type Engine, type EngineCapabilities, type EngineStats, type GeneratedPiece, type GenerateRequest, type GenerateResult, type KvCacheStats, type KvPayload, type KvStateHandle, type Quiescence, type TokenizeRequest } from './engine.js';
+import { PausedForContinuation, promptParam, type EmbedInput, type EmbedOptions, type EmbedResult, type Engine, type EngineCapabilities, type EngineStats, type GeneratedPiece, type GenerateRequest, type GenerateResult, type KvCacheStats, type KvPayload, type KvStateHandle, type Quiescence, type TokenizeRequest } from './engine.js';
 import { KV_STATE_DEFAULTS, KvStateFiles, sha256File } from './llama-cpp-kv-state.js';
 import type { KvTransfer, KvTransferStore } from './kv-transfers.js';
 import { GrammarCache, grammarState, oneLine, type ResponseFormatLike } from './llama-cpp-grammar.js';
@@ -642,7 +642,7 @@ export class LlamaCppEngine implements Engine {
       abort.dispose();
       ungate?.();
       // Paused for a priority request, or one waits for this slot: what gives it back (its state file written) runs without flex decodes beside it.
-      const preempted = signal.aborted && (signal.reason as { reason?: unknown } | undefined)?.reason === 'preempted';
+      const preempted = signal.aborted && signal.reason instanceof PausedForContinuation && signal.reason.reason === 'preempted';
       const ungateBack = preempted || this.slots.queuedPriority > 0 ? this.gate.hold() : undefined;
       // With a spare sequence a paused base-model stream's slot goes back now: the priority request
       // takes the free sequence while this one ends its decode and writes its state.

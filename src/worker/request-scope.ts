@@ -1,6 +1,6 @@
 import type { RoutedHold } from './routed-load.js';
 import type { ServerResponse } from 'node:http';
-import type { GeneratedPiece, GenerateResult } from '../engine/engine.js';
+import { PausedForContinuation, type GeneratedPiece, type GenerateResult } from '../engine/engine.js';
 import type { ReleaseOutcome, Ticket } from '../lifecycle/admission.js';
 import type { Handoff, KvTransferRef, RequestTier } from '../protocol/request-plane.js';
 import type { AdapterHold } from './adapters.js';
@@ -14,18 +14,16 @@ export class ShutdownCut extends Error {
 }
 
 /** Why a scope was aborted at a drain deadline: the caller continues the request elsewhere. */
-export class HandOff extends Error {
-  readonly reason: Handoff['reason'] = 'drain_deadline';
-  constructor(message = 'the worker handed this request off at its drain deadline') {
-    super(message);
+export class HandOff extends PausedForContinuation {
+  constructor(message = 'the worker handed this request off at its drain deadline', reason: Handoff['reason'] = 'drain_deadline') {
+    super(message, reason);
   }
 }
 
 /** Why a flex scope was aborted for a priority request: handed off as at a drain deadline, its caller continues it later. */
 export class Preempted extends HandOff {
-  override readonly reason = 'preempted';
   constructor(readonly by: string) {
-    super(`a priority request (${by}) took this flex request's batch slot`);
+    super(`a priority request (${by}) took this flex request's batch slot`, 'preempted');
   }
 }
 
