@@ -5,7 +5,7 @@ import pino from 'pino';
 import { RedisStore, parseStoreUrl } from '../src/frontend/streams/redis-store.js';
 import { SharedStreams } from '../src/frontend/streams/shared-streams.js';
 import { BATCH_MS } from '../src/frontend/streams/stream-lease.js';
-import { redisSkipReason, startRedis, type RedisServer } from './helpers/redis.js';
+import { redisSkipReason, scriptsRun, startRedis, type RedisServer } from './helpers/redis.js';
 import type { Release } from '../src/frontend/relay/held-bytes.js';
 
 // Captured before the timers are mocked: the bounds below still run on real time.
@@ -59,7 +59,6 @@ describe('a Redis-kept stream is copied as it comes: one batch in flight, none w
   it("the first event goes out once Redis holds it, with no timer's tick; events written while a batch is in flight go in the next one, together", async () => {
     const id = 'chatcmpl-pipeline1';
     const lease = shared.open(id, '{}', '');
-    await lease.opened;
     const first = lease.append(Buffer.from('id: 0\ndata: a\n\n'));
     assert.ok(first !== undefined, 'the gate holds the first event for its batch');
     await released(lease, first, 'the first event released (its batch answered) with setTimeout never firing');
@@ -90,12 +89,46 @@ describe('a Redis-kept stream is copied as it comes: one batch in flight, none w
   it('events written in one turn go in one batch', async () => {
     const id = 'chatcmpl-pipeline2';
     const lease = shared.open(id, '{}', '');
-    await lease.opened;
     lease.append(Buffer.from('id: 0\ndata: a\n\n'));
     lease.append(Buffer.from('id: 1\ndata: b\n\n'));
     const mark = lease.append(Buffer.from('id: 2\ndata: c\n\n'));
     await released(lease, mark!, 'the three events released');
     assert.deepEqual(await entries(id), ['id: 0\ndata: a\n\nid: 1\ndata: b\n\nid: 2\ndata: c\n\n']);
     await lease.finish(Buffer.from('data: [DONE]\n\n'), 'end');
+  });
+
+  it('the store has nothing of a stream until its first batch, and that one script opens it: fenced (its holder, its lease), its plan and tenant', async () => {
+    const id = 'chatcmpl-pipeline3';
+    const k = { meta: `ebb:{${id}}:meta`, lease: `ebb:{${id}}:lease` };
+    const before = await scriptsRun(admin);
+    const lease = shared.open(id, '{"gens":[{}]}', 'tenant-a');
+    // A round trip on the lease's own connection: whatever open() sent is in before the look.
+    await shared.store.client.ping();
+    assert.equal(await admin.exists(k.meta, k.lease), 0, 'no key of the stream before its first batch');
+    const mark = lease.append(Buffer.from('id: 0\ndata: a\n\n'));
+    await released(lease, mark!, 'the first batch released');
+    await lease.opened;
+    const meta = await admin.hgetall(k.meta);
+    assert.deepEqual({ state: meta.state, next: meta.next, plan: meta.plan, tenant: meta.tenant }, { state: 'live', next: '1', plan: '{"gens":[{}]}', tenant: 'tenant-a' });
+    assert.ok(meta.holder !== undefined && meta.holder === (await admin.get(k.lease)), `the lease is held by the stream's fence token: ${meta.holder}`);
+    assert.ok((await admin.pttl(k.meta)) > 0, "the stream's keys carry a TTL");
+    assert.equal((await scriptsRun(admin)) - before, 1, 'one script opened the stream and copied its first batch');
+    await lease.finish(Buffer.from('data: [DONE]\n\n'), 'end');
+  });
+
+  it('a stream that ends before its first batch went is opened, copied and ended by one script', async () => {
+    const id = 'chatcmpl-pipeline4';
+    const before = await scriptsRun(admin);
+    const lease = shared.open(id, '{}', 'tenant-b');
+    lease.append(Buffer.from('id: 0\ndata: a\n\n'));
+    lease.append(Buffer.from('id: 1\ndata: b\n\n'));
+    await lease.finish(Buffer.from('data: [DONE]\n\n'), 'end');
+    await lease.opened;
+    const entries = await admin.xrange(`ebb:{${id}}:events`, '-', '+');
+    assert.deepEqual(entries.map(([, f]) => f.filter((_, i) => i % 2 === 0)), [['b', 'e', 'p', 'end']], 'one entry, the end');
+    assert.equal(entries[0]![1][3], 'id: 0\ndata: a\n\nid: 1\ndata: b\n\ndata: [DONE]\n\n', 'it holds every event');
+    assert.deepEqual(await admin.hmget(`ebb:{${id}}:meta`, 'state', 'tenant', 'next'), ['ended', 'tenant-b', '1']);
+    assert.equal(await admin.exists(`ebb:{${id}}:lease`), 0, 'no lease left');
+    assert.equal((await scriptsRun(admin)) - before, 1, 'one script: open, batch and end');
   });
 });

@@ -34,7 +34,12 @@ export const HANDED_ON_CHANNEL = 'ebb:streams:handed-on';
 /** What a step answers. */
 export type StepAnswer = 'ok' | 'lost' | 'resync' | 'overflow' | 'ended' | 'stopped' | 'handed_on';
 
-/** OPEN (meta, lease; token, leaseMs, ttlMs, plan, tenant): a new stream, held by `token`. */
+/**
+ * OPEN (meta, lease; token, leaseMs, ttlMs, plan, tenant): a new stream, held by `token`. Sent alone
+ * only when a stream is handed on before it wrote anything; else its first APPEND or FINISH carries
+ * it (`opening`): the store has nothing of a stream until its first batch, then the stream fenced
+ * and whole.
+ */
 export const OPEN = `
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'next', 0, 'bytes', 0, 'state', 'live', 'plan', ARGV[4], 'tenant', ARGV[5])
@@ -42,8 +47,18 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return 'ok'`;
 
-/** APPEND (meta, lease, events; token, leaseMs, ttlMs, batch, maxBytes, events, progress). */
-export const APPEND = `
+/**
+ * A stream's first step opens it (as OPEN does) when it names the stream's plan and tenant (the
+ * step's two last arguments, at `at`): one script where there were two.
+ */
+const opening = (at: number) => `
+if ARGV[${at}] then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'next', 0, 'bytes', 0, 'state', 'live', 'plan', ARGV[${at}], 'tenant', ARGV[${at + 1}])
+end`;
+
+/** APPEND (meta, lease, events; token, leaseMs, ttlMs, batch, maxBytes, events, progress[, plan, tenant: opening it]). */
+export const APPEND = `${opening(8)}
 local m = redis.call('HMGET', KEYS[1], 'holder', 'next', 'bytes', 'state')
 if not m[1] then return 'resync' end
 if m[1] ~= ARGV[1] then return 'lost' end
@@ -53,6 +68,8 @@ local bytes = tonumber(m[3]) + string.len(ARGV[6])
 if bytes > tonumber(ARGV[5]) then
   redis.call('HSET', KEYS[1], 'state', 'overflow')
   redis.call('XADD', KEYS[3], '*', 'o', '1')
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
   return 'overflow'
 end
 redis.call('XADD', KEYS[3], '*', 'b', ARGV[4], 'e', ARGV[6], 'p', ARGV[7])
@@ -105,10 +122,11 @@ redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return 'ok'`;
 
 /**
- * FINISH (meta, lease, events; token, windowMs, batch, kind, events, progress): the stream's last
- * entry (kind `end`: its end; `x`: stopped, the events its error), kept for the resume window.
+ * FINISH (meta, lease, events; token, windowMs, batch, kind, events, progress[, plan, tenant]): the
+ * stream's last entry (kind `end`: its end; `x`: stopped, the events its error), kept for the resume
+ * window; with plan and tenant it opens the stream too (one that ended before its first batch went).
  */
-export const FINISH = `
+export const FINISH = `${opening(7)}
 local m = redis.call('HMGET', KEYS[1], 'holder', 'next', 'state')
 if not m[1] then return 'resync' end
 if m[1] ~= ARGV[1] then return 'lost' end

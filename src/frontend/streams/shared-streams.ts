@@ -6,7 +6,7 @@ import type { Resumed } from '../relay/lane.js';
 import { KeptStream, maxEventId, type ResumeFrom } from './kept-stream.js';
 import { RedisStore, type RedisClient } from './redis-store.js';
 import { APPEND, CANCEL_CHANNEL, FINISH, HANDED_ON_CHANNEL, OPEN, parseEntry, RELEASE, RENEW, REWRITE, storedKey, streamKeys, TAKE, type StepAnswer } from './shared-protocol.js';
-import { BATCH_MS, StreamLease, type LeaseBounds, type SharedSteps } from './stream-lease.js';
+import { BATCH_MS, StreamLease, type LeaseBounds, type Opening, type SharedSteps } from './stream-lease.js';
 import { progressOf } from './stream-progress.js';
 
 /** How long a live stream's lease lives unrenewed: a frontend gone (or paused) for longer holds nothing. */
@@ -146,18 +146,11 @@ export class SharedStreams implements SharedSteps {
   }
 
   /**
-   * A new stream, held here: its copy is written as it runs. Resolves once the store has it
-   * (callers need not wait: its batches follow in order on the same connection).
+   * A new stream, held here: its copy is written as it runs. The store has it from its first batch
+   * (that step opens it: one script where there were two); the lease's `opened` says when.
    */
   open(id: string, plan: string, tenant: string): StreamLease {
-    const token = this.token();
-    const lease = this.track(new StreamLease(id, token, this, this.bounds, plan, tenant, this.opts.log));
-    const k = streamKeys(id);
-    lease.opened = this.redis.ebbOpen(k.meta, k.lease, token, LEASE_MS, this.bounds.liveTtlMs, plan, tenant).then(
-      () => undefined,
-      () => undefined,
-    );
-    return lease;
+    return this.track(new StreamLease(id, this.token(), this, this.bounds, plan, tenant, this.opts.log));
   }
 
   // --- SharedSteps: the lease's atomic steps ---
@@ -173,7 +166,12 @@ export class SharedStreams implements SharedSteps {
     }
   }
 
-  append(k: Keys, token: string, b: LeaseBounds, batch: number, events: Buffer, progress: string): Promise<StepAnswer> {
+  openEmpty(k: Keys, token: string, b: LeaseBounds, o: Opening): Promise<StepAnswer> {
+    return this.redis.ebbOpen(k.meta, k.lease, token, b.leaseMs, b.liveTtlMs, o.plan, o.tenant);
+  }
+
+  append(k: Keys, token: string, b: LeaseBounds, batch: number, events: Buffer, progress: string, o?: Opening): Promise<StepAnswer> {
+    if (o !== undefined) return this.redis.ebbAppend(k.meta, k.lease, k.events, token, b.leaseMs, b.liveTtlMs, batch, b.maxBytes, events, progress, o.plan, o.tenant);
     return this.redis.ebbAppend(k.meta, k.lease, k.events, token, b.leaseMs, b.liveTtlMs, batch, b.maxBytes, events, progress);
   }
 
@@ -181,7 +179,8 @@ export class SharedStreams implements SharedSteps {
     return this.redis.ebbRenew(k.meta, k.lease, k.events, token, b.leaseMs, b.liveTtlMs);
   }
 
-  finish(k: Keys, token: string, b: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string): Promise<StepAnswer> {
+  finish(k: Keys, token: string, b: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string, o?: Opening): Promise<StepAnswer> {
+    if (o !== undefined) return this.redis.ebbFinish(k.meta, k.lease, k.events, token, b.windowMs, batch, kind, events, progress, o.plan, o.tenant);
     return this.redis.ebbFinish(k.meta, k.lease, k.events, token, b.windowMs, batch, kind, events, progress);
   }
 
