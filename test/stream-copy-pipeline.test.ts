@@ -44,8 +44,9 @@ describe('a Redis-kept stream is copied as it comes: one batch in flight, none w
     const log = pino({ level: 'silent' });
     const store = new RedisStore(parseStoreUrl(redis.url), log, () => undefined, 'pipeline-test');
     await store.connect(10_000);
+    // setInterval too, before the streams' renewal timer is made: no renewal runs among the scripts counted here.
+    mock.timers.enable({ apis: ['setTimeout', 'setInterval'] });
     shared = new SharedStreams(store, { owner: 'pipeline-test', windowMs: 60_000, maxResponseBytes: 1 << 20, writeTimeoutMs: 10_000, log });
-    mock.timers.enable({ apis: ['setTimeout'] });
   });
   after(async () => {
     mock.timers.reset();
@@ -114,6 +115,25 @@ describe('a Redis-kept stream is copied as it comes: one batch in flight, none w
     assert.ok((await admin.pttl(k.meta)) > 0, "the stream's keys carry a TTL");
     assert.equal((await scriptsRun(admin)) - before, 1, 'one script opened the stream and copied its first batch');
     await lease.finish(Buffer.from('data: [DONE]\n\n'), 'end');
+  });
+
+  it("streams flushed in one turn go in one script, each fenced on its own: a stream another writer took is told so and copies nothing, the others' batches are copied", async () => {
+    const ids = ['chatcmpl-pipeline5', 'chatcmpl-pipeline6', 'chatcmpl-pipeline7'];
+    const leases = ids.map((id) => shared.open(id, '{}', 't'));
+    const marks = leases.map((lease, i) => lease.append(Buffer.from(`id: 0\ndata: ${i}\n\n`))!);
+    await Promise.all(leases.map((lease, i) => released(lease, marks[i]!, `stream ${i}'s first batch released`)));
+    // Another frontend holds the second stream now (its fence token changed): its writer must learn it at its next batch.
+    await admin.hset(`ebb:{${ids[1]}}:meta`, 'holder', 'another-frontend:token');
+    await pastBatchSpacing();
+    const before = await scriptsRun(admin);
+    const next = leases.map((lease, i) => lease.append(Buffer.from(`id: 1\ndata: ${i}\n\n`)));
+    const [first, lost, third] = await Promise.all([0, 1, 2].map((i) => released(leases[i]!, next[i]!, `stream ${i}'s second batch answered`)));
+    assert.deepEqual([first, lost, third], [next[0], 'drop', next[2]], "the held batches of the streams still held go out; the taken stream's never does");
+    assert.ok(leases[1]!.lost.aborted, 'its writer learnt it lost the stream');
+    assert.equal((await scriptsRun(admin)) - before, 1, "one script carried the three streams' batches");
+    for (const i of [0, 2]) assert.deepEqual(await entries(ids[i]!), [`id: 0\ndata: ${i}\n\n`, `id: 1\ndata: ${i}\n\n`], `stream ${i}'s copy`);
+    assert.deepEqual(await entries(ids[1]!), ['id: 0\ndata: 1\n\n'], "the taken stream's copy has nothing from its old writer");
+    for (const i of [0, 2]) await leases[i]!.finish(Buffer.from('data: [DONE]\n\n'), 'end');
   });
 
   it('a stream that ends before its first batch went is opened, copied and ended by one script', async () => {

@@ -5,7 +5,7 @@ import { EbbError } from '../../protocol/errors.js';
 import type { Resumed } from '../relay/lane.js';
 import { KeptStream, maxEventId, type ResumeFrom } from './kept-stream.js';
 import { RedisStore, type RedisClient } from './redis-store.js';
-import { APPEND, CANCEL_CHANNEL, FINISH, HANDED_ON_CHANNEL, OPEN, parseEntry, RELEASE, RENEW, REWRITE, storedKey, streamKeys, TAKE, type StepAnswer } from './shared-protocol.js';
+import { APPEND, APPEND_MANY, CANCEL_CHANNEL, FINISH, HANDED_ON_CHANNEL, OPEN, parseEntry, RELEASE, RENEW, REWRITE, storedKey, streamKeys, TAKE, type StepAnswer } from './shared-protocol.js';
 import { BATCH_MS, StreamLease, type LeaseBounds, type Opening, type SharedSteps } from './stream-lease.js';
 import { progressOf } from './stream-progress.js';
 
@@ -72,9 +72,19 @@ export interface SharedStreamsOptions {
 }
 
 type Keys = ReturnType<typeof streamKeys>;
+type Arg = string | number | Buffer;
+
+/** One stream's batch: sent alone, or in its flush's one script with the other streams' (APPEND_MANY). */
+interface Collected {
+  keys: [string, string, string];
+  args: Arg[];
+  resolve: (answer: StepAnswer) => void;
+  reject: (err: unknown) => void;
+}
 type Scripted = RedisClient & {
   ebbOpen(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
   ebbAppend(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
+  ebbAppendMany(...a: Array<string | number | Buffer>): Promise<StepAnswer[]>;
   ebbRewrite(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
   ebbRenew(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
   ebbFinish(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
@@ -99,6 +109,8 @@ export class SharedStreams implements SharedSteps {
   private readonly toFlushNow = new Set<StreamLease>();
   private batchTimer: NodeJS.Timeout | undefined;
   private batchSoon: NodeJS.Immediate | undefined;
+  /** While a flush runs (not on a Cluster): its streams' batches, sent together as it ends. */
+  private collected: Collected[] | undefined;
   private readonly renewals: NodeJS.Timeout;
   /** Streams this frontend follows for its clients, one reader each, shared by them. */
   private readonly replicas = new Map<string, KeptStream>();
@@ -117,6 +129,7 @@ export class SharedStreams implements SharedSteps {
     const define = (name: string, keys: number, lua: string) => r.defineCommand(name, { numberOfKeys: keys, lua });
     define('ebbOpen', 2, OPEN);
     define('ebbAppend', 3, APPEND);
+    r.defineCommand('ebbAppendMany', { lua: APPEND_MANY });
     define('ebbRewrite', 3, REWRITE);
     define('ebbRenew', 3, RENEW);
     define('ebbFinish', 3, FINISH);
@@ -171,8 +184,11 @@ export class SharedStreams implements SharedSteps {
   }
 
   append(k: Keys, token: string, b: LeaseBounds, batch: number, events: Buffer, progress: string, o?: Opening): Promise<StepAnswer> {
-    if (o !== undefined) return this.redis.ebbAppend(k.meta, k.lease, k.events, token, b.leaseMs, b.liveTtlMs, batch, b.maxBytes, events, progress, o.plan, o.tenant);
-    return this.redis.ebbAppend(k.meta, k.lease, k.events, token, b.leaseMs, b.liveTtlMs, batch, b.maxBytes, events, progress);
+    return new Promise((resolve, reject) => {
+      const c: Collected = { keys: [k.meta, k.lease, k.events], args: [token, b.leaseMs, b.liveTtlMs, batch, b.maxBytes, events, progress, o?.plan ?? '', o?.tenant ?? ''], resolve, reject };
+      if (this.collected !== undefined) this.collected.push(c);
+      else this.sendTogether([c]);
+    });
   }
 
   renew(k: Keys, token: string, b: LeaseBounds): Promise<StepAnswer> {
@@ -515,16 +531,49 @@ export class SharedStreams implements SharedSteps {
   private flushAll(): void {
     clearTimeout(this.batchTimer);
     this.batchTimer = undefined;
-    for (const lease of this.toFlush) lease.flush();
-    this.toFlush.clear();
-    this.flushNow();
+    this.together(() => {
+      for (const lease of this.toFlush) lease.flush();
+      this.toFlush.clear();
+      this.flushNow();
+    });
   }
 
   private flushNow(): void {
     clearImmediate(this.batchSoon);
     this.batchSoon = undefined;
-    for (const lease of this.toFlushNow) lease.flush();
-    this.toFlushNow.clear();
+    this.together(() => {
+      for (const lease of this.toFlushNow) lease.flush();
+      this.toFlushNow.clear();
+    });
+  }
+
+  /**
+   * Runs a flush with its streams' batches sent in one script (APPEND_MANY: one command, where
+   * there was one per stream), except on a Redis Cluster, where each stream's keys are in their own slot.
+   */
+  private together(flush: () => void): void {
+    if (this.collected !== undefined || this.store.address.kind === 'cluster') return flush();
+    const batch: Collected[] = (this.collected = []);
+    try {
+      flush();
+    } finally {
+      this.collected = undefined;
+      this.sendTogether(batch);
+    }
+  }
+
+  private sendTogether(batch: Collected[]): void {
+    if (batch.length === 0) return;
+    if (batch.length === 1) {
+      const c = batch[0]!;
+      // Not opening the stream: without the plan and tenant (APPEND opens it when they are there).
+      this.redis.ebbAppend(...c.keys, ...(c.args[7] === '' ? c.args.slice(0, 7) : c.args)).then(c.resolve, c.reject);
+      return;
+    }
+    this.redis.ebbAppendMany(batch.length * 3, ...batch.flatMap((c) => c.keys), ...batch.flatMap((c) => c.args)).then(
+      (answers) => batch.forEach((c, i) => c.resolve(answers[i] ?? 'resync')),
+      (err: unknown) => batch.forEach((c) => c.reject(err)),
+    );
   }
 
   private token(): string {
