@@ -56,8 +56,8 @@ describe("a kept stream's end waits for the copy, and a lost lease's end never g
 
   const hooks = { maxBytes: 1 << 20, graceMs: 60_000, writeTimeoutMs: 10_000, onBytes: () => undefined, onOver: () => undefined, onAbandoned: () => undefined };
   const kept = async (id: string) => {
+    // Opened in the store by its first batch.
     const lease = shared.open(id, '{}', '');
-    await lease.opened;
     const stream = new KeptStream(id, hooks, '', lease);
     return { lease, stream, gate: releases(stream) };
   };

@@ -123,7 +123,12 @@ describe('the stream store on a Redis Cluster', { skip: toolsSkipReason() }, () 
     await Promise.all([a, b].map((f) => frontendSeesWorkers(f, 1)));
     assert.ok(a.logs.some((l) => l.event === 'stream_store_connected' && l.kind === 'cluster'), 'connected to the cluster');
     const post = (f: FrontendHandle) => fetch(`${f.url}/v1/chat/completions`, { method: 'POST', headers: KEPT, body: JSON.stringify({ model: 'm1', messages: [{ role: 'user', content: 'tides' }], max_tokens: 60, seed: 9, stream: true }) });
-    const reference = text(await sseEvents(await post(b)));
+    // Several streams at once at b: on a Cluster each stream's batch is its own script (their keys are in different slots), never one for them all.
+    const bMark = b.mark();
+    const [reference, ...others] = (await Promise.all([0, 1, 2, 3].map(async () => text(await sseEvents(await post(b)))))) as [string, ...string[]];
+    for (const other of others) assert.equal(other, reference, 'each stream at b whole');
+    const rewrites = b.logs.slice(bMark).filter((l) => l.event === 'stream_lease' && l.to === 'rewrite');
+    assert.deepEqual(rewrites.map((l) => l.why), [], 'no batch at b failed: none went to the cluster in a script with another stream\'s');
     let id = '';
     const first: string[] = [];
     await sseEvents(await post(a), (e) => {

@@ -151,7 +151,11 @@ describe('takeovers of every kind of stream', { skip: redisSkipReason() }, () =>
     const responses = (async () => {
       for await (const _ of await client.responses.create({ model: 'm1', input: 'tides', max_output_tokens: 300, stream: true }));
     })();
-    for (const [what, p] of [['chat', chat], ['responses', responses]] as const)
-      await assert.rejects(p, (err: unknown) => err instanceof OpenAI.APIError && /stream_interrupted/.test(`${err.code} ${err.message}`), `${what}: the SDK raises`);
+    // Both awaited at once: the one that fails first must not be an unhandled rejection while the other is awaited.
+    await Promise.all(
+      ([['chat', chat], ['responses', responses]] as const).map(([what, p]) =>
+        assert.rejects(p, (err: unknown) => err instanceof OpenAI.APIError && /stream_interrupted/.test(`${err.code} ${err.message}`), `${what}: the SDK raises`),
+      ),
+    );
   });
 });

@@ -71,3 +71,13 @@ export async function spawnRedis(port: number, args: string[], binary = 'redis-s
   await bounded(ready, `${binary} on port ${port} to be ready`);
   return proc;
 }
+
+/**
+ * How many scripts (EVAL, EVALSHA) a Redis ran to completion so far, from INFO commandstats: an
+ * EVALSHA its client retried as EVAL (NOSCRIPT) counts once.
+ */
+export async function scriptsRun(admin: { info(section: string): Promise<string> }): Promise<number> {
+  let n = 0;
+  for (const m of (await admin.info('commandstats')).matchAll(/cmdstat_(?:evalsha|eval):calls=(\d+),.*?failed_calls=(\d+)/g)) n += Number(m[1]) - Number(m[2]);
+  return n;
+}

@@ -34,7 +34,12 @@ export const HANDED_ON_CHANNEL = 'ebb:streams:handed-on';
 /** What a step answers. */
 export type StepAnswer = 'ok' | 'lost' | 'resync' | 'overflow' | 'ended' | 'stopped' | 'handed_on';
 
-/** OPEN (meta, lease; token, leaseMs, ttlMs, plan, tenant): a new stream, held by `token`. */
+/**
+ * OPEN (meta, lease; token, leaseMs, ttlMs, plan, tenant): a new stream, held by `token`. Sent alone
+ * only when a stream is handed on before it wrote anything; else its first APPEND or FINISH carries
+ * it (`opening`): the store has nothing of a stream until its first batch, then the stream fenced
+ * and whole.
+ */
 export const OPEN = `
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'next', 0, 'bytes', 0, 'state', 'live', 'plan', ARGV[4], 'tenant', ARGV[5])
@@ -42,25 +47,61 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return 'ok'`;
 
-/** APPEND (meta, lease, events; token, leaseMs, ttlMs, batch, maxBytes, events, progress). */
-export const APPEND = `
-local m = redis.call('HMGET', KEYS[1], 'holder', 'next', 'bytes', 'state')
-if not m[1] then return 'resync' end
-if m[1] ~= ARGV[1] then return 'lost' end
-if m[4] ~= 'live' then return m[4] end
-if tonumber(m[2]) ~= tonumber(ARGV[4]) then return 'resync' end
-local bytes = tonumber(m[3]) + string.len(ARGV[6])
-if bytes > tonumber(ARGV[5]) then
-  redis.call('HSET', KEYS[1], 'state', 'overflow')
-  redis.call('XADD', KEYS[3], '*', 'o', '1')
+/**
+ * A stream's first step opens it (as OPEN does) when it names the stream's plan and tenant: one
+ * script where there were two. In Lua: `meta` the meta key, `a` the step's arguments, the plan and
+ * tenant at `at` and after it.
+ */
+const opening = (meta: string, a: string, at: number) => `
+if ${a}[${at}] then
+  redis.call('DEL', ${meta})
+  redis.call('HSET', ${meta}, 'holder', ${a}[1], 'next', 0, 'bytes', 0, 'state', 'live', 'plan', ${a}[${at}], 'tenant', ${a}[${at + 1}])
+end`;
+
+/** One stream's APPEND (its keys m, l, e; `a` its arguments), a function: APPEND runs it once, APPEND_MANY once per stream. */
+const appendStep = `
+local function append(m, l, e, a)
+${opening('m', 'a', 8)}
+local s = redis.call('HMGET', m, 'holder', 'next', 'bytes', 'state')
+if not s[1] then return 'resync' end
+if s[1] ~= a[1] then return 'lost' end
+if s[4] ~= 'live' then return s[4] end
+if tonumber(s[2]) ~= tonumber(a[4]) then return 'resync' end
+local bytes = tonumber(s[3]) + string.len(a[6])
+if bytes > tonumber(a[5]) then
+  redis.call('HSET', m, 'state', 'overflow')
+  redis.call('XADD', e, '*', 'o', '1')
+  redis.call('PEXPIRE', m, a[3])
+  redis.call('PEXPIRE', e, a[3])
   return 'overflow'
 end
-redis.call('XADD', KEYS[3], '*', 'b', ARGV[4], 'e', ARGV[6], 'p', ARGV[7])
-redis.call('HSET', KEYS[1], 'next', tonumber(ARGV[4]) + 1, 'bytes', bytes)
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return 'ok'`;
+redis.call('XADD', e, '*', 'b', a[4], 'e', a[6], 'p', a[7])
+redis.call('HSET', m, 'next', tonumber(a[4]) + 1, 'bytes', bytes)
+redis.call('SET', l, a[1], 'PX', a[2])
+redis.call('PEXPIRE', m, a[3])
+redis.call('PEXPIRE', e, a[3])
+return 'ok'
+end`;
+
+/** APPEND (meta, lease, events; token, leaseMs, ttlMs, batch, maxBytes, events, progress[, plan, tenant: opening it]). */
+export const APPEND = `${appendStep}
+return append(KEYS[1], KEYS[2], KEYS[3], ARGV)`;
+
+/**
+ * APPEND_MANY (each stream's meta, lease, events; each stream's APPEND arguments, always 9, plan ''
+ * when it does not open the stream): one flush's batches of several streams in one script, each
+ * fenced and numbered on its own; answers one StepAnswer per stream, in order. Only where one Redis
+ * holds every key (not a Cluster: each stream's keys are in their own slot).
+ */
+export const APPEND_MANY = `${appendStep}
+local out = {}
+for i = 0, #KEYS / 3 - 1 do
+  local a = {}
+  for j = 1, 9 do a[j] = ARGV[i * 9 + j] end
+  if a[8] == '' then a[8] = nil end
+  out[i + 1] = append(KEYS[i * 3 + 1], KEYS[i * 3 + 2], KEYS[i * 3 + 3], a)
+end
+return out`;
 
 /**
  * REWRITE (meta, lease, events; token, leaseMs, ttlMs, maxBytes, plan, tenant, events, progress, last):
@@ -105,10 +146,11 @@ redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return 'ok'`;
 
 /**
- * FINISH (meta, lease, events; token, windowMs, batch, kind, events, progress): the stream's last
- * entry (kind `end`: its end; `x`: stopped, the events its error), kept for the resume window.
+ * FINISH (meta, lease, events; token, windowMs, batch, kind, events, progress[, plan, tenant]): the
+ * stream's last entry (kind `end`: its end; `x`: stopped, the events its error), kept for the resume
+ * window; with plan and tenant it opens the stream too (one that ended before its first batch went).
  */
-export const FINISH = `
+export const FINISH = `${opening('KEYS[1]', 'ARGV', 7)}
 local m = redis.call('HMGET', KEYS[1], 'holder', 'next', 'state')
 if not m[1] then return 'resync' end
 if m[1] ~= ARGV[1] then return 'lost' end

@@ -5,8 +5,8 @@ import { EbbError } from '../../protocol/errors.js';
 import type { Resumed } from '../relay/lane.js';
 import { KeptStream, maxEventId, type ResumeFrom } from './kept-stream.js';
 import { RedisStore, type RedisClient } from './redis-store.js';
-import { APPEND, CANCEL_CHANNEL, FINISH, HANDED_ON_CHANNEL, OPEN, parseEntry, RELEASE, RENEW, REWRITE, storedKey, streamKeys, TAKE, type StepAnswer } from './shared-protocol.js';
-import { BATCH_MS, StreamLease, type LeaseBounds, type SharedSteps } from './stream-lease.js';
+import { APPEND, APPEND_MANY, CANCEL_CHANNEL, FINISH, HANDED_ON_CHANNEL, OPEN, parseEntry, RELEASE, RENEW, REWRITE, storedKey, streamKeys, TAKE, type StepAnswer } from './shared-protocol.js';
+import { BATCH_MS, StreamLease, type LeaseBounds, type Opening, type SharedSteps } from './stream-lease.js';
 import { progressOf } from './stream-progress.js';
 
 /** How long a live stream's lease lives unrenewed: a frontend gone (or paused) for longer holds nothing. */
@@ -72,9 +72,22 @@ export interface SharedStreamsOptions {
 }
 
 type Keys = ReturnType<typeof streamKeys>;
+type Arg = string | number | Buffer;
+
+/** Streams' batches in one APPEND_MANY at most (Redis runs nothing else while a script runs). */
+const APPEND_MANY_MAX = 64;
+
+/** One stream's batch: sent alone, or in its flush's one script with the other streams' (APPEND_MANY). */
+interface Collected {
+  keys: [string, string, string];
+  args: Arg[];
+  resolve: (answer: StepAnswer) => void;
+  reject: (err: unknown) => void;
+}
 type Scripted = RedisClient & {
   ebbOpen(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
   ebbAppend(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
+  ebbAppendMany(...a: Array<string | number | Buffer>): Promise<StepAnswer[]>;
   ebbRewrite(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
   ebbRenew(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
   ebbFinish(...a: Array<string | number | Buffer>): Promise<StepAnswer>;
@@ -99,6 +112,8 @@ export class SharedStreams implements SharedSteps {
   private readonly toFlushNow = new Set<StreamLease>();
   private batchTimer: NodeJS.Timeout | undefined;
   private batchSoon: NodeJS.Immediate | undefined;
+  /** While a flush runs (not on a Cluster): its streams' batches, sent together as it ends. */
+  private collected: Collected[] | undefined;
   private readonly renewals: NodeJS.Timeout;
   /** Streams this frontend follows for its clients, one reader each, shared by them. */
   private readonly replicas = new Map<string, KeptStream>();
@@ -117,6 +132,7 @@ export class SharedStreams implements SharedSteps {
     const define = (name: string, keys: number, lua: string) => r.defineCommand(name, { numberOfKeys: keys, lua });
     define('ebbOpen', 2, OPEN);
     define('ebbAppend', 3, APPEND);
+    r.defineCommand('ebbAppendMany', { lua: APPEND_MANY });
     define('ebbRewrite', 3, REWRITE);
     define('ebbRenew', 3, RENEW);
     define('ebbFinish', 3, FINISH);
@@ -146,18 +162,11 @@ export class SharedStreams implements SharedSteps {
   }
 
   /**
-   * A new stream, held here: its copy is written as it runs. Resolves once the store has it
-   * (callers need not wait: its batches follow in order on the same connection).
+   * A new stream, held here: its copy is written as it runs. The store has it from its first batch
+   * (that step opens it: one script where there were two); the lease's `opened` says when.
    */
   open(id: string, plan: string, tenant: string): StreamLease {
-    const token = this.token();
-    const lease = this.track(new StreamLease(id, token, this, this.bounds, plan, tenant, this.opts.log));
-    const k = streamKeys(id);
-    lease.opened = this.redis.ebbOpen(k.meta, k.lease, token, LEASE_MS, this.bounds.liveTtlMs, plan, tenant).then(
-      () => undefined,
-      () => undefined,
-    );
-    return lease;
+    return this.track(new StreamLease(id, this.token(), this, this.bounds, plan, tenant, this.opts.log));
   }
 
   // --- SharedSteps: the lease's atomic steps ---
@@ -173,15 +182,24 @@ export class SharedStreams implements SharedSteps {
     }
   }
 
-  append(k: Keys, token: string, b: LeaseBounds, batch: number, events: Buffer, progress: string): Promise<StepAnswer> {
-    return this.redis.ebbAppend(k.meta, k.lease, k.events, token, b.leaseMs, b.liveTtlMs, batch, b.maxBytes, events, progress);
+  openEmpty(k: Keys, token: string, b: LeaseBounds, o: Opening): Promise<StepAnswer> {
+    return this.redis.ebbOpen(k.meta, k.lease, token, b.leaseMs, b.liveTtlMs, o.plan, o.tenant);
+  }
+
+  append(k: Keys, token: string, b: LeaseBounds, batch: number, events: Buffer, progress: string, o?: Opening): Promise<StepAnswer> {
+    return new Promise((resolve, reject) => {
+      const c: Collected = { keys: [k.meta, k.lease, k.events], args: [token, b.leaseMs, b.liveTtlMs, batch, b.maxBytes, events, progress, o?.plan ?? '', o?.tenant ?? ''], resolve, reject };
+      if (this.collected !== undefined) this.collected.push(c);
+      else this.sendTogether([c]);
+    });
   }
 
   renew(k: Keys, token: string, b: LeaseBounds): Promise<StepAnswer> {
     return this.redis.ebbRenew(k.meta, k.lease, k.events, token, b.leaseMs, b.liveTtlMs);
   }
 
-  finish(k: Keys, token: string, b: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string): Promise<StepAnswer> {
+  finish(k: Keys, token: string, b: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string, o?: Opening): Promise<StepAnswer> {
+    if (o !== undefined) return this.redis.ebbFinish(k.meta, k.lease, k.events, token, b.windowMs, batch, kind, events, progress, o.plan, o.tenant);
     return this.redis.ebbFinish(k.meta, k.lease, k.events, token, b.windowMs, batch, kind, events, progress);
   }
 
@@ -516,16 +534,54 @@ export class SharedStreams implements SharedSteps {
   private flushAll(): void {
     clearTimeout(this.batchTimer);
     this.batchTimer = undefined;
-    for (const lease of this.toFlush) lease.flush();
-    this.toFlush.clear();
-    this.flushNow();
+    this.together(() => {
+      for (const lease of this.toFlush) lease.flush();
+      this.toFlush.clear();
+      this.flushNow();
+    });
   }
 
   private flushNow(): void {
     clearImmediate(this.batchSoon);
     this.batchSoon = undefined;
-    for (const lease of this.toFlushNow) lease.flush();
-    this.toFlushNow.clear();
+    this.together(() => {
+      for (const lease of this.toFlushNow) lease.flush();
+      this.toFlushNow.clear();
+    });
+  }
+
+  /**
+   * Runs a flush with its streams' batches sent in one script (APPEND_MANY: one command, where
+   * there was one per stream), except on a Redis Cluster, where each stream's keys are in their own slot.
+   */
+  private together(flush: () => void): void {
+    if (this.collected !== undefined || this.store.address.kind === 'cluster') return flush();
+    const batch: Collected[] = (this.collected = []);
+    try {
+      flush();
+    } finally {
+      this.collected = undefined;
+      this.sendTogether(batch);
+    }
+  }
+
+  private sendTogether(all: Collected[]): void {
+    // A script holds Redis while it runs: a flush of thousands of streams goes as several, each of a bounded size.
+    for (let at = 0; at < all.length; at += APPEND_MANY_MAX) this.sendOne(all.slice(at, at + APPEND_MANY_MAX));
+  }
+
+  private sendOne(batch: Collected[]): void {
+    if (batch.length === 0) return;
+    if (batch.length === 1) {
+      const c = batch[0]!;
+      // Not opening the stream: without the plan and tenant (APPEND opens it when they are there).
+      this.redis.ebbAppend(...c.keys, ...(c.args[7] === '' ? c.args.slice(0, 7) : c.args)).then(c.resolve, c.reject);
+      return;
+    }
+    this.redis.ebbAppendMany(batch.length * 3, ...batch.flatMap((c) => c.keys), ...batch.flatMap((c) => c.args)).then(
+      (answers) => batch.forEach((c, i) => c.resolve(answers[i] ?? 'resync')),
+      (err: unknown) => batch.forEach((c) => c.reject(err)),
+    );
   }
 
   private token(): string {

@@ -17,14 +17,23 @@ export interface SharedSteps {
    * batch answered and at least BATCH_MS old), else within BATCH_MS (on one timer for all streams).
    */
   schedule(lease: StreamLease, now?: boolean): void;
-  append(k: Keys, token: string, bounds: LeaseBounds, batch: number, events: Buffer, progress: string): Promise<StepAnswer>;
+  /** A stream handed on before its first batch: opened alone (its first batch opens it otherwise). */
+  openEmpty(k: Keys, token: string, bounds: LeaseBounds, opening: Opening): Promise<StepAnswer>;
+  /** `opening`: the stream's first step, which opens it too. */
+  append(k: Keys, token: string, bounds: LeaseBounds, batch: number, events: Buffer, progress: string, opening?: Opening): Promise<StepAnswer>;
   renew(k: Keys, token: string, bounds: LeaseBounds): Promise<StepAnswer>;
-  finish(k: Keys, token: string, bounds: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string): Promise<StepAnswer>;
+  finish(k: Keys, token: string, bounds: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string, opening?: Opening): Promise<StepAnswer>;
   release(k: Keys, token: string): Promise<StepAnswer>;
   rewrite(k: Keys, token: string, bounds: LeaseBounds, plan: string, tenant: string, events: Buffer, progress: string, last: '' | 'end' | 'x'): Promise<StepAnswer>;
   followed(k: Keys): Promise<boolean>;
   /** Tells the fleet a stream was handed on, for another frontend to continue it now (nobody will resume it). */
   announce(id: string): Promise<void>;
+}
+
+/** What opens a stream in the store: how another frontend would continue it, and whose it is. */
+export interface Opening {
+  plan: string;
+  tenant: string;
 }
 
 /**
@@ -95,10 +104,16 @@ export class StreamLease {
   /** When the last step the store confirmed was sent: the local lease runs from there. */
   private confirmedAt = performance.now();
   private readonly controller = new AbortController();
+  /**
+   * Until its first step goes, the store has nothing of the stream (nobody else can hold it): that
+   * step opens it. A takeover's is in the store already.
+   */
+  private unopened: boolean;
+  private markOpened: () => void = () => undefined;
   /** The stream's whole events, as its writer keeps them (for a rewrite). */
   snapshot: () => Buffer = () => Buffer.alloc(0);
-  /** Resolves once the store has the new stream (a background response is announced only then). */
-  opened: Promise<void> = Promise.resolve();
+  /** Resolves once the store answered the step that opens the stream (a background response is announced only then). */
+  readonly opened: Promise<void>;
   /** Told once the lease is over (finished, released or lost): nothing renews it any more. */
   onOver: () => void = () => undefined;
   /** What the stream's clients may be sent: what the copy holds (this lease's state moves it). */
@@ -119,6 +134,8 @@ export class StreamLease {
     this.marks = new ProgressMarks(from?.resumed);
     this.keys = streamKeys(id);
     this.copied = from?.bytes ?? 0;
+    this.unopened = from === undefined;
+    this.opened = this.unopened ? new Promise((resolve) => (this.markOpened = resolve)) : Promise.resolve();
   }
 
   /** Aborted (with LeaseLost) once another frontend holds the stream. */
@@ -136,7 +153,7 @@ export class StreamLease {
    */
   get valid(): boolean {
     if (this.state === 'lost') return false;
-    if (this.state !== 'held' || !this.steps.healthy) return true;
+    if (this.state !== 'held' || !this.steps.healthy || this.unopened) return true;
     // Paused past the lease (GC, throttling, SIGSTOP) while the store answered: another frontend may hold the stream now. Fail closed.
     const now = performance.now();
     if (now - this.confirmedAt > this.bounds.leaseMs && now - this.steps.healthySince > this.bounds.leaseMs) {
@@ -180,8 +197,9 @@ export class StreamLease {
     const upTo = this.gate.at;
     this.inFlight++;
     this.lastSentAt = sentAt;
+    const opening = this.opening();
     this.steps
-      .append(this.keys, this.token, this.bounds, this.batch++, events, this.marks.takeDelta())
+      .append(this.keys, this.token, this.bounds, this.batch++, events, this.marks.takeDelta(), opening)
       .then(
         (answer) => {
           this.answered(answer, epoch, sentAt, upTo);
@@ -191,7 +209,16 @@ export class StreamLease {
           this.failed(err, epoch, sentAt);
           this.sent();
         },
-      );
+      )
+      .finally(() => opening !== undefined && this.markOpened());
+  }
+
+  /** What the step about to go opens the stream with, if it is the first (then the lease runs from it). */
+  private opening(): Opening | undefined {
+    if (!this.unopened) return undefined;
+    this.unopened = false;
+    this.confirmedAt = performance.now();
+    return { plan: this.plan, tenant: this.tenant };
   }
 
   /** A batch answered: what was written meanwhile goes next (in a copy to rewrite, the rewrite does). */
@@ -207,7 +234,7 @@ export class StreamLease {
 
   /** Keeps the lease and the copy alive (SharedSteps' renewal timer). */
   renew(): void {
-    if (this.state !== 'held' && this.state !== 'overflow') return;
+    if ((this.state !== 'held' && this.state !== 'overflow') || this.unopened) return;
     const epoch = this.epoch;
     const sentAt = performance.now();
     this.steps.renew(this.keys, this.token, this.bounds).then(
@@ -253,7 +280,8 @@ export class StreamLease {
         return;
       }
       const epoch = this.epoch;
-      const answer = await this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta());
+      const opening = this.opening();
+      const answer = await this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta(), opening).finally(() => opening !== undefined && this.markOpened());
       // Another frontend holds the stream (this one paused past its lease): its end must not go out here.
       if (answer === 'lost') return this.lose('taken');
       if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) return this.finishLaterOpen(kind, why);
@@ -295,6 +323,9 @@ export class StreamLease {
     this.set('released', 'handed on');
     const released = await (async () => {
       if (from === 'rewrite' && !(await this.rewriteNow(''))) return false;
+      // Nothing written yet: opened now, so that another frontend starts it afresh.
+      const opening = this.opening();
+      if (opening !== undefined && (await this.steps.openEmpty(this.keys, this.token, this.bounds, opening).finally(() => this.markOpened())) !== 'ok') return false;
       return (await this.steps.release(this.keys, this.token)) === 'ok';
     })().catch(() => false);
     // Handed on: the copy holds every byte (its batch went before the release, in order), so they go
@@ -354,10 +385,12 @@ export class StreamLease {
     this.epoch++;
     this.pending.length = 0;
     const epoch = this.epoch;
+    // A rewrite opens the stream too (it names its plan and tenant).
+    const opening = this.opening();
     const sentAt = performance.now();
     this.nextRewriteAt = sentAt + REWRITE_BACKOFF_MS;
     try {
-      const answer = await this.steps.rewrite(this.keys, this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last);
+      const answer = await this.steps.rewrite(this.keys, this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last).finally(() => opening !== undefined && this.markOpened());
       if (epoch !== this.epoch) return false;
       if (answer === 'lost') {
         this.lose('taken');
