@@ -129,7 +129,10 @@ describe('the suite and the machine it runs on', () => {
     file.kill('SIGTERM');
     await bounded(exited, 'the cancelled file to exit').catch((err: Error) => assert.fail(`${err.message}\n${output.join('\n')}`));
     await allGone([...report.ebb, ...report.tools], 'every process of the cancelled file to exit');
-    for (const dir of [report.runtimeDir, ...report.toolDirs]) assert.equal(existsSync(dir), false, `${dir} is removed`);
+    for (const dir of report.toolDirs) assert.equal(existsSync(dir), false, `${dir} is removed`);
+    // As below: `ebb up`'s worker and frontend stop on their own after the file removed its runtime directory, and may make its (empty) directories again, never leave a file.
+    assert.deepEqual(filesUnder(report.runtimeDir), [], `${report.runtimeDir} holds no file`);
+    rmSync(report.runtimeDir, { recursive: true, force: true });
   });
 
   it('a test file SIGKILLed leaves no ebb process running: they stop when their IPC channel to it closes', async () => {
@@ -147,5 +150,6 @@ describe('the suite and the machine it runs on', () => {
     // `ebb up`'s worker and frontend shut down on their own once it is gone, after the file removed the
     // runtime directory: their discovery may make its (empty) directories again, never leave a file there.
     assert.deepEqual(filesUnder(report.runtimeDir), [], `${report.runtimeDir} holds no file`);
+    rmSync(report.runtimeDir, { recursive: true, force: true });
   });
 });
