@@ -92,7 +92,7 @@ export async function loadLlamaCppEngine(opts: LlamaCppOptions, log: Logger, sig
     // Adapters named at start load later, when the worker asks: a wrong file is found now, not then.
     for (const { name, path } of opts.loras ?? []) await checkLoraGguf(path ?? '', model.fileInfo).catch((err: unknown) => Promise.reject(new Error(`--lora ${name}=${path}: ${oneLine(err)}`)));
     const context = await model.createContext({
-      ...contextShape(opts, new SpareSequence(opts.preemptionSpareSequence === true).sequences),
+      ...contextShape(opts, SpareSequence.sequencesFor(opts.preemptionSpareSequence === true)),
       createSignal: signal,
       // A fixed size when asked; otherwise as much of the training context as memory allows.
       contextSize: opts.contextSize ?? { max: model.trainContextSize },
@@ -247,7 +247,7 @@ export class LlamaCppEngine implements Engine {
     this.vocabularySize = vocabularySizeOf(model);
     this.tokenBytes = tokenBytesOf(model);
     this.kvEvents = opts.batchInvariant === true ? undefined : new KvEventLog(DEFAULT_BLOCK_SIZE, 'worker');
-    this.sequences = new PrefixSequences(context, opts.parallel + this.spare.sequences, DEFAULT_BLOCK_SIZE, this.kvEvents);
+    this.sequences = new PrefixSequences(context, context.totalSequences, DEFAULT_BLOCK_SIZE, this.kvEvents);
     this.adapters = new LlamaCppAdapters(model, (path, signal) => this.adapterContext(path, signal), opts.loras ?? [], opts.loraSlots ?? LLAMA_CPP_DEFAULTS.loraSlots);
     const toolSyntax = this.prompts.toolSyntax;
     this.capabilities = {
@@ -274,7 +274,7 @@ export class LlamaCppEngine implements Engine {
    */
   private async adapterContext(path: string, signal: AbortSignal) {
     const context = await this.model.createContext({ ...contextShape(this.opts), contextSize: this.context.contextSize, createSignal: signal, lora: { adapters: [{ filePath: path }] } });
-    return { context, sequences: new PrefixSequences(context, this.opts.parallel, DEFAULT_BLOCK_SIZE, undefined) };
+    return { context, sequences: new PrefixSequences(context, context.totalSequences, DEFAULT_BLOCK_SIZE, undefined) };
   }
 
   /** The sequences a request runs on: its adapter's context, or the base model's. */
@@ -704,7 +704,7 @@ export class LlamaCppEngine implements Engine {
   async probeQuiescence(): Promise<Quiescence> {
     const q = slotQuiescence(this.slots, this.kv.transfers.size);
     // Its slot is back, but a paused stream still ends its decode and writes its state in the spare's time.
-    if (this.spare.stats.spare_sequence !== 'lent' || q.state === 'unknown') return q;
+    if (!this.spare.lent || q.state === 'unknown') return q;
     const paused = 'a paused stream writing its KV state (its slot already back)';
     return { state: 'busy', waiting_for: [...(q.state === 'busy' ? q.waiting_for : []), paused] };
   }

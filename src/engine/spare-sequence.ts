@@ -16,20 +16,30 @@ type SpareState = { kind: 'off' } | { kind: 'free' } | { kind: 'lent'; to: strin
 export class SpareSequence {
   private state: SpareState;
   /** Pauses that gave their slot back before their sequence (GET /engine/status). */
-  private lent = 0;
+  private lentTotal = 0;
 
   constructor(on: boolean) {
     this.state = on ? { kind: 'free' } : { kind: 'off' };
   }
 
   private set(next: SpareState): void {
-    if (next.kind === 'lent') this.lent++;
+    if (next.kind === 'lent') this.lentTotal++;
     this.state = next;
+  }
+
+  /** The context's sequences beyond the batch slots, with the option on or off (the context is made before the engine). */
+  static sequencesFor(on: boolean): number {
+    return on ? 1 : 0;
   }
 
   /** The context's sequences beyond the batch slots. */
   get sequences(): number {
-    return this.state.kind === 'off' ? 0 : 1;
+    return SpareSequence.sequencesFor(this.state.kind !== 'off');
+  }
+
+  /** Lent to a paused stream still ending its decode and writing its state. */
+  get lent(): boolean {
+    return this.state.kind === 'lent';
   }
 
   /**
@@ -48,6 +58,6 @@ export class SpareSequence {
   }
 
   get stats(): { spare_sequence: SpareState['kind']; spare_sequence_lent_total: number } {
-    return { spare_sequence: this.state.kind, spare_sequence_lent_total: this.lent };
+    return { spare_sequence: this.state.kind, spare_sequence_lent_total: this.lentTotal };
   }
 }

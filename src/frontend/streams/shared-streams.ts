@@ -199,8 +199,7 @@ export class SharedStreams implements SharedSteps {
   }
 
   finish(k: Keys, token: string, b: LeaseBounds, batch: number, kind: 'end' | 'x', events: Buffer, progress: string, o?: Opening): Promise<StepAnswer> {
-    if (o !== undefined) return this.redis.ebbFinish(k.meta, k.lease, k.events, token, b.windowMs, batch, kind, events, progress, o.plan, o.tenant);
-    return this.redis.ebbFinish(k.meta, k.lease, k.events, token, b.windowMs, batch, kind, events, progress);
+    return this.redis.ebbFinish(k.meta, k.lease, k.events, token, b.windowMs, batch, kind, events, progress, ...(o === undefined ? [] : [o.plan, o.tenant]));
   }
 
   release(k: Keys, token: string): Promise<StepAnswer> {
