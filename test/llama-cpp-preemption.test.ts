@@ -10,24 +10,17 @@
  */
 import { describe, it, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { writeTinyLlamaGguf } from './helpers/gguf.js';
 import { call } from './helpers/http.js';
-import { bounded, frontendSeesWorkers, metricValue, spawnEbb, startFrontend, tempDiscoveryUrl, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
-import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
+import { allStreaming, FLEX_TOKENS, flexStream, llamaCppFlexWorker, priorityRequest } from './helpers/llama-flex.js';
+import { frontendSeesWorkers, metricValue, spawnEbb, startFrontend, tempDiscoveryUrl, workerReady, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 
-const modelPath = writeTinyLlamaGguf();
-const MODEL = 'tiny';
-/** Enough that both flex streams still run when the priority request is answered (a few tokens). */
-const FLEX_TOKENS = 600;
-/** Two sequences, none kept back for priority: two flex streams fill the worker. One thread, CPU only: the machine is shared. */
-const LLAMA = ['--engine', 'llama-cpp', '--model-path', modelPath, '--model', MODEL, '--threads', '1', '--gpu', 'off', '--context-size', '2048', '--parallel', '2', '--batch-invariant', '--priority-reserve-slots', '0'];
+/** Two sequences, none kept back for priority: two flex streams fill the worker. */
+const LLAMA = llamaCppFlexWorker(2);
 
 const started: EbbProcess[] = [];
 after(async () => {
   await Promise.all(started.map((p) => p.stop()));
 });
-
-const question = (i: number) => `question ${i}: tell me about the tides and the moon, number ${i * 7}`;
 
 describe('llama-cpp priority preemption at temperature 0 (--batch-invariant)', () => {
   it('a worker whose sequences all run flex streams answers a priority request before they end; the paused one completes byte-identical', () => preemptsWithoutLoss(false));
@@ -43,23 +36,13 @@ async function preemptsWithoutLoss(spare: boolean): Promise<void> {
   started.push(frontend);
   await frontendSeesWorkers(frontend, 1);
 
-  const flex = (i: number, onToken?: (n: number, seen: StreamOutcome) => void) =>
-    streamCompletion(frontend.url, { model: MODEL, messages: [{ role: 'user', content: question(i) }], max_tokens: FLEX_TOKENS, temperature: 0, service_tier: 'flex', stream_options: { include_usage: true } }, undefined, onToken);
   // Undisturbed: both together, as they run below.
-  const reference = await Promise.all([0, 1].map((i) => flex(i)));
+  const reference = await Promise.all([0, 1].map((i) => flexStream(frontend.url, i)));
   for (const r of reference) assert.equal(r.usage?.completion_tokens, FLEX_TOKENS, r.error);
 
   const order: string[] = [];
-  let running = 0;
-  let bothRunning!: () => void;
-  const filled = new Promise<void>((resolve) => (bothRunning = resolve));
-  const streams = [0, 1].map((i) =>
-    flex(i, (n) => {
-      if (n === 3 && ++running === 2) bothRunning();
-    }).then((o) => (order.push(`flex${i}`), o)),
-  );
-  await bounded(filled, 'both flex streams to stream 3 pieces');
-  const priority = await streamCompletion(frontend.url, { model: MODEL, messages: [{ role: 'user', content: 'a priority question' }], max_tokens: 4, temperature: 0, service_tier: 'priority', stream_options: { include_usage: true } });
+  const streams = await allStreaming(2, (i, onToken) => flexStream(frontend.url, i, onToken).then((o) => (order.push(`flex${i}`), o)));
+  const priority = await priorityRequest(frontend.url);
   order.push('priority');
   assert.equal(priority.usage?.completion_tokens, 4, priority.error);
   const results = await Promise.all(streams);
