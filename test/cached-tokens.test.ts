@@ -4,6 +4,7 @@ import OpenAI from 'openai';
 import { call } from './helpers/http.js';
 import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
+import { words } from './helpers/words.js';
 
 /**
  * cached_tokens reach OpenAI clients: the mocker's prefix cache, through the request plane's done
@@ -16,7 +17,6 @@ after(async () => {
 });
 
 const WORKER_ARGS = ['--model', 'm1', '--mocker-ttft-ms', '0', '--mocker-max-context', '4096'];
-const words = (n: number, tag: string) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(' ');
 
 let discovery: string;
 let first: WorkerHandle;

@@ -1,7 +1,8 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { startKvFleet, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion, type StreamOutcome } from './helpers/sse.js';
+import { words } from './helpers/words.js';
 
 /**
  * A new conversation is not sent where it would evict a live one (issue 47 item 3): the kv router
@@ -16,7 +17,6 @@ after(async () => {
 });
 
 const WORKER_ARGS = ['--model', 'm1', '--mocker-ttft-ms', '0', '--mocker-itl-ms', '5', '--mocker-max-context', '8192', '--mocker-kv-blocks', '64'];
-const words = (n: number, tag: string) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(' ');
 /**
  * A shared system prompt: 2 whole blocks, cached wherever a conversation using it was prefilled.
  * Short beside the documents (40 blocks), so what it saves stays below what a document would evict
@@ -36,14 +36,10 @@ let a: FrontendHandle;
 let b: FrontendHandle;
 
 before(async () => {
-  const discovery = tempDiscoveryUrl();
-  workers = await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, ...WORKER_ARGS])));
-  started.push(...workers);
-  a = await startFrontend(discovery, ['--router', 'kv'], { EBB_LOG_LEVEL: 'debug' });
-  started.push(a);
-  b = await startFrontend(discovery, ['--router', 'kv'], { EBB_LOG_LEVEL: 'debug' });
-  started.push(b);
-  for (const f of [a, b]) for (const w of workers) await f.waitForEvent('kv_stream_connected', (l) => l.worker_id === w.workerId);
+  let frontends: FrontendHandle[];
+  ({ workers, frontends } = await startKvFleet(WORKER_ARGS, { workers: 2, frontends: 2 }));
+  started.push(...workers, ...frontends);
+  [a, b] = frontends as [FrontendHandle, FrontendHandle];
 });
 
 describe('caches under pressure, several frontends', () => {

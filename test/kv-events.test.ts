@@ -11,6 +11,7 @@ import { isWorkerRecord } from '../src/discovery/worker-record.js';
 import { blockHashes } from '../src/protocol/block-hash.js';
 import { mockerTokenIds } from '../src/protocol/mocker-tokenizer.js';
 import { metricValue } from './helpers/processes.js';
+import { words } from './helpers/words.js';
 
 const started: WorkerHandle[] = [];
 after(async () => {
@@ -26,7 +27,6 @@ async function worker(args: string[] = []): Promise<WorkerHandle & { discoveryDi
 
 const recordOf = (w: WorkerHandle & { discoveryDir: string }) => JSON.parse(readFileSync(join(w.discoveryDir, `${w.workerId}.json`), 'utf8')).record;
 
-const words = (n: number, tag: string) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(' ');
 
 async function generate(w: WorkerHandle, body: Record<string, unknown>): Promise<{ text: string; usage: any }> {
   const res = await call('POST', `${w.requestUrl}/generate`, { model: 'm1', stream: false, ...body });

@@ -2,9 +2,10 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { call } from './helpers/http.js';
-import { bounded, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { bounded, startKvFleet, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
 import { sseData } from '../src/common/sse-events.js';
+import { words } from './helpers/words.js';
 
 /**
  * Prefix-cache-aware routing through real processes: three mocker workers (their prefix caches on,
@@ -19,7 +20,6 @@ after(async () => {
 });
 
 const WORKER_ARGS = ['--model', 'm1', '--mocker-ttft-ms', '0', '--mocker-itl-ms', '5', '--mocker-max-context', '8192'];
-const words = (n: number, tag: string) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(' ');
 /** 400-word documents: 25 whole blocks (+ "user:") cached wherever one was prefilled. */
 const doc = (tag: string) => words(400, tag);
 const DOC_CACHED = 384;
@@ -46,14 +46,11 @@ async function kvOf(workerId: string): Promise<{ cached_blocks: number; masked: 
 }
 
 before(async () => {
-  const discovery = tempDiscoveryUrl();
-  workers = await Promise.all([0, 1, 2].map(() => startWorker(['--discovery', discovery, ...WORKER_ARGS])));
-  started.push(...workers);
-  frontend = await startFrontend(discovery, ['--router', 'kv'], { EBB_LOG_LEVEL: 'debug' });
-  started.push(frontend);
+  let frontends: FrontendHandle[];
+  ({ workers, frontends } = await startKvFleet(WORKER_ARGS, { workers: 3, frontends: 1 }));
+  started.push(...workers, ...frontends);
+  frontend = frontends[0]!;
   adminUrl = (await frontend.waitForEvent('admin_ready')).url as string;
-  // Each worker's stream delivered its snapshot: the index follows from here.
-  for (const w of workers) await frontend.waitForEvent('kv_stream_connected', (l) => l.worker_id === w.workerId);
   client = new OpenAI({ baseURL: `${frontend.url}/v1`, apiKey: 'unused', maxRetries: 0 });
 });
 

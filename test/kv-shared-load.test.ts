@@ -1,8 +1,9 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { call } from './helpers/http.js';
-import { startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { startKvFleet, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { streamCompletion } from './helpers/sse.js';
+import { words } from './helpers/words.js';
 
 /**
  * Several frontends route as one (issue 47): a request one frontend routed is counted by the others
@@ -17,7 +18,6 @@ after(async () => {
 });
 
 const WORKER_ARGS = ['--model', 'm1', '--mocker-ttft-ms', '0', '--mocker-itl-ms', '5', '--mocker-max-context', '8192', '--mocker-prefill-tokens-per-s', '100'];
-const words = (n: number, tag: string) => Array.from({ length: n }, (_, i) => `${tag}${i}`).join(' ');
 /** A shared system prompt: 8 whole blocks wherever it was prefilled. */
 const SYSTEM = words(128, 's');
 const chat = (user: string, maxTokens = 1) => ({ model: 'm1', messages: [{ role: 'system', content: SYSTEM }, { role: 'user', content: user }], max_tokens: maxTokens });
@@ -28,15 +28,11 @@ let b: FrontendHandle;
 let adminA: string;
 
 before(async () => {
-  const discovery = tempDiscoveryUrl();
-  workers = await Promise.all([0, 1].map(() => startWorker(['--discovery', discovery, ...WORKER_ARGS])));
-  started.push(...workers);
-  a = await startFrontend(discovery, ['--router', 'kv'], { EBB_LOG_LEVEL: 'debug' });
-  started.push(a);
-  b = await startFrontend(discovery, ['--router', 'kv'], { EBB_LOG_LEVEL: 'debug' });
-  started.push(b);
+  let frontends: FrontendHandle[];
+  ({ workers, frontends } = await startKvFleet(WORKER_ARGS, { workers: 2, frontends: 2 }));
+  started.push(...workers, ...frontends);
+  [a, b] = frontends as [FrontendHandle, FrontendHandle];
   adminA = (await a.waitForEvent('admin_ready')).url as string;
-  for (const f of [a, b]) for (const w of workers) await f.waitForEvent('kv_stream_connected', (l) => l.worker_id === w.workerId);
 });
 
 describe('frontends sharing one fleet', () => {

@@ -300,6 +300,20 @@ export async function startFleet(count: number, workerArgs: string[], frontendAr
   return { discovery, frontend, workers };
 }
 
+/**
+ * A fleet the KV cache routes: `workers` workers and `frontends` kv-router frontends on one discovery
+ * (debug logs: their routing decisions), returned once every frontend follows every worker's KV events.
+ */
+export async function startKvFleet(workerArgs: string[], counts: { workers: number; frontends: number }): Promise<{ workers: WorkerHandle[]; frontends: FrontendHandle[] }> {
+  const discovery = tempDiscoveryUrl();
+  const workers = await Promise.all(Array.from({ length: counts.workers }, () => startWorker(['--discovery', discovery, ...workerArgs])));
+  const frontends: FrontendHandle[] = [];
+  for (let i = 0; i < counts.frontends; i++) frontends.push(await startFrontend(discovery, ['--router', 'kv'], { EBB_LOG_LEVEL: 'debug' }));
+  // Each worker's stream delivered its snapshot: the frontends' indexes follow from here.
+  for (const f of frontends) for (const w of workers) await f.waitForEvent('kv_stream_connected', (l) => l.worker_id === w.workerId);
+  return { workers, frontends };
+}
+
 /** Reads one counter or gauge sample from a Prometheus text page; 0 when absent. */
 export async function metricValue(url: string, name: string, labels = ''): Promise<number> {
   return (await metricValues(url, [labels ? `${name}{${labels}}` : name]))[0] ?? 0;
