@@ -197,9 +197,7 @@ export class StreamLease {
     const upTo = this.gate.at;
     this.inFlight++;
     this.lastSentAt = sentAt;
-    const opening = this.opening();
-    this.steps
-      .append(this.keys, this.token, this.bounds, this.batch++, events, this.marks.takeDelta(), opening)
+    this.opens((opening) => this.steps.append(this.keys, this.token, this.bounds, this.batch++, events, this.marks.takeDelta(), opening))
       .then(
         (answer) => {
           this.answered(answer, epoch, sentAt, upTo);
@@ -209,8 +207,7 @@ export class StreamLease {
           this.failed(err, epoch, sentAt);
           this.sent();
         },
-      )
-      .finally(() => opening !== undefined && this.markOpened());
+      );
   }
 
   /** What the step about to go opens the stream with, if it is the first (then the lease runs from it). */
@@ -219,6 +216,13 @@ export class StreamLease {
     this.unopened = false;
     this.confirmedAt = performance.now();
     return { plan: this.plan, tenant: this.tenant };
+  }
+
+  /** Runs a step, which opens the stream when it is the first: `opened` resolves once the store answered that one. */
+  private opens<T>(step: (opening: Opening | undefined) => Promise<T>): Promise<T> {
+    const opening = this.opening();
+    const answered = step(opening);
+    return opening === undefined ? answered : answered.finally(this.markOpened);
   }
 
   /** A batch answered: what was written meanwhile goes next (in a copy to rewrite, the rewrite does). */
@@ -280,19 +284,18 @@ export class StreamLease {
         return;
       }
       const epoch = this.epoch;
-      const opening = this.opening();
-      const answer = await this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta(), opening).finally(() => opening !== undefined && this.markOpened());
+      const answer = await this.opens((opening) => this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta(), opening));
       // Another frontend holds the stream (this one paused past its lease): its end must not go out here.
       if (answer === 'lost') return this.lose('taken');
-      if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) return this.finishLaterOpen(kind, why);
+      if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) return this.offerEndLater(kind, why);
       if (this.state === 'finishing') this.set('finished', why);
     } catch {
-      await this.finishLaterOpen(kind, why);
+      await this.offerEndLater(kind, why);
     }
   }
 
   /** The store did not take the end: its clients wait no longer (availability first, as for a failed batch), and it is offered again. */
-  private async finishLaterOpen(kind: 'end' | 'x', why: string): Promise<void> {
+  private async offerEndLater(kind: 'end' | 'x', why: string): Promise<void> {
     if (this.state === 'finishing') this.set('finished', why);
     if (this.state === 'finished') await this.finishLater(kind);
   }
@@ -324,8 +327,7 @@ export class StreamLease {
     const released = await (async () => {
       if (from === 'rewrite' && !(await this.rewriteNow(''))) return false;
       // Nothing written yet: opened now, so that another frontend starts it afresh.
-      const opening = this.opening();
-      if (opening !== undefined && (await this.steps.openEmpty(this.keys, this.token, this.bounds, opening).finally(() => this.markOpened())) !== 'ok') return false;
+      if ((await this.opens(async (opening) => (opening === undefined ? 'ok' : this.steps.openEmpty(this.keys, this.token, this.bounds, opening)))) !== 'ok') return false;
       return (await this.steps.release(this.keys, this.token)) === 'ok';
     })().catch(() => false);
     // Handed on: the copy holds every byte (its batch went before the release, in order), so they go
@@ -385,12 +387,11 @@ export class StreamLease {
     this.epoch++;
     this.pending.length = 0;
     const epoch = this.epoch;
-    // A rewrite opens the stream too (it names its plan and tenant).
-    const opening = this.opening();
     const sentAt = performance.now();
     this.nextRewriteAt = sentAt + REWRITE_BACKOFF_MS;
     try {
-      const answer = await this.steps.rewrite(this.keys, this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last).finally(() => opening !== undefined && this.markOpened());
+      // A rewrite opens the stream too (it names its plan and tenant).
+      const answer = await this.opens(() => this.steps.rewrite(this.keys, this.token, this.bounds, this.plan, this.tenant, this.snapshot(), this.marks.whole(), last));
       if (epoch !== this.epoch) return false;
       if (answer === 'lost') {
         this.lose('taken');
