@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { Redis } from 'ioredis';
 import pino from 'pino';
 import { RedisStore, parseStoreUrl } from '../src/frontend/streams/redis-store.js';
-import { SharedStreams } from '../src/frontend/streams/shared-streams.js';
+import { LEASE_MS, SharedStreams } from '../src/frontend/streams/shared-streams.js';
 import { KeptStream } from '../src/frontend/streams/kept-stream.js';
 import { LeaseLost } from '../src/frontend/streams/stream-lease.js';
 import type { Release } from '../src/frontend/relay/held-bytes.js';
@@ -40,11 +40,12 @@ describe("a kept stream's end waits for the copy, and a lost lease's end never g
   let redis: RedisServer;
   let shared: SharedStreams;
   let admin: Redis;
+  let store: RedisStore;
   const log = pino({ level: 'silent' });
   before(async () => {
     redis = await startRedis();
     admin = new Redis(redis.url);
-    const store = new RedisStore(parseStoreUrl(redis.url), log, () => undefined, 'end-fence-test');
+    store = new RedisStore(parseStoreUrl(redis.url), log, () => undefined, 'end-fence-test');
     await store.connect(10_000);
     shared = new SharedStreams(store, { owner: 'end-fence-test', windowMs: 60_000, maxResponseBytes: 1 << 20, writeTimeoutMs: 10_000, log });
   });
@@ -60,6 +61,18 @@ describe("a kept stream's end waits for the copy, and a lost lease's end never g
     const lease = shared.open(id, '{}', '');
     const stream = new KeptStream(id, hooks, '', lease);
     return { lease, stream, gate: releases(stream) };
+  };
+  /** Runs `then` right after the next single-stream batch is written to Redis, before any answer can be read. */
+  const afterNextBatchWritten = (then: () => void) => {
+    const client = store.client as unknown as { ebbAppend: (...args: unknown[]) => Promise<unknown> };
+    const append = client.ebbAppend;
+    client.ebbAppend = function (this: unknown, ...args: unknown[]) {
+      client.ebbAppend = append;
+      const answer = append.apply(this, args);
+      // ioredis writes the command in an immediate queued just now; this one runs after it, before the loop polls again.
+      setImmediate(then);
+      return answer;
+    };
   };
   const entries = async (id: string) => (await admin.xrange(`ebb:{${id}}:events`, '-', '+')).map(([, f]) => f[f.indexOf('e') + 1]).join('');
 
@@ -98,5 +111,31 @@ describe("a kept stream's end waits for the copy, and a lost lease's end never g
     assert.equal(last, 0, 'its client resumes after the last event it had');
     assert.equal(stream.current, 'handed_on');
     assert.equal(await entries(id), 'id: 0\ndata: a\n\n', 'the copy has no end from this writer');
+  });
+
+  it("stopped past its lease with a batch in flight: that batch's timeout, fired late at the wake, loses the lease (its clients get nothing unconfirmed, its end never goes out)", async () => {
+    const id = 'chatcmpl-endfence3';
+    const { lease, stream, gate } = await kept(id);
+    const first = stream.append(Buffer.from('id: 0\ndata: a\n\n'));
+    await gate.until(first as number, 'the first event copied');
+    await admin.hset(`ebb:{${id}}:meta`, 'holder', 'another-frontend');
+    redis.freeze();
+    try {
+      const stopOnceWritten = (stop: () => void) => new Promise<void>((resolve) => afterNextBatchWritten(() => (stop(), resolve())));
+      const second = stream.append(Buffer.from('id: 1\ndata: b\n\n'));
+      assert.equal(typeof second, 'number', 'the second event waits for its batch');
+      // The process stops (SIGSTOP, GC) past its lease once the batch is written, its answer unread:
+      // at the wake the batch's command timeout fires (the store answers nothing here either way).
+      await stopOnceWritten(() => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, LEASE_MS + 1_000));
+      await gate.until(second as number, 'the batch in flight to fail at the wake');
+    } finally {
+      redis.thaw();
+    }
+    assert.equal(lease.current, 'lost', 'the lease is lost, not run on uncopied (the store may have another writer)');
+    assert.deepEqual(gate.seen.slice(-1), ['drop'], `the batch never went out: ${JSON.stringify(gate.seen)}`);
+    assert.ok(stream.signal.reason instanceof LeaseLost, 'the stream learned its lease was lost');
+    assert.equal(stream.end(Buffer.from('id: 2\ndata: [DONE]\n\n')), false, 'its end never goes out here');
+    assert.equal(await admin.hget(`ebb:{${id}}:meta`, 'holder'), 'another-frontend', 'the other holder keeps it');
+    assert.equal(await entries(id), 'id: 0\ndata: a\n\n', 'the copy has nothing more from this writer');
   });
 });

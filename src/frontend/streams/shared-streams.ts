@@ -10,7 +10,7 @@ import { BATCH_MS, StreamLease, type LeaseBounds, type Opening, type SharedSteps
 import { progressOf } from './stream-progress.js';
 
 /** How long a live stream's lease lives unrenewed: a frontend gone (or paused) for longer holds nothing. */
-const LEASE_MS = 5_000;
+export const LEASE_MS = 5_000;
 /**
  * A remote follower's wait per read: a stream that brings nothing for this long has its writer
  * checked (gone: taken over here), so a frontend killed mid-stream is replaced well within a second.

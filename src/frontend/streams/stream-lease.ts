@@ -155,8 +155,7 @@ export class StreamLease {
     if (this.state === 'lost') return false;
     if (this.state !== 'held' || !this.steps.healthy || this.unopened) return true;
     // Paused past the lease (GC, throttling, SIGSTOP) while the store answered: another frontend may hold the stream now. Fail closed.
-    const now = performance.now();
-    if (now - this.confirmedAt > this.bounds.leaseMs && now - this.steps.healthySince > this.bounds.leaseMs) {
+    if (this.unconfirmedPastLease() && performance.now() - this.steps.healthySince > this.bounds.leaseMs) {
       this.lose('unconfirmed');
       return false;
     }
@@ -278,18 +277,21 @@ export class StreamLease {
     this.pending.length = 0;
     const why = kind === 'end' ? 'ended' : 'stopped';
     this.set(gated ? 'finishing' : 'finished', why);
+    let sentAt = Infinity;
     try {
       if (from === 'rewrite') {
         if (!(await this.rewriteNow(kind))) await this.finishLater(kind);
         return;
       }
       const epoch = this.epoch;
+      sentAt = performance.now();
       const answer = await this.opens((opening) => this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta(), opening));
       // Another frontend holds the stream (this one paused past its lease): its end must not go out here.
       if (answer === 'lost') return this.lose('taken');
       if (answer === 'resync' && epoch === this.epoch && !(await this.rewriteNow(kind))) return this.offerEndLater(kind, why);
       if (this.state === 'finishing') this.set('finished', why);
     } catch {
+      if (this.state === 'finishing' && this.stoppedPastLease(sentAt)) return this.lose('unconfirmed');
       await this.offerEndLater(kind, why);
     }
   }
@@ -365,7 +367,23 @@ export class StreamLease {
 
   private failed(err: unknown, epoch: number, sentAt: number): void {
     this.refused(err, sentAt);
-    if (epoch === this.epoch && this.state === 'held') this.set('rewrite', `a batch failed: ${(err as Error).message}`);
+    if (epoch !== this.epoch || this.state !== 'held') return;
+    if (this.stoppedPastLease(sentAt)) return this.lose('unconfirmed');
+    this.set('rewrite', `a batch failed: ${(err as Error).message}`);
+  }
+
+  private unconfirmedPastLease(): boolean {
+    return performance.now() - this.confirmedAt > this.bounds.leaseMs;
+  }
+
+  /**
+   * A step that failed having outlived the lease: its command timeout, well within the lease, fired
+   * late, so this process stopped meanwhile (SIGSTOP, GC, throttling) with the store's answer unread,
+   * and another frontend may hold the stream now: fail closed, as `valid` does. (A store that is
+   * merely away fails a step in time: the stream runs on and its copy is rewritten.)
+   */
+  private stoppedPastLease(sentAt: number): boolean {
+    return performance.now() - sentAt > this.bounds.leaseMs && this.unconfirmedPastLease();
   }
 
   /**
