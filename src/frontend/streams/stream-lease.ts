@@ -277,14 +277,13 @@ export class StreamLease {
     this.pending.length = 0;
     const why = kind === 'end' ? 'ended' : 'stopped';
     this.set(gated ? 'finishing' : 'finished', why);
-    let sentAt = Infinity;
+    const sentAt = performance.now();
     try {
       if (from === 'rewrite') {
         if (!(await this.rewriteNow(kind))) await this.finishLater(kind);
         return;
       }
       const epoch = this.epoch;
-      sentAt = performance.now();
       const answer = await this.opens((opening) => this.steps.finish(this.keys, this.token, this.bounds, this.batch++, kind, last, this.marks.takeDelta(), opening));
       // Another frontend holds the stream (this one paused past its lease): its end must not go out here.
       if (answer === 'lost') return this.lose('taken');
