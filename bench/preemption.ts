@@ -15,6 +15,9 @@
  *
  *   npx tsc -p . && node dist/bench/preemption.js [--engine mocker|llama-cpp] [--spare-sequence] [--priority 40] [--flex-tokens 150]
  *
+ * A p99 of the default 40 requests is their slowest one; `--priority 500` gives a p99 that one
+ * scheduling hiccup does not set (the phase without preemption then takes a few minutes).
+ *
  * This is a benchmark, not a test: it prints a table and, last, one JSON line.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
