@@ -9,7 +9,7 @@
  *
  * Imported for its effect, first, by processes.ts: every test that starts a process uses it.
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -21,11 +21,36 @@ for (const name of Object.keys(process.env)) if (name.startsWith('EBB_') && !nam
 /**
  * Removes `dir` whole. `ebb up`'s worker and frontend (not this file's children: they stop on their
  * own once `ebb up` is gone) may still write discovery records in it while it is removed: a
- * directory that gained an entry fails with ENOTEMPTY and, without a retry, leaves whatever was not
- * reached yet (an `ebb up`'s state file, seen in suite-isolation). Retried, as rimraf does.
+ * directory that gained an entry fails with ENOTEMPTY, retried as rimraf does. On a loaded machine
+ * they write for longer than the retries last, and rmSync stops at that directory (`ebb up`'s
+ * `discovery-*`) before what sorts after it: the SIGKILLed `ebb up`'s state file, which nobody else
+ * removes (seen in suite-isolation). Then every file is removed on its own (the writers remove
+ * what they write after), and the error is still thrown for the caller to report.
  */
 export function removeDirNow(dir: string): void {
-  rmSync(dir, { recursive: true, force: true, maxRetries: 10, retryDelay: 20 });
+  try {
+    rmSync(dir, { recursive: true, force: true, maxRetries: 10, retryDelay: 20 });
+  } catch (err) {
+    for (const file of filesUnder(dir)) {
+      try {
+        rmSync(file, { force: true });
+      } catch {
+        /* a writer's own, changing under us: it removes it */
+      }
+    }
+    throw err;
+  }
+}
+
+/** Every file (not directory) under `dir` that can be listed now (a directory gone meanwhile has none). */
+function filesUnder(dir: string): string[] {
+  let entries;
+  try {
+    entries = readdirSync(dir, { withFileTypes: true });
+  } catch {
+    return [];
+  }
+  return entries.flatMap((e) => (e.isDirectory() ? filesUnder(join(dir, e.name)) : [join(dir, e.name)]));
 }
 
 /** Removes the runtime directory (on the file's exit, once its children are killed: see reaper.ts). */
