@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { call, openLineStream, type JsonResponse } from './helpers/http.js';
-import { CLI, metricValues, spawnEbb, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
+import { CLI, metricValues, spawnEbb, START_BOUND_MS, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle, type WorkerHandle } from './helpers/processes.js';
 import { skipWithout } from './helpers/required-tool.js';
 import { etcdSkipReason } from './helpers/etcd.js';
 
@@ -144,7 +144,7 @@ describe('first run: ebb up', () => {
   it('--no-restart reports the exit and leaves the worker down', async () => {
     const p = up(['--workers', '1', '--no-restart']);
     const w = await p.waitForEvent('worker_ready');
-    await p.waitForStderr(/ebb is up/);
+    await p.waitForStderr(/ebb is up/, START_BOUND_MS);
     process.kill(w.pid as number, 'SIGKILL');
     await p.waitForStderr(/ebb up: aggregated-0 exited \(SIGKILL\) and is not restarted \(--no-restart\)/);
     assert.equal(p.alive, true, 'ebb up itself goes on');

@@ -83,10 +83,14 @@ describe('startup: requests wait for loading workers', () => {
     // The queue timeout bounds a wait: here as long as a llama.cpp load may take on a loaded machine.
     const up = spawnEbb(['up', '--prefill', '1', '--decode', '1', '--engine', 'llama-cpp', '--model-path', modelPath, '--gpu', 'off', '--port', String(port), '--admin-port', '0', '--name', `startup-${process.pid}`, '--queue-timeout', String(START_BOUND_MS)], 'ebb up');
     started.push(up);
-    const banner = up.waitForStderr(/ebb is up/);
-    banner.catch(() => undefined);
+    const banner = up.waitForStderr(/ebb is up/, START_BOUND_MS);
+    /** Until the banner (or its bounded wait failing: the test then fails saying so, rather than sending on). */
+    let starting = true;
     let isUp = false;
-    void banner.then(() => (isUp = true), () => undefined);
+    void banner.then(
+      () => ((isUp = true), (starting = false)),
+      () => (starting = false),
+    );
     const answers: Array<Promise<{ status: number; body: unknown }>> = [];
     // Sent while it starts: from the first connection the frontend accepts until the banner says it is up.
     const send = async (i: number) => {
@@ -95,22 +99,25 @@ describe('startup: requests wait for loading workers', () => {
           return await completion(url, 'tiny-llama', `request ${i}`);
         } catch (err) {
           if ((err as { cause?: { code?: string } }).cause?.code !== 'ECONNREFUSED') throw err;
-          if (isUp) throw new Error('the frontend refused connections after ebb up said it is up');
+          if (!starting) throw new Error(isUp ? 'the frontend refused connections after ebb up said it is up' : 'ebb up did not come up');
           // Not listening yet: nothing says when it will, so the connection is tried again.
           await new Promise((resolve) => setTimeout(resolve, 20));
         }
       }
     };
-    for (let i = 0; !isUp; i++) {
+    for (let i = 0; starting; i++) {
       answers.push(send(i));
       await Promise.race([banner, new Promise((resolve) => setTimeout(resolve, 100))]).catch(() => undefined);
       assert.ok(up.alive, `ebb up exited while starting; stderr: ${up.stderr.join('\n')}`);
     }
+    await banner;
     const results = await bounded(Promise.all(answers), 'every request sent during start to be answered', START_BOUND_MS);
     const failed = results.filter((r) => r.status !== 200);
     assert.deepEqual(failed, [], `${failed.length} of ${results.length} requests sent during start were not served`);
+    // Whether any of them waited for a worker still loading is the race between a real llama.cpp load
+    // and the frontend's start (on a loaded machine the load may end first): reported, not asserted;
+    // the wait itself is shown deterministically above (--mocker-load-ms).
     const queued = up.logs.filter((l) => l.event === 'request_queued').length;
-    assert.ok(queued > 0, 'some requests reached the frontend while the workers loaded (they waited in the queue)');
     t.diagnostic(`${results.length} requests sent while it started, every one served; ${queued} of them waited in the queue for the loading workers`);
   });
 });

@@ -103,7 +103,7 @@ const started: number[] = [];
 let userUp: EbbProcess;
 before(async () => {
   userUp = spawnEbb(['up', '--port', '0', '--workers', '1', '--mocker-itl-ms', '0'], "the user's ebb up", { XDG_RUNTIME_DIR: userRuntime });
-  await userUp.waitForStderr(/ebb is up/);
+  await userUp.waitForStderr(/ebb is up/, START_BOUND_MS);
 });
 after(async () => {
   for (const pid of started) if (running(pid)) process.kill(pid, 'SIGKILL');

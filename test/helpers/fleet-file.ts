@@ -16,7 +16,7 @@ it('starts a fleet, reports it, and holds it or fails', async () => {
   // No etcd where the file is to be SIGKILLed: nothing could stop it, nor remove its data.
   const [worker, etcd] = await Promise.all([startWorker(['--discovery', tempDiscoveryUrl(), '--model', 'm1']), etcdAvailable() && end !== 'kill' ? startEtcd() : undefined]);
   const [upWorker, upFrontend] = await Promise.all([up.waitForEvent('worker_ready', undefined, { boundMs: START_BOUND_MS }), up.waitForEvent('frontend_ready', undefined, { boundMs: START_BOUND_MS })]);
-  await up.waitForStderr(/ebb is up/); // its state file is written before the banner: the commands find it
+  await up.waitForStderr(/ebb is up/, START_BOUND_MS); // its state file is written before the banner: the commands find it
   const listed = await runEbb(['workers', '--json'], {});
   const report: FleetFileReport = {
     ebb: [up.pid, upWorker.pid as number, upFrontend.pid as number, worker.pid],

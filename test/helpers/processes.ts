@@ -117,7 +117,8 @@ export class EbbProcess {
   }
 
   /** Resolves with the match of the first stderr line (past or future) matching `pattern`; bounded. */
-  waitForStderr(pattern: RegExp): Promise<RegExpMatchArray> {
+  /** `boundMs`: START_BOUND_MS where the line says a start ended (`ebb up`'s banner). */
+  waitForStderr(pattern: RegExp, boundMs = WAIT_BOUND_MS): Promise<RegExpMatchArray> {
     for (const line of this.stderr) {
       const m = line.match(pattern);
       if (m) return Promise.resolve(m);
@@ -126,6 +127,7 @@ export class EbbProcess {
     return bounded(
       new Promise<RegExpMatchArray>((resolve, reject) => this.stderrWaiters.push({ pattern, resolve, reject })),
       `${this.label}: waiting for stderr ${pattern}; stderr: ${this.stderr.join('\n')}`,
+      boundMs,
     );
   }
 
