@@ -84,12 +84,11 @@ describe('startup: requests wait for loading workers', () => {
     const up = spawnEbb(['up', '--prefill', '1', '--decode', '1', '--engine', 'llama-cpp', '--model-path', modelPath, '--gpu', 'off', '--port', String(port), '--admin-port', '0', '--name', `startup-${process.pid}`, '--queue-timeout', String(START_BOUND_MS)], 'ebb up');
     started.push(up);
     const banner = up.waitForStderr(/ebb is up/, START_BOUND_MS);
-    /** Until the banner (or its bounded wait failing: the test then fails saying so, rather than sending on). */
-    let starting = true;
-    let isUp = false;
+    /** Starting until the banner, or its bounded wait failing (the test then fails saying so, rather than sending on). */
+    let start: 'starting' | 'up' | 'failed' = 'starting';
     void banner.then(
-      () => ((isUp = true), (starting = false)),
-      () => (starting = false),
+      () => (start = 'up'),
+      () => (start = 'failed'),
     );
     const answers: Array<Promise<{ status: number; body: unknown }>> = [];
     // Sent while it starts: from the first connection the frontend accepts until the banner says it is up.
@@ -99,13 +98,13 @@ describe('startup: requests wait for loading workers', () => {
           return await completion(url, 'tiny-llama', `request ${i}`);
         } catch (err) {
           if ((err as { cause?: { code?: string } }).cause?.code !== 'ECONNREFUSED') throw err;
-          if (!starting) throw new Error(isUp ? 'the frontend refused connections after ebb up said it is up' : 'ebb up did not come up');
+          if (start !== 'starting') throw new Error(start === 'up' ? 'the frontend refused connections after ebb up said it is up' : 'ebb up did not come up');
           // Not listening yet: nothing says when it will, so the connection is tried again.
           await new Promise((resolve) => setTimeout(resolve, 20));
         }
       }
     };
-    for (let i = 0; starting; i++) {
+    for (let i = 0; start === 'starting'; i++) {
       answers.push(send(i));
       await Promise.race([banner, new Promise((resolve) => setTimeout(resolve, 100))]).catch(() => undefined);
       assert.ok(up.alive, `ebb up exited while starting; stderr: ${up.stderr.join('\n')}`);

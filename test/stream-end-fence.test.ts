@@ -62,18 +62,19 @@ describe("a kept stream's end waits for the copy, and a lost lease's end never g
     const stream = new KeptStream(id, hooks, '', lease);
     return { lease, stream, gate: releases(stream) };
   };
-  /** Runs `then` right after the next single-stream batch is written to Redis, before any answer can be read. */
-  const afterNextBatchWritten = (then: () => void) => {
-    const client = store.client as unknown as { ebbAppend: (...args: unknown[]) => Promise<unknown> };
-    const append = client.ebbAppend;
-    client.ebbAppend = function (this: unknown, ...args: unknown[]) {
-      client.ebbAppend = append;
-      const answer = append.apply(this, args);
-      // ioredis writes the command in an immediate queued just now; this one runs after it, before the loop polls again.
-      setImmediate(then);
-      return answer;
-    };
-  };
+  /** Runs `then` right after the next single-stream batch is written to Redis, before any answer can be read; resolves after it. */
+  const afterNextBatchWritten = (then: () => void) =>
+    new Promise<void>((resolve) => {
+      const client = store.client as unknown as { ebbAppend: (...args: unknown[]) => Promise<unknown> };
+      const append = client.ebbAppend;
+      client.ebbAppend = function (this: unknown, ...args: unknown[]) {
+        client.ebbAppend = append;
+        const answer = append.apply(this, args);
+        // ioredis writes the command in an immediate queued just now; this one runs after it, before the loop polls again.
+        setImmediate(() => (then(), resolve()));
+        return answer;
+      };
+    });
   const entries = async (id: string) => (await admin.xrange(`ebb:{${id}}:events`, '-', '+')).map(([, f]) => f[f.indexOf('e') + 1]).join('');
 
   it('the end goes out once the copy holds it: the stream ends then, not before', async () => {
@@ -121,12 +122,12 @@ describe("a kept stream's end waits for the copy, and a lost lease's end never g
     await admin.hset(`ebb:{${id}}:meta`, 'holder', 'another-frontend');
     redis.freeze();
     try {
-      const stopOnceWritten = (stop: () => void) => new Promise<void>((resolve) => afterNextBatchWritten(() => (stop(), resolve())));
-      const second = stream.append(Buffer.from('id: 1\ndata: b\n\n'));
-      assert.equal(typeof second, 'number', 'the second event waits for its batch');
       // The process stops (SIGSTOP, GC) past its lease once the batch is written, its answer unread:
       // at the wake the batch's command timeout fires (the store answers nothing here either way).
-      await stopOnceWritten(() => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, LEASE_MS + 1_000));
+      const stopped = afterNextBatchWritten(() => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, LEASE_MS + 1_000));
+      const second = stream.append(Buffer.from('id: 1\ndata: b\n\n'));
+      assert.equal(typeof second, 'number', 'the second event waits for its batch');
+      await stopped;
       await gate.until(second as number, 'the batch in flight to fail at the wake');
     } finally {
       redis.thaw();

@@ -10,7 +10,7 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -19,6 +19,7 @@ import { fileURLToPath } from 'node:url';
 import { REPORT_PREFIX, type FleetFileReport } from './helpers/fleet-file-report.js';
 import { bounded, spawnEbb, START_BOUND_MS, type EbbProcess } from './helpers/processes.js';
 import { dieWithFile } from './helpers/reaper.js';
+import { filesUnder } from './helpers/suite-env.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const FLEET_FILE = join(here, 'helpers', 'fleet-file.js');
@@ -111,13 +112,6 @@ after(async () => {
   rmSync(userRuntime, { recursive: true, force: true });
 });
 
-/** Every file (not directory) under `dir`, recursively; none when it does not exist. */
-function filesUnder(dir: string): string[] {
-  if (!existsSync(dir)) return [];
-  return readdirSync(dir, { recursive: true, withFileTypes: true })
-    .filter((e) => !e.isDirectory())
-    .map((e) => join(e.parentPath ?? dir, e.name));
-}
 
 describe('the suite and the machine it runs on', () => {
   it("a test file cancelled at its timeout leaves nothing running, nor its runtime and etcd directories; its operator commands see its own fleet, not the user's", async () => {

@@ -116,8 +116,10 @@ export class EbbProcess {
     );
   }
 
-  /** Resolves with the match of the first stderr line (past or future) matching `pattern`; bounded. */
-  /** `boundMs`: START_BOUND_MS where the line says a start ended (`ebb up`'s banner). */
+  /**
+   * Resolves with the match of the first stderr line (past or future) matching `pattern`; bounded
+   * by `boundMs` (START_BOUND_MS where the line says a start ended: `ebb up`'s banner).
+   */
   waitForStderr(pattern: RegExp, boundMs = WAIT_BOUND_MS): Promise<RegExpMatchArray> {
     for (const line of this.stderr) {
       const m = line.match(pattern);

@@ -42,8 +42,8 @@ export function removeDirNow(dir: string): void {
   }
 }
 
-/** Every file (not directory) under `dir` that can be listed now (a directory gone meanwhile has none). */
-function filesUnder(dir: string): string[] {
+/** Every file (not directory) under `dir` that can be listed now (none when it does not exist; a directory gone meanwhile has none). */
+export function filesUnder(dir: string): string[] {
   let entries;
   try {
     entries = readdirSync(dir, { withFileTypes: true });
