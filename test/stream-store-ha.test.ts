@@ -6,7 +6,7 @@ import { once } from 'node:events';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { stablePort } from './helpers/ports.js';
+import { clusterPorts, stablePort } from './helpers/ports.js';
 import { frontendSeesWorkers, startFrontend, startWorker, tempDiscoveryUrl, type EbbProcess, type FrontendHandle } from './helpers/processes.js';
 import { skipWithout } from './helpers/required-tool.js';
 import { spawnRedis } from './helpers/redis.js';
@@ -97,7 +97,7 @@ describe('the stream store on a Redis Cluster', { skip: toolsSkipReason() }, () 
   let url: string;
   let discovery: string;
   before(async () => {
-    const ports = await Promise.all([0, 1, 2].map(() => stablePort()));
+    const ports = await clusterPorts(3);
     const dir = mkdtempSync(join(tmpdir(), 'ebb-cluster-'));
     for (const port of ports) nodes.push(await spawnRedis(port, ['--cluster-enabled', 'yes', '--cluster-config-file', join(dir, `nodes-${port}.conf`), '--dir', dir]));
     execFileSync('redis-cli', ['--cluster', 'create', ...ports.map((p) => `127.0.0.1:${p}`), '--cluster-replicas', '0', '--cluster-yes'], { stdio: 'ignore' });

@@ -31,21 +31,31 @@ function bindable(port: number): Promise<boolean> {
   });
 }
 
-/** `count` distinct free loopback ports that no outgoing connection will take meanwhile. */
-export async function stablePorts(count: number): Promise<number[]> {
-  const span = ephemeralLow() - FLOOR;
+/**
+ * `count` distinct free loopback ports that no outgoing connection will take meanwhile; with
+ * `pairedAt`, each port's twin that far above it is free and below the ephemeral range too (a Redis
+ * Cluster node listens on its port and on its bus, the port + 10000).
+ */
+export async function stablePorts(count: number, pairedAt?: number): Promise<number[]> {
+  const offsets = pairedAt === undefined ? [0] : [0, pairedAt];
+  const span = ephemeralLow() - FLOOR - (pairedAt ?? 0);
+  if (span < 1000) throw new Error(`too few ports below the ephemeral range (from ${ephemeralLow()}) for ports ${pairedAt} apart`);
   const out: number[] = [];
   for (let tries = 0; out.length < count; tries++) {
     if (tries > 1000) throw new Error(`no free port below the ephemeral range after ${tries} tries`);
     const port = FLOOR + Math.floor(Math.random() * span);
-    if (taken.has(port)) continue;
+    const all = offsets.map((o) => port + o);
+    if (all.some((p) => taken.has(p))) continue;
     // Reserved before the check: calls side by side (Promise.all) never get the same port.
-    taken.add(port);
-    if (await bindable(port)) out.push(port);
-    else taken.delete(port);
+    for (const p of all) taken.add(p);
+    if ((await Promise.all(all.map(bindable))).every(Boolean)) out.push(port);
+    else for (const p of all) taken.delete(p);
   }
   return out;
 }
+
+/** Ports for Redis Cluster nodes: each one's bus port (the port + 10000) free and stable too. */
+export const clusterPorts = (count: number) => stablePorts(count, 10_000);
 
 export async function stablePort(): Promise<number> {
   return (await stablePorts(1))[0]!;
