@@ -27,7 +27,7 @@ export interface KeptStreamHooks {
   /** The stream is over: it stays resumable until the store's window passes. */
   onOver(stream: KeptStream): void;
   /** Events generated while nobody followed, for a stream cancelled at the end of its grace: wasted work. */
-  onAbandoned(events: number): void;
+  onAbandoned(stream: KeptStream, events: number): void;
 }
 
 /** A follower's resume point: events after this id (undefined: from the first). */
@@ -35,6 +35,7 @@ export type ResumeFrom = number | undefined;
 
 const ID_PREFIX = Buffer.from('id: ');
 const EVENT_END = Buffer.from('\n\n');
+const SETTLED: Promise<void> = Promise.resolve();
 
 /** Why a kept stream's generation was stopped when nobody came back to it. */
 export class Abandoned extends Error {
@@ -56,8 +57,8 @@ export class KeptStream implements StreamTap {
   private bytes = 0;
   /** Of the kept bytes, how many went to clients (the rest wait for the fleet's copy: see CopyGate). */
   private sentBytes = 0;
-  /** Events appended but not yet copied to the shared store: no follower gets them before. */
-  private readonly unreleased = new HeldBytes();
+  /** Events appended but not yet copied to the shared store (a lease's only): no follower gets them before. */
+  private readonly unreleased: HeldBytes | undefined;
   /** Continued from this copy after its writer went away (see regenerates). */
   private takenFrom: { copy: Buffer; error: Buffer } | undefined;
   /** Held events were dropped (its lease was lost): the kept bytes past sentBytes never went out. */
@@ -68,21 +69,25 @@ export class KeptStream implements StreamTap {
    * stream stays live until then (followers may still come; see endSettled).
    */
   private heldEnd: { payload: Buffer; mark: number; settled: () => void } | undefined;
-  private endSettledP: Promise<void> = Promise.resolve();
+  private endSettledP = SETTLED;
   private state: KeptState = 'live';
   /** Past maxBytes: no longer kept, so no longer resumable; its followers still get it live. */
   private overflowed = false;
   endedAt = 0;
-  /** Each follower, and the event it waits for when it asked to resume after one not yet made (sent nothing until it passes). */
-  private readonly followers = new Map<ClientStream, number | undefined>();
-  private readonly controller = new AbortController();
+  /**
+   * Each follower, and the event it waits for when it asked to resume after one not yet made (sent
+   * nothing until it passes). Made at the first resume: most streams have none, and an ended stream
+   * is kept for the resume window, so what each holds is paid thousands of times over.
+   */
+  private followers: Map<ClientStream, number | undefined> | undefined;
+  /** Its generation's. Let go once the stream is over unstopped (with the listeners it kept): a stopped one keeps its reason. */
+  private controller: AbortController | undefined = new AbortController();
   private primary = true;
   private background = false;
   private grace: NodeJS.Timeout | undefined;
   private unfollowed = 0;
-  /** Resolves once the generation is over (ended, stopped, handed on). */
-  readonly over: Promise<void>;
-  private settle!: () => void;
+  private overP: Promise<void>;
+  private settle: (() => void) | undefined;
 
   constructor(
     readonly id: string,
@@ -92,8 +97,9 @@ export class KeptStream implements StreamTap {
     /** Its copy in the fleet's shared store; none: this frontend's memory alone. */
     readonly lease?: StreamLease | undefined,
   ) {
-    this.over = new Promise((resolve) => (this.settle = resolve));
+    this.overP = new Promise((resolve) => (this.settle = resolve));
     if (lease !== undefined) {
+      this.unreleased = new HeldBytes();
       lease.snapshot = () => this.whole();
       lease.gate.onRelease((upTo) => this.released(upTo));
       lease.lost.addEventListener('abort', () => this.cancel(lease.lost.reason), { once: true });
@@ -104,9 +110,15 @@ export class KeptStream implements StreamTap {
     return this.state;
   }
 
+  /** Resolves once the generation is over (ended, stopped, handed on). */
+  get over(): Promise<void> {
+    return this.overP;
+  }
+
   /** The generation's signal: aborted by a cancel, at the end of a grace nobody used, with the request's own cut (shutdown), or when its lease is lost. */
   get signal(): AbortSignal {
-    return this.controller.signal;
+    // Over unstopped: a signal never aborted, nobody's to keep (what listens to it is let go with it).
+    return this.controller?.signal ?? new AbortController().signal;
   }
 
   get keptBytes(): number {
@@ -114,7 +126,7 @@ export class KeptStream implements StreamTap {
   }
 
   get followerCount(): number {
-    return this.followers.size;
+    return this.followers?.size ?? 0;
   }
 
 
@@ -158,12 +170,12 @@ export class KeptStream implements StreamTap {
     if (this.lease !== undefined && !this.lease.valid) return false;
     this.keep(payload);
     const mark = this.lease?.append(payload);
-    if (!this.primary && this.followers.size === 0) this.unfollowed++;
-    if (mark === undefined && this.unreleased.size === 0) {
+    if (!this.primary && this.followerCount === 0) this.unfollowed++;
+    if (mark === undefined && (this.unreleased?.size ?? 0) === 0) {
       this.sendAll(payload);
       return true;
     }
-    this.unreleased.hold(payload, mark ?? 0);
+    this.unreleased!.hold(payload, mark ?? 0);
     return mark ?? 0;
   }
 
@@ -175,7 +187,7 @@ export class KeptStream implements StreamTap {
   /** The fleet's copy holds everything up to `upTo` (or what is held never goes out: 'drop'). */
   private released(upTo: Release): void {
     if (upTo === 'drop') this.dropped = true;
-    for (const payload of this.unreleased.take(upTo)) this.sendAll(payload);
+    for (const payload of this.unreleased!.take(upTo)) this.sendAll(payload);
     const end = this.heldEnd;
     if (end === undefined || (upTo !== 'drop' && upTo < end.mark)) return;
     this.heldEnd = undefined;
@@ -190,6 +202,7 @@ export class KeptStream implements StreamTap {
 
   private sendAll(payload: Buffer): void {
     this.sentBytes += payload.length;
+    if (this.followers === undefined) return;
     for (const [f, waiting] of this.followers) {
       if (waiting === undefined) this.sendTo(f, payload);
       else {
@@ -248,7 +261,7 @@ export class KeptStream implements StreamTap {
 
   /** Stops the generation (an explicit cancel, a shutdown cut, a lost lease); the stream's end is written by whoever ran it. */
   cancel(reason: unknown): void {
-    if (!this.controller.signal.aborted) this.controller.abort(reason);
+    if (this.controller !== undefined && !this.controller.signal.aborted) this.controller.abort(reason);
   }
 
   /**
@@ -277,6 +290,7 @@ export class KeptStream implements StreamTap {
    */
   regenerates(copy: Buffer, error: Buffer): void {
     this.takenFrom = { copy, error };
+    if (this.followers === undefined) return;
     for (const [f, waiting] of this.followers) {
       if (waiting === undefined || eventsAfter(copy, waiting) !== undefined) continue;
       this.followers.delete(f);
@@ -305,17 +319,18 @@ export class KeptStream implements StreamTap {
     if (replay === undefined && this.takenFrom !== undefined && eventsAfter(this.takenFrom.copy, from!) === undefined) return out.end(this.takenFrom.error);
     if (replay !== undefined && replay.length > 0) out.write(replay);
     // Its event is not made yet (a client ahead of a background response's start): it waits for it.
-    this.followers.set(out, replay === undefined ? from : undefined);
+    const followers = (this.followers ??= new Map());
+    followers.set(out, replay === undefined ? from : undefined);
     clearTimeout(this.grace);
     res.once('close', () => {
-      if (this.followers.delete(out)) this.maybeOrphaned();
+      if (followers.delete(out)) this.maybeOrphaned();
     });
   }
 
   /** The kept bytes clients may have: all but those still waiting for the fleet's copy. */
   private sent(): Buffer {
     const all = this.whole();
-    return this.unreleased.size === 0 && !this.dropped ? all : all.subarray(0, Math.min(this.sentBytes, all.length));
+    return (this.unreleased?.size ?? 0) === 0 && !this.dropped ? all : all.subarray(0, Math.min(this.sentBytes, all.length));
   }
 
   /** Every kept byte, in one buffer (kept so: the next resume does not copy again). */
@@ -337,9 +352,7 @@ export class KeptStream implements StreamTap {
       // Not kept whole any more, so not resumable: its clients wait for no copy.
       this.lease?.stopGating();
       this.overflowed = true;
-      this.hooks.onBytes(-this.bytes);
-      this.chunks = [];
-      this.bytes = 0;
+      this.drop();
       return;
     }
     this.chunks.push(payload);
@@ -355,8 +368,11 @@ export class KeptStream implements StreamTap {
 
   /** Every follower's response ends with `payload` (a follower still waiting for its event gets it all the same). */
   private endFollowers(payload: Buffer): void {
-    for (const [f, waiting] of this.followers) f.end(waiting === undefined ? payload : (eventsAfter(payload, waiting) ?? payload));
-    this.followers.clear();
+    const followers = this.followers;
+    if (followers === undefined) return;
+    this.followers = undefined;
+    for (const [f, waiting] of followers) f.end(waiting === undefined ? payload : (eventsAfter(payload, waiting) ?? payload));
+    followers.clear();
   }
 
   /**
@@ -364,13 +380,13 @@ export class KeptStream implements StreamTap {
    * metered as wasted), unless clients at other frontends follow it through the shared store.
    */
   private maybeOrphaned(): void {
-    if (this.state !== 'live' || this.primary || this.background || this.followers.size > 0) return;
+    if (this.state !== 'live' || this.primary || this.background || this.followerCount > 0) return;
     clearTimeout(this.grace);
     const abandon = async () => {
-      if (this.followers.size > 0 || this.state !== 'live') return;
+      if (this.followerCount > 0 || this.state !== 'live') return;
       if (this.lease !== undefined && (await this.lease.followedElsewhere())) return void (this.grace = setTimeout(abandon, Math.max(this.hooks.graceMs, 1_000)).unref());
-      if (this.followers.size > 0 || this.state !== 'live') return;
-      this.hooks.onAbandoned(this.unfollowed);
+      if (this.followerCount > 0 || this.state !== 'live') return;
+      this.hooks.onAbandoned(this, this.unfollowed);
       this.cancel(new Abandoned(this.id));
     };
     if (this.hooks.graceMs <= 0 && this.lease === undefined) return void abandon();
@@ -384,11 +400,16 @@ export class KeptStream implements StreamTap {
 
   private finish(): void {
     clearTimeout(this.grace);
+    this.grace = undefined;
     // Kept for the resume window as one buffer, not as the many small ones it was written in (each
-    // holding a share of a pooled slab, and an object for the collector to trace, for minutes).
+    // holding a share of a pooled slab, and an object for the collector to trace, for minutes); and
+    // with nothing of its generation's: thousands are held at once.
     this.whole();
     this.endedAt = Date.now();
-    this.settle();
+    this.settle?.();
+    this.settle = undefined;
+    this.overP = SETTLED;
+    if (this.controller?.signal.aborted === false) this.controller = undefined;
     this.hooks.onOver(this);
   }
 }

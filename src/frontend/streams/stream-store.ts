@@ -1,6 +1,6 @@
 import { EbbError } from '../../protocol/errors.js';
 import type { ServerResponse } from 'node:http';
-import { KeptStream, type ResumeFrom } from './kept-stream.js';
+import { KeptStream, type KeptStreamHooks, type ResumeFrom } from './kept-stream.js';
 import type { SharedStreams, TakenStream } from './shared-streams.js';
 
 export interface StreamStoreOptions {
@@ -59,6 +59,8 @@ export class StreamStore {
   private readonly expired = new Set<string>();
   private bytes = 0;
   private sweeper: NodeJS.Timeout | undefined;
+  /** One for every stream it keeps (an ended stream is held for the resume window: nothing of its own it can do without). */
+  private readonly hooks: KeptStreamHooks;
 
   constructor(
     readonly opts: StreamStoreOptions,
@@ -67,6 +69,20 @@ export class StreamStore {
     readonly shared?: SharedStreams | undefined,
   ) {
     metrics?.watch(this);
+    this.hooks = {
+      maxBytes: opts.maxResponseBytes,
+      graceMs: opts.graceMs,
+      writeTimeoutMs: opts.writeTimeoutMs,
+      onBytes: (delta) => {
+        this.bytes += delta;
+        if (delta > 0 && this.bytes > this.opts.maxTotalBytes) this.forgetOldest('bytes', () => this.bytes > this.opts.maxTotalBytes);
+      },
+      onOver: (s) => {
+        this.ended.add(s);
+        this.sweepLater();
+      },
+      onAbandoned: (s, events) => metrics?.abandoned(s.id, events),
+    };
   }
 
   /**
@@ -91,20 +107,7 @@ export class StreamStore {
   }
 
   private keep(id: string, tenant: string, lease: KeptStream['lease']): KeptStream {
-    const stream = new KeptStream(id, {
-      maxBytes: this.opts.maxResponseBytes,
-      graceMs: this.opts.graceMs,
-      writeTimeoutMs: this.opts.writeTimeoutMs,
-      onBytes: (delta) => {
-        this.bytes += delta;
-        if (delta > 0 && this.bytes > this.opts.maxTotalBytes) this.forgetOldest('bytes', () => this.bytes > this.opts.maxTotalBytes);
-      },
-      onOver: (s) => {
-        this.ended.add(s);
-        this.sweepLater();
-      },
-      onAbandoned: (events) => this.metrics?.abandoned(id, events),
-    }, tenant, lease);
+    const stream = new KeptStream(id, this.hooks, tenant, lease);
     const before = this.streams.get(id);
     if (before !== undefined) {
       // Taken back over (this frontend had lost it): the new run replaces the old.
