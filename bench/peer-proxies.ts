@@ -18,7 +18,8 @@
  * streams), `ebb-min` (minimal: `--stream-store none --queue-timeout 0 --router least-loaded`),
  * `ebb-nostore` (the defaults with `--stream-store none`: what a plain stream should cost),
  * `ebb-kept` (the defaults, every request asking to be resumable: `x-ebb-resumable: 1`, its stream
- * kept in memory), `ebb-redis` (the same, kept in a redis-server started here). Any of them with
+ * kept in memory), `ebb-kept-few` (the same, holding 100 ended streams, not 10,000: what holding
+ * them costs), `ebb-redis` (the same, kept in a redis-server started here). Any of them with
  * `@base` (`ebb-kept@base`) runs from `--base-cli <main.js>`, in the same rounds (rotating with the
  * others), for a before/after under the same machine load; `--base-cli` alone adds `ebb@base`
  * (also spelled `ebb-base`).
@@ -62,6 +63,8 @@ const EBB_VARIANTS: Record<string, { args: string[]; resumable?: boolean; redis?
   // The defaults but no stream store: a plain stream should cost what it costs here (it is not kept).
   'ebb-nostore': { args: ['--stream-store', 'none'] },
   'ebb-kept': { args: [], resumable: true },
+  // Kept, with few ended streams held (100, not the default 10,000): what holding them costs.
+  'ebb-kept-few': { args: ['--stream-store-max-streams', '100'], resumable: true },
   'ebb-redis': { args: [], resumable: true, redis: true },
   'ebb-2': { args: ['--processes', '2'] },
 };
