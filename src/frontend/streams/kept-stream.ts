@@ -129,6 +129,11 @@ export class KeptStream implements StreamTap {
     return this.followers?.size ?? 0;
   }
 
+  /** Events wait for the fleet's copy (a lease's only). */
+  private get holding(): boolean {
+    return (this.unreleased?.size ?? 0) > 0;
+  }
+
 
   /**
    * The original request's signal: a cut (shutdown deadline) ends the generation now; its client
@@ -171,7 +176,7 @@ export class KeptStream implements StreamTap {
     this.keep(payload);
     const mark = this.lease?.append(payload);
     if (!this.primary && this.followerCount === 0) this.unfollowed++;
-    if (mark === undefined && (this.unreleased?.size ?? 0) === 0) {
+    if (mark === undefined && !this.holding) {
       this.sendAll(payload);
       return true;
     }
@@ -330,7 +335,7 @@ export class KeptStream implements StreamTap {
   /** The kept bytes clients may have: all but those still waiting for the fleet's copy. */
   private sent(): Buffer {
     const all = this.whole();
-    return (this.unreleased?.size ?? 0) === 0 && !this.dropped ? all : all.subarray(0, Math.min(this.sentBytes, all.length));
+    return !this.holding && !this.dropped ? all : all.subarray(0, Math.min(this.sentBytes, all.length));
   }
 
   /** Every kept byte, in one buffer (kept so: the next resume does not copy again). */

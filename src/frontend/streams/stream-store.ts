@@ -75,7 +75,7 @@ export class StreamStore {
       writeTimeoutMs: opts.writeTimeoutMs,
       onBytes: (delta) => {
         this.bytes += delta;
-        if (delta > 0 && this.bytes > this.opts.maxTotalBytes) this.forgetOldest('bytes', () => this.bytes > this.opts.maxTotalBytes);
+        if (delta > 0 && this.bytes > opts.maxTotalBytes) this.forgetOldest('bytes', () => this.bytes > opts.maxTotalBytes);
       },
       onOver: (s) => {
         this.ended.add(s);
